@@ -1,0 +1,68 @@
+"""The ``bmoe`` command line: parses arguments, calls the library, renders. Nothing else.
+
+Each command group lives in its own module and registers itself on the apps below; this
+module assembles them and turns user errors into one line on stderr instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+
+from bmoe.errors import BmoeError
+
+app = typer.Typer(
+    name="bmoe",
+    help="Benchmark and analyse mixture-of-experts models that stream experts from flash.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+analyze_app = typer.Typer(
+    help="Analyse route, decode and metrics files, and archived sweeps.",
+    no_args_is_help=True,
+)
+app.add_typer(analyze_app, name="analyze")
+
+#: Command modules; importing one registers its commands on the apps above.
+COMMAND_MODULES = ("bmoe.cli.formats",)
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def register() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a one-line error and return the Exit to raise."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``bmoe`` script and ``python -m bmoe``."""
+    register()
+    try:
+        app(args=argv, prog_name="bmoe")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BmoeError as exc:
+        err_console.print(
+            f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True, markup=True
+        )
+        return 2
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""The per-token metrics CSV (``bmoe_metrics`` v0, v1, v2): reader and writer.
+
+v0 has no preamble (8, 9 or 11 columns), v1 starts ``# bmoe_metrics v1`` (about 22
+columns), v2 adds ``# engine=`` and the speculation / route-ahead columns (29). Every column is
+read by name and optional. A session CSV carries one ``# summary`` trailer per turn.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import pandas as pd
+import pyarrow as pa
+
+from bmoe.formats import kv
+from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections, split_sections
+from bmoe.formats.errors import FormatError, warn
+
+#: v2 column order, as the native engine writes it.
+COLUMNS_V2 = [
+    "step",
+    "steps",
+    "wall_ms",
+    "io_ms",
+    "compute_ms",
+    "read_bytes",
+    "cache_hit_pct",
+    "stall_ms",
+    "mgmt_ms",
+    "majflt",
+    "cpu_ms",
+    "dense_resident_frac",
+    "turn",
+    "majflt_mib",
+    "cache_budget_mib",
+    "rss_mib",
+    "rss_anon_mib",
+    "rss_file_mib",
+    "swap_mib",
+    "mem_available_mib",
+    "mem_free_mib",
+    "swap_free_mib",
+    "loop_overhead_ms",
+    "mtp_batch",
+    "mtp_draft_ms",
+    "drain_ms",
+    "adopt_ms",
+    "ra_issue_ms",
+    "ra_wd_ms",
+]
+#: v1 stops after swap_free_mib.
+COLUMNS_V1 = COLUMNS_V2[: COLUMNS_V2.index("swap_free_mib") + 1]
+
+#: Decimal places the native engine prints per column (absent = integer).
+ROW_PRECISION: dict[str, int] = {
+    "wall_ms": 3, "io_ms": 3, "compute_ms": 3, "cache_hit_pct": 2, "stall_ms": 3, "mgmt_ms": 3,
+    "cpu_ms": 3, "dense_resident_frac": 3, "majflt_mib": 2, "cache_budget_mib": 1, "rss_mib": 1,
+    "rss_anon_mib": 1, "rss_file_mib": 1, "swap_mib": 1, "mem_available_mib": 1,
+    "mem_free_mib": 1, "swap_free_mib": 1, "loop_overhead_ms": 3, "mtp_draft_ms": 3,
+    "drain_ms": 3, "adopt_ms": 3, "ra_issue_ms": 3, "ra_wd_ms": 3,
+}  # fmt: skip
+
+INT_COLUMNS: dict[str, pa.DataType] = {
+    "step": pa.int32(), "steps": pa.int32(), "read_bytes": pa.int64(), "majflt": pa.int64(),
+    "turn": pa.int16(), "mtp_batch": pa.int16(),
+}  # fmt: skip
+
+#: Arrow types for known columns (metrics files are small: float64 keeps printed digits exact).
+COLUMN_TYPES: dict[str, pa.DataType] = {
+    **INT_COLUMNS,
+    **{name: pa.float64() for name in ROW_PRECISION},
+}
+
+#: Decimal places of the ``# summary`` keys the native engine prints (absent = integer or %g).
+SUMMARY_PRECISION: dict[str, int] = {
+    "s/tok": 3, "tok/s": 3, "read_MiB": 1, "io_s": 2, "compute_s/tok": 3, "io_s/tok": 3,
+    "cache_hit_pct": 1, "load_s": 3, "prefill_s": 3, "prefill_tps": 2, "stall_s/tok": 3,
+    "mgmt_s/tok": 3, "cache_resident_MiB": 1, "cache_budget_MiB": 1, "spec_recall_pct": 1,
+    "spec_read_MiB": 1, "majflt/tok": 2, "cpu_s/tok": 4, "token_demand_MiB": 1,
+    "layer_demand_MiB": 1, "loop_overhead_s/tok": 4, "mtp_draft_s/tok": 4, "ra_agree_pct": 1,
+    "ra_gemv_ms/tok": 2, "ra_issue_ms/tok": 2, "ra_wd_ms/tok": 2, "drain_s/tok": 3,
+    "adopt_s/tok": 3, "prefill_cpu_s": 3, "prefill_read_mib": 1, "prefill_io_s": 3,
+    "prefill_stall_s": 3, "prefill_mgmt_s": 3, "prefill_dev_read_mib": 1,
+    "prefill_dev_stall_s": 3, "row_table_MiB": 1, "row_resident_MiB": 1, "row_read_MiB": 1,
+}  # fmt: skip
+
+_SUMMARY_FLOAT_KEYS = frozenset(SUMMARY_PRECISION)
+#: Keys that open a new preamble line in the native engine's files.
+_LINE_STARTS = frozenset({"model", "moe_stream", "temp"})
+_VERSION = re.compile(r"^bmoe_metrics\s+v(\d+)\s*$")
+
+
+@dataclass
+class MetricsRun:
+    """One metrics CSV: run parameters, per-token rows, summary trailer(s)."""
+
+    path: str | None
+    version: int  # 0 (no preamble), 1, 2, ...
+    params: dict[str, Any]  # typed preamble keys (``engine`` included in v2), file order
+    rows: pd.DataFrame
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # one per turn (session mode)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The last ``# summary`` trailer (the run's, or the last turn's); empty if none."""
+        return self.summaries[-1] if self.summaries else {}
+
+    @property
+    def engine(self) -> str | None:
+        return self.params.get("engine")
+
+    @property
+    def steps(self) -> int | None:
+        """The target token count the rows say (``steps`` of the last row)."""
+        if "steps" in self.rows and len(self.rows):
+            return int(self.rows["steps"].iloc[-1])
+        return None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.rows)
+
+    @property
+    def partial(self) -> bool:
+        """Fewer rows than ``steps`` says, or no summary trailer: the run did not finish."""
+        if not self.summaries:
+            return True
+        if "turn" in self.rows and self.rows["turn"].nunique() > 1:
+            return False  # session: each turn has its own target
+        steps = self.steps
+        return steps is not None and len(self.rows) < steps
+
+
+def _summary_value(key: str, text: str) -> Any:
+    value = kv.parse_value(key, text)
+    if key in _SUMMARY_FLOAT_KEYS and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def parse_summary(text: str) -> dict[str, Any]:
+    """Typed keys of one ``# summary`` line (without the leading ``summary``)."""
+    out: dict[str, Any] = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep and key:
+            out[key] = _summary_value(key, value)
+    return out
+
+
+def read_metrics(source: PathLike | bytes) -> MetricsRun:
+    """Read a metrics CSV of any version (or its Parquet form) into a :class:`MetricsRun`."""
+    from bmoe.formats import parquet
+
+    if parquet.is_parquet(source):
+        return parquet.read_metrics_parquet(source)
+    sec = load_sections(source)
+    version = 0
+    params: dict[str, Any] = {}
+    summaries: list[dict[str, Any]] = []
+    for line, text in sec.preamble():
+        m = _VERSION.match(text)
+        if m:
+            version = int(m.group(1))
+        elif text.startswith("summary"):
+            continue
+        else:
+            params.update(kv.parse_tokens(text))
+        del line
+    trailer = sec.trailer()
+    for n, (line, text, _rows) in enumerate(trailer):
+        if text.startswith("summary"):
+            body = text[len("summary") :]
+            if sec.cut and sec.last_is_comment and n == len(trailer) - 1:
+                tokens = body.split()
+                if tokens:
+                    sec.warnings.append(
+                        warn(sec.path, line, f"summary line is cut short; dropped {tokens[-1]!r}")
+                    )
+                body = " ".join(tokens[:-1])
+            summaries.append(parse_summary(body))
+    if not sec.header_line:
+        raise FormatError(sec.path, None, "no header row: not a metrics CSV")
+    if "step" not in sec.header or "wall_ms" not in sec.header:
+        raise FormatError(
+            sec.path, sec.header_line, "header lacks 'step' and 'wall_ms': not a metrics CSV"
+        )
+    rows = frame_or_empty(sec, COLUMN_TYPES)
+    run = MetricsRun(sec.path, version, params, rows, summaries, sec.warnings)
+    return run
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def format_row(row: Mapping[str, Any], columns: Iterable[str]) -> str:
+    """One CSV row with the native engine's number formatting."""
+    out = []
+    for col in columns:
+        value = row.get(col, 0)
+        digits = ROW_PRECISION.get(col)
+        if digits is None:
+            if isinstance(value, float) and not value.is_integer():
+                out.append(f"{value:g}")
+            else:
+                out.append(str(int(value)) if _is_number(value) else str(value))
+        else:
+            out.append(f"{float(value):.{digits}f}")
+    return ",".join(out)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not (isinstance(value, float) and math.isnan(value))
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    return "# summary " + kv.format_tokens(dict(summary), SUMMARY_PRECISION)
+
+
+def format_preamble(params: Mapping[str, Any], version: int = 2) -> list[str]:
+    """Preamble lines (without newlines) for `params`, grouped the way the engine groups them."""
+    if version == 0:
+        return []
+    lines = [f"# bmoe_metrics v{version}"]
+    rest = dict(params)
+    if version >= 2:
+        lines.append(f"# engine={rest.pop('engine', 'unknown')}")
+    group: dict[str, Any] = {}
+    for key, value in rest.items():
+        if key in _LINE_STARTS and group:
+            lines.append("# " + kv.format_tokens(group))
+            group = {}
+        group[key] = value
+    if group:
+        lines.append("# " + kv.format_tokens(group))
+    return lines
+
+
+class MetricsWriter:
+    """Incremental writer: preamble now, one row per token as it happens, summary at the end.
+
+    A run killed half way leaves exactly what the native engine would: the rows so far and no
+    trailer (each line is flushed).
+    """
+
+    def __init__(
+        self,
+        out: TextIO,
+        params: Mapping[str, Any],
+        columns: Iterable[str] = COLUMNS_V2,
+        version: int = 2,
+    ):
+        self.out = out
+        self.columns = list(columns)
+        for line in format_preamble(params, version):
+            out.write(line + "\n")
+        out.write(",".join(self.columns) + "\n")
+        out.flush()
+
+    def row(self, values: Mapping[str, Any]) -> None:
+        self.out.write(format_row(values, self.columns) + "\n")
+        self.out.flush()
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        self.out.write(format_summary(values) + "\n")
+        self.out.flush()
+
+
+def write_metrics(run: MetricsRun, dest: PathLike | TextIO) -> None:
+    """Write a whole :class:`MetricsRun` (rows, then each turn's summary after its rows)."""
+    if isinstance(dest, str | os.PathLike):
+        with open(dest, "w", encoding="utf-8", newline="\n") as fh:
+            write_metrics(run, fh)
+        return
+    writer = MetricsWriter(dest, run.params, list(run.rows.columns), run.version)
+    records = run.rows.to_dict("records")
+    turns = run.rows["turn"].to_numpy() if "turn" in run.rows and len(run.summaries) > 1 else None
+    s = 0
+    for i, rec in enumerate(records):
+        writer.row(rec)
+        last_of_turn = turns is not None and (i + 1 == len(records) or turns[i + 1] != turns[i])
+        if last_of_turn and s < len(run.summaries) - 1:
+            writer.summary(run.summaries[s])
+            s += 1
+    for summary in run.summaries[s:]:
+        writer.summary(summary)
+
+
+def metrics_to_text(run: MetricsRun) -> str:
+    buf = io.StringIO()
+    write_metrics(run, buf)
+    return buf.getvalue()
+
+
+def metrics_from_text(text: str, path: str | None = None) -> MetricsRun:
+    """Parse metrics CSV text already in memory (tests, streams)."""
+    run = read_metrics(text.encode("utf-8"))
+    run.path = path
+    return run
+
+
+__all__ = [
+    "COLUMNS_V1",
+    "COLUMNS_V2",
+    "MetricsRun",
+    "MetricsWriter",
+    "format_row",
+    "format_summary",
+    "metrics_from_text",
+    "metrics_to_text",
+    "parse_summary",
+    "read_metrics",
+    "split_sections",
+    "write_metrics",
+]

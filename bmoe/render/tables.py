@@ -1,0 +1,152 @@
+"""Render analysis results as rich tables, CSV blocks, JSON or markdown.
+
+Every analysis hands over a mapping of view name -> result, where a result is a DataFrame (a
+table: rows of records) or a mapping (a group of named figures). The same mapping renders in
+every format, so what the terminal shows is exactly what a script or notebook gets.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+FORMATS = ("table", "csv", "json", "markdown")
+MISSING = "—"
+
+Result = pd.DataFrame | Mapping[str, Any]
+
+
+def plain(value: Any) -> Any:
+    """A JSON-safe Python value (numpy scalars unwrapped, NaN/NA -> None)."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows of `frame` as JSON-safe dicts."""
+    cols = [str(c) for c in frame.columns]
+    return [
+        {c: plain(v) for c, v in zip(cols, row, strict=True)}
+        for row in frame.itertuples(index=False, name=None)
+    ]
+
+
+def to_jsonable(views: Mapping[str, Result]) -> dict[str, Any]:
+    return {
+        name: records(res) if isinstance(res, pd.DataFrame) else plain(res)
+        for name, res in views.items()
+    }
+
+
+def cell_text(value: Any, digits: int | None = None) -> str:
+    value = plain(value)
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if digits is not None:
+            return f"{value:.{digits}f}"
+        if value.is_integer():
+            return f"{value:.0f}"
+        return f"{value:.3g}" if abs(value) < 0.01 else f"{value:.2f}"
+    return str(value)
+
+
+def _as_frame(result: Result) -> pd.DataFrame:
+    if isinstance(result, pd.DataFrame):
+        return result
+    return pd.DataFrame({"figure": list(result.keys()), "value": list(result.values())})
+
+
+def render_csv(views: Mapping[str, Result]) -> str:
+    """Each view as a CSV block headed by ``# view=<name>``."""
+    out = io.StringIO()
+    for name, result in views.items():
+        out.write(f"# view={name}\n")
+        frame = result if isinstance(result, pd.DataFrame) else pd.DataFrame([plain(result)])
+        frame.to_csv(out, index=False, lineterminator="\n")
+    return out.getvalue()
+
+
+def render_json(views: Mapping[str, Result]) -> str:
+    return json.dumps(to_jsonable(views), indent=2, allow_nan=False) + "\n"
+
+
+def render_markdown(views: Mapping[str, Result], digits: Mapping[str, int] | None = None) -> str:
+    out = []
+    for name, result in views.items():
+        frame = _as_frame(result)
+        out.append(f"### {name}\n")
+        cols = [str(c) for c in frame.columns]
+        out.append("| " + " | ".join(cols) + " |")
+        out.append("|" + "|".join("---:" if _numeric(frame[c]) else "---" for c in frame) + "|")
+        for row in frame.itertuples(index=False, name=None):
+            cells = [
+                cell_text(v, (digits or {}).get(c)).replace("|", "\\|")
+                for c, v in zip(cols, row, strict=True)
+            ]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def _numeric(series: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
+
+
+def rich_tables(
+    views: Mapping[str, Result], digits: Mapping[str, int] | None = None
+) -> list[Table]:
+    tables = []
+    for name, result in views.items():
+        frame = _as_frame(result)
+        table = Table(title=name, title_justify="left", header_style="bold")
+        cols = [str(c) for c in frame.columns]
+        for col in frame.columns:
+            table.add_column(str(col), justify="right" if _numeric(frame[col]) else "left")
+        for row in frame.itertuples(index=False, name=None):
+            table.add_row(
+                *(cell_text(v, (digits or {}).get(c)) for c, v in zip(cols, row, strict=True))
+            )
+        tables.append(table)
+    return tables
+
+
+def render(
+    views: Mapping[str, Result],
+    fmt: str = "table",
+    console: Console | None = None,
+    digits: Mapping[str, int] | None = None,
+) -> str | None:
+    """Render `views` in `fmt`. ``table`` prints to `console` and returns None; the text
+    formats return a string."""
+    if fmt == "csv":
+        return render_csv(views)
+    if fmt == "json":
+        return render_json(views)
+    if fmt == "markdown":
+        return render_markdown(views, digits)
+    if fmt != "table":
+        raise ValueError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    console = console or Console()
+    for table in rich_tables(views, digits):
+        console.print(table)
+    return None

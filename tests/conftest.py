@@ -1,0 +1,19 @@
+"""Shared fixtures: the native engine's real files (read in place, never copied)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = Path(os.environ.get("BMOE_CORPUS", ROOT.parent / "shared" / "corpus"))
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    """``../shared/corpus`` (or $BMOE_CORPUS); tests using it skip when it is absent."""
+    if not CORPUS.is_dir():
+        pytest.skip(f"real telemetry corpus not found at {CORPUS} (set BMOE_CORPUS)")
+    return CORPUS
