@@ -7,7 +7,9 @@ module assembles them and turns user errors into one line on stderr instead of a
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import warnings
 
 import typer
 from rich.console import Console
@@ -46,8 +48,14 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line on stderr (``warning: file:line: problem``), never a source dump."""
+    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``bmoe`` script and ``python -m bmoe``."""
+    warnings.showwarning = _show_warning
     register()
     try:
         app(args=argv, prog_name="bmoe")
@@ -61,6 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+    except Exception as exc:  # a bug, but still one line (BMOE_DEBUG=1 shows the traceback)
+        if os.environ.get("BMOE_DEBUG"):
+            raise
+        err_console.print(
+            f"[bold red]internal error:[/] {type(exc).__name__}: {exc} "
+            "(run with BMOE_DEBUG=1 for the traceback)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 3
     return 0
 
 

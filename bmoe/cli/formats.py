@@ -1,27 +1,144 @@
-"""``bmoe info``: what a telemetry file is and what it says."""
+"""``bmoe info``, ``bmoe validate``, ``bmoe convert``: what a file is, whether it keeps the
+contract, and its Parquet form."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+import pandas as pd
 import typer
 
-from bmoe.cli import app, console
+from bmoe.cli import app, console, err_console
+from bmoe.errors import BmoeError
+from bmoe.formats.convert import TARGETS, convert_file
+from bmoe.formats.errors import FormatWarning
 from bmoe.formats.info import describe
+from bmoe.formats.validate import validate_file
 from bmoe.render.tables import FORMATS, render
+
+_FORMAT_HELP = f"Output format: {', '.join(FORMATS)}."
+
+
+def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> None:
+    if fmt not in allowed:
+        raise BmoeError(f"unknown --format {fmt!r} (choose from {', '.join(allowed)})")
+
+
+def _error(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
 
 
 @app.command()
 def info(
     files: list[Path] = typer.Argument(..., help="Telemetry files of any format."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=_FORMAT_HELP),
 ) -> None:
     """One screen per file: format and version, model, key parameters, rows, completeness.
 
-    Example: bmoe info run.csv trace.route.csv
+    Reads metrics CSVs, route / compute / io traces (CSV or Parquet), --progress and --session
+    streams, run logs, .metrics pressure sidecars and .state snapshots.
+
+    Example: bmoe info run.csv trace.route.csv run.out
     """
+    _check_format(fmt)
+    failed = False
     for path in files:
-        views = describe(path)
+        try:
+            views = describe(path)
+        except BmoeError as exc:
+            _error(str(exc))
+            failed = True
+            continue
         text = render(views, fmt, console)
         if text is not None:
             console.out(text, end="")
+    if failed:
+        raise typer.Exit(2)
+
+
+@app.command()
+def validate(
+    files: list[Path] = typer.Argument(..., help="Telemetry files of any format."),
+    fmt: str = typer.Option(
+        "text", "--format", "-f", help="text (one finding per line), or " + _FORMAT_HELP
+    ),
+) -> None:
+    """Check files against the telemetry contract and list the findings with line numbers.
+
+    Exit status: 0 every file is clean, 1 findings (errors or warnings), 2 a file could not be
+    read at all.
+
+    Example: bmoe validate run.csv trace.route.csv
+    """
+    _check_format(fmt, ("text", *FORMATS))
+    unreadable = False
+    records = []
+    for path in files:
+        try:
+            with warnings.catch_warnings():  # the reader's warnings come back as findings
+                warnings.simplefilter("ignore", FormatWarning)
+                findings = validate_file(path)
+        except BmoeError as exc:
+            _error(str(exc))
+            unreadable = True
+            continue
+        for f in findings:
+            records.append(
+                {"file": str(path), "line": f.line, "severity": f.severity, "message": f.message}
+            )
+        if fmt == "text":
+            for f in findings:
+                color = "red" if f.severity == "error" else "yellow"
+                console.print(
+                    f"{path}{':' + str(f.line) if f.line else ''}: "
+                    f"[{color}]{f.severity}[/]: {f.message}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            errors = sum(f.severity == "error" for f in findings)
+            summary = (
+                f"{errors} error(s), {len(findings) - errors} warning(s)" if findings else "ok"
+            )
+            console.print(f"{path}: {summary}", highlight=False, soft_wrap=True)
+    if fmt != "text":
+        frame = pd.DataFrame.from_records(
+            records, columns=["file", "line", "severity", "message"]
+        ).astype({"line": "Int64"})
+        text = render({"findings": frame}, fmt, console)
+        if text is not None:
+            console.out(text, end="")
+    if unreadable:
+        raise typer.Exit(2)
+    if records:
+        raise typer.Exit(1)
+
+
+@app.command()
+def convert(
+    files: list[Path] = typer.Argument(..., help="Metrics CSVs or route/compute/io traces."),
+    to: str = typer.Option("parquet", "--to", help=f"Target format: {' or '.join(TARGETS)}."),
+    out_dir: Path | None = typer.Option(
+        None, "--output-dir", "-o", help="Directory for the outputs (default: beside each file)."
+    ),
+) -> None:
+    """Convert files to Parquet (preamble and summaries kept in the schema metadata) or back.
+
+    The readers accept the Parquet file wherever they accept the CSV, and converting it back
+    with --to csv gives the original bytes.
+
+    Example: bmoe convert run.csv trace.route.csv --to parquet -o parquet/
+    """
+    if to not in TARGETS:
+        raise BmoeError(f"cannot convert to {to!r} (choose {' or '.join(TARGETS)})")
+    failed = False
+    for path in files:
+        try:
+            dest = convert_file(path, to, out_dir)
+        except BmoeError as exc:
+            _error(str(exc))
+            failed = True
+            continue
+        console.print(f"{path} -> {dest}", highlight=False, soft_wrap=True)
+    if failed:
+        raise typer.Exit(2)

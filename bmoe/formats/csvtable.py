@@ -184,36 +184,22 @@ def _locate(sec: Sections, types: dict[str, pa.DataType]) -> FormatError:
     return FormatError(sec.path, sec.header_line or None, "rows do not parse as CSV")
 
 
-def _cut_last_line(sec: Sections, types: dict[str, pa.DataType]) -> None:
-    """Drop a final data line that was cut mid-write (no newline, short or unparsable)."""
+def _cut_last_line(sec: Sections) -> None:
+    """Drop a final data line that has no newline: the engine ends every row with one, so such
+    a line was cut mid-write and even its parsable fields may be cut short (``1.`` of
+    ``1.234``)."""
     body = sec.body
     if not body.endswith(b"\n"):
         return
     prev = body.rfind(b"\n", 0, len(body) - 1)
     if prev < 0:
         return
-    last = body[prev + 1 : -1]
-    fields = next(csv.reader([last.decode("utf-8", "replace")]), [])
-    bad = len(fields) != len(sec.header)
-    if not bad:
-        for name, value in zip(sec.header, fields, strict=True):
-            kind = types.get(name)
-            if kind is None:
-                continue
-            if pa.types.is_integer(kind) and not _is_int_text(value):
-                bad = True
-            elif pa.types.is_floating(kind):
-                try:
-                    float(value)
-                except ValueError:
-                    bad = True
-    if bad:
-        n_rows = body.count(b"\n") - 1
-        line = _line_of_row(sec, n_rows - 1)
-        sec.body = body[: prev + 1]
-        sec.warnings.append(
-            warn(sec.path, line, "last line is cut short (file truncated?); dropped it")
-        )
+    n_rows = body.count(b"\n") - 1
+    line = _line_of_row(sec, n_rows - 1)
+    sec.body = body[: prev + 1]
+    sec.warnings.append(
+        warn(sec.path, line, "last line is cut short (file truncated?); dropped it")
+    )
 
 
 def read_rows(
@@ -237,7 +223,9 @@ def read_rows(
     if dupes:
         raise FormatError(sec.path, sec.header_line, f"duplicate column(s): {', '.join(dupes)}")
     if sec.cut and not sec.last_is_comment:
-        _cut_last_line(sec, types)
+        _cut_last_line(sec)
+        if sec.body.count(b"\n") <= 1:
+            return empty_frame(types, sec.header)
     col_types = {k: v for k, v in types.items() if k in sec.header}
     while True:
         try:
@@ -293,3 +281,17 @@ def frame_or_empty(sec: Sections, types: dict[str, pa.DataType], required=()) ->
 
 def as_int_array(series: pd.Series) -> np.ndarray:
     return series.to_numpy(dtype=np.int64, copy=False)
+
+
+def row_lines(sec: Sections, rows: np.ndarray) -> np.ndarray:
+    """1-based file lines of 0-based data rows (vectorised :func:`_line_of_row`)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    before = np.array(
+        [
+            r
+            for (cline, _t), r in zip(sec.comments, sec.rows_before_comment, strict=True)
+            if cline > sec.header_line
+        ],
+        dtype=np.int64,
+    )
+    return sec.header_line + 1 + rows + np.searchsorted(np.sort(before), rows, side="right")

@@ -66,6 +66,8 @@ def detect_bytes(head: bytes) -> str | None:
         return "state"
     if any(ln.startswith(_RUN_LINES) for ln in lines):
         return "log"
+    if any(ln.startswith("error: ") for ln in lines[-20:]):
+        return "log"  # the engine refused to run: its stderr
     kv_lines = [ln for ln in lines if "=" in ln and " " not in ln]
     if (
         kv_lines

@@ -4,30 +4,44 @@ from __future__ import annotations
 
 from typing import Any
 
-from bmoe.formats.csvtable import PathLike
+from bmoe.formats.csvtable import BOM, PathLike
 from bmoe.formats.detect import detect_bytes
 from bmoe.formats.errors import FormatError
 
+HEAD_BYTES = 65536
+
 
 def readers() -> dict[str, Any]:
+    """The reader of each kind :func:`~bmoe.formats.detect.detect` returns."""
     from bmoe.formats.decode import read_compute_trace, read_io_trace
     from bmoe.formats.metrics import read_metrics
     from bmoe.formats.route import read_route_trace
+    from bmoe.formats.runlog import read_run_output
+    from bmoe.formats.sidecar import read_pressure, read_state
 
     return {
         "metrics": read_metrics,
         "route": read_route_trace,
         "compute": read_compute_trace,
         "io": read_io_trace,
+        "protocol": read_run_output,
+        "log": read_run_output,
+        "pressure": read_pressure,
+        "state": read_state,
     }
 
 
 def load_file(path: PathLike, kind: str | None = None) -> Any:
     """Read `path` as `kind` (detected from the content when not given)."""
     name = str(path)
-    head = read_head(path)
-    kind = kind or detect_bytes(head)
     if kind is None:
+        kind = detect_kind(path)
+    if kind is None:
+        head = read_head(path, 4096)
+        if not head.removeprefix(BOM).strip():
+            raise FormatError(name, None, "file is empty")
+        if b"\x00" in head:
+            raise FormatError(name, None, "binary data, not a telemetry file")
         raise FormatError(name, None, "not a telemetry file bmoe knows (unrecognised content)")
     if kind == "parquet":
         from bmoe.formats.parquet import read_parquet
@@ -39,7 +53,30 @@ def load_file(path: PathLike, kind: str | None = None) -> Any:
     return table[kind](path)
 
 
-def read_head(path: PathLike, size: int = 65536) -> bytes:
+def detect_kind(path: PathLike) -> str | None:
+    """The kind of the file at `path` (see :func:`~bmoe.formats.detect.detect_bytes`); the
+    end of a long log is looked at too, since its run lines come last."""
+    head = read_head(path)
+    kind = detect_bytes(head)
+    if kind is None and len(head) == HEAD_BYTES:
+        tail = read_tail(path)
+        if detect_bytes(tail) == "log":
+            kind = "log"
+    return kind
+
+
+def read_tail(path: PathLike, size: int = 16384) -> bytes:
+    """The last `size` bytes of `path`, from a line start."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        end = fh.tell()
+        fh.seek(max(0, end - size))
+        data = fh.read()
+    cut = data.find(b"\n")
+    return data[cut + 1 :] if end > size and cut >= 0 else data
+
+
+def read_head(path: PathLike, size: int = HEAD_BYTES) -> bytes:
     """The first `size` bytes of `path`, with missing files and directories as FormatError."""
     try:
         with open(path, "rb") as fh:

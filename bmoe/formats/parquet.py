@@ -1,13 +1,195 @@
-"""Parquet round trip (placeholder until the converter lands)."""
+"""Parquet form of the row formats, with everything that is not a row kept in the schema metadata.
+
+A metrics CSV or a route / compute / io trace becomes one Parquet table of its rows (the same
+compact dtypes) whose schema metadata carries the rest under ``bmoe.*`` keys: the kind, the
+format version, the preamble (typed, as JSON), the summary trailers, the route trace's
+per-layer sizes, the reader's warnings and the source file name. The readers accept such a file
+wherever they accept the CSV and return an equal object.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
 
-def is_parquet(source) -> bool:
-    if isinstance(source, bytes | bytearray):
-        return bytes(source[:4]) == b"PAR1"
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bmoe.formats.errors import FormatError
+
+MAGIC = b"PAR1"
+#: Schema metadata keys (all values are UTF-8 JSON except kind and version).
+KIND, VERSION, META, SUMMARIES, LAYERS, WARNINGS, SOURCE = (
+    b"bmoe.kind", b"bmoe.version", b"bmoe.meta", b"bmoe.summaries", b"bmoe.layers",
+    b"bmoe.warnings", b"bmoe.source",
+)  # fmt: skip
+KINDS = ("metrics", "route", "compute", "io")
+
+
+def is_parquet(source: Any) -> bool:
+    """Whether `source` (a path or bytes) starts like a Parquet file."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        return bytes(source[:4]) == MAGIC
     try:
         with open(source, "rb") as fh:
-            return fh.read(4) == b"PAR1"
-    except OSError:
+            return fh.read(4) == MAGIC
+    except (OSError, TypeError, ValueError):
         return False
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _frame_json(frame: pd.DataFrame) -> str:
+    """A small DataFrame as JSON that rebuilds it with the same dtypes."""
+    return json.dumps(
+        [
+            {"name": str(c), "dtype": str(frame[c].dtype), "values": frame[c].tolist()}
+            for c in frame.columns
+        ]
+    )
+
+
+def _frame_from_json(text: str) -> pd.DataFrame:
+    columns = json.loads(text)
+    return pd.DataFrame(
+        {c["name"]: pd.Series(c["values"], dtype=c["dtype"]) for c in columns},
+        columns=[c["name"] for c in columns],
+    )
+
+
+def _kind_of(obj: Any) -> str:
+    from bmoe.formats.decode import ComputeTrace, IoTrace
+    from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.route import RouteTrace
+
+    for cls, kind in (
+        (MetricsRun, "metrics"),
+        (RouteTrace, "route"),
+        (ComputeTrace, "compute"),
+        (IoTrace, "io"),
+    ):
+        if isinstance(obj, cls):
+            return kind
+    raise TypeError(f"no Parquet form for {type(obj).__name__}")
+
+
+def to_table(obj: Any) -> pa.Table:
+    """The Arrow table of a parsed file: its rows, with the rest in the schema metadata."""
+    kind = _kind_of(obj)
+    table = pa.Table.from_pandas(obj.rows, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[KIND] = kind.encode()
+    meta[VERSION] = str(obj.version).encode()
+    meta[META] = json.dumps(obj.params if kind == "metrics" else obj.meta).encode()
+    meta[WARNINGS] = json.dumps(list(obj.warnings)).encode()
+    if obj.path:
+        meta[SOURCE] = os.path.basename(str(obj.path)).encode()
+    if kind == "metrics":
+        meta[SUMMARIES] = json.dumps(obj.summaries).encode()
+    if kind == "route":
+        meta[LAYERS] = _frame_json(obj.layers).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def write_parquet(obj: Any, dest: str | os.PathLike) -> Path:
+    """Write a parsed metrics CSV or trace as Parquet (zstd); returns the path written."""
+    dest = Path(dest)
+    pq.write_table(to_table(obj), dest, compression="zstd")
+    return dest
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _open(source: Any) -> tuple[pa.Table, str | None]:
+    name = None if isinstance(source, bytes | bytearray | memoryview) else str(source)
+    src = pa.BufferReader(bytes(source)) if name is None else name
+    try:
+        return pq.read_table(src), name
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
+
+
+def _metadata(table: pa.Table, name: str | None, want: str | None) -> dict[bytes, bytes]:
+    meta = dict(table.schema.metadata or {})
+    kind = meta.get(KIND, b"").decode()
+    if kind not in KINDS:
+        raise FormatError(name, None, "Parquet file without bmoe metadata (not written by bmoe)")
+    if want is not None and kind != want:
+        raise FormatError(name, None, f"Parquet file holds a {kind} file, not a {want} file")
+    return meta
+
+
+def _json(meta: dict[bytes, bytes], key: bytes, default: Any, name: str | None) -> Any:
+    if key not in meta:
+        return default
+    try:
+        return json.loads(meta[key])
+    except json.JSONDecodeError:
+        raise FormatError(name, None, f"corrupt {key.decode()} in the Parquet metadata") from None
+
+
+def _rows(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas(split_blocks=True, self_destruct=True)
+
+
+def read_parquet(source: Any, kind: str | None = None) -> Any:
+    """Read a Parquet file written by :func:`write_parquet` back into its typed object."""
+    from bmoe.formats.decode import ComputeTrace, IoTrace
+    from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.route import RouteTrace
+
+    table, name = _open(source)
+    meta = _metadata(table, name, kind)
+    found = meta[KIND].decode()
+    try:
+        version = int(meta.get(VERSION, b"0"))
+    except ValueError:
+        raise FormatError(name, None, "corrupt bmoe.version in the Parquet metadata") from None
+    params = _json(meta, META, {}, name)
+    warnings = _json(meta, WARNINGS, [], name)
+    rows = _rows(table)
+    if found == "metrics":
+        summaries = _json(meta, SUMMARIES, [], name)
+        return MetricsRun(name, version, params, rows, summaries, warnings)
+    if found == "route":
+        layers = (
+            _frame_from_json(meta[LAYERS].decode())
+            if LAYERS in meta
+            else pd.DataFrame({"layer": pd.Series([], dtype="int64")})
+        )
+        return RouteTrace(name, version, params, layers, rows, warnings)
+    cls = ComputeTrace if found == "compute" else IoTrace
+    return cls(name, version, params, rows, warnings)
+
+
+def read_metrics_parquet(source: Any) -> Any:
+    return read_parquet(source, "metrics")
+
+
+def read_route_parquet(source: Any) -> Any:
+    return read_parquet(source, "route")
+
+
+def read_compute_parquet(source: Any) -> Any:
+    return read_parquet(source, "compute")
+
+
+def read_io_parquet(source: Any) -> Any:
+    return read_parquet(source, "io")
+
+
+def parquet_kind(source: Any) -> str | None:
+    """The kind recorded in a Parquet file's metadata, without reading its rows."""
+    try:
+        schema = pq.read_schema(
+            source if not isinstance(source, bytes) else pa.BufferReader(source)
+        )
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+    kind = (schema.metadata or {}).get(KIND, b"").decode()
+    return kind if kind in KINDS else None

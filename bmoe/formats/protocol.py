@@ -323,11 +323,14 @@ def parse_line(
     return make_event(tag, data, lineno)
 
 
-def iter_events(lines: Iterable[str | bytes], *, path: str | None = None) -> Iterator[Event]:
+def iter_events(
+    lines: Iterable[str | bytes], *, path: str | None = None, notes: list[str] | None = None
+) -> Iterator[Event]:
     """The events of a stdout stream, in order; other lines are skipped.
 
     A malformed ``BMOE_*`` line is a :class:`FormatError`, unless it is the stream's last line
-    (a run killed mid-write): that one is dropped with a warning.
+    (a run killed mid-write): that one is dropped with a :class:`FormatWarning` (its text is
+    also appended to `notes` when given).
     """
     it = iter(lines)
     pending = next(it, None)
@@ -339,7 +342,9 @@ def iter_events(lines: Iterable[str | bytes], *, path: str | None = None) -> Ite
             event = parse_line(current, path=path, lineno=lineno)
         except FormatError:
             if pending is None and not to_text(current).endswith("\n"):
-                warn(path, lineno, "last line is cut short (stream truncated?); dropped it")
+                text = warn(path, lineno, "last line is cut short (stream truncated?); dropped it")
+                if notes is not None:
+                    notes.append(text)
                 return
             raise
         if event is not None:
