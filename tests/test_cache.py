@@ -48,7 +48,10 @@ def test_recency_within_a_batch_follows_the_last_touch() -> None:
     assert res[2].evicted == [(0, 2)]
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+GLOBAL_POLICIES = sorted(set(POLICIES) - {"layer", "layerlfu"})
+
+
+@pytest.mark.parametrize("policy", GLOBAL_POLICIES)
 def test_budget_zero_keeps_only_the_current_batch(policy: str) -> None:
     cache = ExpertCache(0, policy, n_layer=2)
     nu = [[9, 9], [9, 9], [9, 9]]
@@ -106,3 +109,173 @@ def test_prefetch_evicts_old_keys_and_a_later_hit_is_no_prefetch_hit() -> None:
     assert cache.stage(1, [4], 1).prefetch_hits == [4]
     r = cache.stage(1, [4], 1)
     assert r.hits == [4] and r.prefetch_hits == []
+
+
+def next_uses(batches) -> list[list[int]]:
+    """For each batch and each of its ids, the index of the next batch of the same layer
+    routing that id again (a large number for never), by a plain forward scan."""
+    out = []
+    for i, (layer, experts) in enumerate(batches):
+        row = []
+        for e in experts:
+            nxt = next(
+                (j for j in range(i + 1, len(batches)) if batches[j][0] == layer
+                 and e in batches[j][1]),
+                10**9,
+            )  # fmt: skip
+            row.append(nxt)
+        out.append(row)
+    return out
+
+
+def run_future(cache: ExpertCache, batches, size: int = 1):
+    return [
+        cache.stage(layer, experts, size, next_use=nu)
+        for (layer, experts), nu in zip(batches, next_uses(batches), strict=True)
+    ]
+
+
+def test_belady_by_hand() -> None:
+    """Budget 2. b0 [1,2]: misses. b1 [3]: miss; next uses 1 -> b2, 2 -> b3: evict 2 (the
+    furthest). b2 [1]: hit. b3 [2]: miss; 3 -> b4, 1 -> never: evict 1. b4 [3]: hit."""
+    batches = [(0, [1, 2]), (0, [3]), (0, [1]), (0, [2]), (0, [3])]
+    res = run_future(ExpertCache(2, "belady"), batches)
+    assert [r.hits for r in res] == [[], [], [1], [], [3]]
+    assert [r.evicted for r in res] == [[], [(0, 2)], [], [(0, 1)], []]
+
+
+def test_belady_ties_go_to_the_earliest_admitted() -> None:
+    """Budget 2. b0 [2,1] admits 2 then 1; none is used again. b1 [3]: both never again,
+    2 was admitted first: evict 2. b2 [4]: 1 (admitted in b0) goes before 3 (b1)."""
+    res = run_future(ExpertCache(2, "belady"), [(0, [2, 1]), (0, [3]), (0, [4])])
+    assert [r.evicted for r in res] == [[], [(0, 2)], [(0, 1)]]
+
+
+def test_belady_needs_the_future() -> None:
+    with pytest.raises(BmoeError, match="next use"):
+        ExpertCache(2, "belady").stage(0, [1], 1)
+
+
+def test_lfu_by_hand() -> None:
+    """Budget 2. b0 [1], b1 [1]: hit, count(1) = 2. b2 [2]. b3 [3]: evict the fewest
+    lookups, 2 (count 1). b4 [2]: miss, count(2) = 2 (kept across its eviction); candidates
+    1 (2) and 3 (1): evict 3. b5 [3]: miss, count(3) = 2; 1 and 2 both have 2 lookups, 1 was
+    touched less recently (b1 < b4): evict 1."""
+    res = run(ExpertCache(2, "lfu"), [(0, [1]), (0, [1]), (0, [2]), (0, [3]), (0, [2]), (0, [3])])
+    assert [len(r.hits) for r in res] == [0, 1, 0, 0, 0, 0]
+    assert [r.evicted for r in res] == [[], [], [], [(0, 2)], [(0, 3)], [(0, 1)]]
+
+
+def test_random_is_seeded_and_never_takes_the_batch() -> None:
+    batches = [(0, list(range(i, i + 3))) for i in range(0, 60, 2)]
+    runs = []
+    for seed in (1, 1, 2):
+        cache = ExpertCache(5, "random", seed=seed)
+        res = run(cache, batches)
+        for (_, experts), r in zip(batches, res, strict=True):
+            assert not {e for _, e in r.evicted} & set(experts)
+            assert cache.bytes_held <= 5
+        runs.append([r.evicted for r in res])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_layer_slices_by_hand() -> None:
+    """n_layer 2, budget 4: slices of 2. b0 L0 [1,2]. b1 L1 [1,2,3]: L1 holds 3 > 2 but
+    only its own batch, so nothing goes. b2 L0 [3]: L0 evicts its LRU key 1. b3 L1 [4]:
+    L1 evicts 1 then 2. b4 L0 [2]: hit. b5 L1 [1]: miss, L1 evicts 3 (LRU)."""
+    batches = [(0, [1, 2]), (1, [1, 2, 3]), (0, [3]), (1, [4]), (0, [2]), (1, [1])]
+    res = run(ExpertCache(4, "layer", n_layer=2), batches)
+    assert [r.evicted for r in res] == [[], [], [(0, 1)], [(1, 1), (1, 2)], [], [(1, 3)]]
+    assert [r.hits for r in res] == [[], [], [], [], [2], []]
+
+
+def test_layerlfu_evicts_by_count_inside_the_layer() -> None:
+    """n_layer 2, budget 4 (slices of 2). L0: [1], [1], [2], [3]. At [3], layer LRU evicts
+    1 (touched before 2) but layer LFU evicts 2 (one lookup against 1's two)."""
+    batches = [(0, [1]), (0, [1]), (0, [2]), (0, [3])]
+    assert run(ExpertCache(4, "layer", n_layer=2), batches)[-1].evicted == [(0, 1)]
+    assert run(ExpertCache(4, "layerlfu", n_layer=2), batches)[-1].evicted == [(0, 2)]
+
+
+def test_layer_policies_need_the_layer_count() -> None:
+    with pytest.raises(BmoeError, match="n_layer"):
+        ExpertCache(4, "layer")
+
+
+def test_lfuda_by_hand() -> None:
+    """Budget 2, one layer; priority K = L + F (F lookups since admission), L = K of the
+    last victim, ties by least recent touch.
+
+    b1 [3]: K3 = 1. b2 [2]: K2 = 1. b3 [1]: K1 = 1; evict the least recent K=1 key, 3;
+    L = 1. b4 [3]: miss, F restarts: K3 = L + 1 = 2; candidates 2 (1), 1 (1): evict 2
+    (touched earlier), L = 1. b5 [0]: K0 = 2; candidates 1 (1), 3 (2): evict 1, L = 1.
+    b6 [2]: K2 = 2; candidates 3 (2, touched b4), 0 (2, b5): evict 3, L = 2. b7 [0]: hit.
+
+    Plain LFU differs at b6: key 3 kept its count 2 from b1 while 0 has 1, so LFU evicts 0
+    and misses at b7. Aging lets the newcomer compete with an old count.
+    """
+    seq = [3, 2, 1, 3, 0, 2, 0]
+    batches = [(0, [e]) for e in seq]
+    res = run(ExpertCache(2, "lfuda"), batches)
+    assert [r.evicted for r in res] == [
+        [], [], [(0, 3)], [(0, 2)], [(0, 1)], [(0, 3)], [],
+    ]  # fmt: skip
+    assert [len(r.hits) for r in res] == [0, 0, 0, 0, 0, 0, 1]
+    lfu = run(ExpertCache(2, "lfu"), batches)
+    assert lfu[5].evicted == [(0, 0)] and sum(len(r.hits) for r in lfu) == 0
+
+
+def test_arc_by_hand() -> None:
+    """Budget 4, one layer. T1/T2 recency lists (LRU first), B1/B2 ghosts, target p.
+
+    b1 [1]: T1 [1]. b2 [1]: hit -> T2 [1]. b3..b5 [2] [3] [4]: T1 [2,3,4], held 4.
+    b6 [5]: T1 [2,3,4,5], held 5; T1 holds 4 > p = 0: evict T1's LRU 2 into B1 [2].
+    b7 [2]: a B1 ghost: p += 1 x max(1, 0/1) -> 1; 2 enters T2 [1,2]; held 5; T1 (3) > p:
+      evict 3 -> B1 [3].
+    b8 [6]: T1 [4,5,6]; evict 4 -> B1 [3,4] (T1 + B1 = 4 fits the budget).
+    b9 [1]: hit (LRU would have evicted 1 at b6 and missed here); T2 [2,1].
+    b10 [7]: T1 [5,6,7]; evict 5 -> B1 [3,4,5]; T1 + B1 = 5 > 4: drop ghost 3.
+    b11 [8,9]: T1 [6,7,8,9], held 6: evict 6, then 7 (8 and 9 are the batch's) -> B1
+      [4,5,6,7]; T1 + B1 = 6: drop ghosts 4 and 5 -> B1 [6,7].
+    b12 [6]: a B1 ghost: p += 1 x max(1, 0/2) -> 2; T2 [2,1,6], held 5; T1 holds 2, not
+      above p: evict T2's LRU 2 into B2 [2].
+    b13 [2]: a B2 ghost: p -= 1 x max(1, 1/1) -> 1; T2 [1,6,2]; T1 (2) > p: evict 8 ->
+      B1 [7,8].
+    Hits: b2 and b9.
+    """
+    seq = [[1], [1], [2], [3], [4], [5], [2], [6], [1], [7], [8, 9], [6], [2]]
+    cache = ExpertCache(4, "arc")
+    res = run(cache, [(0, s) for s in seq])
+    assert [r.hits for r in res] == [[], [1], [], [], [], [], [], [], [1], [], [], [], []]
+    assert [[e for _, e in r.evicted] for r in res] == [
+        [], [], [], [], [], [2], [3], [4], [], [5], [6, 7], [2], [8],
+    ]  # fmt: skip
+    arc = cache._policy
+    assert list(arc.t1) == [9] and [k & 0xFFFF for k in arc.t2] == [1, 6, 2]
+    assert [k & 0xFFFF for k in arc.b1] == [7, 8] and not arc.b2 and arc.p == 1
+
+
+def test_s3fifo_by_hand() -> None:
+    """Budget 3, one layer: S's share is 3 // 10 = 0 bytes, so S is evicted from whenever
+    it holds anything; counters start at 0 and grow with hits.
+
+    b1 [1], b2 [1] (hit, c=1), b3 [2], b4 [2] (hit), b5 [3], b6 [3] (hit): S [1,2,3].
+    b7 [4]: S [1,2,3,4], held 4. S's oldest 1, 2, 3 have hits: they move to M [1,2,3]. 4
+      is the batch's own: kept. S has nothing else, so M: 1, 2, 3 each spend their counter
+      going round (M [1,2,3] with counters 0), then 1 is evicted (not into G).
+    b8 [1]: a fresh miss (1 is in no ghost) -> S [4,1]; evict S's oldest 4 (no hit) -> G [4].
+    b9 [4]: a ghost: enters M [2,3,4]; S's 1 (no hit) is evicted -> G [1].
+    b10 [2]: hit, counter 1.
+    b11 [5]: S [5], protected; M: 2 spends its counter (M [3,4,2]), 3 is evicted.
+    Hits: b2, b4, b6, b10.
+    """
+    seq = [1, 1, 2, 2, 3, 3, 4, 1, 4, 2, 5]
+    cache = ExpertCache(3, "s3fifo")
+    res = run(cache, [(0, [e]) for e in seq])
+    assert [len(r.hits) for r in res] == [0, 1, 0, 1, 0, 1, 0, 0, 0, 1, 0]
+    assert [[e for _, e in r.evicted] for r in res] == [
+        [], [], [], [], [], [], [1], [4], [1], [], [3],
+    ]  # fmt: skip
+    s3 = cache._policy
+    assert [k for k in s3.main] == [4, 2] and list(s3.small) == [5] and list(s3.ghost) == [1]

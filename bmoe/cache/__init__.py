@@ -12,12 +12,13 @@ from bmoe.cache.expert_cache import (
     key_expert,
     key_layer,
 )
-from bmoe.cache.policies import NEVER, POLICIES
+from bmoe.cache.policies import NEVER, POLICIES, REFERENCE_POLICIES
 
 __all__ = [
     "EXPERT_BITS",
     "NEVER",
     "POLICIES",
+    "REFERENCE_POLICIES",
     "ExpertCache",
     "StageResult",
     "cache_key",

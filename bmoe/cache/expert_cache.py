@@ -4,7 +4,8 @@ A *batch* is one load of one layer. Inside a batch each distinct expert is looke
 repeated id only refreshes recency); a miss makes the key resident at the layer's expert bytes
 and counts them as read; after the batch the policy evicts until the bytes held fit the
 budget, never evicting a key the batch touched. Budget 0 therefore means no cache: every
-lookup misses and only the current batch stays resident.
+lookup misses and only the current batch stays resident. (The per-layer policies evict only
+the staging layer's keys, so there every layer keeps its last batch, as in the reference.)
 
 ``prefetch`` admits keys speculatively (not a lookup). The first demand lookup of a
 prefetched key that is still resident is a *prefetch hit*.
@@ -198,6 +199,38 @@ class ExpertCache:
         st["bytes_read"] += len(misses) * int(expert_bytes)
         st["evictions"] += len(victims)
         return hits, misses, pf_hits, victims
+
+    def replay(
+        self,
+        layers: Sequence[int],
+        lookups: Sequence[list[int]],
+        recency: Sequence[list[int] | None],
+        sizes: Sequence[int],
+        next_use: Sequence[list[int]] | None = None,
+    ) -> list[int]:
+        """Stage a whole sequence of batches (the arguments of :meth:`stage_keys`, one entry
+        per batch) and return the hits per batch: the offline replay's fast path, with the
+        same policy operations as staging batch by batch. Counters are updated as a whole."""
+        policy = self._policy
+        if policy.needs_future and next_use is None:
+            raise BmoeError(
+                f"policy {self.policy_name!r} needs each key's next use (offline replay only)"
+            )
+        if next_use is None:
+            next_use = [None] * len(layers)
+        hits = policy.run(layers, lookups, recency, sizes, next_use)
+        st = self._stats
+        n = sum(len(x) for x in lookups)
+        h = sum(hits)
+        st["lookups"] += n
+        st["hits"] += h
+        st["misses"] += n - h
+        st["bytes_read"] += sum(
+            (len(x) - y) * s for x, y, s in zip(lookups, hits, sizes, strict=True)
+        )
+        if lookups:
+            self._touched = set(lookups[-1])
+        return hits
 
     def prefetch(
         self,

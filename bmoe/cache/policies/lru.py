@@ -49,6 +49,42 @@ class LRU(Policy):
             res[k] = size
         self.held += size * len(keys)
 
+    def run(self, layers, lookups, recency, sizes, next_use) -> list[int]:
+        """:meth:`Policy.run`, fused: the same steps as :meth:`lookup` + :meth:`evict`."""
+        res = self.resident
+        move, pop = res.move_to_end, res.popitem
+        held, budget = self.held, self.budget
+        hits = [0] * len(layers)
+        for i, look in enumerate(lookups):
+            size = sizes[i]
+            h = 0
+            for k in look:
+                if k in res:
+                    h += 1
+                    move(k)
+                else:
+                    res[k] = size
+                    held += size
+            rec = recency[i]
+            if rec is not None:
+                for k in rec:
+                    move(k)
+            hits[i] = h
+            if held > budget:
+                protected = set(look)
+                aside = []
+                while held > budget and res:
+                    k, s = pop(last=False)
+                    if k in protected:
+                        aside.append((k, s))
+                        continue
+                    held -= s
+                for k, s in reversed(aside):
+                    res[k] = s
+                    move(k, last=False)
+        self.held = held
+        return hits
+
     def evict(self, layer: int, protected: Set[int]) -> list[int]:
         res = self.resident
         victims: list[int] = []
