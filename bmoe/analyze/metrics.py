@@ -122,22 +122,23 @@ def per_token(run: MetricsRun) -> pd.DataFrame:
     """
     rows = run.rows
     n = len(rows)
-    out = pd.DataFrame(index=pd.RangeIndex(n))
-    out["step"] = rows["step"].to_numpy() if "step" in rows else np.arange(1, n + 1)
-    out["turn"] = rows["turn"].to_numpy() if "turn" in rows else np.zeros(n, dtype=np.int16)
+    out: dict[str, np.ndarray] = {
+        "step": rows["step"].to_numpy() if "step" in rows else np.arange(1, n + 1),
+        "turn": rows["turn"].to_numpy() if "turn" in rows else np.zeros(n, dtype=np.int16),
+    }
     costs = [c for c in COST_COLUMNS if c in rows]
     if is_speculated(run):
         wall = rows["wall_ms"].to_numpy()
-        decode = np.cumsum(wall > 0) - 1
-        decode = np.maximum(decode, 0)  # rows before the first timed decode join it
-        batch_first = pd.Series(rows["mtp_batch"].to_numpy()).groupby(decode).transform("first")
-        size = pd.Series(np.ones(n)).groupby(decode).transform("sum")
-        batch = np.where(batch_first.to_numpy() > 0, batch_first.to_numpy(), size.to_numpy())
+        decode = np.maximum(np.cumsum(wall > 0) - 1, 0)  # rows before the first decode join it
+        starts = np.flatnonzero(np.r_[True, decode[1:] != decode[:-1]])
+        first_batch = rows["mtp_batch"].to_numpy()[starts]
+        size = np.diff(np.r_[starts, n])
+        batch = np.where(first_batch > 0, first_batch, size)[decode]
         out["decode"] = decode
         out["batch"] = batch.astype(np.int32)
         for col in costs:
-            group_sum = pd.Series(rows[col].to_numpy(dtype=float)).groupby(decode).transform("sum")
-            out[col] = group_sum.to_numpy() / batch
+            group_sum = np.add.reduceat(rows[col].to_numpy(dtype=float), starts)
+            out[col] = group_sum[decode] / batch
     else:
         out["decode"] = np.arange(n)
         out["batch"] = np.ones(n, dtype=np.int32)
@@ -148,7 +149,7 @@ def per_token(run: MetricsRun) -> pd.DataFrame:
     for col in ("cache_hit_pct", *MEMORY_COLUMNS, "dense_resident_frac"):
         if col in rows:
             out[col] = rows[col].to_numpy()
-    return out
+    return pd.DataFrame(out)
 
 
 def token_rates(tokens: pd.DataFrame) -> np.ndarray:

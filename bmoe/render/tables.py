@@ -150,3 +150,16 @@ def render(
     for table in rich_tables(views, digits):
         console.print(table)
     return None
+
+
+def transposed(
+    frame: pd.DataFrame, label: str, digits: Mapping[str, int] | None = None
+) -> pd.DataFrame:
+    """`frame` turned on its side for narrow terminals: one row per column of `frame` (named
+    in ``figure``), one column per row (headed by its `label` value), cells as display text
+    with each figure's own precision."""
+    digits = digits or {}
+    out = {"figure": [str(c) for c in frame.columns if c != label]}
+    for _, row in frame.iterrows():
+        out[str(row[label])] = [cell_text(row[c], digits.get(str(c))) for c in out["figure"]]
+    return pd.DataFrame(out)

@@ -1,0 +1,198 @@
+"""Stall attribution: where each token's wall time went, the telemetry contract's panel exactly.
+
+Four bars per token, none of them the ``compute_ms`` residual read as compute:
+
+* **compute** = ``cpu_ms`` / compute threads: an attribution *proxy* and an upper bound
+  (process CPU time also covers the I/O lanes and every other thread);
+* **flash wait** = ``io_ms`` in serial runs, ``stall_ms`` under overlap (where ``io_ms`` is
+  summed lane-busy time and can exceed the wall);
+* **cache mgmt** = ``mgmt_ms``;
+* **unattributed** = the non-negative remainder of ``wall_ms`` (off-CPU time: swap-in,
+  preemption, frequency caps).
+
+The bars are not rescaled to 100 %: compute + flash + mgmt may exceed the wall, and then the
+remainder is clamped at 0 rather than showing the overlap. Where ``cpu_ms`` is unmeasured
+(the column is absent, or 0 because the platform cannot report it) compute falls back to the
+``compute_ms`` residual and is labelled as such. Speculation groups are spread over their
+tokens first (see :func:`bmoe.analyze.metrics.per_token`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from bmoe.analyze.metrics import MEMORY_COLUMNS, per_token
+from bmoe.formats.metrics import MetricsRun
+
+COMPONENTS = ("compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms")
+
+COMPUTE_PROXY = "cpu_ms / threads"
+COMPUTE_RESIDUAL = "compute_ms residual"
+
+
+@dataclass
+class StallAttribution:
+    """The panel for one run: per token, per run, and how each term was decided."""
+
+    tokens: pd.DataFrame  # step, wall_ms, compute_ms, flash_ms, mgmt_ms, unattributed_ms, ...
+    summary: pd.DataFrame  # component, ms_per_token, pct_of_wall, source
+    overlap: bool
+    overlap_source: str
+    threads: int | None
+    compute_source: str  # COMPUTE_PROXY, COMPUTE_RESIDUAL or "mixed (...)"
+    notes: list[str] = field(default_factory=list)
+
+    def figures(self) -> dict[str, object]:
+        """How the panel was built, as named figures."""
+        return {
+            "overlap": self.overlap,
+            "overlap decided by": self.overlap_source,
+            "compute threads": self.threads,
+            "compute from": self.compute_source,
+        }
+
+
+def decide_overlap(run: MetricsRun, overlap: bool | None = None) -> tuple[bool, str]:
+    """Whether the run overlapped reads with compute, and how that was decided.
+
+    The preamble's ``overlap=`` when present. A file without it (v0) is read as overlapped
+    when some token has ``stall_ms > 0`` (the engine writes 0 in serial mode) or
+    ``io_ms > wall_ms`` (summed lane time can exceed the wall only under overlap), else serial.
+    """
+    if overlap is not None:
+        return bool(overlap), "given"
+    if "overlap" in run.params:
+        return bool(run.params["overlap"]), "preamble overlap="
+    rows = run.rows
+    if "stall_ms" in rows and bool((rows["stall_ms"] > 0).any()):
+        return True, "inferred: no preamble, stall_ms > 0 on some tokens"
+    if {"io_ms", "wall_ms"} <= set(rows.columns) and bool((rows["io_ms"] > rows["wall_ms"]).any()):
+        return True, "inferred: no preamble, io_ms > wall_ms on some tokens"
+    return False, "inferred: no preamble, stall_ms is 0 throughout"
+
+
+def stall_attribution(
+    run: MetricsRun, threads: int | None = None, overlap: bool | None = None
+) -> StallAttribution:
+    """The attribution panel per token and per run.
+
+    `threads` overrides the preamble's ``threads=`` (needed for the cpu_ms proxy in files
+    without a preamble); `overlap` overrides :func:`decide_overlap`.
+    """
+    tokens = per_token(run)
+    n = len(tokens)
+    notes: list[str] = []
+    is_overlap, overlap_source = decide_overlap(run, overlap)
+    threads = threads if threads is not None else run.params.get("threads")
+    threads = int(threads) if isinstance(threads, int | float) and threads > 0 else None
+
+    wall = tokens["wall_ms"].to_numpy(dtype=float)
+    zeros = np.zeros(n)
+    unknown = np.full(n, np.nan)
+    mgmt = tokens["mgmt_ms"].to_numpy(dtype=float) if "mgmt_ms" in tokens else unknown
+    if "mgmt_ms" not in tokens:
+        notes.append("no mgmt_ms column: cache mgmt is unknown (folded into the residual)")
+    flash_col = "stall_ms" if is_overlap else "io_ms"
+    if flash_col in tokens:
+        flash = tokens[flash_col].to_numpy(dtype=float)
+    else:
+        flash = unknown
+        notes.append(f"no {flash_col} column: flash wait is unknown")
+
+    residual = tokens["compute_ms"].to_numpy(dtype=float) if "compute_ms" in tokens else None
+    if residual is None:
+        residual = np.clip(wall - np.nan_to_num(flash) - np.nan_to_num(mgmt), 0.0, None)
+    cpu = tokens["cpu_ms"].to_numpy(dtype=float) if "cpu_ms" in tokens else None
+    if cpu is not None and threads is None and bool((cpu > 0).any()):
+        notes.append("cpu_ms is measured but the thread count is unknown (pass threads)")
+    use_proxy = (cpu > 0) if cpu is not None and threads else np.zeros(n, dtype=bool)
+    compute = np.where(use_proxy, (cpu if cpu is not None else zeros) / (threads or 1), residual)
+    if use_proxy.all() and n:
+        compute_source = COMPUTE_PROXY
+    elif not use_proxy.any():
+        compute_source = COMPUTE_RESIDUAL
+    else:
+        compute_source = f"mixed ({int((~use_proxy).sum())} tokens use the compute_ms residual)"
+    attributed = compute + np.nan_to_num(flash) + np.nan_to_num(mgmt)
+    unattributed = np.clip(wall - attributed, 0.0, None)
+
+    out = pd.DataFrame(
+        {
+            "step": tokens["step"].to_numpy(),
+            "turn": tokens["turn"].to_numpy(),
+            "wall_ms": wall,
+            "compute_ms": compute,
+            "flash_ms": flash,
+            "mgmt_ms": mgmt,
+            "unattributed_ms": unattributed,
+            "compute_is_residual": ~use_proxy,
+        }
+    )
+    summary = attribution_summary(out, compute_source, flash_col)
+    return StallAttribution(
+        out, summary, is_overlap, overlap_source, threads, compute_source, notes
+    )
+
+
+def attribution_summary(tokens: pd.DataFrame, compute_source: str, flash_col: str) -> pd.DataFrame:
+    """Per-run bars: mean ms/token of each component and its share of the mean wall time.
+
+    Each bar is the mean of its per-token values (the unattributed bar is the mean of the
+    clamped per-token remainders), so the shares need not add up to 100 %.
+    """
+    n = len(tokens)
+    wall = float(tokens["wall_ms"].mean()) if n else float("nan")
+    sources = {
+        "wall_ms": "wall_ms",
+        "compute_ms": compute_source,
+        "flash_ms": flash_col,
+        "mgmt_ms": "mgmt_ms",
+        "unattributed_ms": "wall - compute - flash - mgmt, clamped at 0 per token",
+    }
+    names = {
+        "wall_ms": "wall",
+        "compute_ms": "compute",
+        "flash_ms": "flash wait",
+        "mgmt_ms": "cache mgmt",
+        "unattributed_ms": "unattributed",
+    }
+    rows = []
+    for col, name in names.items():
+        value = float(tokens[col].mean()) if n and tokens[col].notna().any() else None
+        share = 100.0 * value / wall if value is not None and wall > 0 else None
+        rows.append({"component": name, "ms_per_token": value, "pct_of_wall": share,
+                     "source": sources[col]})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def memory_picture(run: MetricsRun) -> pd.DataFrame:
+    """The memory columns over steps (rss anon/file, swap, MemAvailable, cache budget, ...).
+
+    Columns that are 0 throughout (the platform could not report them) are left out; a file
+    without any memory column gives an empty frame with only ``step``.
+    """
+    rows = run.rows
+    out = pd.DataFrame({"step": np.arange(1, len(rows) + 1)})
+    if "step" in rows:
+        out["step"] = rows["step"].to_numpy()
+    if "turn" in rows:
+        out["turn"] = rows["turn"].to_numpy()
+    for col in MEMORY_COLUMNS:
+        if col in rows and bool((rows[col] != 0).any()):
+            out[col] = rows[col].to_numpy(dtype=float)
+    return out
+
+
+__all__ = [
+    "COMPONENTS",
+    "COMPUTE_PROXY",
+    "COMPUTE_RESIDUAL",
+    "StallAttribution",
+    "attribution_summary",
+    "decide_overlap",
+    "memory_picture",
+    "stall_attribution",
+]

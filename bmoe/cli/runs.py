@@ -1,0 +1,194 @@
+"""``bmoe analyze metrics | stall | compare | contamination``: run-level analysis commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import typer
+
+from bmoe.analyze.compare import REFUSE, compare_many
+from bmoe.analyze.contamination import cells_from_paths, contamination_flags
+from bmoe.analyze.metrics import STABLE_FIELDS, summarize_runs, summary_tables
+from bmoe.analyze.runfiles import load_run_files
+from bmoe.analyze.stall import memory_picture, stall_attribution
+from bmoe.cli import analyze_app, console, err_console
+from bmoe.errors import BmoeError
+from bmoe.render.tables import FORMATS, render, transposed
+
+#: Printed precision per column (the native engine's, where it prints one).
+DIGITS = {
+    "tok_s_mean": 3, "tok_s_min": 3, "tok_s_max": 3, "tok_s_median": 3, "tok_s_p5": 3,
+    "tok_s_p95": 3, "steady_tok_s_mean": 3, "tok_s_effective": 3, "prefill_tps": 2,
+    "ttft_s": 3, "cache_hit_pct": 1, "read_mib_per_token": 2, "steady_read_mib_per_token": 2,
+    "stall_ms_per_token": 1, "mgmt_ms_per_token": 1, "peak_rss_gb": 2, "mem_floor_gb": 2,
+    "cpu_temp_start_c": 1, "cpu_temp_max_c": 1, "batt_temp_max_c": 1, "rows_rss_max_gb": 2,
+    "rows_swap_max_gb": 2, "rows_mem_available_min_gb": 2, "majflt_per_token": 2,
+    "token_demand_mib": 1, "prefetch_read_mib": 1, "prefetch_useful_pct": 1, "drop_pct": 1,
+    "ms_per_token": 1, "pct_of_wall": 1, "a": 3, "b": 3, "delta": 3, "delta_pct": 1,
+    "ci_low": 3, "ci_high": 3, "loop_overhead_ms_per_token": 2, "draft_ms_per_token": 2,
+    "tokens_per_decode": 2, "draft_acceptance_pct": 1, "drafted_steps_pct": 1,
+}  # fmt: skip
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise BmoeError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+
+
+def _emit(views: dict, fmt: str) -> None:
+    text = render(views, fmt, console, DIGITS)
+    if text is not None:
+        console.out(text, end="")
+
+
+@analyze_app.command("metrics")
+def metrics_command(
+    files: list[Path] = typer.Argument(..., help="Metrics CSVs (any version)."),
+    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+) -> None:
+    """Per-run summary: tok/s (mean, median, p5/p95, min/max, steady state, effective),
+    prefill, TTFT, cache hit, MiB/token, stall and mgmt ms/token, and the pressure table from a
+    `.metrics` sidecar beside each CSV. json/csv give one record per file with stable names
+    (null where the file cannot say); markdown gives the tables for a benchmarks page.
+
+    Example: bmoe analyze metrics bench/*.csv --format markdown
+    """
+    _check_format(fmt)
+    loaded = [load_run_files(path) for path in files]
+    frame = summarize_runs([f.run for f in loaded], [f.pressure for f in loaded])
+    if fmt in ("json", "csv"):
+        _emit({"runs": frame}, fmt)
+        return
+    views = summary_tables(frame)
+    if fmt == "table":
+        views = {name: transposed(view, "run", DIGITS) for name, view in views.items()}
+    _emit(views, fmt)
+
+
+@analyze_app.command("stall")
+def stall_command(
+    file: Path = typer.Argument(..., help="A metrics CSV."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Write the per-token attribution and memory picture (.png/.svg/.pdf)."
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", help="Compute threads, for files whose preamble does not say."
+    ),
+    overlap: bool | None = typer.Option(
+        None,
+        "--overlap/--serial",
+        help="Override the overlap mode (default: preamble or inferred).",
+    ),
+    tokens: bool = typer.Option(False, "--tokens", help="Also print the per-token rows."),
+    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+) -> None:
+    """Where each token's time went: compute (cpu_ms / threads, an upper-bound proxy), flash
+    wait (io_ms serial, stall_ms under overlap), cache mgmt, and the unattributed remainder of
+    the wall time; not rescaled to 100 %. Falls back to the compute_ms residual, labelled,
+    where cpu_ms is unmeasured.
+
+    Example: bmoe analyze stall run.csv --plot run-stall.png
+    """
+    _check_format(fmt)
+    files = load_run_files(file)
+    att = stall_attribution(files.run, threads=threads, overlap=overlap)
+    run_figures = {"file": str(file), **att.figures()}
+    if att.notes:
+        run_figures["notes"] = "; ".join(att.notes)
+    views: dict = {"run": run_figures, "attribution": att.summary}
+    if tokens:
+        views["tokens"] = att.tokens
+    _emit(views, fmt)
+    if plot is not None:
+        from bmoe.render.plots import save_figure
+        from bmoe.render.plots.runs import stall_figure
+
+        memory = memory_picture(files.run)
+        if len(memory.columns) <= 2:
+            err_console.print("note: no memory columns in this file; plotting attribution only")
+        fig = stall_figure(
+            att.tokens, memory, title=f"{file.name}: stall attribution",
+            compute_label=att.compute_source,
+        )  # fmt: skip
+        err_console.print(f"wrote {save_figure(fig, plot)}")
+
+
+@analyze_app.command("compare")
+def compare_command(
+    files: list[Path] = typer.Argument(..., help="Baseline CSV first, then one or more others."),
+    force: bool = typer.Option(False, "--force", help="Compare even where the runs differ."),
+    boot: int = typer.Option(2000, "--boot", help="Bootstrap resamples."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+) -> None:
+    """Is B faster than A? Difference in mean and median tok/s with a bootstrap interval over
+    steady-state tokens, change in hit rate, MiB/token and each attribution component. Refuses
+    runs the telemetry contract says are not comparable (different model or n_expert_used,
+    speculation mismatch, instrumented or partial runs) unless --force; warns loudly about
+    temp>0, load_all and drop runs.
+
+    Example: bmoe analyze compare baseline.csv candidate.csv
+    """
+    _check_format(fmt)
+    loaded = [load_run_files(path) for path in files]
+    comparisons = compare_many(loaded, force=force, n_boot=boot, seed=seed)
+    views: dict = {}
+    for comp in comparisons:
+        title = f"{Path(comp.a).name} (A) vs {Path(comp.b).name} (B)"
+        views[title] = comp.table
+        views[f"{title}: method"] = comp.method
+        if fmt != "table" and len(comp.concerns):
+            views[f"{title}: concerns"] = comp.concerns
+    _emit(views, fmt)
+    for comp in comparisons:  # after the figures, where they are read
+        title = f"{Path(comp.a).name} (A) vs {Path(comp.b).name} (B)"
+        for row in comp.concerns.itertuples():
+            level = "FORCED PAST A REFUSAL" if row.level == REFUSE else "WARNING"
+            err_console.print(
+                f"[bold yellow]{level}[/] ({title}, {row.run}): {row.reason}",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
+
+
+@analyze_app.command("contamination")
+def contamination_command(
+    paths: list[Path] = typer.Argument(
+        ..., help="Metrics files, directories, or a sweep folder (its results.parquet)."
+    ),
+    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+) -> None:
+    """Flag cells whose numbers measure the device rather than the config: compute s/token
+    rising as n_expert_used falls, major faults per token an order of magnitude above
+    comparable cells, entry states that differ, throughput tracking execution order.
+
+    Example: bmoe analyze contamination bench-data/2026-07-21-sweep --format json
+    """
+    _check_format(fmt)
+    cells = cells_from_paths(paths)
+    flags = contamination_flags(cells)
+    not_checked = flags.attrs.get("not_checked", [])
+    if fmt == "json":
+        _emit({"flags": flags}, fmt)
+    else:
+        shown = flags.assign(cells=[", ".join(map(str, c)) for c in flags["cells"]])
+        views: dict = {}
+        if fmt == "table":
+            views["cells"] = _cells_overview(cells)
+        views["flags"] = shown
+        if not_checked:
+            views["not checked"] = pd.DataFrame({"reason": not_checked})
+        _emit(views, fmt)
+    if fmt == "table" and flags.empty:
+        console.print("no contamination tells fired")
+
+
+def _cells_overview(cells: pd.DataFrame) -> pd.DataFrame:
+    wanted = ["cell", "order", "n_expert_used", "tok_s_mean", "compute_s_per_token",
+              "majflt_per_token", "entry_cpu_temp_c", "entry_mem_available_mb"]  # fmt: skip
+    cols = [c for c in wanted if c in cells]
+    out = cells[cols]
+    return out.sort_values("order") if "order" in out else out
+
+
+__all__ = ["STABLE_FIELDS"]
