@@ -1,0 +1,838 @@
+"""What the router asked for: the views of a routing trace, as DataFrames.
+
+A routing trace is conceptually a matrix: rows are steps, columns are MoE layers, and a cell
+holds the ``n_expert_used`` experts one layer routed for one token. Per layer, the *step
+sequence* is that layer's cells ordered by step. Every view here reads that sequence:
+
+- ``sanity``   row and cell counts, cells of the wrong size, weight sums;
+- ``hot``      distinct experts per layer and the share carried by the top N;
+- ``reuse``    distance (in cells of the sequence) between routings of one expert;
+- ``overlap``  share of a cell's experts also routed ``lag`` cells earlier;
+- ``workset``  cumulative distinct experts after m steps, and the bytes of that union;
+- ``cache``    share of routings that missed, hit, or hit a prefetched expert;
+- ``entropy``  entropy of the normalised routing weights, and the top-1 share;
+- ``bytes``    flash bytes read per layer, one-expert and dense sizes;
+- ``matrix``   the step x layer matrix itself, as text cells.
+
+Figures match the established route analysis exactly (see the reference semantics): quantiles
+take the element at ``min(n-1, floor(q*n))`` of the sorted values, ties among equally hot
+experts go to the one routed first. Everything is vectorised; nothing loops over rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bmoe.errors import BmoeError
+from bmoe.formats.route import RouteTrace
+
+MIB = 1048576
+PHASES = {"prefill": 0, "decode": 1}
+VIEWS = ("sanity", "hot", "reuse", "overlap", "workset", "cache", "entropy", "bytes", "matrix")
+DEFAULT_VIEWS = VIEWS[:-1]
+MATRIX_CELLS = ("experts", "weights", "mb", "hit")
+WORKSET_MARKS = (1, 2, 5, 10, 25, 50, 100, 200, 500, 1000)
+OVERLAP_LAGS = (1, 2, 4, 8)
+REUSE_QUANTILES = (0.5, 0.9)
+RESIDENCY_LETTERS = {0: "M", 1: "H", 2: "P"}
+MATRIX_STEPS = 20  # steps the matrix shows when no window was chosen
+ALL = "ALL"
+
+Trace = RouteTrace | pd.DataFrame
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def select(
+    trace: RouteTrace,
+    phase: str = "decode",
+    turn: int | None = None,
+    layers: Collection[int] | None = None,
+    steps: Collection[int] | None = None,
+    max_steps: int | None = None,
+) -> RouteTrace:
+    """The trace restricted to one phase (``decode``, ``prefill`` or ``all``), one turn,
+    some layers, some steps (the ``step`` column's values) and at most the first
+    `max_steps` steps; rows come back in step-sequence order (layer, turn, step, slot)."""
+    rows = trace.rows
+    keep = np.ones(len(rows), dtype=bool)
+    if phase != "all":
+        if phase not in PHASES:
+            raise BmoeError(f"unknown phase {phase!r} (choose decode, prefill or all)")
+        if "phase" in rows:
+            keep &= rows["phase"].to_numpy() == PHASES[phase]
+    if turn is not None and "turn" in rows:
+        keep &= rows["turn"].to_numpy() == turn
+    if layers is not None:
+        keep &= np.isin(rows["layer"].to_numpy(), np.fromiter(layers, dtype=np.int64))
+    if steps is not None:
+        keep &= np.isin(rows["step"].to_numpy(), np.fromiter(steps, dtype=np.int64))
+    rows = rows[keep] if not keep.all() else rows
+    if max_steps is not None and len(rows):
+        order = _step_codes(rows)
+        first = np.unique(order)[:max_steps]
+        rows = rows[np.isin(order, first)]
+    seq = _order(rows)
+    return dataclasses.replace(trace, rows=seq.rows)
+
+
+def _step_codes(rows: pd.DataFrame) -> np.ndarray:
+    """One integer per row, increasing with (turn, step, phase): the step axis."""
+    step = rows["step"].to_numpy(np.int64)
+    step = step - step.min()
+    span = int(step.max()) + 1
+    turn = rows["turn"].to_numpy(np.int64) if "turn" in rows else 0
+    phase = rows["phase"].to_numpy(np.int64) if "phase" in rows else 0
+    return (turn * span + step) * 2 + phase
+
+
+def caveats(
+    trace: RouteTrace, selected: RouteTrace | None = None, phase: str | None = None
+) -> list[str]:
+    """What a reader must know before trusting the figures of `selected` (default: `trace`):
+    dropping was on, the preamble lacks sizes, or the selection left nothing."""
+    selected = trace if selected is None else selected
+    rows = selected.rows
+    notes: list[str] = []
+    if not len(rows):
+        if not len(trace.rows):
+            notes.append("the trace has no routing rows")
+        elif phase and phase != "all" and "phase" in trace.rows:
+            counts = trace.rows["phase"].value_counts()
+            have = ", ".join(f"{int(counts.get(code, 0))} {name}" for name, code in PHASES.items())
+            notes.append(
+                f"no {phase} rows in this trace ({have} rows); try --phase all or another phase"
+            )
+        else:
+            notes.append("the selection (turn, layers, steps) leaves no rows")
+        return notes
+    if "dropped" in rows:
+        dropped = int((rows["dropped"].to_numpy() != 0).sum())
+        if dropped:
+            notes.append(
+                f"cache-aware dropping was ON: {dropped} of {len(rows)} routings "
+                f"({100 * dropped / len(rows):.1f}%) were discarded and never read. The figures "
+                "describe what the ROUTER asked for; a drop replay shows what it cost."
+            )
+    layers = np.unique(rows["layer"].to_numpy())
+    sizes = trace.expert_bytes()
+    missing = [int(x) for x in layers if int(x) not in sizes]
+    if missing:
+        notes.append(
+            f"the preamble has no expert_bytes for layer{'s' if len(missing) > 1 else ''} "
+            f"{_ranges(missing)}: working-set bytes and expert MiB are unknown there"
+        )
+    if phase and phase != "all" and "phase" not in trace.rows:
+        notes.append("the trace has no phase column: every row is analysed as one phase")
+    if "weight" in rows and not np.isfinite(rows["weight"].to_numpy()).any():
+        notes.append("no routing weights were recorded (all nan): entropy is unknown")
+    if "residency" not in rows:
+        notes.append("the trace has no residency column: cache outcomes are unknown")
+    return notes
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``0-3,7`` for [0, 1, 2, 3, 7]."""
+    out, start, prev = [], None, None
+    for v in [*sorted(values), None]:
+        if start is not None and (v is None or v != prev + 1):
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if v is not None and start is None:
+            start = v
+        prev = v
+    return ",".join(out)
+
+
+# ----------------------------------------------------------------------------- the sequence
+
+
+@dataclass
+class _Sequence:
+    """Rows in step-sequence order with the cell structure precomputed once."""
+
+    rows: pd.DataFrame
+    layer: np.ndarray  # per row
+    layer_idx: np.ndarray  # per row: index into `layers`
+    layers: np.ndarray  # distinct layers, ascending
+    expert: np.ndarray  # per row
+    n_expert: int  # expert ids are < n_expert
+    gcell: np.ndarray  # per row: global cell id (cells are contiguous)
+    cell: np.ndarray  # per row: index of the cell in its layer's sequence
+    cell_start: np.ndarray  # per cell: first row
+    cell_layer_idx: np.ndarray  # per cell
+    cell_index: np.ndarray  # per cell: index in its layer's sequence
+    cell_step_code: np.ndarray  # per cell: position on the step axis
+    cells_per_layer: np.ndarray  # per layer
+    n_steps: int  # distinct steps over all layers
+    _by_key: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def key(self) -> np.ndarray:
+        """(layer, expert) as one small integer per row."""
+        kind = np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
+        return (
+            self.layer_idx.astype(kind) * kind(self.n_expert) + self.expert.astype(kind)
+        ).astype(kind, copy=False)
+
+    def by_key(self) -> tuple[np.ndarray, np.ndarray]:
+        """Row order sorted by (layer, expert), stable (so cell order within); and the keys."""
+        if self._by_key is None:
+            key = self.key()
+            order = np.argsort(key, kind="stable")
+            self._by_key = (order, key[order])
+        return self._by_key
+
+
+def _order(rows: pd.DataFrame) -> _Sequence:
+    """Sort rows layer-major: (layer, turn, step, phase, slot), file order breaking ties."""
+    n = len(rows)
+    layer = rows["layer"].to_numpy()
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Sequence(
+            rows, layer, empty, empty, rows["expert"].to_numpy(), 0, empty, empty, empty,
+            empty, empty, empty, empty, 0,
+        )  # fmt: skip
+    layers, layer_idx = np.unique(layer, return_inverse=True)
+    step_code = _step_codes(rows)
+    span = int(step_code.max()) + 1
+    if "slot" in rows:
+        slot = rows["slot"].to_numpy(np.int64)
+        slot = slot - min(0, int(slot.min()))
+        nslot = int(slot.max()) + 1
+    else:
+        slot, nslot = np.zeros(n, dtype=np.int64), 1
+    if len(layers) * span * nslot < 2**62:
+        cellkey = layer_idx.astype(np.int64) * span + step_code
+        key = cellkey * nslot + slot
+        if n > 1 and not (key[1:] >= key[:-1]).all():
+            order = np.argsort(key, kind="stable")
+            rows = rows.take(order)
+            layer, layer_idx, cellkey = layer[order], layer_idx[order], cellkey[order]
+    else:  # astronomically sparse step axis: sort by columns instead
+        order = np.lexsort((slot, step_code, layer_idx))
+        rows = rows.take(order)
+        layer, layer_idx = layer[order], layer_idx[order]
+        cellkey = np.stack([layer_idx, step_code[order]])
+    rows = rows.reset_index(drop=True)
+    if cellkey.ndim == 1:
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(cellkey[1:], cellkey[:-1], out=new[1:])
+    else:
+        new = np.ones(n, dtype=bool)
+        new[1:] = (cellkey[:, 1:] != cellkey[:, :-1]).any(axis=0)
+    cell_start = np.flatnonzero(new)
+    gcell = (np.cumsum(new, dtype=np.int32) - 1).astype(np.int32)
+    cell_layer_idx = layer_idx[cell_start]
+    cells_per_layer = np.bincount(cell_layer_idx, minlength=len(layers))
+    layer_first_cell = np.concatenate([[0], np.cumsum(cells_per_layer)[:-1]])
+    cell_index = (np.arange(len(cell_start)) - layer_first_cell[cell_layer_idx]).astype(np.int32)
+    step_codes = _step_codes(rows)
+    cell_step_code = step_codes[cell_start]
+    expert = rows["expert"].to_numpy()
+    n_expert = int(expert.max()) + 1 if n else 0
+    if n and int(expert.min()) < 0:
+        raise BmoeError(f"{rows.attrs.get('path', 'trace')}: negative expert id {expert.min()}")
+    return _Sequence(
+        rows=rows,
+        layer=layer,
+        layer_idx=layer_idx.astype(np.int32),
+        layers=layers,
+        expert=expert,
+        n_expert=n_expert,
+        gcell=gcell,
+        cell=cell_index[gcell],
+        cell_start=cell_start,
+        cell_layer_idx=cell_layer_idx.astype(np.int32),
+        cell_index=cell_index,
+        cell_step_code=cell_step_code,
+        cells_per_layer=cells_per_layer,
+        n_steps=len(np.unique(cell_step_code)),
+    )
+
+
+def _sequence(trace: Trace) -> tuple[_Sequence, RouteTrace | None]:
+    if isinstance(trace, RouteTrace):
+        return _order(trace.rows), trace
+    return _order(trace), None
+
+
+def _layer_frame(seq: _Sequence, **columns: Any) -> pd.DataFrame:
+    return pd.DataFrame({"layer": seq.layers.astype(np.int64), **columns})
+
+
+def _with_all_row(frame: pd.DataFrame, all_row: Mapping[str, Any]) -> pd.DataFrame:
+    """Append the pooled row; `layer` becomes text so ``ALL`` fits."""
+    frame = frame.astype({"layer": object})
+    return pd.concat([frame, pd.DataFrame([{"layer": ALL, **all_row}])], ignore_index=True)
+
+
+# ----------------------------------------------------------------------------- sanity
+
+
+def sanity(trace: Trace) -> pd.DataFrame:
+    """One row: rows, cells over steps x layers, cells whose size is not ``n_expert_used``,
+    steps per layer (uneven in prefill: the last layer routes only the final prompt token),
+    and the min/max per-cell weight sum over cells whose weights are all known."""
+    seq, meta_trace = _sequence(trace)
+    return _sanity(seq, meta_trace)
+
+
+def _sanity(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
+    k = trace.n_expert_used if trace is not None else None
+    n_cells = len(seq.cell_start)
+    sizes = np.diff(np.append(seq.cell_start, len(seq.rows)))
+    wmin = wmax = np.nan
+    weighed = 0
+    if "weight" in seq.rows and n_cells:
+        w = seq.rows["weight"].to_numpy(np.float64)
+        known = ~np.isnan(w)
+        unknown_per_cell = np.bincount(seq.gcell, weights=~known, minlength=n_cells)
+        sums = np.bincount(seq.gcell, weights=np.where(known, w, 0.0), minlength=n_cells)
+        complete = unknown_per_cell == 0
+        weighed = int(complete.sum())
+        if weighed:
+            wmin, wmax = float(sums[complete].min()), float(sums[complete].max())
+    per_layer = seq.cells_per_layer
+    row = {
+        "rows": len(seq.rows),
+        "cells": n_cells,
+        "steps": seq.n_steps,
+        "layers": seq.n_layers,
+        "k": k,
+        "cells_not_k": int((sizes != k).sum()) if k is not None else None,
+        "steps_per_layer_min": int(per_layer.min()) if n_cells else 0,
+        "steps_per_layer_max": int(per_layer.max()) if n_cells else 0,
+        "cells_weighed": weighed,
+        "weight_sum_min": wmin,
+        "weight_sum_max": wmax,
+    }
+    return pd.DataFrame([row])
+
+
+# ----------------------------------------------------------------------------- hot
+
+
+def expert_counts(trace: Trace) -> pd.DataFrame:
+    """Per (layer, expert): activations, the share of the layer's activations, and the rank
+    (hottest first; ties to the expert routed first). Long form, for plots and notebooks."""
+    seq, _ = _sequence(trace)
+    return _expert_counts(seq)
+
+
+def _expert_counts(seq: _Sequence) -> pd.DataFrame:
+    if not len(seq.rows):
+        return pd.DataFrame(
+            {c: pd.Series(dtype="int64") for c in ("layer", "expert", "activations", "rank")}
+            | {"share_pct": pd.Series(dtype="float64")}
+        )
+    order, key = seq.by_key()
+    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    counts = np.diff(np.append(start, len(key)))
+    first_row = order[start]  # row position in step-sequence order: (cell, slot)
+    ukey = key[start].astype(np.int64)
+    layer_idx = ukey // seq.n_expert
+    # rank within layer: by count descending, then first routed
+    rank_order = np.lexsort((first_row, -counts, layer_idx))
+    layer_sorted = layer_idx[rank_order]
+    group_start = np.flatnonzero(np.r_[True, layer_sorted[1:] != layer_sorted[:-1]])
+    rank = np.arange(len(rank_order)) - np.repeat(
+        group_start, np.diff(np.append(group_start, len(rank_order)))
+    )
+    totals = np.bincount(layer_idx, weights=counts, minlength=seq.n_layers)
+    c = counts[rank_order]
+    return pd.DataFrame(
+        {
+            "layer": seq.layers[layer_sorted].astype(np.int64),
+            "expert": (ukey[rank_order] % seq.n_expert).astype(np.int64),
+            "activations": c.astype(np.int64),
+            "share_pct": 100.0 * c / totals[layer_sorted],
+            "rank": rank.astype(np.int64),
+        }
+    )
+
+
+def hot(trace: Trace, top: int = 8) -> pd.DataFrame:
+    """Per layer: distinct experts routed, the share of activations carried by the top
+    `top` experts (``coverage_pct``) and those experts as ``expert:count`` text."""
+    seq, _ = _sequence(trace)
+    return _hot(seq, top)
+
+
+def _hot(seq: _Sequence, top: int) -> pd.DataFrame:
+    counts = _expert_counts(seq)
+    unique = counts.groupby("layer", sort=True).size()
+    head = counts[counts["rank"] < top]
+    coverage = head.groupby("layer", sort=True)["share_pct"].sum()
+    label = head["expert"].astype(str) + ":" + head["activations"].astype(str)
+    listing = label.groupby(head["layer"], sort=True).agg(" ".join)
+    return pd.DataFrame(
+        {
+            "layer": unique.index.to_numpy(np.int64),
+            "unique": unique.to_numpy(np.int64),
+            "coverage_pct": coverage.reindex(unique.index).to_numpy(np.float64),
+            "top": listing.reindex(unique.index).to_numpy(object),
+        }
+    )
+
+
+# ----------------------------------------------------------------------------- reuse
+
+
+def reuse_distances(trace: Trace) -> pd.DataFrame:
+    """Every reuse, long form: layer, expert, the step of the reuse and its distance in
+    cells of the layer's step sequence (not in step numbers)."""
+    seq, _ = _sequence(trace)
+    layer_idx, expert, dist, rows = _reuse_pairs(seq)
+    return pd.DataFrame(
+        {
+            "layer": seq.layers[layer_idx].astype(np.int64),
+            "expert": expert.astype(np.int64),
+            "step": seq.rows["step"].to_numpy()[rows].astype(np.int64),
+            "distance": dist.astype(np.int64),
+        }
+    )
+
+
+def _reuse_pairs(seq: _Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    order, key = seq.by_key()
+    if len(key) < 2:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    cell = seq.cell[order]
+    same = key[1:] == key[:-1]
+    dist = (cell[1:] - cell[:-1])[same]
+    k = key[1:][same].astype(np.int64)
+    return k // seq.n_expert, k % seq.n_expert, dist, order[1:][same]
+
+
+def _quantile_index(n: np.ndarray, q: float) -> np.ndarray:
+    """The reference quantile: element ``min(n-1, floor(q*n))`` of the sorted values."""
+    return np.minimum(n - 1, np.floor(q * n).astype(np.int64))
+
+
+def reuse(trace: Trace) -> pd.DataFrame:
+    """Per layer: the number of reuses, p50/p90/max reuse distance (in cells of the step
+    sequence) and ``never_2nd``, the experts routed exactly once (cache pollution)."""
+    seq, _ = _sequence(trace)
+    return _reuse(seq)
+
+
+def _reuse(seq: _Sequence) -> pd.DataFrame:
+    n_layers = seq.n_layers
+    layer_idx, _, dist, _ = _reuse_pairs(seq)
+    n_reuse = np.bincount(layer_idx, minlength=n_layers)
+    top = int(dist.max()) + 1 if len(dist) else 1
+    hist = np.bincount(layer_idx * top + dist, minlength=n_layers * top).reshape(n_layers, top)
+    cum = np.cumsum(hist, axis=1)
+    figures: dict[str, Any] = {"n_reuse": n_reuse.astype(np.int64)}
+    for q in REUSE_QUANTILES:
+        idx = _quantile_index(n_reuse, q)
+        value = (cum > idx[:, None]).argmax(axis=1)
+        figures[f"p{round(q * 100)}"] = np.where(n_reuse > 0, value, -1)
+    last = top - 1 - (hist[:, ::-1] > 0).argmax(axis=1)
+    figures["max"] = np.where(n_reuse > 0, last, -1)
+    _, key = seq.by_key()
+    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
+    counts = np.diff(np.append(start, len(key)))
+    once_layer = key[start][counts == 1].astype(np.int64) // max(seq.n_expert, 1)
+    figures["never_2nd"] = np.bincount(once_layer, minlength=n_layers).astype(np.int64)
+    frame = _layer_frame(seq, **figures)
+    for col in ("p50", "p90", "max"):  # no reuse at all: unknown, not zero
+        frame[col] = frame[col].astype("Int64").mask(frame["n_reuse"] == 0)
+    return frame
+
+
+# ----------------------------------------------------------------------------- overlap
+
+
+def overlap(trace: Trace, lags: Sequence[int] = OVERLAP_LAGS) -> pd.DataFrame:
+    """Per layer, for each lag g: the mean over cells i >= g of the share (%) of cell i's
+    experts also routed in cell i-g; the ``ALL`` row pools every layer's cells."""
+    seq, _ = _sequence(trace)
+    return _overlap(seq, lags)
+
+
+def _overlap(seq: _Sequence, lags: Sequence[int]) -> pd.DataFrame:
+    n_cells, E = len(seq.cell_start), seq.n_expert
+    present = np.zeros(n_cells * E, dtype=bool)
+    present[seq.gcell.astype(np.int64) * E + seq.expert] = True
+    codes = np.flatnonzero(present)
+    code_cell = codes // E if E else codes
+    size = np.bincount(code_cell, minlength=n_cells)
+    cols: dict[str, Any] = {}
+    pooled: dict[str, Any] = {}
+    for g in lags:
+        valid = seq.cell_index[code_cell] >= g
+        shared = np.zeros(len(codes), dtype=bool)
+        shared[valid] = present[codes[valid] - g * E]
+        inter = np.bincount(code_cell, weights=shared, minlength=n_cells)
+        counted = (seq.cell_index >= g) & (size > 0)
+        pct = np.where(counted, 100.0 * inter / np.maximum(size, 1), 0.0)
+        total = np.bincount(seq.cell_layer_idx, weights=pct, minlength=seq.n_layers)
+        n = np.bincount(seq.cell_layer_idx, weights=counted, minlength=seq.n_layers)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+        pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else np.nan
+    return _with_all_row(_layer_frame(seq, **cols), pooled)
+
+
+# ----------------------------------------------------------------------------- workset
+
+
+def workset(
+    trace: Trace,
+    marks: Sequence[int] = WORKSET_MARKS,
+    expert_bytes: Mapping[int, int] | None = None,
+) -> pd.DataFrame:
+    """Per layer: ``of`` (experts in the model), cumulative distinct experts after m steps
+    of the layer's sequence at each mark <= the step count (``s<m>`` columns, plus the step
+    count itself), and ``union_mib``, the bytes of that union; the ``ALL`` row sums them."""
+    seq, meta_trace = _sequence(trace)
+    sizes = expert_bytes if expert_bytes is not None else _sizes(meta_trace)
+    return _workset(seq, marks, sizes, _n_expert(meta_trace, seq))
+
+
+def _sizes(trace: RouteTrace | None) -> dict[int, int]:
+    return trace.expert_bytes() if trace is not None else {}
+
+
+def _n_expert(trace: RouteTrace | None, seq: _Sequence) -> int:
+    n = trace.meta.get("n_expert") if trace is not None else None
+    return int(n) if isinstance(n, int) else seq.n_expert
+
+
+def workset_marks(n_steps: int, marks: Sequence[int] = WORKSET_MARKS) -> list[int]:
+    chosen = [m for m in marks if m <= n_steps]
+    return [*chosen, n_steps] if n_steps and (not chosen or chosen[-1] != n_steps) else chosen
+
+
+def _first_cells(seq: _Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct (layer, expert): its layer index and the first cell that routed it."""
+    order, key = seq.by_key()
+    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
+    return key[start].astype(np.int64) // max(seq.n_expert, 1), seq.cell[order[start]]
+
+
+def _workset(
+    seq: _Sequence, marks: Sequence[int], sizes: Mapping[int, int], n_expert: int
+) -> pd.DataFrame:
+    chosen = workset_marks(seq.n_steps, marks)
+    layer_idx, first = _first_cells(seq)
+    cols: dict[str, Any] = {"of": np.full(seq.n_layers, n_expert, dtype=np.int64)}
+    for m in chosen:
+        cols[f"s{m}"] = np.bincount(layer_idx[first < m], minlength=seq.n_layers).astype(np.int64)
+    distinct = np.bincount(layer_idx, minlength=seq.n_layers)
+    one = np.array([sizes.get(int(x), np.nan) for x in seq.layers], dtype=np.float64)
+    cols["union_mib"] = distinct * one / MIB
+    frame = _layer_frame(seq, **cols)
+    totals = {c: int(frame[c].sum()) for c in frame.columns if c not in ("layer", "union_mib")}
+    totals["union_mib"] = float(frame["union_mib"].sum(skipna=False))
+    return _with_all_row(frame, totals)
+
+
+def workset_curve(trace: Trace) -> pd.DataFrame:
+    """Working-set growth for every m: layer, steps (m), distinct experts after m cells of
+    the layer's sequence, and their bytes (MiB; nan where the preamble lacks the size)."""
+    seq, meta_trace = _sequence(trace)
+    sizes = _sizes(meta_trace)
+    layer_idx, first = _first_cells(seq)
+    frames = []
+    new = np.zeros((seq.n_layers, int(seq.cells_per_layer.max()) if seq.n_layers else 0))
+    np.add.at(new, (layer_idx, first), 1)
+    for i, layer in enumerate(seq.layers):  # one pass per layer, not per row
+        n = int(seq.cells_per_layer[i])
+        distinct = np.cumsum(new[i, :n]).astype(np.int64)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "layer": int(layer),
+                    "steps": np.arange(1, n + 1, dtype=np.int64),
+                    "distinct": distinct,
+                    "mib": distinct * sizes.get(int(layer), np.nan) / MIB,
+                }
+            )
+        )
+    if not frames:
+        return pd.DataFrame(columns=["layer", "steps", "distinct", "mib"])
+    return pd.concat(frames, ignore_index=True)
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def cache(trace: Trace) -> pd.DataFrame:
+    """Per layer and overall (``ALL``): the share of routings that missed (residency 0),
+    hit (1) or hit a prefetched expert on its first touch (2), and the routing count."""
+    seq, _ = _sequence(trace)
+    return _cache(seq)
+
+
+def _cache(seq: _Sequence) -> pd.DataFrame:
+    cols = ("miss_pct", "hit_pct", "prefetch_pct")
+    if "residency" not in seq.rows:
+        return pd.DataFrame(columns=["layer", *cols, "routings"])
+    res = seq.rows["residency"].to_numpy(np.int64)
+    counts = np.bincount(
+        seq.layer_idx.astype(np.int64) * 3 + np.clip(res, 0, 2), minlength=seq.n_layers * 3
+    ).reshape(seq.n_layers, 3)
+    routings = np.bincount(seq.layer_idx, minlength=seq.n_layers)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = 100.0 * counts / routings[:, None]
+    frame = _layer_frame(seq, **{c: share[:, i] for i, c in enumerate(cols)})
+    frame["routings"] = routings.astype(np.int64)
+    n = int(routings.sum())
+    pooled = {c: 100.0 * counts[:, i].sum() / n if n else np.nan for i, c in enumerate(cols)}
+    return _with_all_row(frame, {**pooled, "routings": n})
+
+
+def prefetch_slots(trace: Trace) -> pd.DataFrame:
+    """Prefetch hits (residency 2) by router slot: count, share of all prefetch hits and
+    share of that slot's routings. Empty when no prefetch hit was recorded."""
+    rows = trace.rows if isinstance(trace, RouteTrace) else trace
+    columns = ["slot", "prefetch_hits", "share_pct", "of_slot_pct"]
+    if "residency" not in rows or "slot" not in rows:
+        return pd.DataFrame(columns=columns)
+    slot = rows["slot"].to_numpy(np.int64)
+    hit = rows["residency"].to_numpy() == 2
+    if not hit.any():
+        return pd.DataFrame(columns=columns)
+    n = int(slot.max()) + 1
+    hits = np.bincount(slot[hit], minlength=n)
+    routings = np.bincount(slot, minlength=n)
+    return pd.DataFrame(
+        {
+            "slot": np.arange(n, dtype=np.int64),
+            "prefetch_hits": hits.astype(np.int64),
+            "share_pct": 100.0 * hits / hits.sum(),
+            "of_slot_pct": 100.0 * hits / np.maximum(routings, 1),
+        }
+    )
+
+
+# ----------------------------------------------------------------------------- entropy
+
+
+def entropy(trace: Trace) -> pd.DataFrame:
+    """Per layer, averaged over cells: the entropy (bits) of the cell's known weights
+    normalised by their sum, and the top-1 share (%). Cells with weight sum <= 0 are
+    skipped; the maximum entropy is log2(k)."""
+    seq, _ = _sequence(trace)
+    return _entropy(seq)
+
+
+def _entropy(seq: _Sequence) -> pd.DataFrame:
+    n_cells = len(seq.cell_start)
+    if "weight" not in seq.rows or not n_cells:
+        return _layer_frame(
+            seq, entropy_bits=np.full(seq.n_layers, np.nan), top1_pct=np.full(seq.n_layers, np.nan)
+        )
+    w = seq.rows["weight"].to_numpy(np.float64)
+    known = ~np.isnan(w)
+    wk = np.where(known, w, 0.0)
+    total = np.bincount(seq.gcell, weights=wk, minlength=n_cells)
+    pos = wk > 0
+    wlogw = np.zeros_like(wk)
+    wlogw[pos] = wk[pos] * np.log2(wk[pos])
+    acc = np.bincount(seq.gcell, weights=wlogw, minlength=n_cells)
+    top = np.maximum.reduceat(np.where(known, w, -np.inf), seq.cell_start)
+    ok = total > 0
+    safe = np.where(ok, total, 1.0)
+    bits = np.log2(safe) - acc / safe
+    share = 100.0 * top / safe
+    n = np.bincount(seq.cell_layer_idx, weights=ok, minlength=seq.n_layers)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_bits = (
+            np.bincount(seq.cell_layer_idx, weights=np.where(ok, bits, 0), minlength=seq.n_layers)
+            / n
+        )
+        mean_top = (
+            np.bincount(seq.cell_layer_idx, weights=np.where(ok, share, 0), minlength=seq.n_layers)
+            / n
+        )
+    return _layer_frame(seq, entropy_bits=mean_bits, top1_pct=mean_top)
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def bytes_read(trace: Trace) -> pd.DataFrame:
+    """Per layer: MiB read from flash (sum of the ``expert_bytes`` column), one expert's
+    and the dense weights' MiB (from the preamble) and read MiB per step; the ``ALL`` row
+    holds the totals (``mib_per_step`` averages over distinct steps)."""
+    seq, meta_trace = _sequence(trace)
+    return _bytes(seq, meta_trace)
+
+
+def _bytes(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
+    if "expert_bytes" in seq.rows:
+        read = np.bincount(
+            seq.layer_idx,
+            weights=seq.rows["expert_bytes"].to_numpy(np.float64),
+            minlength=seq.n_layers,
+        )
+    else:
+        read = np.full(seq.n_layers, np.nan)
+    one = _sizes(trace)
+    dense = trace.dense_bytes() if trace is not None else {}
+    steps = max(seq.n_steps, 1)
+    frame = _layer_frame(
+        seq,
+        read_mib=read / MIB,
+        expert_mib=np.array([one.get(int(x), np.nan) for x in seq.layers], dtype=float) / MIB,
+        dense_mib=np.array([dense.get(int(x), np.nan) for x in seq.layers], dtype=float) / MIB,
+        mib_per_step=read / MIB / steps,
+    )
+    total = float(read.sum()) / MIB
+    return _with_all_row(
+        frame,
+        {
+            "read_mib": total,
+            "expert_mib": np.nan,
+            "dense_mib": float(frame["dense_mib"].sum(skipna=False)),
+            "mib_per_step": total / steps,
+        },
+    )
+
+
+# ----------------------------------------------------------------------------- matrix
+
+
+def matrix(trace: Trace, cells: str = "experts", limit: int | None = MATRIX_STEPS) -> pd.DataFrame:
+    """The step x layer matrix: one row per step (the first `limit` steps; None for all),
+    one text column per layer (``L<n>``). Cells: ``experts`` (ids in slot order, ``*``
+    marking an id the same layer routed on the previous row), ``weights`` (2 decimals),
+    ``mb`` (MiB the cell read) or ``hit`` (H/M/P per slot: hit, miss, prefetch hit)."""
+    if cells not in MATRIX_CELLS:
+        raise BmoeError(f"unknown matrix cells {cells!r} (choose {', '.join(MATRIX_CELLS)})")
+    seq, _ = _sequence(trace)
+    return _matrix(seq, cells, limit)
+
+
+def _matrix(seq: _Sequence, cells: str, limit: int | None) -> pd.DataFrame:
+    rows = seq.rows
+    steps, step_row = np.unique(seq.cell_step_code, return_inverse=True)
+    if limit is not None:
+        steps = steps[:limit]
+    n_rows = len(steps)
+    cell_keep = step_row < n_rows
+    row_keep = cell_keep[seq.gcell]
+    cell_row = step_row[seq.gcell][row_keep]  # matrix row of each kept routing
+    layer_idx = seq.layer_idx[row_keep]
+    expert = seq.expert[row_keep].astype(np.int64)
+    if cells == "experts":
+        E = seq.n_expert
+        present = np.zeros((n_rows + 1) * seq.n_layers * E, dtype=bool)
+        code = (cell_row.astype(np.int64) * seq.n_layers + layer_idx) * E + expert
+        present[code] = True
+        prev = code - seq.n_layers * E
+        star = (cell_row > 0) & present[np.maximum(prev, 0)]
+        text = np.where(star, "*", "") + expert.astype(str)
+        sep = " "
+    elif cells == "weights":
+        text = (
+            np.char.mod("%.2f", rows["weight"].to_numpy(np.float64)[row_keep])
+            if "weight" in rows
+            else np.full(len(expert), "?")
+        )
+        sep = " "
+    elif cells == "hit":
+        res = (
+            rows["residency"].to_numpy()[row_keep]
+            if "residency" in rows
+            else np.full(len(expert), -1)
+        )
+        text = pd.Series(res).map(RESIDENCY_LETTERS).fillna("?").to_numpy(str)
+        sep = ""
+    else:  # mb: one figure per cell
+        read = (
+            rows["expert_bytes"].to_numpy(np.float64)[row_keep]
+            if "expert_bytes" in rows
+            else np.zeros(len(expert))
+        )
+        text, sep = None, ""
+    kept_cells = np.flatnonzero(cell_keep)
+    cell_pos = np.searchsorted(kept_cells, seq.gcell[row_keep])  # index among kept cells
+    if text is None:
+        mib = np.bincount(cell_pos, weights=read, minlength=len(kept_cells)) / MIB
+        cell_text = pd.Series(np.char.mod("%.2f", mib))
+    else:
+        cell_text = _join_by_group(pd.Series(text, dtype=object), cell_pos, len(kept_cells), sep)
+    grid = np.full((n_rows, seq.n_layers), None, dtype=object)
+    grid[step_row[kept_cells], seq.cell_layer_idx[kept_cells]] = cell_text.to_numpy(object)
+    step_of = rows["step"].to_numpy()[seq.cell_start]
+    first_cell_of_row = np.full(n_rows, -1, dtype=np.int64)
+    first_cell_of_row[step_row[kept_cells][::-1]] = kept_cells[::-1]
+    frame = (
+        pd.DataFrame({"step": step_of[first_cell_of_row].astype(np.int64)})
+        if n_rows
+        else pd.DataFrame({"step": pd.Series(dtype="int64")})
+    )
+    if "turn" in rows and len(np.unique(rows["turn"].to_numpy())) > 1:
+        frame.insert(
+            0, "turn", rows["turn"].to_numpy()[seq.cell_start][first_cell_of_row].astype(np.int64)
+        )
+    for j, layer in enumerate(seq.layers):
+        frame[f"L{int(layer)}"] = grid[:, j]
+    return frame
+
+
+def _join_by_group(text: pd.Series, group: np.ndarray, n_groups: int, sep: str) -> pd.Series:
+    """Concatenate `text` per group (rows of a group are contiguous and in order)."""
+    if not len(text):
+        return pd.Series([""] * n_groups, dtype=object)
+    start = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    pos = np.arange(len(group)) - np.repeat(start, np.diff(np.append(start, len(group))))
+    wide = pd.DataFrame({"g": group, "p": pos, "t": text.to_numpy(object)}).pivot(
+        index="g", columns="p", values="t"
+    )
+    joined = wide[wide.columns[0]].astype(object)
+    for col in wide.columns[1:]:
+        part = wide[col]
+        joined = joined.where(part.isna(), joined + sep + part.fillna(""))
+    return joined.reindex(range(n_groups)).fillna("").reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- all views
+
+
+def route_views(
+    trace: Trace,
+    names: Iterable[str] = DEFAULT_VIEWS,
+    *,
+    top: int = 8,
+    cells: str = "experts",
+    matrix_limit: int | None = MATRIX_STEPS,
+) -> dict[str, pd.DataFrame]:
+    """Several views at once, sharing one pass of ordering: name -> DataFrame."""
+    names = list(names)
+    unknown = [n for n in names if n not in VIEWS]
+    if unknown:
+        raise BmoeError(f"unknown view {', '.join(unknown)} (choose from {', '.join(VIEWS)})")
+    seq, meta_trace = _sequence(trace)
+    build = {
+        "sanity": lambda: _sanity(seq, meta_trace),
+        "hot": lambda: _hot(seq, top),
+        "reuse": lambda: _reuse(seq),
+        "overlap": lambda: _overlap(seq, OVERLAP_LAGS),
+        "workset": lambda: _workset(
+            seq, WORKSET_MARKS, _sizes(meta_trace), _n_expert(meta_trace, seq)
+        ),
+        "cache": lambda: _cache(seq),
+        "entropy": lambda: _entropy(seq),
+        "bytes": lambda: _bytes(seq, meta_trace),
+        "matrix": lambda: _matrix(seq, cells, matrix_limit),
+    }
+    return {name: build[name]() for name in names}
