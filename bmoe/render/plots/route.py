@@ -299,10 +299,10 @@ def overlap_plot(overlap: pd.DataFrame, chance_pct: float | None = None) -> Figu
         ylim=(0, None),
     )
     ax.grid(True, alpha=0.3)
-    ax.legend(
-        handles=[Line2D([], [], marker="o", **ALL_STYLE, label="all layers")],
-        loc="upper right",
-        fontsize="small",
-    )
+    handles = [Line2D([], [], marker="o", **ALL_STYLE, label="all layers")]
+    if chance_pct:
+        ax.axhline(chance_pct, color="grey", linestyle=":")
+        handles.append(Line2D([], [], color="grey", linestyle=":", label="uniform random router"))
+    ax.legend(handles=handles, loc="upper right", fontsize="small")
     _layer_colorbar(fig, ax, cmap, lo, hi)
     return fig
