@@ -94,6 +94,12 @@ def _step_codes(rows: pd.DataFrame) -> np.ndarray:
     return (turn * span + step) * 2 + phase
 
 
+def count_steps(trace: Trace) -> int:
+    """Distinct steps (token positions, per turn and phase) in the trace's rows."""
+    rows = trace.rows if isinstance(trace, RouteTrace) else trace
+    return len(np.unique(_step_codes(rows))) if len(rows) else 0
+
+
 def caveats(
     trace: RouteTrace, selected: RouteTrace | None = None, phase: str | None = None
 ) -> list[str]:

@@ -1,0 +1,220 @@
+"""``bmoe analyze route``: what the router asked for, view by view."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import typer
+
+from bmoe.analyze import route
+from bmoe.cli import analyze_app, console, err_console
+from bmoe.errors import BmoeError
+from bmoe.formats.route import read_route_trace
+from bmoe.render.tables import FORMATS, render
+
+PLOT_KINDS = ("auto", "reuse", "reuse-bytes", "heatmap", "heatmap-experts", "workset", "hot",
+              "overlap")  # fmt: skip
+PLOT_FOR_VIEW = {
+    "reuse": "reuse",
+    "bytes": "reuse-bytes",
+    "matrix": "heatmap",
+    "cache": "heatmap",
+    "workset": "workset",
+    "hot": "hot",
+    "overlap": "overlap",
+}
+
+
+def parse_ints(text: str | None, what: str) -> list[int] | None:
+    """``0-11``, ``0,5,10`` or a mix (``0-3,8``) -> the integers; None stays None."""
+    if text is None:
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            if sep:
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise ValueError
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise BmoeError(
+                f"--{what} {text!r}: expected numbers or ranges like 0-11 or 0,5,10"
+            ) from None
+    if not out:
+        raise BmoeError(f"--{what} {text!r} names nothing")
+    return out
+
+
+def parse_views(text: str) -> list[str]:
+    if text == "default":
+        return list(route.DEFAULT_VIEWS)
+    if text == "all":
+        return list(route.VIEWS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in route.VIEWS]
+    if unknown or not names:
+        raise BmoeError(
+            f"unknown view {', '.join(unknown) or repr(text)} "
+            f"(choose default, all or some of {', '.join(route.VIEWS)})"
+        )
+    return names
+
+
+def choose_plot(kind: str, views: list[str], view_text: str, cells: str) -> str:
+    """The plot `--plot` draws: `kind` unless ``auto``; then reuse for the view sets, else
+    the first chosen view that has a plot (matrix/cache: the heatmap)."""
+    if kind != "auto":
+        if kind not in PLOT_KINDS:
+            raise BmoeError(f"unknown --plot-kind {kind!r} (choose {', '.join(PLOT_KINDS)})")
+        return kind
+    if view_text in ("default", "all"):
+        return "reuse"
+    for name in views:
+        if name in PLOT_FOR_VIEW:
+            if name == "matrix" and cells == "experts":
+                return "heatmap-experts"
+            return PLOT_FOR_VIEW[name]
+    return "reuse"
+
+
+def draw(kind: str, selected, budget_mib: float | None):
+    from bmoe.render.plots import route as plots
+
+    if kind == "reuse":
+        return plots.reuse_distance_plot(route.reuse_distances(selected))
+    if kind == "reuse-bytes":
+        return plots.reuse_distance_plot(route.reuse_bytes_distances(selected), "bytes", budget_mib)
+    if kind in ("heatmap", "heatmap-experts"):
+        value = "expert" if kind == "heatmap-experts" else "residency"
+        return plots.routing_heatmap(route.routing_grid(selected, value), value)
+    if kind == "workset":
+        return plots.workset_growth_plot(route.workset_curve(selected), budget_mib)
+    if kind == "hot":
+        n_expert = selected.meta.get("n_expert")
+        return plots.hot_concentration_plot(route.expert_counts(selected), n_expert)
+    k, n_expert = selected.n_expert_used, selected.meta.get("n_expert")
+    chance = 100.0 * k / n_expert if k and n_expert else None
+    return plots.overlap_plot(route.overlap(selected, (1, 2, 4, 8, 16, 32)), chance)
+
+
+@analyze_app.command("route")
+def analyze_route(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="A route trace (CSV or Parquet)."),
+    view: str = typer.Option(
+        "default",
+        "--view",
+        "-v",
+        help="default (all but matrix), all, or names: " + ",".join(route.VIEWS) + ".",
+    ),
+    phase: str = typer.Option("decode", "--phase", help="decode, prefill or all."),
+    turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
+    layers: str | None = typer.Option(None, "--layers", help="Layers, e.g. 0-11 or 0,5,10."),
+    steps: str | None = typer.Option(
+        None, "--steps", help="Steps (the step column: token positions), e.g. 29-44."
+    ),
+    max_steps: int | None = typer.Option(
+        None, "--max-steps", min=1, help="Only the first N steps (after the other filters)."
+    ),
+    cells: str = typer.Option(
+        "experts", "--cells", help="Matrix cells: experts, weights, mb or hit."
+    ),
+    top: int = typer.Option(8, "--top", min=1, help="Hot experts listed per layer."),
+    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="Also draw a figure (.png/.svg/.pdf): the reuse-distance plot for the view sets, "
+        "else the chosen view's (matrix/cache: routing heatmap, workset: growth vs budget, "
+        "hot: concentration, overlap: by lag, bytes: reuse distance in MiB).",
+    ),
+    plot_kind: str = typer.Option(
+        "auto", "--plot-kind", help="Which figure --plot draws: " + ", ".join(PLOT_KINDS) + "."
+    ),
+    budget_mib: float | None = typer.Option(
+        None, "--budget-mib", help="Cache budget line on the workset and reuse-bytes plots."
+    ),
+) -> None:
+    """Views of a routing trace: what the router asked for, layer by layer.
+
+    Example: bmoe analyze route trace.csv --view reuse,overlap --phase decode
+    Example: bmoe analyze route trace.csv --view matrix --cells hit --steps 29-44 --layers 0-7
+    """  # fmt: skip
+    if fmt not in FORMATS:
+        raise BmoeError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    if cells not in route.MATRIX_CELLS:
+        raise BmoeError(f"unknown --cells {cells!r} (choose {', '.join(route.MATRIX_CELLS)})")
+    names = parse_views(view)
+    kind = choose_plot(plot_kind, names, view, cells) if plot else None
+    with warnings.catch_warnings(record=True) as caught, err_console.status("reading trace"):
+        warnings.simplefilter("always")
+        trace = read_route_trace(trace_path)
+    for w in caught:
+        err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+    selected = route.select(
+        trace,
+        phase=phase,
+        turn=turn,
+        layers=parse_ints(layers, "layers"),
+        steps=parse_ints(steps, "steps"),
+        max_steps=max_steps,
+    )
+    said = route.caveats(trace, selected, phase)
+    limit = None if (steps is not None or max_steps is not None) else route.MATRIX_STEPS
+    with err_console.status("computing views"):
+        views = route.route_views(selected, names, top=top, cells=cells, matrix_limit=limit)
+    if "cache" in views:
+        slots = route.prefetch_slots(selected)
+        if len(slots):  # right after the cache view
+            ordered = {}
+            for name, frame in views.items():
+                ordered[name] = frame
+                if name == "cache":
+                    ordered["prefetch_slots"] = slots
+            views = ordered
+    _print(trace, selected, views, said, fmt, cells, phase, limit)
+    if plot is not None:
+        from bmoe.render.plots import save_figure
+
+        with err_console.status(f"drawing {kind}"):
+            written = save_figure(draw(kind, selected, budget_mib), plot)
+        err_console.print(f"wrote {kind} plot to {written}", highlight=False)
+
+
+def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
+    from bmoe.render import route as text
+
+    n_steps = route.count_steps(selected)
+    limited = "matrix" in views and limit is not None and n_steps > limit
+    notes = text.view_notes(
+        views, k=trace.n_expert_used, cells=cells, matrix_limited=limited, total_steps=n_steps
+    )
+    if fmt == "table":
+        meta = trace.meta
+        text.print_header(
+            console,
+            {
+                "model": meta.get("model"),
+                "arch": meta.get("arch"),
+                "n_layer": meta.get("n_layer"),
+                "n_expert": meta.get("n_expert"),
+                "n_expert_used": meta.get("n_expert_used"),
+                "phase": phase,
+                "rows": len(selected.rows),
+            },
+            said,
+        )
+        if len(selected.rows):
+            text.print_views(console, views, notes, cells)
+        return
+    for c in said:
+        err_console.print(f"[bold yellow]NOTE[/] {c}", highlight=False)
+    out = text.markdown_views(views, notes, []) if fmt == "markdown" else render(views, fmt)
+    console.out(out or "", end="")

@@ -1,0 +1,228 @@
+"""The route views as text: tables with their notes, the wide step x layer matrix split into
+bands that fit the terminal, and the caveats said before anything else."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from bmoe.render.tables import MISSING, cell_text, render, rich_tables
+
+#: Display precision per column (the DataFrames keep full precision).
+DIGITS = {
+    "coverage_pct": 1,
+    "lag_1": 1,
+    "lag_2": 1,
+    "lag_4": 1,
+    "lag_8": 1,
+    "union_mib": 1,
+    "miss_pct": 1,
+    "hit_pct": 1,
+    "prefetch_pct": 1,
+    "entropy_bits": 2,
+    "top1_pct": 1,
+    "read_mib": 1,
+    "expert_mib": 2,
+    "dense_mib": 1,
+    "mib_per_step": 2,
+    "weight_sum_min": 3,
+    "weight_sum_max": 3,
+    "share_pct": 1,
+    "of_slot_pct": 1,
+}
+
+TITLES = {
+    "sanity": "sanity",
+    "hot": "hot experts per layer (coverage = share of the layer's activations)",
+    "reuse": "reuse distance per (layer, expert), in steps of the layer's sequence",
+    "overlap": "routing overlap with earlier steps (mean % of the top-k shared)",
+    "workset": "cumulative distinct experts (working-set growth)",
+    "cache": "cache outcome per layer (% of routings)",
+    "prefetch_slots": "prefetch hits by router slot",
+    "entropy": "routing entropy (bits) and top-1 weight share per layer",
+    "bytes": "expert bytes read",
+    "matrix": "step x layer matrix",
+}
+
+LETTER_STYLES = {"H": "green", "M": "red", "P": "blue"}
+
+
+def view_notes(
+    views: Mapping[str, pd.DataFrame],
+    *,
+    k: int | None = None,
+    cells: str = "experts",
+    matrix_limited: bool = False,
+    total_steps: int | None = None,
+) -> dict[str, list[str]]:
+    """The sentences that go under each view: what a figure means, the totals the table's
+    ALL row holds, what is absent."""
+    notes: dict[str, list[str]] = {}
+    if "sanity" in views and len(views["sanity"]):
+        s = views["sanity"].to_dict("records")[0]
+        lines = [
+            f"{s['cells']} cells (step, layer) over {s['steps']} steps x {s['layers']} MoE layers"
+        ]
+        if s["steps_per_layer_min"] != s["steps_per_layer_max"]:
+            lines.append(
+                f"steps per layer are uneven ({s['steps_per_layer_min']}..."
+                f"{s['steps_per_layer_max']}): expected in prefill, where the last layer "
+                "routes only the final prompt token"
+            )
+        if pd.notna(s["weight_sum_min"]):
+            lines.append("weight sum per cell about 1.0 means the gating normalises")
+        notes["sanity"] = lines
+    if "reuse" in views:
+        notes["reuse"] = [
+            "never_2nd = experts this layer routed exactly once (pure cache pollution under LRU)."
+        ]
+    if "workset" in views and len(views["workset"]):
+        ws = views["workset"]
+        marks = [c for c in ws.columns if c.startswith("s") and c[1:].isdigit()]
+        union = ws.loc[ws["layer"] == "ALL", "union_mib"]
+        if marks and len(union) and pd.notna(union.iloc[0]):
+            notes["workset"] = [
+                f"At step {marks[-1][1:]} the union of routed experts is {union.iloc[0]:.1f} MiB "
+                "of expert weights across all layers: a working set that fits the cache is a "
+                "cache that stops missing."
+            ]
+    if "cache" in views and "prefetch_slots" not in views and len(views["cache"]):
+        notes["cache"] = ["no prefetch hits recorded (--prefetch off, or every guess missed)."]
+    if "entropy" in views and k:
+        notes["entropy"] = [f"max entropy = {np.log2(k):.2f} bits at k={k}"]
+    if "bytes" in views and len(views["bytes"]):
+        by = views["bytes"]
+        total = by[by["layer"] == "ALL"].iloc[0]
+        steps = f" over {total_steps} steps" if total_steps else ""
+        notes["bytes"] = [
+            f"total {total['read_mib']:.1f} MiB{steps} ({total['mib_per_step']:.2f} MiB/step "
+            "average)",
+            f"dense total {total['dense_mib']:.1f} MiB - static: mmap-resident, never streamed, "
+            "so this is what a cold layer costs to page in, not a per-step measurement.",
+        ]
+    if "matrix" in views:
+        legend = {
+            "experts": "'*' = also routed at this layer on the previous row",
+            "weights": "routing weights in slot order",
+            "mb": "MiB read by the cell",
+            "hit": "H = hit, M = miss, P = prefetch hit, in slot order",
+        }[cells]
+        lines = [f"cells: {cells} ({legend})"]
+        if matrix_limited:
+            lines.append(
+                f"showing the first {len(views['matrix'])} steps; use --steps to pick a window"
+            )
+        notes["matrix"] = lines
+    return notes
+
+
+def print_header(console: Console, facts: Mapping[str, Any], caveats: Sequence[str]) -> None:
+    """Model facts on two lines, then every caveat, loudly."""
+    line = "   ".join(f"[bold]{k}[/] {v}" for k, v in facts.items() if v is not None)
+    console.print(line, highlight=False)
+    for text in caveats:
+        console.print(f"[bold yellow]NOTE[/] {text}", highlight=False)
+
+
+def print_views(
+    console: Console,
+    views: Mapping[str, pd.DataFrame],
+    notes: Mapping[str, Sequence[str]],
+    cells: str = "experts",
+) -> None:
+    for name, frame in views.items():
+        console.print()
+        if name == "matrix":
+            print_matrix(console, frame, cells)
+        else:
+            console.print(f"[bold]=== {TITLES.get(name, name)} ===[/]", highlight=False)
+            shown = _figures(frame) if name == "sanity" and len(frame) == 1 else frame
+            for table in rich_tables({name: shown}, DIGITS):
+                table.title = None
+                console.print(table)
+        for text in notes.get(name, ()):
+            console.print(f"[dim]{text}[/]", highlight=False)
+
+
+def markdown_views(
+    views: Mapping[str, pd.DataFrame], notes: Mapping[str, Sequence[str]], caveats: Sequence[str]
+) -> str:
+    out = [f"> **NOTE** {c}\n" for c in caveats]
+    for name, frame in views.items():
+        out.append(render({name: frame}, "markdown", digits=DIGITS) or "")
+        out.extend(f"_{t}_\n" for t in notes.get(name, ()))
+    return "\n".join(out)
+
+
+def _figures(frame: pd.DataFrame) -> dict[str, str]:
+    """A one-row frame as figure -> display text (its precision from DIGITS)."""
+    return {
+        name: cell_text(value, DIGITS.get(name))
+        for name, value in frame.to_dict("records")[0].items()
+    }
+
+
+def _styled(text: Any, cells: str) -> Text:
+    if text is None or (isinstance(text, float) and np.isnan(text)):
+        return Text(MISSING, style="dim")
+    text = str(text)
+    if cells == "hit":
+        out = Text()
+        for ch in text:
+            out.append(ch, style=LETTER_STYLES.get(ch, ""))
+        return out
+    if cells == "experts":
+        out = Text()
+        for i, token in enumerate(text.split(" ")):
+            if i:
+                out.append(" ")
+            out.append(token, style="cyan" if token.startswith("*") else "")
+        return out
+    return Text(text)
+
+
+def _bands(names: list[str], widths: list[int], room: int) -> list[list[str]]:
+    """The fewest bands of consecutive columns, evenly sized, each fitting `room`."""
+    for n in range(1, len(names) + 1):
+        per = -(-len(names) // n)
+        starts = range(0, len(names), per)
+        if all(sum(widths[i : i + per]) <= room for i in starts):
+            return [names[i : i + per] for i in starts]
+    return [[name] for name in names]
+
+
+def print_matrix(console: Console, frame: pd.DataFrame, cells: str = "experts") -> None:
+    """The step x layer matrix in bands of layers that fit the console width."""
+    layer_cols = [c for c in frame.columns if str(c).startswith("L")]
+    index_cols = [c for c in frame.columns if c not in layer_cols]
+    if not len(frame):
+        console.print("[dim]matrix: nothing to show[/]")
+        return
+    widths = {
+        c: max(len(c), int(frame[c].map(lambda v: len(str(v)) if v is not None else 1).max()))
+        for c in layer_cols
+    }
+    index_width = sum(max(len(str(c)), len(str(frame[c].max()))) + 3 for c in index_cols)
+    room = max(console.width - index_width - 2, 20)
+    bands = _bands(layer_cols, [widths[c] + 3 for c in layer_cols], room)
+    for band in bands:
+        title = f"=== {TITLES['matrix']} - cells: {cells}"
+        if len(bands) > 1:
+            title += f" ({band[0]}..{band[-1]})"
+        console.print(f"[bold]{title} ===[/]", highlight=False)
+        table = Table(box=box.SIMPLE_HEAD, header_style="bold")
+        for c in index_cols:
+            table.add_column(str(c), justify="right", no_wrap=True)
+        for c in band:
+            table.add_column(c, no_wrap=True, min_width=widths[c])
+        for rec in frame[index_cols + band].itertuples(index=False, name=None):
+            idx = [str(v) for v in rec[: len(index_cols)]]
+            table.add_row(*idx, *(_styled(v, cells) for v in rec[len(index_cols) :]))
+        console.print(table)
