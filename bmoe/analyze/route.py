@@ -109,17 +109,24 @@ def caveats(
     rows = selected.rows
     notes: list[str] = []
     if not len(rows):
-        if not len(trace.rows):
-            notes.append("the trace has no routing rows")
-        elif phase and phase != "all" and "phase" in trace.rows:
-            counts = trace.rows["phase"].value_counts()
-            have = ", ".join(f"{int(counts.get(code, 0))} {name}" for name, code in PHASES.items())
-            notes.append(
-                f"no {phase} rows in this trace ({have} rows); try --phase all or another phase"
-            )
-        else:
-            notes.append("the selection (turn, layers, steps) leaves no rows")
-        return notes
+        all_rows = trace.rows
+        if not len(all_rows):
+            return ["the trace has no routing rows"]
+        in_phase = all_rows
+        if phase and phase != "all" and "phase" in all_rows:
+            in_phase = all_rows[all_rows["phase"].to_numpy() == PHASES.get(phase, -1)]
+            if not len(in_phase):
+                counts = all_rows["phase"].value_counts()
+                have = ", ".join(
+                    f"{int(counts.get(code, 0))} {name}" for name, code in PHASES.items()
+                )
+                return [f"no {phase} rows in this trace ({have} rows); try --phase all"]
+        steps = in_phase["step"].to_numpy()
+        layers = np.unique(in_phase["layer"].to_numpy())
+        return [
+            f"the selection (turn, layers, steps) leaves no rows; the {phase or 'trace'} rows "
+            f"span steps {steps.min()}-{steps.max()} and layers {_ranges(list(map(int, layers)))}"
+        ]
     if "dropped" in rows:
         dropped = int((rows["dropped"].to_numpy() != 0).sum())
         if dropped:

@@ -147,8 +147,7 @@ def routing_heatmap(grid: pd.DataFrame, value: str = "residency") -> Figure:
     steps = grid.index.to_numpy()
     extent = (0, data.shape[1], n_steps, 0)
     if value == "residency":
-        cmap = ListedColormap(RESIDENCY_COLORS)
-        cmap.set_bad("white")
+        cmap = ListedColormap(RESIDENCY_COLORS).with_extremes(bad="white")
         ax.imshow(
             data,
             aspect="auto",
@@ -172,8 +171,7 @@ def routing_heatmap(grid: pd.DataFrame, value: str = "residency") -> Figure:
     else:
         import matplotlib
 
-        cmap = matplotlib.colormaps["turbo"].copy()
-        cmap.set_bad("white")
+        cmap = matplotlib.colormaps["turbo"].with_extremes(bad="white")
         im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap=cmap, extent=extent)
         fig.colorbar(im, ax=ax, pad=0.01).set_label("expert id")
         title = "Routed expert ids (step x layer x slot)"
