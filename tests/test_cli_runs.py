@@ -42,7 +42,7 @@ def test_metrics_csv_and_markdown(corpus: Path, capsys) -> None:
     assert lines[1].split(",")[: len(STABLE_FIELDS)] == list(STABLE_FIELDS)
     code, out, _ = run_cli(capsys, "analyze", "metrics", corpus / C4000, "-f", "markdown")
     assert "### throughput" in out and "### pressure" in out and "### cache" in out
-    assert "| qwen_c4000_l4.csv | 256 | 3.469 |" in out
+    assert "| qwen_c4000_l4.csv | 256 | no | 3.469 |" in out
     assert "| 76.5 | 224.65 |" in out
 
 

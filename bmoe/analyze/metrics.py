@@ -489,7 +489,7 @@ def summarize_runs(
 
 #: Columns of the three benchmark-page tables (markdown) and the terminal tables.
 THROUGHPUT_COLUMNS = (
-    "run", "tokens", "tok_s_mean", "tok_s_median", "tok_s_p5", "tok_s_p95", "tok_s_min",
+    "run", "tokens", "partial", "tok_s_mean", "tok_s_median", "tok_s_p5", "tok_s_p95", "tok_s_min",
     "tok_s_max", "steady_tok_s_mean", "warmup_tokens", "tok_s_effective", "prefill_tps",
     "ttft_s", "stall_ms_per_token", "mgmt_ms_per_token",
 )  # fmt: skip
