@@ -105,7 +105,8 @@ def run_concerns(files: RunFiles) -> list[tuple[str, str]]:
         out.append((REFUSE, f"instrumented run: trace(s) recorded alongside ({names})"))
     if run.partial:
         state = "has a summary" if run.summaries else "no summary: the run was killed"
-        out.append((REFUSE, f"partial run: {run.tokens} of {run.steps} steps ({state})"))
+        target = f"of {run.steps} steps" if run.steps is not None else "rows"
+        out.append((REFUSE, f"partial run: {run.tokens} {target} ({state})"))
     temp = params.get("temp")
     if isinstance(temp, int | float) and temp > 0:
         out.append((WARN, f"temp={temp:g}: stochastic, tokens (and routing) differ run to run"))

@@ -100,7 +100,9 @@ def stall_command(
     if tokens:
         views["tokens"] = att.tokens
     _emit(views, fmt)
-    if plot is not None:
+    if plot is not None and att.tokens.empty:
+        err_console.print(f"note: {file.name} has no token rows; no plot written")
+    elif plot is not None:
         from bmoe.render.plots import save_figure
         from bmoe.render.plots.runs import stall_figure
 
@@ -175,7 +177,8 @@ def contamination_command(
         views: dict = {}
         if fmt == "table":
             views["cells"] = _cells_overview(cells)
-        views["flags"] = shown
+        if not shown.empty or fmt != "table":
+            views["flags"] = shown
         if not_checked:
             views["not checked"] = pd.DataFrame({"reason": not_checked})
         _emit(views, fmt)
