@@ -1,0 +1,436 @@
+"""The sweep folder: atomic run folders, ``manifest.jsonl``, ``results.parquet``.
+
+Layout of ``<output>/<date>-<name>/``::
+
+    sweep.toml              the resolved configuration (defaults filled in, base_dir fixed)
+    manifest.jsonl          one fsync'd JSON line per attempt
+    cells/<cell>/r<k>/      a completed run: run.csv, traces, run.metrics, run.out, run.err,
+                            run.log, command.json, record.json
+    cells/<cell>/r<k>.a<n>.<status>/   an attempt that did not complete (kept to inspect)
+    results.parquet         one row per attempt
+    summary.md
+
+A run's files are written into a hidden staging folder and the folder is renamed into place
+when complete, so a completed run is always whole; the manifest line follows the rename.
+Resume trusts the folder: a run counts as done when its ``record.json`` says ok and every file
+it lists has the recorded size and checksum and its CSV reads as a finished run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bmoe.errors import BmoeError
+
+MANIFEST = "manifest.jsonl"
+CONFIG = "sweep.toml"
+RESULTS = "results.parquet"
+SUMMARY = "summary.md"
+RECORD = "record.json"
+CELLS = "cells"
+
+STATUSES = ("ok", "crashed", "timeout", "invalid", "error", "interrupted")
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write `path` under a temporary name, fsync, rename into place."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with open(tmp, "wb") as fh:
+        fh.write(raw)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def folder_name(name: str, when: dt.date | None = None) -> str:
+    return f"{(when or dt.date.today()).isoformat()}-{name}"
+
+
+def find_latest(root: Path, name: str) -> Path | None:
+    """The most recent ``<date>-<name>`` folder under `root` holding a sweep."""
+    pattern = re.compile(r"^\d{4}-\d{2}-\d{2}-" + re.escape(name) + r"(-\d+)?$")
+    found = [p for p in root.glob(f"*-{name}*") if pattern.match(p.name) and (p / CONFIG).is_file()]
+    return max(found, key=lambda p: (p.name[:10], (p / CONFIG).stat().st_mtime)) if found else None
+
+
+@dataclass
+class RunFiles:
+    """Where one attempt's files go."""
+
+    final: Path  # cells/<cell>/r<k>
+    staging: Path  # cells/<cell>/.r<k>.a<n>.staging
+
+
+class Archive:
+    """One sweep folder. Thread-safe for the appends and renames the runner makes."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._lock = threading.Lock()
+
+    # -- creation
+    @classmethod
+    def create(cls, output: Path, name: str, config_text: str) -> Archive:
+        """A new folder ``<output>/<date>-<name>`` (``-2``, ``-3``... if taken)."""
+        output.mkdir(parents=True, exist_ok=True)
+        base = folder_name(name)
+        root = output / base
+        n = 2
+        while True:
+            try:
+                root.mkdir()
+                break
+            except FileExistsError:
+                root = output / f"{base}-{n}"
+                n += 1
+        archive = cls(root)
+        write_atomic(root / CONFIG, config_text)
+        (root / CELLS).mkdir(exist_ok=True)
+        return archive
+
+    @classmethod
+    def open(cls, root: Path) -> Archive:
+        root = Path(root)
+        if not (root / CONFIG).is_file():
+            raise BmoeError(f"{root}: not a sweep folder (no {CONFIG})")
+        (root / CELLS).mkdir(exist_ok=True)
+        return cls(root)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".state"
+
+    # -- runs
+    def run_final(self, run_id: str) -> Path:
+        cell, rep = run_id.split("/")
+        return self.root / CELLS / cell / rep
+
+    def attempts_of(self, run_id: str) -> list[Path]:
+        final = self.run_final(run_id)
+        return sorted(final.parent.glob(f"{final.name}.a*")) if final.parent.is_dir() else []
+
+    def next_attempt(self, run_id: str) -> int:
+        """1 + the highest attempt number used by this run so far (folders or manifest)."""
+        final = self.run_final(run_id)
+        numbers = [0]
+        if final.parent.is_dir():
+            for p in final.parent.iterdir():
+                m = re.match(re.escape(final.name) + r"\.a(\d+)\.", p.name) or re.match(
+                    r"\." + re.escape(final.name) + r"\.a(\d+)\.staging", p.name
+                )
+                if m:
+                    numbers.append(int(m.group(1)))
+        record = final / RECORD
+        if record.is_file():
+            with contextlib.suppress(ValueError, OSError):
+                numbers.append(int(json.loads(record.read_text())["attempt"]))
+        return max(numbers) + 1
+
+    def staging(self, run_id: str, attempt: int) -> RunFiles:
+        final = self.run_final(run_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = final.parent / f".{final.name}.a{attempt}.staging"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        return RunFiles(final, staging)
+
+    def clear_stale_staging(self) -> list[Path]:
+        """Staging folders left by a sweep that was killed: renamed ``.killed`` for the record."""
+        moved = []
+        for staging in (self.root / CELLS).glob("*/.*.staging"):
+            m = re.match(r"\.(r\d+\.a\d+)\.staging$", staging.name)
+            if not m:
+                continue
+            dest = staging.parent / f"{m.group(1)}.killed"
+            if dest.exists():
+                shutil.rmtree(dest)
+            staging.rename(dest)
+            moved.append(dest)
+        return moved
+
+    def finalize(self, files: RunFiles, record: dict[str, Any]) -> dict[str, Any]:
+        """Record checksums, rename the staging folder into place, append the manifest line.
+
+        A completed run takes the run's name; any other attempt keeps its files under
+        ``r<k>.a<n>.<status>``. Returns the record with its final ``dir`` and ``files``.
+        """
+        staging = files.staging
+        listing = {}
+        for path in sorted(staging.iterdir()):
+            if path.is_file() and path.name != RECORD:
+                listing[path.name] = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+                with open(path, "rb+") as fh:
+                    os.fsync(fh.fileno())
+        record = {**record, "files": listing}
+        status = record["status"]
+        final = files.final
+        if status != "ok":
+            final = final.with_name(f"{final.name}.a{record['attempt']}.{status}")
+        record["dir"] = str(final.relative_to(self.root))
+        write_atomic(staging / RECORD, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+        with self._lock:
+            if final.exists():
+                aside = final.with_name(f"{final.name}.replaced-{record['attempt']}")
+                if aside.exists():
+                    shutil.rmtree(aside)
+                final.rename(aside)
+            staging.rename(final)
+            fsync_dir(final.parent)
+            self._append_manifest(record)
+        return record
+
+    def _append_manifest(self, record: Mapping[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+        fd = os.open(self.root / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(self.root)
+
+    def append_manifest(self, record: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._append_manifest(record)
+
+    # -- reading back
+    def manifest(self) -> list[dict[str, Any]]:
+        return read_manifest(self.root / MANIFEST)
+
+    def validate_run(self, run_id: str) -> tuple[bool, str]:
+        """Whether the run's folder holds a complete, intact, finished run (and why not)."""
+        final = self.run_final(run_id)
+        record_path = final / RECORD
+        if not record_path.is_file():
+            return False, "no completed folder"
+        try:
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as exc:
+            return False, f"record.json unreadable: {exc}"
+        if record.get("status") != "ok":
+            return False, f"status {record.get('status')}"
+        for name, meta in record.get("files", {}).items():
+            path = final / name
+            if not path.is_file():
+                return False, f"{name} missing"
+            if path.stat().st_size != meta.get("bytes") or file_digest(path) != meta.get("sha256"):
+                return False, f"{name} changed since it was written"
+        csv = final / "run.csv"
+        if not csv.is_file():
+            return False, "no run.csv"
+        ok, why = csv_complete(csv)
+        return ok, why
+
+    def completed_record(self, run_id: str) -> dict[str, Any] | None:
+        path = self.run_final(run_id) / RECORD
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def set_aside(self, run_id: str, reason: str) -> Path | None:
+        """Move a run folder that does not validate out of the way (kept, renamed)."""
+        final = self.run_final(run_id)
+        if not final.exists():
+            return None
+        n = 1
+        while (dest := final.with_name(f"{final.name}.invalid-{n}")).exists():
+            n += 1
+        final.rename(dest)
+        (dest / "INVALID").write_text(reason + "\n", encoding="utf-8")
+        return dest
+
+
+def csv_complete(path: Path) -> tuple[bool, str]:
+    """Whether a run's metrics CSV reads and says the run finished."""
+    import warnings
+
+    from bmoe.formats.metrics import read_metrics
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = read_metrics(path)
+    except BmoeError as exc:
+        return False, str(exc)
+    if run.tokens == 0:
+        return False, f"{path.name}: no token rows"
+    if run.partial:
+        return False, f"{path.name}: the run did not finish ({run.tokens} rows, no summary)"
+    return True, "ok"
+
+
+def read_manifest(path: Path) -> list[dict[str, Any]]:
+    """Manifest lines; a cut last line (a sweep killed mid-write) is skipped."""
+    out = []
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def iter_completed(root: Path) -> Iterator[dict[str, Any]]:
+    """record.json of every completed run folder under `root`."""
+    for record in sorted((Path(root) / CELLS).glob(f"*/r*/{RECORD}")):
+        try:
+            yield json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def _flat(value: Any) -> Any:
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return value
+
+
+def results_frame(root: Path) -> pd.DataFrame:
+    """One row per attempt: parameters, target, entry state, summary figures, pressure.
+
+    Built from the manifest, reading each completed run's CSV and ``.metrics`` sidecar for the
+    summary figures (:func:`bmoe.analyze.metrics.run_summary`).
+    """
+    root = Path(root)
+    records = read_manifest(root / MANIFEST)
+    params_keys: list[str] = []
+    rows = []
+    for record in records:
+        row: dict[str, Any] = {}
+        for key in ("run", "cell", "repeat", "attempt", "order", "round", "reversed", "target",
+                    "target_kind", "engine", "status", "exit_code", "started", "ended",
+                    "duration_s", "error", "dir"):  # fmt: skip
+            row[key] = record.get(key)
+        row.update(record.get("entry_columns", {}))
+        params = record.get("params", {})
+        for key, value in params.items():
+            if key not in params_keys:
+                params_keys.append(key)
+            row[key] = _flat(value)
+        figures = _summary_for(root, record) if record.get("status") == "ok" else {}
+        for key, value in figures.items():
+            row[key if key not in row else f"summary_{key}"] = _flat(value)
+        for key, value in record.get("pressure", {}).items():
+            row.setdefault(key, value)
+        for key, value in (record.get("stream") or {}).items():
+            row.setdefault(f"stream_{key}", _flat(value))
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    frame.attrs["params"] = params_keys
+    return frame
+
+
+def _summary_for(root: Path, record: Mapping[str, Any]) -> dict[str, Any]:
+    import warnings
+
+    from bmoe.analyze.metrics import run_summary
+    from bmoe.formats.metrics import read_metrics
+    from bmoe.formats.sidecar import read_pressure
+
+    folder = root / record["dir"]
+    csv = folder / "run.csv"
+    if not csv.is_file():
+        return {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            run = read_metrics(csv)
+        except BmoeError:
+            return {}
+        sidecar = folder / "run.metrics"
+        pressure = read_pressure(sidecar) if sidecar.is_file() else None
+        figures = dict(run_summary(run, pressure))
+    figures["file"] = str(csv.relative_to(root))
+    for key in ("n_expert_used", "arch", "n_layer", "n_expert", "o_direct", "engine"):
+        if key in run.params:
+            figures.setdefault(key, run.params[key])
+    return figures
+
+
+def write_results(root: Path, frame: pd.DataFrame, axes: list[str], name: str) -> Path:
+    """``results.parquet`` (atomically), with the axes and parameters in schema metadata."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"bmoe_sweep"] = json.dumps(
+        {"name": name, "axes": axes, "params": frame.attrs.get("params", [])}
+    ).encode("utf-8")
+    table = table.replace_schema_metadata(meta)
+    path = Path(root) / RESULTS
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp)
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_results(root: Path) -> pd.DataFrame:
+    """A sweep's results table (``results.parquet``, or rebuilt from the manifest when the
+    sweep did not get as far as writing it). ``attrs`` carry ``axes`` and ``params``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BmoeError(f"{root}: no such folder")
+    path = root / RESULTS
+    if path.is_file():
+        table = pq.read_table(path)
+        frame = table.to_pandas()
+        meta = json.loads((table.schema.metadata or {}).get(b"bmoe_sweep", b"{}"))
+        frame.attrs["axes"] = meta.get("axes", [])
+        frame.attrs["params"] = meta.get("params", [])
+        frame.attrs["name"] = meta.get("name")
+        return frame
+    if not (root / MANIFEST).is_file():
+        raise BmoeError(f"{root}: not a sweep folder (no {RESULTS} or {MANIFEST})")
+    frame = results_frame(root)
+    frame.attrs["axes"] = _varying_columns(frame, frame.attrs.get("params", []))
+    return frame
+
+
+def _varying_columns(frame: pd.DataFrame, params: list[str]) -> list[str]:
+    return [p for p in params if p in frame and frame[p].astype(str).nunique(dropna=False) > 1]

@@ -1,0 +1,465 @@
+"""Running a planned sweep: cells onto targets, one at a time per target, with retries,
+timeouts, Ctrl-C, resume and live progress.
+
+The scheduler sits behind :class:`Executor` (targets and units in, attempt records out); the
+code that runs one attempt next to its target (:func:`run_attempt`) does not know which
+executor called it. :class:`LocalExecutor` gives each target a thread that takes the next
+unit it may run from a shared queue.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bmoe.engine.native import StreamFollower, StreamState, engine_args, output_files
+from bmoe.errors import BmoeError
+from bmoe.formats.sidecar import write_pressure
+from bmoe.sweep.archive import Archive, RunFiles, csv_complete, results_frame, write_results
+from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.gate import (
+    EntryState,
+    parse_samples,
+    parse_state,
+    pressure_from_samples,
+    wait_for_gate,
+)
+from bmoe.sweep.plan import Plan, Run, Unit
+from bmoe.sweep.targets import Target, TargetError, open_target
+
+RETRYABLE = ("crashed", "timeout", "invalid", "error")
+
+
+class ProgressSink(Protocol):
+    """What the runner reports as it goes (a live display, a plain log, or nothing)."""
+
+    def sweep_started(self, total: int, done: int, targets: Sequence[str]) -> None: ...
+    def run_started(self, target: str, run: Run, attempt: int) -> None: ...
+    def run_progress(self, target: str, run: Run, state: StreamState) -> None: ...
+    def run_finished(self, target: str, run: Run, record: dict[str, Any]) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class NullSink:
+    def sweep_started(self, total, done, targets):
+        pass
+
+    def run_started(self, target, run, attempt):
+        pass
+
+    def run_progress(self, target, run, state):
+        pass
+
+    def run_finished(self, target, run, record):
+        pass
+
+    def message(self, text):
+        pass
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).astimezone().isoformat(timespec="milliseconds")
+
+
+@dataclass
+class CellContext:
+    """What running a cell needs besides the cell and the target."""
+
+    config: SweepConfig
+    archive: Archive
+    stop: threading.Event = field(default_factory=threading.Event)
+    sink: ProgressSink = field(default_factory=NullSink)
+    stop_grace_s: float = 3.0
+
+
+def _command_for(run: Run, target: Target, ctx: CellContext, run_dir: str) -> list[str]:
+    params = dict(run.cell.params)
+    outputs = output_files(params)
+    model = target.model_path(str(params["model"]), ctx.config.settings.base_dir)
+    engine = ctx.config.settings.engine
+    return target.engine_program(engine) + engine_args(params, outputs, model=model)
+
+
+def planned_command(run: Run, target: Target, ctx: CellContext) -> str:
+    """The exact command a run would execute (for ``--dry-run``)."""
+    run_dir = target.run_dir(ctx.archive.run_final(run.id), f"{ctx.archive.root.name}/{run.id}")
+    return target.describe(_command_for(run, target, ctx, run_dir), run_dir)
+
+
+class _Log:
+    """The attempt's own log (``run.log``), one timestamped line per event."""
+
+    def __init__(self, path: Path):
+        self.fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
+    def __call__(self, text: str) -> None:
+        self.fh.write(f"{now_iso()} {text}\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _pump(stream, sink_file: Path, on_line: Callable[[bytes], None] | None) -> threading.Thread:
+    def work() -> None:
+        with open(sink_file, "ab") as out:
+            for line in iter(stream.readline, b""):
+                out.write(line)
+                out.flush()
+                if on_line is not None:
+                    try:
+                        on_line(line)
+                    except Exception:  # a malformed line never stops the capture
+                        pass
+        stream.close()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dict[str, Any]:
+    """Run one attempt of `run` on `target` and archive it; returns its manifest record.
+
+    Before: kill stray engines, wait at the gate, log the entry state. During: the sampler
+    beside the engine, the progress stream followed live, a timeout. After: the files brought
+    home, the ``.metrics`` sidecar written, the status decided, the folder renamed into place.
+    """
+    config, archive = ctx.config, ctx.archive
+    settings = config.settings
+    files: RunFiles = archive.staging(run.id, attempt)
+    staging = files.staging
+    log = _Log(staging / "run.log")
+    record: dict[str, Any] = {
+        "run": run.id, "cell": run.cell.id, "repeat": run.repeat, "attempt": attempt,
+        "order": run.order, "round": run.round, "reversed": run.reversed,
+        "target": target.name, "target_kind": target.spec.kind, "engine": settings.engine,
+        "params": dict(run.cell.params), "axes": dict(run.cell.axes),
+        "tags": sorted(run.cell.tags), "started": now_iso(),
+    }  # fmt: skip
+    ctx.sink.run_started(target.name, run, attempt)
+    follower = StreamFollower()
+    status, exit_code, error = "error", None, None
+    entry = EntryState()
+    t0 = time.monotonic()
+    try:
+        strays = target.kill_strays(settings.engine)
+        if strays:
+            log(f"killed stray engine processes: {strays}")
+        record["strays_killed"] = strays
+        entry = wait_for_gate(
+            lambda: parse_state(target.read_state_text()), config.gate, stop=ctx.stop.is_set
+        )
+        log(f"entry state: {json.dumps(entry.to_json())}")
+        if ctx.stop.is_set():
+            raise _Interrupted
+        run_dir = target.run_dir(staging, f"{archive.root.name}/{run.id}.a{attempt}")
+        target.prepare(run_dir)
+        argv = _command_for(run, target, ctx, run_dir)
+        (staging / "command.json").write_text(
+            json.dumps({"argv": argv, "cwd": run_dir, "target": target.name}, indent=1,
+                       ensure_ascii=False) + "\n", encoding="utf-8")  # fmt: skip
+        log(f"start on {target.name}: {target.describe(argv, run_dir)}")
+        t0 = time.monotonic()
+        proc = target.start(argv, run_dir, staging)
+
+        def on_line(line: bytes) -> None:
+            if follower.feed(line) is not None:
+                ctx.sink.run_progress(target.name, run, follower.state)
+
+        pumps = [
+            _pump(proc.stdout, staging / "run.out", on_line),
+            _pump(proc.stderr, staging / "run.err", None),
+        ]
+        deadline = t0 + settings.timeout_s
+        outcome = None
+        while True:
+            try:
+                exit_code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if ctx.stop.is_set():
+                outcome = "interrupted"
+            elif time.monotonic() > deadline:
+                outcome = "timeout"
+            if outcome:
+                log(f"{outcome}: stopping the engine")
+                target.stop(proc, ctx.stop_grace_s)
+                exit_code = proc.returncode
+                break
+        for pump in pumps:
+            pump.join(timeout=30)
+        wanted = [*output_files(run.cell.params).values(), "pressure.samples"]
+        fetched = target.fetch(run_dir, wanted, staging)
+        missing = sorted(set(wanted) - set(fetched) - {"pressure.samples"})
+        samples_path = staging / "pressure.samples"
+        if samples_path.is_file():
+            samples = parse_samples(samples_path.read_text(encoding="utf-8", errors="replace"))
+            pressure = pressure_from_samples(samples)
+            write_pressure(pressure, staging / "run.metrics")
+            record["pressure"] = pressure
+        target.cleanup(run_dir)
+        if outcome:
+            status = outcome
+        elif exit_code != 0:
+            status = "crashed"
+            error = f"engine exited with status {exit_code}"
+        elif missing:
+            status, error = "invalid", f"missing output: {', '.join(missing)}"
+        else:
+            ok, why = csv_complete(staging / "run.csv")
+            status, error = ("ok", None) if ok else ("invalid", why)
+        fatal = [e for e in follower.state.errors if e.get("fatal", True)]
+        if fatal and status != "ok":
+            error = f"{error}; BMOE_ERROR: {fatal[-1].get('msg')}" if error else fatal[-1].get("msg")
+    except _Interrupted:
+        status, error = "interrupted", "stopped before the engine started"
+    except TargetError as exc:
+        status, error = "error", str(exc)
+    except BmoeError as exc:
+        status, error = "error", str(exc)
+    duration = time.monotonic() - t0
+    state = follower.state
+    record.update({
+        "ended": now_iso(), "duration_s": round(duration, 3), "status": status,
+        "exit_code": exit_code, "error": error, "entry": entry.to_json(),
+        "entry_columns": entry.columns(),
+        "stream": {"tokens": state.tokens_seen, "steps": state.steps,
+                   "tok_s": state.tok_s, "done": state.done, "errors": state.errors},
+        "run_lines": follower.run_figures(),
+    })  # fmt: skip
+    log(f"status {status}" + (f": {error}" if error else ""))
+    log.close()
+    record = archive.finalize(files, record)
+    ctx.sink.run_finished(target.name, run, record)
+    return record
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def run_with_retries(
+    run: Run, target: Target, ctx: CellContext, emit: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Attempts until one completes, the retries are spent, or the sweep is stopped."""
+    retries = ctx.config.settings.retries
+    record: dict[str, Any] = {}
+    for _ in range(retries + 1):
+        attempt = ctx.archive.next_attempt(run.id)
+        record = run_attempt(run, attempt, target, ctx)
+        emit(record)
+        if record["status"] not in RETRYABLE or ctx.stop.is_set():
+            break
+    return record
+
+
+UnitWork = Callable[[Unit, Target, Callable[[dict[str, Any]], None]], None]
+
+
+class Executor(Protocol):
+    """Schedules units onto targets (one unit at a time per target) and yields each attempt's
+    record as it is archived. Stopping: set `stop`; running attempts end as interrupted."""
+
+    def execute(
+        self,
+        units: Sequence[Unit],
+        targets: Sequence[Target],
+        work: UnitWork,
+        stop: threading.Event,
+    ) -> Iterator[dict[str, Any]]: ...
+
+
+class LocalExecutor:
+    """One thread per target, taking the next unit it may run (by tags) in plan order."""
+
+    def execute(self, units, targets, work, stop):
+        pending = list(units)
+        lock = threading.Lock()
+        results: queue.Queue = queue.Queue()
+        done_marker = object()
+
+        def take(target: Target) -> Unit | None:
+            with lock:
+                for i, unit in enumerate(pending):
+                    if target.spec.can_run(unit.tags):
+                        return pending.pop(i)
+            return None
+
+        def worker(target: Target) -> None:
+            try:
+                while not stop.is_set():
+                    unit = take(target)
+                    if unit is None:
+                        break
+                    work(unit, target, results.put)
+            except BaseException as exc:  # surfaced in the driver thread
+                results.put(exc)
+            finally:
+                results.put(done_marker)
+
+        threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in targets]
+        for thread in threads:
+            thread.start()
+        alive = len(threads)
+        interrupted = False
+        while alive:
+            try:
+                item = results.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            except KeyboardInterrupt:
+                # Keep draining: the running attempts end as interrupted and are archived.
+                interrupted = True
+                stop.set()
+                continue
+            if item is done_marker:
+                alive -= 1
+            elif isinstance(item, BaseException):
+                stop.set()
+                raise item
+            else:
+                yield item
+        if interrupted:
+            raise KeyboardInterrupt
+
+
+@dataclass
+class SweepOutcome:
+    root: Path
+    records: list[dict[str, Any]]
+    skipped: int
+    total: int
+    interrupted: bool = False
+
+    @property
+    def completed(self) -> int:
+        return self.skipped + sum(1 for r in self.records if r["status"] == "ok")
+
+    @property
+    def failed_runs(self) -> list[str]:
+        last: dict[str, str] = {}
+        for r in self.records:
+            last[r["run"]] = r["status"]
+        return sorted(run for run, status in last.items() if status != "ok")
+
+
+def prepare_resume(archive: Archive, plan: Plan, sink: ProgressSink) -> set[str]:
+    """Bring the folder to a consistent state; returns the ids of runs already complete.
+
+    Staging folders of a killed sweep get a manifest line (status ``killed``); a completed
+    folder missing from the manifest (killed between rename and append) gets its line back;
+    a folder that no longer validates is set aside and its run is done again.
+    """
+    manifest = archive.manifest()
+    ok_in_manifest = {(r["run"], r["attempt"]) for r in manifest if r.get("status") == "ok"}
+    for killed in archive.clear_stale_staging():
+        cell = killed.parent.name
+        rep, attempt = killed.name.split(".")[0], int(killed.name.split(".")[1][1:])
+        archive.append_manifest({
+            "run": f"{cell}/{rep}", "cell": cell, "attempt": attempt, "status": "killed",
+            "error": "the sweep stopped while this attempt ran", "dir": str(
+                killed.relative_to(archive.root)), "ended": now_iso(),
+        })  # fmt: skip
+        sink.message(f"{cell}/{rep} attempt {attempt}: the sweep was killed while it ran")
+    done: set[str] = set()
+    for run in plan.runs:
+        ok, why = archive.validate_run(run.id)
+        if ok:
+            done.add(run.id)
+            record = archive.completed_record(run.id)
+            if record and (run.id, record.get("attempt")) not in ok_in_manifest:
+                archive.append_manifest(record)
+        elif archive.run_final(run.id).exists():
+            moved = archive.set_aside(run.id, why)
+            sink.message(f"{run.id}: {why}; set aside as {moved.name if moved else '?'}, rerun")
+    return done
+
+
+def run_sweep(
+    config: SweepConfig,
+    plan: Plan,
+    archive: Archive,
+    *,
+    sink: ProgressSink | None = None,
+    executor: Executor | None = None,
+    stop: threading.Event | None = None,
+) -> SweepOutcome:
+    """Run every run of `plan` not already complete in `archive`; write ``results.parquet``.
+
+    On KeyboardInterrupt the running engines are stopped, their attempts archived as
+    ``interrupted``, the results written, and the interrupt re-raised.
+    """
+    sink = sink or NullSink()
+    stop = stop or threading.Event()
+    executor = executor or LocalExecutor()
+    ctx = CellContext(config, archive, stop, sink)
+    done = prepare_resume(archive, plan, sink)
+    units = []
+    for unit in plan.units:
+        runs = tuple(r for r in unit.runs if r.id not in done)
+        if runs:
+            units.append(Unit(runs, unit.tags))
+    targets = [open_target(spec, archive.state_dir / "targets") for spec in config.targets]
+    needed = {t.name for t in targets if any(t.spec.can_run(u.tags) for u in units)}
+    records: list[dict[str, Any]] = []
+    total = len(plan.runs)
+    interrupted = False
+    try:
+        for target in targets:
+            if target.name in needed:
+                target.check()
+        sink.sweep_started(total, len(done), [t.name for t in targets if t.name in needed])
+
+        def work(unit: Unit, target: Target, emit: Callable[[dict[str, Any]], None]) -> None:
+            for run in unit.runs:
+                if stop.is_set():
+                    return
+                run_with_retries(run, target, ctx, emit)
+
+        usable = [t for t in targets if t.name in needed]
+        try:
+            for record in executor.execute(units, usable, work, stop):
+                records.append(record)
+        except KeyboardInterrupt:
+            interrupted = True
+            stop.set()
+            raise
+    finally:
+        for target in targets:
+            try:
+                target.close()
+            except Exception:
+                pass
+        finish_results(archive, plan, config)
+    return SweepOutcome(archive.root, records, len(done), total, interrupted)
+
+
+def finish_results(archive: Archive, plan: Plan, config: SweepConfig) -> Path | None:
+    """Write ``results.parquet`` from the manifest (nothing when no attempt ran)."""
+    frame = results_frame(archive.root)
+    if frame.empty:
+        return None
+    return write_results(archive.root, frame, plan.axes, config.settings.name)
+
+
+def assign_targets(plan: Plan, specs: Sequence[TargetSpec]) -> dict[str, str]:
+    """A predicted unit -> target assignment (targets taking units in turn), for dry runs."""
+    out: dict[str, str] = {}
+    busy = {s.name: 0 for s in specs}
+    for unit in plan.units:
+        options = [s for s in specs if s.can_run(unit.tags)]
+        chosen = min(options, key=lambda s: busy[s.name])
+        busy[chosen.name] += len(unit.runs)
+        for run in unit.runs:
+            out[run.id] = chosen.name
+    return out
