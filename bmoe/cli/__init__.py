@@ -31,7 +31,7 @@ analyze_app = typer.Typer(
 app.add_typer(analyze_app, name="analyze")
 
 #: Command modules; importing one registers its commands on the apps above.
-COMMAND_MODULES = ("bmoe.cli.formats", "bmoe.cli.runs", "bmoe.cli.route")
+COMMAND_MODULES = ("bmoe.cli.formats", "bmoe.cli.runs", "bmoe.cli.route", "bmoe.cli.sweep")
 
 console = Console()
 err_console = Console(stderr=True)

@@ -180,7 +180,8 @@ class _Checker:
                 hint = _closest(name, allowed)
                 raise self.fail(
                     (*key, name),
-                    "unknown key" + (f" (did you mean {hint!r}?)" if hint else "")
+                    "unknown key"
+                    + (f" (did you mean {hint!r}?)" if hint else "")
                     + f"; expected one of: {', '.join(allowed)}",
                 )
 
@@ -296,7 +297,8 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"line (\d+)", str(exc))
-        raise ConfigError(path, int(m.group(1)) if m else None, "", f"not valid TOML: {exc}")
+        line = int(m.group(1)) if m else None
+        raise ConfigError(path, line, "", f"not valid TOML: {exc}") from None
     lines = key_lines(text)
     check = _Checker(path, lines)
     check.known(doc, TOP_KEYS, ())
@@ -308,13 +310,6 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
     base = _flags(check, check.table(doc.get("base", {}), ("base",)), ("base",))
     grid = _grid(check, check.table(doc.get("grid", {}), ("grid",)), base, settings)
     cells = _cells(check, doc.get("cells", []))
-    for index, cell in enumerate(cells):
-        for name in cell:
-            if name in grid:
-                raise check.fail(
-                    ("cells", index, name), f"{name!r} is a [grid] axis; an explicit cell "
-                    "cannot also be crossed with the grid"
-                )
     gate = _gate(check, check.table(doc.get("gate", {}), ("gate",)))
     targets = _targets(check, doc.get("targets"), settings)
     pair_axis = _pair(check, check.table(doc.get("pair", {}), ("pair",)), grid, cells)
@@ -333,7 +328,7 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
         limits.append(Limit(where, tags, line_of(lines, ("limit", i))))
 
     if settings.session and settings.engine != "native":
-        raise check.fail(("sweep", "session"), "session mode needs engine = \"native\"")
+        raise check.fail(("sweep", "session"), 'session mode needs engine = "native"')
     if settings.engine == "embedded":
         for i, target in enumerate(targets):
             if target.kind == "adb":
@@ -559,7 +554,8 @@ def _targets(check: _Checker, value: Any, settings: SweepSettings) -> list[Targe
             if "ssh" in table:
                 kw["ssh"] = check.string(table["ssh"], (*key, "ssh"))
             if "ssh_options" in table:
-                kw["ssh_options"] = tuple(check.strings(table["ssh_options"], (*key, "ssh_options")))
+                options = check.strings(table["ssh_options"], (*key, "ssh_options"))
+                kw["ssh_options"] = tuple(options)
             kw.setdefault("workdir", "/tmp/bmoe-sweep")
             if "binary" not in kw and settings.engine == "native":
                 raise check.fail(key, "an ssh target needs 'binary' (bmoe-cli on that host)")
@@ -576,3 +572,74 @@ def _targets(check: _Checker, value: Any, settings: SweepSettings) -> list[Targe
         kw["name"] = name
         out.append(TargetSpec(**kw))
     return out
+
+
+def resolved_document(config: SweepConfig) -> dict[str, Any]:
+    """The configuration as it runs: defaults filled in, ``base_dir`` fixed, prompt lines
+    expanded. Written into the sweep folder as ``sweep.toml``; loading it gives the same
+    cells."""
+    s = config.settings
+    sweep: dict[str, Any] = {
+        "name": s.name, "engine": s.engine, "repeats": s.repeats, "order": s.order,
+        "output": s.output, "timeout_s": s.timeout_s, "retries": s.retries,
+        "session": s.session, "base_dir": s.base_dir,
+    }  # fmt: skip
+    if s.seed is not None:
+        sweep["seed"] = s.seed
+    doc: dict[str, Any] = {"sweep": sweep}
+    if config.base:
+        doc["base"] = dict(config.base)
+    if config.grid:
+        doc["grid"] = {k: list(v) for k, v in config.grid.items()}
+    if config.cells:
+        doc["cells"] = [dict(c) for c in config.cells]
+    if config.exclude:
+        doc["exclude"] = [dict(e.where) for e in config.exclude]
+    if config.limits:
+        doc["limit"] = [
+            {"where": dict(lim.where), "tags": sorted(lim.tags)} for lim in config.limits
+        ]
+    if config.pair_axis:
+        doc["pair"] = {"axis": config.pair_axis}
+    g = config.gate
+    if g.active:
+        gate = {"poll_s": g.poll_s, "max_wait_s": g.max_wait_s}
+        if g.max_cpu_temp_c is not None:
+            gate["max_cpu_temp_c"] = g.max_cpu_temp_c
+        if g.min_mem_available_mb is not None:
+            gate["min_mem_available_mb"] = g.min_mem_available_mb
+        doc["gate"] = gate
+    targets = []
+    for t in config.targets:
+        item: dict[str, Any] = {"name": t.name, "kind": t.kind}
+        if t.tags:
+            item["tags"] = sorted(t.tags)
+        for key in ("workdir", "binary", "python", "model_dir", "identity", "user"):
+            value = getattr(t, key)
+            if value is not None:
+                item[key] = value
+        if t.models:
+            item["models"] = dict(t.models)
+        if t.env:
+            item["env"] = dict(t.env)
+        item["kill_strays"] = t.kill_strays
+        if t.keep_remote:
+            item["keep_remote"] = True
+        if t.kind == "adb":
+            item["adb"] = t.adb
+            if t.serial:
+                item["serial"] = t.serial
+        if t.kind == "ssh":
+            item.update({"host": t.host, "port": t.port, "ssh": t.ssh})
+            if t.ssh_options:
+                item["ssh_options"] = list(t.ssh_options)
+        targets.append(item)
+    doc["targets"] = targets
+    return doc
+
+
+def resolved_toml(config: SweepConfig) -> str:
+    from bmoe.sweep.tomltext import dumps
+
+    header = f"# resolved by bmoe sweep from {config.path}"
+    return dumps(resolved_document(config), header=header)

@@ -77,7 +77,8 @@ pidfile=$1; samples=$2; shift 2
 sample() {
   h=
   if [ -n "$2" ]; then h=$(hwm "$2"); fi
-  echo "$1 t=$(date +%s) avail_kb=$(mem_avail) cpu_mC=$(cpu_temp) batt_dC=$(batt_temp) hwm_kb=$h" >> "$samples"
+  echo "$1 t=$(date +%s) avail_kb=$(mem_avail) cpu_mC=$(cpu_temp)" \
+    "batt_dC=$(batt_temp) hwm_kb=$h" >> "$samples"
 }
 sample before
 exec 3<&0

@@ -94,9 +94,7 @@ def _matches(params: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
         options = want if isinstance(want, list) else [want]
         if not any(type(have) is type(o) and have == o for o in options):
             # 8 and 8.0 are the same setting; True and 1 are not.
-            numeric = [
-                o for o in options if isinstance(o, int | float) and not isinstance(o, bool)
-            ]
+            numeric = [o for o in options if isinstance(o, int | float) and not isinstance(o, bool)]
             if not (
                 isinstance(have, int | float)
                 and not isinstance(have, bool)
@@ -110,9 +108,10 @@ def expand(config: SweepConfig) -> list[Cell]:
     """Every cell of the sweep, in as-written order (grid product first, then [[cells]])."""
     raw: list[tuple[dict[str, Any], tuple]] = []
     names = list(config.grid)
-    for combo in itertools.product(*(config.grid[n] for n in names)):
-        raw.append(({**config.base, **dict(zip(names, combo, strict=True))}, ("grid",)))
-    if not config.grid and not config.cells:
+    if names:
+        for combo in itertools.product(*(config.grid[n] for n in names)):
+            raw.append(({**config.base, **dict(zip(names, combo, strict=True))}, ("grid",)))
+    elif not config.cells:
         raw.append((dict(config.base), ("base",)))
     for index, cell in enumerate(config.cells):
         raw.append(({**config.base, **cell}, ("cells", index)))
@@ -184,11 +183,7 @@ def _varying(params_list: list[dict[str, Any]]) -> list[str]:
         for key in params:
             if key not in keys:
                 keys.append(key)
-    return [
-        k
-        for k in keys
-        if len({json.dumps(p.get(k), sort_keys=True) for p in params_list}) > 1
-    ]
+    return [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in params_list}) > 1]
 
 
 def _groups(cells: list[Cell], pair_axis: str | None) -> list[list[Cell]]:

@@ -9,6 +9,7 @@ unit it may run from a shared queue.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import queue
@@ -115,10 +116,8 @@ def _pump(stream, sink_file: Path, on_line: Callable[[bytes], None] | None) -> t
                 out.write(line)
                 out.flush()
                 if on_line is not None:
-                    try:
+                    with contextlib.suppress(Exception):  # never stop the capture
                         on_line(line)
-                    except Exception:  # a malformed line never stops the capture
-                        pass
         stream.close()
 
     thread = threading.Thread(target=work, daemon=True)
@@ -220,7 +219,8 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
             status, error = ("ok", None) if ok else ("invalid", why)
         fatal = [e for e in follower.state.errors if e.get("fatal", True)]
         if fatal and status != "ok":
-            error = f"{error}; BMOE_ERROR: {fatal[-1].get('msg')}" if error else fatal[-1].get("msg")
+            msg = f"BMOE_ERROR: {fatal[-1].get('msg')}"
+            error = f"{error}; {msg}" if error else msg
     except _Interrupted:
         status, error = "interrupted", "stopped before the engine started"
     except TargetError as exc:
@@ -239,9 +239,22 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     })  # fmt: skip
     log(f"status {status}" + (f": {error}" if error else ""))
     log.close()
-    record = archive.finalize(files, record)
+    record = archive.finalize(files, printable(record))
     ctx.sink.run_finished(target.name, run, record)
     return record
+
+
+def printable(value: Any) -> Any:
+    """`value` with every string safe to store as UTF-8 (undecodable bytes become U+FFFD)."""
+    from bmoe.formats.protocol import printable as text
+
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable(v) for v in value]
+    return value
 
 
 class _Interrupted(Exception):
@@ -436,10 +449,8 @@ def run_sweep(
             raise
     finally:
         for target in targets:
-            try:
+            with contextlib.suppress(Exception):
                 target.close()
-            except Exception:
-                pass
         finish_results(archive, plan, config)
     return SweepOutcome(archive.root, records, len(done), total, interrupted)
 

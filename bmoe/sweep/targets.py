@@ -12,6 +12,7 @@ a target on another host and only needs :func:`open_target` there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -143,7 +144,8 @@ class Target(ABC):
     def engine_program(self, engine: str) -> list[str]:
         """The program part of the engine's command line on this target."""
         if engine == "embedded":
-            python = self.spec.python or (sys.executable if self.spec.kind == "local" else "python3")
+            default = sys.executable if self.spec.kind == "local" else "python3"
+            python = self.spec.python or default
             return [python, "-m", "bmoe", "run"]
         return [self.spec.binary or "bmoe-cli"]
 
@@ -164,7 +166,9 @@ class Target(ABC):
 
     def engine_marker(self, engine: str) -> str:
         """Text in the engine's command line that tells it apart (stray detection)."""
-        return "bmoe" if engine == "embedded" else PurePosixPath(self.engine_program(engine)[0]).name
+        if engine == "embedded":
+            return "bmoe"
+        return PurePosixPath(self.engine_program(engine)[0]).name
 
     # -- shared behaviour
     def read_state_text(self) -> str:
@@ -187,11 +191,9 @@ class Target(ABC):
 
     def stop(self, proc: subprocess.Popen, grace_s: float = 3.0) -> None:
         """Stop the running engine (TERM, then KILL) and the local client process."""
-        try:
-            self.shell(STOP_SCRIPT, [self.pidfile(), str(max(1, round(grace_s)))],
-                       timeout=grace_s + 30)  # fmt: skip
-        except (TargetError, subprocess.TimeoutExpired):
-            pass
+        with contextlib.suppress(TargetError, subprocess.TimeoutExpired):
+            args = [self.pidfile(), str(max(1, round(grace_s)))]
+            self.shell(STOP_SCRIPT, args, timeout=grace_s + 30)
         self._end_client(proc, grace_s)
 
     def _end_client(self, proc: subprocess.Popen, grace_s: float) -> None:
@@ -206,13 +208,13 @@ class Target(ABC):
                     proc.kill()
                     proc.wait()
 
-    def prepare(self, run_dir: str) -> None:
+    def prepare(self, run_dir: str) -> None:  # noqa: B027 (optional hook)
         """Create the run's folder on the target."""
 
-    def cleanup(self, run_dir: str) -> None:
+    def cleanup(self, run_dir: str) -> None:  # noqa: B027 (optional hook)
         """Remove the run's folder on the target once its files are home."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook)
         """Release transport resources (connections)."""
 
     def check(self) -> None:
@@ -258,10 +260,8 @@ class LocalTarget(Target):
 
     def stop(self, proc, grace_s=3.0):
         super().stop(proc, grace_s=grace_s)
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def fetch(self, run_dir, names, staging):
         return [n for n in names if (staging / n).is_file()]
@@ -404,7 +404,7 @@ class SshTarget(RemoteTarget):
             dest = staging / name
             with open(dest, "wb") as fh:
                 res = subprocess.run(
-                    self.command("test -f " + shlex.quote(remote) + " && cat " + shlex.quote(remote)),
+                    self.command(f"test -f {shlex.quote(remote)} && cat {shlex.quote(remote)}"),
                     stdout=fh, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=600,
                 )  # fmt: skip
             if res.returncode == 0:
