@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from sweep_helpers import install_fake_cli, manifest, sweep_folder, write_config
 
 from bmoe.formats.metrics import read_metrics
 from bmoe.formats.sidecar import PRESSURE_KEYS, read_pressure
@@ -24,7 +25,6 @@ from bmoe.sweep.archive import Archive, load_results
 from bmoe.sweep.config import load_config, resolved_toml
 from bmoe.sweep.plan import make_plan
 from bmoe.sweep.runner import run_sweep
-from sweep_helpers import install_fake_cli, manifest, sweep_folder, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 NASTY_PROMPT = 'it\'s a "test" with $HOME, `id`, \\back\\slash;\nand a second line\t|& done'
