@@ -85,13 +85,24 @@ def select(
 
 
 def _step_codes(rows: pd.DataFrame) -> np.ndarray:
-    """One integer per row, increasing with (turn, step, phase): the step axis."""
-    step = rows["step"].to_numpy(np.int64)
-    step = step - step.min()
-    span = int(step.max()) + 1
-    turn = rows["turn"].to_numpy(np.int64) if "turn" in rows else 0
-    phase = rows["phase"].to_numpy(np.int64) if "phase" in rows else 0
-    return (turn * span + step) * 2 + phase
+    """One integer per row, increasing with (turn, step, phase): the step axis (int32 when
+    it fits, to keep million-row traces small)."""
+    step = rows["step"].to_numpy()
+    lo, hi = int(step.min()), int(step.max())
+    span = hi - lo + 1
+    turns = int(rows["turn"].max()) + 1 if "turn" in rows else 1
+    kind = (
+        np.int32
+        if turns * span * 2 < 2**31 and int(rows["turn"].min() if "turn" in rows else 0) >= 0
+        else np.int64
+    )
+    code = step.astype(kind) - kind(lo)
+    if "turn" in rows:
+        code += rows["turn"].to_numpy().astype(kind) * kind(span)
+    code *= 2
+    if "phase" in rows:
+        code += rows["phase"].to_numpy().astype(kind)
+    return code
 
 
 def count_steps(trace: Trace) -> int:
@@ -218,43 +229,49 @@ def _order(rows: pd.DataFrame) -> _Sequence:
             rows, layer, empty, empty, rows["expert"].to_numpy(), 0, empty, empty, empty,
             empty, empty, empty, empty, 0,
         )  # fmt: skip
-    layers, layer_idx = np.unique(layer, return_inverse=True)
+    layers, layer_idx = _small_unique(layer)
     step_code = _step_codes(rows)
     span = int(step_code.max()) + 1
     if "slot" in rows:
-        slot = rows["slot"].to_numpy(np.int64)
-        slot = slot - min(0, int(slot.min()))
-        nslot = int(slot.max()) + 1
+        slot = rows["slot"].to_numpy()
+        slot_lo = min(0, int(slot.min()))
+        nslot = int(slot.max()) - slot_lo + 1
     else:
-        slot, nslot = np.zeros(n, dtype=np.int64), 1
-    if len(layers) * span * nslot < 2**62:
-        cellkey = layer_idx.astype(np.int64) * span + step_code
-        key = cellkey * nslot + slot
-        if n > 1 and not (key[1:] >= key[:-1]).all():
-            order = np.argsort(key, kind="stable")
-            rows = rows.take(order)
-            layer, layer_idx, cellkey = layer[order], layer_idx[order], cellkey[order]
+        slot, slot_lo, nslot = np.zeros(n, dtype=np.int8), 0, 1
+    order = None
+    size = len(layers) * span * nslot
+    if size < 2**62:
+        kind = np.int32 if size < 2**31 else np.int64
+        cellkey = layer_idx.astype(kind) * kind(span) + step_code.astype(kind)
+        key = cellkey * kind(nslot) + (slot.astype(kind) - kind(slot_lo))
+        if n > 1 and not _ascending(key):
+            file_key = step_code.astype(kind) * kind(len(layers)) + layer_idx.astype(kind)
+            file_key = file_key * kind(nslot) + (slot.astype(kind) - kind(slot_lo))
+            if _ascending(file_key):  # step-major, as engines write: a radix sort by layer
+                small = np.int16 if len(layers) < 32768 else np.int32
+                order = np.argsort(layer_idx.astype(small), kind="stable")
+            else:
+                order = np.argsort(key, kind="stable")
+            del file_key
+        del key
     else:  # astronomically sparse step axis: sort by columns instead
         order = np.lexsort((slot, step_code, layer_idx))
-        rows = rows.take(order)
-        layer, layer_idx = layer[order], layer_idx[order]
-        cellkey = np.stack([layer_idx, step_code[order]])
+    if order is not None:
+        rows = _take(rows, order)
+        layer, layer_idx, step_code = layer[order], layer_idx[order], step_code[order]
     rows = rows.reset_index(drop=True)
-    if cellkey.ndim == 1:
-        new = np.empty(n, dtype=bool)
-        new[0] = True
-        np.not_equal(cellkey[1:], cellkey[:-1], out=new[1:])
-    else:
-        new = np.ones(n, dtype=bool)
-        new[1:] = (cellkey[:, 1:] != cellkey[:, :-1]).any(axis=0)
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
     cell_start = np.flatnonzero(new)
     gcell = (np.cumsum(new, dtype=np.int32) - 1).astype(np.int32)
+    del new
     cell_layer_idx = layer_idx[cell_start]
     cells_per_layer = np.bincount(cell_layer_idx, minlength=len(layers))
     layer_first_cell = np.concatenate([[0], np.cumsum(cells_per_layer)[:-1]])
     cell_index = (np.arange(len(cell_start)) - layer_first_cell[cell_layer_idx]).astype(np.int32)
-    step_codes = _step_codes(rows)
-    cell_step_code = step_codes[cell_start]
+    cell_step_code = step_code[cell_start]
+    del step_code
     expert = rows["expert"].to_numpy()
     n_expert = int(expert.max()) + 1 if n else 0
     if n and int(expert.min()) < 0:
@@ -275,6 +292,27 @@ def _order(rows: pd.DataFrame) -> _Sequence:
         cells_per_layer=cells_per_layer,
         n_steps=len(np.unique(cell_step_code)),
     )
+
+
+def _ascending(values: np.ndarray) -> bool:
+    return bool((values[1:] >= values[:-1]).all())
+
+
+def _take(rows: pd.DataFrame, order: np.ndarray) -> pd.DataFrame:
+    """Rows in `order`, column by column (faster than DataFrame.take on wide int frames)."""
+    return pd.DataFrame({c: rows[c].to_numpy()[order] for c in rows.columns})
+
+
+def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for small non-sparse integers, in O(n)."""
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 1_000_000:
+        uniq, inverse = np.unique(values, return_inverse=True)
+        return uniq, inverse
+    shifted = (values.astype(np.int64) - lo).astype(np.intp)
+    present = np.bincount(shifted) > 0
+    lut = np.cumsum(present) - 1
+    return (np.flatnonzero(present) + lo).astype(values.dtype), lut[shifted]
 
 
 def _sequence(trace: Trace) -> tuple[_Sequence, RouteTrace | None]:

@@ -1,0 +1,174 @@
+"""Benchmark: the default route views on a generated trace of about 1.5 million rows
+(48 layers, 128 experts, top-6), against a straightforward pure-Python implementation of the
+same views (``naive_route.py``) measured in the same run.
+
+    /work/venv/bin/python benchmarks/bench_route.py [--steps 5200] [--keep PATH]
+
+The trace is written with the project's RouteTraceWriter from a skewed router: per-layer
+Zipf-like popularity plus a pull towards the previous step's experts (so reuse, overlap and
+the working set look like a real model's, not uniform noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import naive_route  # noqa: E402
+
+from bmoe.analyze import route  # noqa: E402
+from bmoe.formats.route import COLUMNS, RouteTraceWriter, read_route_trace  # noqa: E402
+
+N_LAYER, N_EXPERT, K = 48, 128, 6
+EXPERT_BYTES = 3_538_944  # a 4-bit expert of a 30B-class model
+
+
+def generate(path: Path, steps: int, prompt: int = 32, seed: int = 0) -> int:
+    """Write a route trace of `prompt` prefill and `steps` decode steps; returns its rows."""
+    rng = np.random.default_rng(seed)
+    popularity = np.log(rng.zipf(1.3, size=(N_LAYER, N_EXPERT)).astype(np.float64))
+    layer_ids = np.arange(N_LAYER)
+    meta = {"model": "synthetic-48x128.gguf", "arch": "qwen3moe", "n_layer": N_LAYER,
+            "n_expert": N_EXPERT, "n_expert_used": K}  # fmt: skip
+    sizes = pd.DataFrame(
+        {"layer": layer_ids, "expert_bytes": EXPERT_BYTES, "dense_bytes": 12_000_000}
+    )
+    prev = np.zeros((N_LAYER, N_EXPERT))
+    rows = 0
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        writer = RouteTraceWriter(fh, meta, sizes)
+        chunk = 256
+        total = prompt + steps
+        for start in range(0, total, chunk):
+            n = min(chunk, total - start)
+            ids = np.empty((n, N_LAYER, K), dtype=np.int64)
+            weights = np.empty((n, N_LAYER, K))
+            for i in range(n):  # one token at a time: the pull towards the last step
+                score = popularity + 1.5 * prev + rng.gumbel(size=(N_LAYER, N_EXPERT))
+                top = np.argpartition(-score, K, axis=1)[:, :K]
+                s = np.take_along_axis(score, top, axis=1)
+                order = np.argsort(-s, axis=1)
+                ids[i] = np.take_along_axis(top, order, axis=1)
+                w = np.exp(np.take_along_axis(s, order, axis=1))
+                weights[i] = w / w.sum(axis=1, keepdims=True)
+                prev = np.zeros((N_LAYER, N_EXPERT))
+                np.put_along_axis(prev, ids[i], 1.0, axis=1)
+            step = np.repeat(np.arange(start, start + n), N_LAYER * K)
+            residency = rng.choice(3, size=n * N_LAYER * K, p=[0.2, 0.75, 0.05])
+            frame = pd.DataFrame(
+                {
+                    "turn": 0,
+                    "phase": (step >= prompt).astype(np.int8),
+                    "step": step,
+                    "layer": np.tile(np.repeat(layer_ids, K), n),
+                    "slot": np.tile(np.arange(K), n * N_LAYER),
+                    "expert": ids.reshape(-1),
+                    "weight": weights.reshape(-1).round(6),
+                    "residency": residency,
+                    "expert_bytes": np.where(residency == 0, EXPERT_BYTES, 0),
+                    "dropped": 0,
+                }
+            )[list(COLUMNS)]
+            writer.rows(frame)
+            rows += len(frame)
+    return rows
+
+
+def timed(fn):
+    """(result, seconds), untraced (tracing would slow the pure-Python side most)."""
+    gc.collect()
+    t0 = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - t0
+
+
+def peak_mib(fn) -> float:
+    """Peak memory traced while `fn` runs (numpy and Python allocations), in MiB."""
+    gc.collect()
+    tracemalloc.start()
+    fn()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 1048576
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5200, help="decode steps (5200 -> ~1.5M rows)")
+    ap.add_argument("--keep", type=Path, help="write the trace here and keep it")
+    args = ap.parse_args()
+
+    tmp = tempfile.TemporaryDirectory()
+    path = args.keep or Path(tmp.name) / "bench.route.csv"
+    t0 = time.perf_counter()
+    n_rows = generate(path, args.steps)
+    print(f"trace: {n_rows:,} rows ({path.stat().st_size / 1048576:.0f} MiB), "
+          f"{N_LAYER} layers x {N_EXPERT} experts, top-{K}; written in "
+          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+
+    import pyarrow as pa
+
+    trace, t_read = timed(lambda: read_route_trace(path))
+    arrow_peak = pa.default_memory_pool().max_memory() / 1048576
+    selected, t_sel = timed(lambda: route.select(trace, "decode"))
+    views, t_views = timed(lambda: route.route_views(selected))
+    _, t_views2 = timed(lambda: route.route_views(selected))
+    t_views = min(t_views, t_views2)
+    m_read = peak_mib(lambda: read_route_trace(path))
+    m_sel = peak_mib(lambda: route.select(trace, "decode"))
+    m_views = peak_mib(lambda: route.route_views(selected))
+    m_both = peak_mib(lambda: route.route_views(route.select(trace, "decode")))
+    rss_bmoe = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"decode rows analysed: {len(selected.rows):,}")
+    print()
+    print("bmoe (vectorised)                 time    peak memory (traced)")
+    print(f"  read            {t_read:6.2f} s   {m_read:6.0f} MiB python + "
+          f"{arrow_peak:.0f} MiB arrow pool")  # fmt: skip
+    print(f"  select decode   {t_sel:6.2f} s   {m_sel:6.0f} MiB")
+    print(f"  default views   {t_views:6.2f} s   {m_views:6.0f} MiB")
+    print(f"  select + views  {t_sel + t_views:6.2f} s   {m_both:6.0f} MiB")
+    print(f"  process max RSS {rss_bmoe:6.0f} MiB (interpreter, pandas, pyarrow included)")
+
+    trace = selected = None  # free them before the baseline builds its dicts
+    gc.collect()
+    (rows, sizes), t_nread = timed(lambda: naive_route.read_rows(str(path)))
+    decode_rows, t_nsel = timed(lambda: [r for r in rows if r["phase"] == 1])
+    ref, t_nviews = timed(lambda: naive_route.default_views(decode_rows, sizes, K))
+    rss_all = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print()
+    print("straightforward pure Python (csv module, dicts, sets)")
+    print(f"  read            {t_nread:6.2f} s")
+    print(f"  select decode   {t_nsel:6.2f} s")
+    print(f"  default views   {t_nviews:6.2f} s")
+    print(f"  process max RSS {rss_all:6.0f} MiB (after both)")
+
+    # the two agree (a benchmark of wrong answers would be worthless)
+    reuse = views["reuse"].set_index("layer")
+    for layer, expect in ref["reuse"].items():
+        got = tuple(int(reuse.loc[layer, c]) for c in ("n_reuse", "p50", "p90", "max", "never_2nd"))
+        assert got == expect, (layer, got, expect)
+    assert abs(views["overlap"].iloc[-1]["lag_1"] - ref["overlap"]["ALL"][0]) < 1e-9
+
+    print()
+    print("speed-up (pure Python / bmoe)")
+    print(f"  default views   {t_nviews / t_views:6.1f}x")
+    whole = (t_nread + t_nsel + t_nviews) / (t_read + t_sel + t_views)
+    print(f"  read + select + views  {whole:6.1f}x")
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
