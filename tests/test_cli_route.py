@@ -149,3 +149,11 @@ def test_matrix_bands_fit_the_console() -> None:
     lines = buf.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 100
     assert sum("=== step x layer matrix" in line for line in lines) == 5  # 30 layers, 6 a band
+
+
+def test_prefill_cache_note(corpus: Path, capsys) -> None:
+    code, out, _ = run(capsys, corpus / GEMMA, "--phase", "prefill", "--view", "cache")
+    assert code == 0
+    assert "100.0" in out and "over-counts reads" in " ".join(out.split())
+    code, out, _ = run(capsys, corpus / GEMMA, "--view", "cache")
+    assert "over-counts" not in out

@@ -194,7 +194,12 @@ def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
     n_steps = route.count_steps(selected)
     limited = "matrix" in views and limit is not None and n_steps > limit
     notes = text.view_notes(
-        views, k=trace.n_expert_used, cells=cells, matrix_limited=limited, total_steps=n_steps
+        views,
+        k=trace.n_expert_used,
+        cells=cells,
+        matrix_limited=limited,
+        total_steps=n_steps,
+        prefill="phase" in selected.rows and bool((selected.rows["phase"] == 0).any()),
     )
     if fmt == "table":
         meta = trace.meta

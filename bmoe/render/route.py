@@ -61,6 +61,7 @@ def view_notes(
     cells: str = "experts",
     matrix_limited: bool = False,
     total_steps: int | None = None,
+    prefill: bool = False,
 ) -> dict[str, list[str]]:
     """The sentences that go under each view: what a figure means, the totals the table's
     ALL row holds, what is absent."""
@@ -93,8 +94,18 @@ def view_notes(
                 "of expert weights across all layers: a working set that fits the cache is a "
                 "cache that stops missing."
             ]
-    if "cache" in views and "prefetch_slots" not in views and len(views["cache"]):
-        notes["cache"] = ["no prefetch hits recorded (--prefetch off, or every guess missed)."]
+    if "cache" in views and len(views["cache"]):
+        notes["cache"] = []
+        if "prefetch_slots" not in views:
+            notes["cache"].append(
+                "no prefetch hits recorded (--prefetch off, or every guess missed)."
+            )
+        if prefill:
+            notes["cache"].append(
+                "in prefill every routing that faced a cold cache counts as a miss, but the "
+                "expert is read once per batch: miss_pct over-counts reads (the bytes view "
+                "measures them)."
+            )
     if "entropy" in views and k:
         notes["entropy"] = [f"max entropy = {np.log2(k):.2f} bits at k={k}"]
     if "bytes" in views and len(views["bytes"]):
