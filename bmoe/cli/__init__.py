@@ -29,9 +29,20 @@ analyze_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(analyze_app, name="analyze")
+export_app = typer.Typer(
+    help="Export telemetry to other tools' formats (Perfetto / Chrome traces).",
+    no_args_is_help=True,
+)
+app.add_typer(export_app, name="export")
 
 #: Command modules; importing one registers its commands on the apps above.
-COMMAND_MODULES = ("bmoe.cli.formats", "bmoe.cli.runs", "bmoe.cli.route", "bmoe.cli.sweep")
+COMMAND_MODULES = (
+    "bmoe.cli.formats",
+    "bmoe.cli.runs",
+    "bmoe.cli.route",
+    "bmoe.cli.sweep",
+    "bmoe.cli.decode",
+)
 
 console = Console()
 err_console = Console(stderr=True)
