@@ -83,6 +83,7 @@ BAD_INPUTS = {
     "fields.route.csv": b"# route_trace v1\nturn,phase,step,layer,slot,expert\n0,1,2,3,4\n",
     "text.csv": b"step,steps,wall_ms\n1,2,fast\n2,2,1.0\n",
     "cut.csv": b"step,steps,wall_ms\n1,2,1.0\n2,2,1.",
+    "cutsum.csv": b"step,steps,wall_ms\n1,2,1.0\n2,2,1.0\n# summary tokens=2 tok/s=3.",
     "crlf.csv": b"step,steps,wall_ms\r\n1,2,1.0\r\n2,2,2.0\r\n",
     "bom.csv": b"\xef\xbb\xbfstep,steps,wall_ms\n1,2,1.0\n",
     "cut.out": b'BMOE_BEGIN {"id":1}\nBMOE_LOAD {"mb":1.20,"ms":2.8}\nBMOE_PROGRESS {"st',

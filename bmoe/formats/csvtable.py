@@ -10,7 +10,6 @@ dropped with a warning; every other bad row is an error.
 from __future__ import annotations
 
 import csv
-import io
 import os
 import re
 from dataclasses import dataclass, field
@@ -157,13 +156,18 @@ def _is_int_text(text: str) -> bool:
 
 def _locate(sec: Sections, types: dict[str, pa.DataType]) -> FormatError:
     """Slow path, only after pyarrow refused the rows: find the first bad line and say why."""
-    reader = csv.reader(io.StringIO(sec.body.decode("utf-8", "replace")))
-    header = next(reader, [])
+    lines = sec.body.split(b"\n")
+    header = sec.header
     width = len(header)
-    for row_no, fields in enumerate(reader):
-        if not fields:
+    for row_no, raw in enumerate(lines[1:]):
+        text = raw.decode("utf-8", "replace").removesuffix("\r")
+        if not text.strip():
             continue
         line = _line_of_row(sec, row_no)
+        try:
+            fields = next(csv.reader([text]))
+        except csv.Error as exc:
+            return FormatError(sec.path, line, f"malformed CSV row ({str(exc).split(' - ')[0]})")
         if len(fields) != width:
             return FormatError(
                 sec.path, line, f"expected {width} fields (the header's), got {len(fields)}"
@@ -260,12 +264,8 @@ def load_sections(source: PathLike | bytes) -> Sections:
 
 def empty_frame(types: dict[str, pa.DataType], columns: list[str]) -> pd.DataFrame:
     """An empty DataFrame with the compact dtypes (for files with a header but no rows)."""
-    out = {}
-    for c in columns:
-        kind = types.get(c)
-        dtype = kind.to_pandas_dtype() if kind is not None else object
-        out[c] = pd.Series([], dtype=dtype)
-    return pd.DataFrame(out)
+    schema = pa.schema([(c, types.get(c, pa.string())) for c in dict.fromkeys(columns)])
+    return schema.empty_table().to_pandas()
 
 
 def frame_or_empty(sec: Sections, types: dict[str, pa.DataType], required=()) -> pd.DataFrame:

@@ -292,7 +292,12 @@ def make_event(tag: str, data: Mapping[str, Any], line: int | None = None) -> Ev
     cls = EVENT_TYPES.get(tag)
     if cls is None:
         return Unknown(dict(data), line, tag)
-    return cls(dict(data), line)
+    values = dict(data)
+    for key, spec in cls.keys().items():  # "2" on a float key (printed with 0 decimals) is 2.0
+        value = values.get(key)
+        if spec.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            values[key] = float(value)
+    return cls(values, line)
 
 
 def parse_line(
