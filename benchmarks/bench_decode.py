@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -205,13 +207,86 @@ def timed(fn, *args):
 
 def bmoe_compute(path: Path) -> dict:
     trace = read_compute_trace(path)
-    views = dec.analyze_compute(trace, top=None)
-    views["class_by_layer"] = dec.compute_class_by_layer(trace)
-    return views
+    views = dec.analyze_compute(trace, top=None, class_by_layer=True)
+    return {
+        "ms_per_token": views["summary"]["ms_per_token"],
+        "top_op_ms": float(views["by_op"]["ms_per_token"].iloc[0]),
+        "layers": len(views["by_layer"]),
+    }
 
 
 def bmoe_io(path: Path) -> dict:
-    return dec.analyze_io(read_io_trace(path), adjacent=True)
+    views = dec.analyze_io(read_io_trace(path), adjacent=True)
+    return {
+        "p50": views["latency_us"]["p50"],
+        "runs_per_token": views["adjacency"]["runs_per_token"],
+    }
+
+
+def baseline_compute_figures(path: Path) -> dict:
+    base = baseline_compute(path)
+    return {
+        "ms_per_token": base["ms_per_token"],
+        "top_op_ms": base["by_op"][0][0],
+        "layers": len(base["by_layer"]),
+    }
+
+
+def baseline_io_figures(path: Path) -> dict:
+    base = baseline_io(path)
+    return {"p50": base["p50"], "runs_per_token": base["runs_per_token"]}
+
+
+SIDES = {
+    "bmoe-compute": bmoe_compute,
+    "python-compute": baseline_compute_figures,
+    "bmoe-io": bmoe_io,
+    "python-io": baseline_io_figures,
+}
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM: unlike ru_maxrss it is not inherited from
+    the parent that forked us)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(side: str, path: Path) -> None:
+    """Run one side in this (fresh) process; print its time, peak RSS and figures as JSON."""
+    start = time.perf_counter()
+    figures = SIDES[side](path)
+    seconds = time.perf_counter() - start
+    peak = peak_rss_mib()
+    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak, "figures": figures}))
+
+
+def measure(side: str, path: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", side, str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(name: str, what_bmoe: str, what_python: str, ours: dict, theirs: dict) -> None:
+    for key, value in theirs["figures"].items():
+        got = ours["figures"][key]
+        assert abs(got - value) <= 1e-9 * max(1.0, abs(value)), f"{name} {key}: {got} != {value}"
+    ratio = theirs["seconds"] / ours["seconds"]
+    print(f"{name}: bmoe {ours['seconds']:6.2f} s, peak RSS {ours['peak_rss_mib']:4.0f} MiB "
+          f"({what_bmoe})")  # fmt: skip
+    pad = " " * len(name)
+    rss = theirs["peak_rss_mib"]
+    print(f"{pad}  pure Python {theirs['seconds']:6.2f} s, peak RSS {rss:4.0f} MiB "
+          f"({what_python})  -> bmoe {ratio:.1f}x faster")  # fmt: skip
 
 
 def main() -> None:
@@ -219,43 +294,31 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=500)
     parser.add_argument("--layers", type=int, default=58, help="58 layers = 2962 nodes/token")
     parser.add_argument("--keep", type=Path, help="write the traces here and keep them")
+    parser.add_argument("--child", nargs=2, metavar=("SIDE", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child[0], Path(args.child[1]))
+        return
     rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory() as tmp:
         where = args.keep or Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
         ct, it = where / "bench.compute.csv", where / "bench.io.csv"
         t, nodes = timed(write_compute, ct, args.tokens, args.layers, rng)
-        print(
-            f"compute trace: {nodes} nodes x {args.tokens} tokens = {nodes * args.tokens:,} "
-            f"rows, {ct.stat().st_size / 2**20:.0f} MiB (written in {t:.1f} s)"
-        )
+        print(f"compute trace: {nodes} nodes x {args.tokens} tokens = {nodes * args.tokens:,} "
+              f"rows, {ct.stat().st_size / 2**20:.0f} MiB (written in {t:.1f} s)")  # fmt: skip
         t, per_step = timed(write_io, it, args.tokens, args.layers, rng)
-        print(
-            f"io trace: {per_step} reads x {args.tokens} tokens = {per_step * args.tokens:,} "
-            f"rows, {it.stat().st_size / 2**20:.0f} MiB (written in {t:.1f} s)"
-        )
-
-        t_bmoe, views = timed(bmoe_compute, ct)
-        t_base, base = timed(baseline_compute, ct)
-        got = views["summary"]["ms_per_token"]
-        assert abs(got - base["ms_per_token"]) < 1e-9 * max(1.0, got), "compute figures differ"
-        assert abs(views["by_op"]["ms_per_token"].iloc[0] - base["by_op"][0][0]) < 1e-9
-        print(
-            f"compute: bmoe {t_bmoe:6.2f} s (read + by op/faults/layer/class + class x layer)"
-            f"  pure Python {t_base:6.2f} s (by op/faults/layer)  -> {t_base / t_bmoe:.1f}x"
-        )
-
-        t_bmoe, views = timed(bmoe_io, it)
-        t_base, base = timed(baseline_io, it)
-        assert views["latency_us"]["p50"] == base["p50"], "io figures differ"
-        assert abs(views["adjacency"]["runs_per_token"] - base["runs_per_token"]) < 1e-9
-        print(
-            f"io:      bmoe {t_bmoe:6.2f} s (every view)  pure Python {t_base:6.2f} s "
-            f"(latency, bandwidth, waste, adjacency)  -> {t_base / t_bmoe:.1f}x"
-        )
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS of this process: {peak:.0f} MiB")
+        print(f"io trace: {per_step} reads x {args.tokens} tokens = {per_step * args.tokens:,} "
+              f"rows, {it.stat().st_size / 2**20:.0f} MiB (written in {t:.1f} s)")  # fmt: skip
+        print("each side runs in its own process; times include reading the file")
+        compare(
+            "compute", "every view: by op, faults, by layer, by class, class x layer",
+            "by op, faults, by layer", measure("bmoe-compute", ct), measure("python-compute", ct),
+        )  # fmt: skip
+        compare(
+            "io", "every view, with --adjacent", "latency, bandwidth, waste, adjacency",
+            measure("bmoe-io", it), measure("python-io", it),
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
