@@ -183,3 +183,11 @@ def test_export_moves_overlapping_measured_reads_to_extra_tracks() -> None:
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
     assert "io lane 0 (overlap 1)" in names
     assert doc["otherData"]["io_timeline"] == "measured"
+
+
+def test_traces_of_different_runs_are_called_out() -> None:
+    io = IoTrace(None, 1, {}, io_rows([(50, 0, 100)]))
+    comp = ComputeTrace(None, 1, {}, compute_rows([(7, 100)]))
+    assert any("different runs" in n for n in build_timeline(comp, io).notes)
+    same = ComputeTrace(None, 1, {}, compute_rows([(50, 100)]))
+    assert not any("different runs" in n for n in build_timeline(same, io).notes)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.decode import decode_rows, is_layer_granular
+from bmoe.analyze.decode import decode_rows, is_layer_granular, step_keys
 from bmoe.analyze.opclass import classify_rows
 from bmoe.errors import BmoeError
 from bmoe.formats.decode import ComputeTrace, IoTrace
@@ -149,6 +149,13 @@ def build_timeline(
     if (io_rows is None or not len(io_rows)) and (comp_rows is None or not len(comp_rows)):
         raise BmoeError("no trace rows in the selected steps")
     index = _step_index(io_rows, comp_rows)
+    if io_rows is not None and comp_rows is not None and len(io_rows) and len(comp_rows):
+        shared = np.intersect1d(step_keys(io_rows), step_keys(comp_rows))
+        if not len(shared):
+            notes.append(
+                "the compute and io traces share no step: they look like different runs, "
+                "laid side by side"
+            )
 
     io_measured = io_rows is not None and "start_ns" in io_rows
     comp_measured = comp_rows is not None and "start_ns" in comp_rows
