@@ -1,0 +1,165 @@
+"""Drop replay: what cache-aware expert dropping would have saved on a recorded trace.
+
+Per routing cell (one token at one layer) with known weights, a cache-aware rule drops a
+MISS whose gate weight is below ``frac x 1/k`` (never the cell's highest-weight slot). For
+each frac it reports the share of miss bytes saved (``io_saved``), the share of gate weight
+mass lost (``mass_lost``) and how many experts survive per cell. The static baseline keeps
+the first ``keep_k`` slots whatever the cache held (what ``--n-expert-used`` does). A trace
+recorded with dropping on also reports what its ``dropped`` column says was dropped; that
+trace's routing is what the ROUTER asked for. Decode and prefill are reported apart.
+
+Misses are rows with ``residency`` 0, and bytes come from the row's ``expert_bytes`` (what
+the engine read: 0 for a repeat inside a prefill batch or a dropped routing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from bmoe.errors import BmoeError
+from bmoe.formats.route import RouteTrace
+
+DEFAULT_FRACS = (0.25, 0.5, 0.75, 1.0)
+PHASES = {"decode": 1, "prefill": 0}
+
+
+def _pct(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole else float("nan")
+
+
+def survivors_text(counts: pd.Series) -> str:
+    """``n:pct%`` for every survivor count that occurs (the reference's histogram form)."""
+    total = counts.sum()
+    return " ".join(f"{int(n)}:{100 * c / total:.0f}%" for n, c in counts.items() if c)
+
+
+def _phase_rows(trace: RouteTrace, phase: int, turn: int | None) -> pd.DataFrame:
+    rows = trace.rows
+    if "phase" in rows:
+        rows = rows[rows["phase"] == phase]
+    elif phase != 1:
+        rows = rows.iloc[:0]
+    if turn is not None and "turn" in rows:
+        rows = rows[rows["turn"] == turn]
+    return rows
+
+
+def _miss_bytes(trace: RouteTrace, rows: pd.DataFrame, miss: np.ndarray) -> np.ndarray:
+    if "expert_bytes" in rows:
+        sizes = rows["expert_bytes"].to_numpy(dtype=np.float64)
+    else:  # older traces: price a miss at the layer's expert bytes from the preamble
+        per_layer = trace.expert_bytes()
+        sizes = rows["layer"].map(per_layer).to_numpy(dtype=np.float64)
+        if np.isnan(sizes).any():
+            raise BmoeError(f"{trace.path or 'trace'}: a layer has no expert_bytes")
+    return np.where(miss, sizes, 0.0)
+
+
+def drop_phase(
+    trace: RouteTrace,
+    phase: str = "decode",
+    fracs: Sequence[float] = DEFAULT_FRACS,
+    *,
+    turn: int | None = None,
+) -> dict[str, pd.DataFrame | dict]:
+    """The drop replay of one phase: ``summary`` (figures), ``threshold`` (one row per
+    frac), ``static_k`` (one row per keep_k) and ``survivors`` (cells per survivor count,
+    one row per frac)."""
+    if "residency" not in trace.rows:
+        raise BmoeError(
+            f"{trace.path or 'trace'}: drop replay needs the residency column (hit or miss)"
+        )
+    rows = _phase_rows(trace, PHASES[phase], turn)
+    k = trace.n_expert_used or (int(rows["slot"].max()) + 1 if len(rows) else 0)
+    turns = rows["turn"] if "turn" in rows else pd.Series(0, index=rows.index)
+    cell = pd.MultiIndex.from_arrays([turns, rows["step"], rows["layer"]])
+    cell_id = pd.factorize(cell)[0]
+    weight = rows["weight"].to_numpy(dtype=np.float64)
+    miss = rows["residency"].to_numpy() == 0
+    miss_bytes = _miss_bytes(trace, rows, miss)
+    n_cells = int(cell_id.max()) + 1 if len(cell_id) else 0
+
+    summary: dict = {
+        "phase": phase,
+        "cells": n_cells,
+        "routed": len(rows),
+        "miss_pct": _pct(int(miss.sum()), len(rows)),
+        "k": k,
+        "uniform_share_pct": 100.0 / k if k else float("nan"),
+    }
+    dropped = rows["dropped"].to_numpy() != 0 if "dropped" in rows else np.zeros(0, bool)
+    if dropped.any():  # recorded with dropping on: what the run actually dropped
+        known_w = np.nan_to_num(weight)
+        summary["recorded_dropped"] = int(dropped.sum())
+        summary["recorded_dropped_pct"] = _pct(int(dropped.sum()), len(rows))
+        summary["recorded_mass_pct"] = float(_pct(known_w[dropped].sum(), known_w.sum()))
+
+    # cells with known weights only
+    unknown = np.bincount(cell_id, weights=np.isnan(weight), minlength=n_cells) > 0
+    keep = ~unknown[cell_id]
+    cid, w, m, mb = cell_id[keep], weight[keep], miss[keep], miss_bytes[keep]
+    slot = rows["slot"].to_numpy()[keep]
+    summary["cells_with_weights"] = int((~unknown).sum())
+    total_w = w.sum()
+    total_mb = mb.sum()
+    # the cell's highest-weight slot (first on ties)
+    order = np.lexsort((np.arange(len(cid)), -w, cid))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = cid[order][1:] != cid[order][:-1]
+    top = np.zeros(len(cid), dtype=bool)
+    top[order[first]] = True
+
+    thr_rows, surv_rows = [], []
+    cells_known = np.flatnonzero(~unknown)
+    for frac in fracs:
+        thr = frac / k if k else float("nan")
+        drop = m & (w < thr) & ~top
+        surviving = np.bincount(cid, weights=~drop, minlength=n_cells)[cells_known]
+        counts = pd.Series(surviving.astype(int)).value_counts().sort_index()
+        counts = counts.reindex(range(0, k + 1), fill_value=0)
+        thr_rows.append(
+            {
+                "frac": frac,
+                "thr_pct": 100.0 * thr,
+                "io_saved_pct": float(_pct(mb[drop].sum(), total_mb)),
+                "mass_lost_pct": float(_pct(w[drop].sum(), total_w)),
+                "dropped": int(drop.sum()),
+                "surviving": survivors_text(counts),
+            }
+        )
+        surv_rows.append({"frac": frac, **{str(n): int(c) for n, c in counts.items()}})
+    static_rows = []
+    for keep_k in range(k - 1, 0, -1):
+        drop = slot >= keep_k
+        static_rows.append(
+            {
+                "keep_k": keep_k,
+                "io_saved_pct": float(_pct(mb[drop].sum(), total_mb)),
+                "mass_lost_pct": float(_pct(w[drop].sum(), total_w)),
+            }
+        )
+    return {
+        "summary": summary,
+        "threshold": pd.DataFrame(thr_rows),
+        "static_k": pd.DataFrame(static_rows, columns=["keep_k", "io_saved_pct", "mass_lost_pct"]),
+        "survivors": pd.DataFrame(surv_rows),
+    }
+
+
+def drop_replay(
+    trace: RouteTrace,
+    fracs: Sequence[float] = DEFAULT_FRACS,
+    *,
+    turn: int | None = None,
+) -> dict[str, dict[str, pd.DataFrame | dict]]:
+    """The drop replay per phase (``decode``, then ``prefill``), phases with rows only."""
+    out = {}
+    for phase in PHASES:
+        if len(_phase_rows(trace, PHASES[phase], turn)):
+            out[phase] = drop_phase(trace, phase, fracs, turn=turn)
+    if not out:
+        raise BmoeError(f"{trace.path or 'trace'}: no routing rows")
+    return out

@@ -1,0 +1,590 @@
+"""Cache-policy replay: the recorded routing through other policies and budgets.
+
+A recorded hit rate cannot say whether a low hit rate is the policy's fault or the working
+set's; replaying the same routing through other caches can. The replay drives the engine's
+own :class:`bmoe.cache.ExpertCache`, batch by batch, with the reference's batch order:
+
+* prefill: one batch per layer holding every prompt token's ids, token-major, slot order,
+  layers ascending;
+* decode: one batch per (step, layer), steps ascending, layers ascending within a step;
+* turns in order (``turn`` N alone with ``turn=N``).
+
+Everything here is pure: a :class:`~bmoe.formats.route.RouteTrace` in, DataFrames out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from bmoe.cache import NEVER, POLICIES, REFERENCE_POLICIES, ExpertCache
+from bmoe.errors import BmoeError
+from bmoe.formats.route import RouteTrace
+
+MIB = 1 << 20
+#: the reference's default budgets (MiB)
+DEFAULT_BUDGETS_MIB = (250, 500, 750, 1000, 1500, 2000, 3000, 4000, 6000)
+#: the budgets of the archived reference curves (MiB)
+ARCHIVED_BUDGETS_MIB = (250, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000, 6000, 8000)
+CURVE_COLUMNS = ("budget_mib", "policy", "hit_pct_cum", "hit_pct_decode", "read_mib")
+
+
+@dataclass
+class ReplayBatches:
+    """A trace cut into cache batches, with everything a replay needs precomputed.
+
+    Per batch: ``layer``, ``turn``, ``step`` (first step), ``decode`` (bool), ``size``
+    (bytes of one expert of the layer), ``n_lookups``; per batch as Python lists (the cache
+    loop's input): ``lookups`` (distinct keys, first-seen order), ``recency`` (last-touch
+    order, None when no id repeats) and ``next_use`` (for each lookup, the index of the
+    next batch looking the same key up, :data:`~bmoe.cache.NEVER` if none).
+    """
+
+    layer: np.ndarray
+    turn: np.ndarray
+    step: np.ndarray
+    decode: np.ndarray
+    size: np.ndarray
+    n_lookups: np.ndarray
+    lookups: list[list[int]]
+    recency: list[list[int] | None]
+    next_use: list[list[int]]
+    recorded_hits: np.ndarray | None  # per batch, lookups the run recorded as resident
+    n_layer: int
+    n_expert: int | None
+    k: int | None
+
+    def __len__(self) -> int:
+        return len(self.layer)
+
+    @property
+    def n_prefill(self) -> int:
+        return int((~self.decode).sum())
+
+    @property
+    def n_decode(self) -> int:
+        return int(self.decode.sum())
+
+
+def _column(rows: pd.DataFrame, name: str, default: int) -> np.ndarray:
+    if name in rows:
+        return rows[name].to_numpy(dtype=np.int64)
+    return np.full(len(rows), default, dtype=np.int64)
+
+
+def turns_of(trace: RouteTrace) -> list[int]:
+    if "turn" not in trace.rows:
+        return [0]
+    return sorted(int(t) for t in pd.unique(trace.rows["turn"]))
+
+
+def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches:
+    """Cut `trace` into cache batches (reference order), optionally one turn only."""
+    rows = trace.rows
+    turns = _column(rows, "turn", 0)
+    if turn is not None:
+        if turn not in set(turns.tolist()):
+            raise BmoeError(
+                f"{trace.path or 'trace'}: no turn {turn} (turns: "
+                f"{', '.join(map(str, turns_of(trace)))})"
+            )
+        keep = turns == turn
+        rows = rows[keep]
+        turns = turns[keep]
+    if not len(rows):
+        raise BmoeError(f"{trace.path or 'trace'}: no routing rows to replay")
+    phase = _column(rows, "phase", 1)
+    step = _column(rows, "step", 0)
+    layer = _column(rows, "layer", 0)
+    slot = _column(rows, "slot", 0)
+    expert = _column(rows, "expert", 0)
+
+    sizes = trace.expert_bytes()
+    present = np.unique(layer)
+    missing = [int(x) for x in present if int(x) not in sizes]
+    if missing:
+        raise BmoeError(
+            f"{trace.path or 'trace'}: layer {missing[0]} has no expert_bytes in the preamble "
+            "(a replay cannot price its misses)"
+        )
+
+    decode = phase != 0
+    major = np.where(decode, step, layer)
+    minor = np.where(decode, layer, step)
+    order = np.lexsort((slot, minor, major, decode, turns))
+    turns, decode, step, layer, expert = (a[order] for a in (turns, decode, step, layer, expert))
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (
+        (turns[1:] != turns[:-1])
+        | (decode[1:] != decode[:-1])
+        | (layer[1:] != layer[:-1])
+        | (decode[1:] & (step[1:] != step[:-1]))
+    )
+    batch = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    n_batches = len(starts)
+    keys = (layer << 16) | expert
+
+    pairs = pd.DataFrame({"b": batch, "k": keys})
+    first = ~pairs.duplicated(keep="first").to_numpy()
+    recorded_hits = None
+    if "residency" in rows:
+        resident = rows["residency"].to_numpy()[order] > 0
+        recorded_hits = np.bincount(batch[first], weights=resident[first], minlength=0)
+        recorded_hits = recorded_hits.astype(np.int64)
+    look_batch = batch[first]
+    look_key = keys[first]
+    n_lookups = np.bincount(look_batch, minlength=n_batches)
+    bounds = np.concatenate([[0], np.cumsum(n_lookups)]).tolist()
+    key_list = look_key.tolist()
+    lookups = [key_list[bounds[i] : bounds[i + 1]] for i in range(n_batches)]
+
+    # next batch of use for every lookup (precomputed once, vectorised)
+    by_key = np.lexsort((look_batch, look_key))
+    kb, kk = look_batch[by_key], look_key[by_key]
+    nxt_sorted = np.full(len(by_key), NEVER, dtype=np.int64)
+    same = kk[1:] == kk[:-1]
+    nxt_sorted[:-1][same] = kb[1:][same]
+    nxt = np.empty_like(nxt_sorted)
+    nxt[by_key] = nxt_sorted
+    nxt_list = nxt.tolist()
+    next_use = [nxt_list[bounds[i] : bounds[i + 1]] for i in range(n_batches)]
+
+    # last-touch order, only for batches where an id repeats
+    rows_per_batch = np.bincount(batch, minlength=n_batches)
+    recency: list[list[int] | None] = [None] * n_batches
+    repeated = np.flatnonzero(rows_per_batch != n_lookups)
+    if len(repeated):
+        last = ~pairs.duplicated(keep="last").to_numpy()
+        last_batch = batch[last]
+        last_key = keys[last]
+        lb = np.concatenate([[0], np.cumsum(np.bincount(last_batch, minlength=n_batches))])
+        for i in repeated.tolist():
+            recency[i] = last_key[lb[i] : lb[i + 1]].tolist()
+
+    b_layer = layer[starts]
+    size_of = np.vectorize(lambda x: sizes[int(x)], otypes=[np.int64])
+    meta = trace.meta
+    return ReplayBatches(
+        layer=b_layer,
+        turn=turns[starts],
+        step=step[starts],
+        decode=decode[starts],
+        size=size_of(b_layer) if n_batches else np.zeros(0, dtype=np.int64),
+        n_lookups=n_lookups,
+        lookups=lookups,
+        recency=recency,
+        next_use=next_use,
+        recorded_hits=recorded_hits,
+        n_layer=int(meta.get("n_layer") or (int(present.max()) + 1)),
+        n_expert=int(meta["n_expert"]) if meta.get("n_expert") is not None else None,
+        k=trace.n_expert_used,
+    )
+
+
+def simulate(
+    batches: ReplayBatches, policy: str, budget_bytes: int, *, seed: int = 0
+) -> np.ndarray:
+    """Hits per batch of one replay (policy at budget)."""
+    cache = ExpertCache(budget_bytes, policy, n_layer=batches.n_layer, seed=seed)
+    hits = cache.replay(
+        batches.layer.tolist(),
+        batches.lookups,
+        batches.recency,
+        batches.size.tolist(),
+        batches.next_use if cache.needs_future else None,
+    )
+    return np.asarray(hits, dtype=np.int64)
+
+
+def summarize(batches: ReplayBatches, hits: np.ndarray) -> dict[str, float]:
+    """Cumulative and decode-only hit % and MiB read for one replay's hits per batch."""
+    n = batches.n_lookups
+    dec = batches.decode
+    total = int(n.sum())
+    dec_total = int(n[dec].sum())
+    read = int(((n - hits) * batches.size).sum())
+    return {
+        "hit_pct_cum": 100.0 * int(hits.sum()) / total if total else float("nan"),
+        "hit_pct_decode": 100.0 * int(hits[dec].sum()) / dec_total if dec_total else float("nan"),
+        "read_mib": read / MIB,
+    }
+
+
+def check_policies(policies: Iterable[str]) -> list[str]:
+    """The policy names, validated (an unknown name is an error naming it)."""
+    names = [p.strip() for p in policies if p.strip()]
+    for name in names:
+        if name not in POLICIES:
+            raise BmoeError(f"unknown cache policy {name!r} (choose from {', '.join(POLICIES)})")
+    if not names:
+        raise BmoeError("no cache policy given")
+    return names
+
+
+def replay_curve(
+    trace: RouteTrace | ReplayBatches,
+    budgets_mib: Sequence[float] = DEFAULT_BUDGETS_MIB,
+    policies: Sequence[str] = REFERENCE_POLICIES,
+    *,
+    turn: int | None = None,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The replay curve: one row per (budget, policy) with budget_mib, policy, hit_pct_cum,
+    hit_pct_decode, read_mib (the reference's CSV columns)."""
+    batches = trace if isinstance(trace, ReplayBatches) else prepare_batches(trace, turn)
+    names = check_policies(policies)
+    out = []
+    for budget in budgets_mib:
+        if budget < 0:
+            raise BmoeError(f"budget {budget} MiB is negative")
+        for name in names:
+            hits = simulate(batches, name, round(budget * MIB), seed=seed)
+            out.append({"budget_mib": budget, "policy": name, **summarize(batches, hits)})
+    frame = pd.DataFrame(out, columns=list(CURVE_COLUMNS))
+    return frame
+
+
+# ----------------------------------------------------------------------------- shape
+
+
+def model_shape(trace: RouteTrace, batches: ReplayBatches) -> dict[str, object]:
+    """What the reference prints above its curve: model, layers, experts, k, MiB per
+    expert, the batch count and T, the bytes one token cycle touches (sum over MoE layers
+    of expert_bytes x k: the budget below which a cache cannot hold one token's experts)."""
+    sizes = trace.expert_bytes()
+    k = batches.k or int(batches.n_lookups[batches.decode].max(initial=0))
+    model = str(trace.meta.get("model", "")).replace("\\", "/").rsplit("/", 1)[-1]
+    per_expert = np.array(list(sizes.values()), dtype=np.float64) / MIB
+    return {
+        "model": model or None,
+        "n_layer": batches.n_layer,
+        "moe_layers": len(sizes),
+        "n_expert": batches.n_expert,
+        "k": k,
+        "mib_per_expert": float(per_expert.max()) if len(per_expert) else None,
+        "mib_per_expert_min": float(per_expert.min()) if len(per_expert) else None,
+        "batches": len(batches),
+        "prefill_batches": batches.n_prefill,
+        "decode_batches": batches.n_decode,
+        "lookups": int(batches.n_lookups.sum()),
+        "t_mib": sum(sizes.values()) * k / MIB,
+    }
+
+
+def decode_pivot(curve: pd.DataFrame, value: str = "hit_pct_decode") -> pd.DataFrame:
+    """Budgets as rows, policies as columns (the reference's printed table)."""
+    table = curve.pivot(index="budget_mib", columns="policy", values=value)
+    table = table[list(dict.fromkeys(curve["policy"]))].reset_index()
+    table.columns.name = None
+    return table
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def recorded_hit_rate(batches: ReplayBatches) -> dict[str, float] | None:
+    """The hit rate the run recorded (the residency column), counted like the replay: one
+    lookup per distinct expert per batch."""
+    if batches.recorded_hits is None:
+        return None
+    return summarize(batches, batches.recorded_hits)
+
+
+def validate(
+    batches: ReplayBatches,
+    budget_mib: float,
+    metrics_summary: dict | None = None,
+    *,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The LRU replay at the run's budget next to what the run recorded: the trace's
+    residency column and, when given, the metrics summary's ``cache_hit_pct``."""
+    lru = summarize(batches, simulate(batches, "lru", round(budget_mib * MIB), seed=seed))
+    rows = [
+        {
+            "source": f"lru replay @ {budget_mib:g} MiB",
+            "hit_pct_cum": lru["hit_pct_cum"],
+            "hit_pct_decode": lru["hit_pct_decode"],
+        }
+    ]
+    recorded = recorded_hit_rate(batches)
+    if recorded is not None:
+        rows.append(
+            {
+                "source": "trace residency column",
+                "hit_pct_cum": recorded["hit_pct_cum"],
+                "hit_pct_decode": recorded["hit_pct_decode"],
+            }
+        )
+    if metrics_summary is not None and metrics_summary.get("cache_hit_pct") is not None:
+        rows.append(
+            {
+                "source": "metrics summary cache_hit_pct",
+                "hit_pct_cum": float(metrics_summary["cache_hit_pct"]),
+                "hit_pct_decode": float("nan"),
+            }
+        )
+    frame = pd.DataFrame(rows)
+    frame["minus_replay_cum"] = frame["hit_pct_cum"] - lru["hit_pct_cum"]
+    return frame
+
+
+# ----------------------------------------------------------------------------- exact LRU MRC
+
+
+@dataclass
+class StackDistances:
+    """Per lookup (replay order): the LRU byte stack distance under the batch semantics
+    (``inf`` for a first lookup), whether it is a decode lookup, and its key's bytes.
+
+    A lookup hits an LRU cache of B bytes exactly when ``distance <= B``; see
+    :func:`lru_stack_distances`.
+    """
+
+    distance: np.ndarray
+    decode: np.ndarray
+    size: np.ndarray
+    expert_set_bytes: int
+
+    def hits_at(self, budget_bytes: float) -> tuple[int, int]:
+        hit = self.distance <= budget_bytes
+        return int(hit.sum()), int((hit & self.decode).sum())
+
+
+def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
+    """Byte stack distances of every lookup, in one pass (Fenwick tree over touch order).
+
+    With the batch semantics, the resident set of an LRU cache after each batch is the
+    longest prefix of the recency stack whose bytes fit the budget, or the batch itself when
+    the batch alone is larger (eviction never takes the batch, whose keys top the stack).
+    So a lookup hits iff the bytes of the keys touched since its key's last touch, plus its
+    own, fit the budget, or its key was in the previous batch. The distance stored is 0 in
+    that second case (a hit at every budget), the byte distance otherwise: hit iff
+    ``distance <= budget``, for every budget at once.
+    """
+    n = int(batches.n_lookups.sum())
+    tree = [0] * (n + 1)
+    last: dict[int, int] = {}
+    total = 0
+    clock = 0
+    out = [float("inf")] * n
+    pos = 0
+    prev: set[int] = set()
+    sizes = batches.size.tolist()
+    for i, look in enumerate(batches.lookups):
+        size = sizes[i]
+        for key in look:
+            t = last.get(key)
+            if t is not None:
+                if key in prev:
+                    out[pos] = 0.0
+                else:
+                    s = 0
+                    j = t
+                    while j:
+                        s += tree[j]
+                        j &= j - 1
+                    out[pos] = float(total - s + size)
+            pos += 1
+        rec = batches.recency[i]
+        for key in look if rec is None else rec:
+            t = last.get(key)
+            if t is None:
+                total += size
+            else:
+                j = t
+                while j <= n:
+                    tree[j] -= size
+                    j += j & -j
+            clock += 1
+            j = clock
+            while j <= n:
+                tree[j] += size
+                j += j & -j
+            last[key] = clock
+        prev = set(look)
+    decode = np.repeat(batches.decode, batches.n_lookups)
+    size_per = np.repeat(batches.size, batches.n_lookups)
+    if batches.n_expert:
+        layer_bytes = dict(zip(batches.layer.tolist(), batches.size.tolist(), strict=True))
+        expert_set = sum(layer_bytes.values()) * batches.n_expert
+    else:
+        expert_set = total
+    return StackDistances(np.asarray(out), decode, size_per, int(max(expert_set, total)))
+
+
+def mrc_at(dist: StackDistances, budgets_mib: Sequence[float]) -> pd.DataFrame:
+    """The exact LRU curve evaluated at `budgets_mib` (budget_mib, hit_pct_cum,
+    hit_pct_decode, read_mib)."""
+    d = dist.distance
+    order = np.argsort(d, kind="stable")
+    sd = d[order]
+    cum_hits = np.arange(1, len(sd) + 1)
+    cum_dec = np.cumsum(dist.decode[order])
+    cum_bytes = np.cumsum(dist.size[order].astype(np.float64))
+    total_bytes = float(dist.size.sum(dtype=np.float64))
+    n, n_dec = len(d), int(dist.decode.sum())
+    rows = []
+    for budget in budgets_mib:
+        j = int(np.searchsorted(sd, budget * MIB, side="right"))
+        hits = int(cum_hits[j - 1]) if j else 0
+        dec = int(cum_dec[j - 1]) if j else 0
+        hit_bytes = float(cum_bytes[j - 1]) if j else 0.0
+        rows.append(
+            {
+                "budget_mib": budget,
+                "hit_pct_cum": 100.0 * hits / n if n else float("nan"),
+                "hit_pct_decode": 100.0 * dec / n_dec if n_dec else float("nan"),
+                "read_mib": (total_bytes - hit_bytes) / MIB,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def lru_mrc(dist: StackDistances) -> pd.DataFrame:
+    """The exact LRU miss-ratio curve as steps: one row per budget where the hit rate
+    changes, from 0 to the whole expert set (budget_mib, hit_pct_cum, hit_pct_decode,
+    miss_pct_cum, read_mib)."""
+    finite = np.unique(dist.distance[np.isfinite(dist.distance)])
+    points = np.concatenate([[0.0], finite, [float(dist.expert_set_bytes)]]) / MIB
+    frame = mrc_at(dist, np.unique(points))
+    frame.insert(2, "miss_pct_cum", 100.0 - frame["hit_pct_cum"])
+    return frame
+
+
+# ----------------------------------------------------------------------------- prefetch
+
+
+def _previous_token_keys(
+    trace: RouteTrace, turn: int | None
+) -> dict[tuple[int, int, int], list[int]]:
+    """(turn, step, layer) -> the distinct keys that cell routed, in slot order."""
+    rows = trace.rows
+    turns = _column(rows, "turn", 0)
+    keep = np.ones(len(rows), dtype=bool) if turn is None else turns == turn
+    t = turns[keep]
+    step = _column(rows, "step", 0)[keep]
+    layer = _column(rows, "layer", 0)[keep]
+    slot = _column(rows, "slot", 0)[keep]
+    keys = (layer << 16) | _column(rows, "expert", 0)[keep]
+    order = np.lexsort((slot, layer, step, t))
+    t, step, layer, keys = t[order], step[order], layer[order], keys[order]
+    cell = pd.MultiIndex.from_arrays([t, step, layer])
+    firsts = ~pd.DataFrame({"c": pd.factorize(cell)[0], "k": keys}).duplicated().to_numpy()
+    t, step, layer, keys = t[firsts], step[firsts], layer[firsts], keys[firsts]
+    new = np.ones(len(keys), dtype=bool)
+    new[1:] = (t[1:] != t[:-1]) | (step[1:] != step[:-1]) | (layer[1:] != layer[:-1])
+    starts = np.flatnonzero(new).tolist() + [len(keys)]
+    key_list = keys.tolist()
+    return {
+        (int(t[a]), int(step[a]), int(layer[a])): key_list[a:b]
+        for a, b in zip(starts[:-1], starts[1:], strict=True)
+    }
+
+
+def prefetch_replay(
+    trace: RouteTrace,
+    batches: ReplayBatches,
+    policy: str,
+    budget_mib: float,
+    depth: int,
+    *,
+    seed: int = 0,
+) -> dict[str, object]:
+    """Replay the previous-token bet on top of `policy` at `budget_mib`: when a decode
+    batch stages layer l of token t, prefetch what layers l+1..l+depth routed at token t-1
+    (same turn; the first decode token bets on the last prompt token). Returns the
+    prefetched experts and bytes, the share a later routing used while still resident, and
+    the demand misses with and without the bet."""
+    if depth < 1:
+        raise BmoeError(f"prefetch depth must be >= 1, not {depth}")
+    check_policies([policy])
+    budget = round(budget_mib * MIB)
+    base_hits = simulate(batches, policy, budget, seed=seed)
+    cells = _previous_token_keys(trace, None)
+    layers = sorted(set(batches.layer.tolist()))
+    following = {l: layers[i + 1 : i + 1 + depth] for i, l in enumerate(layers)}
+    size_of = dict(zip(batches.layer.tolist(), batches.size.tolist(), strict=True))
+
+    cache = ExpertCache(budget, policy, n_layer=batches.n_layer, seed=seed)
+    future = cache.needs_future
+    uses: dict[int, list[int]] = {}
+    if future:
+        for i, look in enumerate(batches.lookups):
+            for key in look:
+                uses.setdefault(key, []).append(i)
+
+    def next_use(keys: list[int], now: int) -> list[int]:
+        out = []
+        for key in keys:
+            later = uses.get(key, [])
+            j = int(np.searchsorted(later, now, side="right"))
+            out.append(later[j] if j < len(later) else NEVER)
+        return out
+
+    b_layer, b_turn, b_step = (a.tolist() for a in (batches.layer, batches.turn, batches.step))
+    decode = batches.decode.tolist()
+    sizes = batches.size.tolist()
+    hits = np.zeros(len(batches), dtype=np.int64)
+    for i, look in enumerate(batches.lookups):
+        layer = b_layer[i]
+        h, _, _, _ = cache.stage_keys(
+            layer, look, batches.recency[i], sizes[i], batches.next_use[i] if future else None
+        )
+        hits[i] = len(h)
+        if not decode[i]:
+            continue
+        for nxt in following[layer]:
+            keys = cells.get((b_turn[i], b_step[i] - 1, nxt))
+            if keys:
+                cache.prefetch_keys(nxt, keys, size_of[nxt], next_use(keys, i) if future else None)
+    st = cache.stats
+    base = summarize(batches, base_hits)
+    with_bet = summarize(batches, hits)
+    n = int(batches.n_lookups.sum())
+    base_misses = n - int(base_hits.sum())
+    misses = n - int(hits.sum())
+    return {
+        "budget_mib": budget_mib,
+        "policy": policy,
+        "depth": depth,
+        "prefetched": st["prefetched"],
+        "prefetched_mib": st["prefetch_bytes"] / MIB,
+        "used": st["prefetch_hits"],
+        "used_pct": 100.0 * st["prefetch_hits"] / st["prefetched"]
+        if st["prefetched"]
+        else float("nan"),
+        "demand_misses_base": base_misses,
+        "demand_misses": misses,
+        "demand_miss_change": misses - base_misses,
+        "demand_miss_change_pct": 100.0 * (misses - base_misses) / base_misses
+        if base_misses
+        else float("nan"),
+        "hit_pct_decode_base": base["hit_pct_decode"],
+        "hit_pct_decode": with_bet["hit_pct_decode"],
+        "read_mib_base": base["read_mib"],
+        "read_mib": with_bet["read_mib"] + st["prefetch_bytes"] / MIB,
+    }
+
+
+def prefetch_table(
+    trace: RouteTrace,
+    batches: ReplayBatches,
+    budgets_mib: Sequence[float],
+    policies: Sequence[str],
+    depth: int,
+    *,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """:func:`prefetch_replay` for every budget and policy."""
+    return pd.DataFrame(
+        [
+            prefetch_replay(trace, batches, p, b, depth, seed=seed)
+            for b in budgets_mib
+            for p in check_policies(policies)
+        ]
+    )
