@@ -14,7 +14,9 @@ Everything here is pure: a :class:`~bmoe.formats.route.RouteTrace` in, DataFrame
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -232,20 +234,33 @@ def replay_curve(
     *,
     turn: int | None = None,
     seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """The replay curve: one row per (budget, policy) with budget_mib, policy, hit_pct_cum,
-    hit_pct_decode, read_mib (the reference's CSV columns)."""
+    hit_pct_decode, read_mib (the reference's CSV columns). `progress(done, total)` is
+    called after each replay."""
     batches = trace if isinstance(trace, ReplayBatches) else prepare_batches(trace, turn)
     names = check_policies(policies)
+    budgets = check_budgets(budgets_mib)
     out = []
-    for budget in budgets_mib:
-        if budget < 0:
-            raise BmoeError(f"budget {budget} MiB is negative")
+    total = len(budgets) * len(names)
+    for budget in budgets:
         for name in names:
             hits = simulate(batches, name, round(budget * MIB), seed=seed)
             out.append({"budget_mib": budget, "policy": name, **summarize(batches, hits)})
-    frame = pd.DataFrame(out, columns=list(CURVE_COLUMNS))
-    return frame
+            if progress is not None:
+                progress(len(out), total)
+    return pd.DataFrame(out, columns=list(CURVE_COLUMNS))
+
+
+def check_budgets(budgets_mib: Iterable[float]) -> list[float]:
+    budgets = [float(b) for b in budgets_mib]
+    bad = [b for b in budgets if not b >= 0]
+    if bad:
+        raise BmoeError(f"budget {bad[0]:g} MiB is not a size (budgets are MiB >= 0)")
+    if not budgets:
+        raise BmoeError("no cache budget given")
+    return [int(b) if b.is_integer() else b for b in budgets]
 
 
 # ----------------------------------------------------------------------------- shape
@@ -478,11 +493,11 @@ def _previous_token_keys(
     t, step, layer, keys = t[firsts], step[firsts], layer[firsts], keys[firsts]
     new = np.ones(len(keys), dtype=bool)
     new[1:] = (t[1:] != t[:-1]) | (step[1:] != step[:-1]) | (layer[1:] != layer[:-1])
-    starts = np.flatnonzero(new).tolist() + [len(keys)]
+    starts = [*np.flatnonzero(new).tolist(), len(keys)]
     key_list = keys.tolist()
     return {
         (int(t[a]), int(step[a]), int(layer[a])): key_list[a:b]
-        for a, b in zip(starts[:-1], starts[1:], strict=True)
+        for a, b in itertools.pairwise(starts)
     }
 
 
@@ -507,7 +522,7 @@ def prefetch_replay(
     base_hits = simulate(batches, policy, budget, seed=seed)
     cells = _previous_token_keys(trace, None)
     layers = sorted(set(batches.layer.tolist()))
-    following = {l: layers[i + 1 : i + 1 + depth] for i, l in enumerate(layers)}
+    following = {x: layers[i + 1 : i + 1 + depth] for i, x in enumerate(layers)}
     size_of = dict(zip(batches.layer.tolist(), batches.size.tolist(), strict=True))
 
     cache = ExpertCache(budget, policy, n_layer=batches.n_layer, seed=seed)
@@ -521,8 +536,8 @@ def prefetch_replay(
     def next_use(keys: list[int], now: int) -> list[int]:
         out = []
         for key in keys:
-            later = uses.get(key, [])
-            j = int(np.searchsorted(later, now, side="right"))
+            later = uses.get(key, ())
+            j = bisect_right(later, now)
             out.append(later[j] if j < len(later) else NEVER)
         return out
 
@@ -579,12 +594,66 @@ def prefetch_table(
     depth: int,
     *,
     seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """:func:`prefetch_replay` for every budget and policy."""
-    return pd.DataFrame(
-        [
-            prefetch_replay(trace, batches, p, b, depth, seed=seed)
-            for b in budgets_mib
-            for p in check_policies(policies)
-        ]
-    )
+    names = check_policies(policies)
+    rows = []
+    for b in budgets_mib:
+        for p in names:
+            rows.append(prefetch_replay(trace, batches, p, b, depth, seed=seed))
+            if progress is not None:
+                progress(len(rows), len(budgets_mib) * len(names))
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- all at once
+
+
+def replay(
+    trace: RouteTrace,
+    budgets_mib: Sequence[float] = DEFAULT_BUDGETS_MIB,
+    policies: Sequence[str] = REFERENCE_POLICIES,
+    *,
+    turn: int | None = None,
+    validate_mib: float | None = None,
+    metrics_summary: dict | None = None,
+    mrc: bool = False,
+    prefetch: int | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, pd.DataFrame | dict]:
+    """Everything ``bmoe analyze replay`` prints, as one mapping of views.
+
+    ``shape`` (figures), ``curve`` (long: one row per budget x policy), and as asked:
+    ``validation`` (the LRU row at `validate_mib` next to the recorded hit rates), ``mrc``
+    (the exact LRU curve, every step from 0 to the whole expert set) with ``mrc_budgets``
+    (it at the chosen budgets), ``prefetch`` (the previous-token bet at depth `prefetch`,
+    per budget x policy).
+    """
+    batches = prepare_batches(trace, turn)
+    names = check_policies(policies)
+    budgets = check_budgets(budgets_mib)
+    views: dict[str, pd.DataFrame | dict] = {"shape": model_shape(trace, batches)}
+    if validate_mib is not None:
+        views["validation"] = validate(batches, validate_mib, metrics_summary, seed=seed)
+    runs = len(budgets) * len(names) * (2 if prefetch is not None else 1)
+
+    def curve_progress(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done, runs)
+
+    def prefetch_progress(done: int, total: int) -> None:
+        if progress is not None:
+            progress(total + done, runs)
+
+    views["curve"] = replay_curve(batches, budgets, names, seed=seed, progress=curve_progress)
+    if mrc:
+        dist = lru_stack_distances(batches)
+        views["mrc_budgets"] = mrc_at(dist, budgets)
+        views["mrc"] = lru_mrc(dist)
+    if prefetch is not None:
+        views["prefetch"] = prefetch_table(
+            trace, batches, budgets, names, prefetch, seed=seed, progress=prefetch_progress
+        )
+    return views

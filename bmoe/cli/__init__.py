@@ -42,6 +42,7 @@ COMMAND_MODULES = (
     "bmoe.cli.route",
     "bmoe.cli.sweep",
     "bmoe.cli.decode",
+    "bmoe.cli.replay",
 )
 
 console = Console()

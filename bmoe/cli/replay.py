@@ -1,0 +1,254 @@
+"""``bmoe analyze replay`` and ``bmoe analyze drop``: the recorded routing through other
+caches, and what cache-aware expert dropping would have saved."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import typer
+
+from bmoe.analyze import drop as drop_analysis
+from bmoe.analyze import replay as replay_analysis
+from bmoe.cache import POLICIES, REFERENCE_POLICIES
+from bmoe.cli import analyze_app, console, err_console
+from bmoe.errors import BmoeError
+from bmoe.formats.route import RouteTrace, read_route_trace
+from bmoe.render.tables import FORMATS, render
+
+
+def parse_numbers(text: str, option: str) -> list[float]:
+    """``250,500,1e3`` -> [250.0, 500.0, 1000.0]."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise BmoeError(f"{option} {text!r}: {part!r} is not a number") from None
+    if not out:
+        raise BmoeError(f"{option} {text!r} names nothing")
+    return out
+
+
+def read_trace(path: Path) -> RouteTrace:
+    with warnings.catch_warnings(record=True) as caught, err_console.status("reading trace"):
+        warnings.simplefilter("always")
+        trace = read_route_trace(path)
+    for w in caught:
+        err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+    return trace
+
+
+def _recorded_point(views, validate: float | None, metrics_summary, metrics_params):
+    """(budget MiB, recorded decode hit %) for the plot, when both are known."""
+    budget = validate
+    if budget is None and metrics_summary:
+        budget = metrics_summary.get("cache_budget_MiB")
+    if budget is None and metrics_params:
+        budget = metrics_params.get("cache_mb")
+    if not isinstance(budget, int | float):
+        return None
+    validation = views.get("validation")
+    if validation is not None and len(validation) > 1:
+        hit = validation.iloc[1]["hit_pct_decode"]
+        return (float(budget), float(hit))
+    return None
+
+
+@analyze_app.command("replay")
+def analyze_replay(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="A route trace (CSV or Parquet)."),
+    budgets: str = typer.Option(
+        ",".join(map(str, replay_analysis.DEFAULT_BUDGETS_MIB)),
+        "--budgets",
+        help="Cache budgets in MiB, comma-separated.",
+    ),
+    policies: str = typer.Option(
+        ",".join(REFERENCE_POLICIES),
+        "--policies",
+        help=f"Policies, comma-separated, from: {', '.join(POLICIES)}.",
+    ),
+    turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
+    validate: float | None = typer.Option(
+        None,
+        "--validate",
+        metavar="MIB",
+        help="Put the LRU replay at the run's budget next to the hit rate it recorded.",
+    ),
+    metrics: Path | None = typer.Option(
+        None, "--metrics", help="The run's metrics CSV: its summary's cache_hit_pct."
+    ),
+    csv_out: Path | None = typer.Option(
+        None,
+        "--csv",
+        metavar="OUT",
+        help="Write budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib (the reference CSV).",
+    ),
+    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="Draw hit % against budget per policy (.png/.svg/.pdf), with the one-token-cycle "
+        "line T and the recorded point; with --mrc also the exact LRU curve (OUT.mrc.png).",
+    ),
+    mrc: bool = typer.Option(
+        False, "--mrc", help="Exact LRU miss-ratio curve: every budget, in one pass."
+    ),
+    prefetch: int | None = typer.Option(
+        None,
+        "--prefetch",
+        metavar="K",
+        min=1,
+        help="Replay the previous-token bet: prefetch what layers l+1..l+K routed at the "
+        "previous token.",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random policy."),
+) -> None:
+    """Replay the recorded routing through cache policies and budgets.
+
+    Example: bmoe analyze replay trace.route.csv
+    Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv
+    Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
+    """
+    if fmt not in FORMATS:
+        raise BmoeError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    budget_list = replay_analysis.check_budgets(parse_numbers(budgets, "--budgets"))
+    names = replay_analysis.check_policies(policies.split(","))
+    if plot is not None:
+        from bmoe.render.plots import SUFFIXES
+
+        if plot.suffix.lower() not in SUFFIXES:
+            raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
+    trace = read_trace(trace_path)
+    summary = params = None
+    if metrics is not None:
+        from bmoe.formats.metrics import read_metrics
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = read_metrics(metrics)
+        summary, params = run.summary, run.params
+        if summary.get("cache_hit_pct") is None:
+            err_console.print(
+                f"[yellow]warning:[/] {metrics}: no cache_hit_pct in its summary",
+                highlight=False,
+            )
+        if validate is None:
+            err_console.print(
+                "[yellow]note:[/] --metrics is read for --validate MIB; pass the run's budget",
+                highlight=False,
+            )
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(
+        TextColumn("replaying"), BarColumn(), MofNCompleteColumn(),
+        console=err_console, transient=True,
+    ) as bar:  # fmt: skip
+        runs = len(budget_list) * len(names) * (2 if prefetch is not None else 1)
+        task = bar.add_task("replay", total=runs)
+        views = replay_analysis.replay(
+            trace,
+            budget_list,
+            names,
+            turn=turn,
+            validate_mib=validate,
+            metrics_summary=summary,
+            mrc=mrc,
+            prefetch=prefetch,
+            seed=seed,
+            progress=lambda done, total: bar.update(task, completed=done),
+        )
+    _print_replay(views, fmt, validate)
+    if csv_out is not None:
+        from bmoe.render.replay import curve_csv
+
+        csv_out.parent.mkdir(parents=True, exist_ok=True)
+        csv_out.write_text(curve_csv(views["curve"]), encoding="utf-8")
+        err_console.print(f"wrote {csv_out}", highlight=False)
+    if plot is not None:
+        _plot(views, plot, _recorded_point(views, validate, summary, params))
+
+
+def _print_replay(views, fmt: str, validate: float | None) -> None:
+    from bmoe.render import replay as text
+    from bmoe.render.tables import rich_tables
+
+    if fmt != "table":
+        out = render(views, fmt, console, text.DIGITS)
+        console.out(out or "", end="")
+        return
+    console.out(text.replay_text(views, validate), highlight=False, end="")
+    extra = {}
+    if "mrc_budgets" in views:
+        extra["exact LRU (stack distances) at the chosen budgets"] = views["mrc_budgets"]
+    if "prefetch" in views:
+        depth = int(views["prefetch"]["depth"].iloc[0]) if len(views["prefetch"]) else 0
+        extra[f"previous-token prefetch, depth {depth}"] = text.prefetch_display(views["prefetch"])
+    for table in rich_tables(extra, text.DIGITS):
+        console.print(table)
+    if "mrc" in views:
+        console.out(
+            f"exact LRU curve: {len(views['mrc'])} budget steps from 0 to "
+            f"{views['mrc']['budget_mib'].iloc[-1]:.0f} MiB (the whole expert set); "
+            "--format csv/json lists them, --plot draws them",
+            highlight=False,
+        )
+
+
+def _plot(views, plot: Path, recorded) -> None:
+    from bmoe.render.plots import replay as plots
+    from bmoe.render.plots import save_figure
+
+    t_mib = views["shape"]["t_mib"]
+    with err_console.status("drawing"):
+        fig = plots.replay_curve_plot(
+            views["curve"], t_mib=t_mib, recorded=recorded, mrc=views.get("mrc")
+        )
+        written = save_figure(fig, plot)
+        err_console.print(f"wrote replay plot to {written}", highlight=False)
+        if "mrc" in views:
+            mrc_path = plot.with_name(f"{plot.stem}.mrc{plot.suffix}")
+            written = save_figure(
+                plots.mrc_plot(views["mrc"], t_mib=t_mib, recorded=recorded), mrc_path
+            )
+            err_console.print(f"wrote LRU miss-ratio plot to {written}", highlight=False)
+
+
+@analyze_app.command("drop")
+def analyze_drop(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="A route trace (CSV or Parquet)."),
+    fracs: str = typer.Option(
+        ",".join(map(str, drop_analysis.DEFAULT_FRACS)),
+        "--fracs",
+        help="Thresholds as fractions of the uniform share 1/k, comma-separated.",
+    ),
+    turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
+    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+) -> None:
+    """Drop replay: the miss bytes cache-aware dropping would save, and the gate weight it
+    would lose, against dropping the last slots (static top-k).
+
+    Example: bmoe analyze drop trace.route.csv
+    Example: bmoe analyze drop drop.route.csv --fracs 0.5,1 --format json
+    """
+    if fmt not in FORMATS:
+        raise BmoeError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    frac_list = parse_numbers(fracs, "--fracs")
+    trace = read_trace(trace_path)
+    result = drop_analysis.drop_replay(trace, frac_list, turn=turn)
+    from bmoe.render import replay as text
+
+    if fmt != "table":
+        out = render(text.drop_views(result), fmt, console, text.DIGITS)
+        console.out(out or "", end="")
+        return
+    k = next(iter(result.values()))["summary"]["k"]
+    name = Path(trace.path).name if trace.path else str(trace_path)
+    lines = [*text.drop_header(name, trace.meta, k), ""]
+    console.out("\n".join(lines) + "\n", highlight=False, end="")
+    for part in result.values():
+        console.out(text.drop_phase_text(part), highlight=False, end="")

@@ -1,0 +1,193 @@
+"""Replay and drop replay as text: the reference's header lines, its budget x policy table,
+the reference CSV, and display precision for everything else."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+#: Display precision per column (the DataFrames keep full precision).
+DIGITS = {
+    "hit_pct_cum": 3,
+    "hit_pct_decode": 3,
+    "miss_pct_cum": 3,
+    "read_mib": 1,
+    "read_mib_base": 1,
+    "minus_replay_cum": 2,
+    "prefetched_mib": 1,
+    "used_pct": 1,
+    "demand_miss_change_pct": 2,
+    "hit_pct_decode_base": 2,
+    "thr_pct": 2,
+    "io_saved_pct": 1,
+    "mass_lost_pct": 2,
+    "frac": 2,
+    "pf MiB": 1,
+    "used %": 1,
+    "dec hit %": 1,
+    "with pf": 1,
+}
+
+
+def fmt_mib(value: float) -> str:
+    return f"{value:g}"
+
+
+def shape_lines(shape: Mapping[str, Any]) -> list[str]:
+    """The four lines the reference prints above its curve."""
+    per = shape.get("mib_per_expert")
+    per_text = f"{per:.2f} MiB/expert" if per is not None else "? MiB/expert"
+    lo = shape.get("mib_per_expert_min")
+    if per is not None and lo is not None and f"{lo:.2f}" != f"{per:.2f}":
+        per_text += f" (largest; smallest {lo:.2f})"
+    return [
+        f"model   {shape.get('model') or '?'}",
+        f"shape   {shape.get('n_layer')} layers ({shape.get('moe_layers')} MoE), "
+        f"{shape.get('n_expert') or '?'} experts, top-{shape.get('k')}, {per_text}",
+        f"batches {shape['batches']} ({shape['prefill_batches']} prefill + "
+        f"{shape['decode_batches']} decode)",
+        f"T       {shape['t_mib']:.0f} MiB touched per token cycle "
+        "(all layers x top-k, worst case)",
+    ]
+
+
+def validation_lines(validation: pd.DataFrame, budget_mib: float) -> list[str]:
+    lru = validation.iloc[0]
+    lines = [
+        f"validation @ {fmt_mib(budget_mib)} MiB: LRU replay = {lru['hit_pct_cum']:.1f}% "
+        f"cumulative ({lru['hit_pct_decode']:.1f}% decode-only)"
+    ]
+    for row in validation.iloc[1:].itertuples(index=False):
+        decode = "" if pd.isna(row.hit_pct_decode) else f" ({row.hit_pct_decode:.1f}% decode-only)"
+        lines.append(f"  recorded, {row.source}: {row.hit_pct_cum:.1f}% cumulative{decode}")
+    if len(validation) == 1:
+        lines.append("compare against cache_hit_pct in the run's .metrics summary (--metrics)")
+    return lines
+
+
+def curve_table_text(curve: pd.DataFrame, t_mib: float | None = None) -> str:
+    """The reference's table: budgets down, policies across, decode-only hit % (1 decimal),
+    with a rule where the budgets cross T (one token cycle)."""
+    policies = list(dict.fromkeys(curve["policy"]))
+    pivot = curve.pivot(index="budget_mib", columns="policy", values="hit_pct_decode")
+    width = max(10, *(len(p) + 2 for p in policies))
+    head1 = "budget  " + "".join(f"{p:>{width}}" for p in policies)
+    head2 = "(MiB)   " + "".join(f"{'hit%':>{width}}" for _ in policies)
+    lines = [head1, head2]
+    below = False
+    for budget, row in pivot.iterrows():
+        if t_mib is not None and below and budget >= t_mib:
+            lines.append(f"{'-- T = ' + format(t_mib, '.3g') + ' MiB --':-<{len(head1)}}")
+        below = t_mib is not None and budget < t_mib
+        lines.append(f"{fmt_mib(budget):<8}" + "".join(f"{row[p]:>{width}.1f}" for p in policies))
+    lines.append("")
+    lines.append("(decode-only hit%; C=T boundary is where a budget stops holding one token cycle)")
+    return "\n".join(lines) + "\n"
+
+
+def replay_text(views: Mapping[str, Any], validate_mib: float | None = None) -> str:
+    """Shape, validation and the budget x policy table, laid out as the reference prints
+    them."""
+    shape = views["shape"]
+    parts = ["\n".join(shape_lines(shape)) + "\n\n"]
+    if "validation" in views and validate_mib is not None:
+        parts.append("\n".join(validation_lines(views["validation"], validate_mib)) + "\n\n")
+    parts.append(curve_table_text(views["curve"], shape["t_mib"]))
+    return "".join(parts)
+
+
+PREFETCH_COLUMNS = {
+    "budget_mib": "MiB",
+    "policy": "policy",
+    "prefetched": "prefetched",
+    "prefetched_mib": "pf MiB",
+    "used_pct": "used %",
+    "demand_misses_base": "misses",
+    "demand_miss_change": "Δ misses",
+    "hit_pct_decode_base": "dec hit %",
+    "hit_pct_decode": "with pf",
+}
+
+
+def prefetch_display(prefetch: pd.DataFrame) -> pd.DataFrame:
+    """The prefetch table's key columns under short headers (for a terminal)."""
+    return prefetch[list(PREFETCH_COLUMNS)].rename(columns=PREFETCH_COLUMNS)
+
+
+def curve_csv(curve: pd.DataFrame) -> str:
+    """The reference CSV: budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib with its
+    precision (3 decimals for hit %, 1 for MiB)."""
+    lines = ["budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib"]
+    for row in curve.itertuples(index=False):
+        lines.append(
+            f"{fmt_mib(row.budget_mib)},{row.policy},{row.hit_pct_cum:.3f},"
+            f"{row.hit_pct_decode:.3f},{row.read_mib:.1f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def drop_phase_lines(result: Mapping[str, Any]) -> list[str]:
+    """The reference's lines above a phase's tables."""
+    s = result["summary"]
+    lines = [
+        f"[{s['phase'].upper()}] {s['cells']} routing cells, {s['routed']} routed experts, "
+        f"{s['miss_pct']:.1f}% misses"
+    ]
+    if "recorded_dropped" in s:
+        lines.append(
+            f"  recorded: dropping was ON for this run -- {s['recorded_dropped']} routings "
+            f"dropped ({s['recorded_dropped_pct']:.1f}%), {s['recorded_mass_pct']:.2f}% of "
+            "the weight mass"
+        )
+    if s.get("cells_with_weights", s["cells"]) != s["cells"]:
+        lines.append(
+            f"  {s['cells'] - s['cells_with_weights']} cells without gate weights are left out"
+        )
+    lines.append("")
+    lines.append(
+        "  cache-aware threshold, as a fraction of the uniform share 1/k = "
+        f"{s['uniform_share_pct']:.2f}%"
+    )
+    return lines
+
+
+def drop_header(trace_name: str, meta: Mapping[str, Any], k: int | None) -> list[str]:
+    rule = "=" * 78
+    return [
+        rule,
+        f"{trace_name}   arch={meta.get('arch')}  n_expert={meta.get('n_expert')}  k={k}",
+        rule,
+    ]
+
+
+def drop_views(result: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Flat views for the csv/json/markdown renderers."""
+    views: dict[str, Any] = {}
+    for phase, part in result.items():
+        views[phase] = dict(part["summary"])
+        views[f"{phase}_threshold"] = part["threshold"]
+        views[f"{phase}_static_k"] = part["static_k"]
+        views[f"{phase}_survivors"] = part["survivors"]
+    return views
+
+
+def drop_phase_text(result: Mapping[str, Any]) -> str:
+    """One phase of the drop replay in the reference's layout."""
+    lines = drop_phase_lines(result)
+    lines.append("    frac       thr   io_saved   mass_lost   surviving experts per cell")
+    for row in result["threshold"].itertuples(index=False):
+        lines.append(
+            f"    {row.frac:4.2f}  {row.thr_pct:7.2f}%  {row.io_saved_pct:8.1f}%  "
+            f"{row.mass_lost_pct:9.2f}%   {row.surviving}"
+        )
+    lines.append("")
+    lines.append(
+        "  static-k baseline (--n-expert-used), same rows, for comparison at equal io_saved"
+    )
+    lines.append("  keep_k   io_saved   mass_lost")
+    for row in result["static_k"].itertuples(index=False):
+        lines.append(f"  {row.keep_k:6d}  {row.io_saved_pct:8.1f}%  {row.mass_lost_pct:9.2f}%")
+    lines.append("")
+    return "\n".join(lines) + "\n"

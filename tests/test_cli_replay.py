@@ -1,0 +1,134 @@
+"""``bmoe analyze replay`` and ``bmoe analyze drop`` end to end, and the replay plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from bmoe.analyze import replay as rp
+from bmoe.cli import main
+from bmoe.formats.route import read_route_trace
+from bmoe.render.plots import replay as plots
+
+TINY_PF = "native-tiny/pf.route.csv"
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    code = main(["analyze", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("trace", "reference"),
+    [
+        ("route-trace/gemma.route.csv", "reference/gemma.route-drop-replay.txt"),
+        ("native-tiny/drop.route.csv", "reference/native-tiny.drop.route-drop-replay.txt"),
+    ],
+)
+def test_drop_prints_the_reference_text(corpus: Path, capsys, trace, reference) -> None:
+    code, out, _ = run(capsys, "drop", corpus / trace)
+    assert code == 0
+    assert out == (corpus / reference).read_text(encoding="utf-8")
+
+
+def test_drop_json_has_every_phase(corpus: Path, capsys) -> None:
+    code, out, _ = run(capsys, "drop", corpus / "native-tiny/drop.route.csv", "-f", "json")
+    assert code == 0
+    views = json.loads(out)
+    assert views["decode"]["recorded_dropped"] == 123
+    assert [r["frac"] for r in views["prefill_threshold"]] == [0.25, 0.5, 0.75, 1.0]
+    assert views["prefill_static_k"][0]["keep_k"] == 1
+
+
+def test_replay_prints_shape_validation_and_writes_the_reference_csv(
+    corpus: Path, capsys, tmp_path: Path
+) -> None:
+    out_csv = tmp_path / "curve.csv"
+    code, out, err = run(
+        capsys, "replay", corpus / TINY_PF, "--budgets", "1,2,3,4,6", "--validate", "3",
+        "--metrics", corpus / "native-tiny/pf.csv", "--csv", out_csv,
+    )  # fmt: skip
+    assert code == 0, err
+    ref_txt = (corpus / "reference/native-tiny.pf.replay.txt").read_text().splitlines()
+    lines = out.splitlines()
+    assert lines[:4] == ref_txt[:4]
+    assert ref_txt[5] in lines  # validation @ 3 MiB: LRU replay = 32.9% ...
+    assert "  recorded, trace residency column: 32.9% cumulative (35.2% decode-only)" in lines
+    assert "  recorded, metrics summary cache_hit_pct: 32.9% cumulative" in lines
+    ref_rows = {line.split()[0]: line for line in ref_txt[10:15]}
+    for line in lines:
+        if line and line.split()[0] in ref_rows:
+            ours, ref = line.split(), ref_rows[line.split()[0]].split()
+            assert [v for i, v in enumerate(ours) if i != 4] == [
+                v for i, v in enumerate(ref) if i != 4
+            ]  # all but random
+    written = out_csv.read_text().splitlines()
+    ref_csv = (corpus / "reference/native-tiny.pf.replay.csv").read_text().splitlines()
+    assert [r for r in written if ",random," not in r] == [
+        r for r in ref_csv if ",random," not in r
+    ]
+    assert f"wrote {out_csv}" in err
+
+
+def test_unknown_policy_is_a_one_line_error(corpus: Path, capsys) -> None:
+    code, _, err = run(capsys, "replay", corpus / TINY_PF, "--policies", "lru,mru")
+    assert code == 2 and "'mru'" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bad_budget_and_missing_turn_are_errors(corpus: Path, capsys) -> None:
+    code, _, err = run(capsys, "replay", corpus / TINY_PF, "--budgets", "1,x")
+    assert code == 2 and "'x'" in err
+    code, _, err = run(capsys, "replay", corpus / TINY_PF, "--turn", "3")
+    assert code == 2 and "no turn 3" in err
+
+
+def test_json_carries_every_view(corpus: Path, capsys) -> None:
+    code, out, _ = run(
+        capsys, "replay", corpus / TINY_PF, "--budgets", "1,3", "--policies", "lru,arc",
+        "--mrc", "--prefetch", "1", "--format", "json",
+    )  # fmt: skip
+    assert code == 0
+    views = json.loads(out)
+    assert set(views) == {"shape", "curve", "mrc_budgets", "mrc", "prefetch"}
+    assert [(r["budget_mib"], r["policy"]) for r in views["curve"]] == [
+        (1, "lru"), (1, "arc"), (3, "lru"), (3, "arc"),
+    ]  # fmt: skip
+    lru3 = next(r for r in views["curve"] if r["budget_mib"] == 3 and r["policy"] == "lru")
+    mrc3 = next(r for r in views["mrc_budgets"] if r["budget_mib"] == 3)
+    assert mrc3["hit_pct_cum"] == pytest.approx(lru3["hit_pct_cum"])
+    assert views["shape"]["batches"] == 196
+
+
+def test_plot_files(corpus: Path, capsys, tmp_path: Path) -> None:
+    png = tmp_path / "curve.png"
+    code, _, err = run(
+        capsys, "replay", corpus / TINY_PF, "--budgets", "1,2,3", "--policies", "lru,lfu",
+        "--validate", "3", "--mrc", "--plot", png,
+    )  # fmt: skip
+    assert code == 0, err
+    assert png.stat().st_size > 10_000
+    assert (tmp_path / "curve.mrc.png").stat().st_size > 10_000
+    code, _, err = run(capsys, "replay", corpus / TINY_PF, "--plot", tmp_path / "x.txt")
+    assert code == 2 and "plot files" in err
+
+
+def test_plot_functions_draw_the_t_line_and_the_recorded_point(corpus: Path) -> None:
+    trace = read_route_trace(corpus / TINY_PF)
+    views = rp.replay(trace, [1, 2, 3], ["lru", "belady"], validate_mib=3, mrc=True)
+    fig = plots.replay_curve_plot(
+        views["curve"], t_mib=views["shape"]["t_mib"], recorded=(3, 35.2), mrc=views["mrc"]
+    )
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert {"lru", "belady", "recorded", "lru (exact, every budget)"} <= set(labels)
+    vertical = [ln for ln in ax.get_lines() if len(set(ln.get_xdata())) == 1]
+    assert any(ln.get_xdata()[0] == pytest.approx(1.5) for ln in vertical)  # T
+    assert isinstance(plots.mrc_plot(views["mrc"], t_mib=1.5), Figure)
+    assert isinstance(views["curve"], pd.DataFrame)
