@@ -33,7 +33,8 @@ class Timeline:
 
     ``io``: one row per read — turn, phase, step, lane, start_ns, dur_ns and the read's tags.
     ``compute``: one row per node or segment — turn, phase, step, start_ns, dur_ns, op, name,
-    layer, majflt. ``steps``: one row per step — turn, phase, step, start_ns, end_ns.
+    layer, majflt. ``steps``: one row per step — turn, phase, step, start_ns, end_ns (the
+    step's compute when there is a compute trace, else its reads).
     """
 
     io: pd.DataFrame | None
@@ -233,11 +234,13 @@ def build_timeline(
             comp_out["op_class"] = classes.to_numpy()
             comp_out["layer_resolved"] = layers.to_numpy()
 
-    spans = [
-        f[[*_STEP_KEYS, "start_ns"]].assign(end_ns=f["start_ns"] + f["dur_ns"])
-        for f in (io_out, comp_out)
-        if f is not None and len(f)
-    ]
+    # A step spans its compute when there is a compute trace (the decode itself); reads are
+    # stamped with the decode they were drained after and may run past it.
+    # Laid out on shared origins, a step is its whole slot (the longer of compute and reads).
+    source = comp_out if comp_out is not None and len(comp_out) else io_out
+    if not io_measured and not comp_measured:
+        source = index.assign(start_ns=origin, dur_ns=lengths)
+    spans = [source[[*_STEP_KEYS, "start_ns"]].assign(end_ns=source["start_ns"] + source["dur_ns"])]
     step_frame = (
         pd.concat(spans, ignore_index=True)
         .groupby(_STEP_KEYS, as_index=False)

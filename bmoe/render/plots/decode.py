@@ -64,12 +64,18 @@ def latency_cdf(cdf: pd.DataFrame, quantiles: dict[str, float] | None = None) ->
             fontsize=8,
             color="0.3",
         )
-    ax.set_xlabel("read latency (µs)")
+    lat = cdf["latency_us"].to_numpy()
+    tail = len(lat) and lat.min() > 0 and lat.max() > 20 * float(np.median(lat))
+    if tail:  # a heavy tail would squash the body of the distribution against the axis
+        ax.set_xscale("log")
+        ax.set_xlabel("read latency (µs, log scale)")
+    else:
+        ax.set_xlabel("read latency (µs)")
+        ax.set_xlim(left=0)
     ax.set_ylabel("fraction of reads ≤ latency")
     ax.set_ylim(0, 1.01)
-    ax.set_xlim(left=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="center right", fontsize=8)
     ax.set_title("Flash read latency by lane")
     return fig
 
@@ -87,12 +93,16 @@ def lane_timeline(timeline: Timeline, title: str | None = None) -> Figure:
     cmap = colormaps["viridis"]
     colour_of = {lay: cmap(i / max(len(layers) - 1, 1)) for i, lay in enumerate(layers)}
     labels = []
+    ends = [f["start_ns"] + f["dur_ns"] for f in (io, comp) if f is not None and len(f)]
+    span_ms = (max(float(e.max()) for e in ends) - origin) / 1e6 if ends else 1.0
+    thin = len(io) and float(np.median(io["dur_ns"])) / 1e6 < 0.004 * span_ms
+    edge = 0.0 if thin else 0.3  # white gaps between bars only when bars are wide enough
     for y, lane in enumerate(lanes):
         part = io[io["lane"] == lane]
         left = (part["start_ns"].to_numpy() - origin) / 1e6
         width = part["dur_ns"].to_numpy() / 1e6
         colours = [colour_of.get(int(v), "0.5") for v in part["layer"]] if layers else "C0"
-        ax.barh(y, width, left=left, height=0.7, color=colours, edgecolor="white", lw=0.3)
+        ax.barh(y, width, left=left, height=0.7, color=colours, edgecolor="white", lw=edge)
         spec = part["spec"].to_numpy() != 0 if "spec" in part else np.zeros(len(part), bool)
         if spec.any():
             ax.barh(
