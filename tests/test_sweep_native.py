@@ -72,7 +72,7 @@ def flag_value(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-def test_grid_with_repeats_archives_valid_files(tmp_path):
+def test_grid_with_repeats_archives_valid_files(tmp_path, capsys):
     cfg = make_sweep(
         tmp_path,
         'repeats = 2\norder = "alternate"',
@@ -116,6 +116,17 @@ def test_grid_with_repeats_archives_valid_files(tmp_path):
     assert set(results.attrs["axes"]) == {"cache_mb", "n_expert_used"}
     # No staging folders left behind.
     assert not list((root / "cells").glob("*/.*"))
+    # The analysis of the folder, as JSON, and its plots.
+    from bmoe.cli import main
+
+    capsys.readouterr()
+    assert main(["analyze", "sweep", str(root), "-f", "json", "--plots", str(tmp_path / "p")]) == 0
+    views = json.loads(capsys.readouterr().out)
+    ranked = views["cells ranked by tok_s_mean"]
+    assert len(ranked) == 4 and all(row["n"] == 2 for row in ranked)
+    best = ranked[0]
+    assert (best["cache_mb"], best["n_expert_used"]) == (8, 1)  # the stand-in's fastest cell
+    assert (tmp_path / "p" / "tok_s_mean-by-cache_mb.png").stat().st_size > 0
 
 
 def test_crash_is_retried_then_the_sweep_goes_on(tmp_path):
@@ -267,6 +278,7 @@ def test_sigkill_mid_cell_then_resume_loses_nothing_and_repeats_nothing(tmp_path
     assert not list((root / "cells").glob("*/.*.staging"))
     assert len(pd.read_parquet(root / "results.parquet")) == len(lines)
     assert b"already complete" in stdout
+    assert "cells ranked by tok_s_mean" in (root / "summary.md").read_text()
     assert _engine_processes(str(tmp_path)) == []
 
 

@@ -183,6 +183,6 @@ def analyze_sweep_command(
         from bmoe.render.plots.sweep import plot_axis_effects
 
         effects = axis_effects(results)
-        for name, fig in plot_axis_effects(effects).items():
+        for name, fig in plot_axis_effects(effects):
             path = save_figure(fig, plots / f"{name}.png")
             err_console.print(f"wrote {path}", highlight=False)

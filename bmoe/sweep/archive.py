@@ -44,7 +44,7 @@ SUMMARY = "summary.md"
 RECORD = "record.json"
 CELLS = "cells"
 
-STATUSES = ("ok", "crashed", "timeout", "invalid", "error", "interrupted")
+STATUSES = ("ok", "crashed", "timeout", "invalid", "error", "interrupted", "rejected", "killed")
 
 
 def fsync_dir(path: Path) -> None:
@@ -182,6 +182,8 @@ class Archive:
                 shutil.rmtree(dest)
             staging.rename(dest)
             moved.append(dest)
+        for staging in (self.root / "sessions").glob(".*.staging"):
+            staging.rename(staging.with_name(staging.name[1:].replace(".staging", ".killed")))
         return moved
 
     def finalize(self, files: RunFiles, record: dict[str, Any]) -> dict[str, Any]:

@@ -329,6 +329,10 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
 
     if settings.session and settings.engine != "native":
         raise check.fail(("sweep", "session"), 'session mode needs engine = "native"')
+    if settings.session and pair_axis is not None:
+        raise check.fail(
+            ("pair", "axis"), "session mode already runs the cells of a session back to back"
+        )
     if settings.engine == "embedded":
         for i, target in enumerate(targets):
             if target.kind == "adb":

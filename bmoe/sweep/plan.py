@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.config import SESSION_KEYS, SweepConfig, TargetSpec
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class Unit:
 
     runs: tuple[Run, ...]
     tags: frozenset[str] = field(default=frozenset())
+    session: bool = False  # the runs are turns of one --session engine process
 
     @property
     def id(self) -> str:
@@ -186,14 +187,14 @@ def _varying(params_list: list[dict[str, Any]]) -> list[str]:
     return [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in params_list}) > 1]
 
 
-def _groups(cells: list[Cell], pair_axis: str | None) -> list[list[Cell]]:
-    """Cells grouped so that a matched group (same flags but the pair axis) stays together,
-    groups ordered by their first member."""
-    if pair_axis is None:
+def _groups(cells: list[Cell], apart: tuple[str, ...]) -> list[list[Cell]]:
+    """Cells grouped so that a matched group (same flags but those in `apart`) stays together,
+    groups ordered by their first member. No `apart`: one cell per group."""
+    if not apart:
         return [[c] for c in cells]
     groups: dict[str, list[Cell]] = {}
     for cell in cells:
-        rest = {k: v for k, v in cell.params.items() if k != pair_axis}
+        rest = {k: v for k, v in cell.params.items() if k not in apart}
         groups.setdefault(_canonical(rest), []).append(cell)
     return list(groups.values())
 
@@ -204,11 +205,16 @@ def make_plan(config: SweepConfig, cells: list[Cell] | None = None) -> Plan:
     ``as-written`` repeats the whole list each round; ``reverse`` runs every round backwards;
     ``alternate`` reverses every second round (a reversed-order repeat to check order effects
     against); ``shuffle`` draws a new order each round from the seed. Within a matched group
-    the order follows the round's direction, so an A/B pair alternates AB, BA.
+    the order follows the round's direction, so an A/B pair alternates AB, BA. In session
+    mode the cells that differ only in prompt / n_predict form a group: the turns of one
+    engine process.
     """
     cells = expand(config) if cells is None else cells
     settings = config.settings
-    groups = _groups(cells, config.pair_axis)
+    if settings.session:
+        groups = _groups(cells, SESSION_KEYS)
+    else:
+        groups = _groups(cells, (config.pair_axis,) if config.pair_axis else ())
     rng = random.Random(settings.seed)
     units: list[Unit] = []
     position = 0
@@ -235,7 +241,7 @@ def make_plan(config: SweepConfig, cells: list[Cell] | None = None) -> Plan:
                     f"no target carries every tag the matched group of {group[0].id} needs "
                     f"({sorted(tags)})",
                 )
-            units.append(Unit(tuple(runs), tags))
+            units.append(Unit(tuple(runs), tags, settings.session))
     axes = list(_varying([dict(c.params) for c in cells]))
     return Plan(cells, units, axes)
 

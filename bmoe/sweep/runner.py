@@ -421,7 +421,7 @@ def run_sweep(
     for unit in plan.units:
         runs = tuple(r for r in unit.runs if r.id not in done)
         if runs:
-            units.append(Unit(runs, unit.tags))
+            units.append(Unit(runs, unit.tags, unit.session))
     targets = [open_target(spec, archive.state_dir / "targets") for spec in config.targets]
     needed = {t.name for t in targets if any(t.spec.can_run(u.tags) for u in units)}
     records: list[dict[str, Any]] = []
@@ -434,6 +434,11 @@ def run_sweep(
         sink.sweep_started(total, len(done), [t.name for t in targets if t.name in needed])
 
         def work(unit: Unit, target: Target, emit: Callable[[dict[str, Any]], None]) -> None:
+            if unit.session:
+                from bmoe.sweep.sessions import run_session_unit
+
+                run_session_unit(unit, target, ctx, emit)
+                return
             for run in unit.runs:
                 if stop.is_set():
                     return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -10,12 +11,12 @@ from matplotlib.figure import Figure
 from bmoe.render.plots import new_figure
 
 
-def plot_axis_effects(effects: pd.DataFrame) -> dict[str, Figure]:
+def plot_axis_effects(effects: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
     """One figure per (outcome, axis): the mean with min-max whiskers at each axis value.
 
-    `effects` is :func:`bmoe.analyze.sweep.axis_effects`; keys are ``<outcome>-by-<axis>``.
+    `effects` is :func:`bmoe.analyze.sweep.axis_effects`; yields ``(<outcome>-by-<axis>,
+    figure)`` one at a time (save and close each before the next is drawn).
     """
-    figures: dict[str, Figure] = {}
     for (axis, outcome), part in effects.groupby(["axis", "outcome"], sort=False):
         fig, ax = new_figure(7.0, 4.0)
         labels = part["value"].astype(str).tolist()
@@ -31,5 +32,4 @@ def plot_axis_effects(effects: pd.DataFrame) -> dict[str, Figure]:
         ax.set_title(f"{outcome} by {axis} (mean, min-max over attempts)")
         ax.grid(True, alpha=0.3)
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{outcome}-by-{axis}")
-        figures[name] = fig
-    return figures
+        yield name, fig
