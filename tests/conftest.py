@@ -17,3 +17,16 @@ def corpus() -> Path:
     if not CORPUS.is_dir():
         pytest.skip(f"real telemetry corpus not found at {CORPUS} (set BMOE_CORPUS)")
     return CORPUS
+
+
+@pytest.fixture(params=["whole", "streamed"])
+def read_mode(request, monkeypatch) -> str:
+    """Run a test with files read whole, and again with every file scanned and streamed
+    (the path large files take), in tiny chunks so chunk boundaries fall everywhere."""
+    if request.param == "streamed":
+        from bmoe.formats import csvtable
+
+        monkeypatch.setattr(csvtable, "STREAM_ABOVE", -1)
+        monkeypatch.setattr(csvtable, "SCAN_HEAD", 4096)
+        monkeypatch.setattr(csvtable, "SCAN_CHUNK", 13)
+    return request.param

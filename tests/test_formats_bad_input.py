@@ -44,7 +44,7 @@ def _first_data_line(data: bytes) -> int:
 
 
 @pytest.mark.parametrize(("name", "data", "reader"), READERS, ids=IDS)
-def test_empty_and_binary(tmp_path: Path, name: str, data: bytes, reader) -> None:
+def test_empty_and_binary(tmp_path: Path, name: str, data: bytes, reader, read_mode: str) -> None:
     with pytest.raises(FormatError, match=r"empty\.csv: file is empty$"):
         reader(_file(tmp_path, "empty.csv", b""))
     with pytest.raises(FormatError, match="file is empty"):
@@ -56,7 +56,7 @@ def test_empty_and_binary(tmp_path: Path, name: str, data: bytes, reader) -> Non
 
 
 @pytest.mark.parametrize(("name", "data", "reader"), READERS, ids=IDS)
-def test_header_less_file(tmp_path: Path, name: str, data: bytes, reader) -> None:
+def test_header_less_file(tmp_path: Path, name: str, data: bytes, reader, read_mode: str) -> None:
     with pytest.raises(FormatError, match=r"h\.csv:1: header lacks"):
         reader(_file(tmp_path, "h.csv", b"1,2,3,4\n5,6,7,8\n"))
     with pytest.raises(FormatError, match=r"only\.csv: no header row"):
@@ -64,7 +64,7 @@ def test_header_less_file(tmp_path: Path, name: str, data: bytes, reader) -> Non
 
 
 @pytest.mark.parametrize(("name", "data", "reader"), READERS, ids=IDS)
-def test_wrong_field_count(tmp_path: Path, name: str, data: bytes, reader) -> None:
+def test_wrong_field_count(tmp_path: Path, name: str, data: bytes, reader, read_mode: str) -> None:
     lines = data.split(b"\n")
     n = _first_data_line(data)  # 1-based line of the first data row
     lines[n] = lines[n] + b",7"  # the second data row gets one field too many
@@ -73,7 +73,9 @@ def test_wrong_field_count(tmp_path: Path, name: str, data: bytes, reader) -> No
 
 
 @pytest.mark.parametrize(("name", "data", "reader"), READERS, ids=IDS)
-def test_text_in_a_numeric_column(tmp_path: Path, name: str, data: bytes, reader) -> None:
+def test_text_in_a_numeric_column(
+    tmp_path: Path, name: str, data: bytes, reader, read_mode: str
+) -> None:
     lines = data.split(b"\n")
     n = _first_data_line(data)
     fields = lines[n].split(b",")
@@ -85,7 +87,7 @@ def test_text_in_a_numeric_column(tmp_path: Path, name: str, data: bytes, reader
 
 @pytest.mark.parametrize(("name", "data", "reader"), READERS, ids=IDS)
 def test_crlf_and_bom_read_like_the_plain_file(
-    tmp_path: Path, name: str, data: bytes, reader
+    tmp_path: Path, name: str, data: bytes, reader, read_mode: str
 ) -> None:
     plain = _quiet(reader, _file(tmp_path, "plain.csv", data))
     for variant in (data.replace(b"\n", b"\r\n"), b"\xef\xbb\xbf" + data):
@@ -98,7 +100,7 @@ def test_crlf_and_bom_read_like_the_plain_file(
 
 @pytest.mark.parametrize(("name", "data", "reader"), READERS, ids=IDS)
 def test_a_file_cut_mid_line_keeps_its_good_rows(
-    tmp_path: Path, name: str, data: bytes, reader
+    tmp_path: Path, name: str, data: bytes, reader, read_mode: str
 ) -> None:
     body = data.split(b"# summary")[0]
     whole = _quiet(reader, _file(tmp_path, "whole.csv", body))
@@ -141,3 +143,10 @@ def test_load_file_names_the_problem(tmp_path: Path) -> None:
         load_file(_file(tmp_path, "t.txt", b"hello\nworld\n"))
     with pytest.raises(FormatError, match="is a directory"):
         load_file(tmp_path)
+
+
+def test_numbers_too_wide_for_the_compact_type_widen(tmp_path: Path, read_mode: str) -> None:
+    wide = ROUTE.replace(b"0,1,6,0,0,3,nan,1,0", b"0,1,6,0,0,70000,nan,1,0")
+    trace = _quiet(read_route_trace, _file(tmp_path, "w.csv", wide))
+    assert trace.rows["expert"].tolist() == [1, 2, 70000]
+    assert trace.rows["expert"].dtype == "int64" and trace.rows["slot"].dtype == "int8"

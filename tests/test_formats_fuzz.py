@@ -77,7 +77,7 @@ def _only_format_errors(reader, path: Path) -> None:
 
 @FAST
 @given(data=st.one_of(st.binary(max_size=300), mutated()))
-def test_readers_raise_only_format_errors(tmp_path: Path, data: bytes) -> None:
+def test_readers_raise_only_format_errors(tmp_path: Path, data: bytes, read_mode: str) -> None:
     path = tmp_path / "fuzz.csv"
     path.write_bytes(data)
     for reader in (*READERS, load_file):

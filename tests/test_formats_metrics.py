@@ -24,7 +24,7 @@ METRICS_FILES = [
 
 
 @pytest.mark.parametrize("name", METRICS_FILES)
-def test_native_files_round_trip_byte_for_byte(corpus: Path, name: str) -> None:
+def test_native_files_round_trip_byte_for_byte(corpus: Path, name: str, read_mode: str) -> None:
     path = corpus / name
     assert metrics_to_text(read_metrics(path)) == path.read_text(encoding="utf-8")
 

@@ -27,7 +27,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "reader", "writer"), CASES)
-def test_round_trip_byte_for_byte(corpus: Path, name, reader, writer) -> None:
+def test_round_trip_byte_for_byte(corpus: Path, name, reader, writer, read_mode: str) -> None:
     buf = io.StringIO()
     writer(reader(corpus / name), buf)
     assert buf.getvalue() == (corpus / name).read_text(encoding="utf-8")
@@ -52,3 +52,12 @@ def test_drop_trace_says_it_dropped(corpus: Path) -> None:
 def test_layer_granular_compute_trace(corpus: Path) -> None:
     assert read_compute_trace(corpus / "native-tiny/ctl.compute-layers.csv").layer_granular
     assert not read_compute_trace(corpus / "native-tiny/ct.compute.csv").layer_granular
+
+
+def test_large_files_stream_from_disk(corpus: Path, read_mode: str) -> None:
+    from bmoe.formats.csvtable import load_sections
+
+    trace = load_sections(corpus / "route-trace/gemma.route.csv")
+    assert trace.streamed() == (read_mode == "streamed")
+    # a '#' line after the header (the metrics summary) needs the whole file
+    assert not load_sections(corpus / "native-tiny/run.csv").streamed()

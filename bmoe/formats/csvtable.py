@@ -29,17 +29,23 @@ PathLike = str | os.PathLike
 
 @dataclass
 class Sections:
-    """A telemetry file cut into its ``#`` lines, header and data rows."""
+    """A telemetry file cut into its ``#`` lines, header and data rows.
+
+    The rows are kept as byte spans of the file (header row included), so the common file (a
+    preamble, then rows to the end) reaches the CSV parser without a copy.
+    """
 
     path: str | None
     comments: list[tuple[int, str]]  # (1-based line, text after '#', stripped)
     header_line: int  # 1-based line of the header row, 0 if there is none
     header: list[str]
-    body: bytes  # header row + data rows, '#' lines removed
+    data: bytes | None  # the whole file (None once released)
+    spans: list[tuple[int, int]]  # [start, end) byte ranges of header and data rows
     rows_before_comment: list[int] = field(default_factory=list)  # data rows preceding each comment
     warnings: list[str] = field(default_factory=list)
     cut: bool = False  # the file does not end with a newline: its last line may be cut short
     last_is_comment: bool = False  # ... and that last line is a '#' line
+    source: str | None = None  # set when `data` was not read: the rows stream from this file
 
     def preamble(self) -> list[tuple[int, str]]:
         """The ``#`` lines above the header."""
@@ -52,6 +58,62 @@ class Sections:
             for (n, t), r in zip(self.comments, self.rows_before_comment, strict=True)
             if self.header_line and n > self.header_line
         ]
+
+    def _bytes(self) -> bytes:
+        """The file's bytes, read now if only its head was scanned."""
+        if self.data is None and self.source is not None:
+            self.data, _ = read_bytes(self.source)
+            self.source = None
+        return self.data or b""
+
+    def streamed(self) -> bool:
+        """The rows are one span reaching the end of a file not held in memory."""
+        return self.data is None and self.source is not None and len(self.spans) == 1
+
+    @property
+    def body(self) -> bytes:
+        """Header row and data rows, ``#`` lines removed, each line ending in a newline."""
+        data = self._bytes()
+        parts = [data[a:b] for a, b in self.spans]
+        return b"".join(p if p.endswith(b"\n") else p + b"\n" for p in parts)
+
+    def body_lines(self) -> int:
+        """Lines in :attr:`body` (header included), counted without copying."""
+        data = self._bytes()
+        return sum(
+            data.count(b"\n", a, b) + (0 if b > a and data[b - 1] == 0x0A else 1)
+            for a, b in self.spans
+            if b > a
+        )
+
+    def has_rows(self) -> bool:
+        """Whether any non-blank line follows the header row (without counting them all)."""
+        if self.streamed():
+            return True  # only files well past their header are streamed
+        data = self._bytes()
+        for i, (a, b) in enumerate(self.spans):
+            start = a
+            if i == 0:
+                nl = data.find(b"\n", a, b)
+                if nl < 0:
+                    continue
+                start = nl + 1
+            if _NON_SPACE.search(data, start, b):
+                return True
+        return False
+
+    def buffer(self) -> pa.Buffer:
+        """:attr:`body` for the CSV parser: a zero-copy view when the rows are one span."""
+        data = self._bytes()
+        if len(self.spans) == 1:
+            a, b = self.spans[0]
+            return pa.py_buffer(data)[a:b]
+        return pa.py_buffer(self.body)
+
+    def release(self) -> None:
+        """Drop the file's bytes once the rows are parsed (the comments are kept)."""
+        self.data = None
+        self.source = None
 
 
 def read_bytes(source: PathLike | bytes) -> tuple[bytes, str | None]:
@@ -68,13 +130,14 @@ def read_bytes(source: PathLike | bytes) -> tuple[bytes, str | None]:
         raise FormatError(path, None, f"cannot read: {exc.strerror or exc}") from None
 
 
-def check_text(data: bytes, path: str | None) -> bytes:
-    """Reject empty and binary input; strip a UTF-8 BOM."""
-    if data.startswith(BOM):
-        data = data[len(BOM) :]
-    if not data.strip():
+_NON_SPACE = re.compile(rb"[^ \t\r\n\x0b\x0c]")
+
+
+def check_text(data: bytes, path: str | None, start: int = 0) -> None:
+    """Reject empty and binary input (from byte `start`, e.g. after a BOM)."""
+    if not _NON_SPACE.search(data, start):
         raise FormatError(path, None, "file is empty")
-    head = data[:4096]
+    head = data[start : start + 4096]
     if b"\x00" in head:
         raise FormatError(path, None, "binary data, not a text telemetry file")
     try:
@@ -83,17 +146,15 @@ def check_text(data: bytes, path: str | None) -> bytes:
         if exc.start < len(head) - 4:  # a multi-byte character cut at 4096 is fine
             line = head[: exc.start].count(b"\n") + 1
             raise FormatError(path, line, "binary data, not a text telemetry file") from None
-    return data
 
 
 def split_sections(data: bytes, path: str | None) -> Sections:
     """Find the ``#`` lines (preamble, trailers) and the header without scanning every row."""
-    data = check_text(data, path)
+    pos = len(BOM) if data.startswith(BOM) else 0
+    check_text(data, path, pos)
     comments: list[tuple[int, str]] = []
     rows_before: list[int] = []
-    pieces: list[bytes] = []
-    warnings: list[str] = []
-    pos = 0
+    spans: list[tuple[int, int]] = []
     line = 1
     header_line = 0
     header: list[str] = []
@@ -109,32 +170,35 @@ def split_sections(data: bytes, path: str | None) -> Sections:
             line += 1
             pos = end
             continue
-        # A run of non-comment lines: up to the next line that starts with '#'.
-        nxt = data.find(b"\n#", pos)
-        end = n if nxt < 0 else nxt + 1
-        chunk = data[pos:end]
-        nlines = chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1)
         if not header_line:
-            first_end = chunk.find(b"\n")
-            first = chunk if first_end < 0 else chunk[:first_end]
+            first_end = data.find(b"\n", pos)
+            first_end = n if first_end < 0 else first_end
+            first = data[pos:first_end]
             if not first.strip():  # blank lines before the header
-                skip = first_end + 1 if first_end >= 0 else len(chunk)
-                pos += skip
+                pos = first_end + 1
                 line += 1
                 continue
             header_line = line
             header = [h.strip() for h in first.decode("utf-8", "replace").strip().split(",")]
             rows_seen -= 1  # the header is not a data row
-        pieces.append(chunk if chunk.endswith(b"\n") else chunk + b"\n")
+        # A run of non-comment lines: up to the next line that starts with '#'.
+        nxt = data.find(b"\n#", pos)
+        end = n if nxt < 0 else nxt + 1
+        nlines = data.count(b"\n", pos, end) + (0 if data[end - 1] == 0x0A else 1)
+        spans.append((pos, end))
         rows_seen += nlines
         line += nlines
         pos = end
-    body = b"".join(pieces)
-    cut = not data.rstrip(b" \t").endswith(b"\n")
-    last_start = data.rstrip(b"\n").rfind(b"\n") + 1
-    last_is_comment = data.startswith(b"#", last_start)
+    last = n - 1
+    while last >= 0 and data[last] in b" \t":
+        last -= 1
+    cut = last < 0 or data[last] != 0x0A
+    end = n
+    while end > 0 and data[end - 1] == 0x0A:
+        end -= 1
+    last_is_comment = data.startswith(b"#", data.rfind(b"\n", 0, end) + 1)
     return Sections(
-        path, comments, header_line, header, body, rows_before, warnings, cut, last_is_comment
+        path, comments, header_line, header, data, spans, rows_before, [], cut, last_is_comment
     )
 
 
@@ -192,15 +256,20 @@ def _cut_last_line(sec: Sections) -> None:
     """Drop a final data line that has no newline: the engine ends every row with one, so such
     a line was cut mid-write and even its parsable fields may be cut short (``1.`` of
     ``1.234``)."""
-    body = sec.body
-    if not body.endswith(b"\n"):
+    if not sec.spans:
         return
-    prev = body.rfind(b"\n", 0, len(body) - 1)
-    if prev < 0:
+    data = sec._bytes()
+    a, b = sec.spans[-1]
+    if b > a and data[b - 1] == 0x0A:
         return
-    n_rows = body.count(b"\n") - 1
+    start = data.rfind(b"\n", a, b) + 1
+    if start <= a and len(sec.spans) == 1:
+        return  # the header itself: nothing but it
+    n_rows = sec.body_lines() - 1
     line = _line_of_row(sec, n_rows - 1)
-    sec.body = body[: prev + 1]
+    sec.spans[-1] = (a, start)
+    if start <= a:
+        sec.spans.pop()
     sec.warnings.append(
         warn(sec.path, line, "last line is cut short (file truncated?); dropped it")
     )
@@ -228,23 +297,19 @@ def read_rows(
         raise FormatError(sec.path, sec.header_line, f"duplicate column(s): {', '.join(dupes)}")
     if sec.cut and not sec.last_is_comment:
         _cut_last_line(sec)
-        if sec.body.count(b"\n") <= 1:
+        if not sec.has_rows():
             return empty_frame(types, sec.header)
     col_types = {k: v for k, v in types.items() if k in sec.header}
-    while True:
+    table = _read_streamed(sec, col_types) if sec.streamed() else None
+    while table is None:
         try:
             table = pacsv.read_csv(
-                pa.BufferReader(sec.body),
-                read_options=pacsv.ReadOptions(block_size=1 << 24),
+                pa.BufferReader(sec.buffer()),
+                read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE),
                 parse_options=pacsv.ParseOptions(newlines_in_values=False),
-                convert_options=pacsv.ConvertOptions(
-                    column_types=col_types,
-                    null_values=[],
-                    strings_can_be_null=False,
-                    quoted_strings_can_be_null=False,
-                ),
+                convert_options=_convert_options(col_types),
+                memory_pool=pa.system_memory_pool(),
             )
-            break
         except pa.ArrowInvalid as exc:
             m = _CONV.search(str(exc))
             if m and m.group(2).startswith(("int", "uint")) and _is_int_text(m.group(3)):
@@ -253,11 +318,97 @@ def read_rows(
                     col_types[name] = pa.int64()  # wider than the compact type: widen, retry
                     continue
             raise _locate(sec, col_types) from None
+    sec.release()  # the rows are in Arrow now: free the file before building the DataFrame
     frame = table.to_pandas(split_blocks=True, self_destruct=True)
+    del table
     return frame
 
 
+def _convert_options(col_types: dict[str, pa.DataType]) -> pacsv.ConvertOptions:
+    return pacsv.ConvertOptions(
+        column_types=col_types,
+        null_values=[],
+        strings_can_be_null=False,
+        quoted_strings_can_be_null=False,
+    )
+
+
+def _read_streamed(sec: Sections, col_types: dict[str, pa.DataType]) -> pa.Table | None:
+    """Parse the rows straight from the file (never held whole in memory); None when they
+    need the careful path (a bad row, a number too wide for its compact type)."""
+    assert sec.source is not None
+    start = sec.spans[0][0]
+    try:
+        with pa.OSFile(sec.source) as fh:
+            fh.seek(start)
+            return pacsv.read_csv(
+                fh,
+                read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE),
+                parse_options=pacsv.ParseOptions(newlines_in_values=False),
+                convert_options=_convert_options(col_types),
+                memory_pool=pa.system_memory_pool(),
+            )
+    except (pa.ArrowInvalid, OSError):
+        return None
+
+
+def scan_sections(path: str, head_size: int, chunk: int) -> Sections | None:
+    """Sections of a large file from its head and one pass over the rest, without keeping it.
+
+    Applies to the usual trace: a ``#`` preamble, the header, rows to a final newline. Returns
+    None for anything else (a ``#`` line among the rows, a cut last line, ...), which the
+    caller reads whole instead.
+    """
+    with open(path, "rb", buffering=0) as fh:
+        head = fh.read(head_size)
+        whole_lines = head[: head.rfind(b"\n") + 1]
+        if not whole_lines:
+            return None
+        sec = split_sections(whole_lines, path)
+        if len(sec.spans) != 1 or not sec.header_line or sec.trailer():
+            return None
+        if b"\n#" in head[len(whole_lines) - 1 :]:
+            return None
+        start, _end = sec.spans[0]
+        prev_newline = head.endswith(b"\n")
+        size = len(head)
+        last = head[-1:]
+        while block := fh.read(chunk):
+            if b"\n#" in block or (prev_newline and block.startswith(b"#")):
+                return None
+            prev_newline = block.endswith(b"\n")
+            last = block[-1:]
+            size += len(block)
+    if last != b"\n":
+        return None
+    sec.data = None
+    sec.source = path
+    sec.spans = [(start, size)]
+    return sec
+
+
+#: Files above this size are scanned and streamed rather than read whole (bytes).
+STREAM_ABOVE = 8 << 20
+#: How much of such a file is read to find its preamble and header, and the scan's chunk.
+SCAN_HEAD, SCAN_CHUNK = 1 << 20, 8 << 20
+#: pyarrow's CSV block size (small blocks keep the parser's temporaries small).
+BLOCK_SIZE = 1 << 20
+
+
 def load_sections(source: PathLike | bytes) -> Sections:
+    if not isinstance(source, bytes | bytearray | memoryview):
+        path = str(source)
+        try:
+            large = os.path.getsize(path) > STREAM_ABOVE
+        except OSError:
+            large = False
+        if large:
+            try:
+                sec = scan_sections(path, SCAN_HEAD, SCAN_CHUNK)
+            except OSError:
+                sec = None
+            if sec is not None:
+                return sec
     data, path = read_bytes(source)
     return split_sections(data, path)
 
@@ -269,7 +420,7 @@ def empty_frame(types: dict[str, pa.DataType], columns: list[str]) -> pd.DataFra
 
 
 def frame_or_empty(sec: Sections, types: dict[str, pa.DataType], required=()) -> pd.DataFrame:
-    if sec.header_line and sec.body.count(b"\n") <= 1:
+    if sec.header_line and not sec.has_rows():
         missing = [c for c in required if c not in sec.header]
         if missing:
             raise FormatError(
