@@ -30,3 +30,12 @@ def read_mode(request, monkeypatch) -> str:
         monkeypatch.setattr(csvtable, "SCAN_HEAD", 4096)
         monkeypatch.setattr(csvtable, "SCAN_CHUNK", 13)
     return request.param
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic ``tiny`` qwen3moe GGUF (4 layers, 8 experts, top-2), made once per session."""
+    pytest.importorskip("gguf", reason="the engine extra (gguf) is not installed")
+    from bmoe.engine.synth import synth_model
+
+    return synth_model(tmp_path_factory.mktemp("models") / "tiny.gguf", "tiny")

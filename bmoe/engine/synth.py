@@ -1,0 +1,360 @@
+"""Synthetic mixture-of-experts GGUF files (``qwen3moe``) that llama.cpp loads and runs.
+
+The weights are random but shaped on purpose:
+
+- **A routing bias channel.** Embedding dimension 0 holds the same constant for every token
+  and no layer writes to it (row 0 of every output projection is zero), so after each RMS
+  norm it is a near-constant input. The router's column 0 therefore acts as a per-expert
+  bias: experts with a large bias are *hot*. ``skew`` scales it (0 = no bias; the default
+  makes the eight hottest of the ``small`` preset's 64 experts take about half of a layer's
+  decode routings, the concentration the real traces in the corpus show).
+- **Experts matter.** Each expert's output is as large as the residual stream it is added
+  to and the output head is sharp, so serving one wrong expert changes the next token: a
+  streaming engine that reads the wrong bytes cannot pass an identity check by luck.
+- **A byte-level vocabulary.** A SentencePiece-style vocabulary (``tokenizer.ggml.model =
+  llama``) with the 256 byte tokens, so any prompt tokenizes, plus multi-character pieces up
+  to the requested size.
+
+Larger models: every size is an override, e.g. ``bmoe model synth big.gguf --preset small
+--layers 48 --experts 128 --n-embd 1024 --n-ff-exp 768 --type q8_0`` (about 10 GB; the file
+size is roughly ``layers * experts * 3 * n_embd * n_ff_exp * bytes_per_weight``, see
+:func:`estimate_bytes`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bmoe.errors import BmoeError
+
+ARCH = "qwen3moe"
+TYPES = ("f32", "f16", "q8_0")
+
+#: The constant carried by the routing bias channel (embedding dimension 0).
+_BIAS_CHANNEL = 4.0
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Shape and character of a synthetic model."""
+
+    layers: int = 4
+    experts: int = 8
+    top_k: int = 2
+    n_embd: int = 128
+    n_ff_exp: int = 128
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    vocab: int = 512
+    type: str = "f32"
+    seed: int = 0
+    skew: float = 0.5
+    router_scale: float = 1.0
+    expert_scale: float = 2.0
+    ctx: int = 4096
+
+    def check(self) -> None:
+        """Raise :class:`BmoeError` for a shape llama.cpp would refuse."""
+        positive = (
+            "layers",
+            "experts",
+            "top_k",
+            "n_embd",
+            "n_ff_exp",
+            "n_head",
+            "n_head_kv",
+            "head_dim",
+            "ctx",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise BmoeError(f"synth: {name} must be at least 1 (got {getattr(self, name)})")
+        if self.top_k > self.experts:
+            raise BmoeError(f"synth: top_k {self.top_k} exceeds the {self.experts} experts")
+        if self.n_head % self.n_head_kv:
+            raise BmoeError("synth: n_head must be a multiple of n_head_kv")
+        if self.head_dim % 2:
+            raise BmoeError("synth: head_dim must be even (rotary embedding)")
+        if self.vocab < _N_BASE_TOKENS:
+            raise BmoeError(
+                f"synth: vocab must be at least {_N_BASE_TOKENS} (3 special + 256 bytes)"
+            )
+        if self.type not in TYPES:
+            raise BmoeError(f"synth: unknown type {self.type!r} (one of {', '.join(TYPES)})")
+        if self.type == "q8_0" and (self.n_embd % 32 or self.n_ff_exp % 32):
+            raise BmoeError("synth: q8_0 needs n_embd and n_ff_exp to be multiples of 32")
+        if self.skew < 0:
+            raise BmoeError("synth: skew must be >= 0")
+
+
+PRESETS: dict[str, SynthConfig] = {
+    # the shape of the native engine's tiny test model: ~7.6 MB
+    "tiny": SynthConfig(),
+    # ~1 GB: 16 layers, 64 experts, top-8
+    "small": SynthConfig(
+        layers=16,
+        experts=64,
+        top_k=8,
+        n_embd=512,
+        n_ff_exp=320,
+        n_head=8,
+        n_head_kv=4,
+        head_dim=64,
+        vocab=4096,
+        type="f16",
+    ),
+}
+
+
+def preset_config(preset: str = "tiny", **overrides: Any) -> SynthConfig:
+    """The configuration of `preset` with `overrides` applied (unknown names are errors)."""
+    if preset not in PRESETS:
+        raise BmoeError(f"synth: unknown preset {preset!r} (one of {', '.join(PRESETS)})")
+    fields = set(asdict(PRESETS[preset]))
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise BmoeError(f"synth: unknown setting {unknown[0]!r}")
+    cfg = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    cfg.check()
+    return cfg
+
+
+# ----------------------------------------------------------------------------- tensor plan
+
+
+def _bytes_per_weight(kind: str) -> float:
+    return {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[kind]
+
+
+def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, numpy shape, storage type) of every tensor, in file order."""
+    e, v, f, x = cfg.n_embd, cfg.vocab, cfg.n_ff_exp, cfg.experts
+    nq, nkv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    t = cfg.type
+    out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), t)]
+    for il in range(cfg.layers):
+        b = f"blk.{il}."
+        out += [
+            (b + "attn_norm.weight", (e,), "f32"),
+            (b + "attn_q.weight", (nq, e), t),
+            (b + "attn_k.weight", (nkv, e), t),
+            (b + "attn_v.weight", (nkv, e), t),
+            (b + "attn_output.weight", (e, nq), t),
+            (b + "attn_q_norm.weight", (cfg.head_dim,), "f32"),
+            (b + "attn_k_norm.weight", (cfg.head_dim,), "f32"),
+            (b + "ffn_norm.weight", (e,), "f32"),
+            (b + "ffn_gate_inp.weight", (x, e), "f32"),
+            (b + "ffn_gate_exps.weight", (x, f, e), t),
+            (b + "ffn_up_exps.weight", (x, f, e), t),
+            (b + "ffn_down_exps.weight", (x, e, f), t),
+        ]
+    out += [("output_norm.weight", (e,), "f32"), ("output.weight", (v, e), t)]
+    return out
+
+
+def _nbytes(shape: tuple[int, ...], kind: str) -> int:
+    n = math.prod(shape)
+    return int(n * 34 // 32) if kind == "q8_0" else int(n * _bytes_per_weight(kind))
+
+
+def estimate_bytes(cfg: SynthConfig) -> int:
+    """Approximate file size of `cfg` (tensor data, without the small header)."""
+    return sum(_nbytes(shape, kind) for _name, shape, kind in _plan(cfg))
+
+
+# ----------------------------------------------------------------------------- vocabulary
+
+_N_BASE_TOKENS = 3 + 256
+_ALPHABET = "▁etaoinshrdlucmfwypvbgk"
+
+
+def _vocab(n: int) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types of a byte-fallback SentencePiece vocabulary of size `n`."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    pieces = (
+        "".join(p) for size in itertools.count(2) for p in itertools.product(_ALPHABET, repeat=size)
+    )
+    while len(tokens) < n:
+        piece = next(pieces)
+        tokens.append(piece)
+        types.append(1)
+        scores.append(-float(len(tokens)))  # earlier (shorter) pieces merge first
+    return tokens, scores, types
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+class _Weights:
+    """Draws every tensor of the plan, in order, from one seeded generator."""
+
+    def __init__(self, cfg: SynthConfig):
+        self.cfg = cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        hot = self.rng.standard_normal(cfg.experts).astype(np.float32)
+        self.expert_bias = hot  # per-expert router bias (times skew), fixed across layers
+        self.layer_shift = self.rng.permutation(cfg.experts)  # hot experts differ per layer
+
+    def normal(self, shape: tuple[int, ...], std: float) -> np.ndarray:
+        out = self.rng.standard_normal(shape, dtype=np.float32)
+        out *= np.float32(std)
+        return out
+
+    def tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        cfg = self.cfg
+        e = cfg.n_embd
+        kind = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
+        if kind in ("attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm", "output_norm"):
+            return np.ones(shape, dtype=np.float32)
+        if kind == "token_embd":
+            w = self.normal(shape, 1.0)
+            w[:, 0] = _BIAS_CHANNEL
+            return w
+        if kind == "output":
+            w = self.normal(shape, 4.0 / math.sqrt(e))
+            w[:, 0] = 0.0  # the bias channel must not favour tokens
+            return w
+        if kind in ("attn_q", "attn_k", "attn_v"):
+            return self.normal(shape, 1.0 / math.sqrt(e))
+        if kind == "attn_output":
+            w = self.normal(shape, 1.0 / math.sqrt(shape[1]))
+            w[0, :] = 0.0
+            return w
+        if kind == "ffn_gate_inp":
+            il = int(name.split(".")[1])
+            w = self.normal(shape, cfg.router_scale / math.sqrt(e))
+            # the residual stream grows with depth, so the normalised channel shrinks; keep
+            # the bias comparable from the first layer to the last
+            rms = math.sqrt(1.0 + 2.5 * il + _BIAS_CHANNEL**2 / e)
+            bias = np.roll(self.expert_bias, int(self.layer_shift[il % cfg.experts]))
+            w[:, 0] = cfg.skew * cfg.router_scale * bias * rms / _BIAS_CHANNEL
+            return w
+        if kind in ("ffn_gate_exps", "ffn_up_exps"):
+            return self.normal(shape, 1.0 / math.sqrt(e))
+        if kind == "ffn_down_exps":
+            w = self.normal(shape, cfg.expert_scale / math.sqrt(cfg.n_ff_exp))
+            w[:, 0, :] = 0.0
+            return w
+        raise AssertionError(name)
+
+
+def _encode(data: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "f32":
+        return data.astype(np.float32, copy=False)
+    if kind == "f16":
+        return data.astype(np.float16)
+    from gguf import GGMLQuantizationType, quants
+
+    return quants.quantize(data, GGMLQuantizationType.Q8_0)
+
+
+def synth_model(
+    path: str | os.PathLike[str],
+    preset: str = "tiny",
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    **overrides: Any,
+) -> Path:
+    """Write a synthetic ``qwen3moe`` GGUF to `path` and return the path.
+
+    `overrides` are :class:`SynthConfig` fields (``layers``, ``experts``, ``top_k``,
+    ``n_embd``, ``n_ff_exp``, ``vocab``, ``type``, ``seed``, ``skew``, ...). `progress` is
+    called with (bytes written, total bytes) after each tensor.
+    """
+    cfg = preset_config(preset, **overrides)
+    try:
+        import gguf
+    except ImportError as exc:  # pragma: no cover - the engine extra is missing
+        raise BmoeError("synth needs the 'gguf' package (pip install 'bmoe[engine]')") from exc
+
+    out = Path(path)
+    if out.parent and not out.parent.is_dir():
+        raise BmoeError(f"{out.parent}: no such directory")
+    plan = _plan(cfg)
+    total = sum(_nbytes(shape, kind) for _n, shape, kind in plan)
+    tmp = out.with_name(out.name + ".part")
+    writer = gguf.GGUFWriter(tmp, ARCH)
+    _write_metadata(writer, cfg)
+    qtypes = {
+        "f32": gguf.GGMLQuantizationType.F32,
+        "f16": gguf.GGMLQuantizationType.F16,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    }
+    for name, shape, kind in plan:
+        if kind == "q8_0":
+            byte_shape = (*shape[:-1], shape[-1] // 32 * 34)
+            writer.add_tensor_info(
+                name, byte_shape, np.dtype(np.uint8), _nbytes(shape, kind), raw_dtype=qtypes[kind]
+            )
+        else:
+            dtype = np.dtype(np.float32 if kind == "f32" else np.float16)
+            writer.add_tensor_info(name, shape, dtype, _nbytes(shape, kind))
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        weights = _Weights(cfg)
+        done = 0
+        for name, shape, kind in plan:
+            data = _encode(weights.tensor(name, shape), kind)
+            writer.write_tensor_data(data)
+            done += data.nbytes
+            if progress is not None:
+                progress(done, total)
+        writer.close()
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise BmoeError(f"{out}: cannot write ({exc.strerror or exc})") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def _write_metadata(w: Any, cfg: SynthConfig) -> None:
+    w.add_name(f"bmoe synthetic {cfg.layers}x{cfg.experts} top-{cfg.top_k}")
+    w.add_context_length(cfg.ctx)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.layers)
+    w.add_feed_forward_length(cfg.n_ff_exp * cfg.top_k)
+    w.add_expert_feed_forward_length(cfg.n_ff_exp)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(cfg.experts)
+    w.add_expert_used_count(cfg.top_k)
+    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[cfg.type])
+    tokens, scores, types = _vocab(cfg.vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    for key, value in asdict(cfg).items():
+        if isinstance(value, str):
+            w.add_string(f"bmoe.synth.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"bmoe.synth.{key}", value)
+        else:
+            w.add_uint32(f"bmoe.synth.{key}", value)
+
+
+__all__ = ["PRESETS", "TYPES", "SynthConfig", "estimate_bytes", "preset_config", "synth_model"]
