@@ -43,6 +43,7 @@ COMMAND_MODULES = (
     "bmoe.cli.sweep",
     "bmoe.cli.decode",
     "bmoe.cli.replay",
+    "bmoe.cli.engine",
 )
 
 console = Console()

@@ -1,0 +1,220 @@
+"""The embedded engine's configuration, and the native ``bmoe-cli`` flags that set it.
+
+:func:`parse_args` reads the native engine's argv (``-m model.gguf -n 64 --moe-stream
+--cache-mb 256 ...``) so the same command line drives either engine. A native flag this engine
+does not implement is a one-line error naming it; a flag neither engine knows is an error too.
+Environment overrides (``BMOE_CACHE_MB``...) apply as in the native engine; the flag wins.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+
+from bmoe.errors import BmoeError
+
+DEFAULT_PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything one run of the embedded engine needs (native flag names in comments)."""
+
+    model: str = ""  # -m
+    prompt: str = DEFAULT_PROMPT  # -p
+    n_predict: int = 128  # -n
+    threads: int = 4  # -t
+    ctx_size: int = 2048  # -c
+    ubatch: int = 0  # --ubatch (0 = follows the batch)
+    n_expert_used: int = 0  # --n-expert-used (0 = the model's)
+    temp: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int = 4294967295
+    progress: bool = False
+    csv: str | None = None
+    route_trace: str | None = None
+    compute_trace: str | None = None
+    compute_trace_layers: str | None = None
+    io_trace: str | None = None
+    moe_stream: bool = False
+    cache_mb: float | None = None  # None = auto
+    cache_floor_mb: int = 1536
+    cache_ceil_mb: int = 0
+    force_cache: bool = False
+    io_threads: int = 4
+    o_direct: bool = True  # --no-odirect
+    load_all: bool = False
+    prefetch: int = 0
+    dense_weights: str = "mmap"
+
+    def check(self) -> None:
+        if not self.model:
+            raise BmoeError("-m/--model is required")
+        if self.n_predict < 0:
+            raise BmoeError("-n must be >= 0")
+        for name in ("threads", "ctx_size", "io_threads"):
+            if getattr(self, name) < 1:
+                raise BmoeError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.dense_weights not in ("mmap", "warm"):
+            raise BmoeError(
+                f"--dense-weights {self.dense_weights}: the embedded engine implements mmap and "
+                "warm only"
+            )
+        if self.cache_mb is not None and self.cache_mb < 0:
+            raise BmoeError("--cache-mb must be >= 0 (or auto)")
+        if self.prefetch < 0:
+            raise BmoeError("--prefetch must be >= 0")
+        if self.compute_trace and self.compute_trace_layers:
+            raise BmoeError("--compute-trace and --compute-trace-layers are exclusive")
+        if not self.moe_stream:
+            for flag, value in (
+                ("--route-trace", self.route_trace),
+                ("--io-trace", self.io_trace),
+                ("--load-all", self.load_all),
+                ("--prefetch", self.prefetch),
+            ):
+                if value:
+                    raise BmoeError(f"{flag} needs --moe-stream")
+
+
+# ----------------------------------------------------------------------------- native flags
+
+_VALUE = {
+    "-m": "model",
+    "--model": "model",
+    "-p": "prompt",
+    "--prompt": "prompt",
+    "-n": "n_predict",
+    "--n-predict": "n_predict",
+    "-t": "threads",
+    "--threads": "threads",
+    "-c": "ctx_size",
+    "--ctx-size": "ctx_size",
+    "--ubatch": "ubatch",
+    "--n-expert-used": "n_expert_used",
+    "--temp": "temp",
+    "--top-k": "top_k",
+    "--top-p": "top_p",
+    "--seed": "seed",
+    "--csv": "csv",
+    "--route-trace": "route_trace",
+    "--compute-trace": "compute_trace",
+    "--compute-trace-layers": "compute_trace_layers",
+    "--io-trace": "io_trace",
+    "--cache-mb": "cache_mb",
+    "--cache-floor-mb": "cache_floor_mb",
+    "--cache-ceil-mb": "cache_ceil_mb",
+    "--io-threads": "io_threads",
+    "--prefetch": "prefetch",
+    "--dense-weights": "dense_weights",
+}
+_SWITCH = {
+    "--progress": ("progress", True),
+    "--moe-stream": ("moe_stream", True),
+    "--no-odirect": ("o_direct", False),
+    "--load-all": ("load_all", True),
+    "--force-cache": ("force_cache", True),
+}
+#: Native flags the embedded engine does not implement (with whether they take a value).
+NOT_IMPLEMENTED = {
+    "--chatml": False,
+    "--no-think": False,
+    "--session": False,
+    "--mtp": False,
+    "--ngram": False,
+    "--draft": True,
+    "--mtp-p-min": True,
+    "--ngram-min-match": True,
+    "--overlap": False,
+    "--io-two-wave": False,
+    "--drop-cold-experts": True,
+    "--drop-no-renorm": False,
+    "--drop-in-prefill": False,
+    "--route-ahead": True,
+    "--predict-log": False,
+    "--predict-prefetch": False,
+    "--predict-spec-max": True,
+    "--list-archs": False,
+    "--row-stream": False,
+    "--expert-substitute": True,
+    "--decide": False,
+    "--prefill-device": True,
+}
+#: Environment overrides of the native engine: variable -> config field.
+ENV = {
+    "BMOE_CACHE_MB": "cache_mb",
+    "BMOE_IO_THREADS": "io_threads",
+    "BMOE_PROGRESS": "progress",
+    "BMOE_PREFETCH": "prefetch",
+    "BMOE_N_EXPERT_USED": "n_expert_used",
+}
+ENV_NOT_IMPLEMENTED = ("BMOE_OVERLAP", "BMOE_PREDICT_LOG", "BMOE_PREDICT_PREFETCH")
+
+_TYPES = {f.name: f.type for f in fields(EngineConfig)}
+
+
+def _convert(flag: str, name: str, text: str) -> object:
+    kind = _TYPES[name]
+    try:
+        if name == "cache_mb":
+            return None if text == "auto" else float(text)
+        if kind in ("int", int):
+            return int(text)
+        if kind in ("float", float):
+            return float(text)
+        if kind in ("bool", bool):
+            return text.strip().lower() not in ("", "0", "false", "no", "off")
+    except ValueError:
+        raise BmoeError(f"{flag}: {text!r} is not a valid value") from None
+    return text
+
+
+def parse_args(
+    argv: Sequence[str], env: Mapping[str, str] | None = None
+) -> tuple[EngineConfig, bool]:
+    """The configuration `argv` (native ``bmoe-cli`` flags) asks for, and ``--version``."""
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    given: set[str] = set()
+    version = False
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if flag == "--version":
+            version = True
+        elif flag in _SWITCH:
+            name, value = _SWITCH[flag]
+            values[name] = value
+            given.add(name)
+        elif flag in _VALUE:
+            if eq:
+                text = inline
+            elif i + 1 < len(args):
+                i += 1
+                text = args[i]
+            else:
+                raise BmoeError(f"{flag} needs a value")
+            name = _VALUE[flag]
+            values[name] = _convert(flag, name, text)
+            given.add(name)
+        elif flag in NOT_IMPLEMENTED:
+            raise BmoeError(
+                f"{flag} is a native bmoe-cli flag the embedded engine does not implement"
+            )
+        else:
+            raise BmoeError(f"unknown flag {arg!r}")
+        i += 1
+    for var in ENV_NOT_IMPLEMENTED:
+        if env.get(var, "0") not in ("", "0"):
+            raise BmoeError(f"{var}={env[var]}: the embedded engine does not implement it")
+    for var, name in ENV.items():
+        if name not in given and var in env:
+            values[name] = _convert(var, name, env[var])
+    cfg = replace(EngineConfig(), **values)
+    if not version:
+        cfg.check()
+    return cfg, version

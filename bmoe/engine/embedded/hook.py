@@ -1,0 +1,233 @@
+"""The eval callback (``llama_context_params.cb_eval``): routing capture, expert discovery, timing.
+
+ggml asks the callback about every graph node before computing it (``ask=True``); a node the
+callback wants is computed (with everything before it), then handed back (``ask=False``). The
+engine wants:
+
+- ``ffn_moe_topk-<il>``: the routed expert ids, materialised; the streamer makes them resident
+  before the callback returns, i.e. before the expert matmul runs;
+- ``ffn_moe_weights*-<il>`` (route trace only): the routing weights, the last of the chain
+  (after normalisation/scaling) being the applied one;
+- every node (``--compute-trace``) or the first node of each layer (``--compute-trace-layers``)
+  to time the graph.
+
+During the warm-up decode the hook also collects the expert tensors: the first source of each
+``MUL_MAT_ID`` node whose name is one of the file's expert tensors.
+
+Errors raised inside the callback cannot cross the C boundary; the hook stops the graph and
+re-raises them from :meth:`EvalHook.end`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import resource
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from bmoe.engine.embedded import ggml
+from bmoe.engine.embedded.streamer import ExpertStreamer, Routing
+
+_TOPK = b"ffn_moe_topk-"
+_WEIGHTS = b"ffn_moe_weights"
+
+
+@dataclass(slots=True)
+class TraceRow:
+    """One compute-trace row (without turn/phase/step)."""
+
+    seq: int
+    layer: int
+    op: str
+    name: str
+    wall_ns: int
+    majflt: int
+
+
+def _majflt() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
+class EvalHook:
+    """The callback object; :attr:`callback` is what goes into the context parameters."""
+
+    def __init__(
+        self,
+        *,
+        streamer: ExpertStreamer | None = None,
+        route_weights: bool = False,
+        trace: str | None = None,  # None, "node" or "layer"
+        first_moe_layer: int = 0,
+        expert_names: frozenset[bytes] = frozenset(),
+    ):
+        from llama_cpp import ggml_backend_sched_eval_callback
+
+        self.streamer = streamer
+        self.route_weights = route_weights
+        self.trace = trace
+        self.first_moe_layer = first_moe_layer
+        self.expert_names = expert_names
+        self.discovered: dict[str, int] | None = None
+        self.error: BaseException | None = None
+        self.callback = ggml_backend_sched_eval_callback(self._callback)
+        self.trace_rows: list[TraceRow] = []
+        self._routings: dict[int, Routing] = {}
+        self._positions = np.zeros(0, dtype=np.int64)
+        self._outputs = np.zeros(0, dtype=bool)
+        self._ub_start = 0
+        self._ub_n = 0
+        self._seg_layer = -1
+        self._seq = 0
+        self._last_ns = 0
+        self._last_flt = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether the callback asks for anything at all."""
+        return bool(self.streamer or self.trace or self.discovered is not None)
+
+    # -- decode bracket ---------------------------------------------------------------------
+    def begin(self, positions: np.ndarray, outputs: np.ndarray) -> None:
+        """Called right before llama_decode with the batch's positions and output mask."""
+        self.error = None
+        self._positions = positions
+        self._outputs = outputs
+        self._ub_start = 0
+        self._ub_n = 0
+        self._routings = {}
+        self.trace_rows = []
+        self._seg_layer = -1
+        self._seq = 0
+        if self.streamer is not None:
+            self.streamer.begin_decode()
+        if self.trace:
+            self._last_ns = time.perf_counter_ns()
+            self._last_flt = _majflt()
+
+    def end(self) -> None:
+        """Called right after llama_decode: closes the trace and re-raises a callback error."""
+        if self.trace == "layer" and self.error is None:
+            self._segment("post", -1)
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    # -- the callback -----------------------------------------------------------------------
+    def _callback(self, t: int, ask: bool, _user: int) -> bool:
+        try:
+            if ask:
+                return self._ask(t)
+            return self._computed(t)
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            return False
+
+    def _ask(self, t: int) -> bool:
+        name = ctypes.string_at(t + ggml.NAME_OFFSET)
+        if self.discovered is not None:
+            self._discover(t)
+        if self.trace == "node":
+            return True
+        if name.startswith(_TOPK):
+            return self.streamer is not None
+        if self.route_weights and name.startswith(_WEIGHTS):
+            return b"_sum" not in name and not name.endswith(b")")
+        if self.trace == "layer":
+            il = ggml.layer_of(name.decode("utf-8", "replace"))
+            return il >= 0 and il != self._seg_layer
+        return False
+
+    def _computed(self, t: int) -> bool:
+        now = time.perf_counter_ns() if self.trace else 0
+        name = ctypes.string_at(t + ggml.NAME_OFFSET)
+        text = name.decode("utf-8", "replace")
+        if self.trace == "node":
+            flt = _majflt()
+            self.trace_rows.append(
+                TraceRow(
+                    self._seq,
+                    ggml.layer_of(text),
+                    ggml.op_desc(t),
+                    text,
+                    now - self._last_ns,
+                    flt - self._last_flt,
+                )
+            )
+            self._seq += 1
+            self._last_flt = flt
+        elif self.trace == "layer":
+            il = ggml.layer_of(text)
+            if name.startswith(_TOPK):
+                if self.streamer is not None:
+                    self._segment(f"blk.{il}", il, now)
+            elif il >= 0 and il != self._seg_layer:
+                if self._seg_layer < 0:
+                    self._segment("pre", -1, now)
+                elif il < self._seg_layer:  # the next ubatch's first layer
+                    self._segment("post", -1, now)
+                else:
+                    self._segment(f"blk.{self._seg_layer}", self._seg_layer, now)
+                self._seg_layer = il
+        if name.startswith(_TOPK):
+            self._route(t, ggml.layer_of(text))
+        elif name.startswith(_WEIGHTS):
+            self._weights(t, ggml.layer_of(text))
+        if self.trace:
+            self._last_ns = time.perf_counter_ns()
+        return True
+
+    def _segment(self, name: str, layer: int, now: int | None = None) -> None:
+        now = time.perf_counter_ns() if now is None else now
+        flt = _majflt()
+        self.trace_rows.append(
+            TraceRow(self._seq, layer, "LAYER", name, now - self._last_ns, flt - self._last_flt)
+        )
+        self._seq += 1
+        self._last_flt = flt
+
+    def _discover(self, t: int) -> None:
+        node = ggml.tensor(t)
+        if ggml.op_name(node.op) != "MUL_MAT_ID" or not node.src[0]:
+            return
+        src = node.src[0]
+        name = ggml.name_of(src)
+        if name in self.expert_names:
+            assert self.discovered is not None
+            self.discovered[name.decode()] = src
+
+    def _route(self, t: int, layer: int) -> None:
+        if self.streamer is None or layer < 0:
+            return
+        k = int(ggml.tensor(t).ne[0])
+        ids = ggml.as_array(t, np.int32).reshape(-1, k) if k else np.zeros((0, 0), np.int32)
+        n = ids.shape[0]
+        if layer == self.first_moe_layer:  # a new ubatch starts at the first MoE layer
+            self._ub_start += self._ub_n
+            self._ub_n = n
+        if n == 0:
+            return
+        ids = np.array(ids, dtype=np.int32)  # detach from ggml's buffer
+        self.streamer.route(layer, ids, self._positions_for(n))
+        if self.streamer.keep_routings and self.streamer.counters.routings:
+            self._routings[layer] = self.streamer.counters.routings[-1]
+
+    def _positions_for(self, n: int) -> np.ndarray:
+        lo, hi = self._ub_start, self._ub_start + self._ub_n
+        pos = self._positions[lo:hi]
+        if len(pos) == n:
+            return pos
+        out = pos[self._outputs[lo:hi]]
+        if len(out) == n:
+            return out
+        return self._positions[-n:] if len(self._positions) >= n else np.full(n, -1, np.int64)
+
+    def _weights(self, t: int, layer: int) -> None:
+        routing = self._routings.get(layer)
+        if routing is None:
+            return
+        w = ggml.as_array(t, np.float32)
+        if w.size == routing.ids.size:
+            routing.weights = np.array(w, dtype=np.float32).reshape(routing.ids.shape)

@@ -1,0 +1,91 @@
+"""The few libc memory calls the engine needs (mmap, munmap, madvise, mincore), via ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import mmap
+import os
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+MADV_DONTNEED = 4
+MADV_WILLNEED = 3
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    lib.mmap.restype = ctypes.c_void_p
+    lib.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return lib
+
+
+def align_down(x: int, a: int = PAGE) -> int:
+    return x - (x % a)
+
+
+def align_up(x: int, a: int = PAGE) -> int:
+    return -(-x // a) * a
+
+
+def reserve(nbytes: int) -> int:
+    """An anonymous private read-write mapping of `nbytes` (no pages committed yet)."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+    addr = _libc().mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {nbytes} bytes failed: {os.strerror(err)}")
+    return int(addr)
+
+
+def unmap(addr: int, nbytes: int) -> None:
+    _libc().munmap(addr, nbytes)
+
+
+def release(addr: int, nbytes: int) -> int:
+    """Return the whole pages inside [addr, addr + nbytes) to the OS; the bytes released."""
+    start, end = align_up(addr), align_down(addr + nbytes)
+    if end <= start:
+        return 0
+    if _libc().madvise(start, end - start, MADV_DONTNEED) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"madvise(MADV_DONTNEED) failed: {os.strerror(err)}")
+    return end - start
+
+
+def will_need(addr: int, nbytes: int) -> None:
+    start, end = align_down(addr), align_up(addr + nbytes)
+    _libc().madvise(start, end - start, MADV_WILLNEED)
+
+
+def touch(addr: int, nbytes: int) -> None:
+    """Read one byte of every page of the range (faults it in)."""
+    raw = (ctypes.c_char * nbytes).from_address(addr)
+    int(np.frombuffer(raw, dtype=np.uint8)[::PAGE].sum())
+
+
+def resident_pages(addr: int, nbytes: int) -> tuple[int, int]:
+    """(resident, total) pages of the range, by mincore."""
+    start, end = align_down(addr), align_up(addr + nbytes)
+    n = (end - start) // PAGE
+    if n <= 0:
+        return 0, 0
+    vec = (ctypes.c_ubyte * n)()
+    if _libc().mincore(start, end - start, vec) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mincore failed: {os.strerror(err)}")
+    return int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1)), n

@@ -1,0 +1,226 @@
+"""Read lanes: ``pread`` of expert slices from the GGUF into the arena, O_DIRECT when possible.
+
+``--io-threads`` lanes pull read jobs from one priority queue, demand reads (the experts the
+current layer needs) ahead of speculative ones (``--prefetch``), so prefetch only uses lanes
+demand leaves idle. Under O_DIRECT the file offset, length and buffer must be aligned, so a
+slice is read as the aligned window around it (``read_bytes`` >= ``req_bytes``); the arena keeps
+file offsets and addresses congruent so that window lands in place. When the file system
+refuses O_DIRECT the reader falls back to buffered reads of the exact slice, and says so
+(:attr:`ExpertReader.o_direct`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bmoe.engine.embedded import libc
+
+ALIGN = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ReadJob:
+    """One projection slice of one expert."""
+
+    layer: int
+    expert: int
+    proj: int
+    offset: int  # file offset of the slice
+    req_bytes: int
+    dst: int  # arena address of the slice
+    spec: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRecord:
+    """What one read did (an io-trace row without the turn/phase/step stamp)."""
+
+    layer: int
+    expert: int
+    proj: int
+    lane: int
+    spec: bool
+    offset: int
+    req_bytes: int
+    read_bytes: int
+    latency_ns: int
+    start_ns: int
+
+
+class Ticket:
+    """Completion of a group of reads."""
+
+    __slots__ = ("_event", "_left", "_lock", "error")
+
+    def __init__(self, n: int):
+        self._left = n
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+        if n == 0:
+            self._event.set()
+
+    def done(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            if error is not None and self.error is None:
+                self.error = error
+            self._left -= 1
+            if self._left == 0:
+                self._event.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self) -> None:
+        self._event.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class ExpertReader:
+    """``lanes`` reader threads over one file; jobs in, :class:`ReadRecord` out."""
+
+    def __init__(
+        self,
+        path: str,
+        lanes: int,
+        *,
+        o_direct: bool = True,
+        clock_origin_ns: int | None = None,
+        after_read: Callable[[ReadJob], None] | None = None,
+    ):
+        self.path = path
+        self.lanes = max(1, int(lanes))
+        self.fd = os.open(path, os.O_RDONLY)
+        self.file_size = os.fstat(self.fd).st_size
+        self.direct_fd: int | None = None
+        if o_direct:
+            self.direct_fd = _open_direct(path)
+        self.origin_ns = time.monotonic_ns() if clock_origin_ns is None else clock_origin_ns
+        self.after_read = after_read
+        self._records: deque[ReadRecord] = deque()
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._threads = [
+            threading.Thread(target=self._lane, args=(i,), name=f"bmoe-io-{i}", daemon=True)
+            for i in range(self.lanes)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def o_direct(self) -> bool:
+        """Reads bypass the page cache (what was achieved, not what was asked)."""
+        return self.direct_fd is not None
+
+    def submit(self, jobs: list[ReadJob], *, spec: bool = False) -> Ticket:
+        """Queue `jobs`; demand jobs go ahead of speculative ones."""
+        ticket = Ticket(len(jobs))
+        prio = 1 if spec else 0
+        put = self._queue.put
+        seq = self._seq
+        for job in jobs:
+            put((prio, next(seq), job, ticket))
+        return ticket
+
+    def drain(self) -> list[ReadRecord]:
+        """The records of the reads finished since the last drain."""
+        records = self._records
+        return [records.popleft() for _ in range(len(records))]
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._queue.put((2, next(self._seq), None, None))
+        for t in self._threads:
+            t.join(timeout=5)
+        os.close(self.fd)
+        if self.direct_fd is not None:
+            os.close(self.direct_fd)
+
+    # -- lanes --------------------------------------------------------------------------
+    def _lane(self, lane: int) -> None:
+        get = self._queue.get
+        records = self._records
+        while True:
+            _prio, _seq, job, ticket = get()
+            if job is None:
+                return
+            try:
+                start = time.monotonic_ns()
+                read = self._read(job)
+                end = time.monotonic_ns()
+                if self.after_read is not None:
+                    self.after_read(job)
+                records.append(
+                    ReadRecord(
+                        job.layer,
+                        job.expert,
+                        job.proj,
+                        lane,
+                        job.spec,
+                        job.offset,
+                        job.req_bytes,
+                        read,
+                        end - start,
+                        start - self.origin_ns,
+                    )
+                )
+                ticket.done()
+            except BaseException as exc:  # handed to whoever waits on the ticket
+                ticket.done(exc)
+
+    def _read(self, job: ReadJob) -> int:
+        if self.direct_fd is not None:
+            start = libc.align_down(job.offset, ALIGN)
+            end = min(
+                libc.align_up(job.offset + job.req_bytes, ALIGN),
+                libc.align_up(self.file_size, ALIGN),
+            )
+            dst = job.dst - (job.offset - start)
+            need = job.offset + job.req_bytes - start
+            got = _pread_into(self.direct_fd, dst, end - start, start)
+            if got < need:
+                raise OSError(f"short read of {self.path} at {job.offset}: {got} of {need} bytes")
+            return end - start
+        got = 0
+        while got < job.req_bytes:
+            n = _pread_into(self.fd, job.dst + got, job.req_bytes - got, job.offset + got)
+            if n <= 0:
+                raise OSError(f"short read of {self.path} at {job.offset + got}")
+            got += n
+        return got
+
+
+def _pread_into(fd: int, address: int, nbytes: int, offset: int) -> int:
+    view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+    return os.preadv(fd, [view], offset)
+
+
+def _open_direct(path: str) -> int | None:
+    """An O_DIRECT descriptor of `path` that served an aligned test read, or None."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | flag)
+    except OSError:
+        return None
+    buf = libc.reserve(ALIGN)
+    try:
+        if _pread_into(fd, buf, ALIGN, 0) <= 0:
+            raise OSError("empty read")
+    except OSError:
+        os.close(fd)
+        return None
+    finally:
+        libc.unmap(buf, ALIGN)
+    return fd

@@ -1,0 +1,219 @@
+"""The streaming step run at each routing node: stage, evict, read, prefetch.
+
+When layer ``il``'s router has chosen (``ffn_moe_topk-<il>`` materialised), the streamer stages
+the ids in the shared :class:`bmoe.cache.ExpertCache` (the same accounting replay uses),
+returns evicted experts' pages to the OS, reads the missed experts' slices on the read lanes
+and waits for them, all before ggml goes on to the expert matmul. With ``--prefetch K`` it then
+bets that the next K layers will route what they routed for the previous token and reads
+those on idle lanes. With ``--load-all`` it reads every expert of the layer, every time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bmoe.cache import ExpertCache
+from bmoe.engine.embedded.arena import ExpertArena
+from bmoe.engine.embedded.layout import ModelLayout
+from bmoe.engine.embedded.reader import ExpertReader, ReadJob, Ticket
+
+
+@dataclass
+class Routing:
+    """One routing node as seen: the rows of one cell block of the route trace."""
+
+    layer: int
+    positions: np.ndarray  # (n,) context position of each routed token
+    ids: np.ndarray  # (n, k) int32
+    residency: np.ndarray  # (n, k) int8: 0 miss, 1 hit, 2 hit on a prefetch's first touch
+    expert_bytes: np.ndarray  # (n, k) int64: bytes read, on the first row of each miss
+    weights: np.ndarray | None = None  # (n, k) float32, when the weight node was captured
+
+
+@dataclass
+class DecodeCounters:
+    """What the streamer did during one llama_decode."""
+
+    io_ns: int = 0  # wall time blocked on reads
+    mgmt_ns: int = 0  # staging, eviction and bookkeeping
+    demand_bytes: int = 0  # routed expert bytes (distinct per layer), summed over layers
+    widest_layer_bytes: int = 0
+    routings: list[Routing] = field(default_factory=list)
+
+
+class ExpertStreamer:
+    """Cache + arena + read lanes, driven once per routing node."""
+
+    def __init__(
+        self,
+        layout: ModelLayout,
+        arena: ExpertArena,
+        reader: ExpertReader,
+        cache: ExpertCache | None,
+        *,
+        prefetch: int = 0,
+        load_all: bool = False,
+        keep_routings: bool = False,
+    ):
+        self.layout = layout
+        self.arena = arena
+        self.reader = reader
+        self.cache = cache
+        self.prefetch = max(0, int(prefetch))
+        self.load_all = load_all
+        self.keep_routings = keep_routings
+        self.moe_layers = layout.moe_layers
+        self._next_layers = {
+            il: self.moe_layers[i + 1 : i + 1 + self.prefetch]
+            for i, il in enumerate(self.moe_layers)
+        }
+        self._expert_bytes = {il: layout.expert_bytes(il) for il in self.moe_layers}
+        self._inflight: dict[tuple[int, int], Ticket] = {}
+        self._materialized: set[tuple[int, int]] = set()
+        self._ever_held: set[tuple[int, int]] = set()
+        self._prev_ids: dict[int, list[int]] = {}
+        self._spec: set[tuple[int, int]] = set()
+        self.counters = DecodeCounters()
+        # run totals
+        self.rereads = 0
+        self.spec_experts = 0
+        self.spec_useful = 0
+        self.loads = 0  # expert loads (misses) read on demand
+
+    # -- per decode -----------------------------------------------------------------------
+    def begin_decode(self) -> None:
+        self.counters = DecodeCounters()
+
+    def finish(self) -> None:
+        """Wait for every read still in flight (end of run)."""
+        for ticket in list(self._inflight.values()):
+            ticket.wait()
+        self._inflight.clear()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of expert data the engine holds (what the cache accounts)."""
+        return sum(self._expert_bytes[layer] for layer, _e in self._materialized)
+
+    # -- the routing step -------------------------------------------------------------------
+    def route(self, layer: int, ids: np.ndarray, positions: np.ndarray) -> None:
+        """Make every expert `ids` (n_tokens x k) names resident before the matmul runs."""
+        t0 = time.perf_counter_ns()
+        io_ns = 0
+        eb = self._expert_bytes[layer]
+        distinct = list(dict.fromkeys(ids.ravel().tolist()))
+        c = self.counters
+        c.demand_bytes += len(distinct) * eb
+        c.widest_layer_bytes = max(c.widest_layer_bytes, len(distinct) * eb)
+        if self.load_all:
+            misses, hits, pf_hits = list(range(self.layout.n_expert)), [], []
+        else:
+            assert self.cache is not None
+            res = self.cache.stage(layer, distinct, eb)
+            misses, hits, pf_hits = res.misses, res.hits, res.prefetch_hits
+            for victim in res.evicted:
+                io_ns += self._release(victim)
+        waits = [self._inflight.pop((layer, e)) for e in hits if (layer, e) in self._inflight]
+        ticket = self.reader.submit(self._jobs(layer, misses, spec=False)) if misses else None
+        tw = time.perf_counter_ns()
+        for w in waits:
+            w.wait()
+        if ticket is not None:
+            ticket.wait()
+        io_ns += time.perf_counter_ns() - tw
+        for e in misses:
+            key = (layer, e)
+            if key in self._ever_held:
+                self.rereads += 1
+            self._ever_held.add(key)
+            self._materialized.add(key)
+        self.loads += len(misses)
+        self.spec_useful += len(pf_hits)
+        if self.prefetch and not self.load_all:
+            self._prev_ids[layer] = list(dict.fromkeys(ids[-1].tolist())) if len(ids) else []
+            self._speculate(layer)
+        if self.keep_routings:
+            c.routings.append(self._routing(layer, ids, positions, misses, pf_hits, eb))
+        c.io_ns += io_ns
+        c.mgmt_ns += time.perf_counter_ns() - t0 - io_ns
+
+    def _jobs(self, layer: int, experts: list[int], *, spec: bool) -> list[ReadJob]:
+        blocks = self.arena.by_layer[layer]
+        return [
+            ReadJob(
+                layer,
+                e,
+                b.tensor.proj,
+                b.tensor.slice_offset(e),
+                b.tensor.slice_bytes,
+                b.slice_address(e),
+                spec,
+            )
+            for e in experts
+            for b in blocks
+        ]
+
+    def _release(self, key: tuple[int, int]) -> int:
+        """Give an evicted expert's pages back; returns the ns spent waiting for its read."""
+        waited = 0
+        ticket = self._inflight.pop(key, None)
+        if ticket is not None:
+            t = time.perf_counter_ns()
+            ticket.wait()
+            waited = time.perf_counter_ns() - t
+        if key in self._materialized:
+            self._materialized.discard(key)
+            self.arena.release(*key)
+        return waited
+
+    def _speculate(self, layer: int) -> None:
+        cache = self.cache
+        assert cache is not None
+        for nxt in self._next_layers[layer]:
+            bet = self._prev_ids.get(nxt)
+            if not bet:
+                continue
+            before = cache.stats["evictions"]
+            admitted = cache.prefetch(nxt, bet, self._expert_bytes[nxt])
+            if cache.stats["evictions"] != before:
+                for key in [k for k in self._materialized if k not in cache]:
+                    self._release(key)
+            if not admitted:
+                continue
+            ticket = self.reader.submit(self._jobs(nxt, admitted, spec=True), spec=True)
+            for e in admitted:
+                key = (nxt, e)
+                self._inflight[key] = ticket
+                self._materialized.add(key)
+                self._ever_held.add(key)
+            self.spec_experts += len(admitted)
+
+    def _routing(
+        self,
+        layer: int,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        misses: list[int],
+        pf_hits: list[int],
+        eb: int,
+    ) -> Routing:
+        n_expert = max(self.layout.n_expert, int(ids.max(initial=0)) + 1)
+        status = np.ones(n_expert, dtype=np.int8)
+        flat = ids.ravel()
+        _uniq, first = np.unique(flat, return_index=True)
+        first_of = np.full(n_expert, -1, dtype=np.int64)
+        first_of[flat[first]] = first
+        residency = status[flat].copy()
+        nbytes = np.zeros(flat.shape, dtype=np.int64)
+        if misses:
+            miss = np.asarray(misses, dtype=np.int64)
+            residency[np.isin(flat, miss)] = 0
+            nbytes[first_of[miss[first_of[miss] >= 0]]] = eb
+        if pf_hits:
+            pf = np.asarray(pf_hits, dtype=np.int64)
+            residency[first_of[pf[first_of[pf] >= 0]]] = 2
+        shape = ids.shape
+        return Routing(layer, positions, ids, residency.reshape(shape), nbytes.reshape(shape))

@@ -1,0 +1,435 @@
+"""The embedded engine on a tiny synthetic model: identity, accounting, files, flags.
+
+The identity gate is the proof that streaming is real and correct: with the expert tensors
+rebound to engine memory and filled only by ``pread`` of the routed experts, greedy decoding
+must produce exactly the tokens and logits of plain llama.cpp on the same file. A run whose
+reads are corrupted must fail it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python (the engine extra) is not installed")
+
+from bmoe.cache import ExpertCache
+from bmoe.engine.embedded.config import EngineConfig, parse_args
+from bmoe.engine.embedded.layout import read_layout
+from bmoe.engine.embedded.run import RunResult, run_engine
+from bmoe.errors import BmoeError
+from bmoe.formats import protocol
+from bmoe.formats.decode import read_compute_trace, read_io_trace
+from bmoe.formats.metrics import read_metrics
+from bmoe.formats.route import read_route_trace
+
+pytestmark = pytest.mark.engine
+
+N = 24
+PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
+MIB = 1 << 20
+
+
+def _run(model: Path, **kw) -> RunResult:
+    cfg = EngineConfig(model=str(model), prompt=PROMPT, n_predict=N, threads=1, **kw)
+    return run_engine(cfg, keep_logits=True)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model: Path) -> RunResult:
+    """Plain llama.cpp on mmap: no callback, no streaming."""
+    return _run(tiny_model)
+
+
+def _identical(a: RunResult, b: RunResult) -> bool:
+    return a.tokens == b.tokens and all(
+        np.array_equal(x, y) for x, y in zip(a.logits, b.logits, strict=True)
+    )
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"cache_mb": 1},  # 5 of the 32 experts fit: evicts constantly
+        {"cache_mb": 0},  # no cache: every routed expert read every time
+        {"cache_mb": 1, "prefetch": 1},
+        {"cache_mb": 2, "no_odirect": True, "io_threads": 1},
+    ],
+    ids=["evicting", "no-cache", "prefetch", "buffered"],
+)
+def test_streaming_is_identical_to_plain_decoding(tiny_model, baseline, settings) -> None:
+    settings = dict(settings)
+    if settings.pop("no_odirect", False):
+        settings["o_direct"] = False
+    streamed = _run(tiny_model, moe_stream=True, **settings)
+    assert len(streamed.tokens) == N
+    assert _identical(streamed, baseline)
+    stats = streamed.cache_stats
+    assert stats is not None and stats["misses"] > 0
+    if settings.get("cache_mb", 0) <= 1:
+        assert stats["evictions"] > 0
+    if settings.get("prefetch"):
+        assert stats["prefetched"] > 0 and stats["prefetch_hits"] > 0
+    if settings.get("o_direct") is False:
+        assert streamed.params["o_direct"] is False
+
+
+def test_a_corrupted_expert_read_fails_the_gate(tiny_model, baseline) -> None:
+    target: dict[str, int] = {}
+
+    def corrupt(job) -> None:  # zero the down projection of the first expert read
+        key = target.setdefault("layer", job.layer), target.setdefault("expert", job.expert)
+        if (job.layer, job.expert) == key and job.proj == 2:
+            ctypes.memset(job.dst, 0, job.req_bytes)
+
+    broken = run_engine(
+        EngineConfig(
+            model=str(tiny_model),
+            prompt=PROMPT,
+            n_predict=N,
+            threads=1,
+            moe_stream=True,
+            cache_mb=0,
+        ),
+        keep_logits=True,
+        fault=corrupt,
+    )
+    assert not _identical(broken, baseline)
+    assert broken.tokens != baseline.tokens  # one wrong expert changes the greedy output
+
+
+# ----------------------------------------------------------------------------- accounting
+
+
+def _replay_hits(trace_path: Path, budget: int) -> tuple[int, int]:
+    """Hits and lookups of an LRU cache driven by the trace's batches, in file order."""
+    trace = read_route_trace(trace_path)
+    rows = trace.rows
+    eb = trace.expert_bytes()
+    cache = ExpertCache(budget, "lru", n_layer=int(trace.meta["n_layer"]))
+    # a batch is one load of one layer: the prefill block of a layer, or one decode cell
+    batch = np.where(rows["phase"].to_numpy() == 0, -1, rows["step"].to_numpy())
+    keys = np.stack([rows["phase"].to_numpy(), batch, rows["layer"].to_numpy()], axis=1)
+    change = np.any(keys[1:] != keys[:-1], axis=1)
+    starts = np.concatenate([[0], np.flatnonzero(change) + 1, [len(rows)]])
+    experts = rows["expert"].to_numpy()
+    layers = rows["layer"].to_numpy()
+    for lo, hi in itertools.pairwise(starts):
+        cache.stage(int(layers[lo]), experts[lo:hi], eb[int(layers[lo])])
+    return cache.stats["hits"], cache.stats["lookups"]
+
+
+def test_replaying_the_route_trace_reproduces_the_hit_rate(tiny_model, tmp_path) -> None:
+    route, csv = tmp_path / "r.route.csv", tmp_path / "r.csv"
+    run = _run(tiny_model, moe_stream=True, cache_mb=2, route_trace=str(route), csv=str(csv))
+    hits, lookups = _replay_hits(route, 2 * MIB)
+    assert (hits, lookups) == (run.cache_stats["hits"], run.cache_stats["lookups"])
+    recorded = read_metrics(csv).summary["cache_hit_pct"]
+    assert recorded == pytest.approx(100 * hits / lookups, abs=0.05)
+    assert read_metrics(csv).rows["cache_hit_pct"].iloc[-1] == pytest.approx(recorded, abs=0.05)
+
+
+def test_reads_match_the_file_layout_and_the_metrics(tiny_model, tmp_path) -> None:
+    iot, csv = tmp_path / "r.io.csv", tmp_path / "r.csv"
+    run = _run(tiny_model, moe_stream=True, cache_mb=1, io_trace=str(iot), csv=str(csv))
+    layout = read_layout(tiny_model)
+    trace = read_io_trace(iot)
+    rows = trace.rows
+    assert list(rows.columns)[-1] == "start_ns"
+    assert trace.meta["o_direct"] == run.o_direct
+    by_key = {(t.layer, t.proj): t for t in layout.tensors.values()}
+    want = [
+        by_key[(int(r.layer), int(r.proj))].slice_offset(int(r.expert))
+        for r in rows[["layer", "proj", "expert"]].itertuples()
+    ]
+    assert rows["offset"].tolist() == want
+    assert (rows["req_bytes"] == layout.expert_bytes(0) // 3).all()
+    assert (rows["read_bytes"] >= rows["req_bytes"]).all()
+    assert set(rows["lane"]) <= set(range(4))
+    decode = rows[rows["phase"] == 1]
+    metrics = read_metrics(csv)
+    per_step = decode.groupby("step")["read_bytes"].sum()
+    by_row = dict(
+        zip(metrics.rows["step"] + run.n_prompt - 1, metrics.rows["read_bytes"], strict=True)
+    )
+    assert {int(k): int(v) for k, v in per_step.items()} == {k: v for k, v in by_row.items() if v}
+    # each miss reads the three projections of one expert
+    assert len(rows) == 3 * run.cache_stats["misses"]
+
+
+def test_memory_follows_the_budget(tiny_model) -> None:
+    big = _run(tiny_model, moe_stream=True, cache_mb=100)
+    small = _run(tiny_model, moe_stream=True, cache_mb=1)
+    boundary = 2 * 3 * 4 * 8 * 4096  # at most two partial pages per slice
+    assert small.expert_resident_bytes <= 1 * MIB + boundary
+    assert big.expert_resident_bytes >= big.summary["cache_resident_MiB"] * MIB * 0.99
+    assert small.expert_resident_bytes < big.expert_resident_bytes
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _native_keys(path: Path) -> tuple[list[str], set[str], set[str]]:
+    run = read_metrics(path)
+    return list(run.rows.columns), set(run.params), set(run.summary)
+
+
+def test_files_have_the_native_columns_and_keys(tiny_model, tmp_path, corpus) -> None:
+    native = corpus / "native-tiny"
+    paths = {k: tmp_path / f"e.{k}.csv" for k in ("metrics", "route", "io", "ct", "ctl")}
+    _run(
+        tiny_model,
+        moe_stream=True,
+        cache_mb=2,
+        csv=str(paths["metrics"]),
+        route_trace=str(paths["route"]),
+        io_trace=str(paths["io"]),
+        compute_trace=str(paths["ct"]),
+    )
+    _run(tiny_model, moe_stream=True, cache_mb=2, compute_trace_layers=str(paths["ctl"]))
+    cols, params, summary = _native_keys(paths["metrics"])
+    n_cols, n_params, n_summary = _native_keys(native / "run.csv")
+    assert cols == n_cols
+    assert params - n_params == {"cache_cycle_mb"}  # documented, newer than the native build
+    assert n_params <= params
+    assert summary - n_summary == {
+        "prefill_cpu_s",
+        "prefill_read_mib",
+        "prefill_io_s",
+        "prefill_stall_s",
+        "prefill_mgmt_s",
+    }
+    assert n_summary <= summary
+    ours, theirs = read_route_trace(paths["route"]), read_route_trace(native / "run.route.csv")
+    assert list(ours.rows.columns) == list(theirs.rows.columns)
+    assert set(ours.meta) == set(theirs.meta)
+    assert list(ours.layers.columns) == list(theirs.layers.columns)
+    ours_io, theirs_io = read_io_trace(paths["io"]), read_io_trace(native / "run.io.csv")
+    assert list(ours_io.rows.columns) == [*theirs_io.rows.columns, "start_ns"]
+    assert set(ours_io.meta) == set(theirs_io.meta)
+    for mine, ref in (("ct", "ct.compute.csv"), ("ctl", "ctl.compute-layers.csv")):
+        a, b = read_compute_trace(paths[mine]), read_compute_trace(native / ref)
+        assert list(a.rows.columns) == list(b.rows.columns)
+        assert set(a.meta) == set(b.meta)
+        assert a.layer_granular == b.layer_granular == (mine == "ctl")
+    # per-layer segments per decode token: pre, 2 per layer but the last, the last, post
+    ctl = read_compute_trace(paths["ctl"]).rows
+    per_token = ctl[ctl["phase"] == 1].groupby("step").size()
+    n_layer = read_layout(tiny_model).n_layer
+    assert (per_token == 2 * n_layer + 1).all()
+    names = ctl[ctl["step"] == ctl["step"].max()]["name"].astype(str).tolist()
+    assert names == ["pre", "blk.0", "blk.0", "blk.1", "blk.1", "blk.2", "blk.2", "blk.3", "post"]
+    ct = read_compute_trace(paths["ct"]).rows
+    last = ct[ct["step"] == ct["step"].max()]
+    assert "MUL_MAT_ID" in set(last["op"].astype(str))
+    assert last["seq"].tolist() == list(range(len(last)))
+
+
+def test_validate_passes_on_every_file(tiny_model, tmp_path) -> None:
+    validate = pytest.importorskip("bmoe.formats.validate")
+    paths = [tmp_path / n for n in ("v.csv", "v.route.csv", "v.io.csv", "v.ctl.csv")]
+    out = io.BytesIO()
+    cfg = EngineConfig(
+        model=str(tiny_model),
+        prompt=PROMPT,
+        n_predict=12,
+        threads=1,
+        moe_stream=True,
+        cache_mb=1,
+        prefetch=1,
+        progress=True,
+        csv=str(paths[0]),
+        route_trace=str(paths[1]),
+        io_trace=str(paths[2]),
+        compute_trace_layers=str(paths[3]),
+    )
+    run_engine(cfg, out=out)
+    stream = tmp_path / "v.out"
+    stream.write_bytes(out.getvalue())
+    for path in [*paths, stream]:
+        findings = [f for f in validate.validate_file(path) if f.severity == "error"]
+        assert not findings, (path.name, findings)
+
+
+def test_progress_lines_and_end_of_run_lines(tiny_model, tmp_path) -> None:
+    out = io.BytesIO()
+    csv = tmp_path / "p.csv"
+    cfg = EngineConfig(
+        model=str(tiny_model),
+        prompt=PROMPT,
+        n_predict=10,
+        threads=1,
+        moe_stream=True,
+        cache_mb=1,
+        prefetch=1,
+        progress=True,
+        csv=str(csv),
+    )
+    run = run_engine(cfg, out=out)
+    text = out.getvalue()
+    events = list(protocol.iter_events(text.splitlines()))
+    progress = [e for e in events if e.tag == "PROGRESS"]
+    loads = [e for e in events if e.tag == "LOAD"]
+    assert [e.step for e in progress] == list(range(1, 11))
+    assert b"".join(e.delta_text_bytes for e in progress) == run.text
+    assert len(loads) == sum(1 for r in run.rows if r["read_bytes"])
+    assert b"=== answer ===\n" + run.text + b"\n=== perf ===\n" in text
+    figures = protocol.parse_run_lines(text)
+    summary = read_metrics(csv).summary
+    assert figures["tokens"] == summary["tokens"] == 10
+    assert figures["cache_hit_pct"] == pytest.approx(summary["cache_hit_pct"], abs=0.05)
+    assert figures["read_MiB"] == pytest.approx(summary["read_MiB"], abs=0.05)
+    assert figures["mode"] == "expert streaming" and figures["mode_cache"] == "1 MiB"
+    assert figures["spec_experts"] == run.cache_stats["prefetched"]
+    assert figures["spec_useful"] == run.cache_stats["prefetch_hits"]
+
+
+def test_plain_run_prints_a_baseline_mode_line(tiny_model) -> None:
+    out = io.BytesIO()
+    cfg = EngineConfig(model=str(tiny_model), prompt="hi", n_predict=4, threads=1)
+    run = run_engine(cfg, out=out)
+    text = out.getvalue()
+    assert text.startswith(b"hi" + run.text + b"\n\n")
+    figures = protocol.parse_run_lines(text)
+    assert "--moe-stream" in figures["mode"]
+    assert "read_MiB" not in figures
+    assert run.summary["cache_hit_pct"] == -1.0
+    assert all(r["cache_hit_pct"] == -1.0 and r["read_bytes"] == 0 for r in run.rows)
+
+
+def test_n_expert_used_override_changes_the_routing(tiny_model, tmp_path) -> None:
+    route = tmp_path / "k1.route.csv"
+    run = _run(tiny_model, moe_stream=True, cache_mb=2, n_expert_used=1, route_trace=str(route))
+    assert run.params["n_expert_used"] == 1
+    trace = read_route_trace(route)
+    assert trace.meta["n_expert_used"] == 1
+    assert set(trace.rows["slot"]) == {0}
+
+
+def test_load_all_reads_every_expert_every_layer(tiny_model, baseline) -> None:
+    run = _run(tiny_model, moe_stream=True, load_all=True)
+    layout = read_layout(tiny_model)
+    assert _identical(run, baseline)
+    per_token = sum(t.nbytes for t in layout.tensors.values())
+    assert all(r["read_bytes"] >= per_token for r in run.rows)
+    assert run.summary["cache_hit_pct"] == -1.0
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+def test_native_flags_parse() -> None:
+    cfg, version = parse_args(
+        [
+            "-m",
+            "x.gguf",
+            "-n",
+            "7",
+            "-t",
+            "3",
+            "--moe-stream",
+            "--cache-mb",
+            "auto",
+            "--prefetch=2",
+            "--no-odirect",
+            "--dense-weights",
+            "warm",
+            "-p",
+            "hello",
+        ],
+        env={},
+    )
+    assert not version
+    assert (cfg.model, cfg.n_predict, cfg.threads, cfg.prompt) == ("x.gguf", 7, 3, "hello")
+    assert cfg.moe_stream and cfg.cache_mb is None and cfg.prefetch == 2
+    assert not cfg.o_direct and cfg.dense_weights == "warm"
+    env_cfg, _ = parse_args(
+        ["-m", "x", "--moe-stream", "--io-threads", "2"],
+        env={"BMOE_CACHE_MB": "64", "BMOE_IO_THREADS": "8"},
+    )
+    assert env_cfg.cache_mb == 64 and env_cfg.io_threads == 2  # the flag wins
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-m", "x", "--overlap"], "--overlap is a native bmoe-cli flag"),
+        (["-m", "x", "--drop-cold-experts", "0.5"], "--drop-cold-experts"),
+        (["-m", "x", "--bogus"], "unknown flag '--bogus'"),
+        (["-m", "x", "--route-trace", "r.csv"], "--route-trace needs --moe-stream"),
+        (["-m", "x", "--dense-weights", "anon"], "mmap and warm"),
+        (["-m", "x", "-n"], "-n needs a value"),
+        (["-n", "3"], "--model is required"),
+    ],
+)
+def test_flag_errors_name_the_flag(argv, message) -> None:
+    with pytest.raises(BmoeError, match=message.replace("(", r"\(")):
+        parse_args(argv, env={})
+
+
+def test_env_asking_for_overlap_is_refused() -> None:
+    with pytest.raises(BmoeError, match="BMOE_OVERLAP"):
+        parse_args(["-m", "x"], env={"BMOE_OVERLAP": "1"})
+
+
+def test_cli_run_and_errors(tiny_model, tmp_path, capsysbinary) -> None:
+    from bmoe.cli import main
+
+    csv = tmp_path / "cli.csv"
+    rc = main(
+        [
+            "run",
+            "-m",
+            str(tiny_model),
+            "-n",
+            "3",
+            "-t",
+            "1",
+            "--moe-stream",
+            "--cache-mb",
+            "1",
+            "--csv",
+            str(csv),
+        ]
+    )
+    assert rc == 0
+    assert read_metrics(csv).tokens == 3
+    assert b"generation: 3 tokens" in capsysbinary.readouterr().out
+    rc = main(["run", "-m", str(tiny_model), "--overlap"])
+    assert rc == 2
+    err = capsysbinary.readouterr().err.decode()
+    assert "--overlap" in err and len(err.strip().splitlines()) == 1
+    rc = main(["run", "-m", str(tmp_path / "missing.gguf"), "-n", "1"])
+    assert rc == 2
+    assert "no such model file" in capsysbinary.readouterr().err.decode()
+
+
+def test_cli_model_synth(tmp_path, capsys) -> None:
+    from bmoe.cli import main
+
+    rc = main(
+        [
+            "model",
+            "synth",
+            str(tmp_path / "m.gguf"),
+            "--layers",
+            "1",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--type",
+            "f16",
+        ]
+    )
+    assert rc == 0
+    assert (tmp_path / "m.gguf").stat().st_size > 0
+    assert "m.gguf" in capsys.readouterr().out
