@@ -109,21 +109,28 @@ class LFU(Policy):
         for i, look in enumerate(lookups):
             size = sizes[i]
             h = 0
+            fresh = []
+            rec = recency[i]
             for k in look:
-                count[k] = count.get(k, 0) + 1
+                c = count.get(k, 0) + 1
+                count[k] = c
                 if k in res:
                     h += 1
                 else:
                     res[k] = size
                     held += size
+                if rec is None:  # touched in lookup order
+                    clock += 1
+                    e = (c << COUNT_SHIFT) | (clock << KEY_BITS) | k
+                    entry[k] = e
+                    fresh.append(e)
+            if rec is not None:
+                for k in rec:
+                    clock += 1
+                    e = (count[k] << COUNT_SHIFT) | (clock << KEY_BITS) | k
+                    entry[k] = e
+                    fresh.append(e)
             hits[i] = h
-            fresh = []
-            rec = recency[i]
-            for k in look if rec is None else rec:
-                clock += 1
-                e = (count[k] << COUNT_SHIFT) | (clock << KEY_BITS) | k
-                entry[k] = e
-                fresh.append(e)
             while held > budget and heap:
                 e = heappop(heap)
                 k = e & KEY_MASK

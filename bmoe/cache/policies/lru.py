@@ -70,18 +70,11 @@ class LRU(Policy):
                 for k in rec:
                     move(k)
             hits[i] = h
-            if held > budget:
-                protected = set(look)
-                aside = []
-                while held > budget and res:
-                    k, s = pop(last=False)
-                    if k in protected:
-                        aside.append((k, s))
-                        continue
-                    held -= s
-                for k, s in reversed(aside):
-                    res[k] = s
-                    move(k, last=False)
+            # the batch's keys are the most recent: while more keys are resident than the
+            # batch holds, the least recent one is not the batch's
+            keep = len(look)
+            while held > budget and len(res) > keep:
+                held -= pop(last=False)[1]
         self.held = held
         return hits
 

@@ -57,10 +57,10 @@ class Random(Policy):
     def evict(self, layer: int, protected: Set[int]) -> list[int]:
         res, lst, pos = self.resident, self.keys, self.pos
         evictable = len(lst) - sum(1 for k in protected if k in res)
-        randbelow = self.rng.randrange
+        draw = self.rng.random
         victims: list[int] = []
         while self.held > self.budget and evictable > 0:
-            i = randbelow(len(lst))
+            i = int(draw() * len(lst))
             k = lst[i]
             if k in protected:
                 continue
@@ -78,7 +78,7 @@ class Random(Policy):
         """:meth:`Policy.run`, fused: the same steps (and draws) as :meth:`lookup` +
         :meth:`evict`."""
         res, lst, pos = self.resident, self.keys, self.pos
-        randbelow = self.rng.randrange
+        draw = self.rng.random
         held, budget = self.held, self.budget
         hits = [0] * len(layers)
         for i, look in enumerate(lookups):
@@ -97,7 +97,7 @@ class Random(Policy):
                 protected = set(look)
                 evictable = len(lst) - len(protected)
                 while held > budget and evictable > 0:
-                    j = randbelow(len(lst))
+                    j = int(draw() * len(lst))
                     k = lst[j]
                     if k in protected:
                         continue
