@@ -36,8 +36,7 @@ def info(
 ) -> None:
     """One screen per file: format and version, model, key parameters, rows, completeness.
 
-    Reads metrics CSVs, route / compute / io traces (CSV or Parquet), --progress and --session
-    streams, run logs, .metrics pressure sidecars and .state snapshots.
+    Any file of a run: metrics CSV, traces (CSV or Parquet), stdout, .metrics sidecar, .state.
 
     Example: bmoe info run.csv trace.route.csv run.out
     """
@@ -61,13 +60,12 @@ def info(
 def validate(
     files: list[Path] = typer.Argument(..., help="Telemetry files of any format."),
     fmt: str = typer.Option(
-        "text", "--format", "-f", help="text (one finding per line), or " + _FORMAT_HELP
+        "text", "--format", "-f", help="text (one finding per line), table, csv, json, markdown."
     ),
 ) -> None:
     """Check files against the telemetry contract and list the findings with line numbers.
 
-    Exit status: 0 every file is clean, 1 findings (errors or warnings), 2 a file could not be
-    read at all.
+    Exit status: 0 every file is clean, 1 findings (errors or warnings), 2 a file is unreadable.
 
     Example: bmoe validate run.csv trace.route.csv
     """
@@ -124,8 +122,7 @@ def convert(
 ) -> None:
     """Convert files to Parquet (preamble and summaries kept in the schema metadata) or back.
 
-    The readers accept the Parquet file wherever they accept the CSV, and converting it back
-    with --to csv gives the original bytes.
+    Every reader accepts the Parquet file in place of the CSV; --to csv gives the original bytes.
 
     Example: bmoe convert run.csv trace.route.csv --to parquet -o parquet/
     """
