@@ -251,3 +251,11 @@ def test_warning_free_parse_of_every_corpus_stream(corpus: Path) -> None:
         warnings.simplefilter("error")
         for name in RUN_LOGS:
             _events(corpus / name)
+
+
+def test_events_arrive_as_their_lines_do() -> None:
+    def live():
+        yield 'BMOE_BEGIN {"id":1}\n'
+        raise AssertionError("read a line ahead of the consumer")
+
+    assert next(P.iter_events(live())).tag == "BEGIN"

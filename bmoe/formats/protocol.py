@@ -331,27 +331,23 @@ def parse_line(
 def iter_events(
     lines: Iterable[str | bytes], *, path: str | None = None, notes: list[str] | None = None
 ) -> Iterator[Event]:
-    """The events of a stdout stream, in order; other lines are skipped.
+    """The events of a stdout stream, in order, as each line arrives; other lines are skipped.
 
-    A malformed ``BMOE_*`` line is a :class:`FormatError`, unless it is the stream's last line
-    (a run killed mid-write): that one is dropped with a :class:`FormatWarning` (its text is
-    also appended to `notes` when given).
+    Give the lines with their newlines (a file, a pipe's ``readline``): a malformed ``BMOE_*``
+    line that ends in a newline is a :class:`FormatError`; one without (the last line of a run
+    killed mid-write) is dropped with a :class:`FormatWarning`, its text also appended to
+    `notes` when given.
     """
-    it = iter(lines)
-    pending = next(it, None)
-    lineno = 0
-    while pending is not None:
-        current, pending = pending, next(it, None)
-        lineno += 1
+    for lineno, line in enumerate(lines, start=1):
         try:
-            event = parse_line(current, path=path, lineno=lineno)
+            event = parse_line(line, path=path, lineno=lineno)
         except FormatError:
-            if pending is None and not to_text(current).endswith("\n"):
-                text = warn(path, lineno, "last line is cut short (stream truncated?); dropped it")
-                if notes is not None:
-                    notes.append(text)
-                return
-            raise
+            if to_text(line).endswith("\n"):
+                raise
+            text = warn(path, lineno, "last line is cut short (stream truncated?); dropped it")
+            if notes is not None:
+                notes.append(text)
+            continue
         if event is not None:
             yield event
 
