@@ -67,3 +67,4 @@ def test_fused_replay_equals_staging_batch_by_batch(batches, budget) -> None:
         assert hits == one_by_one, policy
         assert fused.resident() == staged.resident(), policy
         assert fused.bytes_held == staged.bytes_held, policy
+        assert fused.stats == staged.stats, policy

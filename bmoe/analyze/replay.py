@@ -287,6 +287,8 @@ def model_shape(trace: RouteTrace, batches: ReplayBatches) -> dict[str, object]:
         "decode_batches": batches.n_decode,
         "lookups": int(batches.n_lookups.sum()),
         "t_mib": sum(sizes.values()) * k / MIB,
+        "recorded_with_dropping": trace.recorded_with_dropping,
+        **{f"recorded_{key}": value for key, value in (recorded_hit_rate(batches) or {}).items()},
     }
 
 

@@ -218,6 +218,7 @@ class ExpertCache:
             )
         if next_use is None:
             next_use = [None] * len(layers)
+        resident_before = len(policy.resident)
         hits = policy.run(layers, lookups, recency, sizes, next_use)
         st = self._stats
         n = sum(len(x) for x in lookups)
@@ -225,11 +226,15 @@ class ExpertCache:
         st["lookups"] += n
         st["hits"] += h
         st["misses"] += n - h
+        # every miss was admitted; whatever is not resident any more was evicted
+        st["evictions"] += resident_before + (n - h) - len(policy.resident)
         st["bytes_read"] += sum(
             (len(x) - y) * s for x, y, s in zip(lookups, hits, sizes, strict=True)
         )
         if lookups:
             self._touched = set(lookups[-1])
+        if self._pending:
+            self._pending.intersection_update(policy.resident)
         return hits
 
     def prefetch(

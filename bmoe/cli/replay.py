@@ -43,19 +43,17 @@ def read_trace(path: Path) -> RouteTrace:
 
 
 def _recorded_point(views, validate: float | None, metrics_summary, metrics_params):
-    """(budget MiB, recorded decode hit %) for the plot, when both are known."""
+    """(budget MiB, recorded decode hit %) for the plot: the residency column's hit rate at
+    the run's budget (--validate, else the metrics file's), when both are known."""
     budget = validate
     if budget is None and metrics_summary:
         budget = metrics_summary.get("cache_budget_MiB")
     if budget is None and metrics_params:
         budget = metrics_params.get("cache_mb")
-    if not isinstance(budget, int | float):
+    hit = views["shape"].get("recorded_hit_pct_decode")
+    if not isinstance(budget, int | float) or hit is None or hit != hit:
         return None
-    validation = views.get("validation")
-    if validation is not None and len(validation) > 1:
-        hit = validation.iloc[1]["hit_pct_decode"]
-        return (float(budget), float(hit))
-    return None
+    return (float(budget), float(hit))
 
 
 @analyze_app.command("replay")
@@ -146,7 +144,7 @@ def analyze_replay(
 
     with Progress(
         TextColumn("replaying"), BarColumn(), MofNCompleteColumn(),
-        console=err_console, transient=True,
+        console=err_console, transient=True, disable=not err_console.is_terminal,
     ) as bar:  # fmt: skip
         runs = len(budget_list) * len(names) * (2 if prefetch is not None else 1)
         task = bar.add_task("replay", total=runs)
@@ -161,6 +159,12 @@ def analyze_replay(
             prefetch=prefetch,
             seed=seed,
             progress=lambda done, total: bar.update(task, completed=done),
+        )
+    if views["shape"].get("recorded_with_dropping"):
+        err_console.print(
+            "[bold yellow]NOTE[/] this trace was recorded with expert dropping on: the replay "
+            "looks up every expert the router asked for, dropped ones included",
+            highlight=False,
         )
     _print_replay(views, fmt, validate)
     if csv_out is not None:
