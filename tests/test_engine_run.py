@@ -137,6 +137,33 @@ def test_replaying_the_route_trace_reproduces_the_hit_rate(tiny_model, tmp_path)
     assert read_metrics(csv).rows["cache_hit_pct"].iloc[-1] == pytest.approx(recorded, abs=0.05)
 
 
+def test_the_project_replay_agrees_with_the_engine(tiny_model, tmp_path) -> None:
+    replay = pytest.importorskip("bmoe.analyze.replay")
+    route, csv = tmp_path / "r.route.csv", tmp_path / "r.csv"
+    run = _run(tiny_model, moe_stream=True, cache_mb=2, route_trace=str(route), csv=str(csv))
+    batches = replay.prepare_batches(read_route_trace(route))
+    table = replay.validate(batches, 2.0, read_metrics(csv).summary).set_index("source")
+    exact = 100 * run.cache_stats["hits"] / run.cache_stats["lookups"]
+    assert table.loc["lru replay @ 2 MiB", "hit_pct_cum"] == pytest.approx(exact, abs=1e-9)
+    assert table.loc["trace residency column", "hit_pct_cum"] == pytest.approx(exact, abs=1e-9)
+    assert abs(table.loc["metrics summary cache_hit_pct", "minus_replay_cum"]) <= 0.05
+
+
+def test_prefetch_matches_the_replayed_previous_token_bet(tiny_model, tmp_path) -> None:
+    replay = pytest.importorskip("bmoe.analyze.replay")
+    route = tmp_path / "pf.route.csv"
+    run = _run(tiny_model, moe_stream=True, cache_mb=1, prefetch=1, route_trace=str(route))
+    trace = read_route_trace(route)
+    batches = replay.prepare_batches(trace)
+    bet = replay.prefetch_replay(trace, batches, "lru", 1.0, 1)
+    stats = run.cache_stats
+    assert bet["prefetched"] == stats["prefetched"] == run.summary["spec_experts"] > 0
+    assert bet["used"] == stats["prefetch_hits"] == run.summary["spec_useful"]
+    assert bet["demand_misses"] == stats["misses"]
+    rows = trace.rows
+    assert int((rows["residency"] == 2).sum()) == stats["prefetch_hits"]
+
+
 def test_reads_match_the_file_layout_and_the_metrics(tiny_model, tmp_path) -> None:
     iot, csv = tmp_path / "r.io.csv", tmp_path / "r.csv"
     run = _run(tiny_model, moe_stream=True, cache_mb=1, io_trace=str(iot), csv=str(csv))
@@ -402,7 +429,10 @@ def test_cli_run_and_errors(tiny_model, tmp_path, capsysbinary) -> None:
     )
     assert rc == 0
     assert read_metrics(csv).tokens == 3
-    assert b"generation: 3 tokens" in capsysbinary.readouterr().out
+    captured = capsysbinary.readouterr()
+    assert b"generation: 3 tokens" in captured.out
+    # 1 MiB holds fewer experts than one token routes (4 layers x 2 x 192 KiB): said at load
+    assert b"warning: --cache-mb 1 is under one token's routed experts" in captured.err
     rc = main(["run", "-m", str(tiny_model), "--overlap"])
     assert rc == 2
     err = capsysbinary.readouterr().err.decode()
@@ -433,3 +463,55 @@ def test_cli_model_synth(tmp_path, capsys) -> None:
     assert rc == 0
     assert (tmp_path / "m.gguf").stat().st_size > 0
     assert "m.gguf" in capsys.readouterr().out
+
+
+def test_a_rebuilt_graph_is_caught_and_the_token_decoded_again(
+    tiny_model, baseline, monkeypatch
+) -> None:
+    from bmoe.engine.embedded import hook as hook_module
+
+    begin = hook_module.EvalHook.begin
+    calls = {"n": 0, "poisoned": 0}
+
+    def poisoning_begin(self, *args, **kw):
+        begin(self, *args, **kw)
+        calls["n"] += 1
+        if calls["n"] in (6, 12) and self._decisions:  # as if the graph moved under us
+            self._decisions = dict.fromkeys(self._decisions, False)
+            calls["poisoned"] += 1
+
+    monkeypatch.setattr(hook_module.EvalHook, "begin", poisoning_begin)
+    run = _run(tiny_model, moe_stream=True, cache_mb=1)
+    assert calls["poisoned"] == 2
+    assert _identical(run, baseline)
+
+
+def test_identity_holds_when_traced_and_with_a_small_ubatch(tiny_model, tmp_path) -> None:
+    # prefill in ubatches of 16 (the prompt is ~50 tokens): the routing of each ubatch is
+    # attributed to its own positions, and the output still matches plain decoding
+    plain = _run(tiny_model, ubatch=16)
+    route = tmp_path / "ub.route.csv"
+    streamed = _run(
+        tiny_model,
+        ubatch=16,
+        moe_stream=True,
+        cache_mb=1,
+        route_trace=str(route),
+        compute_trace_layers=str(tmp_path / "ub.ctl.csv"),
+    )
+    assert _identical(streamed, plain)
+    rows = read_route_trace(route).rows
+    prefill = rows[(rows["phase"] == 0) & (rows["layer"] == 0)]
+    assert sorted(set(prefill["step"])) == list(range(streamed.n_prompt))
+    last = rows[(rows["phase"] == 0) & (rows["layer"] == 3)]
+    assert set(last["step"]) == {streamed.n_prompt - 1}  # only the output token's row
+
+
+def test_warm_dense_weights_and_auto_cache(tiny_model, baseline) -> None:
+    run = _run(tiny_model, moe_stream=True, cache_mb=None, dense_weights="warm")
+    assert _identical(run, baseline)
+    assert run.params["cache_auto"] is True and run.params["dense_weights"] == "warm"
+    layout = read_layout(tiny_model)
+    assert run.params["cache_mb"] == pytest.approx(layout.total_expert_bytes / MIB, abs=0.01)
+    fracs = [r["dense_resident_frac"] for r in run.rows]
+    assert all(f == -1.0 or 0.99 <= f <= 1.0 for f in fracs)

@@ -40,7 +40,7 @@ def run(ctx: typer.Context) -> None:
     if version:
         console.out(engine_version(), highlight=False)
         return
-    run_engine(cfg, out=sys.stdout.buffer)
+    run_engine(cfg, out=sys.stdout.buffer, err=sys.stderr)
 
 
 @model_app.command("synth")

@@ -173,6 +173,23 @@ def set_data(address: int, data: int) -> None:
     tensor(address).data = data
 
 
+def read_rows(address: int, dtype: Any) -> np.ndarray:
+    """A copy of a materialised 2-D tensor (``ne0`` x ``ne1``, row stride ``nb1``) as
+    (ne1, ne0), e.g. the routed ids ``ffn_moe_topk`` (a strided view of the argsort); the fast
+    path the routing callback takes once per layer."""
+    t = GgmlTensor.from_address(address)
+    k, n, nb1 = t.ne[0], t.ne[1], t.nb[1]
+    item = np.dtype(dtype).itemsize
+    if k == 0 or n == 0 or not t.data:
+        return np.zeros((n, k), dtype=dtype)
+    if n == 1 or nb1 == k * item:
+        raw = ctypes.string_at(t.data, n * k * item)
+        return np.frombuffer(raw, dtype=dtype).reshape(n, k)
+    raw = ctypes.string_at(t.data, (n - 1) * nb1 + k * item)
+    flat = np.frombuffer(raw, dtype=dtype)
+    return np.lib.stride_tricks.as_strided(flat, (n, k), (nb1, item)).copy()
+
+
 def as_array(address: int, dtype: Any) -> np.ndarray:
     """A numpy view of a materialised tensor (shape = reversed ``ne``, strides = ``nb``)."""
     t = tensor(address)

@@ -34,6 +34,11 @@ _TOPK = b"ffn_moe_topk-"
 _WEIGHTS = b"ffn_moe_weights"
 
 
+class GraphChanged(RuntimeError):
+    """A decode that used remembered node decisions routed fewer layers than the model has:
+    the graph was rebuilt differently, so that decode must be redone without them."""
+
+
 @dataclass(slots=True)
 class TraceRow:
     """One compute-trace row (without turn/phase/step)."""
@@ -60,7 +65,9 @@ class EvalHook:
         route_weights: bool = False,
         trace: str | None = None,  # None, "node" or "layer"
         first_moe_layer: int = 0,
+        n_moe_layers: int = 0,
         expert_names: frozenset[bytes] = frozenset(),
+        profile: bool = False,
     ):
         from llama_cpp import ggml_backend_sched_eval_callback
 
@@ -68,10 +75,22 @@ class EvalHook:
         self.route_weights = route_weights
         self.trace = trace
         self.first_moe_layer = first_moe_layer
+        self.n_moe_layers = n_moe_layers
+        # Single-token decodes reuse one graph (same nodes at the same addresses), so the
+        # answer to "ask" is remembered per node address for them; :meth:`end` checks that
+        # every MoE layer was routed and raises GraphChanged if not.
+        self._decisions: dict[int, bool] = {}
+        self._remember = False
+        self._routed = 0
         self.expert_names = expert_names
         self.discovered: dict[str, int] | None = None
         self.error: BaseException | None = None
-        self.callback = ggml_backend_sched_eval_callback(self._callback)
+        #: with `profile`, the time spent inside the callback and its number of calls
+        self.profile_ns = 0
+        self.profile_calls = 0
+        self.callback = ggml_backend_sched_eval_callback(
+            self._timed_callback if profile else self._callback
+        )
         self.trace_rows: list[TraceRow] = []
         self._routings: dict[int, Routing] = {}
         self._positions = np.zeros(0, dtype=np.int64)
@@ -89,8 +108,9 @@ class EvalHook:
         return bool(self.streamer or self.trace or self.discovered is not None)
 
     # -- decode bracket ---------------------------------------------------------------------
-    def begin(self, positions: np.ndarray, outputs: np.ndarray) -> None:
-        """Called right before llama_decode with the batch's positions and output mask."""
+    def begin(self, positions: np.ndarray, outputs: np.ndarray, generating: bool = True) -> None:
+        """Called right before llama_decode with the batch's positions and output mask
+        (`generating`: a generated token rather than the prompt)."""
         self.error = None
         self._positions = positions
         self._outputs = outputs
@@ -100,8 +120,15 @@ class EvalHook:
         self.trace_rows = []
         self._seg_layer = -1
         self._seq = 0
+        self._routed = 0
+        self._remember = (
+            len(positions) == 1
+            and not self.trace
+            and self.discovered is None
+            and self.streamer is not None
+        )
         if self.streamer is not None:
-            self.streamer.begin_decode()
+            self.streamer.begin_decode(generating)
         if self.trace:
             self._last_ns = time.perf_counter_ns()
             self._last_flt = _majflt()
@@ -113,11 +140,31 @@ class EvalHook:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+        if self._remember and self._routed != self.n_moe_layers:
+            self._decisions.clear()
+            raise GraphChanged(f"{self._routed} of {self.n_moe_layers} MoE layers routed")
+
+    def forget(self) -> None:
+        """Drop the remembered node decisions (the next decode asks about every node)."""
+        self._decisions.clear()
 
     # -- the callback -----------------------------------------------------------------------
+    def _timed_callback(self, t: int, ask: bool, user: int) -> bool:
+        t0 = time.perf_counter_ns()
+        try:
+            return self._callback(t, ask, user)
+        finally:
+            self.profile_ns += time.perf_counter_ns() - t0
+            self.profile_calls += 1
+
     def _callback(self, t: int, ask: bool, _user: int) -> bool:
         try:
             if ask:
+                if self._remember:
+                    known = self._decisions.get(t)
+                    if known is None:
+                        known = self._decisions[t] = self._ask(t)
+                    return known
                 return self._ask(t)
             return self._computed(t)
         except BaseException as exc:
@@ -201,15 +248,14 @@ class EvalHook:
     def _route(self, t: int, layer: int) -> None:
         if self.streamer is None or layer < 0:
             return
-        k = int(ggml.tensor(t).ne[0])
-        ids = ggml.as_array(t, np.int32).reshape(-1, k) if k else np.zeros((0, 0), np.int32)
+        ids = ggml.read_rows(t, np.int32)
         n = ids.shape[0]
         if layer == self.first_moe_layer:  # a new ubatch starts at the first MoE layer
             self._ub_start += self._ub_n
             self._ub_n = n
         if n == 0:
             return
-        ids = np.array(ids, dtype=np.int32)  # detach from ggml's buffer
+        self._routed += 1
         self.streamer.route(layer, ids, self._positions_for(n))
         if self.streamer.keep_routings and self.streamer.counters.routings:
             self._routings[layer] = self.streamer.counters.routings[-1]

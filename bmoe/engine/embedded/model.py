@@ -166,6 +166,10 @@ class LlamaModel:
             raise BmoeError("no logits after decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
+    def forget_from(self, pos: int) -> None:
+        """Drop the KV cache from position `pos` on (to decode it again)."""
+        self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, pos, -1)
+
     def clear_memory(self) -> None:
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
 

@@ -25,7 +25,7 @@ from bmoe.cache import ExpertCache
 from bmoe.engine.embedded import ggml, libc, probes
 from bmoe.engine.embedded.arena import ExpertArena
 from bmoe.engine.embedded.config import EngineConfig
-from bmoe.engine.embedded.hook import EvalHook, TraceRow
+from bmoe.engine.embedded.hook import EvalHook, GraphChanged, TraceRow
 from bmoe.engine.embedded.layout import ModelLayout, read_layout
 from bmoe.engine.embedded.model import LlamaModel, version
 from bmoe.engine.embedded.reader import ExpertReader, ReadJob, ReadRecord
@@ -58,6 +58,9 @@ class RunResult:
     cache_stats: dict[str, int] | None = None
     peak_rss_mib: float = 0.0
     expert_resident_bytes: int = 0  # arena pages in RAM at the end (mincore), streaming only
+    hook_ns: int = 0  # with profile_hook: time inside the eval callback over the decode steps
+    hook_calls: int = 0
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def metrics(self) -> pd.DataFrame:
@@ -149,6 +152,7 @@ class _Engine:
         *,
         fault: Callable[[ReadJob], None] | None = None,
         origin_ns: int,
+        profile_hook: bool = False,
     ):
         self.cfg = cfg
         self.layout = read_layout(cfg.model)
@@ -170,7 +174,9 @@ class _Engine:
                 route_weights=bool(cfg.route_trace),
                 trace=trace,
                 first_moe_layer=lay.moe_layers[0] if lay.moe_layers else 0,
+                n_moe_layers=len(lay.moe_layers),
                 expert_names=frozenset(n.encode() for n in lay.tensors),
+                profile=profile_hook,
             )
         self.model = LlamaModel(
             cfg.model,
@@ -181,6 +187,7 @@ class _Engine:
             arch=lay.arch,
             callback=self.hook.callback if self.hook else None,
         )
+        self.warnings: list[str] = []
         self.arena: ExpertArena | None = None
         self.reader: ExpertReader | None = None
         self.cache: ExpertCache | None = None
@@ -202,7 +209,7 @@ class _Engine:
         cfg, lay, hook, model = self.cfg, self.layout, self.hook, self.model
         assert hook is not None
         hook.discovered = {}
-        hook.begin(np.zeros(1, np.int64), np.ones(1, bool))
+        hook.begin(np.zeros(1, np.int64), np.ones(1, bool), generating=False)
         model.decode([model.bos if model.bos >= 0 else 0], 0)
         hook.end()
         found, hook.discovered = hook.discovered, None
@@ -227,6 +234,12 @@ class _Engine:
         if not cfg.load_all:
             self.budget_bytes = resolve_cache_bytes(cfg, lay)
             self.cache = ExpertCache(self.budget_bytes, "lru", n_layer=lay.n_layer)
+            cycle = self.cycle_bytes
+            if 0 < self.budget_bytes < cycle:
+                self.warnings.append(
+                    f"--cache-mb {_mb(self.budget_bytes)} is under one token's routed experts "
+                    f"(cache_cycle_mb={_mb(cycle)}): expect a hit rate near zero"
+                )
         self.streamer = ExpertStreamer(
             lay,
             self.arena,
@@ -237,6 +250,12 @@ class _Engine:
             keep_routings=bool(cfg.route_trace),
         )
         hook.streamer = self.streamer
+
+    @property
+    def cycle_bytes(self) -> int:
+        """One token's worst-case routed expert bytes at the effective top-k."""
+        lay = self.layout
+        return sum(lay.expert_bytes(il) for il in lay.moe_layers) * self.n_expert_used
 
     def _warm_dense(self) -> None:
         """``--dense-weights warm``: fault the dense weights in before the first token."""
@@ -261,7 +280,7 @@ class _Engine:
 def _params(cfg: EngineConfig, eng: _Engine, o_direct: bool) -> dict[str, Any]:
     lay = eng.layout
     stream = cfg.moe_stream
-    cycle = sum(lay.expert_bytes(il) for il in lay.moe_layers) * eng.n_expert_used
+    cycle = eng.cycle_bytes
     return {
         "engine": engine_version(),
         "model": os.path.basename(cfg.model),
@@ -419,11 +438,17 @@ def run_engine(
     out: BinaryIO | None = None,
     keep_logits: bool = False,
     fault: Callable[[ReadJob], None] | None = None,
+    on_ready: Callable[[], None] | None = None,
+    profile_hook: bool = False,
+    err: IO[str] | None = None,
 ) -> RunResult:
     """Run one generation as ``bmoe run`` does; stdout lines go to `out` (None = silent).
 
     `keep_logits` keeps the logits each generated token was chosen from. `fault` is called by
-    a read lane after each expert read (tests use it to corrupt one read).
+    a read lane after each expert read (tests use it to corrupt one read). `on_ready` is called
+    once the model is loaded and streaming is set up, before the prompt. `profile_hook` times
+    the eval callback over the decode steps (:attr:`RunResult.hook_ns`). Load-time warnings
+    are written to `err` as they happen (and kept in :attr:`RunResult.warnings`).
     """
     cfg.check()
     origin_ns = time.monotonic_ns()
@@ -431,8 +456,14 @@ def run_engine(
     t_load = time.perf_counter()
     eng: _Engine | None = None
     try:
-        eng = _Engine(cfg, fault=fault, origin_ns=origin_ns)
+        eng = _Engine(cfg, fault=fault, origin_ns=origin_ns, profile_hook=profile_hook)
         load_s = time.perf_counter() - t_load
+        if err is not None:
+            for warning in eng.warnings:
+                err.write(f"warning: {warning}\n")
+            err.flush()
+        if on_ready is not None:
+            on_ready()
         return _generate(cfg, eng, sinks, out, load_s, keep_logits)
     finally:
         if eng is not None:
@@ -510,7 +541,7 @@ def _generate(
     outputs = np.zeros(n_prompt, dtype=bool)
     outputs[-1] = True
     if hook is not None:
-        hook.begin(positions, outputs)
+        hook.begin(positions, outputs, generating=False)
     u0 = probes.usage()
     t0 = time.perf_counter()
     model.decode(tokens, 0)
@@ -523,6 +554,8 @@ def _generate(
     pre_read, pre_spec = after_decode(0, n_prompt - 1)
     spec_read = pre_spec
     logits = model.logits()
+    if hook is not None:
+        hook.profile_ns = hook.profile_calls = 0
     t_prev_end = time.perf_counter()
 
     sample = _sampler(cfg)
@@ -540,15 +573,11 @@ def _generate(
         piece = model.piece(token)
         text += piece
         pos = n_prompt + step - 1
-        if hook is not None:
-            hook.begin(np.array([pos], np.int64), np.ones(1, bool))
         u0 = probes.usage()
         t0 = time.perf_counter()
-        model.decode([token], pos)
+        _decode_one(model, hook, token, pos)
         t1 = time.perf_counter()
         u1 = probes.usage()
-        if hook is not None:
-            hook.end()
         logits = model.logits()
         loop_overhead = t0 - t_prev_end
         c = streamer.counters if streamer is not None else DecodeCounters()
@@ -653,7 +682,28 @@ def _generate(
         cache_stats=cache.stats if cache is not None else None,
         peak_rss_mib=mem.get("peak_rss_mib", 0.0),
         expert_resident_bytes=eng.arena.resident_bytes() if eng.arena is not None else 0,
+        hook_ns=hook.profile_ns if hook is not None else 0,
+        hook_calls=hook.profile_calls if hook is not None else 0,
+        warnings=list(eng.warnings),
     )
+
+
+def _decode_one(model: LlamaModel, hook: EvalHook | None, token: int, pos: int) -> None:
+    """Decode one token; redo it without remembered node decisions if the graph changed."""
+    where = np.array([pos], np.int64)
+    if hook is None:
+        model.decode([token], pos)
+        return
+    hook.begin(where, np.ones(1, bool))
+    model.decode([token], pos)
+    try:
+        hook.end()
+    except GraphChanged:
+        model.forget_from(pos)
+        hook.forget()
+        hook.begin(where, np.ones(1, bool))
+        model.decode([token], pos)
+        hook.end()
 
 
 def _progress(row: dict[str, Any], piece: bytes) -> dict[str, Any]:

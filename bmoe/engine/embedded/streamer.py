@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bmoe.cache import ExpertCache
+from bmoe.cache import EXPERT_BITS, ExpertCache
 from bmoe.engine.embedded.arena import ExpertArena
 from bmoe.engine.embedded.layout import ModelLayout
 from bmoe.engine.embedded.reader import ExpertReader, ReadJob, Ticket
+
+EXPERT_MASK = (1 << EXPERT_BITS) - 1
 
 
 @dataclass
@@ -77,6 +79,7 @@ class ExpertStreamer:
         self._prev_ids: dict[int, list[int]] = {}
         self._spec: set[tuple[int, int]] = set()
         self.counters = DecodeCounters()
+        self._generating = True
         # run totals
         self.rereads = 0
         self.spec_experts = 0
@@ -84,8 +87,11 @@ class ExpertStreamer:
         self.loads = 0  # expert loads (misses) read on demand
 
     # -- per decode -----------------------------------------------------------------------
-    def begin_decode(self) -> None:
+    def begin_decode(self, generating: bool = True) -> None:
+        """A new llama_decode starts; `generating` is False for the prompt (no prefetch: the
+        bet is on the previous *generated* step, as replay makes it)."""
         self.counters = DecodeCounters()
+        self._generating = generating
 
     def finish(self) -> None:
         """Wait for every read still in flight (end of run)."""
@@ -104,7 +110,8 @@ class ExpertStreamer:
         t0 = time.perf_counter_ns()
         io_ns = 0
         eb = self._expert_bytes[layer]
-        distinct = list(dict.fromkeys(ids.ravel().tolist()))
+        flat = ids.ravel().tolist()
+        distinct = list(dict.fromkeys(flat))
         c = self.counters
         c.demand_bytes += len(distinct) * eb
         c.widest_layer_bytes = max(c.widest_layer_bytes, len(distinct) * eb)
@@ -112,10 +119,18 @@ class ExpertStreamer:
             misses, hits, pf_hits = list(range(self.layout.n_expert)), [], []
         else:
             assert self.cache is not None
-            res = self.cache.stage(layer, distinct, eb)
-            misses, hits, pf_hits = res.misses, res.hits, res.prefetch_hits
-            for victim in res.evicted:
-                io_ns += self._release(victim)
+            base = layer << EXPERT_BITS
+            recency = None
+            if len(distinct) != len(flat):  # repeats only refresh recency: last-touch order
+                recency = [base | e for e in reversed(dict.fromkeys(reversed(flat)))]
+            hit_keys, miss_keys, pf_keys, victims = self.cache.stage_keys(
+                layer, [base | e for e in distinct], recency, eb
+            )
+            hits = [k & EXPERT_MASK for k in hit_keys]
+            misses = [k & EXPERT_MASK for k in miss_keys]
+            pf_hits = [k & EXPERT_MASK for k in pf_keys]
+            for victim in victims:
+                io_ns += self._release((victim >> EXPERT_BITS, victim & EXPERT_MASK))
         waits = [self._inflight.pop((layer, e)) for e in hits if (layer, e) in self._inflight]
         ticket = self.reader.submit(self._jobs(layer, misses, spec=False)) if misses else None
         tw = time.perf_counter_ns()
@@ -134,7 +149,8 @@ class ExpertStreamer:
         self.spec_useful += len(pf_hits)
         if self.prefetch and not self.load_all:
             self._prev_ids[layer] = list(dict.fromkeys(ids[-1].tolist())) if len(ids) else []
-            self._speculate(layer)
+            if self._generating:
+                self._speculate(layer)
         if self.keep_routings:
             c.routings.append(self._routing(layer, ids, positions, misses, pf_hits, eb))
         c.io_ns += io_ns
