@@ -1,16 +1,17 @@
 """``lfu``: evict the key with the fewest lookups so far, ties by least recent touch.
 
 Counts survive eviction (a key re-admitted carries on from its old count). Victims come from
-a min-heap with lazy deletion: every touch pushes a fresh entry, and an entry is live only
-while it is the key's latest. Entries are single integers ``count | touch | key`` (packed,
-so the heap compares ints, not tuples); a key touched since the current batch began has a
-touch stamp at or after the batch's first one, which is how protection is checked.
+a min-heap of packed ``count | touch | key`` integers, updated lazily: a key's priority only
+grows (its count and its last touch both increase), so the heap keeps one entry per resident
+key, possibly stale (lower than the key's priority now). A popped entry that is stale goes
+back at the key's current priority; one that is current is the true minimum. A hit costs no
+heap operation at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence, Set
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 
 from bmoe.cache.policies.base import Policy
 
@@ -27,10 +28,9 @@ class LFU(Policy):
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)
         self.count: dict[int, int] = {}  # lookups since the replay began (kept on eviction)
-        self.entry: dict[int, int] = {}  # resident key -> its live heap entry
-        self.heap: list[int] = []
+        self.stamp: dict[int, int] = {}  # resident key -> its last touch
+        self.heap: list[int] = []  # one entry per resident key, at or below its priority
         self.clock = 0
-        self.batch_start = 1  # touch stamp of the current batch's first touch
 
     def lookup(
         self,
@@ -51,8 +51,8 @@ class LFU(Policy):
                 misses.append(k)
                 res[k] = size
         self.held += size * len(misses)
-        self.batch_start = self.clock + 1
         self._touch(lookups if recency is None else recency)
+        self._enter(misses)
         return hits, misses
 
     def admit(self, keys: Sequence[int], size: int, next_use: Sequence[int] | None = None) -> None:
@@ -61,36 +61,37 @@ class LFU(Policy):
             res[k] = size
         self.held += size * len(keys)
         self._touch(keys)
+        self._enter(keys)
 
     def _touch(self, keys: Sequence[int]) -> None:
-        count, entry, heap = self.count, self.entry, self.heap
+        stamp = self.stamp
         clock = self.clock
         for k in keys:
             clock += 1
-            e = (count.get(k, 0) << COUNT_SHIFT) | (clock << KEY_BITS) | k
-            entry[k] = e
-            heappush(heap, e)
+            stamp[k] = clock
         self.clock = clock
-        if len(heap) > 4 * len(entry) + 256:
-            self._compact()
 
-    def _compact(self) -> None:
-        self.heap = list(self.entry.values())
-        heapify(self.heap)
+    def _enter(self, keys: Sequence[int]) -> None:
+        """Push the first heap entry of newly resident keys."""
+        count, stamp, heap = self.count, self.stamp, self.heap
+        for k in keys:
+            heappush(heap, (count.get(k, 0) << COUNT_SHIFT) | (stamp[k] << KEY_BITS) | k)
 
     def evict(self, layer: int, protected: Set[int]) -> list[int]:
-        heap, entry, res = self.heap, self.entry, self.resident
+        heap, stamp, count, res = self.heap, self.stamp, self.count, self.resident
         victims: list[int] = []
         aside = []
         while self.held > self.budget and heap:
             e = heappop(heap)
             k = e & KEY_MASK
-            if entry.get(k) != e:
-                continue  # stale
+            now = (count.get(k, 0) << COUNT_SHIFT) | (stamp[k] << KEY_BITS) | k
+            if e != now:
+                heappush(heap, now)  # stale: back at the key's priority now
+                continue
             if k in protected:
                 aside.append(e)
                 continue
-            del entry[k]
+            del stamp[k]
             self.held -= res.pop(k)
             victims.append(k)
         for e in aside:
@@ -100,49 +101,49 @@ class LFU(Policy):
     def run(self, layers, lookups, recency, sizes, next_use) -> list[int]:
         """:meth:`Policy.run`, fused: the same steps as :meth:`lookup` + :meth:`evict`.
 
-        A batch's fresh heap entries are pushed after its eviction: while it runs, the
-        batch's keys only have stale entries in the heap, so they cannot be chosen.
-        """
-        res, count, entry, heap = self.resident, self.count, self.entry, self.heap
+        A batch's new keys enter the heap after its eviction, and a key touched since the
+        batch began (touch stamp at or after its start) is set aside, so the batch is never
+        chosen."""
+        res, count, stamp, heap = self.resident, self.count, self.stamp, self.heap
         held, budget, clock = self.held, self.budget, self.clock
         hits = [0] * len(layers)
         for i, look in enumerate(lookups):
             size = sizes[i]
-            h = 0
-            fresh = []
+            start = clock + 1
+            new = []
             rec = recency[i]
             for k in look:
-                c = count.get(k, 0) + 1
-                count[k] = c
-                if k in res:
-                    h += 1
-                else:
+                count[k] = count.get(k, 0) + 1
+                if k not in res:
                     res[k] = size
-                    held += size
-                if rec is None:  # touched in lookup order
+                    new.append(k)
+                if rec is None:
                     clock += 1
-                    e = (c << COUNT_SHIFT) | (clock << KEY_BITS) | k
-                    entry[k] = e
-                    fresh.append(e)
+                    stamp[k] = clock
             if rec is not None:
                 for k in rec:
                     clock += 1
-                    e = (count[k] << COUNT_SHIFT) | (clock << KEY_BITS) | k
-                    entry[k] = e
-                    fresh.append(e)
-            hits[i] = h
-            while held > budget and heap:
-                e = heappop(heap)
-                k = e & KEY_MASK
-                if entry.get(k) != e:
-                    continue
-                del entry[k]
-                held -= res.pop(k)
-            for e in fresh:
-                heappush(heap, e)
-            if len(heap) > 4 * len(entry) + 256:
-                heap = list(entry.values())
-                heapify(heap)
-        self.held, self.clock, self.heap = held, clock, heap
-        self.batch_start = clock + 1
+                    stamp[k] = clock
+            held += size * len(new)
+            hits[i] = len(look) - len(new)
+            if held > budget:
+                aside = []
+                while held > budget and heap:
+                    e = heappop(heap)
+                    k = e & KEY_MASK
+                    s = stamp[k]
+                    now = (count[k] << COUNT_SHIFT) | (s << KEY_BITS) | k
+                    if e != now:
+                        heappush(heap, now)
+                        continue
+                    if s >= start:
+                        aside.append(e)
+                        continue
+                    del stamp[k]
+                    held -= res.pop(k)
+                for e in aside:
+                    heappush(heap, e)
+            for k in new:
+                heappush(heap, (count[k] << COUNT_SHIFT) | (stamp[k] << KEY_BITS) | k)
+        self.held, self.clock = held, clock
         return hits
