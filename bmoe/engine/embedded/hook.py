@@ -188,7 +188,14 @@ class EvalHook:
         return False
 
     def _computed(self, t: int) -> bool:
-        now = time.perf_counter_ns() if self.trace else 0
+        if not self.trace:  # the streaming fast path: a routing node or a weights node
+            name = ctypes.string_at(t + ggml.NAME_OFFSET)
+            if name.startswith(_TOPK):
+                self._route(t, int(name[len(_TOPK) :]))
+            elif name.startswith(_WEIGHTS):
+                self._weights(t, ggml.layer_of(name.decode("utf-8", "replace")))
+            return True
+        now = time.perf_counter_ns()
         name = ctypes.string_at(t + ggml.NAME_OFFSET)
         text = name.decode("utf-8", "replace")
         if self.trace == "node":
@@ -261,6 +268,8 @@ class EvalHook:
             self._routings[layer] = self.streamer.counters.routings[-1]
 
     def _positions_for(self, n: int) -> np.ndarray:
+        if n == len(self._positions):
+            return self._positions
         lo, hi = self._ub_start, self._ub_start + self._ub_n
         pos = self._positions[lo:hi]
         if len(pos) == n:

@@ -126,26 +126,30 @@ class ExpertStreamer:
             hit_keys, miss_keys, pf_keys, victims = self.cache.stage_keys(
                 layer, [base | e for e in distinct], recency, eb
             )
-            hits = [k & EXPERT_MASK for k in hit_keys]
+            hits = [k & EXPERT_MASK for k in hit_keys] if self._inflight else []
             misses = [k & EXPERT_MASK for k in miss_keys]
             pf_hits = [k & EXPERT_MASK for k in pf_keys]
             for victim in victims:
                 io_ns += self._release((victim >> EXPERT_BITS, victim & EXPERT_MASK))
-        waits = [self._inflight.pop((layer, e)) for e in hits if (layer, e) in self._inflight]
-        ticket = self.reader.submit(self._jobs(layer, misses, spec=False)) if misses else None
-        tw = time.perf_counter_ns()
-        for w in waits:
-            w.wait()
-        if ticket is not None:
-            ticket.wait()
-        io_ns += time.perf_counter_ns() - tw
-        for e in misses:
-            key = (layer, e)
-            if key in self._ever_held:
-                self.rereads += 1
-            self._ever_held.add(key)
-            self._materialized.add(key)
-        self.loads += len(misses)
+        inflight = self._inflight
+        waits = (
+            [inflight.pop((layer, e)) for e in hits if (layer, e) in inflight] if inflight else []
+        )
+        if misses or waits:
+            ticket = self.reader.submit(self._jobs(layer, misses, spec=False)) if misses else None
+            tw = time.perf_counter_ns()
+            for w in waits:
+                w.wait()
+            if ticket is not None:
+                ticket.wait()
+            io_ns += time.perf_counter_ns() - tw
+            for e in misses:
+                key = (layer, e)
+                if key in self._ever_held:
+                    self.rereads += 1
+                self._ever_held.add(key)
+                self._materialized.add(key)
+            self.loads += len(misses)
         self.spec_useful += len(pf_hits)
         if self.prefetch and not self.load_all:
             self._prev_ids[layer] = list(dict.fromkeys(ids[-1].tolist())) if len(ids) else []
