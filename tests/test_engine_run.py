@@ -515,3 +515,25 @@ def test_warm_dense_weights_and_auto_cache(tiny_model, baseline) -> None:
     assert run.params["cache_mb"] == pytest.approx(layout.total_expert_bytes / MIB, abs=0.01)
     fracs = [r["dense_resident_frac"] for r in run.rows]
     assert all(f == -1.0 or 0.99 <= f <= 1.0 for f in fracs)
+
+
+def test_a_file_system_refusing_o_direct_falls_back_to_buffered(
+    tiny_model, baseline, monkeypatch, tmp_path
+) -> None:
+    import os
+
+    from bmoe.engine.embedded import reader
+
+    real_open = os.open
+
+    def no_direct(path, flags, *args, **kw):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(22, "Invalid argument")  # what a FUSE mount answers
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(reader.os, "open", no_direct)
+    csv = tmp_path / "fb.csv"
+    run = _run(tiny_model, moe_stream=True, cache_mb=1, csv=str(csv))
+    assert run.o_direct is False
+    assert read_metrics(csv).params["o_direct"] is False
+    assert _identical(run, baseline)
