@@ -58,8 +58,8 @@ class RunResult:
     cache_stats: dict[str, int] | None = None
     peak_rss_mib: float = 0.0
     expert_resident_bytes: int = 0  # arena pages in RAM at the end (mincore), streaming only
-    hook_ns: int = 0  # with profile_hook: time inside the eval callback over the decode steps
-    hook_calls: int = 0
+    hook_ns: list[int] = field(default_factory=list)  # profile_hook: ns in the callback per step
+    hook_calls: list[int] = field(default_factory=list)  # and its calls per step
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -464,7 +464,7 @@ def run_engine(
             err.flush()
         if on_ready is not None:
             on_ready()
-        return _generate(cfg, eng, sinks, out, load_s, keep_logits)
+        return _generate(cfg, eng, sinks, out, load_s, keep_logits, profile_hook)
     finally:
         if eng is not None:
             eng.close()
@@ -478,6 +478,7 @@ def _generate(
     out: BinaryIO | None,
     load_s: float,
     keep_logits: bool,
+    profile_hook: bool = False,
 ) -> RunResult:
     model, hook, streamer, cache = eng.model, eng.hook, eng.streamer, eng.cache
     o_direct = bool(eng.reader and eng.reader.o_direct)
@@ -556,6 +557,8 @@ def _generate(
     logits = model.logits()
     if hook is not None:
         hook.profile_ns = hook.profile_calls = 0
+    hook_ns: list[int] = []
+    hook_calls: list[int] = []
     t_prev_end = time.perf_counter()
 
     sample = _sampler(cfg)
@@ -578,6 +581,10 @@ def _generate(
         _decode_one(model, hook, token, pos)
         t1 = time.perf_counter()
         u1 = probes.usage()
+        if hook is not None and profile_hook:
+            hook_ns.append(hook.profile_ns)
+            hook_calls.append(hook.profile_calls)
+            hook.profile_ns = hook.profile_calls = 0
         logits = model.logits()
         loop_overhead = t0 - t_prev_end
         c = streamer.counters if streamer is not None else DecodeCounters()
@@ -682,8 +689,8 @@ def _generate(
         cache_stats=cache.stats if cache is not None else None,
         peak_rss_mib=mem.get("peak_rss_mib", 0.0),
         expert_resident_bytes=eng.arena.resident_bytes() if eng.arena is not None else 0,
-        hook_ns=hook.profile_ns if hook is not None else 0,
-        hook_calls=hook.profile_calls if hook is not None else 0,
+        hook_ns=hook_ns,
+        hook_calls=hook_calls,
         warnings=list(eng.warnings),
     )
 
