@@ -13,7 +13,6 @@ import contextlib
 import datetime as dt
 import json
 import queue
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -180,12 +179,12 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
         ]
         deadline = t0 + settings.timeout_s
         outcome = None
+        exited = threading.Event()
+        threading.Thread(target=lambda: (proc.wait(), exited.set()), daemon=True).start()
         while True:
-            try:
-                exit_code = proc.wait(timeout=0.2)
+            if exited.wait(timeout=0.2):
+                exit_code = proc.returncode
                 break
-            except subprocess.TimeoutExpired:
-                pass
             if ctx.stop.is_set():
                 outcome = "interrupted"
             elif time.monotonic() > deadline:
