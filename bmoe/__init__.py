@@ -22,4 +22,12 @@ def load(path: str | Path) -> Any:
     return load_file(path)
 
 
-__all__ = ["__version__", "load"]
+def load_archive(path: str | Path) -> Any:
+    """A sweep folder's results: one row per attempt (parameters, target, entry state, summary
+    figures, pressure), as :func:`bmoe.sweep.archive.load_results` reads them."""
+    from bmoe.sweep.archive import load_results
+
+    return load_results(Path(path))
+
+
+__all__ = ["__version__", "load", "load_archive"]

@@ -298,3 +298,20 @@ def test_ctrl_c_stops_the_engine_and_marks_the_run_interrupted(tmp_path):
     assert b"resume with" in stderr
     assert _engine_processes(str(tmp_path)) == []
     assert os.path.isfile(root / "results.parquet")
+
+
+def test_resume_from_the_folder_runs_nothing_complete_again(tmp_path, capsys):
+    from bmoe.cli import main
+
+    cfg = make_sweep(tmp_path, "", "[grid]\ncache_mb = [0, 8]")
+    assert main(["sweep", str(cfg), "--plain"]) == 0
+    root = sweep_folder(tmp_path / "out")
+    before = (root / "manifest.jsonl").read_bytes()
+    assert main(["sweep", str(root), "--plain"]) == 0
+    assert (root / "manifest.jsonl").read_bytes() == before
+    assert not list(root.glob("sweep.*.toml"))  # the resolved config did not change
+    assert "2/2 runs complete (2 from before), 0 failed" in capsys.readouterr().out
+    # A changed configuration resumes too; the earlier one is kept beside it.
+    cfg.write_text(cfg.read_text().replace("[0, 8]", "[0, 8, 16]"))
+    assert main(["sweep", str(cfg), "--resume", "--plain"]) == 0
+    assert len(manifest(root)) == 3 and (root / "sweep.1.toml").is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import tomllib
 from pathlib import Path
 
 import typer
@@ -100,7 +101,7 @@ def sweep_command(
     if folder is not None:
         archive = Archive.open(folder)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
-        if previous != text:
+        if tomllib.loads(previous) != tomllib.loads(text):
             n = 1
             while (folder / f"sweep.{n}.toml").exists():
                 n += 1
