@@ -47,14 +47,14 @@ def tiny_model(tmp_path_factory) -> Path:
     return Path(synth_model(tmp_path_factory.mktemp("model") / "tiny.gguf", preset="tiny"))
 
 
-def _config(tmp_path: Path, model: Path, n_predict: int) -> Path:
+def _config(tmp_path: Path, model: Path, n_predict: int, repeats: int = 2) -> Path:
     return write_config(
         tmp_path,
         f"""\
         [sweep]
         name = "emb"
         engine = "embedded"
-        repeats = 2
+        repeats = {repeats}
         order = "alternate"
         output = "{tmp_path / "out"}"
         timeout_s = 300
@@ -105,7 +105,7 @@ def test_grid_with_repeats_archives_valid_files(tmp_path, tiny_model):
 
 
 def test_sigkill_mid_run_then_resume(tmp_path, tiny_model):
-    cfg = _config(tmp_path, tiny_model, 64)
+    cfg = _config(tmp_path, tiny_model, 48, repeats=1)
     proc = _sweep(cfg)
     out = tmp_path / "out"
     deadline = time.monotonic() + 300
@@ -123,7 +123,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, tiny_model):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done_before = {r["run"]: r["started"] for r in manifest(root) if r["status"] == "ok"}
-    assert 1 <= len(done_before) < 8
+    assert 1 <= len(done_before) < 4
 
     proc = _sweep(cfg, "--resume")
     _out, err = proc.communicate(timeout=600)

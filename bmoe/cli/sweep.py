@@ -154,7 +154,11 @@ def _write_summary(root: Path) -> None:
 
 @analyze_app.command("sweep")
 def analyze_sweep_command(
-    folder: Path = typer.Argument(..., help="A sweep folder (bench-data/<date>-<name>)."),
+    folder: Path = typer.Argument(
+        ...,
+        help="A sweep folder (bench-data/<date>-<name>), or a sweep configuration: its "
+        "latest folder.",
+    ),
     outcome: str = typer.Option(
         "tok_s_mean", "--outcome", help="The figure cells are ranked by (a results column)."
     ),
@@ -167,9 +171,18 @@ def analyze_sweep_command(
     and check for order effects.
 
     Example: bmoe analyze sweep bench-data/2026-07-30-tiny-embedded
+    (or: bmoe analyze sweep sweeps/tiny-embedded.toml, for its latest folder)
     """
     from bmoe.analyze.sweep import analyze_sweep
-    from bmoe.sweep.archive import load_results
+    from bmoe.sweep.archive import find_latest, load_results
+    from bmoe.sweep.config import load_config
+
+    if folder.is_file():
+        cfg = load_config(folder)
+        latest = find_latest(Path(cfg.settings.output), cfg.settings.name)
+        if latest is None:
+            raise BmoeError(f"no folder of sweep {cfg.settings.name!r} under {cfg.settings.output}")
+        folder = latest
 
     results = load_results(folder)
     if results.empty:

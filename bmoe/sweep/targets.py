@@ -248,6 +248,10 @@ class LocalTarget(Target):
 
     def start(self, argv, run_dir, staging, *, stdin=False):
         env = {**os.environ, **self.spec.env}
+        if argv[1:4] == ["-m", "bmoe", "run"]:
+            # The embedded engine imports the same bmoe as this process, whatever the cwd.
+            root = str(Path(__file__).resolve().parent.parent.parent)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         samples = str((staging / "pressure.samples").resolve())
         try:
             return subprocess.Popen(
