@@ -52,10 +52,15 @@ def _tok_s(run: RunResult, steady: bool) -> float:
     return len(rows) / wall if wall else float("nan")
 
 
+def _cpu_ms(run: RunResult, steady: bool) -> float:
+    """Median process CPU time per token (less sensitive than wall time to other load)."""
+    return statistics.median(r["cpu_ms"] for r in run.rows if not steady or r["read_bytes"] == 0)
+
+
 def speed(model: Path, args: argparse.Namespace) -> None:
     layout = read_layout(model)
     everything = layout.total_expert_bytes / MIB + 1
-    plain, streamed, steady, ratios, delta_us = [], [], [], [], []
+    plain, streamed, steady, ratios, delta_us, cpu_ratios = [], [], [], [], [], []
     for _ in range(args.repeats):
         p = _run(model, args)
         s = _run(model, args, moe_stream=True, cache_mb=everything)
@@ -64,6 +69,7 @@ def speed(model: Path, args: argparse.Namespace) -> None:
         steady.append(_tok_s(s, True))
         ratios.append(steady[-1] / plain[-1])
         delta_us.append((1 / steady[-1] - 1 / plain[-1]) * 1e6)
+        cpu_ratios.append(_cpu_ms(p, False) / _cpu_ms(s, True))
     prof = _run(model, args, profile=True, moe_stream=True, cache_mb=everything)
     quiet = [i for i, r in enumerate(prof.rows) if r["read_bytes"] == 0]
     hook_us = statistics.median(prof.hook_ns[i] for i in quiet) / 1e3
@@ -78,6 +84,11 @@ def speed(model: Path, args: argparse.Namespace) -> None:
     print(
         f"  streamed, steady state          {mst:8.2f} tok/s   ratio {mst / mp:.3f};"
         f" median of the paired ratios {statistics.median(ratios):.3f} (target >= 0.85)"
+    )
+    print(
+        f"  CPU time per token, plain / streamed steady state: median of the paired ratios"
+        f" {statistics.median(cpu_ratios):.3f} (load average {os.getloadavg()[0]:.1f} on"
+        f" {os.cpu_count()} CPUs)"
     )
     print(
         f"  hook cost: {statistics.median(delta_us):.0f} us/token slower than plain (paired"

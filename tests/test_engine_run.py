@@ -537,3 +537,13 @@ def test_a_file_system_refusing_o_direct_falls_back_to_buffered(
     assert run.o_direct is False
     assert read_metrics(csv).params["o_direct"] is False
     assert _identical(run, baseline)
+
+
+def test_engine_version_survives_a_namespace_import(monkeypatch) -> None:
+    import bmoe
+    from bmoe.engine.embedded.run import engine_version
+
+    # some editable installs import bmoe as a namespace package: no __init__, no __version__
+    monkeypatch.delattr(bmoe, "__version__")
+    version = engine_version()
+    assert version.startswith("bmoe-embedded-") and " " not in version

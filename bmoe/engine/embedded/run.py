@@ -11,6 +11,7 @@ writers.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import time
 from collections.abc import Callable
@@ -68,7 +69,14 @@ class RunResult:
 
 
 def engine_version() -> str:
-    return f"bmoe-embedded-{bmoe.__version__}+llama-cpp-python-{version()}"
+    """``bmoe-embedded-<bmoe version>+llama-cpp-python-<version>`` (one token, no spaces)."""
+    ours = getattr(bmoe, "__version__", None)
+    if ours is None:  # bmoe imported as a namespace package (some editable installs)
+        try:
+            ours = importlib.metadata.version("bmoe")
+        except importlib.metadata.PackageNotFoundError:
+            ours = "unknown"
+    return f"bmoe-embedded-{ours}+llama-cpp-python-{version()}"
 
 
 def resolve_cache_bytes(cfg: EngineConfig, layout: ModelLayout) -> int:
