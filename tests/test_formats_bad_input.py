@@ -150,3 +150,12 @@ def test_numbers_too_wide_for_the_compact_type_widen(tmp_path: Path, read_mode: 
     trace = _quiet(read_route_trace, _file(tmp_path, "w.csv", wide))
     assert trace.rows["expert"].tolist() == [1, 2, 70000]
     assert trace.rows["expert"].dtype == "int64" and trace.rows["slot"].dtype == "int8"
+
+
+def test_a_comment_among_the_rows_is_skipped(tmp_path: Path, read_mode: str) -> None:
+    head = ROUTE.split(b"0,1,5,0,0")[0]
+    rows = [b"0,1,%d,0,%d,%d,0.5,1,0" % (i // 2, i % 2, i % 4) for i in range(600)]
+    rows.insert(550, b"# a note between two rows, well past the head")
+    trace = _quiet(read_route_trace, _file(tmp_path, "c.csv", head + b"\n".join(rows) + b"\n"))
+    assert trace.rows["expert"].tolist() == [i % 4 for i in range(600)]
+    assert trace.meta["n_expert_used"] == 2

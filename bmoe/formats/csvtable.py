@@ -46,6 +46,7 @@ class Sections:
     cut: bool = False  # the file does not end with a newline: its last line may be cut short
     last_is_comment: bool = False  # ... and that last line is a '#' line
     source: str | None = None  # set when `data` was not read: the rows stream from this file
+    verified: bool = True  # False: only the head was read; '#' lines among the rows unchecked
 
     def preamble(self) -> list[tuple[int, str]]:
         """The ``#`` lines above the header."""
@@ -60,10 +61,11 @@ class Sections:
         ]
 
     def _bytes(self) -> bytes:
-        """The file's bytes, read now if only its head was scanned."""
+        """The file's bytes, read (and the file split again) now if only its head was read."""
         if self.data is None and self.source is not None:
-            self.data, _ = read_bytes(self.source)
-            self.source = None
+            whole = split_sections(read_bytes(self.source)[0], self.path)
+            whole.warnings[:0] = self.warnings
+            self.__dict__.update(whole.__dict__)
         return self.data or b""
 
     def streamed(self) -> bool:
@@ -300,7 +302,7 @@ def read_rows(
         if not sec.has_rows():
             return empty_frame(types, sec.header)
     col_types = {k: v for k, v in types.items() if k in sec.header}
-    table = _read_streamed(sec, col_types) if sec.streamed() else None
+    table = _read_streamed(sec, col_types) if _can_stream(sec, col_types) else None
     while table is None:
         try:
             table = pacsv.read_csv(
@@ -333,6 +335,16 @@ def _convert_options(col_types: dict[str, pa.DataType]) -> pacsv.ConvertOptions:
     )
 
 
+def _can_stream(sec: Sections, col_types: dict[str, pa.DataType]) -> bool:
+    """Rows can be parsed from disk: one span to the end, and either checked for ``#`` lines
+    or led by a numeric column (on which a ``#`` line fails to parse)."""
+    if not sec.streamed():
+        return False
+    first = col_types.get(sec.header[0]) if sec.header else None
+    numeric = first is not None and (pa.types.is_integer(first) or pa.types.is_floating(first))
+    return sec.verified or numeric
+
+
 def _read_streamed(sec: Sections, col_types: dict[str, pa.DataType]) -> pa.Table | None:
     """Parse the rows straight from the file (never held whole in memory); None when they
     need the careful path (a bad row, a number too wide for its compact type)."""
@@ -352,8 +364,9 @@ def _read_streamed(sec: Sections, col_types: dict[str, pa.DataType]) -> pa.Table
         return None
 
 
-def scan_sections(path: str, head_size: int, chunk: int) -> Sections | None:
-    """Sections of a large file from its head and one pass over the rest, without keeping it.
+def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sections | None:
+    """Sections of a large file from its head (and, to `verify` that no ``#`` line follows the
+    header, one pass over the rest), without keeping the file in memory.
 
     Applies to the usual trace: a ``#`` preamble, the header, rows to a final newline. Returns
     None for anything else (a ``#`` line among the rows, a cut last line, ...), which the
@@ -373,7 +386,12 @@ def scan_sections(path: str, head_size: int, chunk: int) -> Sections | None:
         prev_newline = head.endswith(b"\n")
         size = len(head)
         last = head[-1:]
-        while block := fh.read(chunk):
+        if not verify:
+            size = fh.seek(0, os.SEEK_END)
+            if size > len(head):
+                fh.seek(size - 1)
+                last = fh.read(1)
+        while verify and (block := fh.read(chunk)):
             if b"\n#" in block or (prev_newline and block.startswith(b"#")):
                 return None
             prev_newline = block.endswith(b"\n")
@@ -384,6 +402,7 @@ def scan_sections(path: str, head_size: int, chunk: int) -> Sections | None:
     sec.data = None
     sec.source = path
     sec.spans = [(start, size)]
+    sec.verified = verify
     return sec
 
 
@@ -395,7 +414,12 @@ SCAN_HEAD, SCAN_CHUNK = 1 << 20, 8 << 20
 BLOCK_SIZE = 1 << 20
 
 
-def load_sections(source: PathLike | bytes) -> Sections:
+def load_sections(source: PathLike | bytes, *, verify: bool = True) -> Sections:
+    """The sections of a file (or of bytes). A large file is not read whole: its head gives the
+    preamble and header and the rows are parsed from disk later. ``verify=False`` skips the
+    pass that checks no ``#`` line follows the header, for readers whose rows cannot hold one
+    (a numeric first column makes such a line a parse error, and the careful path takes over);
+    readers that need the trailer (the metrics summary) keep the default."""
     if not isinstance(source, bytes | bytearray | memoryview):
         path = str(source)
         try:
@@ -404,7 +428,7 @@ def load_sections(source: PathLike | bytes) -> Sections:
             large = False
         if large:
             try:
-                sec = scan_sections(path, SCAN_HEAD, SCAN_CHUNK)
+                sec = scan_sections(path, SCAN_HEAD, SCAN_CHUNK, verify)
             except OSError:
                 sec = None
             if sec is not None:

@@ -94,7 +94,7 @@ def read_compute_trace(source: PathLike | bytes) -> ComputeTrace:
 
     if parquet.is_parquet(source):
         return parquet.read_compute_parquet(source)
-    sec = load_sections(source)
+    sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "compute_trace")
     rows = frame_or_empty(sec, COMPUTE_TYPES, ("wall_ns",))
     return ComputeTrace(sec.path, version, meta, rows, sec.warnings)
@@ -105,7 +105,7 @@ def read_io_trace(source: PathLike | bytes) -> IoTrace:
 
     if parquet.is_parquet(source):
         return parquet.read_io_parquet(source)
-    sec = load_sections(source)
+    sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "io_trace")
     rows = frame_or_empty(sec, IO_TYPES, ("read_bytes", "latency_ns"))
     return IoTrace(sec.path, version, meta, rows, sec.warnings)
