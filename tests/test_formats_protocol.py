@@ -248,7 +248,7 @@ def test_answer_text_before_the_banner_is_not_a_figure() -> None:
 
 def test_warning_free_parse_of_every_corpus_stream(corpus: Path) -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", FormatWarning)
         for name in RUN_LOGS:
             _events(corpus / name)
 
