@@ -24,6 +24,7 @@ import ctypes
 import resource
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +81,7 @@ class EvalHook:
         # answer to "ask" is remembered per node address for them; :meth:`end` checks that
         # every MoE layer was routed and raises GraphChanged if not.
         self._decisions: dict[int, bool] = {}
+        self._routing_nodes: dict[int, tuple[int, Any, int]] = {}  # node -> layer, int32[k], k
         self._remember = False
         self._routed = 0
         self.expert_names = expert_names
@@ -141,12 +143,13 @@ class EvalHook:
             error, self.error = self.error, None
             raise error
         if self._remember and self._routed != self.n_moe_layers:
-            self._decisions.clear()
+            self.forget()
             raise GraphChanged(f"{self._routed} of {self.n_moe_layers} MoE layers routed")
 
     def forget(self) -> None:
         """Drop the remembered node decisions (the next decode asks about every node)."""
         self._decisions.clear()
+        self._routing_nodes.clear()
 
     # -- the callback -----------------------------------------------------------------------
     def _timed_callback(self, t: int, ask: bool, user: int) -> bool:
@@ -166,6 +169,14 @@ class EvalHook:
                         known = self._decisions[t] = self._ask(t)
                     return known
                 return self._ask(t)
+            if self._remember:  # fast path: a routing node of the remembered graph
+                known = self._routing_nodes.get(t)
+                if known is not None:
+                    layer, row, k = known
+                    data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
+                    self._routed += 1
+                    self.streamer.route_ids(layer, row.from_address(data)[:], k, self._positions)
+                    return True
             return self._computed(t)
         except BaseException as exc:
             if self.error is None:
@@ -264,6 +275,8 @@ class EvalHook:
             return
         self._routed += 1
         self.streamer.route(layer, ids, self._positions_for(n))
+        if self._remember and n == 1:
+            self._routing_nodes[t] = (layer, ctypes.c_int32 * ids.shape[1], ids.shape[1])
         if self.streamer.keep_routings and self.streamer.counters.routings:
             self._routings[layer] = self.streamer.counters.routings[-1]
 

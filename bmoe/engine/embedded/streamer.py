@@ -107,10 +107,13 @@ class ExpertStreamer:
     # -- the routing step -------------------------------------------------------------------
     def route(self, layer: int, ids: np.ndarray, positions: np.ndarray) -> None:
         """Make every expert `ids` (n_tokens x k) names resident before the matmul runs."""
+        self.route_ids(layer, ids.ravel().tolist(), ids.shape[1], positions)
+
+    def route_ids(self, layer: int, flat: list[int], k: int, positions: np.ndarray) -> None:
+        """:meth:`route` over the ids as a flat list, token after token (`k` per token)."""
         t0 = time.perf_counter_ns()
         io_ns = 0
         eb = self._expert_bytes[layer]
-        flat = ids.ravel().tolist()
         distinct = list(dict.fromkeys(flat))
         c = self.counters
         c.demand_bytes += len(distinct) * eb
@@ -152,10 +155,11 @@ class ExpertStreamer:
             self.loads += len(misses)
         self.spec_useful += len(pf_hits)
         if self.prefetch and not self.load_all:
-            self._prev_ids[layer] = list(dict.fromkeys(ids[-1].tolist())) if len(ids) else []
+            self._prev_ids[layer] = list(dict.fromkeys(flat[-k:])) if flat else []
             if self._generating:
                 self._speculate(layer)
         if self.keep_routings:
+            ids = np.asarray(flat, dtype=np.int32).reshape(-1, k)
             c.routings.append(self._routing(layer, ids, positions, misses, pf_hits, eb))
         c.io_ns += io_ns
         c.mgmt_ns += time.perf_counter_ns() - t0 - io_ns
