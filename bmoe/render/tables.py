@@ -66,7 +66,9 @@ def cell_text(value: Any, digits: int | None = None) -> str:
             return f"{value:.{digits}f}"
         if value.is_integer():
             return f"{value:.0f}"
-        return f"{value:.3g}" if abs(value) < 0.01 else f"{value:.2f}"
+        if abs(value) < 1:
+            return f"{value:.3g}"  # 0.229, 0.0047: three significant digits
+        return f"{value:.3f}".rstrip("0").rstrip(".")  # 57509.4, 362.141, 9.7
     return str(value)
 
 
