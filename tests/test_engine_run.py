@@ -541,9 +541,21 @@ def test_a_file_system_refusing_o_direct_falls_back_to_buffered(
 
 def test_engine_version_survives_a_namespace_import(monkeypatch) -> None:
     import bmoe
-    from bmoe.engine.embedded.run import engine_version
+    from bmoe.engine.embedded.telemetry import engine_version
 
     # some editable installs import bmoe as a namespace package: no __init__, no __version__
     monkeypatch.delattr(bmoe, "__version__")
     version = engine_version()
     assert version.startswith("bmoe-embedded-") and " " not in version
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_model, baseline) -> None:
+    a = _run(tiny_model, moe_stream=True, cache_mb=2, temp=1.5, top_k=20, top_p=0.9, seed=7)
+    b = _run(tiny_model, moe_stream=True, cache_mb=2, temp=1.5, top_k=20, top_p=0.9, seed=7)
+    c = _run(tiny_model, temp=1.5, top_k=20, top_p=0.9, seed=8)
+    assert a.tokens == b.tokens
+    assert a.tokens != baseline.tokens or c.tokens != baseline.tokens
+    assert a.params["temp"] == 1.5 and a.params["seed"] == 7
+    for run in (a, c):  # every sampled token is among the top-k of its logits
+        for token, logits in zip(run.tokens, run.logits, strict=True):
+            assert token in np.argsort(-logits)[:20]

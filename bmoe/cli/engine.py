@@ -34,7 +34,8 @@ Example: bmoe run -m tiny.gguf -n 64 --moe-stream --cache-mb 2 --csv run.csv --p
 )
 def run(ctx: typer.Context) -> None:
     from bmoe.engine.embedded.config import parse_args
-    from bmoe.engine.embedded.run import engine_version, run_engine
+    from bmoe.engine.embedded.run import run_engine
+    from bmoe.engine.embedded.telemetry import engine_version
 
     cfg, version = parse_args(ctx.args)
     if version:

@@ -50,6 +50,7 @@ class EngineConfig:
     dense_weights: str = "mmap"
 
     def check(self) -> None:
+        """Raise :class:`BmoeError` naming the flag for a configuration that cannot run."""
         if not self.model:
             raise BmoeError("-m/--model is required")
         if self.n_predict < 0:

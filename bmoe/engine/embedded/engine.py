@@ -1,0 +1,189 @@
+"""A loaded model, with expert streaming set up when asked.
+
+Loading is llama.cpp's (mmap, no repacking). Setting up streaming is this engine's: a one-token
+warm-up decode during which the eval callback collects the expert tensors, then every expert
+tensor is rebound to the arena, its pages of llama.cpp's mapping are released, the KV cache is
+cleared, and the read lanes, the cache and the streamer are created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import numpy as np
+
+from bmoe.cache import ExpertCache
+from bmoe.engine.embedded import ggml, libc, probes
+from bmoe.engine.embedded.arena import ExpertArena
+from bmoe.engine.embedded.config import EngineConfig
+from bmoe.engine.embedded.hook import EvalHook
+from bmoe.engine.embedded.layout import ModelLayout, read_layout
+from bmoe.engine.embedded.model import LlamaModel
+from bmoe.engine.embedded.reader import ExpertReader, ReadJob
+from bmoe.engine.embedded.streamer import ExpertStreamer
+from bmoe.errors import BmoeError
+
+MIB = 1024 * 1024
+
+
+def mib(nbytes: int) -> int | float:
+    """Bytes as MiB the way the preamble spells them (an integer when whole)."""
+    v = nbytes / MIB
+    return int(v) if v.is_integer() else round(v, 3)
+
+
+def resolve_cache_bytes(cfg: EngineConfig, layout: ModelLayout) -> int:
+    """The cache budget in bytes (``--cache-mb auto``: half of MemAvailable, within bounds)."""
+    if cfg.cache_mb is not None:
+        return int(cfg.cache_mb * MIB)
+    avail = probes.memory()["mem_available_mib"] * MIB
+    budget = max(cfg.cache_floor_mb * MIB, int(avail // 2))
+    if cfg.cache_ceil_mb:
+        budget = min(budget, cfg.cache_ceil_mb * MIB)
+    return int(min(budget, layout.total_expert_bytes))
+
+
+def _merged(ranges: list[tuple[int, int]], gap: int = libc.PAGE) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for off, n in sorted(ranges):
+        if out and off <= out[-1][0] + out[-1][1] + gap:
+            o, m = out[-1]
+            out[-1] = (o, max(m, off + n - o))
+        else:
+            out.append((off, n))
+    return out
+
+
+class EmbeddedEngine:
+    """One loaded model, with streaming set up or not; runs one generation."""
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        *,
+        fault: Callable[[ReadJob], None] | None = None,
+        origin_ns: int,
+        profile_hook: bool = False,
+    ):
+        self.cfg = cfg
+        self.layout = read_layout(cfg.model)
+        lay = self.layout
+        if cfg.moe_stream and not lay.by_layer:
+            raise BmoeError(
+                f"{cfg.model}: no stacked expert tensors: not a model this engine streams"
+            )
+        self.n_expert_used = cfg.n_expert_used or lay.n_expert_used
+        if cfg.n_expert_used and lay.n_expert and cfg.n_expert_used > lay.n_expert:
+            raise BmoeError(
+                f"--n-expert-used {cfg.n_expert_used} exceeds the {lay.n_expert} experts"
+            )
+        trace = "node" if cfg.compute_trace else ("layer" if cfg.compute_trace_layers else None)
+        self.hook: EvalHook | None = None
+        if cfg.moe_stream or trace:
+            ggml.check_layout()
+            self.hook = EvalHook(
+                route_weights=bool(cfg.route_trace),
+                trace=trace,
+                first_moe_layer=lay.moe_layers[0] if lay.moe_layers else 0,
+                n_moe_layers=len(lay.moe_layers),
+                expert_names=frozenset(n.encode() for n in lay.tensors),
+                profile=profile_hook,
+            )
+        self.model = LlamaModel(
+            cfg.model,
+            n_ctx=cfg.ctx_size,
+            n_ubatch=cfg.ubatch,
+            threads=cfg.threads,
+            n_expert_used=cfg.n_expert_used,
+            arch=lay.arch,
+            callback=self.hook.callback if self.hook else None,
+        )
+        self.warnings: list[str] = []
+        self.arena: ExpertArena | None = None
+        self.reader: ExpertReader | None = None
+        self.cache: ExpertCache | None = None
+        self.streamer: ExpertStreamer | None = None
+        self.budget_bytes = 0
+        if cfg.moe_stream:
+            self._setup_streaming(fault, origin_ns)
+        self.dense_ranges = _merged(lay.dense_ranges)
+        base = probes.mapping_base(cfg.model)
+        if base is not None and self.arena is not None:
+            block = next(iter(self.arena.blocks.values()))
+            if base + block.tensor.file_offset != block.original:
+                base = None  # not the mapping the tensors point into: do not guess
+        self.dense_probe = probes.DenseResidency(base, self.dense_ranges)
+        if cfg.dense_weights == "warm":
+            self._warm_dense()
+
+    def _setup_streaming(self, fault: Callable[[ReadJob], None] | None, origin_ns: int) -> None:
+        cfg, lay, hook, model = self.cfg, self.layout, self.hook, self.model
+        assert hook is not None
+        hook.discovered = {}
+        hook.begin(np.zeros(1, np.int64), np.ones(1, bool), generating=False)
+        model.decode([model.bos if model.bos >= 0 else 0], 0)
+        hook.end()
+        found, hook.discovered = hook.discovered, None
+        missing = sorted(set(lay.tensors) - set(found))
+        if missing:
+            raise BmoeError(
+                f"{cfg.model}: the graph never used expert tensor {missing[0]} "
+                f"({len(missing)} of {len(lay.tensors)} not found): cannot stream this model"
+            )
+        self.arena = ExpertArena(lay)
+        for name, node in found.items():
+            self.arena.bind(name, node)
+        self.arena.release_original()
+        model.clear_memory()
+        self.reader = ExpertReader(
+            cfg.model,
+            cfg.io_threads,
+            o_direct=cfg.o_direct,
+            clock_origin_ns=origin_ns,
+            after_read=fault,
+        )
+        if not cfg.load_all:
+            self.budget_bytes = resolve_cache_bytes(cfg, lay)
+            self.cache = ExpertCache(self.budget_bytes, "lru", n_layer=lay.n_layer)
+            cycle = self.cycle_bytes
+            if 0 < self.budget_bytes < cycle:
+                self.warnings.append(
+                    f"--cache-mb {mib(self.budget_bytes)} is under one token's routed experts "
+                    f"(cache_cycle_mb={mib(cycle)}): expect a hit rate near zero"
+                )
+        self.streamer = ExpertStreamer(
+            lay,
+            self.arena,
+            self.reader,
+            self.cache,
+            prefetch=cfg.prefetch,
+            load_all=cfg.load_all,
+            keep_routings=bool(cfg.route_trace),
+        )
+        hook.streamer = self.streamer
+
+    @property
+    def cycle_bytes(self) -> int:
+        """One token's worst-case routed expert bytes at the effective top-k."""
+        lay = self.layout
+        return sum(lay.expert_bytes(il) for il in lay.moe_layers) * self.n_expert_used
+
+    def _warm_dense(self) -> None:
+        """``--dense-weights warm``: fault the dense weights in before the first token."""
+        base = self.dense_probe.base
+        if base is None:
+            return
+        for off, n in self.dense_ranges:
+            libc.will_need(base + off, n)
+            libc.touch(base + off, n)
+
+    def close(self) -> None:
+        if self.streamer is not None:
+            with contextlib.suppress(Exception):
+                self.streamer.finish()
+        if self.reader is not None:
+            self.reader.close()
+        self.model.close()
+        if self.arena is not None:
+            self.arena.close()

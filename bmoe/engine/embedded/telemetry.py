@@ -1,0 +1,345 @@
+"""What a run reports, computed from what it measured: the metrics preamble, the trace
+preambles and rows, the ``--progress`` payload, the ``# summary`` trailer and the figures of
+the end-of-run lines. Pure functions over the engine's state; writing is the format layer's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+import bmoe
+from bmoe.engine.embedded.config import EngineConfig
+from bmoe.engine.embedded.engine import MIB, EmbeddedEngine, mib
+from bmoe.engine.embedded.hook import TraceRow
+from bmoe.engine.embedded.model import version
+from bmoe.engine.embedded.reader import ReadRecord
+from bmoe.engine.embedded.streamer import DecodeCounters
+from bmoe.formats import protocol
+from bmoe.formats.route import COLUMNS as ROUTE_COLUMNS
+
+
+def engine_version() -> str:
+    """``bmoe-embedded-<bmoe version>+llama-cpp-python-<version>`` (one token, no spaces)."""
+    ours = getattr(bmoe, "__version__", None)
+    if ours is None:  # bmoe imported as a namespace package (some editable installs)
+        try:
+            ours = importlib.metadata.version("bmoe")
+        except importlib.metadata.PackageNotFoundError:
+            ours = "unknown"
+    return f"bmoe-embedded-{ours}+llama-cpp-python-{version()}"
+
+
+def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, Any]:
+    """The metrics preamble: the resolved configuration, keys in the native order."""
+    lay = eng.layout
+    stream = cfg.moe_stream
+    cycle = eng.cycle_bytes
+    return {
+        "engine": engine_version(),
+        "model": os.path.basename(cfg.model),
+        "arch": lay.arch,
+        "n_layer": lay.n_layer,
+        "n_expert": lay.n_expert,
+        "n_expert_used": eng.n_expert_used,
+        "threads": cfg.threads,
+        "n_ctx": cfg.ctx_size,
+        "n_ubatch": cfg.ubatch,
+        "chatml": False,
+        "moe_stream": stream,
+        "cache_mb": mib(eng.budget_bytes) if stream else 0,
+        "cache_auto": stream and cfg.cache_mb is None and not cfg.load_all,
+        "cache_floor_mb": cfg.cache_floor_mb,
+        "cache_ceil_mb": cfg.cache_ceil_mb,
+        "force_cache": cfg.force_cache,
+        "load_all": cfg.load_all,
+        "io_threads": cfg.io_threads if stream else 0,
+        "o_direct": o_direct,
+        "overlap": False,
+        "io_two_wave": False,
+        "prefetch": cfg.prefetch,
+        "route_ahead": 0,
+        "predict_prefetch": False,
+        "predict_log": False,
+        "predict_spec_max": 0,
+        "prefetch_sync": False,
+        "dense_weights": cfg.dense_weights,
+        "drop_cold_frac": 0.0,
+        "drop_renorm": True,
+        "drop_prefill": False,
+        "cache_cycle_mb": mib(cycle) if stream else 0,
+        "temp": float(cfg.temp),
+        "top_k": cfg.top_k,
+        "top_p": float(cfg.top_p),
+        "seed": cfg.seed,
+        "compute_trace_layers": int(bool(cfg.compute_trace_layers)),
+        "spec": "off",
+        "spec_draft_max": 0,
+        "mtp_p_min": 0.0,
+        "ngram_min_match": 0,
+    }
+
+
+def trace_meta(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, Any]:
+    """The preamble of the io and compute traces."""
+    return {
+        "model": cfg.model,
+        "arch": eng.layout.arch,
+        "n_layer": eng.layout.n_layer,
+        "n_threads": cfg.threads,
+        "io_threads": cfg.io_threads if cfg.moe_stream else 0,
+        "o_direct": o_direct,
+        "overlap": False,
+    }
+
+
+def route_frame(counters: DecodeCounters, phase: int) -> pd.DataFrame:
+    """One decode's routings as route-trace rows (layer blocks, native order)."""
+    parts = []
+    for r in counters.routings:
+        n, k = r.ids.shape
+        weights = r.weights if r.weights is not None else np.full((n, k), np.nan, np.float32)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "turn": np.zeros(n * k, np.int16),
+                    "phase": np.full(n * k, phase, np.int8),
+                    "step": np.repeat(r.positions.astype(np.int64), k),
+                    "layer": np.full(n * k, r.layer, np.int16),
+                    "slot": np.tile(np.arange(k, dtype=np.int16), n),
+                    "expert": r.ids.ravel().astype(np.int32),
+                    "weight": weights.ravel().astype(np.float64),
+                    "residency": r.residency.ravel(),
+                    "expert_bytes": r.expert_bytes.ravel(),
+                    "dropped": np.zeros(n * k, np.int8),
+                }
+            )
+        )
+    if not parts:
+        return pd.DataFrame(columns=list(ROUTE_COLUMNS))
+    frame = pd.concat(parts, ignore_index=True)
+    # one block per layer in the native order: by layer, then step (prefill), then slot
+    return frame.sort_values(["layer", "step", "slot"], kind="stable").reset_index(drop=True)
+
+
+def io_frame(records: list[ReadRecord], phase: int, step: int) -> pd.DataFrame:
+    """The reads drained after one decode as io-trace rows (``start_ns`` appended)."""
+    n = len(records)
+    frame = pd.DataFrame.from_records(
+        [
+            (
+                r.layer,
+                r.expert,
+                r.proj,
+                r.lane,
+                int(r.spec),
+                r.offset,
+                r.req_bytes,
+                r.read_bytes,
+                r.latency_ns,
+                r.start_ns,
+            )
+            for r in records
+        ],
+        columns=[
+            "layer",
+            "expert",
+            "proj",
+            "lane",
+            "spec",
+            "offset",
+            "req_bytes",
+            "read_bytes",
+            "latency_ns",
+            "start_ns",
+        ],
+    )
+    frame.insert(0, "step", np.full(n, step, np.int64))
+    frame.insert(0, "phase", np.full(n, phase, np.int8))
+    frame.insert(0, "turn", np.zeros(n, np.int16))
+    return frame
+
+
+def compute_frame(rows: list[TraceRow], phase: int, step: int) -> pd.DataFrame:
+    """One decode's graph timings as compute-trace rows."""
+    n = len(rows)
+    return pd.DataFrame(
+        {
+            "turn": np.zeros(n, np.int16),
+            "phase": np.full(n, phase, np.int8),
+            "step": np.full(n, step, np.int64),
+            "seq": [r.seq for r in rows],
+            "layer": [r.layer for r in rows],
+            "op": [r.op for r in rows],
+            "name": [r.name for r in rows],
+            "wall_ns": [r.wall_ns for r in rows],
+            "majflt": [r.majflt for r in rows],
+        }
+    )
+
+
+def progress(row: dict[str, Any], piece: bytes) -> dict[str, Any]:
+    """The ``BMOE_PROGRESS`` payload of one metrics row."""
+    return {
+        "step": row["step"],
+        "steps": row["steps"],
+        "wall_ms": row["wall_ms"],
+        "io_ms": row["io_ms"],
+        "compute_ms": row["compute_ms"],
+        "mgmt_ms": row["mgmt_ms"],
+        "stall_ms": row["stall_ms"],
+        "read_mb": row["read_bytes"] / MIB,
+        "cache_hit_pct": row["cache_hit_pct"],
+        "majflt": row["majflt"],
+        "cpu_ms": row["cpu_ms"],
+        "dense_resident_frac": row["dense_resident_frac"],
+        "delta_reasoning": "",
+        "delta_text": protocol.to_text(piece),
+    }
+
+
+def summary(
+    cfg: EngineConfig,
+    eng: EmbeddedEngine,
+    rows: list[dict[str, Any]],
+    n_prompt: int,
+    load_s: float,
+    prefill_s: float,
+    prefill: dict[str, float],
+    demand_max: int,
+    layer_demand_max: int,
+    spec_read: int,
+    tail_s: float,
+) -> dict[str, Any]:
+    """The ``# summary`` trailer, keys in the native engine's order (then the prefill split)."""
+    n = len(rows)
+    per = 1.0 / n if n else 0.0
+
+    def total(col: str) -> float:
+        return float(sum(r[col] for r in rows))
+
+    gen_s = total("wall_ms") / 1e3
+    cache, streamer = eng.cache, eng.streamer
+    stats = cache.stats if cache is not None else None
+    hit = (
+        (100.0 * stats["hits"] / stats["lookups"])
+        if stats and stats["lookups"]
+        else (0.0 if stats else -1.0)
+    )
+    return {
+        "tokens": n,
+        "s/tok": gen_s * per,
+        "tok/s": n / gen_s if gen_s > 0 else 0.0,
+        "read_MiB": total("read_bytes") / MIB,
+        "io_s": total("io_ms") / 1e3,
+        "compute_s/tok": total("compute_ms") / 1e3 * per,
+        "io_s/tok": total("io_ms") / 1e3 * per,
+        "cache_hit_pct": hit,
+        "n_prompt": n_prompt,
+        "load_s": load_s,
+        "prefill_s": prefill_s,
+        "prefill_tps": n_prompt / prefill_s if prefill_s > 0 else 0.0,
+        "stall_s/tok": 0.0,
+        "mgmt_s/tok": total("mgmt_ms") / 1e3 * per,
+        "cache_resident_MiB": (cache.bytes_held / MIB)
+        if cache is not None
+        else (streamer.resident_bytes / MIB if streamer is not None else 0.0),
+        "cache_budget_MiB": eng.budget_bytes / MIB,
+        "cache_resizes": 0,
+        "spec_read_MiB": spec_read / MIB,
+        "spec_experts": streamer.spec_experts if streamer is not None else 0,
+        "spec_useful": streamer.spec_useful if streamer is not None else 0,
+        "majflt/tok": total("majflt") * per,
+        "cpu_s/tok": total("cpu_ms") / 1e3 * per,
+        "token_demand_MiB": demand_max / MIB,
+        "layer_demand_MiB": layer_demand_max / MIB,
+        "experts_routed": 0,
+        "experts_dropped": 0,
+        "loop_overhead_s/tok": (total("loop_overhead_ms") / 1e3 + tail_s) * per,
+        "mtp_drafted": 0,
+        "mtp_accepted": 0,
+        "mtp_decodes": n,
+        "mtp_draft_s/tok": 0.0,
+        "drafted_steps": 0,
+        "ra_committed": 0,
+        "ra_passthrough": 0,
+        "ra_agree_pct": 0.0,
+        "ra_gemv_ms/tok": 0.0,
+        "ra_issue_ms/tok": 0.0,
+        "ra_wd_ms/tok": 0.0,
+        "drain_s/tok": 0.0,
+        "adopt_s/tok": 0.0,
+        "evictions": stats["evictions"] if stats else 0,
+        "rereads": streamer.rereads if streamer is not None else 0,
+        **prefill,
+    }
+
+
+def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures of the end-of-run lines (named like the summary keys where they agree)."""
+    n = summary["tokens"] or 1
+    s_tok = summary["s/tok"]
+    fig: dict[str, Any] = {
+        "tokens": summary["tokens"],
+        "s/tok": s_tok,
+        "tok/s": summary["tok/s"],
+        "cpu_pct": 100.0 * summary["cpu_s/tok"] / (s_tok * cfg.threads) if s_tok > 0 else 0.0,
+        "cpu_s/tok": summary["cpu_s/tok"],
+        "threads": cfg.threads,
+        "majflt/tok": summary["majflt/tok"],
+        "n_prompt": summary["n_prompt"],
+        "prefill_s": summary["prefill_s"],
+        "prefill_tps": summary["prefill_tps"],
+        "load_s": summary["load_s"],
+        "ttft_s": summary["load_s"] + summary["prefill_s"],
+        "dense_weights": cfg.dense_weights,
+        "overlap": False,
+    }
+    if not cfg.moe_stream:
+        fig["mode"] = "plain llama.cpp on mmap, experts not streamed (pass --moe-stream)"
+        return fig
+    fig["mode"] = "expert streaming"
+    if cfg.load_all:
+        fig["mode_cache"] = "off (--load-all)"
+    elif cfg.cache_mb is None:
+        fig["mode_cache"] = "auto"
+    else:
+        fig["mode_cache"] = "off" if eng.budget_bytes == 0 else f"{mib(eng.budget_bytes)} MiB"
+    read = summary["read_MiB"]
+    io_s = summary["io_s"]
+    fig.update(
+        {
+            "read_MiB": read,
+            "read_MiB/tok": read / n,
+            "decode_s/tok": s_tok,
+            "compute_s/tok": summary["compute_s/tok"],
+            "mgmt_s/tok": summary["mgmt_s/tok"],
+            "io_s/tok": summary["io_s/tok"],
+            "read_MiB/s": read / io_s if io_s > 0 else 0.0,
+        }
+    )
+    if eng.cache is not None:
+        fig.update(
+            {
+                "cache_hit_pct": summary["cache_hit_pct"],
+                "cache_resident_MiB": summary["cache_resident_MiB"],
+                "evictions": summary["evictions"],
+                "rereads": summary["rereads"],
+                "rereads/tok": summary["rereads"] / n,
+            }
+        )
+    if cfg.prefetch:
+        experts = summary["spec_experts"]
+        fig.update(
+            {
+                "spec_read_MiB": summary["spec_read_MiB"],
+                "spec_useful": summary["spec_useful"],
+                "spec_experts": experts,
+                "spec_useful_pct": 100.0 * summary["spec_useful"] / experts if experts else 0.0,
+            }
+        )
+    return fig
