@@ -56,12 +56,8 @@ def attempts_by_status(results: pd.DataFrame) -> pd.DataFrame:
     """Attempts per target and status, and runs still without a completed attempt."""
     if results.empty or "status" not in results:
         return pd.DataFrame(columns=["target", "status", "attempts"])
-    table = (
-        results.groupby(["target", "status"], dropna=False, sort=True)
-        .size()
-        .rename("attempts")
-        .reset_index()
-    )
+    keys = [c for c in ("target", "status") if c in results]
+    table = results.groupby(keys, dropna=False, sort=True).size().rename("attempts").reset_index()
     return table
 
 
