@@ -609,6 +609,65 @@ def prefetch_table(
     return pd.DataFrame(rows)
 
 
+# ----------------------------------------------------------------------------- post-mortem helpers
+
+#: Budgets :func:`budgets_for` proposes, as fractions of the whole expert set.
+BUDGET_FRACTIONS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1)
+
+
+def _round_mib(value: float) -> float:
+    """`value` to two significant digits below 10 MiB, to the whole MiB from there."""
+    if value <= 0:
+        return 0.0
+    digits = max(0, 1 - int(np.floor(np.log10(value))))
+    rounded = round(value, digits)
+    return float(int(rounded)) if rounded >= 10 else float(rounded)
+
+
+def budgets_for(trace: RouteTrace, extra: Iterable[float] = ()) -> list[float]:
+    """Cache budgets (MiB) that span this model: fractions of the whole expert set (every
+    MoE layer's ``n_expert`` experts at their ``expert_bytes``), rounded (whole MiB from 10
+    MiB, two significant digits below), plus `extra` (e.g. the budget the run recorded at),
+    sorted and distinct."""
+    sizes = trace.expert_bytes()
+    n_expert = trace.meta.get("n_expert")
+    if not n_expert and "expert" in trace.rows and len(trace.rows):
+        n_expert = int(trace.rows["expert"].max()) + 1
+    total = sum(sizes.values()) * int(n_expert or 0) / MIB
+    found = {_round_mib(total * f) for f in BUDGET_FRACTIONS} if total > 0 else set()
+    found |= {float(b) for b in extra if b is not None and b == b and b >= 0}
+    return sorted(found)
+
+
+def recorded_vs_replay(
+    trace: RouteTrace, budget_mib: float, metrics_summary: dict | None = None
+) -> dict[str, float | None]:
+    """The run's recorded hit rate next to what its own routing replays to at its budget:
+    the trace's residency column (decode and all lookups), the simulated LRU cache
+    (:func:`validate`), the exact LRU curve at that budget (:func:`mrc_at`) and, when given,
+    the metrics summary's ``cache_hit_pct``."""
+    batches = prepare_batches(trace)
+    table = validate(batches, budget_mib, metrics_summary).set_index("source")
+    lru = table.iloc[0]
+    exact = mrc_at(lru_stack_distances(batches), [budget_mib]).iloc[0]
+    recorded = recorded_hit_rate(batches) or {}
+
+    def figure(value) -> float | None:
+        return None if value is None or value != value else float(value)
+
+    summary_hit = (metrics_summary or {}).get("cache_hit_pct")
+    return {
+        "budget_mib": float(budget_mib),
+        "recorded_hit_pct_decode": figure(recorded.get("hit_pct_decode")),
+        "recorded_hit_pct_cum": figure(recorded.get("hit_pct_cum")),
+        "lru_hit_pct_decode": figure(lru["hit_pct_decode"]),
+        "lru_hit_pct_cum": figure(lru["hit_pct_cum"]),
+        "mrc_hit_pct_decode": figure(exact["hit_pct_decode"]),
+        "mrc_hit_pct_cum": figure(exact["hit_pct_cum"]),
+        "metrics_cache_hit_pct": figure(summary_hit) if summary_hit is not None else None,
+    }
+
+
 # ----------------------------------------------------------------------------- all at once
 
 

@@ -19,6 +19,7 @@ tokens first (see :func:`bmoe.analyze.metrics.per_token`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,6 +169,40 @@ def attribution_summary(tokens: pd.DataFrame, compute_source: str, flash_col: st
     return pd.DataFrame(rows)
 
 
+def stall_by_run(runs: Mapping[str, MetricsRun]) -> pd.DataFrame:
+    """Many runs' attribution panels side by side: one row per run (keyed by the mapping's
+    keys, e.g. a sweep's run ids) with each component's mean ms per token and its share of
+    the wall (the ``ms_per_token`` and ``pct_of_wall`` of :func:`stall_attribution`'s
+    summary), how compute was measured and whether the run overlapped reads."""
+    rows = []
+    for name, run in runs.items():
+        att = stall_attribution(run)
+        row: dict[str, object] = {"run": name, "tokens": len(att.tokens)}
+        for item in att.summary.itertuples(index=False):
+            key = _COMPONENT_KEYS[item.component]
+            row[f"{key}_ms"] = item.ms_per_token
+            if key != "wall":
+                row[f"{key}_pct"] = item.pct_of_wall
+        row["compute_source"] = att.compute_source
+        row["overlap"] = att.overlap
+        row["notes"] = "; ".join(att.notes) or None
+        rows.append(row)
+    parts = [
+        f"{k}_{unit}" for k in _COMPONENT_KEYS.values() if k != "wall" for unit in ("ms", "pct")
+    ]
+    columns = ["run", "tokens", "wall_ms", *parts, "compute_source", "overlap", "notes"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+_COMPONENT_KEYS = {
+    "wall": "wall",
+    "compute": "compute",
+    "flash wait": "flash",
+    "cache mgmt": "mgmt",
+    "unattributed": "unattributed",
+}
+
+
 def memory_picture(run: MetricsRun) -> pd.DataFrame:
     """The memory columns over steps (rss anon/file, swap, MemAvailable, cache budget, ...).
 
@@ -195,4 +230,5 @@ __all__ = [
     "decide_overlap",
     "memory_picture",
     "stall_attribution",
+    "stall_by_run",
 ]

@@ -226,6 +226,28 @@ def contamination(results: pd.DataFrame) -> pd.DataFrame:
     return flags
 
 
+def per_cell(results: pd.DataFrame, by_run: pd.DataFrame, on: str = "run") -> pd.DataFrame:
+    """A per-run table (e.g. :func:`bmoe.analyze.stall.stall_by_run`) averaged per cell over
+    its completed repeats: the cell, its axes, ``n`` and the mean of every numeric column
+    (rows of `by_run` are matched to the sweep's attempts on `on`)."""
+    ok = ok_attempts(results)
+    axes = axes_of(results)
+    keys = ok[[on, "cell", *axes]].drop_duplicates(on)
+    numeric = [
+        c for c in by_run.columns
+        if c != on and c not in keys and pd.api.types.is_numeric_dtype(by_run[c])
+        and not pd.api.types.is_bool_dtype(by_run[c])
+    ]  # fmt: skip
+    joined = keys.merge(by_run[[on, *numeric]], on=on, how="inner")
+    if joined.empty:
+        return pd.DataFrame(columns=["cell", *axes, "n", *numeric])
+    grouped = joined.groupby("cell", sort=False)
+    table = grouped[numeric].mean()
+    table.insert(0, "n", grouped.size())
+    first = grouped[axes].first() if axes else pd.DataFrame(index=table.index)
+    return first.join(table).reset_index()
+
+
 def analyze_sweep(results: pd.DataFrame, outcome: str = "tok_s_mean") -> dict[str, Any]:
     """Every view of ``bmoe analyze sweep``: attempts, ranking, axes, order, contamination."""
     views: dict[str, Any] = {
