@@ -44,6 +44,7 @@ COMMAND_MODULES = (
     "bmoe.cli.decode",
     "bmoe.cli.replay",
     "bmoe.cli.engine",
+    "bmoe.cli.report",
 )
 
 console = Console()

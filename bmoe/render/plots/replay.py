@@ -6,6 +6,9 @@ and draws many times.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from numbers import Real
+
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -39,17 +42,29 @@ def _t_line(ax, t_mib: float | None) -> None:
     )
 
 
+Point = tuple[float, float]
+
+
+def _points(recorded: Point | Sequence[Point] | None) -> list[Point]:
+    """One recorded (budget MiB, hit %) point or several (one per run of a sweep)."""
+    if recorded is None:
+        return []
+    if len(recorded) == 2 and all(isinstance(v, Real) for v in recorded):
+        return [(float(recorded[0]), float(recorded[1]))]
+    return [(float(b), float(h)) for b, h in recorded]
+
+
 def replay_curve_plot(
     curve: pd.DataFrame,
     *,
     t_mib: float | None = None,
-    recorded: tuple[float, float] | None = None,
+    recorded: Point | Sequence[Point] | None = None,
     mrc: pd.DataFrame | None = None,
     value: str = "hit_pct_decode",
 ) -> Figure:
     """Hit % against cache budget, one line per policy; the one-token-cycle line T (a budget
-    below it cannot hold one token's experts), the hit rate the run recorded at its budget,
-    and, when given, the exact LRU curve as steps."""
+    below it cannot hold one token's experts), the hit rate the run recorded at its budget
+    (or several runs' points), and, when given, the exact LRU curve as steps."""
     fig, ax = new_figure()
     for policy, part in curve.groupby("policy", sort=False):
         part = part.sort_values("budget_mib")
@@ -66,10 +81,11 @@ def replay_curve_plot(
             label="lru (exact, every budget)",
         )
     _t_line(ax, t_mib)
-    if recorded is not None:
+    points = _points(recorded)
+    if points:
         ax.plot(
-            [recorded[0]], [recorded[1]], marker="*", markersize=13, color="gold",
-            markeredgecolor="black", linestyle="none", label="recorded", zorder=5,
+            [b for b, _ in points], [h for _, h in points], marker="*", markersize=13,
+            color="gold", markeredgecolor="black", linestyle="none", label="recorded", zorder=5,
         )  # fmt: skip
     kind = "decode-only" if value == "hit_pct_decode" else "cumulative"
     ax.set_xlabel("cache budget (MiB)")
@@ -86,18 +102,21 @@ def mrc_plot(
     mrc: pd.DataFrame,
     *,
     t_mib: float | None = None,
-    recorded: tuple[float, float] | None = None,
+    recorded: Point | Sequence[Point] | None = None,
 ) -> Figure:
     """The exact LRU miss-ratio curve: miss % (cumulative and decode-only) at every budget
-    from 0 to the whole expert set."""
+    from 0 to the whole expert set, with the decode hit rate each run recorded at its budget
+    (one point or several) as stars."""
     fig, ax = new_figure()
     ax.step(mrc["budget_mib"], 100.0 - mrc["hit_pct_cum"], where="post", label="all lookups")
     ax.step(mrc["budget_mib"], 100.0 - mrc["hit_pct_decode"], where="post", label="decode lookups")
     _t_line(ax, t_mib)
-    if recorded is not None:
+    points = _points(recorded)
+    if points:
         ax.plot(
-            [recorded[0]], [100.0 - recorded[1]], marker="*", markersize=13, color="gold",
-            markeredgecolor="black", linestyle="none", label="recorded (decode)", zorder=5,
+            [b for b, _ in points], [100.0 - h for _, h in points], marker="*", markersize=13,
+            color="gold", markeredgecolor="black", linestyle="none", label="recorded (decode)",
+            zorder=5,
         )  # fmt: skip
     ax.set_xlabel("LRU cache budget (MiB)")
     ax.set_ylabel("miss ratio (%)")

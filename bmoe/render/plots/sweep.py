@@ -1,11 +1,14 @@
-"""Sweep figures: each outcome against each axis."""
+"""Sweep figures: each outcome against each axis, an outcome over two axes with its spread
+across repeats, and where each cell's token time went."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 
+import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from bmoe.render.plots import new_figure
@@ -33,3 +36,77 @@ def plot_axis_effects(effects: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
         ax.grid(True, alpha=0.3)
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{outcome}-by-{axis}")
         yield name, fig
+
+
+def outcome_lines(
+    cells: pd.DataFrame,
+    x: str,
+    by: str | None = None,
+    *,
+    outcome: str = "tok_s_mean",
+    attempts: pd.DataFrame | None = None,
+) -> Figure:
+    """An outcome against one axis, one line per value of another: each cell's mean with its
+    min-max band across repeats, and every repeat as a dot when `attempts` is given.
+
+    `cells` is :func:`bmoe.analyze.sweep.rank_cells` (one row per cell: the axes, n, mean,
+    min, max); `attempts` the sweep's completed attempts (the outcome per repeat).
+    """
+    fig, ax = new_figure(8.0, 4.8)
+    groups = [(None, cells)] if by is None else list(cells.groupby(by, sort=True))
+    cmap = colormaps["viridis"]
+    for i, (value, part) in enumerate(groups):
+        part = part.assign(_x=pd.to_numeric(part[x], errors="coerce")).sort_values("_x")
+        color = cmap(i / max(1, len(groups) - 1)) if by is not None else "#1f77b4"
+        label = f"{by} = {value}" if by is not None else outcome
+        ax.plot(part["_x"], part["mean"], "o-", color=color, label=label)
+        ax.fill_between(part["_x"], part["min"], part["max"], color=color, alpha=0.15, linewidth=0)
+        if attempts is not None and outcome in attempts:
+            mine = attempts if by is None else attempts[attempts[by].astype(str) == str(value)]
+            ax.plot(
+                pd.to_numeric(mine[x], errors="coerce"), mine[outcome], ".", color=color,
+                alpha=0.6, markersize=5,
+            )  # fmt: skip
+    ax.set_xlabel(x)
+    ax.set_ylabel(outcome)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if by is not None:
+        ax.legend(fontsize=8)
+    spread = "min-max band and each repeat" if attempts is not None else "min-max band"
+    ax.set_title(f"{outcome} by {x}" + (f" and {by}" if by else "") + f" (mean, {spread})")
+    return fig
+
+
+STALL_PARTS = (
+    ("compute_ms", "compute", "#4C72B0"),
+    ("flash_ms", "flash wait", "#DD8452"),
+    ("mgmt_ms", "cache mgmt", "#55A868"),
+    ("unattributed_ms", "unattributed", "#BBBBBB"),
+)
+
+
+def stall_bars(table: pd.DataFrame, label: str = "cell") -> Figure:
+    """Where each cell's token time went: stacked horizontal bars of compute, flash wait,
+    cache mgmt and unattributed ms per token, the wall time as a tick (from
+    :func:`bmoe.analyze.sweep.per_cell` over :func:`bmoe.analyze.stall.stall_by_run`)."""
+    n = len(table)
+    fig, ax = new_figure(9.0, max(2.5, 0.38 * n + 1.4))
+    y = np.arange(n)
+    left = np.zeros(n)
+    for col, name, color in STALL_PARTS:
+        if col not in table:
+            continue
+        width = pd.to_numeric(table[col], errors="coerce").fillna(0.0).to_numpy(float)
+        ax.barh(y, width, left=left, color=color, label=name, height=0.7)
+        left += width
+    if "wall_ms" in table:
+        ax.plot(table["wall_ms"].to_numpy(float), y, "|", color="black", markersize=16,
+                markeredgewidth=2, label="wall")  # fmt: skip
+    labels = [str(v) if len(str(v)) <= 40 else str(v)[:39] + "…" for v in table[label]]
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per token (mean over the cell's repeats)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    return fig
