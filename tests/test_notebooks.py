@@ -1,0 +1,65 @@
+"""The post-mortem notebooks run top to bottom in a fresh kernel of this interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+KERNEL = "bmoe-test-python3"
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kernelspec that starts this very interpreter (whatever ``python3`` kernels the
+    machine has installed), with this checkout first on its path."""
+    pytest.importorskip("ipykernel", reason="the test extra (ipykernel) is not installed")
+    folder = tmp_path_factory.mktemp("kernels") / KERNEL
+    folder.mkdir()
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "bmoe tests",
+        "language": "python",
+        "env": {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+    }
+    (folder / "kernel.json").write_text(json.dumps(spec))
+    return folder.parent
+
+
+def test_every_notebook_is_committed_without_outputs():
+    assert [p.name for p in NOTEBOOKS] == [
+        "decode-postmortem.ipynb", "route-postmortem.ipynb", "sweep-postmortem.ipynb",
+    ]  # fmt: skip
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        assert nb["metadata"]["kernelspec"]["name"] == "python3", path.name
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                assert cell["outputs"] == [] and cell["execution_count"] is None, path.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path: Path, kernel_dir: Path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    nb = nbformat.read(path, as_version=4)
+    manager = KernelManager(
+        kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)])
+    )
+    client = nbclient.NotebookClient(
+        nb, km=manager, timeout=180, resources={"metadata": {"path": str(path.parent)}}
+    )
+    client.execute()  # raises CellExecutionError naming the cell on any error
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert images, f"{path.name} drew no figure"
