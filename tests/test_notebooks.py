@@ -31,6 +31,15 @@ def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder.parent
 
 
+def test_the_notebooks_kernel_exists():
+    """The notebooks name the ``python3`` kernel, which ipykernel provides in any venv."""
+    pytest.importorskip("ipykernel", reason="the test extra (ipykernel) is not installed")
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert spec.language == "python"
+
+
 def test_every_notebook_is_committed_without_outputs():
     assert [p.name for p in NOTEBOOKS] == [
         "decode-postmortem.ipynb", "route-postmortem.ipynb", "sweep-postmortem.ipynb",

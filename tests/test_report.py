@@ -200,6 +200,9 @@ def test_sweep_report_ranks_and_attributes(tmp_path):
         for col in ("wall_ms", "compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms"):
             assert value(row[col]) == pytest.approx(stall.loc[cell, col]), (cell, col)
     assert "[grid]" in page and "cache_mb = [0, 1, 2, 4, 8]" in page  # the resolved config
+    noisy = int((ranked["cv_pct"] > 25).sum())
+    if noisy:  # the caveat the spread raises, counted independently
+        assert f"{noisy} of {len(ranked)} cells have repeats that disagree" in page
 
 
 def test_sweep_report_with_traces_checks_the_recorded_hit_rate(tmp_path):
@@ -235,4 +238,7 @@ def test_report_refuses_what_it_cannot_show(tmp_path, corpus, capsys):
     assert "a report takes a metrics CSV" in err and len(err.strip().splitlines()) == 1
     assert main(["report", str(corpus / "native-tiny" / "run.csv"), "-o", "r.txt"]) == 2
     assert "name it .html" in capsys.readouterr().err
+    sweep = bench_sweep("tiny-cache-lanes")
+    assert main(["report", str(sweep), "--outcome", "speed", "-o", str(out)]) == 2
+    assert "no outcome 'speed' in its cells (try: tok_s_mean" in capsys.readouterr().err
     assert not out.exists()

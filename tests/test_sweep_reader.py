@@ -198,6 +198,16 @@ def test_loose_folders_of_dated_runs(corpus):
         assert len(one.cells) == len(list(dated.glob("*.csv")))
 
 
+def test_a_relative_folder_with_one_run(tmp_path, corpus, monkeypatch):
+    (tmp_path / "one").mkdir()
+    for name in ("pf.csv", "pf.route.csv"):
+        (tmp_path / "one" / name).write_bytes((corpus / "native-tiny" / name).read_bytes())
+    monkeypatch.chdir(tmp_path)
+    archive = bmoe.load_archive("one")
+    assert archive.cells["cell"].tolist() == ["pf"] and archive.root == tmp_path / "one"
+    assert set(archive.run("pf").files) == {"metrics", "route"}
+
+
 def test_loose_metrics_named_dot_metrics(corpus):
     archive = bmoe.load_archive(corpus / "route-trace")
     (run,) = list(archive)

@@ -33,7 +33,7 @@ def report_command(
     recorded beside it; a sweep folder (or a folder of loose engine files) gives the ranking,
     the outcome over the axes, stall attribution per cell and the contamination tells.
 
-    Example: bmoe report bench-data/2026-07-30-tiny-cache-lanes -o sweep.html
+    Example: bmoe report bench-data/2026-11-29-tiny-cache-lanes -o sweep.html
     Example: bmoe report run.csv -o run.html
     Example: bmoe report run.route.csv --metrics run.csv -o routing.html
     """

@@ -604,8 +604,16 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
 
     results = archive.cells
     axes = archive.axes
+    if outcome not in results:
+        from bmoe.errors import BmoeError
+
+        known = ", ".join(o for o in sw.OUTCOMES if o in results)
+        raise BmoeError(f"{archive.root}: no outcome {outcome!r} in its cells (try: {known})")
     views = sw.analyze_sweep(results, outcome)
     ok = sw.ok_attempts(results)
+    ranked = views[f"cells ranked by {outcome}"]
+    runs = archive.metrics_runs()
+    stall = sw.per_cell(results, stall_by_run(runs)) if runs else None
 
     report.heading("What ran")
     n_cells = results["cell"].nunique() if "cell" in results else 0
@@ -629,11 +637,10 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
         report.preformatted(archive.config_text)
 
     report.heading("Caveats")
-    report.caveats(_sweep_caveats(archive, views, ok))
+    report.caveats(_sweep_caveats(archive, views, ok, ranked, stall))
 
     report.heading("Cells")
     report.table(views["attempts"], "attempts by target and status", view="attempts")
-    ranked = views[f"cells ranked by {outcome}"]
     report.table(ranked, f"cells ranked by {outcome}", DIGITS, view="ranking")
     plot_axes = _plot_axes(results, axes) if archive.kind == "sweep" else None
     if plot_axes and len(ranked):
@@ -647,18 +654,15 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
         report.table(views["outcomes by axis value (means)"], "outcomes by axis value (means)",
                      DIGITS, view="axis table")  # fmt: skip
 
-    runs = archive.metrics_runs()
-    if runs:
+    if stall is not None:
         report.heading("Stall attribution per cell")
-        by_run = stall_by_run(runs)
-        cells = sw.per_cell(results, by_run)
         report.table(
-            cells, None, {c: 1 for c in cells.columns if c.endswith(("_ms", "_pct"))},
+            stall, None, {c: 1 for c in stall.columns if c.endswith(("_ms", "_pct"))},
             view="stall by cell",
             notes=["ms per token and % of the wall, mean over each cell's completed repeats; "
                    "compute is cpu_ms / threads (an upper-bound proxy)"],
         )  # fmt: skip
-        report.figure(plots.stall_bars(cells), "where each cell's token time went")
+        report.figure(plots.stall_bars(stall), "where each cell's token time went")
 
     report.heading("Order and contamination")
     report.figures(views["order effect"], "order effect", view="order effect")
@@ -696,9 +700,38 @@ def _plot_axes(results: pd.DataFrame, axes: Sequence[str]) -> tuple[str, str | N
     return x, by
 
 
-def _sweep_caveats(archive, views: Mapping[str, Any], ok: pd.DataFrame) -> list[str]:
+#: Repeats of a cell disagree when their coefficient of variation exceeds this (%).
+NOISY_CV_PCT = 25.0
+#: A cell measured the device more than its configuration when off-CPU time is this much of
+#: its wall time (%).
+UNATTRIBUTED_PCT = 50.0
+
+
+def _sweep_caveats(
+    archive,
+    views: Mapping[str, Any],
+    ok: pd.DataFrame,
+    ranked: pd.DataFrame,
+    stall: pd.DataFrame | None,
+) -> list[str]:
     results = archive.cells
     lines: list[str] = []
+    if len(ranked) and "cv_pct" in ranked:
+        noisy = ranked[pd.to_numeric(ranked["cv_pct"], errors="coerce") > NOISY_CV_PCT]
+        if len(noisy):
+            lines.append(
+                f"{len(noisy)} of {len(ranked)} cells have repeats that disagree by more than "
+                f"{NOISY_CV_PCT:g} % (coefficient of variation up to "
+                f"{noisy['cv_pct'].max():.0f} %): the ranking between them is not settled"
+            )
+    if stall is not None and "unattributed_pct" in stall:
+        off_cpu = stall[stall["unattributed_pct"] > UNATTRIBUTED_PCT]
+        if len(off_cpu):
+            lines.append(
+                f"in {len(off_cpu)} of {len(stall)} cells more than {UNATTRIBUTED_PCT:g} % of "
+                "a token's wall time is unattributed (off-CPU: waiting for a core, swap-in, "
+                "frequency caps): those figures measure the device as much as the configuration"
+            )
     if "status" in results:
         failed = results[results["status"] != "ok"]
         if len(failed):

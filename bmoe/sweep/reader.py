@@ -275,6 +275,7 @@ def open_archive(path: str | Path) -> Archive:
         raise BmoeError(f"{root}: no such folder")
     if not root.is_dir():
         raise BmoeError(f"{root}: not a folder (open a single file with bmoe.load)")
+    root = root.resolve()
     if any((root / name).is_file() for name in (CONFIG, MANIFEST, RESULTS)):
         return _open_sweep(root)
     inner = sorted(p.parent for p in root.glob(f"*/{CONFIG}"))
