@@ -232,3 +232,29 @@ def test_cells_frame_feeds_the_sweep_analyses():
     ranked = rank_cells(archive.cells)
     assert len(ranked) == 15 and ranked["n"].eq(3).all()
     assert isinstance(ranked, pd.DataFrame)
+
+
+def test_load_opens_every_kind_of_file(corpus, tmp_path):
+    from bmoe.formats.convert import convert_file
+    from bmoe.formats.decode import ComputeTrace, IoTrace
+    from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.route import RouteTrace
+    from bmoe.formats.runlog import RunOutput
+
+    tiny = corpus / "native-tiny"
+    expected = {
+        tiny / "run.csv": MetricsRun, tiny / "run.route.csv": RouteTrace,
+        tiny / "ct.compute.csv": ComputeTrace, tiny / "run.io.csv": IoTrace,
+        tiny / "run.out": RunOutput, tiny / "pf.out": RunOutput,
+        corpus / "route-trace" / "gemma.log": RunOutput,
+        corpus / "route-trace" / "gemma.metrics": MetricsRun,
+    }  # fmt: skip
+    for path, cls in expected.items():
+        assert isinstance(bmoe.load(path), cls), path
+    assert bmoe.load(corpus / "metrics/2026-07-12/qwen_mmap.metrics") == read_pressure(
+        corpus / "metrics/2026-07-12/qwen_mmap.metrics"
+    )
+    assert "before" in bmoe.load(corpus / "route-trace" / "gemma.state")
+    parquet = bmoe.load(convert_file(tiny / "run.route.csv", "parquet", tmp_path))
+    assert isinstance(parquet, RouteTrace)
+    assert parquet.rows.equals(bmoe.load(tiny / "run.route.csv").rows)
