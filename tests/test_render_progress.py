@@ -46,3 +46,25 @@ def test_plain_log():
     assert "4 runs, 1 already complete, targets: phone, box" in text
     assert "phone: cache-8/r1 token 12/64, 100.0 tok/s" in text
     assert "box: cache-0/r1 attempt 1 ok in 30.0 s, 95.5 tok/s [2/4 done, eta 0:30]" in text
+
+
+def test_a_farm_shows_runs_per_host_and_per_target():
+    console = Console(record=True, width=140, file=io.StringIO())
+    live = LiveProgress(console)
+    out = io.StringIO()
+    plain = PlainProgress(out, every_s=0.0)
+    for sink in (live, plain):
+        sink.target_hosts({"phone": "lab-1", "box": "lab-2", "tablet": "lab-2"})
+        _drive(sink)
+        record = {"run": "cache-4/r1", "status": "ok", "duration_s": 10.0, "attempt": 1}
+        sink.run_finished("tablet", _run("cache-4"), record)
+    console.print(live)
+    text = console.export_text()
+    assert "lab-1 0 done, 1 running" in text and "lab-2 2 done, 0 running" in text
+    box_row = next(line for line in text.splitlines() if line.startswith("box"))
+    assert box_row.split()[:3] == ["box", "lab-2", "1"]  # target, host, runs done
+    log = out.getvalue()
+    assert "host lab-1: targets phone" in log and "host lab-2: targets box, tablet" in log
+    assert "box@lab-2: cache-0/r1 attempt 1 ok" in log
+    # eta: mean of 30 s and 10 s, one run left, three targets
+    assert "[3/4 done, eta 0:06; tablet 1, lab-1 0, lab-2 2]" in log

@@ -29,6 +29,10 @@ def _dry_run(config, plan, archive_root: Path) -> None:
         f"order {config.settings.order}; folder {archive_root}",
         highlight=False,
     )
+    if config.settings.executor == "ray":
+        resources = ", ".join(f"{s.name} ({s.ray_resource})" for s in config.targets)
+        console.print(f"on the Ray cluster at {config.settings.address}; targets: {resources}",
+                      highlight=False)  # fmt: skip
     try:
         for run in plan.runs:
             target = targets[assigned[run.id]]
@@ -125,13 +129,19 @@ def sweep_command(
         raise typer.Exit(130)
     assert outcome is not None
     failed = outcome.failed_runs
+    not_run = outcome.not_run
     console.print(
         f"{outcome.completed}/{outcome.total} runs complete ({outcome.skipped} from before), "
-        f"{len(failed)} failed -> {archive.root}",
+        f"{len(failed)} failed"
+        + (f", {not_run} not run" if not_run else "")
+        + f" -> {archive.root}",
         highlight=False,
     )
     if failed:
         err_console.print("failed: " + ", ".join(failed), highlight=False)
+    if not_run:
+        err_console.print(f"resume with: bmoe sweep {archive.root}", highlight=False)
+    if failed or not_run:
         raise typer.Exit(1)
 
 

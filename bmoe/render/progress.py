@@ -2,8 +2,8 @@
 
 Both take the runner's events (:class:`bmoe.sweep.runner.ProgressSink`) from several target
 threads at once; what they show is runs done out of the total, each target's running run
-with its tokens and tok/s (from the engine's progress lines), and an ETA from the durations
-of the runs finished so far.
+with its tokens and tok/s (from the engine's progress lines), runs done per target (and per
+host, on a farm), and an ETA from the durations of the runs finished so far.
 """
 
 from __future__ import annotations
@@ -40,6 +40,19 @@ class _Tally:
         self.durations: list[float] = []
         self.running: dict[str, _Running | None] = {}
         self.last: dict[str, str] = {}
+        self.done_by_target: dict[str, int] = {}
+        self.hosts: dict[str, str] = {}  # target -> host (a farm)
+
+    def host_counts(self) -> dict[str, tuple[int, int]]:
+        """Per host: runs done this pass, targets running a run now."""
+        out: dict[str, tuple[int, int]] = {}
+        for target, host in self.hosts.items():
+            done, busy = out.get(host, (0, 0))
+            out[host] = (
+                done + self.done_by_target.get(target, 0),
+                busy + (self.running.get(target) is not None),
+            )
+        return out
 
     def eta_s(self) -> float | None:
         remaining = self.total - self.done
@@ -86,25 +99,41 @@ class LiveProgress:
                 ("  elapsed ", "bold"), _clock(time.monotonic() - t.started),
                 ("  eta ", "bold"), _clock(t.eta_s()),
             )  # fmt: skip
+            lines: list[Any] = [head]
+            if t.hosts:
+                parts = [f"{host} {done} done, {busy} running"
+                         for host, (done, busy) in t.host_counts().items()]  # fmt: skip
+                lines.append(Text.assemble(("hosts ", "bold"), "  ·  ".join(parts)))
             table = Table(box=None, header_style="bold", pad_edge=False)
-            for col in ("target", "run", "tokens", "tok/s", "time", "last"):
-                table.add_column(col, justify="right" if col in ("tokens", "tok/s") else "left")
+            columns = ["target", *(["host"] if t.hosts else []), "done", "run", "tokens",
+                       "tok/s", "time", "last"]  # fmt: skip
+            for col in columns:
+                right = col in ("done", "tokens", "tok/s")
+                table.add_column(col, justify="right" if right else "left")
             for name, cur in t.running.items():
+                where = [t.hosts.get(name, "")] if t.hosts else []
+                done = str(t.done_by_target.get(name, 0))
                 if cur is None:
-                    table.add_row(name, "idle", "", "", "", t.last.get(name, ""))
+                    table.add_row(name, *where, done, "idle", "", "", "", t.last.get(name, ""))
                     continue
                 steps = f"{cur.step}/{cur.steps}" if cur.steps else str(cur.step)
                 table.add_row(
-                    name, f"{cur.run} (attempt {cur.attempt})", steps, _rate(cur.tok_s),
-                    _clock(time.monotonic() - cur.started), t.last.get(name, ""),
+                    name, *where, done, f"{cur.run} (attempt {cur.attempt})", steps,
+                    _rate(cur.tok_s), _clock(time.monotonic() - cur.started),
+                    t.last.get(name, ""),
                 )  # fmt: skip
-        return Group(head, table)
+            lines.append(table)
+        return Group(*lines)
 
     # ProgressSink
     def sweep_started(self, total: int, done: int, targets: Sequence[str]) -> None:
         with self.tally.lock:
             self.tally.total, self.tally.done = total, done
             self.tally.running = {name: None for name in targets}
+
+    def target_hosts(self, hosts):
+        with self.tally.lock:
+            self.tally.hosts = dict(hosts)
 
     def run_started(self, target, run, attempt):
         with self.tally.lock:
@@ -129,6 +158,7 @@ def _finish(t: _Tally, target: str, record: dict[str, Any]) -> None:
         status = record.get("status")
         if status == "ok":
             t.done += 1
+            t.done_by_target[target] = t.done_by_target.get(target, 0) + 1
             t.durations.append(float(record.get("duration_s") or 0.0))
         else:
             t.failed += 1
@@ -165,6 +195,15 @@ class PlainProgress:
             self.tally.running = {name: None for name in targets}
         self._line(f"sweep: {total} runs, {done} already complete, targets: {', '.join(targets)}")
 
+    def target_hosts(self, hosts):
+        with self.tally.lock:
+            self.tally.hosts = dict(hosts)
+        by_host: dict[str, list[str]] = {}
+        for target, host in hosts.items():
+            by_host.setdefault(host, []).append(target)
+        for host, names in by_host.items():
+            self._line(f"host {host}: targets {', '.join(names)}")
+
     def run_started(self, target, run, attempt):
         with self.tally.lock:
             self.tally.running[target] = _Running(run.id, attempt, time.monotonic())
@@ -185,10 +224,17 @@ class PlainProgress:
         rate = (record.get("stream") or {}).get("tok_s")
         extra = f", {rate:.1f} tok/s" if rate else ""
         error = f" ({record['error']})" if record.get("error") else ""
+        counts = ""
+        with t.lock:
+            if t.hosts:  # a farm: runs done by this target and by each host
+                counts = f"; {target} {t.done_by_target.get(target, 0)}" + "".join(
+                    f", {host} {done}" for host, (done, _) in t.host_counts().items()
+                )
+        where = f"@{t.hosts[target]}" if target in t.hosts else ""
         self._line(
-            f"{target}: {run.id} attempt {record.get('attempt')} {record.get('status')}"
+            f"{target}{where}: {run.id} attempt {record.get('attempt')} {record.get('status')}"
             f"{error} in {record.get('duration_s', 0):.1f} s{extra} "
-            f"[{t.done}/{t.total} done, eta {_clock(t.eta_s())}]"
+            f"[{t.done}/{t.total} done, eta {_clock(t.eta_s())}{counts}]"
         )
 
     def message(self, text):

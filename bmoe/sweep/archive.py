@@ -44,7 +44,10 @@ SUMMARY = "summary.md"
 RECORD = "record.json"
 CELLS = "cells"
 
-STATUSES = ("ok", "crashed", "timeout", "invalid", "error", "interrupted", "rejected", "killed")
+#: ``lost``: the host running the attempt (a farm node) or the task on it died.
+STATUSES = (
+    "ok", "crashed", "timeout", "invalid", "error", "interrupted", "rejected", "killed", "lost",
+)  # fmt: skip
 
 
 def fsync_dir(path: Path) -> None:
@@ -346,8 +349,8 @@ def results_frame(root: Path) -> pd.DataFrame:
     for record in records:
         row: dict[str, Any] = {}
         for key in ("run", "cell", "repeat", "attempt", "order", "round", "reversed", "target",
-                    "target_kind", "engine", "status", "exit_code", "started", "ended",
-                    "duration_s", "error", "dir"):  # fmt: skip
+                    "target_kind", "host", "node", "engine", "status", "exit_code", "started",
+                    "ended", "duration_s", "error", "dir"):  # fmt: skip
             row[key] = record.get(key)
         row.update(record.get("entry_columns", {}))
         params = record.get("params", {})

@@ -4,7 +4,8 @@ Every problem is a :class:`ConfigError` naming the file, the line and the key
 (``sweep.toml:12: grid.cache_mb: expected a list of values, got 8``): unknown keys, wrong
 types and combinations that cannot run are all refused before anything starts.
 
-Sections: ``[sweep]`` (name, engine, repeats, order, output, timeout, retries), ``[base]``
+Sections: ``[sweep]`` (name, engine, repeats, order, output, timeout, retries, executor),
+``[base]``
 (engine flags every cell shares), ``[grid]`` (axes whose cartesian product makes cells),
 ``[[cells]]`` (explicit cells), ``[[exclude]]`` (cells to drop), ``[[limit]]`` (cells only
 some targets may run, by tag), ``[pair]`` (cells run back to back on one target), ``[gate]``
@@ -24,6 +25,12 @@ from bmoe.errors import BmoeError
 from bmoe.sweep.tomltext import KeyPath, key_lines, line_of
 
 ENGINES = ("embedded", "native")
+#: Where the runs are scheduled: threads on this host, or tasks on a Ray cluster (a farm).
+EXECUTORS = ("local", "ray")
+#: The custom resource a farm host advertises for each target it can reach, by default.
+RESOURCE_PREFIX = "bmoe_target_"
+#: Resource names Ray keeps for itself.
+RAY_OWN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 ORDERS = ("as-written", "reverse", "alternate", "shuffle")
 TARGET_KINDS = ("local", "adb", "ssh")
 KILL_MODES = ("pidfile", "name", "off")
@@ -62,6 +69,8 @@ class SweepSettings:
     retries: int = 1
     session: bool = False
     base_dir: str = "."
+    executor: str = "local"
+    address: str | None = None  # the Ray cluster (executor "ray"): "auto" or host:port
 
 
 @dataclass(frozen=True)
@@ -103,9 +112,16 @@ class TargetSpec:
     identity: str | None = None
     ssh: str = "ssh"
     ssh_options: tuple[str, ...] = ()
+    # a farm (executor "ray"): the custom resource its host advertises
+    resource: str | None = None
 
     def can_run(self, tags: frozenset[str]) -> bool:
         return tags <= self.tags
+
+    @property
+    def ray_resource(self) -> str:
+        """The Ray resource the host that reaches this target advertises (one unit)."""
+        return self.resource or f"{RESOURCE_PREFIX}{self.name}"
 
 
 @dataclass(frozen=True)
@@ -263,13 +279,13 @@ def _closest(name: str, allowed: tuple[str, ...]) -> str | None:
 
 SWEEP_KEYS = (
     "name", "engine", "repeats", "order", "seed", "output", "timeout_s", "retries", "session",
-    "base_dir",
+    "base_dir", "executor", "address",
 )  # fmt: skip
 GATE_KEYS = ("max_cpu_temp_c", "min_mem_available_mb", "poll_s", "max_wait_s")
 TARGET_KEYS = {
     "common": (
         "name", "kind", "tags", "workdir", "binary", "python", "model_dir", "models", "env",
-        "kill_strays", "keep_remote",
+        "kill_strays", "keep_remote", "resource",
     ),
     "local": (),
     "adb": ("serial", "adb"),
@@ -379,6 +395,17 @@ def _settings(check: _Checker, table: dict[str, Any], base_dir: str | Path) -> S
         kw["base_dir"] = check.string(table["base_dir"], ("sweep", "base_dir"))
     else:
         kw["base_dir"] = str(Path(base_dir).resolve())
+    if "executor" in table:
+        kw["executor"] = check.string(table["executor"], ("sweep", "executor"), EXECUTORS)
+    if "address" in table:
+        address = check.string(table["address"], ("sweep", "address")).strip()
+        if kw.get("executor") != "ray":
+            raise check.fail(("sweep", "address"), 'an address only applies to executor = "ray"')
+        if not address:
+            raise check.fail(("sweep", "address"), 'give the Ray cluster ("auto" or host:port)')
+        kw["address"] = address
+    elif kw.get("executor") == "ray":
+        kw["address"] = "auto"
     return SweepSettings(**kw)
 
 
@@ -540,6 +567,17 @@ def _targets(check: _Checker, value: Any, settings: SweepSettings) -> list[Targe
                                              KILL_MODES)  # fmt: skip
         if "keep_remote" in table:
             kw["keep_remote"] = check.boolean(table["keep_remote"], (*key, "keep_remote"))
+        if "resource" in table:
+            if settings.executor != "ray":
+                raise check.fail(
+                    (*key, "resource"), 'a Ray resource only applies to executor = "ray"'
+                )
+            resource = check.string(table["resource"], (*key, "resource"))
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]*", resource):
+                raise check.fail((*key, "resource"), "use letters, digits, '_', '.', ':', '/', '-'")
+            if resource in RAY_OWN_RESOURCES or resource.startswith("node:"):
+                raise check.fail((*key, "resource"), f"{resource!r} is one of Ray's own resources")
+            kw["resource"] = resource
         if kind == "adb":
             if "serial" in table:
                 kw["serial"] = check.string(table["serial"], (*key, "serial"))
@@ -574,7 +612,16 @@ def _targets(check: _Checker, value: Any, settings: SweepSettings) -> list[Targe
             raise check.fail((*key, "name"), f"two targets are named {name!r}")
         names.add(name)
         kw["name"] = name
-        out.append(TargetSpec(**kw))
+        spec = TargetSpec(**kw)
+        if settings.executor == "ray":
+            other = next((t for t in out if t.ray_resource == spec.ray_resource), None)
+            if other is not None:
+                raise check.fail(
+                    (*key, "resource") if "resource" in table else (*key, "name"),
+                    f"targets {other.name!r} and {name!r} both use the Ray resource "
+                    f"{spec.ray_resource!r}: one resource names one device",
+                )
+        out.append(spec)
     return out
 
 
@@ -590,6 +637,9 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
     }  # fmt: skip
     if s.seed is not None:
         sweep["seed"] = s.seed
+    if s.executor != "local":
+        sweep["executor"] = s.executor
+        sweep["address"] = s.address
     doc: dict[str, Any] = {"sweep": sweep}
     if config.base:
         doc["base"] = dict(config.base)
@@ -629,6 +679,8 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
         item["kill_strays"] = t.kill_strays
         if t.keep_remote:
             item["keep_remote"] = True
+        if t.resource:
+            item["resource"] = t.resource
         if t.kind == "adb":
             item["adb"] = t.adb
             if t.serial:

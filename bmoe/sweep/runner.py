@@ -2,9 +2,10 @@
 timeouts, Ctrl-C, resume and live progress.
 
 The scheduler sits behind :class:`Executor` (targets and units in, attempt records out); the
-code that runs one attempt next to its target (:func:`run_attempt`) does not know which
-executor called it. :class:`LocalExecutor` gives each target a thread that takes the next
-unit it may run from a shared queue.
+code that runs a unit next to its target (:func:`run_unit`, then :func:`run_attempt` per
+attempt) does not know which executor called it. :class:`LocalExecutor` gives each target a
+thread that takes the next unit it may run from a shared queue; ``executor = "ray"`` runs the
+same code on the hosts of a Ray cluster (:mod:`bmoe.sweep.farm`, imported only then).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import datetime as dt
 import json
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,10 +48,15 @@ class ProgressSink(Protocol):
     def run_progress(self, target: str, run: Run, state: StreamState) -> None: ...
     def run_finished(self, target: str, run: Run, record: dict[str, Any]) -> None: ...
     def message(self, text: str) -> None: ...
+    def target_hosts(self, hosts: dict[str, str]) -> None:
+        """Which host runs each target (a farm); called before the first run starts."""
 
 
 class NullSink:
     def sweep_started(self, total, done, targets):
+        pass
+
+    def target_hosts(self, hosts):
         pass
 
     def run_started(self, target, run, attempt):
@@ -124,6 +131,17 @@ def _pump(stream, sink_file: Path, on_line: Callable[[bytes], None] | None) -> t
     return thread
 
 
+def attempt_record(run: Run, attempt: int, target: TargetSpec, engine: str) -> dict[str, Any]:
+    """The fields every attempt's record starts with: which run, where, with what."""
+    return {
+        "run": run.id, "cell": run.cell.id, "repeat": run.repeat, "attempt": attempt,
+        "order": run.order, "round": run.round, "reversed": run.reversed,
+        "target": target.name, "target_kind": target.kind, "engine": engine,
+        "host": socket.gethostname(), "params": dict(run.cell.params),
+        "axes": dict(run.cell.axes), "tags": sorted(run.cell.tags), "started": now_iso(),
+    }  # fmt: skip
+
+
 def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dict[str, Any]:
     """Run one attempt of `run` on `target` and archive it; returns its manifest record.
 
@@ -136,13 +154,7 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     files: RunFiles = archive.staging(run.id, attempt)
     staging = files.staging
     log = _Log(staging / "run.log")
-    record: dict[str, Any] = {
-        "run": run.id, "cell": run.cell.id, "repeat": run.repeat, "attempt": attempt,
-        "order": run.order, "round": run.round, "reversed": run.reversed,
-        "target": target.name, "target_kind": target.spec.kind, "engine": settings.engine,
-        "params": dict(run.cell.params), "axes": dict(run.cell.axes),
-        "tags": sorted(run.cell.tags), "started": now_iso(),
-    }  # fmt: skip
+    record = attempt_record(run, attempt, target.spec, settings.engine)
     ctx.sink.run_started(target.name, run, attempt)
     follower = StreamFollower()
     status, exit_code, error = "error", None, None
@@ -275,26 +287,60 @@ def run_with_retries(
     return record
 
 
-UnitWork = Callable[[Unit, Target, Callable[[dict[str, Any]], None]], None]
+def run_unit(
+    unit: Unit, target: Target, ctx: CellContext, emit: Callable[[dict[str, Any]], None]
+) -> None:
+    """Run the runs of `unit` back to back on `target` (turns of one engine process in
+    session mode), archiving each attempt and passing its record to `emit`."""
+    if unit.session:
+        from bmoe.sweep.sessions import run_session_unit
+
+        run_session_unit(unit, target, ctx, emit)
+        return
+    for run in unit.runs:
+        if ctx.stop.is_set():
+            return
+        run_with_retries(run, target, ctx, emit)
 
 
 class Executor(Protocol):
     """Schedules units onto targets (one unit at a time per target) and yields each attempt's
-    record as it is archived. Stopping: set `stop`; running attempts end as interrupted."""
+    record as it is archived (by :func:`run_unit` with `ctx`). Stopping: set ``ctx.stop``;
+    running attempts end as interrupted."""
+
+    def check(self, targets: Sequence[Target], ctx: CellContext) -> None:
+        """Fail early (a :class:`BmoeError`) when a target cannot run; before any run."""
+        ...
 
     def execute(
-        self,
-        units: Sequence[Unit],
-        targets: Sequence[Target],
-        work: UnitWork,
-        stop: threading.Event,
+        self, units: Sequence[Unit], targets: Sequence[Target], ctx: CellContext
     ) -> Iterator[dict[str, Any]]: ...
+
+
+def executor_for(config: SweepConfig) -> Executor:
+    """The executor ``[sweep] executor`` names (the farm's module, and Ray, load only then)."""
+    if config.settings.executor == "ray":
+        try:
+            from bmoe.sweep.farm import RayExecutor
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray":
+                raise
+            raise config.error(
+                ("sweep", "executor"), "needs Ray on every host: pip install 'bmoe[farm]'"
+            ) from None
+        return RayExecutor(config.settings.address or "auto")
+    return LocalExecutor()
 
 
 class LocalExecutor:
     """One thread per target, taking the next unit it may run (by tags) in plan order."""
 
-    def execute(self, units, targets, work, stop):
+    def check(self, targets, ctx):
+        for target in targets:
+            target.check()
+
+    def execute(self, units, targets, ctx):
+        stop = ctx.stop
         pending = list(units)
         lock = threading.Lock()
         results: queue.Queue = queue.Queue()
@@ -313,7 +359,7 @@ class LocalExecutor:
                     unit = take(target)
                     if unit is None:
                         break
-                    work(unit, target, results.put)
+                    run_unit(unit, target, ctx, results.put)
             except BaseException as exc:  # surfaced in the driver thread
                 results.put(exc)
             finally:
@@ -364,6 +410,11 @@ class SweepOutcome:
             last[r["run"]] = r["status"]
         return sorted(run for run, status in last.items() if status != "ok")
 
+    @property
+    def not_run(self) -> int:
+        """Runs this pass did not attempt (a farm whose hosts left, or a stop)."""
+        return self.total - self.completed - len(self.failed_runs)
+
 
 def prepare_resume(archive: Archive, plan: Plan, sink: ProgressSink) -> set[str]:
     """Bring the folder to a consistent state; returns the ids of runs already complete.
@@ -413,7 +464,7 @@ def run_sweep(
     """
     sink = sink or NullSink()
     stop = stop or threading.Event()
-    executor = executor or LocalExecutor()
+    executor = executor or executor_for(config)
     ctx = CellContext(config, archive, stop, sink)
     done = prepare_resume(archive, plan, sink)
     units = []
@@ -427,25 +478,11 @@ def run_sweep(
     total = len(plan.runs)
     interrupted = False
     try:
-        for target in targets:
-            if target.name in needed:
-                target.check()
-        sink.sweep_started(total, len(done), [t.name for t in targets if t.name in needed])
-
-        def work(unit: Unit, target: Target, emit: Callable[[dict[str, Any]], None]) -> None:
-            if unit.session:
-                from bmoe.sweep.sessions import run_session_unit
-
-                run_session_unit(unit, target, ctx, emit)
-                return
-            for run in unit.runs:
-                if stop.is_set():
-                    return
-                run_with_retries(run, target, ctx, emit)
-
         usable = [t for t in targets if t.name in needed]
+        executor.check(usable, ctx)
+        sink.sweep_started(total, len(done), [t.name for t in usable])
         try:
-            for record in executor.execute(units, usable, work, stop):
+            for record in executor.execute(units, usable, ctx):
                 records.append(record)
         except KeyboardInterrupt:
             interrupted = True

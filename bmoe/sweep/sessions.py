@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import socket
 import subprocess
 import time
 import warnings
@@ -237,7 +238,8 @@ def run_session(
             "run": run.id, "cell": run.cell.id, "repeat": run.repeat,
             "attempt": result["attempt"], "order": run.order, "round": run.round,
             "reversed": run.reversed, "target": target.name, "target_kind": target.spec.kind,
-            "engine": settings.engine, "params": dict(run.cell.params),
+            "engine": settings.engine, "host": socket.gethostname(),
+            "params": dict(run.cell.params),
             "axes": dict(run.cell.axes), "tags": sorted(run.cell.tags),
             "started": result["started"], "ended": result["ended"],
             "duration_s": result["duration_s"], "status": status, "exit_code": exit_code,
