@@ -88,12 +88,6 @@ def _share(part: np.ndarray | pd.Series, total: float) -> np.ndarray:
 # ----------------------------------------------------------------------------- compute
 
 
-def is_layer_granular(trace: ComputeTrace) -> bool:
-    """Every row is a layer segment (``op=LAYER``); compared on the categorical's codes."""
-    rows = trace.rows
-    return len(rows) > 0 and "op" in rows and bool((rows["op"] == "LAYER").all())
-
-
 def compute_summary(trace: ComputeTrace) -> dict[str, Any]:
     """Steps, nodes per step, measured compute ms/token and major faults per token."""
     rows = decode_rows(trace.rows)
@@ -104,7 +98,7 @@ def compute_summary(trace: ComputeTrace) -> dict[str, Any]:
         "nodes_per_step": len(rows) / steps,
         "ms_per_token": float(rows["wall_ns"].sum()) / steps / 1e6,
         "majflt_per_token": float(rows["majflt"].sum()) / steps if "majflt" in rows else None,
-        "granularity": "layer" if is_layer_granular(trace) else "node",
+        "granularity": "layer" if trace.layer_granular else "node",
         "phase": "decode" if "phase" in rows and bool((rows["phase"] == 1).all()) else "all",
     }
 
@@ -165,7 +159,7 @@ def compute_faults(trace: ComputeTrace) -> pd.DataFrame:
     with their faults and time per token and their share of all faults; most faults first."""
     rows = decode_rows(trace.rows)
     _need_rows(rows, trace)
-    layered = is_layer_granular(trace)
+    layered = trace.layer_granular
     column = "segment" if layered else "op"
     cols = [column, "majflt_per_token", "ms_per_token", "fault_share_pct"]
     if "majflt" not in rows:
@@ -223,7 +217,7 @@ def classify_nodes(trace: ComputeTrace) -> pd.DataFrame:
     by-class views when calling several."""
     rows = decode_rows(trace.rows)
     _need_rows(rows, trace)
-    if is_layer_granular(trace):
+    if trace.layer_granular:
         raise BmoeError(
             f"{trace.path or '<input>'}: a layer-granular trace has no per-node detail to "
             "classify (record with --compute-trace for op classes)"
@@ -584,7 +578,7 @@ def compute_join(
     """Per token: measured compute (the trace; by op class for per-node files) next to the
     metrics row's ``compute_ms`` residual, ``io_ms`` and ``wall_ms``."""
     per_token = compute_per_token(trace)
-    if not is_layer_granular(trace):
+    if not trace.layer_granular:
         by_class = compute_per_token_by_class(trace, nodes)
         per_token = per_token.merge(by_class, on=["turn", "trace_step"])
     out = join_metrics(per_token, trace.rows, run)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.decode import decode_rows, is_layer_granular, step_keys
+from bmoe.analyze.decode import decode_rows, step_keys
 from bmoe.analyze.opclass import classify_rows
 from bmoe.errors import BmoeError
 from bmoe.formats.decode import ComputeTrace, IoTrace
@@ -229,7 +229,7 @@ def build_timeline(
                 },
             }
         )
-        if not is_layer_granular(compute) and {"op", "name"} <= set(comp_rows.columns):
+        if not compute.layer_granular and {"op", "name"} <= set(comp_rows.columns):
             classes, layers = classify_rows(comp_rows, str(compute.meta.get("arch", "")))
             comp_out["op_class"] = classes.to_numpy()
             comp_out["layer_resolved"] = layers.to_numpy()

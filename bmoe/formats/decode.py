@@ -61,8 +61,9 @@ class ComputeTrace:
 
     @property
     def layer_granular(self) -> bool:
-        """Every row is a layer segment (``--compute-trace-layers``)."""
-        return len(self.rows) > 0 and bool((self.rows["op"].astype(str) == "LAYER").all())
+        """Every row is a layer segment (``--compute-trace-layers``, ``op=LAYER``)."""
+        rows = self.rows
+        return len(rows) > 0 and "op" in rows and bool((rows["op"] == "LAYER").all())
 
 
 @dataclass
