@@ -137,9 +137,9 @@ tags = ["b"]
 """
 
 
-def _sweep(cfg_or_dir: Path, env: dict) -> subprocess.Popen:
+def _sweep(cfg_or_dir: Path, env: dict, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "bmoe", "sweep", str(cfg_or_dir), "--plain"],
+        [sys.executable, "-m", "bmoe", "sweep", str(cfg_or_dir), "--plain", *extra],
         cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -272,3 +272,47 @@ def test_a_killed_task_is_a_lost_attempt_retried_in_the_same_sweep(farm, tmp_pat
     redone = next(r for r in ok if r["run"] == lost["run"])
     assert redone["attempt"] == lost["attempt"] + 1
     assert {r["node"] for r in lines} == {cluster.head_node.node_id}
+
+
+def test_ctrl_c_stops_the_runs_on_the_hosts_and_resume_finishes(farm, tmp_path, tiny_model):
+    cluster, _node_b, env = farm
+    cells = """
+    [grid]
+    cache_mb = [0, 1, 2, 3]
+    [[targets]]
+    name = "a1"
+    [[targets]]
+    name = "a2"
+    """
+    gate = "[gate]\nmin_mem_available_mb = 1e12\npoll_s = 0.2\nmax_wait_s = 120\n"
+    cfg = _config(tmp_path, tiny_model, cluster.address, cells + gate)  # waits at the gate
+    proc = _sweep(cfg, env)
+    out = tmp_path / "out"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the sweep ended before Ctrl-C: {proc.communicate()}")
+        if out.is_dir() and any(out.iterdir()):
+            root = sweep_folder(out)
+            if len(list((root / "cells").glob("*/.*.staging"))) == 2:  # both hosts' runs began
+                break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the runs never started")
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stdout + stderr
+    assert "interrupted; resume with" in stderr
+    lines = manifest(root)
+    assert [r["status"] for r in lines] == ["interrupted", "interrupted"], lines
+    assert {r["target"] for r in lines} == {"a1", "a2"}
+    assert all(r["node"] == cluster.head_node.node_id for r in lines)
+    assert all("stopped before the engine started" in r["error"] for r in lines)
+    assert not list((root / "cells").glob("*/.*.staging"))  # every attempt archived whole
+
+    cfg.write_text(cfg.read_text().replace(gate, ""))  # no gate this time
+    proc = _sweep(cfg, env, "--resume")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stdout + stderr
+    ok = [r for r in manifest(root) if r["status"] == "ok"]
+    assert len(ok) == 4 == len({r["run"] for r in ok})

@@ -58,9 +58,14 @@ RAY_LOG = "ray.log"
 def _run_unit_task(unit, target_spec, config, sweep_name, floors, sessions_taken, flag):
     """One unit on the host that advertises its target's resource (a streaming generator)."""
     node = ray.get_runtime_context().get_node_id()
+    asking: list[Any] = []  # the question in flight; never wait for the answer
 
     def stopped() -> bool:
-        return bool(ray.get(flag.is_set.remote(), timeout=30))
+        if not asking:
+            asking.append(flag.is_set.remote())
+            return False
+        ready, _ = ray.wait(asking, timeout=0)
+        return bool(ray.get(asking.pop())) if ready else False
 
     yield from run_unit_away(unit, target_spec, config, sweep_name, floors, stopped,
                              sessions_taken=sessions_taken, node=node)  # fmt: skip
