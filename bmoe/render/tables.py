@@ -122,12 +122,22 @@ def rich_tables(
         frame = _as_frame(result)
         table = Table(title=name, title_justify="left", header_style="bold")
         cols = [str(c) for c in frame.columns]
-        for col in frame.columns:
-            table.add_column(str(col), justify="right" if _numeric(frame[col]) else "left")
-        for row in frame.itertuples(index=False, name=None):
-            table.add_row(
-                *(cell_text(v, (digits or {}).get(c)) for c, v in zip(cols, row, strict=True))
+        text = [
+            [cell_text(v, (digits or {}).get(c)) for c, v in zip(cols, row, strict=True)]
+            for row in frame.itertuples(index=False, name=None)
+        ]
+        for i, col in enumerate(frame.columns):
+            numeric = _numeric(frame[col])
+            # Numbers are never cut: a narrow terminal folds headers and labels instead.
+            widest = max((len(r[i]) for r in text), default=0) if numeric else None
+            table.add_column(
+                str(col),
+                justify="right" if numeric else "left",
+                overflow="fold",
+                min_width=widest,
             )
+        for row in text:
+            table.add_row(*row)
         tables.append(table)
     return tables
 
