@@ -138,6 +138,8 @@ def rich_tables(
             )
         for row in text:
             table.add_row(*row)
+        if not text:
+            table.caption = "(none)"
         tables.append(table)
     return tables
 
