@@ -1,7 +1,7 @@
 """Benchmark: the full reference replay curve (11 budgets x 6 policies) on the real gemma
 trace, against the plain scan-per-victim replay (``bmoe.cache.naive``) in the same run.
 
-    /work/venv/bin/python benchmarks/bench_replay.py [--repeat 3] [--corpus DIR]
+    python benchmarks/bench_replay.py [--repeat 3] [--corpus DIR]
 
 Both sides get the same batches (the reference batch order, repeats kept) and must agree
 hit for hit on every deterministic policy; ``random`` draws differ, so it is only timed.

@@ -2,7 +2,7 @@
 (48 layers, 128 experts, top-6), against a straightforward pure-Python implementation of the
 same views (``naive_route.py``) measured in the same run.
 
-    /work/venv/bin/python benchmarks/bench_route.py [--steps 5200] [--keep PATH]
+    python benchmarks/bench_route.py [--steps 5200] [--keep PATH]
 
 The trace is written with the project's RouteTraceWriter from a skewed router: per-layer
 Zipf-like popularity plus a pull towards the previous step's experts (so reuse, overlap and
