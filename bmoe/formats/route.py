@@ -10,6 +10,7 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bmoe.formats import kv
 from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections
@@ -133,20 +134,27 @@ def _plain(v: Any) -> Any:
 
 
 def format_rows(rows: pd.DataFrame) -> str:
-    """CSV text of routing rows (``%g`` weights, ``nan`` kept), vectorised."""
+    """CSV text of trace rows: integers as written, floats as printf ``%g`` (``nan`` kept).
+
+    Each column becomes an Arrow string array and the rows are joined by Arrow, so the cost
+    per row is a few hundred nanoseconds, almost all of it the ``%g`` of float columns.
+    """
     if not len(rows):
         return ""
-    parts = []
+    columns = []
     for col in rows.columns:
         series = rows[col]
-        if col == "weight" or pd.api.types.is_float_dtype(series):
-            values = series.to_numpy(dtype=np.float64)
-            text = pd.Series(np.char.mod("%g", values))
+        if pd.api.types.is_float_dtype(series):
+            values = series.to_numpy(np.float64).tolist()
+            text = pa.array([f"{v:g}" for v in values], pa.string())
+        elif _is_int(series):
+            text = pc.cast(pa.array(series.to_numpy(np.int64)), pa.string())
         else:
-            text = series.astype("int64").astype(str) if _is_int(series) else series.astype(str)
-        parts.append(text.reset_index(drop=True))
-    joined = parts[0].str.cat(parts[1:], sep=",")
-    return "\n".join(joined.tolist()) + "\n"
+            text = pa.array(series.astype(str).tolist(), pa.string())
+        columns.append(text)
+    lines = pc.binary_join_element_wise(*columns, ",")
+    whole = pa.ListArray.from_arrays(pa.array([0, len(lines)], pa.int32()), lines)
+    return pc.binary_join(whole, "\n")[0].as_py() + "\n"
 
 
 def _is_int(series: pd.Series) -> bool:
