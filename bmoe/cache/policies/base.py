@@ -16,6 +16,13 @@ from collections.abc import Sequence, Set
 
 NEVER = 1 << 62  # "next use": never again, infinitely far
 
+# Heap policies pack an entry into one int, ordering fields above the key so that a plain
+# int comparison orders entries: ... | touch << KEY_BITS | key.
+KEY_BITS = 32
+KEY_MASK = (1 << KEY_BITS) - 1
+TOUCH_BITS = 40
+TOUCH_MASK = (1 << TOUCH_BITS) - 1
+
 
 class Policy:
     """Base class: budget, resident set and bytes held. Subclasses order the victims."""

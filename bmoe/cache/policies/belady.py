@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 from heapq import heapify, heappop, heappush
 
-from bmoe.cache.policies.base import NEVER, Policy
+from bmoe.cache.policies.base import KEY_BITS, KEY_MASK, NEVER, Policy
 
-KEY_BITS = 32
-KEY_MASK = (1 << KEY_BITS) - 1
 ADMIT_SHIFT = KEY_BITS
 DIST_SHIFT = 2 * KEY_BITS
 

@@ -13,12 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 from heapq import heappop, heappush
 
-from bmoe.cache.policies.base import Policy
+from bmoe.cache.policies.base import KEY_BITS, KEY_MASK, TOUCH_BITS, Policy
 
-KEY_BITS = 32
-KEY_MASK = (1 << KEY_BITS) - 1
-TOUCH_BITS = 40
-TOUCH_MASK = (1 << TOUCH_BITS) - 1
 COUNT_SHIFT = KEY_BITS + TOUCH_BITS
 
 
