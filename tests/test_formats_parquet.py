@@ -18,9 +18,8 @@ from bmoe.formats.decode import (
     write_io_trace,
 )
 from bmoe.formats.errors import FormatError
-from bmoe.formats.load import load_file
+from bmoe.formats.load import load_file, read_parquet, write_parquet
 from bmoe.formats.metrics import read_metrics, write_metrics
-from bmoe.formats.parquet import read_parquet, write_parquet
 from bmoe.formats.route import read_route_trace, write_route_trace
 
 CASES = [

@@ -7,7 +7,7 @@ from pathlib import Path
 from bmoe.errors import BmoeError
 from bmoe.formats.csvtable import PathLike
 from bmoe.formats.errors import FormatError
-from bmoe.formats.load import detect_kind, load_file
+from bmoe.formats.load import detect_kind, load_file, write_parquet
 
 TARGETS = ("parquet", "csv")
 
@@ -41,7 +41,6 @@ def convert_file(source: PathLike, to: str = "parquet", out_dir: PathLike | None
     """
     from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.metrics import MetricsRun
-    from bmoe.formats.parquet import write_parquet
     from bmoe.formats.route import RouteTrace
 
     if to not in TARGETS:

@@ -94,7 +94,8 @@ def read_compute_trace(source: PathLike | bytes) -> ComputeTrace:
     from bmoe.formats import parquet
 
     if parquet.is_parquet(source):
-        return parquet.read_compute_parquet(source)
+        p = parquet.read_parts(source, "compute")
+        return ComputeTrace(p.name, p.version, p.meta, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "compute_trace")
     rows = frame_or_empty(sec, COMPUTE_TYPES, ("wall_ns",))
@@ -105,7 +106,8 @@ def read_io_trace(source: PathLike | bytes) -> IoTrace:
     from bmoe.formats import parquet
 
     if parquet.is_parquet(source):
-        return parquet.read_io_parquet(source)
+        p = parquet.read_parts(source, "io")
+        return IoTrace(p.name, p.version, p.meta, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "io_trace")
     rows = frame_or_empty(sec, IO_TYPES, ("read_bytes", "latency_ns"))

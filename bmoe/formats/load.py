@@ -2,13 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from bmoe.formats import parquet
 from bmoe.formats.csvtable import BOM, PathLike
 from bmoe.formats.detect import detect_bytes
 from bmoe.formats.errors import FormatError
 
+if TYPE_CHECKING:
+    from bmoe.formats.decode import ComputeTrace, IoTrace
+    from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.route import RouteTrace
+
+    #: A file of one of the row formats (the ones with a Parquet form).
+    RowFile = MetricsRun | RouteTrace | ComputeTrace | IoTrace
+
 HEAD_BYTES = 65536
+
+
+def row_classes() -> dict[str, type]:
+    """The class of each row format's parsed file, by kind (the kinds with a Parquet form)."""
+    from bmoe.formats.decode import ComputeTrace, IoTrace
+    from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.route import RouteTrace
+
+    return {"metrics": MetricsRun, "route": RouteTrace, "compute": ComputeTrace, "io": IoTrace}
+
+
+def row_kind(obj: object) -> str:
+    """The kind of a parsed row-format file (``metrics``, ``route``, ``compute``, ``io``)."""
+    for kind, cls in row_classes().items():
+        if isinstance(obj, cls):
+            return kind
+    raise TypeError(f"no Parquet form for {type(obj).__name__}")
+
+
+def write_parquet(obj: RowFile, dest: str | os.PathLike) -> Path:
+    """Write a parsed metrics CSV or trace as Parquet (zstd); returns the path written."""
+    return parquet.write_table(obj, row_kind(obj), dest)
+
+
+def read_parquet(source: PathLike | bytes, kind: str | None = None) -> RowFile:
+    """Read a Parquet file written by :func:`write_parquet` back into its typed object
+    (a `kind` file, when given)."""
+    found = parquet.parquet_kind(source)
+    if found is None or (kind is not None and found != kind):
+        parquet.read_parts(source, kind)  # raises the FormatError that says what is wrong
+    return readers()[kind or str(found)](source)
 
 
 def readers() -> dict[str, Any]:
@@ -44,8 +86,6 @@ def load_file(path: PathLike, kind: str | None = None) -> Any:
             raise FormatError(name, None, "binary data, not a telemetry file")
         raise FormatError(name, None, "not a telemetry file bmoe knows (unrecognised content)")
     if kind == "parquet":
-        from bmoe.formats.parquet import read_parquet
-
         return read_parquet(path)
     table = readers()
     if kind not in table:

@@ -160,7 +160,8 @@ def read_metrics(source: PathLike | bytes) -> MetricsRun:
     from bmoe.formats import parquet
 
     if parquet.is_parquet(source):
-        return parquet.read_metrics_parquet(source)
+        p = parquet.read_parts(source, "metrics")
+        return MetricsRun(p.name, p.version, p.meta, p.rows, p.summaries, p.warnings)
     sec = load_sections(source)
     version = 0
     params: dict[str, Any] = {}

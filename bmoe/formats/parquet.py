@@ -5,12 +5,18 @@ compact dtypes) whose schema metadata carries the rest under ``bmoe.*`` keys: th
 format version, the preamble (typed, as JSON), the summary trailers, the route trace's
 per-layer sizes, the reader's warnings and the source file name. The readers accept such a file
 wherever they accept the CSV and return an equal object.
+
+This module knows the table and its metadata, not the row classes: it reads a file into
+:class:`ParquetParts`, from which each reader builds its own object, and writes any object with
+the row-file attributes under the kind its caller names (:mod:`bmoe.formats.load` keeps the map
+from kind to class).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +28,13 @@ from bmoe.formats.errors import FormatError
 
 MAGIC = b"PAR1"
 #: Schema metadata keys (all values are UTF-8 JSON except kind and version).
-KIND, VERSION, META, SUMMARIES, LAYERS, WARNINGS, SOURCE = (
-    b"bmoe.kind", b"bmoe.version", b"bmoe.meta", b"bmoe.summaries", b"bmoe.layers",
-    b"bmoe.warnings", b"bmoe.source",
-)  # fmt: skip
+KIND = b"bmoe.kind"
+VERSION = b"bmoe.version"
+META = b"bmoe.meta"
+SUMMARIES = b"bmoe.summaries"
+LAYERS = b"bmoe.layers"
+WARNINGS = b"bmoe.warnings"
+SOURCE = b"bmoe.source"
 KINDS = ("metrics", "route", "compute", "io")
 
 
@@ -61,25 +70,14 @@ def _frame_from_json(text: str) -> pd.DataFrame:
     )
 
 
-def _kind_of(obj: Any) -> str:
-    from bmoe.formats.decode import ComputeTrace, IoTrace
-    from bmoe.formats.metrics import MetricsRun
-    from bmoe.formats.route import RouteTrace
+def to_table(obj: Any, kind: str) -> pa.Table:
+    """The Arrow table of a parsed file of `kind`: its rows, with the rest in the schema metadata.
 
-    for cls, kind in (
-        (MetricsRun, "metrics"),
-        (RouteTrace, "route"),
-        (ComputeTrace, "compute"),
-        (IoTrace, "io"),
-    ):
-        if isinstance(obj, cls):
-            return kind
-    raise TypeError(f"no Parquet form for {type(obj).__name__}")
-
-
-def to_table(obj: Any) -> pa.Table:
-    """The Arrow table of a parsed file: its rows, with the rest in the schema metadata."""
-    kind = _kind_of(obj)
+    `obj` has ``rows``, ``version``, ``warnings``, ``path``, and ``params`` and ``summaries``
+    (metrics) or ``meta`` (traces; a route trace has ``layers`` too).
+    """
+    if kind not in KINDS:
+        raise TypeError(f"no Parquet form for a {kind} file")
     table = pa.Table.from_pandas(obj.rows, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[KIND] = kind.encode()
@@ -95,10 +93,10 @@ def to_table(obj: Any) -> pa.Table:
     return table.replace_schema_metadata(meta)
 
 
-def write_parquet(obj: Any, dest: str | os.PathLike) -> Path:
-    """Write a parsed metrics CSV or trace as Parquet (zstd); returns the path written."""
+def write_table(obj: Any, kind: str, dest: str | os.PathLike) -> Path:
+    """Write a parsed file of `kind` as Parquet (zstd); returns the path written."""
     dest = Path(dest)
-    pq.write_table(to_table(obj), dest, compression="zstd")
+    pq.write_table(to_table(obj, kind), dest, compression="zstd")
     return dest
 
 
@@ -137,12 +135,26 @@ def _rows(table: pa.Table) -> pd.DataFrame:
     return table.to_pandas(split_blocks=True, self_destruct=True)
 
 
-def read_parquet(source: Any, kind: str | None = None) -> Any:
-    """Read a Parquet file written by :func:`write_parquet` back into its typed object."""
-    from bmoe.formats.decode import ComputeTrace, IoTrace
-    from bmoe.formats.metrics import MetricsRun
-    from bmoe.formats.route import RouteTrace
+@dataclass
+class ParquetParts:
+    """What a bmoe Parquet file holds: the rows and the metadata each reader builds from.
 
+    `meta` is the typed preamble (a metrics file's ``params``, a trace's ``meta``);
+    `summaries` is only in metrics files, `layers` only in route traces.
+    """
+
+    kind: str
+    name: str | None
+    version: int
+    meta: dict[str, Any]
+    rows: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    layers: pd.DataFrame = field(default_factory=lambda: _frame_from_json("[]"))
+
+
+def read_parts(source: Any, kind: str | None = None) -> ParquetParts:
+    """Read a Parquet file written by :func:`write_table` (of `kind`, when given)."""
     table, name = _open(source)
     meta = _metadata(table, name, kind)
     found = meta[KIND].decode()
@@ -150,37 +162,20 @@ def read_parquet(source: Any, kind: str | None = None) -> Any:
         version = int(meta.get(VERSION, b"0"))
     except ValueError:
         raise FormatError(name, None, "corrupt bmoe.version in the Parquet metadata") from None
-    params = _json(meta, META, {}, name)
-    warnings = _json(meta, WARNINGS, [], name)
-    rows = _rows(table)
+    parts = ParquetParts(
+        kind=found,
+        name=name,
+        version=version,
+        meta=_json(meta, META, {}, name),
+        rows=_rows(table),
+        warnings=_json(meta, WARNINGS, [], name),
+    )
     if found == "metrics":
-        summaries = _json(meta, SUMMARIES, [], name)
-        return MetricsRun(name, version, params, rows, summaries, warnings)
+        parts.summaries = _json(meta, SUMMARIES, [], name)
     if found == "route":
-        layers = (
-            _frame_from_json(meta[LAYERS].decode())
-            if LAYERS in meta
-            else pd.DataFrame({"layer": pd.Series([], dtype="int64")})
-        )
-        return RouteTrace(name, version, params, layers, rows, warnings)
-    cls = ComputeTrace if found == "compute" else IoTrace
-    return cls(name, version, params, rows, warnings)
-
-
-def read_metrics_parquet(source: Any) -> Any:
-    return read_parquet(source, "metrics")
-
-
-def read_route_parquet(source: Any) -> Any:
-    return read_parquet(source, "route")
-
-
-def read_compute_parquet(source: Any) -> Any:
-    return read_parquet(source, "compute")
-
-
-def read_io_parquet(source: Any) -> Any:
-    return read_parquet(source, "io")
+        layers = meta.get(LAYERS, b'[{"name": "layer", "dtype": "int64", "values": []}]')
+        parts.layers = _frame_from_json(layers.decode())
+    return parts
 
 
 def parquet_kind(source: Any) -> str | None:

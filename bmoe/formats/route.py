@@ -101,7 +101,8 @@ def read_route_trace(source: PathLike | bytes) -> RouteTrace:
     from bmoe.formats import parquet
 
     if parquet.is_parquet(source):
-        return parquet.read_route_parquet(source)
+        p = parquet.read_parts(source, "route")
+        return RouteTrace(p.name, p.version, p.meta, p.layers, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
     rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
