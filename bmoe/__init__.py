@@ -7,9 +7,12 @@ of loose engine files); the analyses live in :mod:`bmoe.analyze`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from bmoe._version import __version__
+
+if TYPE_CHECKING:
+    from bmoe.sweep.reader import Archive
 
 
 def load(path: str | Path) -> Any:
@@ -28,7 +31,7 @@ def load(path: str | Path) -> Any:
     return load_file(path)
 
 
-def load_archive(path: str | Path) -> Any:
+def load_archive(path: str | Path) -> Archive:
     """An archived sweep folder (or a folder of loose engine files) as a
     :class:`~bmoe.sweep.reader.Archive`: ``.cells`` (one row per run attempt: parameters,
     entry state, outcomes), and each run's metrics and traces read lazily by cell or run id

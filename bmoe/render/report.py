@@ -243,7 +243,7 @@ class Report:
     def html(self) -> str:
         toc = _toc_html(self.toc)
         when = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-        from bmoe import __version__
+        from bmoe._version import __version__
 
         subtitle = f'<p class="meta">{_esc(self.subtitle)}</p>' if self.subtitle else ""
         return (

@@ -5,14 +5,13 @@ the end-of-run lines. Pure functions over the engine's state; writing is the for
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-import bmoe
+from bmoe._version import __version__
 from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.engine import MIB, EmbeddedEngine, mib
 from bmoe.engine.embedded.hook import TraceRow
@@ -25,13 +24,7 @@ from bmoe.formats.route import COLUMNS as ROUTE_COLUMNS
 
 def engine_version() -> str:
     """``bmoe-embedded-<bmoe version>+llama-cpp-python-<version>`` (one token, no spaces)."""
-    ours = getattr(bmoe, "__version__", None)
-    if ours is None:  # bmoe imported as a namespace package (some editable installs)
-        try:
-            ours = importlib.metadata.version("bmoe")
-        except importlib.metadata.PackageNotFoundError:
-            ours = "unknown"
-    return f"bmoe-embedded-{ours}+llama-cpp-python-{version()}"
+    return f"bmoe-embedded-{__version__}+llama-cpp-python-{version()}"
 
 
 def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, Any]:

@@ -1,0 +1,4 @@
+"""The bmoe version, in a module of its own so that any layer can read it without importing
+the package root (pyproject.toml reads it from here too)."""
+
+__version__ = "0.1.0"
