@@ -17,7 +17,7 @@ from bmoe.formats.metrics import read_metrics
 from bmoe.sweep.archive import Archive
 from bmoe.sweep.config import ConfigError, load_config, parse_config, resolved_toml
 from bmoe.sweep.plan import make_plan
-from bmoe.sweep.runner import NullSink
+from bmoe.sweep.runner import NullSink, run_unit
 from bmoe.sweep.shipping import Delivery, Receiver, run_unit_away
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +165,7 @@ def _ship(config, plan, archive: Archive, unit, floors=None, **kw) -> list[dict]
     floors = floors or {run.id: archive.next_attempt(run.id) for run in unit.runs}
     messages = run_unit_away(unit, spec, config, archive.root.name, floors, lambda: False,
                              node="node-42", chunk_bytes=40, state_dir=archive.root.parent / "st",
-                             **kw)  # fmt: skip
+                             run_unit=run_unit, **kw)  # fmt: skip
     kinds = []
     for message in messages:
         kinds.append(message["kind"])

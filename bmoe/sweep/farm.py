@@ -36,8 +36,8 @@ from ray.exceptions import NodeDiedError, RayError, RayTaskError, WorkerCrashedE
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from bmoe.errors import BmoeError
+from bmoe.sweep.attempt import CellContext, UnitRunner
 from bmoe.sweep.plan import Unit
-from bmoe.sweep.runner import CellContext
 from bmoe.sweep.sessions import SESSIONS
 from bmoe.sweep.shipping import Delivery, Receiver, host_state_dir, run_unit_away
 from bmoe.sweep.targets import Target, open_target
@@ -55,7 +55,7 @@ RAY_LOG = "ray.log"
 # ----------------------------------------------------------------------------- on the hosts
 
 
-def _run_unit_task(unit, target_spec, config, sweep_name, floors, sessions_taken, flag):
+def _run_unit_task(unit, target_spec, config, sweep_name, floors, sessions_taken, flag, run_unit):
     """One unit on the host that advertises its target's resource (a streaming generator)."""
     node = ray.get_runtime_context().get_node_id()
     asking: list[Any] = []  # the question in flight; never wait for the answer
@@ -67,8 +67,17 @@ def _run_unit_task(unit, target_spec, config, sweep_name, floors, sessions_taken
         ready, _ = ray.wait(asking, timeout=0)
         return bool(ray.get(asking.pop())) if ready else False
 
-    yield from run_unit_away(unit, target_spec, config, sweep_name, floors, stopped,
-                             sessions_taken=sessions_taken, node=node)  # fmt: skip
+    yield from run_unit_away(
+        unit,
+        target_spec,
+        config,
+        sweep_name,
+        floors,
+        stopped,
+        sessions_taken=sessions_taken,
+        node=node,
+        run_unit=run_unit,
+    )
 
 
 def _check_target_task(target_spec, sweep_name) -> dict[str, Any]:
@@ -195,10 +204,12 @@ def _join_command(resource: str) -> str:
 
 
 class RayExecutor:
-    """Runs each unit as a Ray task on the host that advertises its target's resource."""
+    """Runs each unit as a Ray task on the host that advertises its target's resource, with
+    `run_unit` (the local runner's :func:`~bmoe.sweep.runner.run_unit`) on that host."""
 
-    def __init__(self, address: str = "auto", **init_options: Any):
+    def __init__(self, address: str, run_unit: UnitRunner, **init_options: Any):
         self.address = address
+        self.run_unit = run_unit
         self.init_options = init_options
         self._owns_connection = False
         self._restore_printer: Callable[[], None] = lambda: None
@@ -322,7 +333,9 @@ class RayExecutor:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(driver_node, soft=True),
             ).remote()  # fmt: skip
             receiver = Receiver(ctx.archive, ctx.config, ctx.sink)
-            state = _Sweep(ctx, lanes, receiver, flag, ray.put(ctx.config), list(units))
+            state = _Sweep(
+                ctx, lanes, receiver, flag, ray.put(ctx.config), list(units), self.run_unit
+            )
             # The loop (Ray calls, archiving) runs in a thread, so that Ctrl-C in this one
             # only stops the sweep and never cuts an attempt's archiving in half.
             results: queue.Queue = queue.Queue()
@@ -377,12 +390,13 @@ class RayExecutor:
 class _Sweep:
     """The driver's loop state: units waiting, one job per busy target, hosts seen."""
 
-    def __init__(self, ctx, lanes, receiver, flag, config_ref, units):
+    def __init__(self, ctx, lanes, receiver, flag, config_ref, units, run_unit: UnitRunner):
         self.ctx = ctx
         self.lanes: dict[str, _Lane] = lanes
         self.receiver: Receiver = receiver
         self.flag = flag
         self.config_ref = config_ref
+        self.run_unit = run_unit
         self.pending: list[Unit] = sorted(units, key=lambda u: u.runs[0].order)
         self.jobs: dict[str, _Job] = {}
         self.failures: dict[str, int] = {}
@@ -522,7 +536,7 @@ class _Sweep:
                 num_cpus=0, max_retries=0, num_returns="streaming",
                 resources={lane.resource: 1}, name=f"bmoe {name} {unit.runs[0].id}",
             ).remote(unit, lane.target.spec, self.config_ref, archive.root.name, floors, taken,
-                     self.flag)  # fmt: skip
+                     self.flag, self.run_unit)  # fmt: skip
             self.jobs[name] = _Job(lane, Delivery(unit, lane.target.spec), gen)
 
     def abandon(self) -> None:

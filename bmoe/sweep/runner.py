@@ -11,21 +11,30 @@ same code on the hosts of a Ray cluster (:mod:`bmoe.sweep.farm`, imported only t
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bmoe.engine.native import StreamFollower, StreamState, engine_args, output_files
+from bmoe.engine.native import StreamFollower, engine_args, output_files
 from bmoe.errors import BmoeError
 from bmoe.formats.sidecar import write_pressure
 from bmoe.sweep.archive import Archive, RunFiles, csv_complete, results_frame, write_results
+from bmoe.sweep.attempt import (
+    RETRYABLE,
+    AttemptLog,
+    CellContext,
+    NullSink,
+    ProgressSink,
+    attempt_record,
+    now_iso,
+    printable,
+    pump,
+)
 from bmoe.sweep.config import SweepConfig, TargetSpec
 from bmoe.sweep.gate import (
     EntryState,
@@ -36,55 +45,6 @@ from bmoe.sweep.gate import (
 )
 from bmoe.sweep.plan import Plan, Run, Unit
 from bmoe.sweep.targets import Target, TargetError, open_target
-
-RETRYABLE = ("crashed", "timeout", "invalid", "error")
-
-
-class ProgressSink(Protocol):
-    """What the runner reports as it goes (a live display, a plain log, or nothing)."""
-
-    def sweep_started(self, total: int, done: int, targets: Sequence[str]) -> None: ...
-    def run_started(self, target: str, run: Run, attempt: int) -> None: ...
-    def run_progress(self, target: str, run: Run, state: StreamState) -> None: ...
-    def run_finished(self, target: str, run: Run, record: dict[str, Any]) -> None: ...
-    def message(self, text: str) -> None: ...
-    def target_hosts(self, hosts: dict[str, str]) -> None:
-        """Which host runs each target (a farm); called before the first run starts."""
-
-
-class NullSink:
-    def sweep_started(self, total, done, targets):
-        pass
-
-    def target_hosts(self, hosts):
-        pass
-
-    def run_started(self, target, run, attempt):
-        pass
-
-    def run_progress(self, target, run, state):
-        pass
-
-    def run_finished(self, target, run, record):
-        pass
-
-    def message(self, text):
-        pass
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).astimezone().isoformat(timespec="milliseconds")
-
-
-@dataclass
-class CellContext:
-    """What running a cell needs besides the cell and the target."""
-
-    config: SweepConfig
-    archive: Archive
-    stop: threading.Event = field(default_factory=threading.Event)
-    sink: ProgressSink = field(default_factory=NullSink)
-    stop_grace_s: float = 3.0
 
 
 def _command_for(run: Run, target: Target, ctx: CellContext, run_dir: str) -> list[str]:
@@ -101,47 +61,6 @@ def planned_command(run: Run, target: Target, ctx: CellContext) -> str:
     return target.describe(_command_for(run, target, ctx, run_dir), run_dir)
 
 
-class _Log:
-    """The attempt's own log (``run.log``), one timestamped line per event."""
-
-    def __init__(self, path: Path):
-        self.fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
-
-    def __call__(self, text: str) -> None:
-        self.fh.write(f"{now_iso()} {text}\n")
-        self.fh.flush()
-
-    def close(self) -> None:
-        self.fh.close()
-
-
-def _pump(stream, sink_file: Path, on_line: Callable[[bytes], None] | None) -> threading.Thread:
-    def work() -> None:
-        with open(sink_file, "ab") as out:
-            for line in iter(stream.readline, b""):
-                out.write(line)
-                out.flush()
-                if on_line is not None:
-                    with contextlib.suppress(Exception):  # never stop the capture
-                        on_line(line)
-        stream.close()
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    return thread
-
-
-def attempt_record(run: Run, attempt: int, target: TargetSpec, engine: str) -> dict[str, Any]:
-    """The fields every attempt's record starts with: which run, where, with what."""
-    return {
-        "run": run.id, "cell": run.cell.id, "repeat": run.repeat, "attempt": attempt,
-        "order": run.order, "round": run.round, "reversed": run.reversed,
-        "target": target.name, "target_kind": target.kind, "engine": engine,
-        "host": socket.gethostname(), "params": dict(run.cell.params),
-        "axes": dict(run.cell.axes), "tags": sorted(run.cell.tags), "started": now_iso(),
-    }  # fmt: skip
-
-
 def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dict[str, Any]:
     """Run one attempt of `run` on `target` and archive it; returns its manifest record.
 
@@ -153,7 +72,7 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     settings = config.settings
     files: RunFiles = archive.staging(run.id, attempt)
     staging = files.staging
-    log = _Log(staging / "run.log")
+    log = AttemptLog(staging / "run.log")
     record = attempt_record(run, attempt, target.spec, settings.engine)
     ctx.sink.run_started(target.name, run, attempt)
     follower = StreamFollower()
@@ -186,8 +105,8 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
                 ctx.sink.run_progress(target.name, run, follower.state)
 
         pumps = [
-            _pump(proc.stdout, staging / "run.out", on_line),
-            _pump(proc.stderr, staging / "run.err", None),
+            pump(proc.stdout, staging / "run.out", on_line),
+            pump(proc.stderr, staging / "run.err", None),
         ]
         deadline = t0 + settings.timeout_s
         outcome = None
@@ -206,8 +125,8 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
                 target.stop(proc, ctx.stop_grace_s)
                 exit_code = proc.returncode
                 break
-        for pump in pumps:
-            pump.join(timeout=30)
+        for thread in pumps:
+            thread.join(timeout=30)
         wanted = [*output_files(run.cell.params).values(), "pressure.samples"]
         fetched = target.fetch(run_dir, wanted, staging)
         missing = sorted(set(wanted) - set(fetched) - {"pressure.samples"})
@@ -253,19 +172,6 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     record = archive.finalize(files, printable(record))
     ctx.sink.run_finished(target.name, run, record)
     return record
-
-
-def printable(value: Any) -> Any:
-    """`value` with every string safe to store as UTF-8 (undecodable bytes become U+FFFD)."""
-    from bmoe.formats.protocol import printable as text
-
-    if isinstance(value, str):
-        return text(value)
-    if isinstance(value, dict):
-        return {printable(k): printable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [printable(v) for v in value]
-    return value
 
 
 class _Interrupted(Exception):
@@ -328,7 +234,7 @@ def executor_for(config: SweepConfig) -> Executor:
             raise config.error(
                 ("sweep", "executor"), "needs Ray on every host: pip install 'bmoe[farm]'"
             ) from None
-        return RayExecutor(config.settings.address or "auto")
+        return RayExecutor(config.settings.address or "auto", run_unit)
     return LocalExecutor()
 
 

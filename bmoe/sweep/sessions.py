@@ -29,6 +29,7 @@ from bmoe.errors import BmoeError
 from bmoe.formats.metrics import MetricsRun, read_metrics, write_metrics
 from bmoe.formats.sidecar import write_pressure
 from bmoe.sweep.archive import csv_complete, fsync_dir, write_atomic
+from bmoe.sweep.attempt import RETRYABLE, AttemptLog, CellContext, now_iso, printable, pump
 from bmoe.sweep.gate import EntryState, parse_samples, parse_state, pressure_from_samples
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.targets import Target, TargetError
@@ -59,12 +60,10 @@ def _session_id(unit_runs: list[Run]) -> str:
 
 
 def run_session(
-    runs: list[Run], target: Target, ctx: Any, emit: Callable[[dict[str, Any]], None]
+    runs: list[Run], target: Target, ctx: CellContext, emit: Callable[[dict[str, Any]], None]
 ) -> list[Run]:
     """One session over `runs` (in order); archives each turn; returns the runs it did not
     reach (the engine died first) so the caller can give them another session."""
-    from bmoe.sweep.runner import _Log, _pump, now_iso, printable
-
     config, archive = ctx.config, ctx.archive
     settings = config.settings
     session_id = _session_id(runs)
@@ -78,7 +77,7 @@ def run_session(
         n += 1
     staging = sessions / f".{session_id}.a{n}.staging"
     staging.mkdir()
-    log = _Log(staging / "session.log")
+    log = AttemptLog(staging / "session.log")
     turn_lines: list[bytes] = []
     out_file = open(staging / "session.out", "ab")  # noqa: SIM115 (closed below)
 
@@ -114,7 +113,7 @@ def run_session(
                        ensure_ascii=False) + "\n", encoding="utf-8")  # fmt: skip
         log(f"start on {target.name}: {target.describe(argv, run_dir)}")
         proc = target.start(argv, run_dir, staging, stdin=True)
-        err_pump = _pump(proc.stderr, staging / "session.err", None)
+        err_pump = pump(proc.stderr, staging / "session.err", None)
         client = SessionClient(proc.stdin, proc.stdout, on_line=on_line)
         client.wait_ready(timeout=settings.timeout_s)
         for index, run in enumerate(runs):
@@ -263,12 +262,10 @@ def run_session(
 
 
 def run_session_unit(
-    unit: Unit, target: Target, ctx: Any, emit: Callable[[dict[str, Any]], None]
+    unit: Unit, target: Target, ctx: CellContext, emit: Callable[[dict[str, Any]], None]
 ) -> None:
     """Sessions over the unit's runs until each completed, was rejected, or spent its
     retries; runs a dead session did not reach get a new one."""
-    from bmoe.sweep.runner import RETRYABLE
-
     retries = ctx.config.settings.retries
     tries: dict[str, int] = {r.id: 0 for r in unit.runs}
     pending = list(unit.runs)

@@ -34,9 +34,16 @@ from typing import Any
 from bmoe.engine.native import StreamState
 from bmoe.errors import BmoeError
 from bmoe.sweep.archive import RECORD, Archive, RunFiles, fsync_dir
+from bmoe.sweep.attempt import (
+    CellContext,
+    ProgressSink,
+    UnitRunner,
+    attempt_record,
+    now_iso,
+    printable,
+)
 from bmoe.sweep.config import SweepConfig, TargetSpec
 from bmoe.sweep.plan import Run, Unit
-from bmoe.sweep.runner import CellContext, ProgressSink, attempt_record, now_iso, printable
 from bmoe.sweep.sessions import SESSIONS
 from bmoe.sweep.targets import open_target
 
@@ -128,6 +135,7 @@ def run_unit_away(
     node: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     state_dir: Path | None = None,
+    run_unit: UnitRunner,
 ) -> Iterator[dict[str, Any]]:
     """Run `unit` on this host (where `target_spec` is reachable) and yield its messages.
 
@@ -136,10 +144,9 @@ def run_unit_away(
     already holds (their numbers are not reused); `stopped` says whether the driver stopped
     the sweep (asked every :data:`STOP_POLL_S`). Each attempt's files leave the scratch folder
     as soon as they are shipped. `state_dir` is where the target keeps its state (default
-    :func:`host_state_dir`).
+    :func:`host_state_dir`). `run_unit` runs the unit (the local runner's
+    :func:`~bmoe.sweep.runner.run_unit`, passed in so that this module never imports the runner).
     """
-    from bmoe.sweep.runner import run_unit
-
     scratch = Path(tempfile.mkdtemp(prefix="bmoe-farm-"))
     target = None
     try:
