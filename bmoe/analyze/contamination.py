@@ -370,12 +370,12 @@ def cells_from_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
     from bmoe.formats.metrics import read_metrics
     from bmoe.formats.sidecar import pressure_sidecar_for, read_pressure, read_state
 
-    paths = [Path(p) for p in paths]
-    if not paths:
+    files = [Path(p) for p in paths]
+    if not files:
         raise BmoeError("no metrics files to compare")
-    root = Path(_common_root(paths))
+    root = Path(_common_root(files))
     records = []
-    for path in paths:
+    for path in files:
         run = read_metrics(path)
         sidecar = pressure_sidecar_for(path)
         pressure = read_pressure(sidecar) if sidecar else None
@@ -449,10 +449,10 @@ def cells_from_paths(paths: Iterable[str | Path]) -> pd.DataFrame:
     has one row per cell attempt with these column names. Otherwise every metrics file found
     (directories searched recursively) becomes a row via :func:`cells_from_runs`.
     """
-    paths = [Path(p) for p in paths]
-    if len(paths) == 1 and paths[0].is_dir() and (paths[0] / "results.parquet").is_file():
-        return pd.read_parquet(paths[0] / "results.parquet")
-    files = find_metrics_files(paths)
+    given = [Path(p) for p in paths]
+    if len(given) == 1 and given[0].is_dir() and (given[0] / "results.parquet").is_file():
+        return pd.read_parquet(given[0] / "results.parquet")
+    files = find_metrics_files(given)
     if not files:
         raise BmoeError(f"no metrics files found in {', '.join(str(p) for p in paths)}")
     return cells_from_runs(files)

@@ -10,6 +10,7 @@ metrics CSV. Every function is pure: a trace in, a DataFrame or a dict of figure
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,7 @@ def step_keys(rows: pd.DataFrame) -> np.ndarray:
     return _turns(rows) * (1 << 32) + (rows["step"].to_numpy(np.int64) + _STEP_BIAS)
 
 
-def split_step_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def split_step_keys(keys: np.ndarray | Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """(turn, step) arrays back from :func:`step_keys` values."""
     keys = np.asarray(keys, dtype=np.int64)
     return keys >> 32, (keys & 0xFFFFFFFF) - _STEP_BIAS

@@ -87,8 +87,7 @@ def _last(summaries: list[dict[str, Any]], key: str) -> float | None:
 
 def _total(summaries: list[dict[str, Any]], key: str) -> float | None:
     """Sum of `key` over every turn's summary (None if no summary has it)."""
-    values = [_num(s[key]) for s in summaries if key in s]
-    values = [v for v in values if v is not None]
+    values = [v for v in (_num(s[key]) for s in summaries if key in s) if v is not None]
     return float(sum(values)) if values else None
 
 

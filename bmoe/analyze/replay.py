@@ -434,7 +434,7 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
     return StackDistances(np.asarray(out), decode, size_per, int(max(expert_set, total)))
 
 
-def mrc_at(dist: StackDistances, budgets_mib: Sequence[float]) -> pd.DataFrame:
+def mrc_at(dist: StackDistances, budgets_mib: Sequence[float] | np.ndarray) -> pd.DataFrame:
     """The exact LRU curve evaluated at `budgets_mib` (budget_mib, hit_pct_cum,
     hit_pct_decode, read_mib)."""
     d = dist.distance

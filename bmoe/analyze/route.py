@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -45,7 +45,7 @@ RESIDENCY_LETTERS = {0: "M", 1: "H", 2: "P"}
 MATRIX_STEPS = 20  # steps the matrix shows when no window was chosen
 ALL = "ALL"
 
-Trace = RouteTrace | pd.DataFrame
+Trace: TypeAlias = RouteTrace | pd.DataFrame
 
 
 # ----------------------------------------------------------------------------- selection
@@ -165,9 +165,11 @@ def caveats(
 
 def _ranges(values: Sequence[int]) -> str:
     """``0-3,7`` for [0, 1, 2, 3, 7]."""
-    out, start, prev = [], None, None
+    out: list[str] = []
+    start: int | None = None
+    prev: int | None = None
     for v in [*sorted(values), None]:
-        if start is not None and (v is None or v != prev + 1):
+        if start is not None and prev is not None and (v is None or v != prev + 1):
             out.append(str(start) if start == prev else f"{start}-{prev}")
             start = None
         if v is not None and start is None:
@@ -205,7 +207,9 @@ class _Sequence:
 
     def key(self) -> np.ndarray:
         """(layer, expert) as one small integer per row."""
-        kind = np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
+        kind: type[np.signedinteger] = (
+            np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
+        )
         return (
             self.layer_idx.astype(kind) * kind(self.n_expert) + self.expert.astype(kind)
         ).astype(kind, copy=False)
@@ -241,7 +245,7 @@ def _order(rows: pd.DataFrame) -> _Sequence:
     order = None
     size = len(layers) * span * nslot
     if size < 2**62:
-        kind = np.int32 if size < 2**31 else np.int64
+        kind: type[np.signedinteger] = np.int32 if size < 2**31 else np.int64
         cellkey = layer_idx.astype(kind) * kind(span) + step_code.astype(kind)
         key = cellkey * kind(nslot) + (slot.astype(kind) - kind(slot_lo))
         if n > 1 and not _ascending(key):
@@ -590,7 +594,9 @@ def _workset(
     one = np.array([sizes.get(int(x), np.nan) for x in seq.layers], dtype=np.float64)
     cols["union_mib"] = distinct * one / MIB
     frame = _layer_frame(seq, **cols)
-    totals = {c: int(frame[c].sum()) for c in frame.columns if c not in ("layer", "union_mib")}
+    totals: dict[str, float] = {
+        c: int(frame[c].sum()) for c in frame.columns if c not in ("layer", "union_mib")
+    }
     totals["union_mib"] = float(frame["union_mib"].sum(skipna=False))
     return _with_all_row(frame, totals)
 

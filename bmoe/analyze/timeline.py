@@ -175,7 +175,7 @@ def build_timeline(
     lengths = np.maximum(_extent_on(index, io_extent), _extent_on(index, comp_extent))
     laid_origin = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     origin = laid_origin
-    if io_measured and comp_within is not None:
+    if io_measured and io_rows is not None and comp_within is not None:
         never = np.iinfo(np.int64).max
         first_read = np.full(len(index), never, dtype=np.int64)
         np.minimum.at(first_read, _step_pos(io_rows, index), io_rows["start_ns"].to_numpy(np.int64))
@@ -229,6 +229,7 @@ def build_timeline(
                 },
             }
         )
+        assert compute is not None  # comp_rows come from it
         if not compute.layer_granular and {"op", "name"} <= set(comp_rows.columns):
             classes, layers = classify_rows(comp_rows, str(compute.meta.get("arch", "")))
             comp_out["op_class"] = classes.to_numpy()
@@ -238,7 +239,7 @@ def build_timeline(
     # stamped with the decode they were drained after and may run past it.
     # Laid out on shared origins, a step is its whole slot (the longer of compute and reads).
     source = comp_out if comp_out is not None and len(comp_out) else io_out
-    if not io_measured and not comp_measured:
+    if source is None or (not io_measured and not comp_measured):
         source = index.assign(start_ns=origin, dur_ns=lengths)
     spans = [source[[*_STEP_KEYS, "start_ns"]].assign(end_ns=source["start_ns"] + source["dur_ns"])]
     step_frame = (

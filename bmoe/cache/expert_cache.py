@@ -216,10 +216,11 @@ class ExpertCache:
             raise BmoeError(
                 f"policy {self.policy_name!r} needs each key's next use (offline replay only)"
             )
-        if next_use is None:
-            next_use = [None] * len(layers)
+        future: Sequence[Sequence[int] | None] = (
+            [None] * len(layers) if next_use is None else next_use
+        )
         resident_before = len(policy.resident)
-        hits = policy.run(layers, lookups, recency, sizes, next_use)
+        hits = policy.run(layers, lookups, recency, sizes, future)
         st = self._stats
         n = sum(len(x) for x in lookups)
         h = sum(hits)

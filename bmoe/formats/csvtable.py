@@ -433,8 +433,8 @@ def load_sections(source: PathLike | bytes, *, verify: bool = True) -> Sections:
                 sec = None
             if sec is not None:
                 return sec
-    data, path = read_bytes(source)
-    return split_sections(data, path)
+    data, name = read_bytes(source)
+    return split_sections(data, name)
 
 
 def empty_frame(types: dict[str, pa.DataType], columns: list[str]) -> pd.DataFrame:

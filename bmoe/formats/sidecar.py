@@ -8,6 +8,7 @@ zones; it is read best effort.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ def read_pressure(source: PathLike | bytes) -> dict[str, Any]:
 
 def write_pressure(values: dict[str, Any], dest: PathLike | TextIO) -> None:
     text = "".join(f"{k}={kv.format_value(k, v)}\n" for k, v in values.items())
-    if isinstance(dest, str | Path):
+    if isinstance(dest, str | os.PathLike):
         Path(dest).write_text(text, encoding="utf-8")
     else:
         dest.write(text)

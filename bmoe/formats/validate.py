@@ -133,7 +133,7 @@ def _step_goes_back(frame: pd.DataFrame, groups: Sequence[str], strict: bool) ->
 def _check_metrics(run: Any, rep: _Report) -> None:
     rows = run.rows
     version = run.version
-    required = METRICS_REQUIRED.get(version)
+    required: Sequence[str] | None = METRICS_REQUIRED.get(version)
     if required is None:
         from bmoe.formats.metrics import COLUMNS_V1, COLUMNS_V2
 
@@ -382,8 +382,8 @@ def validate_file(path: PathLike) -> list[Finding]:
     else:
         rep = _Report(name)
     for text in getattr(obj, "warnings", []) or []:
-        line, message = _split_location(text, name)
-        rep.add(WARNING, message, line)
+        where, message = _split_location(text, name)
+        rep.add(WARNING, message, where)
     if kind is None or kind not in _CHECKS:
         raise FormatError(name, None, f"no checks for {kind} files")
     _CHECKS[kind](obj, rep)

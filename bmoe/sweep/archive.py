@@ -303,7 +303,7 @@ def csv_complete(path: Path) -> tuple[bool, str]:
 
 def read_manifest(path: Path) -> list[dict[str, Any]]:
     """Manifest lines; a cut last line (a sweep killed mid-write) is skipped."""
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -89,10 +89,12 @@ class AttemptLog:
 
 
 def pump(
-    stream: IO[bytes], sink_file: Path, on_line: Callable[[bytes], None] | None
+    stream: IO[bytes] | None, sink_file: Path, on_line: Callable[[bytes], None] | None
 ) -> threading.Thread:
-    """Copy `stream` line by line into `sink_file` on a thread, passing each line to
-    `on_line` (whose errors never stop the copy); returns the started thread."""
+    """Copy `stream` (a process's pipe) line by line into `sink_file` on a thread, passing each
+    line to `on_line` (whose errors never stop the copy); returns the started thread."""
+    if stream is None:
+        raise ValueError("the process has no such pipe")
 
     def work() -> None:
         with open(sink_file, "ab") as out:

@@ -179,7 +179,7 @@ def _errors_to_file(path: Path) -> Callable[[], None]:
     """Ray's driver prints the cluster's error reports (a raylet that died, with its log
     tail) on stdout, through the live display; send them to `path` instead. Returns the undo.
     Leaves Ray alone when its printer is not where this expects it."""
-    worker = sys.modules.get("ray._private.worker")
+    worker: Any = sys.modules.get("ray._private.worker")
     original = getattr(worker, "print_to_stdstream", None)
     if worker is None or not callable(original):
         return lambda: None

@@ -114,8 +114,8 @@ def expand(config: SweepConfig) -> list[Cell]:
             raw.append(({**config.base, **dict(zip(names, combo, strict=True))}, ("grid",)))
     elif not config.cells:
         raw.append((dict(config.base), ("base",)))
-    for index, cell in enumerate(config.cells):
-        raw.append(({**config.base, **cell}, ("cells", index)))
+    for index, written in enumerate(config.cells):
+        raw.append(({**config.base, **written}, ("cells", index)))
 
     resolved: list[tuple[dict[str, Any], frozenset[str], tuple]] = []
     for params, origin in raw:

@@ -111,7 +111,12 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
         deadline = t0 + settings.timeout_s
         outcome = None
         exited = threading.Event()
-        threading.Thread(target=lambda: (proc.wait(), exited.set()), daemon=True).start()
+
+        def wait_exit() -> None:
+            proc.wait()
+            exited.set()
+
+        threading.Thread(target=wait_exit, daemon=True).start()
         while True:
             if exited.wait(timeout=0.2):
                 exit_code = proc.returncode

@@ -89,7 +89,7 @@ def run_session(
     results: list[dict[str, Any]] = []
     reached = 0
     proc = None
-    session_error = None
+    session_error: BmoeError | None = None
     entry = EntryState()
     try:
         strays = target.kill_strays(settings.engine)
@@ -114,6 +114,7 @@ def run_session(
         log(f"start on {target.name}: {target.describe(argv, run_dir)}")
         proc = target.start(argv, run_dir, staging, stdin=True)
         err_pump = pump(proc.stderr, staging / "session.err", None)
+        assert proc.stdin is not None and proc.stdout is not None  # started with pipes
         client = SessionClient(proc.stdin, proc.stdout, on_line=on_line)
         client.wait_ready(timeout=settings.timeout_s)
         for index, run in enumerate(runs):

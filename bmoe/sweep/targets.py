@@ -425,7 +425,11 @@ class SshTarget(RemoteTarget):
 
 def open_target(spec: TargetSpec, state_dir: Path) -> Target:
     """The transport for `spec`; `state_dir` is a host-side folder for its bookkeeping."""
-    kinds = {"local": LocalTarget, "adb": AdbTarget, "ssh": SshTarget}
+    kinds: dict[str, type[LocalTarget | AdbTarget | SshTarget]] = {
+        "local": LocalTarget,
+        "adb": AdbTarget,
+        "ssh": SshTarget,
+    }
     return kinds[spec.kind](spec, state_dir)
 
 

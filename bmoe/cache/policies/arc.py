@@ -109,12 +109,14 @@ class ARC(Policy):
                     break
                 from_t1 = k2 is None
             if from_t1:
+                assert k1 is not None
                 size = t1.pop(k1)
                 self.t1_bytes -= size
                 b1[k1] = size
                 self.b1_bytes += size
                 victim = k1
             else:
+                assert k2 is not None
                 size = t2.pop(k2)
                 b2[k2] = size
                 self.b2_bytes += size
