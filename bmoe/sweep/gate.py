@@ -145,7 +145,7 @@ def _int(text: str) -> int | None:
         return None
 
 
-def parse_state(text: str) -> EntryState:
+def parse_entry_state(text: str) -> EntryState:
     """Parse :data:`STATE_SCRIPT` output. Unknown or empty values stay None."""
     state = EntryState()
     for line in text.splitlines():

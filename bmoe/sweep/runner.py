@@ -38,8 +38,8 @@ from bmoe.sweep.attempt import (
 from bmoe.sweep.config import SweepConfig, TargetSpec
 from bmoe.sweep.gate import (
     EntryState,
+    parse_entry_state,
     parse_samples,
-    parse_state,
     pressure_from_samples,
     wait_for_gate,
 )
@@ -85,7 +85,7 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
             log(f"killed stray engine processes: {strays}")
         record["strays_killed"] = strays
         entry = wait_for_gate(
-            lambda: parse_state(target.read_state_text()), config.gate, stop=ctx.stop.is_set
+            lambda: parse_entry_state(target.read_state_text()), config.gate, stop=ctx.stop.is_set
         )
         log(f"entry state: {json.dumps(entry.to_json())}")
         if ctx.stop.is_set():

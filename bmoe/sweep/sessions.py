@@ -30,7 +30,7 @@ from bmoe.formats.metrics import MetricsRun, read_metrics, write_metrics
 from bmoe.formats.sidecar import write_pressure
 from bmoe.sweep.archive import csv_complete, fsync_dir, write_atomic
 from bmoe.sweep.attempt import RETRYABLE, AttemptLog, CellContext, now_iso, printable, pump
-from bmoe.sweep.gate import EntryState, parse_samples, parse_state, pressure_from_samples
+from bmoe.sweep.gate import EntryState, parse_entry_state, parse_samples, pressure_from_samples
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.targets import Target, TargetError
 
@@ -98,7 +98,7 @@ def run_session(
         from bmoe.sweep.gate import wait_for_gate
 
         entry = wait_for_gate(
-            lambda: parse_state(target.read_state_text()), config.gate, stop=ctx.stop.is_set
+            lambda: parse_entry_state(target.read_state_text()), config.gate, stop=ctx.stop.is_set
         )
         run_dir = target.run_dir(staging, f"{archive.root.name}/{SESSIONS}-{session_id}.a{n}")
         target.prepare(run_dir)
@@ -122,7 +122,7 @@ def run_session(
                 break
             attempt = archive.next_attempt(run.id)
             files = archive.staging(run.id, attempt)
-            turn_entry = entry if index == 0 else parse_state(target.read_state_text())
+            turn_entry = entry if index == 0 else parse_entry_state(target.read_state_text())
             ctx.sink.run_started(target.name, run, attempt)
             turn_lines.clear()
             state = StreamState()
