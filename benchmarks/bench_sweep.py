@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from sweep_helpers import install_fake_cli  # noqa: E402
 
 from bmoe.analyze.sweep import analyze_sweep  # noqa: E402
-from bmoe.sweep.archive import Archive, load_results, results_frame  # noqa: E402
+from bmoe.sweep.archive import ArchiveWriter, load_results, results_frame  # noqa: E402
 from bmoe.sweep.config import load_config, resolved_toml  # noqa: E402
 from bmoe.sweep.plan import make_plan  # noqa: E402
 from bmoe.sweep.runner import finish_results, run_sweep  # noqa: E402
@@ -70,7 +70,7 @@ def main() -> None:
         subprocess.run(["bash", str(script)], cwd=tmp_path / "loop", check=True)
         baseline = time.perf_counter() - t0
 
-        archive = Archive.create(tmp_path / "out", "bench", resolved_toml(config))
+        archive = ArchiveWriter.create(tmp_path / "out", "bench", resolved_toml(config))
         t0 = time.perf_counter()
         outcome = run_sweep(config, plan, archive)
         swept = time.perf_counter() - t0

@@ -14,7 +14,7 @@ import pytest
 from sweep_helpers import install_fake_cli, manifest, write_config
 
 from bmoe.formats.metrics import read_metrics
-from bmoe.sweep.archive import Archive
+from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.config import ConfigError, load_config, parse_config, resolved_toml
 from bmoe.sweep.plan import make_plan
 from bmoe.sweep.runner import NullSink, run_unit
@@ -156,7 +156,7 @@ def _native_sweep(tmp_path: Path, grid: str, extra: str = "") -> Path:
     )
 
 
-def _ship(config, plan, archive: Archive, unit, floors=None, **kw) -> list[dict]:
+def _ship(config, plan, archive: ArchiveWriter, unit, floors=None, **kw) -> list[dict]:
     """Run `unit` as a farm host would and archive its messages as the driver does."""
     spec = config.targets[0]
     delivery = Delivery(unit, spec)
@@ -178,7 +178,7 @@ def test_a_unit_run_away_is_archived_as_if_it_ran_here(tmp_path):
     cfg = _native_sweep(tmp_path, 'fake_mode = ["crash-once", "ok"]')
     config = load_config(cfg)
     plan = make_plan(config)
-    archive = Archive.create(tmp_path / "out", "away", resolved_toml(config))
+    archive = ArchiveWriter.create(tmp_path / "out", "away", resolved_toml(config))
     records = []
     for unit in plan.units:
         records += _ship(config, plan, archive, unit)
@@ -205,7 +205,7 @@ def test_a_lost_host_leaves_a_lost_attempt_and_its_run_to_do(tmp_path):
     cfg = _native_sweep(tmp_path, "cache_mb = [0, 8]")
     config = load_config(cfg)
     plan = make_plan(config)
-    archive = Archive.create(tmp_path / "out", "away", resolved_toml(config))
+    archive = ArchiveWriter.create(tmp_path / "out", "away", resolved_toml(config))
     unit = plan.units[0]
     run = unit.runs[0]
     delivery = Delivery(unit, config.targets[0])
@@ -253,7 +253,7 @@ def test_a_session_run_away_brings_its_session_folder(tmp_path):
     )
     config = load_config(cfg)
     plan = make_plan(config)
-    archive = Archive.create(tmp_path / "out", "sess", resolved_toml(config))
+    archive = ArchiveWriter.create(tmp_path / "out", "sess", resolved_toml(config))
     [unit] = plan.units
     records = _ship(config, plan, archive, unit)
     assert [r["status"] for r in records] == ["ok", "ok"]

@@ -21,7 +21,7 @@ from sweep_helpers import install_fake_cli, manifest, sweep_folder, write_config
 
 from bmoe.formats.metrics import read_metrics
 from bmoe.formats.sidecar import PRESSURE_KEYS, read_pressure
-from bmoe.sweep.archive import Archive, load_results
+from bmoe.sweep.archive import ArchiveWriter, load_results
 from bmoe.sweep.config import load_config, resolved_toml
 from bmoe.sweep.plan import make_plan
 from bmoe.sweep.runner import run_sweep
@@ -56,7 +56,7 @@ def make_sweep(tmp_path: Path, body: str, extra_base: str = "") -> Path:
 def run(path: Path) -> Path:
     config = load_config(path)
     plan = make_plan(config)
-    archive = Archive.create(Path(config.settings.output), config.settings.name,
+    archive = ArchiveWriter.create(Path(config.settings.output), config.settings.name,
                              resolved_toml(config))  # fmt: skip
     run_sweep(config, plan, archive)
     return archive.root

@@ -104,7 +104,7 @@ def test_unknown_ids_and_kinds_say_what_exists():
 
 
 def test_failed_attempts_stay_reachable(tmp_path):
-    from bmoe.sweep.archive import Archive
+    from bmoe.sweep.archive import ArchiveWriter
     from bmoe.sweep.config import load_config, resolved_toml
     from bmoe.sweep.plan import make_plan
     from bmoe.sweep.runner import run_sweep
@@ -130,7 +130,7 @@ def test_failed_attempts_stay_reachable(tmp_path):
         binary = "{fake}"
         """)  # fmt: skip
     config = load_config(cfg)
-    archive_dir = Archive.create(Path(config.settings.output), "f", resolved_toml(config))
+    archive_dir = ArchiveWriter.create(Path(config.settings.output), "f", resolved_toml(config))
     run_sweep(config, make_plan(config), archive_dir)
     archive = bmoe.load_archive(archive_dir.root)
     assert sorted(archive.cells["status"]) == ["crashed", "ok", "ok"]

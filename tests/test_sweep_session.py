@@ -8,7 +8,7 @@ from pathlib import Path
 from sweep_helpers import install_fake_cli, manifest, write_config
 
 from bmoe.formats.metrics import read_metrics
-from bmoe.sweep.archive import Archive, load_results
+from bmoe.sweep.archive import ArchiveWriter, load_results
 from bmoe.sweep.config import load_config, resolved_toml
 from bmoe.sweep.plan import make_plan
 from bmoe.sweep.runner import run_sweep
@@ -47,7 +47,7 @@ def _sweep(tmp_path: Path, extra_base: str = "", repeats: int = 2) -> Path:
     config = load_config(cfg)
     plan = make_plan(config)
     assert [len(u.runs) for u in plan.units] == [3] * repeats and all(u.session for u in plan.units)
-    archive = Archive.create(Path(config.settings.output), "sess", resolved_toml(config))
+    archive = ArchiveWriter.create(Path(config.settings.output), "sess", resolved_toml(config))
     run_sweep(config, plan, archive)
     return archive.root
 

@@ -20,7 +20,7 @@ import pytest
 from sweep_helpers import STAND_INS, install_fake_cli, manifest, write_config
 
 from bmoe.formats.metrics import read_metrics
-from bmoe.sweep.archive import Archive
+from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.config import load_config, resolved_toml
 from bmoe.sweep.plan import make_plan
 from bmoe.sweep.runner import run_sweep
@@ -30,7 +30,7 @@ PROMPT = 'it\'s "quoted" $(echo no) `id` $HOME; a|b & c\nsecond line\\'
 
 def _run(path: Path) -> Path:
     config = load_config(path)
-    archive = Archive.create(Path(config.settings.output), config.settings.name,
+    archive = ArchiveWriter.create(Path(config.settings.output), config.settings.name,
                              resolved_toml(config))  # fmt: skip
     run_sweep(config, make_plan(config), archive)
     return archive.root

@@ -15,11 +15,11 @@ from bmoe.render.tables import FORMATS, render
 
 
 def _dry_run(config, plan, archive_root: Path) -> None:
-    from bmoe.sweep.archive import Archive
+    from bmoe.sweep.archive import ArchiveWriter
     from bmoe.sweep.runner import CellContext, assign_targets, planned_command
     from bmoe.sweep.targets import open_target
 
-    archive = Archive(archive_root)
+    archive = ArchiveWriter(archive_root)
     ctx = CellContext(config, archive)
     targets = {s.name: open_target(s, archive_root / ".state" / "targets") for s in config.targets}
     assigned = assign_targets(plan, config.targets)
@@ -81,7 +81,7 @@ def sweep_command(
     (or: bmoe sweep bench-data/2026-07-30-tiny-embedded)
     """
     from bmoe.render.progress import LiveProgress, PlainProgress
-    from bmoe.sweep.archive import CONFIG, Archive, find_latest, folder_name, write_atomic
+    from bmoe.sweep.archive import CONFIG, ArchiveWriter, find_latest, folder_name, write_atomic
     from bmoe.sweep.config import load_config, resolved_toml
     from bmoe.sweep.plan import make_plan
     from bmoe.sweep.runner import run_sweep
@@ -103,7 +103,7 @@ def sweep_command(
         _dry_run(cfg, plan, folder or (root / folder_name(cfg.settings.name)))
         return
     if folder is not None:
-        archive = Archive.open(folder)
+        archive = ArchiveWriter.open(folder)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
         if tomllib.loads(previous) != tomllib.loads(text):
             n = 1
@@ -112,7 +112,7 @@ def sweep_command(
             write_atomic(folder / f"sweep.{n}.toml", previous)
             write_atomic(folder / CONFIG, text)
     else:
-        archive = Archive.create(root, cfg.settings.name, text)
+        archive = ArchiveWriter.create(root, cfg.settings.name, text)
     _install_sigterm()
     use_plain = plain or not console.is_terminal
     sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)

@@ -92,14 +92,14 @@ def find_latest(root: Path, name: str) -> Path | None:
 
 
 @dataclass
-class RunFiles:
+class AttemptPaths:
     """Where one attempt's files go."""
 
     final: Path  # cells/<cell>/r<k>
     staging: Path  # cells/<cell>/.r<k>.a<n>.staging
 
 
-class Archive:
+class ArchiveWriter:
     """One sweep folder. Thread-safe for the appends and renames the runner makes."""
 
     def __init__(self, root: Path):
@@ -108,7 +108,7 @@ class Archive:
 
     # -- creation
     @classmethod
-    def create(cls, output: Path, name: str, config_text: str) -> Archive:
+    def create(cls, output: Path, name: str, config_text: str) -> ArchiveWriter:
         """A new folder ``<output>/<date>-<name>`` (``-2``, ``-3``... if taken)."""
         output.mkdir(parents=True, exist_ok=True)
         base = folder_name(name)
@@ -127,7 +127,7 @@ class Archive:
         return archive
 
     @classmethod
-    def open(cls, root: Path) -> Archive:
+    def open(cls, root: Path) -> ArchiveWriter:
         root = Path(root)
         if not (root / CONFIG).is_file():
             raise BmoeError(f"{root}: not a sweep folder (no {CONFIG})")
@@ -164,14 +164,14 @@ class Archive:
                 numbers.append(int(json.loads(record.read_text())["attempt"]))
         return max(numbers) + 1
 
-    def staging(self, run_id: str, attempt: int) -> RunFiles:
+    def staging(self, run_id: str, attempt: int) -> AttemptPaths:
         final = self.run_final(run_id)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = final.parent / f".{final.name}.a{attempt}.staging"
         if staging.exists():
             shutil.rmtree(staging)
         staging.mkdir()
-        return RunFiles(final, staging)
+        return AttemptPaths(final, staging)
 
     def clear_stale_staging(self) -> list[Path]:
         """Staging folders left by a sweep that was killed: renamed ``.killed`` for the record."""
@@ -189,7 +189,7 @@ class Archive:
             staging.rename(staging.with_name(staging.name[1:].replace(".staging", ".killed")))
         return moved
 
-    def finalize(self, files: RunFiles, record: dict[str, Any]) -> dict[str, Any]:
+    def finalize(self, files: AttemptPaths, record: dict[str, Any]) -> dict[str, Any]:
         """Record checksums, rename the staging folder into place, append the manifest line.
 
         A completed run takes the run's name; any other attempt keeps its files under

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from bmoe.engine.native import StreamState
-from bmoe.sweep.archive import Archive
+from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.config import SweepConfig, TargetSpec
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.targets import Target
@@ -68,7 +68,7 @@ class CellContext:
     """What running a cell needs besides the cell and the target."""
 
     config: SweepConfig
-    archive: Archive
+    archive: ArchiveWriter
     stop: threading.Event = field(default_factory=threading.Event)
     sink: ProgressSink = field(default_factory=NullSink)
     stop_grace_s: float = 3.0

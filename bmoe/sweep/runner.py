@@ -23,7 +23,13 @@ from typing import Any, Protocol
 from bmoe.engine.native import StreamFollower, engine_args, output_files
 from bmoe.errors import BmoeError
 from bmoe.formats.sidecar import write_pressure
-from bmoe.sweep.archive import Archive, RunFiles, csv_complete, results_frame, write_results
+from bmoe.sweep.archive import (
+    ArchiveWriter,
+    AttemptPaths,
+    csv_complete,
+    results_frame,
+    write_results,
+)
 from bmoe.sweep.attempt import (
     RETRYABLE,
     AttemptLog,
@@ -70,7 +76,7 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     """
     config, archive = ctx.config, ctx.archive
     settings = config.settings
-    files: RunFiles = archive.staging(run.id, attempt)
+    files: AttemptPaths = archive.staging(run.id, attempt)
     staging = files.staging
     log = AttemptLog(staging / "run.log")
     record = attempt_record(run, attempt, target.spec, settings.engine)
@@ -327,7 +333,7 @@ class SweepOutcome:
         return self.total - self.completed - len(self.failed_runs)
 
 
-def prepare_resume(archive: Archive, plan: Plan, sink: ProgressSink) -> set[str]:
+def prepare_resume(archive: ArchiveWriter, plan: Plan, sink: ProgressSink) -> set[str]:
     """Bring the folder to a consistent state; returns the ids of runs already complete.
 
     Staging folders of a killed sweep get a manifest line (status ``killed``); a completed
@@ -362,7 +368,7 @@ def prepare_resume(archive: Archive, plan: Plan, sink: ProgressSink) -> set[str]
 def run_sweep(
     config: SweepConfig,
     plan: Plan,
-    archive: Archive,
+    archive: ArchiveWriter,
     *,
     sink: ProgressSink | None = None,
     executor: Executor | None = None,
@@ -407,7 +413,7 @@ def run_sweep(
     return SweepOutcome(archive.root, records, len(done), total, interrupted)
 
 
-def finish_results(archive: Archive, plan: Plan, config: SweepConfig) -> Path | None:
+def finish_results(archive: ArchiveWriter, plan: Plan, config: SweepConfig) -> Path | None:
     """Write ``results.parquet`` from the manifest (nothing when no attempt ran)."""
     frame = results_frame(archive.root)
     if frame.empty:

@@ -9,7 +9,7 @@ file), ``record`` (the attempt's manifest record, after its files), ``session_fi
 ``failed`` (the unit could not run there).
 
 The driver feeds the messages to a :class:`Receiver`, which writes each attempt into the real
-sweep folder through the same staging folder and :meth:`Archive.finalize` as a local attempt,
+sweep folder through the same staging folder and :meth:`ArchiveWriter.finalize` as a local attempt,
 so the folder, the manifest and resume are exactly those of a sweep on one host. An attempt
 whose host or task died is archived by :meth:`Receiver.fail` (status ``lost``) with whatever
 arrived of its files.
@@ -33,7 +33,7 @@ from typing import Any
 
 from bmoe.engine.native import StreamState
 from bmoe.errors import BmoeError
-from bmoe.sweep.archive import RECORD, Archive, RunFiles, fsync_dir
+from bmoe.sweep.archive import RECORD, ArchiveWriter, AttemptPaths, fsync_dir
 from bmoe.sweep.attempt import (
     CellContext,
     ProgressSink,
@@ -58,7 +58,7 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9._=+-]+")
 _SESSION_DIR = re.compile(SESSIONS + r"/[A-Za-z0-9._=+-]+")
 
 
-class HostArchive(Archive):
+class HostArchive(ArchiveWriter):
     """A scratch sweep folder on a farm host; attempt numbers continue the driver's."""
 
     def __init__(self, root: Path, floors: Mapping[str, int]):
@@ -223,7 +223,7 @@ def run_unit_away(
 class _InFlight:
     run: Run
     attempt: int
-    files: RunFiles
+    files: AttemptPaths
     started: str = field(default_factory=now_iso)
     t0: float = field(default_factory=time.monotonic)
 
@@ -255,7 +255,7 @@ class Delivery:
 class Receiver:
     """Writes the messages of units run elsewhere into the sweep folder (driver side)."""
 
-    def __init__(self, archive: Archive, config: SweepConfig, sink: ProgressSink):
+    def __init__(self, archive: ArchiveWriter, config: SweepConfig, sink: ProgressSink):
         self.archive = archive
         self.config = config
         self.sink = sink
@@ -290,7 +290,7 @@ class Receiver:
             return self.fail(delivery, "error", f"on host {delivery.host}: {item.get('error')}")
         return []
 
-    def _open(self, delivery: Delivery, run_id: str, attempt: int) -> tuple[Run, RunFiles]:
+    def _open(self, delivery: Delivery, run_id: str, attempt: int) -> tuple[Run, AttemptPaths]:
         key = (run_id, attempt)
         if key not in delivery.open:
             run = next((r for r in delivery.unit.runs if r.id == run_id), None)
