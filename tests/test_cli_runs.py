@@ -102,7 +102,7 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
     code, _, err = run_cli(capsys, "analyze", "metrics", bad)
     assert code == 2 and "bad.csv" in err and len(err.strip().splitlines()) == 1
     code, _, err = run_cli(capsys, "analyze", "metrics", bad, "-f", "yaml")
-    assert code == 2 and "unknown format" in err
+    assert code == 2 and "unknown --format" in err
 
 
 @pytest.mark.parametrize("command", ["metrics", "stall", "compare", "contamination"])

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from bmoe.cli import analyze_app, console, err_console, export_app
+from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.render.decode import COMPUTE_NOTE, DIGITS, IO_NOTE, STREAM_NOTE
 from bmoe.render.tables import FORMATS, render
@@ -21,8 +22,7 @@ analyze_app.add_typer(decode_app, name="decode")
 
 
 def _check_options(fmt: str, plot: Path | None = None) -> None:
-    if fmt not in FORMATS:
-        raise BmoeError(f"unknown --format {fmt!r} (choose from {', '.join(FORMATS)})")
+    check_format(fmt)
     if plot is not None:
         from bmoe.render.plots import SUFFIXES
 

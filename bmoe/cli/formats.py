@@ -10,6 +10,7 @@ import pandas as pd
 import typer
 
 from bmoe.cli import app, console, err_console
+from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.formats.convert import TARGETS, convert_file
 from bmoe.formats.errors import FormatWarning
@@ -18,11 +19,6 @@ from bmoe.formats.validate import validate_file
 from bmoe.render.tables import FORMATS, render
 
 _FORMAT_HELP = f"Output format: {', '.join(FORMATS)}."
-
-
-def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> None:
-    if fmt not in allowed:
-        raise BmoeError(f"unknown --format {fmt!r} (choose from {', '.join(allowed)})")
 
 
 def _error(message: str) -> None:
@@ -40,7 +36,7 @@ def info(
 
     Example: bmoe info run.csv trace.route.csv run.out
     """
-    _check_format(fmt)
+    check_format(fmt)
     failed = False
     for path in files:
         try:
@@ -69,7 +65,7 @@ def validate(
 
     Example: bmoe validate run.csv trace.route.csv
     """
-    _check_format(fmt, ("text", *FORMATS))
+    check_format(fmt, ("text", *FORMATS))
     unreadable = False
     records = []
     for path in files:

@@ -12,6 +12,7 @@ from bmoe.analyze import drop as drop_analysis
 from bmoe.analyze import replay as replay_analysis
 from bmoe.cache import POLICIES, REFERENCE_POLICIES
 from bmoe.cli import analyze_app, console, err_console
+from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace, read_route_trace
 from bmoe.render.tables import FORMATS, render
@@ -111,8 +112,7 @@ def analyze_replay(
     Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv
     Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
     """
-    if fmt not in FORMATS:
-        raise BmoeError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    check_format(fmt)
     budget_list = replay_analysis.check_budgets(parse_numbers(budgets, "--budgets"))
     names = replay_analysis.check_policies(policies.split(","))
     if plot is not None:
@@ -239,8 +239,7 @@ def analyze_drop(
     Example: bmoe analyze drop trace.route.csv
     Example: bmoe analyze drop drop.route.csv --fracs 0.5,1 --format json
     """
-    if fmt not in FORMATS:
-        raise BmoeError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    check_format(fmt)
     frac_list = parse_numbers(fracs, "--fracs")
     trace = read_trace(trace_path)
     result = drop_analysis.drop_replay(trace, frac_list, turn=turn)

@@ -9,6 +9,7 @@ import typer
 
 from bmoe.analyze import route
 from bmoe.cli import analyze_app, console, err_console
+from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.formats.route import read_route_trace
 from bmoe.render.tables import FORMATS, render
@@ -147,8 +148,7 @@ def analyze_route(
     Example: bmoe analyze route trace.csv --view reuse,overlap --phase decode
     Example: bmoe analyze route trace.csv --view matrix --cells hit --steps 29-44 --layers 0-7
     """  # fmt: skip
-    if fmt not in FORMATS:
-        raise BmoeError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    check_format(fmt)
     if cells not in route.MATRIX_CELLS:
         raise BmoeError(f"unknown --cells {cells!r} (choose {', '.join(route.MATRIX_CELLS)})")
     names = parse_views(view)

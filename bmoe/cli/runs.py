@@ -13,14 +13,9 @@ from bmoe.analyze.metrics import STABLE_FIELDS, summarize_runs, summary_tables
 from bmoe.analyze.runfiles import load_run_files
 from bmoe.analyze.stall import memory_picture, stall_attribution
 from bmoe.cli import analyze_app, console, err_console
-from bmoe.errors import BmoeError
+from bmoe.cli.options import check_format
 from bmoe.render.runs import DIGITS
 from bmoe.render.tables import FORMATS, render, transposed
-
-
-def _check_format(fmt: str) -> None:
-    if fmt not in FORMATS:
-        raise BmoeError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
 
 
 def _emit(views: dict, fmt: str) -> None:
@@ -41,7 +36,7 @@ def metrics_command(
 
     Example: bmoe analyze metrics bench/*.csv --format markdown
     """
-    _check_format(fmt)
+    check_format(fmt)
     loaded = [load_run_files(path) for path in files]
     frame = summarize_runs([f.run for f in loaded], [f.pressure for f in loaded])
     if fmt in ("json", "csv"):
@@ -77,7 +72,7 @@ def stall_command(
 
     Example: bmoe analyze stall run.csv --plot run-stall.png
     """
-    _check_format(fmt)
+    check_format(fmt)
     files = load_run_files(file)
     att = stall_attribution(files.run, threads=threads, overlap=overlap)
     run_figures = {"file": str(file), **att.figures()}
@@ -119,7 +114,7 @@ def compare_command(
 
     Example: bmoe analyze compare baseline.csv candidate.csv
     """
-    _check_format(fmt)
+    check_format(fmt)
     loaded = [load_run_files(path) for path in files]
     comparisons = compare_many(loaded, force=force, n_boot=boot, seed=seed)
     views: dict = {}
@@ -153,7 +148,7 @@ def contamination_command(
 
     Example: bmoe analyze contamination bench-data/2026-07-21-sweep --format json
     """
-    _check_format(fmt)
+    check_format(fmt)
     cells = cells_from_paths(paths)
     flags = contamination_flags(cells)
     not_checked = flags.attrs.get("not_checked", [])

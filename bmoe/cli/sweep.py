@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from bmoe.cli import analyze_app, app, console, err_console
+from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.render.tables import FORMATS, render
 
@@ -183,6 +184,7 @@ def analyze_sweep_command(
     Example: bmoe analyze sweep bench-data/2026-07-30-tiny-embedded
     (or: bmoe analyze sweep sweeps/tiny-embedded.toml, for its latest folder)
     """
+    check_format(fmt)
     from bmoe.analyze.sweep import analyze_sweep
     from bmoe.sweep.archive import find_latest, load_results
     from bmoe.sweep.config import load_config
