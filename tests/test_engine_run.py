@@ -28,7 +28,7 @@ from bmoe.formats.decode import read_compute_trace, read_io_trace
 from bmoe.formats.metrics import read_metrics
 from bmoe.formats.route import read_route_trace
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 N = 24
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."

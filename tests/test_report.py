@@ -12,6 +12,8 @@ import pytest
 import bmoe
 from bmoe.cli import main
 
+pytestmark = pytest.mark.slow  # whole reports, plots and replays
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

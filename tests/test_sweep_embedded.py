@@ -36,6 +36,7 @@ def _engine_missing() -> str | None:
 
 pytestmark = [
     pytest.mark.engine,
+    pytest.mark.slow,
     pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing())),
 ]
 

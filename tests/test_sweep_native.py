@@ -26,6 +26,8 @@ from bmoe.sweep.config import load_config, resolved_toml
 from bmoe.sweep.plan import make_plan
 from bmoe.sweep.runner import run_sweep
 
+pytestmark = pytest.mark.slow  # real engine processes, timeouts and kills
+
 ROOT = Path(__file__).resolve().parent.parent
 NASTY_PROMPT = 'it\'s a "test" with $HOME, `id`, \\back\\slash;\nand a second line\t|& done'
 

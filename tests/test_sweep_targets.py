@@ -170,6 +170,7 @@ def sshd(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_ssh_target_against_a_real_sshd(tmp_path, sshd):
     remote = tmp_path / "remote"
     (remote / "models").mkdir(parents=True)
