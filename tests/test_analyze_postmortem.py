@@ -22,13 +22,16 @@ def test_stall_by_run_by_hand(tmp_path):
     """wall 100 ms, io 40, mgmt 10, cpu 200 over 4 threads -> compute 50, unattributed 0;
     the second run: wall 200, io 20, mgmt 0, cpu 120/4 = 30 -> unattributed 150."""
     a = read_metrics(write_run(tmp_path / "a.csv"))
-    b = read_metrics(write_run(tmp_path / "b.csv", rows(wall=200.0, io_ms=20.0, mgmt_ms=0.0,
-                                                        cpu_ms=120.0)))  # fmt: skip
+    b = read_metrics(
+        write_run(tmp_path / "b.csv", rows(wall=200.0, io_ms=20.0, mgmt_ms=0.0, cpu_ms=120.0))
+    )
     table = stall_by_run({"a": a, "b": b}).set_index("run")
-    assert table.loc["a", ["wall_ms", "compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms"]
-                      ].tolist() == pytest.approx([100, 50, 40, 10, 0])  # fmt: skip
-    assert table.loc["b", ["wall_ms", "compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms"]
-                      ].tolist() == pytest.approx([200, 30, 20, 0, 150])  # fmt: skip
+    assert table.loc[
+        "a", ["wall_ms", "compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms"]
+    ].tolist() == pytest.approx([100, 50, 40, 10, 0])
+    assert table.loc[
+        "b", ["wall_ms", "compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms"]
+    ].tolist() == pytest.approx([200, 30, 20, 0, 150])
     assert table.loc["b", "unattributed_pct"] == pytest.approx(75.0)
     assert table.loc["a", "compute_source"] == "cpu_ms / threads"
     assert table.loc["a", "tokens"] == 64 and not table.loc["a", "overlap"]

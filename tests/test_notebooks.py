@@ -42,8 +42,10 @@ def test_the_notebooks_kernel_exists():
 
 def test_every_notebook_is_committed_without_outputs():
     assert [p.name for p in NOTEBOOKS] == [
-        "decode-postmortem.ipynb", "route-postmortem.ipynb", "sweep-postmortem.ipynb",
-    ]  # fmt: skip
+        "decode-postmortem.ipynb",
+        "route-postmortem.ipynb",
+        "sweep-postmortem.ipynb",
+    ]
     for path in NOTEBOOKS:
         nb = json.loads(path.read_text(encoding="utf-8"))
         assert nb["metadata"]["kernelspec"]["name"] == "python3", path.name

@@ -117,8 +117,10 @@ def test_tiny_prefetch_trace_matches_its_reference_and_validates(corpus):
     summary = read_metrics(corpus / "native-tiny/pf.csv").summary
     check = rp.validate(batches, 3, summary)
     assert list(check["source"]) == [
-        "lru replay @ 3 MiB", "trace residency column", "metrics summary cache_hit_pct",
-    ]  # fmt: skip
+        "lru replay @ 3 MiB",
+        "trace residency column",
+        "metrics summary cache_hit_pct",
+    ]
     assert f"{check['hit_pct_cum'][0]:.1f}" == "32.9" == f"{summary['cache_hit_pct']:.1f}"
     assert f"{check['hit_pct_decode'][0]:.1f}" == "35.2"
     # the residency column, counted per batch lookup, is the LRU replay exactly

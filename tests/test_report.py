@@ -155,8 +155,9 @@ def test_run_report_carries_the_run_and_its_traces(tmp_path, corpus):
 
 def test_replay_in_the_report_matches_the_reference(tmp_path, corpus):
     folder = corpus / "native-tiny"
-    _, tables = make_report(tmp_path, str(folder / "pf.route.csv"), "--metrics",
-                            str(folder / "pf.csv"))  # fmt: skip
+    _, tables = make_report(
+        tmp_path, str(folder / "pf.route.csv"), "--metrics", str(folder / "pf.csv")
+    )
     # reference: "validation @ 3 MiB: LRU replay = 32.9% cumulative (35.2% decode-only)"
     reference = (corpus / "reference" / "native-tiny.pf.replay.txt").read_text()
     cum, dec = re.search(r"= ([\d.]+)% cumulative \(([\d.]+)% decode-only\)", reference).groups()
@@ -171,11 +172,13 @@ def test_compute_trace_report(tmp_path, corpus):
     from bmoe.analyze.decode import analyze_compute
 
     folder = corpus / "native-tiny"
-    page, tables = make_report(tmp_path, str(folder / "ct.compute.csv"), "-m",
-                               str(folder / "ct.csv"))  # fmt: skip
+    page, tables = make_report(
+        tmp_path, str(folder / "ct.compute.csv"), "-m", str(folder / "ct.csv")
+    )
     assert_offline(page, tables)
-    views = analyze_compute(bmoe.load(folder / "ct.compute.csv"),
-                            metrics=quiet(bmoe.load, folder / "ct.csv"))  # fmt: skip
+    views = analyze_compute(
+        bmoe.load(folder / "ct.compute.csv"), metrics=quiet(bmoe.load, folder / "ct.csv")
+    )
     shown = tables.records("compute by_class")
     by_class = {r["op_class"][0]: value(r["ms_per_token"]) for r in shown}
     expected = views["by_class"].set_index("op_class")["ms_per_token"].to_dict()

@@ -78,8 +78,10 @@ def _config(tmp_path: Path, model: Path, n_predict: int, repeats: int = 2) -> Pa
 def _sweep(cfg: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "bmoe", "sweep", str(cfg), "--plain", *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_grid_with_repeats_archives_valid_files(tmp_path, tiny_model):

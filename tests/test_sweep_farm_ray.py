@@ -23,9 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _missing() -> str | None:
-    for module, what in (("ray", "ray is not installed (the farm extra)"),
-                         ("llama_cpp", "llama-cpp-python is not installed (the engine extra)"),
-                         ("gguf", "gguf is not installed (the engine extra)")):  # fmt: skip
+    for module, what in (
+        ("ray", "ray is not installed (the farm extra)"),
+        ("llama_cpp", "llama-cpp-python is not installed (the engine extra)"),
+        ("gguf", "gguf is not installed (the engine extra)"),
+    ):
         if importlib.util.find_spec(module) is None:
             return what
     return None

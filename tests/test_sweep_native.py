@@ -58,15 +58,17 @@ def make_sweep(tmp_path: Path, body: str, extra_base: str = "") -> Path:
 def run(path: Path) -> Path:
     config = load_config(path)
     plan = make_plan(config)
-    archive = ArchiveWriter.create(Path(config.settings.output), config.settings.name,
-                             resolved_toml(config))  # fmt: skip
+    archive = ArchiveWriter.create(
+        Path(config.settings.output), config.settings.name, resolved_toml(config)
+    )
     run_sweep(config, plan, archive)
     return archive.root
 
 
 def fake_argv(run_dir: Path) -> list[str]:
-    line = next(ln for ln in (run_dir / "run.err").read_text().splitlines()
-                if ln.startswith("FAKE_ARGV "))  # fmt: skip
+    line = next(
+        ln for ln in (run_dir / "run.err").read_text().splitlines() if ln.startswith("FAKE_ARGV ")
+    )
     return json.loads(line[len("FAKE_ARGV ") :])
 
 
@@ -106,8 +108,10 @@ def test_grid_with_repeats_archives_valid_files(tmp_path, capsys):
         assert flag_value(argv, "--csv") == "run.csv"
         # The summary figure against the CSV read independently: tokens / seconds.
         with open(folder / "run.csv") as fh:
-            walls = [float(r["wall_ms"]) for r in csv.DictReader(
-                ln for ln in fh if not ln.startswith("#"))]  # fmt: skip
+            walls = [
+                float(r["wall_ms"])
+                for r in csv.DictReader(ln for ln in fh if not ln.startswith("#"))
+            ]
         row = results[results["run"] == record["run"]].iloc[0]
         assert row["tok_s_mean"] == pytest.approx(1000 * len(walls) / sum(walls))
         assert row["cache_mb"] == record["params"]["cache_mb"]
@@ -135,9 +139,10 @@ def test_crash_is_retried_then_the_sweep_goes_on(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     cfg = make_sweep(
-        tmp_path, "retries = 1",
+        tmp_path,
+        "retries = 1",
         f'fake_state = "{state}"\n[grid]\nfake_mode = ["crash-once", "crash", "ok"]',
-    )  # fmt: skip
+    )
     root = run(cfg)
     lines = manifest(root)
     by_mode: dict[str, list[str]] = {}

@@ -30,8 +30,9 @@ PROMPT = 'it\'s "quoted" $(echo no) `id` $HOME; a|b & c\nsecond line\\'
 
 def _run(path: Path) -> Path:
     config = load_config(path)
-    archive = ArchiveWriter.create(Path(config.settings.output), config.settings.name,
-                             resolved_toml(config))  # fmt: skip
+    archive = ArchiveWriter.create(
+        Path(config.settings.output), config.settings.name, resolved_toml(config)
+    )
     run_sweep(config, make_plan(config), archive)
     return archive.root
 

@@ -164,8 +164,9 @@ def attribution_summary(tokens: pd.DataFrame, compute_source: str, flash_col: st
     for col, name in names.items():
         value = float(tokens[col].mean()) if n and tokens[col].notna().any() else None
         share = 100.0 * value / wall if value is not None and wall > 0 else None
-        rows.append({"component": name, "ms_per_token": value, "pct_of_wall": share,
-                     "source": sources[col]})  # fmt: skip
+        rows.append(
+            {"component": name, "ms_per_token": value, "pct_of_wall": share, "source": sources[col]}
+        )
     return pd.DataFrame(rows)
 
 

@@ -92,9 +92,11 @@ def stall_command(
         if len(memory.columns) <= 2:
             err_console.print("note: no memory columns in this file; plotting attribution only")
         fig = stall_figure(
-            att.tokens, memory, title=f"{file.name}: stall attribution",
+            att.tokens,
+            memory,
+            title=f"{file.name}: stall attribution",
             compute_label=att.compute_source,
-        )  # fmt: skip
+        )
         err_console.print(f"wrote {save_figure(fig, plot)}")
 
 
@@ -131,8 +133,9 @@ def compare_command(
             level = "FORCED PAST A REFUSAL" if row.level == REFUSE else "WARNING"
             err_console.print(
                 f"[bold yellow]{level}[/] ({title}, {row.run}): {row.reason}",
-                highlight=False, soft_wrap=True,
-            )  # fmt: skip
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 @analyze_app.command("contamination")

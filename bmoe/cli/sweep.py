@@ -32,13 +32,16 @@ def _dry_run(config, plan, archive_root: Path) -> None:
     )
     if config.settings.executor == "ray":
         resources = ", ".join(f"{s.name} ({s.ray_resource})" for s in config.targets)
-        console.print(f"on the Ray cluster at {config.settings.address}; targets: {resources}",
-                      highlight=False)  # fmt: skip
+        console.print(
+            f"on the Ray cluster at {config.settings.address}; targets: {resources}",
+            highlight=False,
+        )
     try:
         for run in plan.runs:
             target = targets[assigned[run.id]]
-            console.print(f"[bold]{run.order + 1:>4}[/] {run.id}  [cyan]{target.name}[/]",
-                          highlight=False)  # fmt: skip
+            console.print(
+                f"[bold]{run.order + 1:>4}[/] {run.id}  [cyan]{target.name}[/]", highlight=False
+            )
             console.file.write("      " + planned_command(run, target, ctx) + "\n")
             console.file.flush()
     finally:

@@ -148,9 +148,11 @@ class Report:
     ) -> None:
         """Named figures as a two-column table (figure, value)."""
         frame = pd.DataFrame(
-            {"figure": [str(k) for k in values], "value": pd.Series(list(values.values()),
-                                                                   dtype=object)}
-        )  # fmt: skip
+            {
+                "figure": [str(k) for k in values],
+                "value": pd.Series(list(values.values()), dtype=object),
+            }
+        )
         per_row = {i: (digits or {}).get(k) for i, k in enumerate(frame["figure"])}
         self.table(frame, title, view=view or title, row_digits=per_row)
 

@@ -138,8 +138,9 @@ def _labels(nodes: Sequence[_Node]) -> dict[str, str]:
     count: dict[str, int] = {}
     for node in nodes:
         count[node.hostname] = count.get(node.hostname, 0) + 1
-    return {n.id: n.hostname if count[n.hostname] == 1 else f"{n.hostname}/{n.id[:6]}"
-            for n in nodes}  # fmt: skip
+    return {
+        n.id: n.hostname if count[n.hostname] == 1 else f"{n.hostname}/{n.id[:6]}" for n in nodes
+    }
 
 
 @dataclass
@@ -269,17 +270,23 @@ class RayExecutor:
             having = [n for n in nodes if n.resources.get(resource, 0) > 0]
             if not having:
                 missing = missing or resource
-                problems.append(f"target {target.name}: no host in the Ray cluster at "
-                                f"{self.address} advertises its resource {resource!r}")  # fmt: skip
+                problems.append(
+                    f"target {target.name}: no host in the Ray cluster at "
+                    f"{self.address} advertises its resource {resource!r}"
+                )
             elif len(having) > 1:
                 hosts = ", ".join(labels[n.id] for n in having)
-                problems.append(f"target {target.name}: hosts {hosts} all advertise its resource "
-                                f"{resource!r}; a device hangs off one host")  # fmt: skip
+                problems.append(
+                    f"target {target.name}: hosts {hosts} all advertise its resource "
+                    f"{resource!r}; a device hangs off one host"
+                )
             elif having[0].resources[resource] != 1:
                 amount = having[0].resources[resource]
-                problems.append(f"target {target.name}: host {labels[having[0].id]} advertises "
-                                f"{amount:g} units of {resource!r}; a device runs one run at a "
-                                "time: advertise 1")  # fmt: skip
+                problems.append(
+                    f"target {target.name}: host {labels[having[0].id]} advertises "
+                    f"{amount:g} units of {resource!r}; a device runs one run at a "
+                    "time: advertise 1"
+                )
             else:
                 node = having[0]
                 lanes[target.name] = _Lane(target, resource, node.id, labels[node.id])
@@ -291,19 +298,22 @@ class RayExecutor:
     def _check_on_hosts(self, sweep_name: str) -> None:
         refs = {
             name: _check_target_remote.options(
-                num_cpus=0, max_retries=0, name=f"bmoe check {name}",
+                num_cpus=0,
+                max_retries=0,
+                name=f"bmoe check {name}",
                 scheduling_strategy=NodeAffinitySchedulingStrategy(lane.node, soft=False),
             ).remote(lane.target.spec, sweep_name)
             for name, lane in self._lanes.items()
-        }  # fmt: skip
+        }
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=CHECK_TIMEOUT_S)
         problems = []
         for name, ref in refs.items():
             host = self._lanes[name].host
             if ref not in ready:
                 ray.cancel(ref, force=True)
-                problems.append(f"target {name}: its host {host} did not answer within "
-                                f"{CHECK_TIMEOUT_S:.0f} s")  # fmt: skip
+                problems.append(
+                    f"target {name}: its host {host} did not answer within {CHECK_TIMEOUT_S:.0f} s"
+                )
                 continue
             try:
                 answer = ray.get(ref)
@@ -329,9 +339,10 @@ class RayExecutor:
             lanes = {t.name: self._lanes[t.name] for t in targets}
             driver_node = ray.get_runtime_context().get_node_id()
             flag = _stop_flag_remote.options(
-                num_cpus=0, max_restarts=0,
+                num_cpus=0,
+                max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(driver_node, soft=True),
-            ).remote()  # fmt: skip
+            ).remote()
             receiver = Receiver(ctx.archive, ctx.config, ctx.sink)
             state = _Sweep(
                 ctx, lanes, receiver, flag, ray.put(ctx.config), list(units), self.run_unit
@@ -505,8 +516,10 @@ class _Sweep:
             if len(having) != 1:
                 if not lane.gone:
                     lane.gone = True
-                    self.ctx.sink.message(f"target {name}: its host {lane.host} left the "
-                                          f"cluster (no {lane.resource!r})")  # fmt: skip
+                    self.ctx.sink.message(
+                        f"target {name}: its host {lane.host} left the "
+                        f"cluster (no {lane.resource!r})"
+                    )
                 if name in self.jobs:
                     self._end(name, ("lost", f"host {lane.host} left the Ray cluster"))
             elif lane.gone or having[0].id != lane.node:

@@ -33,8 +33,7 @@ from bmoe.errors import BmoeError
 from bmoe.sweep.archive import CELLS, CONFIG, MANIFEST, RECORD, RESULTS, load_results
 
 #: Kinds of file a run can carry, as :attr:`ArchivedRun.files` keys.
-FILE_KINDS = ("metrics", "route", "compute", "compute_layers", "io", "pressure", "output",
-              "state")  # fmt: skip
+FILE_KINDS = ("metrics", "route", "compute", "compute_layers", "io", "pressure", "output", "state")
 TRACE_KINDS = ("route", "compute", "compute_layers", "io")
 
 #: Files in a sweep's run folder that are the sweep's own bookkeeping, not engine output.
@@ -392,5 +391,4 @@ def _loose_params(files: list[Path]) -> list[str]:
     return list(keys)
 
 
-__all__ = ["FILE_KINDS", "TRACE_KINDS", "Archive", "ArchivedRun", "classify_files",
-           "open_archive"]  # fmt: skip
+__all__ = ["FILE_KINDS", "TRACE_KINDS", "Archive", "ArchivedRun", "classify_files", "open_archive"]

@@ -99,8 +99,9 @@ class _HostSink:
             return
         self._last[run.id] = now
         fields = ("step", "steps", "wall_ms_total", "tokens_seen", "read_mb", "cache_hit_pct")
-        self.out.put({"kind": "progress", "run": run.id,
-                      "state": {k: getattr(state, k) for k in fields}})  # fmt: skip
+        self.out.put(
+            {"kind": "progress", "run": run.id, "state": {k: getattr(state, k) for k in fields}}
+        )
 
     def run_finished(self, target, run, record):
         pass  # the record itself follows, with its files
@@ -198,8 +199,9 @@ def run_unit_away(
                 shipped.add(session)
                 for path in sorted((archive.root / session).iterdir()):
                     if path.is_file():
-                        yield from _file_messages(path, "session_file", {"session": session},
-                                                  chunk_bytes)  # fmt: skip
+                        yield from _file_messages(
+                            path, "session_file", {"session": session}, chunk_bytes
+                        )
                 yield {"kind": "session", "session": session}
             folder = archive.root / record["dir"]
             key = {"run": record["run"], "attempt": record["attempt"]}

@@ -110,8 +110,9 @@ def memory_axes(ax, memory: pd.DataFrame) -> None:
     for col, (label, colour, style) in MEMORY_STYLE.items():
         if col not in memory or (col == "mem_available_mib" and separate):
             continue
-        (line,) = ax.plot(x, memory[col].to_numpy() / scale, style, color=colour, lw=1.2,
-                          label=label)  # fmt: skip
+        (line,) = ax.plot(
+            x, memory[col].to_numpy() / scale, style, color=colour, lw=1.2, label=label
+        )
         handles.append(line)
     if separate:
         right = ax.twinx()
