@@ -25,6 +25,7 @@ ignores their autocorrelation, so read the interval as a lower bound on the unce
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -290,7 +291,7 @@ def _plain(value: Any) -> float | None:
 
 
 def compare_many(
-    runs: list[RunFiles | MetricsRun], *, force: bool = False, n_boot: int = 2000, seed: int = 0
+    runs: Sequence[RunFiles | MetricsRun], *, force: bool = False, n_boot: int = 2000, seed: int = 0
 ) -> list[Comparison]:
     """Every run after the first against the first (the baseline)."""
     if len(runs) < 2:

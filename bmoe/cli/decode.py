@@ -278,7 +278,9 @@ def export_trace(
         )
         if detail == "layer" and timeline.compute is not None and "op_class" in timeline.compute:
             timeline.compute = layer_segments(timeline.compute)
-    meta = dict((compute or io_trace).meta)
+    source = compute if compute is not None else io_trace
+    assert source is not None  # FILES has one file at least, and each is a trace
+    meta = dict(source.meta)
     with err_console.status(f"writing {out}"):
         write_chrome_trace(timeline, out, meta)
     slices = sum(len(f) for f in (timeline.io, timeline.compute) if f is not None)

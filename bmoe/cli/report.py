@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -89,9 +90,11 @@ def _file_page(path: Path, metrics: Path | None, title: str | None) -> str:
         if metrics is not None:
             raise BmoeError("--metrics is for traces; a metrics CSV is the run itself")
         files = load_run_files(path)
-        traces = {}
+        traces: dict[str, Any] = {}
         for trace_path in files.traces:
             trace_kind = detect_kind(trace_path)
+            if trace_kind is None:  # changed since it was found beside the run
+                continue
             key = trace_kind
             if trace_kind == "compute" and "compute-layers" in Path(trace_path).name:
                 key = "compute_layers"

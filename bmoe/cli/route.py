@@ -180,7 +180,7 @@ def analyze_route(
                     ordered["prefetch_slots"] = slots
             views = ordered
     _print(trace, selected, views, said, fmt, cells, phase, limit)
-    if plot is not None:
+    if plot is not None and kind is not None:
         from bmoe.render.plots import save_figure
 
         with err_console.status(f"drawing {kind}"):
