@@ -24,6 +24,7 @@ from bmoe.sweep.config import SweepConfig, TargetSpec
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.targets import Target
 
+#: The outcomes an attempt is retried after (up to ``[sweep] retries`` times).
 RETRYABLE = ("crashed", "timeout", "invalid", "error")
 
 
@@ -40,6 +41,8 @@ class ProgressSink(Protocol):
 
 
 class NullSink:
+    """A sink that reports nothing (library use and tests)."""
+
     def sweep_started(self, total, done, targets):
         pass
 
@@ -60,6 +63,7 @@ class NullSink:
 
 
 def now_iso() -> str:
+    """Local time with its UTC offset, to the millisecond: the stamp of records and logs."""
     return dt.datetime.now(dt.UTC).astimezone().isoformat(timespec="milliseconds")
 
 
