@@ -79,3 +79,14 @@ def test_recorded_against_replay_matches_the_reference(corpus):
     assert figures["mrc_hit_pct_decode"] == pytest.approx(figures["lru_hit_pct_decode"])
     assert figures["recorded_hit_pct_cum"] == pytest.approx(figures["lru_hit_pct_cum"])
     assert figures["metrics_cache_hit_pct"] == 32.9 and figures["budget_mib"] == 3.0
+
+
+def test_per_cell_stall_parts_add_up_to_the_wall(tmp_path):
+    """The sweep's stacked bars end at the wall tick: means over repeats keep the partition."""
+    over = read_metrics(write_run(tmp_path / "o.csv", rows(cpu_ms=480.0)))  # 120 > 100 - 50
+    under = read_metrics(write_run(tmp_path / "u.csv", rows(wall=300.0, cpu_ms=40.0)))
+    results = pd.DataFrame({"run": ["x/r1", "x/r2"], "cell": ["x", "x"], "status": ["ok", "ok"]})
+    table = per_cell(results, stall_by_run({"x/r1": over, "x/r2": under})).set_index("cell")
+    parts = table.loc["x", ["compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms"]].sum()
+    assert parts == pytest.approx(table.loc["x", "wall_ms"]) == pytest.approx(200.0)
+    assert table.loc["x", "overlapped_ms"] == pytest.approx((120 - 50) / 2)

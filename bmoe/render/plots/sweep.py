@@ -1,10 +1,11 @@
-"""Sweep figures: each outcome against each axis, an outcome over two axes with its spread
-across repeats, and where each cell's token time went."""
+"""Sweep figures: the outcome against the main axis with one line per value of another and
+its spread across repeats (the figure that answers the sweep's question), each outcome
+against each axis, and where each cell's token time went."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -76,6 +77,41 @@ def outcome_lines(
     spread = "min-max band and each repeat" if attempts is not None else "min-max band"
     ax.set_title(f"{outcome} by {x}" + (f" and {by}" if by else "") + f" (mean, {spread})")
     return fig
+
+
+def outcome_figures(
+    ranked: pd.DataFrame,
+    attempts: pd.DataFrame,
+    outcome: str,
+    x: str,
+    by: str | None,
+    rest: Sequence[str] = (),
+) -> Iterator[tuple[str, Figure]]:
+    """The figures that answer a sweep's question: `outcome` against `x`, one line per value
+    of `by`, spread across repeats shown (:func:`outcome_lines`); one figure per combination
+    of the `rest` of the axes, so no line mixes cells. Yields ``(name, figure)``."""
+    stem = f"{outcome}-by-{x}" + (f"-and-{by}" if by else "")
+    if not rest:
+        yield _safe(stem), outcome_lines(ranked, x, by, outcome=outcome, attempts=attempts)
+        return
+    keys = list(rest)
+    for values, part in ranked.groupby(keys, sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        where = "_".join(f"{k}-{v}" for k, v in zip(keys, values, strict=True))
+        mask = np.ones(len(attempts), dtype=bool)
+        for k, v in zip(keys, values, strict=True):
+            mask &= (attempts[k].astype(str) == str(v)).to_numpy()
+        fig = outcome_lines(part, x, by, outcome=outcome, attempts=attempts[mask])
+        fig.axes[0].set_title(
+            fig.axes[0].get_title() + "\n" + ", ".join(
+                f"{k} = {v}" for k, v in zip(keys, values, strict=True)),
+            fontsize=10,
+        )  # fmt: skip
+        yield _safe(f"{stem}-{where}"), fig
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 STALL_PARTS = (
