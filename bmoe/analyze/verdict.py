@@ -233,16 +233,12 @@ def compare_neighbours(
     mean = pd.to_numeric(ranked["mean"], errors="coerce").to_numpy(float)
     sd = pd.to_numeric(ranked["sd"], errors="coerce").to_numpy(float)
     n = pd.to_numeric(ranked["n"], errors="coerce").to_numpy(float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = (sd / mean) ** 2 / n
-        a, b = slice(0, -1), slice(1, None)
-        ratio = mean[b] / mean[a] if lower_is_better else mean[a] / mean[b]
-        se = np.sqrt(v[a] + v[b])
-        df = (v[a] + v[b]) ** 2 / (v[a] ** 2 / (n[a] - 1) + v[b] ** 2 / (n[b] - 1))
-        df = np.where(se == 0, np.minimum(n[a], n[b]) - 1, df)
-        t = t_quantile(df)
-        low, high = ratio * np.exp(-t * se), ratio * np.exp(t * se)
-    known = np.isfinite(low) & np.isfinite(high) & (n[a] >= 2) & (n[b] >= 2)
+    a, b = slice(0, -1), slice(1, None)
+    if lower_is_better:
+        ratio, low, high = ratio_interval(mean[b], sd[b], n[b], mean[a], sd[a], n[a])
+    else:
+        ratio, low, high = ratio_interval(mean[a], sd[a], n[a], mean[b], sd[b], n[b])
+    known = np.isfinite(low) & np.isfinite(high)
     apart = known & (low > 1.0)
     word = _better_word(outcome, lower_is_better)
     sentences = []
@@ -263,10 +259,36 @@ def compare_neighbours(
     return pd.DataFrame(
         {
             "better": names[:-1], "worse": names[1:], "ratio": ratio,
-            "ratio_low": np.where(known, low, np.nan), "ratio_high": np.where(known, high, np.nan),
+            "ratio_low": low, "ratio_high": high,
             "distinguishable": apart, "sentence": sentences,
         }
     )[cols]  # fmt: skip
+
+
+def ratio_interval(
+    mean_a: np.ndarray,
+    sd_a: np.ndarray,
+    n_a: np.ndarray,
+    mean_b: np.ndarray,
+    sd_b: np.ndarray,
+    n_b: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ratio of means a / b and its 95 % interval (low, high): Welch's t on the log scale,
+    the variance of log(mean) being (sd / mean)^2 / n (the delta method), the degrees of
+    freedom Welch-Satterthwaite's. NaN bounds where either side has fewer than two runs."""
+    mean_a, sd_a, n_a, mean_b, sd_b, n_b = (
+        np.asarray(v, dtype=float) for v in (mean_a, sd_a, n_a, mean_b, sd_b, n_b)
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        va, vb = (sd_a / mean_a) ** 2 / n_a, (sd_b / mean_b) ** 2 / n_b
+        ratio = mean_a / mean_b
+        se = np.sqrt(va + vb)
+        df = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
+        df = np.where(se == 0, np.minimum(n_a, n_b) - 1, df)
+        t = t_quantile(df)
+        low, high = ratio * np.exp(-t * se), ratio * np.exp(t * se)
+    few = (n_a < 2) | (n_b < 2) | ~np.isfinite(low) | ~np.isfinite(high)
+    return ratio, np.where(few, np.nan, low), np.where(few, np.nan, high)
 
 
 def _better_word(outcome: str, lower_is_better: bool) -> str:
@@ -475,6 +497,7 @@ __all__ = [
     "mean_interval_pct",
     "off_cpu_pct",
     "outcome_columns",
+    "ratio_interval",
     "t_quantile",
     "verdict_frame",
 ]

@@ -798,9 +798,62 @@ def sweep_report(
     return report.html()
 
 
+def history_report(
+    archives: Mapping[str, Any],
+    links: Mapping[str, str] | None = None,
+    outcome: str = "tok_s_mean",
+    threshold_pct: float = 5.0,
+    title: str | None = None,
+) -> str:
+    """The index page for several sweeps (`archives`: label -> archive): each sweep with its
+    verdict and a link to its own page (`links`: label -> file name), the outcome per cell
+    across the sweeps as a trend plot and a table, and the steps between consecutive sweeps
+    with the regressions into the newest one."""
+    from bmoe.analyze import history as hist
+    from bmoe.analyze import sweep as sw
+    from bmoe.render.plots.sweep import trend_lines
+    from bmoe.render.runs import DIGITS
+
+    sweeps = {label: archive.cells for label, archive in archives.items()}
+    report = Report(title or f"Sweep history: {len(sweeps)} sweeps", ", ".join(sweeps))
+    views = hist.history(sweeps, outcome, threshold_pct)
+    lined = hist.line_up(sweeps, outcome)
+    step_table = hist.steps(lined, outcome, threshold_pct)
+    found = hist.regressions(step_table)
+
+    report.heading("Regressions")
+    report.caveats([f"regression: {s}" for s in found["sentence"]],
+                   f"Beyond {threshold_pct:g} % into the newest sweep")  # fmt: skip
+    report.heading("Sweeps")
+    table = views["sweeps"].copy()
+    table["verdict"] = [sw.sweep_verdict(sweeps[label], outcome).sentence
+                        for label in table["sweep"]]  # fmt: skip
+    report.table(table, None, view="sweeps")
+    for label in table["sweep"]:
+        if links and label in links:
+            report.parts.append(
+                f'<p><a href="{_esc(links[label])}">{_esc(label)}: the full report</a></p>'
+            )
+    report.heading("Trends")
+    if len(lined):
+        caption = f"{outcome} per cell across the sweeps: mean, min-max over repeats"
+        report.figure(trend_lines(lined, outcome), caption)
+    report.table(views[f"{outcome} per cell and sweep"], f"{outcome} per cell and sweep",
+                 DIGITS, view="trend")  # fmt: skip
+    report.table(
+        views["steps between sweeps"], "steps between sweeps",
+        {"change_pct": 1, "ratio": 3, "ratio_low": 3, "ratio_high": 3}, view="steps",
+        notes=["ratio: after / before in the better direction (above 1 is better), with its "
+               "95 % interval; a regression is worse than the threshold with the interval "
+               "below 1 (or, for single runs, worse than the threshold)"],
+    )  # fmt: skip
+    return report.html()
+
+
 __all__ = [
     "Report",
     "compute_sections",
+    "history_report",
     "io_sections",
     "replay_sections",
     "route_sections",

@@ -146,3 +146,32 @@ def stall_bars(table: pd.DataFrame, label: str = "cell") -> Figure:
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return fig
+
+
+def trend_lines(lined: pd.DataFrame, outcome: str = "tok_s_mean") -> Figure:
+    """The outcome per cell across sweeps, oldest first: each cell's mean per sweep joined by
+    a line, its min-max over the repeats as whiskers (from
+    :func:`bmoe.analyze.history.line_up`)."""
+    order = lined.attrs.get("sweeps") or list(dict.fromkeys(lined["sweep"]))
+    position = {s: i for i, s in enumerate(order)}
+    cells = list(dict.fromkeys(lined["cell"]))
+    fig, ax = new_figure(max(6.0, 1.4 * len(order) + 4.0), 4.8)
+    cmap = colormaps["viridis"]
+    for i, cell in enumerate(cells):
+        part = lined[lined["cell"] == cell]
+        offset = 0.3 * (i / max(1, len(cells) - 1) - 0.5) if len(cells) > 1 else 0.0
+        x = part["sweep"].map(position).to_numpy(float) + offset
+        mean = part["mean"].to_numpy(float)
+        low = mean - part["min"].to_numpy(float)
+        high = part["max"].to_numpy(float) - mean
+        ax.errorbar(x, mean, yerr=[low, high], fmt="o-", capsize=3, lw=1.2, markersize=4,
+                    color=cmap(i / max(1, len(cells) - 1)), label=cell)  # fmt: skip
+    labels = [s if len(s) <= 28 else s[:27] + "…" for s in order]
+    ax.set_xticks(range(len(order)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(outcome)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if len(cells) <= 16:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    ax.set_title(f"{outcome} per cell across sweeps (mean, min-max over repeats)", fontsize=10)
+    return fig
