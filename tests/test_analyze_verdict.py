@@ -141,6 +141,17 @@ def test_unknown_outcome_is_refused_with_the_valid_ones(tmp_path: Path, capsys) 
         analyze_sweep(pd.DataFrame(attempts(0.01, 0.0, 1.9)), "tok_s")
 
 
+def test_cells_without_a_completed_run_are_named() -> None:
+    rows = attempts(0.01, 0.0, 1.9)
+    for row in rows:
+        if row["cell"] == "c8-4":
+            row["status"] = "crashed"
+    verdict = sweep_verdict(pd.DataFrame(rows))
+    assert "c8-4" not in set(verdict.stability["cell"])
+    assert "1 cell(s) have no completed run and are not ranked: c8-4" in verdict.caveats
+    assert "3 of 12 attempt(s) did not complete (3 crashed)" in verdict.caveats
+
+
 def failed_rows() -> list[dict[str, object]]:
     return [
         {"run": f"c{c}-{i}/r1", "cell": f"c{c}-{i}", "repeat": 1, "attempt": a, "order": n,

@@ -376,6 +376,13 @@ def judge(
         return Verdict(outcome, False, sentence, [what], [*caveats, what],
                        cell_stability(ranked.iloc[:0], attempts), pd.DataFrame())  # fmt: skip
 
+    if "cell" in every:
+        missing = sorted(set(every["cell"].astype(str)) - set(ranked["cell"].astype(str)))
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
+                                             else "")  # fmt: skip
+            caveats.append(f"{len(missing)} cell(s) have no completed run and are not ranked: "
+                           f"{shown}")  # fmt: skip
     stability = cell_stability(ranked, attempts, rounds, stall, traced)
     labels = cell_labels(ranked, axes)
     neighbours = compare_neighbours(ranked, outcome, lower_is_better, labels)
