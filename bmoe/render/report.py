@@ -613,8 +613,10 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
     runs = archive.metrics_runs()
     stall = sw.per_cell(results, stall_by_run(runs)) if runs else None
     traced = [r.run for r in archive.runs() if any(r.has(k) for k in TRACE_KINDS)]
-    views = sw.analyze_sweep(results, outcome, stall=stall, traced=traced)
-    verdict = sw.sweep_verdict(results, outcome, stall=stall, traced=traced,
+    # The verdict from the results alone (off-CPU estimated from their per-run figures), as
+    # the terminal and summary.md give it, so the three never disagree.
+    views = sw.analyze_sweep(results, outcome, traced=traced)
+    verdict = sw.sweep_verdict(results, outcome, traced=traced,
                                contamination_flags=views["contamination"])  # fmt: skip
     ranked = views[f"cells ranked by {outcome}"]
 
