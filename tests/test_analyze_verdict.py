@@ -177,6 +177,11 @@ def test_a_sweep_whose_runs_all_failed_says_so(tmp_path: Path, capsys) -> None:
     text = page.read_text()
     assert "none of the 8 attempt(s) completed" in text and "8 crashed" in text
     assert "try: )" not in text
+    # completed runs that did not record the outcome: said, not refused
+    done = pd.DataFrame(attempts(0.01, 0.0, 1.9)).drop(columns="tok_s_mean")
+    assert sweep_verdict(done).sentence == (
+        "Nothing to rank by tok_s_mean: none of the 12 completed run(s) recorded tok_s_mean."
+    )
 
 
 def test_plots_answer_the_question(tmp_path: Path, capsys) -> None:

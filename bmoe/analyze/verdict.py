@@ -371,7 +371,10 @@ def judge(
                 + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
             )  # fmt: skip
     if attempts.empty or ranked.empty or ranked["n"].sum() == 0:
-        what = f"none of the {len(every)} attempt(s) completed" if len(every) else "no attempts"
+        if attempts.empty:
+            what = f"none of the {len(every)} attempt(s) completed" if len(every) else "no attempts"
+        else:
+            what = f"none of the {len(attempts)} completed run(s) recorded {outcome}"
         sentence = f"Nothing to rank by {outcome}: {what}."
         return Verdict(outcome, False, sentence, [what], [*caveats, what],
                        cell_stability(ranked.iloc[:0], attempts), pd.DataFrame())  # fmt: skip
