@@ -152,6 +152,22 @@ def test_cells_without_a_completed_run_are_named() -> None:
     assert "3 of 12 attempt(s) did not complete (3 crashed)" in verdict.caveats
 
 
+def test_the_sweeps_system_checks_are_used() -> None:
+    rows = attempts(0.01, 0.0, 1.9)
+    for i, row in enumerate(rows):
+        row["engine_cpu_share"] = 0.3 if i < 6 else None
+        row["system_warnings"] = (
+            "the governor is powersave; load 3.1 above 1 CPU" if i < 2 else None
+        )
+    verdict = sweep_verdict(pd.DataFrame(rows))
+    assert "system check (2 of 12 runs): the governor is powersave" in verdict.caveats
+    assert "system check (2 of 12 runs): load 3.1 above 1 CPU" in verdict.caveats
+    first = verdict.stability.set_index("cell")
+    # c8-4 ran 3 times (positions 3, 4, 11), twice with a recorded share of 0.3 CPU
+    assert first.loc["c8-4", "cpu_pct"] == pytest.approx(30.0)
+    assert first.loc["c0-1", "cpu_pct"] == pytest.approx(190.0)  # once 30 %, twice 190 %
+
+
 def failed_rows() -> list[dict[str, object]]:
     return [
         {"run": f"c{c}-{i}/r1", "cell": f"c{c}-{i}", "repeat": 1, "attempt": a, "order": n,

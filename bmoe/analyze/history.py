@@ -37,7 +37,7 @@ STEP_COLUMNS = [
 def _engine(results: pd.DataFrame) -> str | None:
     """The engine and its version, as the runs recorded them."""
     parts = []
-    for col in ("engine", "summary_engine"):
+    for col in ("engine", "summary_engine", "machine_engine_build"):
         if col in results:
             values = results[col].dropna().astype(str).unique()
             parts += [v for v in values[:2] if v and v not in parts]

@@ -137,13 +137,18 @@ def off_cpu_pct(attempts: pd.DataFrame) -> pd.Series:
 
 
 def cpu_share_pct(attempts: pd.DataFrame) -> pd.Series:
-    """Per attempt, the engine's CPU time per token over its wall time per token, in percent of
-    one CPU (200 % = two cores busy throughout)."""
-    if not {"cpu_s_per_token", "tok_s_mean"} <= set(attempts.columns):
-        return pd.Series(np.nan, index=attempts.index)
-    cpu = pd.to_numeric(attempts["cpu_s_per_token"], errors="coerce").astype(float)
-    rate = pd.to_numeric(attempts["tok_s_mean"], errors="coerce").astype(float)
-    return (100.0 * cpu * rate).where(cpu > 0)
+    """Per attempt, the engine's CPU time over its wall time, in percent of one CPU (200 % = two
+    cores busy throughout): the sweep's ``engine_cpu_share`` where recorded, else CPU seconds
+    per token times tokens per second."""
+    out = pd.Series(np.nan, index=attempts.index)
+    if {"cpu_s_per_token", "tok_s_mean"} <= set(attempts.columns):
+        cpu = pd.to_numeric(attempts["cpu_s_per_token"], errors="coerce").astype(float)
+        rate = pd.to_numeric(attempts["tok_s_mean"], errors="coerce").astype(float)
+        out = (100.0 * cpu * rate).where(cpu > 0)
+    if "engine_cpu_share" in attempts:  # the sweep's own measurement, where it made one
+        share = 100.0 * pd.to_numeric(attempts["engine_cpu_share"], errors="coerce")
+        out = share.astype(float).where(share.notna(), out)
+    return out
 
 
 def instrumented(attempts: pd.DataFrame, traced: Iterable[str] = ()) -> pd.Series:
@@ -395,6 +400,7 @@ def judge(
         caveats.append("some completed runs say they are partial")
     if "order_source" in attempts:
         caveats.append("loose files: the execution order is guessed from file modification times")
+    caveats += _system_warnings(attempts)
     if contamination is not None:
         caveats += [f"not checked: {why}" for why in contamination.attrs.get("not_checked", [])]
 
@@ -420,6 +426,17 @@ def judge(
     }
     return Verdict(outcome, not reasons, sentence, reasons, caveats, stability, neighbours,
                    figures)  # fmt: skip
+
+
+def _system_warnings(attempts: pd.DataFrame) -> list[str]:
+    """The sweep's system checks (``system_warnings``, "; "-joined per run): each distinct
+    warning once, with the number of runs it was raised for."""
+    if "system_warnings" not in attempts:
+        return []
+    said = attempts["system_warnings"].dropna().astype(str)
+    items = said.str.split("; ").explode().str.strip()
+    counts = items[items != ""].value_counts(sort=False)
+    return [f"system check ({n} of {len(attempts)} runs): {w}" for w, n in counts.items()]
 
 
 def _median(values: pd.Series) -> float | None:
