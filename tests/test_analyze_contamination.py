@@ -12,7 +12,7 @@ from runs_factory import rows, write_run
 from bmoe.analyze.contamination import (
     cells_from_paths,
     contamination_flags,
-    order_effect,
+    position_beyond_config,
 )
 
 PRESSURE = {"peak_rss_kb": 5_000_000, "mem_avail_before_kb": 6_000 * 1024,
@@ -129,25 +129,25 @@ def test_throughput_tracking_execution_order(tmp_path: Path) -> None:
     assert flags_of(sweep(tmp_path / "few", few), "execution_order").empty
 
 
-def test_order_effect_needs_repeats() -> None:
+def test_position_beyond_config_needs_repeats() -> None:
     # every cell a distinct config: position cannot be told apart from configuration
     cells = pd.DataFrame(
         {"cell": list("abcde"), "order": range(5), "cache_mb": [1, 2, 3, 4, 5],
          "tok_s_mean": [5, 4, 3, 2, 1.0]}
     )  # fmt: skip
-    flags, why = order_effect(cells, ["cache_mb"])
+    flags, why = position_beyond_config(cells, ["cache_mb"])
     assert flags == [] and "confounded" in why
     assert "execution_order" in " ".join(contamination_flags(cells).attrs["not_checked"])
 
 
-def test_order_effect_by_hand() -> None:
+def test_position_beyond_config_by_hand() -> None:
     # two configs alternating; a 5 % per-position decline on top: the fit recovers it exactly
     n = 12
     config = np.array([0, 1] * (n // 2))
     tok_s = np.where(config == 1, 8.0, 4.0) * 0.95 ** np.arange(n)
     cells = pd.DataFrame({"cell": [f"c{i}" for i in range(n)], "order": np.arange(n),
                           "cache_mb": config, "tok_s_mean": tok_s})  # fmt: skip
-    flags, why = order_effect(cells, ["cache_mb"])
+    flags, why = position_beyond_config(cells, ["cache_mb"])
     assert why is None and len(flags) == 1
     assert "-5.00 % per execution position" in flags[0]["evidence"]
     assert f"{100 * (0.95**11 - 1):+.0f} % from first to last" in flags[0]["evidence"]

@@ -69,6 +69,24 @@ def test_budgets_span_the_expert_set():
     assert rp.budgets_for(big)[:2] == [432.0, 865.0] and rp.budgets_for(big)[-1] == 13838.0
 
 
+def test_default_budgets_scale_with_the_model():
+    """16 MiB of experts, k = 3: the token cycle T is 2 layers x 3 x 1 MiB = 6 MiB, so T/2 = 3
+    joins the fractions of the expert set (T and 2T are among them, 4T is past the whole
+    set); no sizes: the fixed list."""
+    frame = pd.DataFrame({"turn": [0, 0], "phase": [1, 1], "step": [0, 0], "layer": [0, 0],
+                          "slot": [0, 1], "expert": [1, 2], "weight": [0.5, 0.5],
+                          "residency": [0, 0]})  # fmt: skip
+    layers = pd.DataFrame({"layer": [0, 1], "expert_bytes": [MIB, MIB]})
+    meta = {"n_expert": 8, "n_layer": 2, "n_expert_used": 3}
+    trace = RouteTrace(None, 1, meta, layers, frame)
+    assert rp.default_budgets(trace) == [0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0]
+    assert 5.0 in rp.default_budgets(trace, [5])
+    bigger = RouteTrace(None, 1, meta, layers.assign(expert_bytes=[64 * MIB] * 2), frame)
+    assert rp.default_budgets(bigger) == [64 * b for b in rp.default_budgets(trace)]
+    unsized = RouteTrace(None, 1, meta, pd.DataFrame({"layer": [0, 1]}), frame)
+    assert rp.default_budgets(unsized) == list(map(float, rp.DEFAULT_BUDGETS_MIB))
+
+
 def test_recorded_against_replay_matches_the_reference(corpus):
     """The reference replay of the native prefetch-off run: 'validation @ 3 MiB: LRU replay =
     32.9% cumulative (35.2% decode-only)', and the run's summary said 32.9 %."""
@@ -82,3 +100,14 @@ def test_recorded_against_replay_matches_the_reference(corpus):
     assert figures["mrc_hit_pct_decode"] == pytest.approx(figures["lru_hit_pct_decode"])
     assert figures["recorded_hit_pct_cum"] == pytest.approx(figures["lru_hit_pct_cum"])
     assert figures["metrics_cache_hit_pct"] == 32.9 and figures["budget_mib"] == 3.0
+
+
+def test_per_cell_stall_parts_add_up_to_the_wall(tmp_path):
+    """The sweep's stacked bars end at the wall tick: means over repeats keep the partition."""
+    over = read_metrics(write_run(tmp_path / "o.csv", rows(cpu_ms=480.0)))  # 120 > 100 - 50
+    under = read_metrics(write_run(tmp_path / "u.csv", rows(wall=300.0, cpu_ms=40.0)))
+    results = pd.DataFrame({"run": ["x/r1", "x/r2"], "cell": ["x", "x"], "status": ["ok", "ok"]})
+    table = per_cell(results, stall_by_run({"x/r1": over, "x/r2": under})).set_index("cell")
+    parts = table.loc["x", ["compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms"]].sum()
+    assert parts == pytest.approx(table.loc["x", "wall_ms"]) == pytest.approx(200.0)
+    assert table.loc["x", "overlapped_ms"] == pytest.approx((120 - 50) / 2)

@@ -10,9 +10,9 @@ from bmoe.analyze.sweep import (
     analyze_sweep,
     axis_effects,
     axis_table,
-    order_effect,
     rank_cells,
     reversed_rounds,
+    within_cell_drift,
 )
 
 
@@ -62,10 +62,10 @@ def test_axis_effects_means_per_value():
     assert row["tok_s_mean"] == pytest.approx(17.0) and row["ttft_s"] == pytest.approx(2.5)
 
 
-def test_order_effect_finds_drift_and_not_its_absence():
-    clean = order_effect(results(grid_rows()))
+def test_within_cell_drift_finds_drift_and_not_its_absence():
+    clean = within_cell_drift(results(grid_rows()))
     assert clean["spearman_rho"] is None or abs(clean["spearman_rho"]) < 1e-9
-    drifting = order_effect(results(grid_rows(drift=-0.5)))
+    drifting = within_cell_drift(results(grid_rows(drift=-0.5)))
     assert drifting["spearman_rho"] < -0.9
     assert drifting["p_value"] < 0.05
     # Hand-worked: each cell's two attempts differ by 0.5 * (position gap); ratios to the cell
@@ -85,6 +85,6 @@ def test_reversed_rounds_compare_each_cell_forward_and_backward():
 
 def test_analyze_sweep_views():
     views = analyze_sweep(results(grid_rows()))
-    assert {"attempts", "cells ranked by tok_s_mean", "order effect",
-            "forward vs reversed rounds"} <= set(views)  # fmt: skip
+    assert {"attempts", "cells ranked by tok_s_mean", "repeats against execution order",
+            "forward vs reversed rounds", "verdict"} <= set(views)  # fmt: skip
     assert "contamination" in views

@@ -59,8 +59,10 @@ def test_stall_table_and_plot(corpus: Path, tmp_path: Path, capsys) -> None:
     views = json.loads(out)
     assert views["run"]["compute from"] == "cpu_ms / threads"
     assert [r["component"] for r in views["attribution"]] == [
-        "wall", "compute", "flash wait", "cache mgmt", "unattributed",
+        "wall", "compute", "flash wait", "cache mgmt", "unattributed", "overlapped (not wall time)",
     ]  # fmt: skip
+    inside = [r["pct_of_wall"] for r in views["attribution"] if r["in_wall"]]
+    assert sum(inside) == pytest.approx(100.0)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 

@@ -207,7 +207,14 @@ def test_sweep_report_ranks_and_attributes(tmp_path):
     assert "[grid]" in page and "cache_mb = [0, 1, 2, 4, 8]" in page  # the resolved config
     noisy = int((ranked["cv_pct"] > 25).sum())
     if noisy:  # the caveat the spread raises, counted independently
-        assert f"{noisy} of {len(ranked)} cells have repeats that disagree" in page
+        assert f"the repeats of {noisy} of {len(ranked)} cells disagree" in page
+    assert "Ranking by tok_s_mean" in page  # the verdict, before the tables
+    assert page.index("Ranking by tok_s_mean") < page.index('data-view="ranking"')
+    neighbours = tables.records("neighbours")
+    assert len(neighbours) == len(ranked) - 1
+    assert all(("faster than" in r["sentence"][0]) != ("not distinguishable" in r["sentence"][0])
+               for r in neighbours)  # fmt: skip
+    assert "Two checks look at the execution order" in page
 
 
 def test_sweep_report_with_traces_checks_the_recorded_hit_rate(tmp_path):
@@ -245,5 +252,6 @@ def test_report_refuses_what_it_cannot_show(tmp_path, corpus, capsys):
     assert "name it .html" in capsys.readouterr().err
     sweep = bench_sweep("tiny-cache-lanes")
     assert main(["report", str(sweep), "--outcome", "speed", "-o", str(out)]) == 2
-    assert "no outcome 'speed' in its cells (try: tok_s_mean" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{sweep}: unknown outcome 'speed' (valid outcomes: tok_s_mean, " in err
     assert not out.exists()

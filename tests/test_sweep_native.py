@@ -132,7 +132,10 @@ def test_grid_with_repeats_archives_valid_files(tmp_path, capsys):
     assert len(ranked) == 4 and all(row["n"] == 2 for row in ranked)
     best = ranked[0]
     assert (best["cache_mb"], best["n_expert_used"]) == (8, 1)  # the stand-in's fastest cell
-    assert (tmp_path / "p" / "tok_s_mean-by-cache_mb.png").stat().st_size > 0
+    # the figure that answers the question: tok/s against one axis, a line per the other
+    assert [p.name for p in (tmp_path / "p").iterdir()] == [
+        "tok_s_mean-by-cache_mb-and-n_expert_used.png"
+    ]
 
 
 def test_crash_is_retried_then_the_sweep_goes_on(tmp_path):

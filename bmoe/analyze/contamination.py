@@ -247,7 +247,7 @@ def entry_state_outliers(
     return flags
 
 
-def order_effect(
+def position_beyond_config(
     cells: pd.DataFrame,
     config_columns: Sequence[str],
     outcome: str = "tok_s_mean",
@@ -257,7 +257,12 @@ def order_effect(
     permutations: int = 999,
     seed: int = 0,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Throughput that tracks execution order once the configuration is accounted for.
+    """Throughput that tracks execution order *across cells* once the configuration is
+    accounted for (the ``execution_order`` tell).
+
+    Unlike :func:`bmoe.analyze.sweep.within_cell_drift`, which compares each cell's repeats
+    with each other and needs repeats, this works with one run per cell, at the price of
+    assuming the configuration acts additively (main effects on the log scale).
 
     Fits log(`outcome`) = main effect of each varying config column + beta x position, and
     tests beta by permuting the positions (`permutations` shuffles, seeded). Flags when the
@@ -345,7 +350,7 @@ def contamination_flags(
         flags += entry_state_outliers(cells)
     else:
         not_checked.append("entry_state: no entry state logged")
-    order_flags, why = order_effect(cells, config, alpha=order_alpha, seed=seed)
+    order_flags, why = position_beyond_config(cells, config, alpha=order_alpha, seed=seed)
     flags += order_flags
     if why:
         not_checked.append(f"execution_order: {why}")
@@ -468,5 +473,5 @@ __all__ = [
     "entry_state_outliers",
     "find_metrics_files",
     "majflt_outliers",
-    "order_effect",
+    "position_beyond_config",
 ]

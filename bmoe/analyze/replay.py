@@ -718,3 +718,23 @@ def replay(
             trace, batches, budgets, names, prefetch, seed=seed, progress=prefetch_progress
         )
     return views
+
+
+#: Multiples of one token's experts (the token cycle T) :func:`default_budgets` adds.
+CYCLE_MULTIPLES = (0.5, 1, 2, 4)
+
+
+def default_budgets(trace: RouteTrace, extra: Iterable[float] = ()) -> list[float]:
+    """The budgets a replay uses when none are given, scaled to the model: the fractions of
+    the whole expert set of :func:`budgets_for` and multiples of the token cycle T (one
+    token's k experts in every MoE layer, where LRU starts to keep a token's experts), below
+    the whole expert set; :data:`DEFAULT_BUDGETS_MIB` when the trace has no expert sizes."""
+    spanning = budgets_for(trace)
+    if not spanning:
+        return sorted({*map(float, DEFAULT_BUDGETS_MIB), *budgets_for(trace, extra)})
+    k = trace.n_expert_used
+    if not k and "slot" in trace.rows and len(trace.rows):
+        k = int(trace.rows["slot"].max()) + 1
+    cycle = sum(trace.expert_bytes().values()) * int(k or 0) / MIB
+    cycles = {_round_mib(cycle * m) for m in CYCLE_MULTIPLES if 0 < cycle * m < spanning[-1]}
+    return sorted({*spanning, *cycles, *budgets_for(trace, extra)})

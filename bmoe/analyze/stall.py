@@ -1,20 +1,25 @@
-"""Stall attribution: where each token's wall time went, the telemetry contract's panel exactly.
+"""Stall attribution: where each token's wall time went, in shares that add up to the wall.
 
-Four bars per token, none of them the ``compute_ms`` residual read as compute:
+Four parts per token, none of them the ``compute_ms`` residual read as compute, filled in
+this order so that they partition ``wall_ms`` by construction:
 
-* **compute** = ``cpu_ms`` / compute threads: an attribution *proxy* and an upper bound
-  (process CPU time also covers the I/O lanes and every other thread);
 * **flash wait** = ``io_ms`` in serial runs, ``stall_ms`` under overlap (where ``io_ms`` is
-  summed lane-busy time and can exceed the wall);
-* **cache mgmt** = ``mgmt_ms``;
-* **unattributed** = the non-negative remainder of ``wall_ms`` (off-CPU time: swap-in,
-  preemption, frequency caps).
+  summed lane-busy time and can exceed the wall): wall time the compute threads waited;
+* **cache mgmt** = ``mgmt_ms``, another wait the engine clocks on the wall;
+* **compute** = ``cpu_ms`` / compute threads (an attribution *proxy*), up to the wall the
+  waits left over;
+* **unattributed** = what remains (off-CPU time: swap-in, preemption, frequency caps).
 
-The bars are not rescaled to 100 %: compute + flash + mgmt may exceed the wall, and then the
-remainder is clamped at 0 rather than showing the overlap. Where ``cpu_ms`` is unmeasured
-(the column is absent, or 0 because the platform cannot report it) compute falls back to the
-``compute_ms`` residual and is labelled as such. Speculation groups are spread over their
-tokens first (see :func:`bmoe.analyze.metrics.per_token`).
+Waits are wall time by definition; the compute proxy is busy time, and process CPU also
+covers the I/O lanes and every other thread, which run *while* the compute threads wait. So
+the proxy can add up past the wall (172 % on a serial two-lane run). That surplus is not
+wall time: it is reported beside the parts as **overlapped** (busy time that ran alongside
+the waits, plus any wait a file records beyond its token's wall), never stacked on them. No
+part is rescaled: each is its measured value until the wall runs out.
+
+Where ``cpu_ms`` is unmeasured (the column is absent, or 0 because the platform cannot report
+it) compute falls back to the ``compute_ms`` residual and is labelled as such. Speculation
+groups are spread over their tokens first (see :func:`bmoe.analyze.metrics.per_token`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ import pandas as pd
 from bmoe.analyze.metrics import MEMORY_COLUMNS, per_token
 from bmoe.formats.metrics import MetricsRun
 
+#: The parts of a token's wall time (they sum to ``wall_ms``).
 COMPONENTS = ("compute_ms", "flash_ms", "mgmt_ms", "unattributed_ms")
+#: Busy time counted beyond the wall (beside the parts, never added to them).
+OVERLAPPED = "overlapped_ms"
 
 COMPUTE_PROXY = "cpu_ms / threads"
 COMPUTE_RESIDUAL = "compute_ms residual"
@@ -38,8 +46,8 @@ COMPUTE_RESIDUAL = "compute_ms residual"
 class StallAttribution:
     """The panel for one run: per token, per run, and how each term was decided."""
 
-    tokens: pd.DataFrame  # step, wall_ms, compute_ms, flash_ms, mgmt_ms, unattributed_ms, ...
-    summary: pd.DataFrame  # component, ms_per_token, pct_of_wall, source
+    tokens: pd.DataFrame  # step, wall_ms, the COMPONENTS, overlapped_ms, ...
+    summary: pd.DataFrame  # component, ms_per_token, pct_of_wall, source, overlapped
     overlap: bool
     overlap_source: str
     threads: int | None
@@ -110,25 +118,33 @@ def stall_attribution(
     if cpu is not None and threads is None and bool((cpu > 0).any()):
         notes.append("cpu_ms is measured but the thread count is unknown (pass threads)")
     use_proxy = (cpu > 0) if cpu is not None and threads else np.zeros(n, dtype=bool)
-    compute = np.where(use_proxy, (cpu if cpu is not None else zeros) / (threads or 1), residual)
+    busy = np.where(use_proxy, (cpu if cpu is not None else zeros) / (threads or 1), residual)
     if use_proxy.all() and n:
         compute_source = COMPUTE_PROXY
     elif not use_proxy.any():
         compute_source = COMPUTE_RESIDUAL
     else:
         compute_source = f"mixed ({int((~use_proxy).sum())} tokens use the compute_ms residual)"
-    attributed = compute + np.nan_to_num(flash) + np.nan_to_num(mgmt)
-    unattributed = np.clip(wall - attributed, 0.0, None)
+    parts = partition_wall(wall, np.nan_to_num(flash), np.nan_to_num(mgmt), busy)
+    overlapped = parts["overlapped"]
+    if n and bool((overlapped > 0).any()):
+        share = 100.0 * overlapped.sum() / wall.sum() if wall.sum() > 0 else float("nan")
+        notes.append(
+            f"{share:.0f} % of the wall time again was busy time that ran alongside the waits "
+            f"(the {compute_source} proxy counts the I/O lanes and other threads): shown as "
+            "overlapped, not stacked on the wall"
+        )
 
     out = pd.DataFrame(
         {
             "step": tokens["step"].to_numpy(),
             "turn": tokens["turn"].to_numpy(),
             "wall_ms": wall,
-            "compute_ms": compute,
-            "flash_ms": flash,
-            "mgmt_ms": mgmt,
-            "unattributed_ms": unattributed,
+            "compute_ms": parts["compute"],
+            "flash_ms": np.where(np.isnan(flash), np.nan, parts["flash"]),
+            "mgmt_ms": np.where(np.isnan(mgmt), np.nan, parts["mgmt"]),
+            "unattributed_ms": parts["unattributed"],
+            "overlapped_ms": overlapped,
             "compute_is_residual": ~use_proxy,
         }
     )
@@ -138,11 +154,34 @@ def stall_attribution(
     )
 
 
-def attribution_summary(tokens: pd.DataFrame, compute_source: str, flash_col: str) -> pd.DataFrame:
-    """Per-run bars: mean ms/token of each component and its share of the mean wall time.
+def partition_wall(
+    wall: np.ndarray, wait: np.ndarray, mgmt: np.ndarray, busy: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Split each token's `wall` into flash wait, cache mgmt, compute and unattributed (in that
+    order, each its measured value up to what the wall has left), and the ``overlapped``
+    surplus: measured time that did not fit in the wall (busy time that ran alongside the
+    waits). flash + mgmt + compute + unattributed == wall, exactly, for every token."""
+    wall = np.clip(np.nan_to_num(wall), 0.0, None)
+    flash = np.clip(np.minimum(wait, wall), 0.0, None)
+    left = wall - flash
+    manage = np.clip(np.minimum(mgmt, left), 0.0, None)
+    left = left - manage
+    compute = np.clip(np.minimum(busy, left), 0.0, None)
+    unattributed = left - compute
+    surplus = (wait - flash) + (mgmt - manage) + (busy - compute)
+    return {
+        "flash": flash, "mgmt": manage, "compute": compute, "unattributed": unattributed,
+        "overlapped": np.clip(surplus, 0.0, None),
+    }  # fmt: skip
 
-    Each bar is the mean of its per-token values (the unattributed bar is the mean of the
-    clamped per-token remainders), so the shares need not add up to 100 %.
+
+def attribution_summary(tokens: pd.DataFrame, compute_source: str, flash_col: str) -> pd.DataFrame:
+    """Per-run bars: mean ms/token of each part and its share of the mean wall time.
+
+    The four parts partition each token's wall, so their shares add up to 100 % (a part the
+    file cannot measure, e.g. cache mgmt without ``mgmt_ms``, is None and lies in the
+    unattributed share). The last row, ``overlapped``, is not wall time and is not part of
+    the 100 %: busy time that ran alongside the waits.
     """
     n = len(tokens)
     wall = float(tokens["wall_ms"].mean()) if n else float("nan")
@@ -151,7 +190,8 @@ def attribution_summary(tokens: pd.DataFrame, compute_source: str, flash_col: st
         "compute_ms": compute_source,
         "flash_ms": flash_col,
         "mgmt_ms": "mgmt_ms",
-        "unattributed_ms": "wall - compute - flash - mgmt, clamped at 0 per token",
+        "unattributed_ms": "wall - flash - mgmt - compute",
+        "overlapped_ms": f"{compute_source} + {flash_col} + mgmt_ms beyond the wall",
     }
     names = {
         "wall_ms": "wall",
@@ -159,14 +199,15 @@ def attribution_summary(tokens: pd.DataFrame, compute_source: str, flash_col: st
         "flash_ms": "flash wait",
         "mgmt_ms": "cache mgmt",
         "unattributed_ms": "unattributed",
+        "overlapped_ms": "overlapped (not wall time)",
     }
     rows = []
     for col, name in names.items():
         value = float(tokens[col].mean()) if n and tokens[col].notna().any() else None
         share = 100.0 * value / wall if value is not None and wall > 0 else None
-        rows.append(
-            {"component": name, "ms_per_token": value, "pct_of_wall": share, "source": sources[col]}
-        )
+        rows.append({"component": name, "ms_per_token": value, "pct_of_wall": share,
+                     "source": sources[col],
+                     "in_wall": None if col == "wall_ms" else col != "overlapped_ms"})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -201,6 +242,7 @@ _COMPONENT_KEYS = {
     "flash wait": "flash",
     "cache mgmt": "mgmt",
     "unattributed": "unattributed",
+    "overlapped (not wall time)": "overlapped",
 }
 
 
@@ -226,10 +268,12 @@ __all__ = [
     "COMPONENTS",
     "COMPUTE_PROXY",
     "COMPUTE_RESIDUAL",
+    "OVERLAPPED",
     "StallAttribution",
     "attribution_summary",
     "decide_overlap",
     "memory_picture",
+    "partition_wall",
     "stall_attribution",
     "stall_by_run",
 ]

@@ -1,16 +1,26 @@
-"""What a sweep found: cells ranked, each outcome against each axis, contaminated cells and
-order effects. Pure functions over the sweep's results table (one row per attempt, as in
-``results.parquet``); nothing here reads files or prints.
+"""What a sweep found: cells ranked, each outcome against each axis, contaminated cells, drift
+with execution order, and the verdict on the ranking (:mod:`bmoe.analyze.verdict`). Pure
+functions over the sweep's results table (one row per attempt, as in ``results.parquet``);
+nothing here reads files or prints.
+
+Two order checks look at different things. :func:`within_cell_drift` (here) asks whether the
+repeats *of the same cell* get better or worse as the sweep goes on: it needs repeats and
+assumes nothing about how the configuration acts. The contamination tell ``execution_order``
+(:func:`bmoe.analyze.contamination.position_beyond_config`) asks whether the outcome follows
+the execution position *across cells* once an additive model of the configuration is taken
+out: it works with one run per cell but trusts that model. A sweep with repeats gets both.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from bmoe.analyze.verdict import Verdict, judge, outcome_columns
+from bmoe.errors import BmoeError
 
 #: Outcomes shown against the axes when present (first one ranks the cells by default).
 OUTCOMES = (
@@ -46,6 +56,22 @@ def axes_of(results: pd.DataFrame) -> list[str]:
         return axes
     params = [p for p in results.attrs.get("params", []) if p in results.columns]
     return [p for p in params if results[p].astype(str).nunique(dropna=False) > 1]
+
+
+def main_axes(
+    results: pd.DataFrame, axes: Sequence[str] | None = None
+) -> tuple[str, str | None] | None:
+    """The axes a plot of the outcome answers the sweep's question with: on x the numeric
+    axis with the most values, one line per value of the other axis with the fewest values
+    (None when no axis is numeric)."""
+    axes = list(axes) if axes is not None else axes_of(results)
+    numeric = [a for a in axes if pd.to_numeric(results[a], errors="coerce").notna().all()]
+    if not numeric:
+        return None
+    x = max(numeric, key=lambda a: results[a].nunique())
+    others = [a for a in axes if a != x]
+    by = min(others, key=lambda a: results[a].nunique()) if others else None
+    return x, by
 
 
 def _numeric(frame: pd.DataFrame, col: str) -> pd.Series:
@@ -149,8 +175,8 @@ def _permutation_p(x: np.ndarray, y: np.ndarray, rho: float, seed: int = 0) -> f
     return float((np.sum(np.abs(rhos) >= abs(rho) - 1e-12) + 1) / (PERMUTATIONS + 1))
 
 
-def order_effect(results: pd.DataFrame, outcome: str = "tok_s_mean") -> dict[str, Any]:
-    """Does the outcome follow the execution position once each cell's own level is taken out?
+def within_cell_drift(results: pd.DataFrame, outcome: str = "tok_s_mean") -> dict[str, Any]:
+    """Do the repeats of the same cell get better or worse as the sweep goes on?
 
     Each completed attempt's outcome is divided by its cell's mean; the Spearman correlation
     of that ratio with the position (``order``) and a permutation p-value say whether later
@@ -248,20 +274,77 @@ def per_cell(results: pd.DataFrame, by_run: pd.DataFrame, on: str = "run") -> pd
     return first.join(table).reset_index()
 
 
-def analyze_sweep(results: pd.DataFrame, outcome: str = "tok_s_mean") -> dict[str, Any]:
-    """Every view of ``bmoe analyze sweep``: attempts, ranking, axes, order, contamination."""
+def valid_outcomes(results: pd.DataFrame) -> list[str]:
+    """The outcomes `results` can be ranked by (the known ones first)."""
+    return outcome_columns(ok_attempts(results), OUTCOMES)
+
+
+def check_outcome(results: pd.DataFrame, outcome: str, source: object = None) -> None:
+    """Refuse an outcome the results do not have, naming the valid ones (and `source`, the
+    folder they came from, when given). The known :data:`OUTCOMES` are always accepted: when
+    no completed run recorded one, the verdict says so."""
+    valid = valid_outcomes(results)
+    if outcome in valid or outcome in OUTCOMES:
+        return
+    listed = ", ".join(valid) if valid else "none measured yet; usually " + ", ".join(OUTCOMES)
+    where = f"{source}: " if source is not None else ""
+    raise BmoeError(f"{where}unknown outcome {outcome!r} (valid outcomes: {listed})")
+
+
+def sweep_verdict(
+    results: pd.DataFrame,
+    outcome: str = "tok_s_mean",
+    *,
+    stall: pd.DataFrame | None = None,
+    traced: Sequence[str] = (),
+    contamination_flags: pd.DataFrame | None = None,
+) -> Verdict:
+    """The verdict on the sweep's ranking by `outcome` (:func:`bmoe.analyze.verdict.judge`):
+    stability per cell, neighbours compared with intervals, and why the ranking is not
+    settled. `stall` is a per-cell attribution (:func:`per_cell` of
+    :func:`bmoe.analyze.stall.stall_by_run`) that measures the off-CPU share instead of
+    estimating it; `traced` names runs that recorded traces."""
+    check_outcome(results, outcome)
+    if contamination_flags is None:
+        contamination_flags = contamination(results)
+    return judge(
+        rank_cells(results, outcome), ok_attempts(results), outcome,
+        lower_is_better=outcome in LOWER_IS_BETTER, axes=axes_of(results),
+        rounds=reversed_rounds(results, outcome), drift=within_cell_drift(results, outcome),
+        stall=stall, contamination=contamination_flags, traced=traced, all_attempts=results,
+    )  # fmt: skip
+
+
+def analyze_sweep(
+    results: pd.DataFrame,
+    outcome: str = "tok_s_mean",
+    *,
+    stall: pd.DataFrame | None = None,
+    traced: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Every view of ``bmoe analyze sweep``: the verdict first, then attempts, ranking,
+    neighbours compared, stability per cell, axes, drift with execution order and
+    contamination. Raises :class:`BmoeError` for an unknown `outcome`."""
+    check_outcome(results, outcome)
+    flags = contamination(results)
+    verdict = sweep_verdict(results, outcome, stall=stall, traced=traced,
+                            contamination_flags=flags)  # fmt: skip
     views: dict[str, Any] = {
+        "verdict": verdict.view(),
         "attempts": attempts_by_status(results),
         f"cells ranked by {outcome}": rank_cells(results, outcome),
     }
+    if len(verdict.neighbours):
+        views["neighbours in the ranking"] = verdict.neighbours[["sentence"]]
+    if len(verdict.stability):
+        views["stability per cell"] = verdict.stability
     shown = [outcome, *[o for o in AXIS_VIEW_OUTCOMES if o != outcome]]
     effects = axis_table(results, shown)
     if len(effects):
         views["outcomes by axis value (means)"] = effects
-    views["order effect"] = order_effect(results, outcome)
+    views["repeats against execution order"] = within_cell_drift(results, outcome)
     rounds = reversed_rounds(results, outcome)
     if not rounds.empty:
         views["forward vs reversed rounds"] = rounds
-    with contextlib.suppress(ImportError):
-        views["contamination"] = contamination(results)
+    views["contamination"] = flags
     return views

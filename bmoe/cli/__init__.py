@@ -28,6 +28,25 @@ analyze_app = typer.Typer(
     help="Analyse route, decode and metrics files, and archived sweeps.",
     no_args_is_help=True,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from bmoe import __version__
+
+        console.print(f"bmoe {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    pass
+
+
 app.add_typer(analyze_app, name="analyze")
 export_app = typer.Typer(
     help="Export telemetry to other tools' formats (Perfetto / Chrome traces).",
@@ -45,6 +64,7 @@ COMMAND_MODULES = (
     "bmoe.cli.replay",
     "bmoe.cli.engine",
     "bmoe.cli.report",
+    "bmoe.cli.history",
 )
 
 console = Console()

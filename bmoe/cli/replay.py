@@ -60,10 +60,11 @@ def _recorded_point(views, validate: float | None, metrics_summary, metrics_para
 @analyze_app.command("replay")
 def analyze_replay(
     trace_path: Path = typer.Argument(..., metavar="TRACE", help="A route trace (CSV or Parquet)."),
-    budgets: str = typer.Option(
-        ",".join(map(str, replay_analysis.DEFAULT_BUDGETS_MIB)),
+    budgets: str | None = typer.Option(
+        None,
         "--budgets",
-        help="Cache budgets in MiB, comma-separated.",
+        help="Cache budgets in MiB, comma-separated (default: fractions of the model's expert "
+        "set and multiples of one token's experts, plus --validate's).",
     ),
     policies: str = typer.Option(
         ",".join(REFERENCE_POLICIES),
@@ -113,7 +114,9 @@ def analyze_replay(
     Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
     """
     check_format(fmt)
-    budget_list = replay_analysis.check_budgets(parse_numbers(budgets, "--budgets"))
+    budget_list = (
+        replay_analysis.check_budgets(parse_numbers(budgets, "--budgets")) if budgets else None
+    )
     names = replay_analysis.check_policies(policies.split(","))
     if plot is not None:
         from bmoe.render.plots import SUFFIXES
@@ -121,6 +124,8 @@ def analyze_replay(
         if plot.suffix.lower() not in SUFFIXES:
             raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
     trace = read_trace(trace_path)
+    if budget_list is None:
+        budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
     summary = params = None
     if metrics is not None:
         from bmoe.formats.metrics import read_metrics

@@ -15,8 +15,11 @@ _KINDS = ("metrics", "route", "compute", "io")
 
 @app.command("report")
 def report_command(
-    path: Path = typer.Argument(
-        ..., help="A metrics CSV, a route / compute / io trace, or a sweep folder."
+    paths: list[Path] = typer.Argument(
+        ...,
+        metavar="PATH",
+        help="A metrics CSV, a route / compute / io trace, or a sweep folder; several sweep "
+        "folders give an index page with their trends and a page per sweep.",
     ),
     out: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file."),
     runs: list[str] = typer.Option(
@@ -37,9 +40,14 @@ def report_command(
     Example: bmoe report bench-data/2026-11-29-tiny-cache-lanes -o sweep.html
     Example: bmoe report run.csv -o run.html
     Example: bmoe report run.route.csv --metrics run.csv -o routing.html
+    Example: bmoe report bench-data/*-tiny-cache-lanes -o history.html
     """
     if out.suffix.lower() not in (".html", ".htm"):
         raise BmoeError(f"{out}: the report is HTML; name it .html")
+    if len(paths) > 1:
+        _history_pages(paths, out, outcome, title)
+        return
+    path = paths[0]
     with err_console.status(f"reading {path}"):
         if path.is_dir():
             text = _sweep_page(path, runs, outcome, title)
@@ -50,6 +58,32 @@ def report_command(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     err_console.print(f"wrote {out} ({len(text.encode('utf-8')) / 1024:.0f} KiB)", highlight=False)
+
+
+def _history_pages(paths: list[Path], out: Path, outcome: str, title: str | None) -> None:
+    """The index page at `out` and one page per sweep beside it (``<out stem>-<folder>.html``)."""
+    import bmoe
+    from bmoe.render import report as page
+
+    not_folders = [str(p) for p in paths if not p.is_dir()]
+    if not_folders:
+        raise BmoeError(f"several paths make a history of sweep folders; not a folder: "
+                        f"{', '.join(not_folders)}")  # fmt: skip
+    archives, links = {}, {}
+    for path in paths:
+        label = path.resolve().name
+        if label in archives:
+            raise BmoeError(f"{path}: two sweep folders named {label}")
+        archives[label] = bmoe.load_archive(path)
+        links[label] = f"{out.stem}-{label}.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with err_console.status("analysing the sweeps"):
+        for label, archive in archives.items():
+            text = page.sweep_report(archive, None, (), outcome)
+            (out.parent / links[label]).write_text(text, encoding="utf-8")
+        index = page.history_report(archives, links, outcome, title=title)
+    out.write_text(index, encoding="utf-8")
+    err_console.print(f"wrote {out} and {len(links)} sweep pages beside it", highlight=False)
 
 
 def _sweep_page(path: Path, runs: list[str], outcome: str, title: str | None) -> str:

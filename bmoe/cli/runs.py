@@ -65,10 +65,11 @@ def stall_command(
     tokens: bool = typer.Option(False, "--tokens", help="Also print the per-token rows."),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
 ) -> None:
-    """Where each token's time went: compute (cpu_ms / threads, an upper-bound proxy), flash
-    wait (io_ms serial, stall_ms under overlap), cache mgmt, and the unattributed remainder of
-    the wall time; not rescaled to 100 %. Falls back to the compute_ms residual, labelled,
-    where cpu_ms is unmeasured.
+    """Where each token's time went, in parts that add up to the wall time: flash wait (io_ms
+    serial, stall_ms under overlap), cache mgmt, compute (cpu_ms / threads, up to the wall the
+    waits left) and the unattributed remainder (off-CPU). Busy time beyond the wall (the I/O
+    lanes' and other threads' CPU during the waits) is shown apart as overlapped. Falls back to
+    the compute_ms residual, labelled, where cpu_ms is unmeasured.
 
     Example: bmoe analyze stall run.csv --plot run-stall.png
     """

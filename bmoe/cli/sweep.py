@@ -178,14 +178,19 @@ def analyze_sweep_command(
     ),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
     plots: Path | None = typer.Option(
-        None, "--plots", help="Also write one figure per outcome against each axis here."
+        None,
+        "--plots",
+        help="Also write, in this folder, the outcome against the main axis (one line per "
+        "value of another axis, the spread across repeats shown).",
     ),
 ) -> None:
-    """Rank a sweep's cells, show each outcome against each axis, flag contaminated cells
-    and check for order effects.
+    """Say whether the ranking of a sweep's cells is settled (and why not), compare
+    neighbours in the ranking with intervals, show how stable each cell is, each outcome
+    against each axis, contaminated cells and drift with execution order.
 
-    Example: bmoe analyze sweep bench-data/2026-07-30-tiny-embedded
-    (or: bmoe analyze sweep sweeps/tiny-embedded.toml, for its latest folder)
+    Example: bmoe analyze sweep bench-data/2026-11-29-tiny-cache-lanes
+    Example: bmoe analyze sweep bench-data/2026-11-29-tiny-cache-lanes --plots plots/
+    (or: bmoe analyze sweep sweeps/bench-tiny-cache-lanes.toml, for its latest folder)
     """
     check_format(fmt)
     from bmoe.analyze.sweep import analyze_sweep
@@ -206,12 +211,28 @@ def analyze_sweep_command(
     text = render(views, fmt, console)
     if text is not None:
         console.out(text, end="")
+    else:  # the terminal: the verdict again where the eye lands, after the tables
+        console.print(views["verdict"]["verdict"], highlight=False, soft_wrap=True)
     if plots is not None:
-        from bmoe.analyze.sweep import axis_effects
-        from bmoe.render.plots import save_figure
-        from bmoe.render.plots.sweep import plot_axis_effects
+        _answer_plots(results, outcome, plots)
 
-        effects = axis_effects(results)
-        for name, fig in plot_axis_effects(effects):
-            path = save_figure(fig, plots / f"{name}.png")
-            err_console.print(f"wrote {path}", highlight=False)
+
+def _answer_plots(results, outcome: str, folder: Path) -> None:
+    """The outcome against the main axis, one line per value of another (one figure per
+    combination of any further axes); by axis value when no axis is numeric."""
+    from bmoe.analyze import sweep as sw
+    from bmoe.render.plots import save_figure
+    from bmoe.render.plots.sweep import outcome_figures, plot_axis_effects
+
+    main = sw.main_axes(results)
+    if main is None:
+        effects = sw.axis_effects(results, [outcome])
+        figures = plot_axis_effects(effects[effects["n"] > 0])
+    else:
+        x, by = main
+        rest = [a for a in sw.axes_of(results) if a not in (x, by)]
+        ranked = sw.rank_cells(results, outcome)
+        figures = outcome_figures(ranked, sw.ok_attempts(results), outcome, x, by, rest)
+    for name, fig in figures:
+        path = save_figure(fig, folder / f"{name}.png")
+        err_console.print(f"wrote {path}", highlight=False)

@@ -54,6 +54,7 @@ nav a { color: inherit; }
 div.caveats { background: var(--warn); border-left: 4px solid var(--warnline);
               padding: .5em 1em; margin: .8em 0; border-radius: 0 6px 6px 0; }
 div.caveats ul { margin: .3em 0; padding-left: 1.2em; }
+p.verdict { font-size: 1.05em; font-weight: 600; }
 div.caveats.none { background: var(--head); border-left-color: var(--line); }
 div.scroll { overflow: auto; max-height: 36em; border: 1px solid var(--line);
              border-radius: 4px; margin: .4em 0 1em; }
@@ -353,14 +354,16 @@ def run_sections(
     report.figures(att.figures(), None, view="stall attribution method")
     report.table(
         att.summary, None, DIGITS, view="stall attribution",
-        notes=["compute is cpu_ms / threads (an upper-bound proxy) unless said otherwise; "
-               "the bars are not rescaled to 100 % of the wall."],
+        notes=["flash wait, cache mgmt, compute and unattributed add up to the wall (waits "
+               "first, then compute up to what they left); compute is cpu_ms / threads unless "
+               "said otherwise; overlapped is busy time that ran alongside the waits, not "
+               "wall time."],
     )  # fmt: skip
     if len(att.tokens):
         memory = memory_picture(run)
         report.figure(
             stall_figure(att.tokens, memory, title=f"{name}: stall attribution",
-                         compute_label=att.compute_source),
+                         compute_label=att.compute_source),  # the parts stack to the wall
             "where each token's time went (and the memory picture, when recorded)",
         )  # fmt: skip
     if output is not None and getattr(output, "figures", None):
@@ -596,9 +599,10 @@ def _views(
 
 
 def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> None:
-    """An archived sweep: what ran, caveats (contamination, failures, order), the ranking,
-    the outcome over the axes with its spread across repeats, stall attribution per cell,
-    the axis table, order checks, and the recorded hit rates against their replay."""
+    """An archived sweep: what ran, the verdict and its caveats, the ranking with its
+    neighbours compared, stability per cell, the outcome over the axes with its spread across
+    repeats, stall attribution per cell, the axis table, both order checks, and the recorded
+    hit rates against their replay."""
     from bmoe.analyze import sweep as sw
     from bmoe.analyze.stall import stall_by_run
     from bmoe.render.plots import sweep as plots
@@ -606,16 +610,17 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
 
     results = archive.cells
     axes = archive.axes
-    if outcome not in results:
-        from bmoe.errors import BmoeError
-
-        known = ", ".join(o for o in sw.OUTCOMES if o in results)
-        raise BmoeError(f"{archive.root}: no outcome {outcome!r} in its cells (try: {known})")
-    views = sw.analyze_sweep(results, outcome)
+    sw.check_outcome(results, outcome, archive.root)
     ok = sw.ok_attempts(results)
-    ranked = views[f"cells ranked by {outcome}"]
     runs = archive.metrics_runs()
     stall = sw.per_cell(results, stall_by_run(runs)) if runs else None
+    traced = [r.run for r in archive.runs() if any(r.has(k) for k in TRACE_KINDS)]
+    # The verdict from the results alone (off-CPU estimated from their per-run figures), as
+    # the terminal and summary.md give it, so the three never disagree.
+    views = sw.analyze_sweep(results, outcome, traced=traced)
+    verdict = sw.sweep_verdict(results, outcome, traced=traced,
+                               contamination_flags=views["contamination"])  # fmt: skip
+    ranked = views[f"cells ranked by {outcome}"]
 
     report.heading("What ran")
     n_cells = results["cell"].nunique() if "cell" in results else 0
@@ -638,13 +643,34 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
         report.heading("sweep.toml (resolved)", 3)
         report.preformatted(archive.config_text)
 
-    report.heading("Caveats")
-    report.caveats(_sweep_caveats(archive, views, ok, ranked, stall))
+    report.heading("Verdict")
+    report.text(verdict.sentence, cls="verdict")
+    report.caveats(verdict.caveats)
 
     report.heading("Cells")
     report.table(views["attempts"], "attempts by target and status", view="attempts")
+    if ok.empty:
+        return
     report.table(ranked, f"cells ranked by {outcome}", DIGITS, view="ranking")
-    plot_axes = _plot_axes(results, axes) if archive.kind == "sweep" else None
+    if len(verdict.neighbours):
+        report.table(
+            verdict.neighbours, "neighbours in the ranking", {"ratio": 3, "ratio_low": 3,
+                                                              "ratio_high": 3},
+            view="neighbours",
+            notes=["ratio of the two means with its 95 % interval (Welch, log scale); "
+                   "'not distinguishable' when the interval includes 1"],
+        )  # fmt: skip
+    report.table(
+        verdict.stability, "stability per cell", {c: 1 for c in ("ci_pct", "cv_pct",
+                                                                 "drift_pct", "off_cpu_pct",
+                                                                 "cpu_pct")},
+        view="stability",
+        notes=["ci_pct: half-width of the 95 % interval of the mean, % of the mean; drift_pct: "
+               "reversed rounds against forward ones; off_cpu_pct: share of a token's wall "
+               "time neither compute nor a measured wait; cpu_pct: the engine's CPU time over "
+               "its wall time (100 = one core)"],
+    )  # fmt: skip
+    plot_axes = sw.main_axes(results, axes) if archive.kind == "sweep" else None
     if plot_axes and len(ranked):
         x, by = plot_axes
         report.figure(
@@ -662,26 +688,29 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
             stall, None, {c: 1 for c in stall.columns if c.endswith(("_ms", "_pct"))},
             view="stall by cell",
             notes=["ms per token and % of the wall, mean over each cell's completed repeats; "
-                   "compute is cpu_ms / threads (an upper-bound proxy)"],
+                   "compute, flash wait, cache mgmt and unattributed add up to the wall; "
+                   "overlapped is time the proxies counted that ran alongside the waits "
+                   "(not wall time)"],
         )  # fmt: skip
         report.figure(plots.stall_bars(stall), "where each cell's token time went")
 
     report.heading("Order and contamination")
-    report.figures(views["order effect"], "order effect", view="order effect")
+    report.text(ORDER_CHECKS)
+    report.figures(views["repeats against execution order"], "repeats against execution order",
+                   view="order effect")  # fmt: skip
     if "forward vs reversed rounds" in views:
         report.table(views["forward vs reversed rounds"], "forward vs reversed rounds",
                      DIGITS, view="reversed rounds")  # fmt: skip
-    if "contamination" in views:
-        flags = views["contamination"]
-        report.table(flags, "contamination tells", view="contamination")
-        unchecked = flags.attrs.get("not_checked", [])
-        if unchecked:
-            report.text("not checked: " + "; ".join(unchecked))
+    flags = views["contamination"]
+    report.table(flags, "contamination tells", view="contamination")
+    unchecked = flags.attrs.get("not_checked", [])
+    if unchecked:
+        report.text("not checked: " + "; ".join(unchecked))
 
-    traced = archive.with_file("route")
-    if traced:
+    traced_runs = archive.with_file("route")
+    if traced_runs:
         report.heading("Recorded hit rate against the replay")
-        table = _replay_checks(traced)
+        table = _replay_checks(traced_runs)
         report.table(
             table, None, {c: 2 for c in table.columns if c.endswith("_pct_decode") or
                           c.endswith("_pct_cum") or c.endswith("cache_hit_pct")},
@@ -691,79 +720,18 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
         )  # fmt: skip
 
 
-def _plot_axes(results: pd.DataFrame, axes: Sequence[str]) -> tuple[str, str | None] | None:
-    """The axis to put on x (the numeric one with most values) and the one to draw lines by."""
-    numeric = [a for a in axes if pd.to_numeric(results[a], errors="coerce").notna().all()]
-    if not numeric:
-        return None
-    x = max(numeric, key=lambda a: results[a].nunique())
-    others = [a for a in axes if a != x]
-    by = min(others, key=lambda a: results[a].nunique()) if others else None
-    return x, by
+#: Trace kinds whose recording slows a run (its timings are instrumented).
+TRACE_KINDS = ("route", "compute", "compute_layers", "io")
 
-
-#: Repeats of a cell disagree when their coefficient of variation exceeds this (%).
-NOISY_CV_PCT = 25.0
-#: A cell measured the device more than its configuration when off-CPU time is this much of
-#: its wall time (%).
-UNATTRIBUTED_PCT = 50.0
-
-
-def _sweep_caveats(
-    archive,
-    views: Mapping[str, Any],
-    ok: pd.DataFrame,
-    ranked: pd.DataFrame,
-    stall: pd.DataFrame | None,
-) -> list[str]:
-    results = archive.cells
-    lines: list[str] = []
-    if len(ranked) and "cv_pct" in ranked:
-        noisy = ranked[pd.to_numeric(ranked["cv_pct"], errors="coerce") > NOISY_CV_PCT]
-        if len(noisy):
-            lines.append(
-                f"{len(noisy)} of {len(ranked)} cells have repeats that disagree by more than "
-                f"{NOISY_CV_PCT:g} % (coefficient of variation up to "
-                f"{noisy['cv_pct'].max():.0f} %): the ranking between them is not settled"
-            )
-    if stall is not None and "unattributed_pct" in stall:
-        off_cpu = stall[stall["unattributed_pct"] > UNATTRIBUTED_PCT]
-        if len(off_cpu):
-            lines.append(
-                f"in {len(off_cpu)} of {len(stall)} cells more than {UNATTRIBUTED_PCT:g} % of "
-                "a token's wall time is unattributed (off-CPU: waiting for a core, swap-in, "
-                "frequency caps): those figures measure the device as much as the configuration"
-            )
-    if "status" in results:
-        failed = results[results["status"] != "ok"]
-        if len(failed):
-            counts = failed["status"].value_counts().to_dict()
-            lines.append(
-                f"{len(failed)} attempt(s) did not complete ("
-                + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
-            )  # fmt: skip
-    flags = views.get("contamination")
-    if flags is not None:
-        for row in flags.itertuples(index=False):
-            lines.append(f"contamination ({row.tell}): {row.evidence} [cells: {row.cells}]")
-    order = views.get("order effect") or {}
-    p = order.get("p_value")
-    if p is not None and p < 0.05:
-        lines.append(
-            f"{order['outcome']} tracks the execution order (Spearman rho "
-            f"{order['spearman_rho']}, p = {p}): later runs did systematically differently"
-        )
-    traced = [r for r in archive.runs() if any(r.has(k) for k in ("route", "compute", "io"))]
-    if traced:
-        lines.append(
-            f"{len(traced)} completed run(s) recorded traces: their timings are instrumented, "
-            "not benchmark figures"
-        )
-    if "partial" in ok and ok["partial"].astype(bool).any():
-        lines.append("some completed runs say they are partial")
-    if archive.kind == "loose":
-        lines.append("loose files: the execution order is guessed from file modification times")
-    return lines
+#: Why the page shows two order checks.
+ORDER_CHECKS = (
+    "Two checks look at the execution order. 'Repeats against execution order' compares each "
+    "cell's repeats with each other (the rank correlation of each repeat's ratio to its cell's "
+    "mean with its position): it needs repeats and assumes nothing about the configuration. "
+    "The contamination tell 'execution_order' looks across cells, fitting the configuration's "
+    "main effects and testing the position on top: it works with one run per cell but trusts "
+    "that additive model. Either firing means the machine changed while the sweep ran."
+)
 
 
 def _replay_checks(runs) -> pd.DataFrame:
@@ -834,9 +802,62 @@ def sweep_report(
     return report.html()
 
 
+def history_report(
+    archives: Mapping[str, Any],
+    links: Mapping[str, str] | None = None,
+    outcome: str = "tok_s_mean",
+    threshold_pct: float = 5.0,
+    title: str | None = None,
+) -> str:
+    """The index page for several sweeps (`archives`: label -> archive): each sweep with its
+    verdict and a link to its own page (`links`: label -> file name), the outcome per cell
+    across the sweeps as a trend plot and a table, and the steps between consecutive sweeps
+    with the regressions into the newest one."""
+    from bmoe.analyze import history as hist
+    from bmoe.analyze import sweep as sw
+    from bmoe.render.plots.sweep import trend_lines
+    from bmoe.render.runs import DIGITS
+
+    sweeps = {label: archive.cells for label, archive in archives.items()}
+    report = Report(title or f"Sweep history: {len(sweeps)} sweeps", ", ".join(sweeps))
+    views = hist.history(sweeps, outcome, threshold_pct)
+    lined = hist.line_up(sweeps, outcome)
+    step_table = hist.steps(lined, outcome, threshold_pct)
+    found = hist.regressions(step_table)
+
+    report.heading("Regressions")
+    report.caveats([f"regression: {s}" for s in found["sentence"]],
+                   f"Beyond {threshold_pct:g} % into the newest sweep")  # fmt: skip
+    report.heading("Sweeps")
+    table = views["sweeps"].copy()
+    table["verdict"] = [sw.sweep_verdict(sweeps[label], outcome).sentence
+                        for label in table["sweep"]]  # fmt: skip
+    report.table(table, None, view="sweeps")
+    for label in table["sweep"]:
+        if links and label in links:
+            report.parts.append(
+                f'<p><a href="{_esc(links[label])}">{_esc(label)}: the full report</a></p>'
+            )
+    report.heading("Trends")
+    if len(lined):
+        caption = f"{outcome} per cell across the sweeps: mean, min-max over repeats"
+        report.figure(trend_lines(lined, outcome), caption)
+    report.table(views[f"{outcome} per cell and sweep"], f"{outcome} per cell and sweep",
+                 DIGITS, view="trend")  # fmt: skip
+    report.table(
+        views["steps between sweeps"], "steps between sweeps",
+        {"change_pct": 1, "ratio": 3, "ratio_low": 3, "ratio_high": 3}, view="steps",
+        notes=["ratio: after / before in the better direction (above 1 is better), with its "
+               "95 % interval; a regression is worse than the threshold with the interval "
+               "below 1 (or, for single runs, worse than the threshold)"],
+    )  # fmt: skip
+    return report.html()
+
+
 __all__ = [
     "Report",
     "compute_sections",
+    "history_report",
     "io_sections",
     "replay_sections",
     "route_sections",

@@ -53,6 +53,10 @@ def _stack(ax, x: np.ndarray, tokens: pd.DataFrame, compute_label: str) -> None:
         base = base + values
     width = 0.9 if len(tokens) <= 400 else 0.5
     ax.step(x, tokens["wall_ms"].to_numpy(), where="mid", color="black", lw=width, label="wall")
+    if "overlapped_ms" in tokens:
+        overlapped = float(np.nan_to_num(tokens["overlapped_ms"].to_numpy(dtype=float)).mean())
+        if overlapped > 0:  # a legend entry only: it is not wall time
+            ax.plot([], [], " ", label=f"overlapped (not stacked): {overlapped:.3g} ms/token")
 
 
 def stall_figure(
@@ -64,8 +68,9 @@ def stall_figure(
 ) -> Figure:
     """Stacked per-token attribution (compute, flash wait, mgmt, unattributed) with the wall
     time as a line; below it, when `memory` has columns beyond ``step``, the memory picture
-    over the same steps. The bars are not rescaled: where they rise above the wall line the
-    components overlap (compute is an upper-bound proxy)."""
+    over the same steps. The parts partition the wall (:func:`bmoe.analyze.stall.
+    partition_wall`), so the stack meets the wall line and never rises above it; busy time
+    that overlapped the waits is stated under the axes instead of stacked."""
     has_memory = memory is not None and any(c in memory for c in MEMORY_STYLE)
     if has_memory:
         fig, (ax, mem_ax) = new_figure(
@@ -80,7 +85,7 @@ def stall_figure(
     ax.set_xlim(0.5, len(tokens) + 0.5)
     ax.set_ylim(bottom=0)
     ax.grid(axis="y", alpha=0.3)
-    _legend_above(ax, ncol=5)
+    _legend_above(ax, ncol=3)
     ax.set_title(title or "Where each token's time went", loc="left", fontsize=11, pad=22)
     if mem_ax is not None:
         memory_axes(mem_ax, memory)

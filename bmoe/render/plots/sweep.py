@@ -1,10 +1,11 @@
-"""Sweep figures: each outcome against each axis, an outcome over two axes with its spread
-across repeats, and where each cell's token time went."""
+"""Sweep figures: the outcome against the main axis with one line per value of another and
+its spread across repeats (the figure that answers the sweep's question), each outcome
+against each axis, and where each cell's token time went."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -78,6 +79,41 @@ def outcome_lines(
     return fig
 
 
+def outcome_figures(
+    ranked: pd.DataFrame,
+    attempts: pd.DataFrame,
+    outcome: str,
+    x: str,
+    by: str | None,
+    rest: Sequence[str] = (),
+) -> Iterator[tuple[str, Figure]]:
+    """The figures that answer a sweep's question: `outcome` against `x`, one line per value
+    of `by`, spread across repeats shown (:func:`outcome_lines`); one figure per combination
+    of the `rest` of the axes, so no line mixes cells. Yields ``(name, figure)``."""
+    stem = f"{outcome}-by-{x}" + (f"-and-{by}" if by else "")
+    if not rest:
+        yield _safe(stem), outcome_lines(ranked, x, by, outcome=outcome, attempts=attempts)
+        return
+    keys = list(rest)
+    for values, part in ranked.groupby(keys, sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        where = "_".join(f"{k}-{v}" for k, v in zip(keys, values, strict=True))
+        mask = np.ones(len(attempts), dtype=bool)
+        for k, v in zip(keys, values, strict=True):
+            mask &= (attempts[k].astype(str) == str(v)).to_numpy()
+        fig = outcome_lines(part, x, by, outcome=outcome, attempts=attempts[mask])
+        fig.axes[0].set_title(
+            fig.axes[0].get_title() + "\n" + ", ".join(
+                f"{k} = {v}" for k, v in zip(keys, values, strict=True)),
+            fontsize=10,
+        )  # fmt: skip
+        yield _safe(f"{stem}-{where}"), fig
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
 STALL_PARTS = (
     ("compute_ms", "compute", "#4C72B0"),
     ("flash_ms", "flash wait", "#DD8452"),
@@ -109,4 +145,33 @@ def stall_bars(table: pd.DataFrame, label: str = "cell") -> Figure:
     ax.set_xlabel("ms per token (mean over the cell's repeats)")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    return fig
+
+
+def trend_lines(lined: pd.DataFrame, outcome: str = "tok_s_mean") -> Figure:
+    """The outcome per cell across sweeps, oldest first: each cell's mean per sweep joined by
+    a line, its min-max over the repeats as whiskers (from
+    :func:`bmoe.analyze.history.line_up`)."""
+    order = lined.attrs.get("sweeps") or list(dict.fromkeys(lined["sweep"]))
+    position = {s: i for i, s in enumerate(order)}
+    cells = list(dict.fromkeys(lined["cell"]))
+    fig, ax = new_figure(max(6.0, 1.4 * len(order) + 4.0), 4.8)
+    cmap = colormaps["viridis"]
+    for i, cell in enumerate(cells):
+        part = lined[lined["cell"] == cell]
+        offset = 0.3 * (i / max(1, len(cells) - 1) - 0.5) if len(cells) > 1 else 0.0
+        x = part["sweep"].map(position).to_numpy(float) + offset
+        mean = part["mean"].to_numpy(float)
+        low = mean - part["min"].to_numpy(float)
+        high = part["max"].to_numpy(float) - mean
+        ax.errorbar(x, mean, yerr=[low, high], fmt="o-", capsize=3, lw=1.2, markersize=4,
+                    color=cmap(i / max(1, len(cells) - 1)), label=cell)  # fmt: skip
+    labels = [s if len(s) <= 28 else s[:27] + "…" for s in order]
+    ax.set_xticks(range(len(order)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(outcome)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if len(cells) <= 16:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    ax.set_title(f"{outcome} per cell across sweeps (mean, min-max over repeats)", fontsize=10)
     return fig

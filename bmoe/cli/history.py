@@ -1,0 +1,80 @@
+"""``bmoe history DIR...``: the same cells across archived sweeps, trends and regressions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bmoe.cli import app, console, err_console
+from bmoe.errors import BmoeError
+
+
+@app.command("history")
+def history_command(
+    folders: list[Path] = typer.Argument(
+        ..., help="Sweep folders (bench-data/<date>-<name>), two or more, in any order."
+    ),
+    outcome: str = typer.Option("tok_s_mean", "--outcome", help="The figure to follow."),
+    threshold: str = typer.Option(
+        "5%", "--threshold", help="A step worse than this (and its interval) is a regression."
+    ),
+    fail_on_regression: str | None = typer.Option(
+        None,
+        "--fail-on-regression",
+        metavar="PCT",
+        help="Exit 1 when a cell got worse than this into the newest sweep (for CI), e.g. 5%.",
+    ),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Draw the outcome per cell across the sweeps (.png/.svg/.pdf)."
+    ),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json or markdown."),
+) -> None:
+    """Line up the same cells (by their axis values) across sweeps ordered by when they
+    started: the outcome per cell and sweep with the engine that ran it, the change first to
+    last, every step between consecutive sweeps as a ratio with its 95 % interval, and the
+    regressions into the newest sweep.
+
+    Example: bmoe history old-sweep/ new-sweep/ --plot trend.png
+    Example (CI): bmoe history bench-data/*-tiny-cache-lanes --fail-on-regression 5%
+    """
+    from bmoe.analyze import history as hist
+    from bmoe.render.tables import FORMATS, render
+    from bmoe.sweep.archive import load_results
+
+    if fmt not in FORMATS:
+        raise BmoeError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    limits = {}
+    for name, text in (("--threshold", threshold), ("--fail-on-regression", fail_on_regression)):
+        if text is None:
+            continue
+        try:
+            limits[name] = hist.parse_threshold(text)
+        except ValueError:
+            raise BmoeError(f"{name} {text!r}: give a percentage such as 5%") from None
+    gate = limits.get("--fail-on-regression")
+    limit = gate if gate is not None else limits["--threshold"]
+    if len(folders) < 2:
+        raise BmoeError("history needs two or more sweep folders")
+    sweeps = {}
+    for folder in folders:
+        label = folder.name or str(folder)
+        if label in sweeps:
+            label = str(folder)
+        sweeps[label] = load_results(folder)
+    views = hist.history(sweeps, outcome, limit)
+    text = render(views, fmt, console)
+    if text is not None:
+        console.out(text, end="")
+    lined = hist.line_up(sweeps, outcome)
+    if plot is not None:
+        from bmoe.render.plots import save_figure
+        from bmoe.render.plots.sweep import trend_lines
+
+        err_console.print(f"wrote {save_figure(trend_lines(lined, outcome), plot)}")
+    found = hist.regressions(hist.steps(lined, outcome, limit))
+    for row in found.itertuples(index=False):
+        err_console.print(f"[bold yellow]REGRESSION[/] {row.sentence}", highlight=False,
+                          soft_wrap=True)  # fmt: skip
+    if gate is not None and len(found):
+        raise typer.Exit(1)
