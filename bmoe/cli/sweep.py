@@ -80,11 +80,9 @@ def sweep_command(
     Resume after a crash or Ctrl-C: bmoe sweep sweeps/tiny-embedded.toml --resume
     (or: bmoe sweep bench-data/2026-07-30-tiny-embedded)
     """
-    from bmoe.render.progress import LiveProgress, PlainProgress
-    from bmoe.sweep.archive import CONFIG, Archive, find_latest, folder_name, write_atomic
+    from bmoe.sweep.archive import CONFIG, find_latest, new_folder
     from bmoe.sweep.config import load_config, resolved_toml
     from bmoe.sweep.plan import make_plan
-    from bmoe.sweep.runner import run_sweep
 
     folder: Path | None = None
     if config.is_dir():
@@ -100,8 +98,29 @@ def sweep_command(
         if folder is None:
             raise BmoeError(f"no earlier folder of sweep {cfg.settings.name!r} under {root}")
     if dry_run:
-        _dry_run(cfg, plan, folder or (root / folder_name(cfg.settings.name)))
+        _dry_run(cfg, plan, folder or new_folder(root, cfg.settings.name))
         return
+    from contextlib import ExitStack
+
+    from bmoe.sweep.lock import folder_lock, name_lock
+
+    locks = ExitStack()
+    try:
+        # One runner per sweep: refused before anything in a folder is touched.
+        locks.enter_context(name_lock(folder.parent if folder else root, cfg.settings.name))
+        if folder is not None:
+            locks.enter_context(folder_lock(folder))
+        _run_locked(cfg, plan, folder, root, text, plain)
+    finally:
+        locks.close()
+
+
+def _run_locked(cfg, plan, folder: Path | None, root: Path, text: str, plain: bool) -> None:
+    from bmoe.render.progress import LiveProgress, PlainProgress
+    from bmoe.sweep.archive import CONFIG, Archive, write_atomic
+    from bmoe.sweep.lock import folder_lock
+    from bmoe.sweep.runner import run_sweep
+
     if folder is not None:
         archive = Archive.open(folder)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
@@ -118,12 +137,12 @@ def sweep_command(
     sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)
     interrupted = False
     outcome = None
-    with sink:
+    with folder_lock(archive.root), sink:
         try:
             outcome = run_sweep(cfg, plan, archive, sink=sink)
         except KeyboardInterrupt:
             interrupted = True
-    _write_summary(archive.root)
+        _write_summary(archive.root)
     if interrupted:
         err_console.print(f"interrupted; resume with: bmoe sweep {archive.root}", highlight=False)
         raise typer.Exit(130)
@@ -159,7 +178,11 @@ def _write_summary(root: Path) -> None:
         return
     views = analyze_sweep(results)
     title = f"# Sweep {results.attrs.get('name') or root.name}\n\n"
-    write_atomic(root / SUMMARY, title + render_markdown(views))
+    try:
+        write_atomic(root / SUMMARY, title + render_markdown(views))
+    except OSError as exc:
+        err_console.print(f"could not write {root / SUMMARY}: {exc.strerror or exc}",
+                          highlight=False, markup=False)  # fmt: skip
 
 
 @analyze_app.command("sweep")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import queue
 import socket
@@ -92,7 +93,30 @@ def _command_for(run: Run, target: Target, ctx: CellContext, run_dir: str) -> li
     outputs = output_files(params)
     model = target.model_path(str(params["model"]), ctx.config.settings.base_dir)
     engine = ctx.config.settings.engine
-    return target.engine_program(engine) + engine_args(params, outputs, model=model)
+    args = engine_args(params, outputs, model=model)
+    if engine == "embedded":
+        args = attached_values(args)
+    return target.engine_program(engine) + args
+
+
+def attached_values(args: list[str]) -> list[str]:
+    """`args` with every flag value that starts with '-' attached as ``--flag=value``, so
+    that a prompt such as ``--help`` reaches the embedded engine as a prompt, not a flag."""
+    from bmoe.engine.embedded.config import _VALUE
+
+    long_of = {short: long for long, name in _VALUE.items() if long.startswith("--")
+               for short, same in _VALUE.items() if same == name}  # fmt: skip
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in long_of and i + 1 < len(args) and args[i + 1].startswith("-"):
+            out.append(f"{long_of[arg]}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
 
 
 def planned_command(run: Run, target: Target, ctx: CellContext) -> str:
@@ -116,17 +140,36 @@ class _Log:
 
 
 def _pump(stream, sink_file: Path, on_line: Callable[[bytes], None] | None) -> threading.Thread:
+    """Copy `stream` into `sink_file` line by line on a thread. A write that fails (disk
+    full) stops the copy but not the draining (the engine never blocks on a full pipe); the
+    error is kept on the thread as ``error`` for the attempt to raise."""
+
     def work() -> None:
-        with open(sink_file, "ab") as out:
-            for line in iter(stream.readline, b""):
-                out.write(line)
-                out.flush()
-                if on_line is not None:
-                    with contextlib.suppress(Exception):  # never stop the capture
-                        on_line(line)
+        out = None
+        try:
+            out = open(sink_file, "ab")  # noqa: SIM115 (closed below)
+        except OSError as exc:
+            thread.error = exc
+        for line in iter(stream.readline, b""):
+            if out is not None:
+                try:
+                    out.write(line)
+                    out.flush()
+                except OSError as exc:
+                    thread.error = exc
+                    with contextlib.suppress(OSError):
+                        out.close()
+                    out = None
+            if on_line is not None:
+                with contextlib.suppress(Exception):  # never stop the capture
+                    on_line(line)
+        if out is not None:
+            with contextlib.suppress(OSError):
+                out.close()
         stream.close()
 
     thread = threading.Thread(target=work, daemon=True)
+    thread.error = None  # type: ignore[attr-defined]
     thread.start()
     return thread
 
@@ -208,8 +251,11 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
                 break
         for pump in pumps:
             pump.join(timeout=30)
+        for pump in pumps:
+            if getattr(pump, "error", None) is not None:
+                raise pump.error  # type: ignore[attr-defined]
         wanted = [*output_files(run.cell.params).values(), "pressure.samples"]
-        fetched = target.fetch(run_dir, wanted, staging)
+        fetched, damaged = target.fetch_checked(run_dir, wanted, staging)
         missing = sorted(set(wanted) - set(fetched) - {"pressure.samples"})
         samples_path = staging / "pressure.samples"
         if samples_path.is_file():
@@ -223,6 +269,8 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
         elif exit_code != 0:
             status = "crashed"
             error = f"engine exited with status {exit_code}"
+        elif damaged:
+            status, error = "invalid", f"transfer check: {'; '.join(damaged)}"
         elif missing:
             status, error = "invalid", f"missing output: {', '.join(missing)}"
         else:
@@ -292,15 +340,29 @@ def run_unit(
 ) -> None:
     """Run the runs of `unit` back to back on `target` (turns of one engine process in
     session mode), archiving each attempt and passing its record to `emit`."""
-    if unit.session:
-        from bmoe.sweep.sessions import run_session_unit
+    try:
+        if unit.session:
+            from bmoe.sweep.sessions import run_session_unit
 
-        run_session_unit(unit, target, ctx, emit)
-        return
-    for run in unit.runs:
-        if ctx.stop.is_set():
+            run_session_unit(unit, target, ctx, emit)
             return
-        run_with_retries(run, target, ctx, emit)
+        for run in unit.runs:
+            if ctx.stop.is_set():
+                return
+            run_with_retries(run, target, ctx, emit)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        ctx.stop.set()  # the other targets end their attempts too
+        where = f" writing {exc.filename}" if exc.filename else ""
+        raise DiskFull(
+            f"{ctx.archive.root}: no space left on the device{where}; the sweep stopped "
+            f"(free space, then resume with: bmoe sweep {ctx.archive.root})"
+        ) from None
+
+
+class DiskFull(BmoeError):
+    """The sweep folder's filesystem is full: the sweep stops (completed runs are kept)."""
 
 
 class Executor(Protocol):
@@ -370,6 +432,7 @@ class LocalExecutor:
             thread.start()
         alive = len(threads)
         interrupted = False
+        failure: BaseException | None = None
         while alive:
             try:
                 item = results.get(timeout=0.25)
@@ -383,10 +446,14 @@ class LocalExecutor:
             if item is done_marker:
                 alive -= 1
             elif isinstance(item, BaseException):
+                # Stop the other targets and wait for their attempts to be archived (no
+                # engine left running, no thread dying mid-write); then raise the first.
                 stop.set()
-                raise item
+                failure = failure or item
             else:
                 yield item
+        if failure is not None:
+            raise failure
         if interrupted:
             raise KeyboardInterrupt
 
@@ -424,7 +491,7 @@ def prepare_resume(archive: Archive, plan: Plan, sink: ProgressSink) -> set[str]
     a folder that no longer validates is set aside and its run is done again.
     """
     manifest = archive.manifest()
-    ok_in_manifest = {(r["run"], r["attempt"]) for r in manifest if r.get("status") == "ok"}
+    ok_in_manifest = {(r.get("run"), r.get("attempt")) for r in manifest if r.get("status") == "ok"}
     for killed in archive.clear_stale_staging():
         cell = killed.parent.name
         rep, attempt = killed.name.split(".")[0], int(killed.name.split(".")[1][1:])
@@ -434,17 +501,30 @@ def prepare_resume(archive: Archive, plan: Plan, sink: ProgressSink) -> set[str]
                 killed.relative_to(archive.root)), "ended": now_iso(),
         })  # fmt: skip
         sink.message(f"{cell}/{rep} attempt {attempt}: the sweep was killed while it ran")
+    ok_attempts: dict[str, set[Any]] = {}
+    for run_id, attempt in ok_in_manifest:
+        ok_attempts.setdefault(run_id, set()).add(attempt)
     done: set[str] = set()
     for run in plan.runs:
         ok, why = archive.validate_run(run.id)
         if ok:
             done.add(run.id)
-            record = archive.completed_record(run.id)
-            if record and (run.id, record.get("attempt")) not in ok_in_manifest:
+            record = archive.completed_record(run.id) or {}
+            attempt = record.get("attempt")
+            if ok_attempts.get(run.id, set()) - {attempt}:
+                # At most one ok per run: the folder's attempt is the one that counts.
+                archive.retract_ok(run.id, "another attempt of this run is the completed one",
+                                   keep_attempt=attempt)  # fmt: skip
+            if record and (run.id, attempt) not in ok_in_manifest:
                 archive.append_manifest(record)
         elif archive.run_final(run.id).exists():
             moved = archive.set_aside(run.id, why)
+            archive.retract_ok(run.id, why, moved_to=moved)
             sink.message(f"{run.id}: {why}; set aside as {moved.name if moved else '?'}, rerun")
+        elif run.id in ok_attempts:
+            why = "its folder is missing"
+            archive.retract_ok(run.id, why)
+            sink.message(f"{run.id}: {why}; rerun")
     return done
 
 
@@ -462,6 +542,24 @@ def run_sweep(
     On KeyboardInterrupt the running engines are stopped, their attempts archived as
     ``interrupted``, the results written, and the interrupt re-raised.
     """
+    from bmoe.sweep.lock import folder_lock
+
+    with folder_lock(archive.root) as lock:  # one runner per folder (on the driver)
+        if lock.stale:
+            sink_ = sink or NullSink()
+            sink_.message(f"took over the lock left by pid {lock.stale.get('pid')} on host "
+                          f"{lock.stale.get('host')}, which is gone")  # fmt: skip
+        return _run_sweep_locked(config, plan, archive, sink, executor, stop)
+
+
+def _run_sweep_locked(
+    config: SweepConfig,
+    plan: Plan,
+    archive: Archive,
+    sink: ProgressSink | None,
+    executor: Executor | None,
+    stop: threading.Event | None,
+) -> SweepOutcome:
     sink = sink or NullSink()
     stop = stop or threading.Event()
     executor = executor or executor_for(config)
@@ -492,7 +590,11 @@ def run_sweep(
         for target in targets:
             with contextlib.suppress(Exception):
                 target.close()
-        finish_results(archive, plan, config)
+        try:
+            finish_results(archive, plan, config)
+        except OSError as exc:
+            sink.message(f"could not write results.parquet: {exc.strerror or exc} "
+                         f"(bmoe analyze sweep rebuilds it from the manifest)")  # fmt: skip
     return SweepOutcome(archive.root, records, len(done), total, interrupted)
 
 

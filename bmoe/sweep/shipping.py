@@ -323,9 +323,15 @@ class Receiver:
     def _record(self, delivery: Delivery, record: dict[str, Any]) -> dict[str, Any]:
         run, files = self._open(delivery, record["run"], int(record["attempt"]))
         del delivery.open[(run.id, int(record["attempt"]))]
+        listing = record.get("files")
         for key in ("files", "dir"):
             record.pop(key, None)
         record.setdefault("node", delivery.node)
+        problem = delivery_problem(files.staging, listing, record.get("status") == "ok")
+        if problem is not None:
+            earlier = record.get("error")
+            record["status"] = "invalid"
+            record["error"] = f"delivery check: {problem}" + (f"; {earlier}" if earlier else "")
         record = self.archive.finalize(files, printable(record))
         delivery.statuses[run.id] = record["status"]
         delivery.lost.discard(run.id)
@@ -372,12 +378,47 @@ class Receiver:
         return records
 
 
+def delivery_problem(staging: Path, listing: Any, complete: bool) -> str | None:
+    """Why the files that arrived in `staging` are not the attempt the host archived (None
+    when they are): every file the host listed, with its size and SHA-256, and for a run the
+    host called complete, a metrics CSV that reads as a finished run."""
+    from bmoe.sweep.archive import csv_complete, file_digest
+
+    if not isinstance(listing, Mapping):
+        return "the host sent no file listing" if complete else None
+    for name, meta in listing.items():
+        path = staging / str(name)
+        if not isinstance(meta, Mapping):
+            return f"bad listing entry for {name!r}"
+        if not path.is_file():
+            return f"{name} did not arrive"
+        size = path.stat().st_size
+        if size != meta.get("bytes"):
+            return f"{name}: {size} bytes arrived, the host wrote {meta.get('bytes')}"
+        if file_digest(path) != meta.get("sha256"):
+            return f"{name}: checksum differs from the host's"
+    if complete:
+        csv = staging / "run.csv"
+        if not csv.is_file():
+            return "no run.csv"
+        ok, why = csv_complete(csv)
+        if not ok:
+            return why
+    return None
+
+
 def _write_piece(folder: Path, item: Mapping[str, Any]) -> None:
     name = str(item["name"])
     if not _FILE_NAME.fullmatch(name) or name in (".", "..", RECORD):
         raise BmoeError(f"a farm host sent a file with a bad name: {name!r}")
     path = folder / name
+    offset = item.get("offset")
+    size = path.stat().st_size if path.exists() else 0
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= size:
+        # Pieces arrive in order: anything else would leave a hole (or a huge sparse file).
+        raise BmoeError(f"a farm host sent a piece of {name} at offset {offset!r} "
+                        f"(the file has {size} bytes)")  # fmt: skip
     mode = "r+b" if path.exists() else "wb"
     with open(path, mode) as fh:
-        fh.seek(int(item["offset"]))
+        fh.seek(offset)
         fh.write(item["data"])
