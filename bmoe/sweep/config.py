@@ -14,6 +14,7 @@ some targets may run, by tag), ``[pair]`` (cells run back to back on one target)
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -218,6 +219,8 @@ class _Checker:
     def number(self, value: Any, key: KeyPath, positive: bool = False) -> float:
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise self.fail(key, f"expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise self.fail(key, f"expected a finite number, got {value}")
         if positive and value <= 0:
             raise self.fail(key, f"must be greater than 0, got {value}")
         return float(value)
@@ -237,7 +240,24 @@ class _Checker:
             raise self.fail(key, "a list of values belongs in [grid] (one cell per value)")
         if not isinstance(value, str | int | float | bool):
             raise self.fail(key, f"expected a string, number or boolean, got {_describe(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(key, f"expected a finite number, got {value}")
         return value
+
+    def no_nul(self, value: Any, key: KeyPath) -> None:
+        """Refuse a NUL character anywhere in `value` (no command line or environment can
+        carry one: the run would fail mid-sweep)."""
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise self.fail(key, "contains a NUL character (\\u0000), which no command "
+                                "line or environment can carry")  # fmt: skip
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self.no_nul(k, (*key, k))
+                self.no_nul(v, (*key, k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.no_nul(v, (*key, i) if value and isinstance(v, dict) else key)
 
     def flag(self, name: str, value: Any, key: KeyPath) -> Scalar:
         """One engine flag value (or a cell meta key)."""
@@ -318,6 +338,7 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
     lines = key_lines(text)
     check = _Checker(path, lines)
     check.known(doc, TOP_KEYS, ())
+    check.no_nul(doc, ())
 
     if "sweep" not in doc:
         raise ConfigError(path, None, "sweep", "missing [sweep] table (with at least name)")
@@ -466,6 +487,8 @@ def _read_prompt_lines(
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise check.fail(key, f"cannot read {path}: {exc}") from None
+    if "\x00" in text:
+        raise check.fail(key, f"{path} contains a NUL character, which no command line can carry")
     prompts = [line for line in text.splitlines() if line.strip()]
     if not prompts:
         raise check.fail(key, f"{path} holds no prompt (one per line)")
@@ -562,6 +585,11 @@ def _targets(check: _Checker, value: Any, settings: SweepSettings) -> list[Targe
             if name in table:
                 sub = check.table(table[name], (*key, name))
                 kw[name] = {k: check.string(v, (*key, name, k)) for k, v in sub.items()}
+        for env_name in kw.get("env", {}):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env_name):
+                raise check.fail((*key, "env", env_name),
+                                 "an environment variable name is letters, digits and '_' "
+                                 "(not starting with a digit; no '=')")  # fmt: skip
         if "kill_strays" in table:
             kw["kill_strays"] = check.string(table["kill_strays"], (*key, "kill_strays"),
                                              KILL_MODES)  # fmt: skip
@@ -695,7 +723,8 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
 
 
 def resolved_toml(config: SweepConfig) -> str:
-    from bmoe.sweep.tomltext import dumps
+    from bmoe.sweep.tomltext import dumps, format_value
 
-    header = f"# resolved by bmoe sweep from {config.path}"
+    # The path as a TOML string: a newline (or anything else) in it cannot break the file.
+    header = f"# resolved by bmoe sweep from {format_value(str(config.path))}"
     return dumps(resolved_document(config), header=header)

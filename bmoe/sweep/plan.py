@@ -124,13 +124,15 @@ def expand(config: SweepConfig) -> list[Cell]:
         if "prompt_file" in params:
             source = params.pop("prompt_file")
             path = config.resolve_local(source)
+            where = (*origin, "prompt_file") if origin[0] == "cells" else ("base", "prompt_file")
             try:
                 params["prompt"] = Path(path).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
+                raise config.error(where, f"cannot read {path}: {exc}") from None
+            if "\x00" in params["prompt"]:
                 raise config.error(
-                    (*origin, "prompt_file") if origin[0] == "cells" else ("base", "prompt_file"),
-                    f"cannot read {path}: {exc}",
-                ) from None
+                    where, f"{path} contains a NUL character, which no command line can carry"
+                )
         if "model" not in params:
             raise config.error(origin, "no 'model' for this cell (set it in [base])")
         resolved.append((params, tags, origin))
