@@ -261,7 +261,7 @@ def test_a_config_path_with_a_newline_archives_a_config_that_loads_again(tmp_pat
 def test_a_prompt_that_looks_like_a_flag_reaches_the_embedded_engine_as_a_prompt(prompt):
     from bmoe.engine.embedded.config import parse_args
     from bmoe.engine.native import engine_args
-    from bmoe.sweep.runner import attached_values
+    from bmoe.sweep.flags import attached_values
 
     params = {"model": "m.gguf", "prompt": prompt, "n_predict": 3, "temp": -1.5}
     argv = attached_values(engine_args(params, {"csv": "run.csv"}))
@@ -279,3 +279,68 @@ def test_bmoe_run_takes_an_attached_help_prompt_as_a_prompt(capsys):
     assert main(["run", "--prompt=--help"]) == 2
     captured = capsys.readouterr()
     assert "model is required" in captured.err and "Usage" not in captured.out + captured.err
+
+
+EMBEDDED = """\
+[sweep]
+name = "t"
+engine = "embedded"
+
+[base]
+model = "m.gguf"
+"""
+
+
+def flags_error(text: str, tmp_path) -> ConfigError:
+    from bmoe.sweep.flags import check_flags
+    from bmoe.sweep.targets import open_target
+
+    cfg = config(text)
+    targets = [open_target(spec, tmp_path) for spec in cfg.targets]
+    with pytest.raises(ConfigError) as info:
+        check_flags(cfg, make_plan(cfg).cells, targets)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle", "key", "says"),
+    [
+        ("[grid]\nio_thread = [1, 2]\n", "io_thread", "grid.io_thread",
+         "--io-thread is not a flag of the embedded engine (did you mean 'io_threads'?)"),
+        ("overlap = true\n", "overlap", "base.overlap",
+         "--overlap is a native bmoe-cli flag the embedded engine does not implement"),
+        ("[[cells]]\ncache_mb = 1\n[[cells]]\ncache_mb = 2\nmtp = true\n", "mtp", "cells[1].mtp",
+         "does not implement"),
+        ("route_trace = true\n[grid]\ncache_mb = [1, 2]\n", "[grid]", "grid",
+         "--route-trace needs --moe-stream"),
+        ('[grid]\ndense_weights = ["mmap", "ahwb"]\n', "[grid]", "grid",
+         "implements mmap and warm only"),
+        ('[[targets]]\nname = "here"\nenv = { BMOE_OVERLAP = "1" }\n', "[base]", "base",
+         "BMOE_OVERLAP=1"),
+    ],
+)  # fmt: skip
+def test_embedded_flags_are_checked_against_its_own_table(tmp_path, extra, needle, key, says):
+    text = EMBEDDED + extra
+    err = flags_error(text, tmp_path)
+    assert err.key == key, str(err)
+    assert err.line == line_with(text, needle)
+    assert says in err.problem
+
+
+def test_native_flags_are_checked_against_the_binarys_help(tmp_path):
+    from sweep_helpers import install_fake_cli
+
+    from bmoe.sweep.flags import check_flags, native_flags
+    from bmoe.sweep.targets import open_target
+
+    fake = install_fake_cli(tmp_path / "bin")
+    text = BASE + f'cache_mb = 8\n[grid]\nio_thread = [1, 2]\n[[targets]]\nbinary = "{fake}"\n'
+    cfg = config(text)
+    targets = [open_target(spec, tmp_path) for spec in cfg.targets]
+    table = native_flags(targets[0])
+    assert table is not None and {"--cache-mb", "--io-threads", "-m"} <= table.known
+    with pytest.raises(ConfigError) as info:
+        check_flags(cfg, make_plan(cfg).cells, targets)
+    assert info.value.key == "grid.io_thread" and "did you mean 'io_threads'?" in str(info.value)
+    # Without probing the target (a farm's driver), native flags are not checked.
+    assert check_flags(cfg, make_plan(cfg).cells, targets, probe=False) == []

@@ -45,6 +45,24 @@ def _dry_run(config, plan, archive_root: Path) -> None:
             target.close()
 
 
+def _check_flags(config, plan) -> None:
+    """Every cell's flags against the engine on its targets (:mod:`bmoe.sweep.flags`)."""
+    import tempfile
+
+    from bmoe.sweep.flags import check_flags
+    from bmoe.sweep.targets import open_target
+
+    with tempfile.TemporaryDirectory(prefix="bmoe-check-") as state:
+        targets = [open_target(s, Path(state)) for s in config.targets]
+        try:
+            local = config.settings.executor == "local"
+            for note in check_flags(config, plan.cells, targets, probe=local):
+                err_console.print(f"note: {note}", highlight=False, markup=False)
+        finally:
+            for target in targets:
+                target.close()
+
+
 def _install_sigterm() -> None:
     def to_interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -73,6 +91,12 @@ def sweep_command(
         help="Plain log lines instead of the live display (automatic "
         "when stdout is not a terminal).",
     ),
+    keep_going: bool = typer.Option(
+        False,
+        "--keep-going",
+        help="Run the other cells when every attempt of a cell failed the same way "
+        "(default: stop the sweep with that error).",
+    ),
 ) -> None:
     """Run an engine across a grid of flags on one or more targets; archive every run.
 
@@ -97,6 +121,7 @@ def sweep_command(
         folder = find_latest(root, cfg.settings.name)
         if folder is None:
             raise BmoeError(f"no earlier folder of sweep {cfg.settings.name!r} under {root}")
+    _check_flags(cfg, plan)  # before the folder exists: a refused config leaves nothing
     if dry_run:
         _dry_run(cfg, plan, folder or new_folder(root, cfg.settings.name))
         return
@@ -110,12 +135,14 @@ def sweep_command(
         locks.enter_context(name_lock(folder.parent if folder else root, cfg.settings.name))
         if folder is not None:
             locks.enter_context(folder_lock(folder))
-        _run_locked(cfg, plan, folder, root, text, plain)
+        _run_locked(cfg, plan, folder, root, text, plain, keep_going)
     finally:
         locks.close()
 
 
-def _run_locked(cfg, plan, folder: Path | None, root: Path, text: str, plain: bool) -> None:
+def _run_locked(
+    cfg, plan, folder: Path | None, root: Path, text: str, plain: bool, keep_going: bool
+) -> None:
     from bmoe.render.progress import LiveProgress, PlainProgress
     from bmoe.sweep.archive import CONFIG, Archive, write_atomic
     from bmoe.sweep.lock import folder_lock
@@ -139,9 +166,13 @@ def _run_locked(cfg, plan, folder: Path | None, root: Path, text: str, plain: bo
     outcome = None
     with folder_lock(archive.root), sink:
         try:
-            outcome = run_sweep(cfg, plan, archive, sink=sink)
+            outcome = run_sweep(cfg, plan, archive, sink=sink, flags_checked=True,
+                                keep_going=keep_going)  # fmt: skip
         except KeyboardInterrupt:
             interrupted = True
+        except BmoeError:
+            _write_summary(archive.root)  # what completed is analysed all the same
+            raise
         _write_summary(archive.root)
     if interrupted:
         err_console.print(f"interrupted; resume with: bmoe sweep {archive.root}", highlight=False)

@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import errno
 import json
+import os
 import queue
 import socket
 import threading
@@ -28,6 +29,7 @@ from bmoe.errors import BmoeError
 from bmoe.formats.sidecar import write_pressure
 from bmoe.sweep.archive import Archive, RunFiles, csv_complete, results_frame, write_results
 from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.flags import attached_values, check_flags
 from bmoe.sweep.gate import (
     EntryState,
     parse_samples,
@@ -86,6 +88,10 @@ class CellContext:
     stop: threading.Event = field(default_factory=threading.Event)
     sink: ProgressSink = field(default_factory=NullSink)
     stop_grace_s: float = 3.0
+    #: Go on past a cell whose every attempt failed the same way (else the sweep stops).
+    keep_going: bool = True
+    #: Cells whose failure was already shown (the run.err tail is shown once per cell).
+    shown_failures: set[str] = field(default_factory=set)
 
 
 def _command_for(run: Run, target: Target, ctx: CellContext, run_dir: str) -> list[str]:
@@ -97,26 +103,6 @@ def _command_for(run: Run, target: Target, ctx: CellContext, run_dir: str) -> li
     if engine == "embedded":
         args = attached_values(args)
     return target.engine_program(engine) + args
-
-
-def attached_values(args: list[str]) -> list[str]:
-    """`args` with every flag value that starts with '-' attached as ``--flag=value``, so
-    that a prompt such as ``--help`` reaches the embedded engine as a prompt, not a flag."""
-    from bmoe.engine.embedded.config import _VALUE
-
-    long_of = {short: long for long, name in _VALUE.items() if long.startswith("--")
-               for short, same in _VALUE.items() if same == name}  # fmt: skip
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in long_of and i + 1 < len(args) and args[i + 1].startswith("-"):
-            out.append(f"{long_of[arg]}={args[i + 1]}")
-            i += 2
-            continue
-        out.append(arg)
-        i += 1
-    return out
 
 
 def planned_command(run: Run, target: Target, ctx: CellContext) -> str:
@@ -269,6 +255,9 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
         elif exit_code != 0:
             status = "crashed"
             error = f"engine exited with status {exit_code}"
+            last = err_tail(staging / "run.err", 1)
+            if last:
+                error = f"{error}: {last[-1]}"
         elif damaged:
             status, error = "invalid", f"transfer check: {'; '.join(damaged)}"
         elif missing:
@@ -320,18 +309,83 @@ class _Interrupted(Exception):
     pass
 
 
+#: Lines of run.err shown when a cell first fails.
+ERR_TAIL_LINES = 8
+#: Statuses that say the engine or its configuration failed (not the clock, not a stop).
+FAILED = ("crashed", "invalid", "error", "rejected")
+
+
+def err_tail(path: Path, lines: int = ERR_TAIL_LINES) -> list[str]:
+    """The last non-empty lines of an engine's stderr (bounded read, control characters
+    and the stand-in's argv echo left out)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 16384))
+            raw = fh.read()
+    except OSError:
+        return []
+    text = raw.decode("utf-8", "replace")
+    kept = []
+    for line in text.splitlines():
+        line = "".join(ch if ch.isprintable() else " " for ch in line).strip()
+        if line and not line.startswith("FAKE_ARGV "):
+            kept.append(line[:300])
+    return kept[-lines:]
+
+
+class CellFailed(BmoeError):
+    """Every attempt of a cell failed the same way: the sweep stops (``--keep-going`` not)."""
+
+
+def _failure_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    return (record.get("status"), record.get("exit_code"), record.get("error"))
+
+
+def _show_failure(run: Run, record: dict[str, Any], ctx: CellContext) -> None:
+    """The first failure of a cell: its error and the tail of its run.err, once."""
+    if record.get("status") not in FAILED or run.cell.id in ctx.shown_failures:
+        return
+    ctx.shown_failures.add(run.cell.id)
+    text = f"{run.id} attempt {record.get('attempt')}: {record.get('status')}"
+    if record.get("error"):
+        text += f": {record['error']}"
+    tail = err_tail(ctx.archive.root / str(record.get("dir")) / "run.err")
+    if tail:
+        text += "\n  run.err (last lines):\n" + "\n".join(f"    {line}" for line in tail)
+    ctx.sink.message(text)
+
+
 def run_with_retries(
     run: Run, target: Target, ctx: CellContext, emit: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
-    """Attempts until one completes, the retries are spent, or the sweep is stopped."""
+    """Attempts until one completes, the retries are spent, or the sweep is stopped.
+
+    Unless ``ctx.keep_going``, a run whose every attempt failed with the same error stops
+    the sweep (:class:`CellFailed`): a configuration mistake fails once, not in every cell.
+    """
     retries = ctx.config.settings.retries
     record: dict[str, Any] = {}
+    failures: list[tuple[Any, ...]] = []
     for _ in range(retries + 1):
         attempt = ctx.archive.next_attempt(run.id)
         record = run_attempt(run, attempt, target, ctx)
         emit(record)
+        _show_failure(run, record, ctx)
+        failures.append(_failure_key(record))
         if record["status"] not in RETRYABLE or ctx.stop.is_set():
             break
+    same = len(set(failures)) == 1 and failures[0][0] in FAILED
+    if same and not ctx.keep_going and not ctx.stop.is_set():
+        ctx.stop.set()
+        raise CellFailed(
+            f"{run.id}: every attempt ({len(failures)}) failed the same way: "
+            f"{record.get('status')}"
+            + (f": {record['error']}" if record.get("error") else "")
+            + f" (see {ctx.archive.root / str(record.get('dir'))}/run.err; "
+            "--keep-going runs the other cells anyway)"
+        )
     return record
 
 
@@ -536,8 +590,14 @@ def run_sweep(
     sink: ProgressSink | None = None,
     executor: Executor | None = None,
     stop: threading.Event | None = None,
+    flags_checked: bool = False,
+    keep_going: bool = False,
 ) -> SweepOutcome:
     """Run every run of `plan` not already complete in `archive`; write ``results.parquet``.
+
+    Before the first run every cell's flags are checked against the engine (unless the
+    caller did: `flags_checked`). A cell whose every attempt fails with the same error stops
+    the sweep with that error (:class:`CellFailed`) unless `keep_going`.
 
     On KeyboardInterrupt the running engines are stopped, their attempts archived as
     ``interrupted``, the results written, and the interrupt re-raised.
@@ -549,7 +609,9 @@ def run_sweep(
             sink_ = sink or NullSink()
             sink_.message(f"took over the lock left by pid {lock.stale.get('pid')} on host "
                           f"{lock.stale.get('host')}, which is gone")  # fmt: skip
-        return _run_sweep_locked(config, plan, archive, sink, executor, stop)
+        return _run_sweep_locked(
+            config, plan, archive, sink, executor, stop, flags_checked, keep_going
+        )
 
 
 def _run_sweep_locked(
@@ -559,11 +621,13 @@ def _run_sweep_locked(
     sink: ProgressSink | None,
     executor: Executor | None,
     stop: threading.Event | None,
+    flags_checked: bool,
+    keep_going: bool,
 ) -> SweepOutcome:
     sink = sink or NullSink()
     stop = stop or threading.Event()
     executor = executor or executor_for(config)
-    ctx = CellContext(config, archive, stop, sink)
+    ctx = CellContext(config, archive, stop, sink, keep_going=keep_going)
     done = prepare_resume(archive, plan, sink)
     units = []
     for unit in plan.units:
@@ -578,6 +642,10 @@ def _run_sweep_locked(
     try:
         usable = [t for t in targets if t.name in needed]
         executor.check(usable, ctx)
+        if not flags_checked:
+            local = config.settings.executor == "local"  # a farm's targets are not reachable
+            for note in check_flags(config, plan.cells, usable, probe=local):
+                sink.message(note)
         sink.sweep_started(total, len(done), [t.name for t in usable])
         try:
             for record in executor.execute(units, usable, ctx):

@@ -6,6 +6,7 @@ through like any unknown flag:
 
 --fake-mode ok|crash|crash-once|hang|badutf8   --fake-state DIR (crash-once's memory)
 --fake-delay S (seconds per token)
+-h / --help lists the flags it takes, as the native engine's help does.
 """
 
 import json
@@ -26,7 +27,16 @@ KNOWN = {
 }  # fmt: skip
 
 
+def usage():
+    lines = ["usage: bmoe-cli -m MODEL [options]"]
+    lines += [f"  {flag}{' VALUE' if takes else ''}" for flag, takes in KNOWN.items()]
+    sys.stdout.write("\n".join(lines) + "\n  -h, --help\n")
+
+
 def parse(argv):
+    if "-h" in argv or "--help" in argv:
+        usage()
+        sys.exit(0)
     opts = {}
     i = 0
     while i < len(argv):
