@@ -23,9 +23,12 @@ def _dry_run(config, plan, archive_root: Path) -> None:
     ctx = CellContext(config, archive)
     targets = {s.name: open_target(s, archive_root / ".state" / "targets") for s in config.targets}
     assigned = assign_targets(plan, config.targets)
+    s = config.settings
+    repeats = f"{s.repeats}-{s.max_repeats} (auto)" if s.adaptive else str(s.repeats)
+    warmup = f" + {s.warmup} warm-up" if s.warmup else ""
     console.print(
-        f"[bold]{config.settings.name}[/]: {len(plan.cells)} cells x {config.settings.repeats} "
-        f"repeats = {len(plan.runs)} runs, engine {config.settings.engine}, "
+        f"[bold]{config.settings.name}[/]: {len(plan.cells)} cells x {repeats} "
+        f"repeats{warmup} = {len(plan.runs)} runs, engine {config.settings.engine}, "
         f"order {config.settings.order}; folder {archive_root}",
         highlight=False,
     )

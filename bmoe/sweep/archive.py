@@ -209,7 +209,7 @@ class Archive:
         """Staging folders left by a sweep that was killed: renamed ``.killed`` for the record."""
         moved = []
         for staging in (self.root / CELLS).glob("*/.*.staging"):
-            m = re.match(r"\.(r\d+\.a\d+)\.staging$", staging.name)
+            m = re.match(r"\.([rw]\d+\.a\d+)\.staging$", staging.name)
             if not m:
                 continue
             dest = staging.parent / f"{m.group(1)}.killed"
@@ -419,6 +419,8 @@ def results_frame(root: Path) -> pd.DataFrame:
     params_keys: list[str] = []
     rows = []
     for record in records:
+        if not isinstance(record, dict) or record.get("warmup"):
+            continue  # warm-up runs stay in the archive, out of the results
         row: dict[str, Any] = {}
         for key in ("run", "cell", "repeat", "attempt", "order", "round", "reversed", "target",
                     "target_kind", "host", "node", "engine", "status", "exit_code", "started",

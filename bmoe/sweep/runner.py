@@ -168,6 +168,7 @@ def attempt_record(run: Run, attempt: int, target: TargetSpec, engine: str) -> d
         "target": target.name, "target_kind": target.kind, "engine": engine,
         "host": socket.gethostname(), "params": dict(run.cell.params),
         "axes": dict(run.cell.axes), "tags": sorted(run.cell.tags), "started": now_iso(),
+        **({"warmup": True} if run.warmup else {}),
     }  # fmt: skip
 
 
@@ -636,6 +637,8 @@ def _run_sweep_locked(
             units.append(Unit(runs, unit.tags, unit.session))
     targets = [open_target(spec, archive.state_dir / "targets") for spec in config.targets]
     needed = {t.name for t in targets if any(t.spec.can_run(u.tags) for u in units)}
+    if config.settings.adaptive:  # later rounds may run any cell
+        needed |= {t.name for t in targets if any(t.spec.can_run(u.tags) for u in plan.units)}
     records: list[dict[str, Any]] = []
     total = len(plan.runs)
     interrupted = False
@@ -650,6 +653,16 @@ def _run_sweep_locked(
         try:
             for record in executor.execute(units, usable, ctx):
                 records.append(record)
+            while config.settings.adaptive:
+                more = _next_round(config, plan, archive, ctx, total)
+                if more is None:
+                    break
+                runs = [run for unit in more for run in unit.runs]
+                total += len(runs)
+                sink.message(f"another round for {len({r.cell.id for r in runs})} cell(s) "
+                             "whose mean is not settled yet")  # fmt: skip
+                for record in executor.execute(more, usable, ctx):
+                    records.append(record)
         except KeyboardInterrupt:
             interrupted = True
             stop.set()
@@ -664,6 +677,38 @@ def _run_sweep_locked(
             sink.message(f"could not write results.parquet: {exc.strerror or exc} "
                          f"(bmoe analyze sweep rebuilds it from the manifest)")  # fmt: skip
     return SweepOutcome(archive.root, records, len(done), total, interrupted)
+
+
+def _next_round(
+    config: SweepConfig, plan: Plan, archive: Archive, ctx: CellContext, position: int
+) -> list[Unit] | None:
+    """The units of one more round for the cells whose mean tok/s is not yet within the
+    target interval (``repeats = "auto"``); None when every cell is settled or at its bound
+    (runs attempted, whatever their status), or the sweep was stopped."""
+    from bmoe.sweep.adaptive import cells_needing_more
+    from bmoe.sweep.plan import cell_groups, round_units
+
+    if ctx.stop.is_set():
+        return None
+    settings = config.settings
+    rounds: dict[str, int] = {}
+    for record in archive.manifest():
+        if record.get("warmup") or not isinstance(record.get("repeat"), int):
+            continue
+        cell = str(record.get("cell"))
+        rounds[cell] = max(rounds.get(cell, 0), record["repeat"])
+    ids = [c.id for c in plan.cells if rounds.get(c.id, 0) < settings.max_repeats]
+    need = set(cells_needing_more(results_frame(archive.root), ids, settings.target_interval))
+    if not need:
+        return None
+    round_no = min(rounds.get(c, 0) for c in need) + 1
+    groups = [g for g in cell_groups(config, plan.cells) if any(c.id in need for c in g)]
+    units = []
+    for unit in round_units(config, groups, round_no, position):
+        runs = tuple(r for r in unit.runs if r.cell.id in need or len(unit.runs) > 1)
+        if runs:
+            units.append(Unit(runs, unit.tags, unit.session))
+    return units or None
 
 
 def finish_results(archive: Archive, plan: Plan, config: SweepConfig) -> Path | None:

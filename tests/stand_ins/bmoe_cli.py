@@ -5,7 +5,7 @@ for the tests comes through flags the real engine does not have, which a driver 
 through like any unknown flag:
 
 --fake-mode ok|crash|crash-once|hang|badutf8   --fake-state DIR (crash-once's memory)
---fake-delay S (seconds per token)
+--fake-delay S (seconds per token)   --fake-jitter J (each run's token times x (1 + J * U[0,1)))
 -h / --help lists the flags it takes, as the native engine's help does.
 """
 
@@ -23,7 +23,7 @@ KNOWN = {
     "--csv": 1, "--route-trace": 1, "--compute-trace": 1, "--compute-trace-layers": 1,
     "--io-trace": 1, "--moe-stream": 0, "--cache-mb": 1, "--io-threads": 1, "--no-odirect": 0,
     "--load-all": 0, "--prefetch": 1, "--dense-weights": 1, "--chatml": 0, "--no-think": 0,
-    "--overlap": 0, "--fake-mode": 1, "--fake-state": 1, "--fake-delay": 1,
+    "--overlap": 0, "--fake-mode": 1, "--fake-state": 1, "--fake-delay": 1, "--fake-jitter": 1,
 }  # fmt: skip
 
 
@@ -118,6 +118,11 @@ def main():
         else:
             mode = "ok"
     base_wall = 4.0 / (1.0 + cache_mb / 8.0) + 0.5 * k
+    jitter = float(get(opts, "--fake-jitter", default="0"))
+    if jitter:
+        import random
+
+        base_wall *= 1.0 + jitter * random.random()
 
     def generate(n, turn, prompt, cancel_check=None):
         total = 0.0
