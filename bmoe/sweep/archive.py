@@ -427,6 +427,13 @@ def results_frame(root: Path) -> pd.DataFrame:
                     "ended", "duration_s", "error", "dir"):  # fmt: skip
             row[key] = record.get(key)
         row.update(record.get("entry_columns", {}))
+        row["engine_cpu_share"] = record.get("engine_cpu_share")
+        row["system_warnings"] = "; ".join(record.get("system_warnings") or []) or None
+        for key in ("model_sha256", "bmoe_version", "config_commit"):
+            row[key] = record.get(key)
+        machine = record.get("machine")
+        for key, value in machine.items() if isinstance(machine, dict) else ():
+            row[f"machine_{key}"] = value
         params = record.get("params", {})
         for key, value in params.items():
             if key not in params_keys:

@@ -38,6 +38,7 @@ from bmoe.sweep.gate import (
     wait_for_gate,
 )
 from bmoe.sweep.plan import Plan, Run, Unit
+from bmoe.sweep.system import MachineFacts, engine_cpu_share, system_warnings
 from bmoe.sweep.targets import Target, TargetError, open_target
 
 RETRYABLE = ("crashed", "timeout", "invalid", "error")
@@ -92,6 +93,10 @@ class CellContext:
     keep_going: bool = True
     #: Cells whose failure was already shown (the run.err tail is shown once per cell).
     shown_failures: set[str] = field(default_factory=set)
+    #: Machine metadata for the records, found once per sweep.
+    facts: MachineFacts = field(default_factory=MachineFacts)
+    #: Kinds of system warning already shown (each once per sweep).
+    shown_warnings: set[str] = field(default_factory=set)
 
 
 def _command_for(run: Run, target: Target, ctx: CellContext, run_dir: str) -> list[str]:
@@ -201,6 +206,7 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
         log(f"entry state: {json.dumps(entry.to_json())}")
         if ctx.stop.is_set():
             raise _Interrupted
+        record.update(_facts(run, target, ctx))
         run_dir = target.run_dir(staging, f"{archive.root.name}/{run.id}.a{attempt}")
         target.prepare(run_dir)
         argv = _command_for(run, target, ctx, run_dir)
@@ -277,6 +283,16 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     except BmoeError as exc:
         status, error = "error", str(exc)
     duration = time.monotonic() - t0
+    share = engine_cpu_share(staging / "run.csv") if status == "ok" else None
+    temp = record.get("pressure", {}).get("cpu_temp_max_mC")
+    warnings = system_warnings(entry, share, temp / 1000.0 if temp is not None else None)
+    record.update({"engine_cpu_share": share, "system_warnings": warnings})
+    for warning in warnings:
+        log(f"warning: {warning}")
+        kind = warning.rsplit(": ", 1)[-1]
+        if kind not in ctx.shown_warnings:
+            ctx.shown_warnings.add(kind)
+            ctx.sink.message(f"{run.id} on {target.name}: {warning} (results may vary)")
     state = follower.state
     record.update({
         "ended": now_iso(), "duration_s": round(duration, 3), "status": status,
@@ -291,6 +307,16 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     record = archive.finalize(files, printable(record))
     ctx.sink.run_finished(target.name, run, record)
     return record
+
+
+def _facts(run: Run, target: Target, ctx: CellContext) -> dict[str, Any]:
+    """Machine metadata for a run's record (never a reason for a run to fail)."""
+    settings = ctx.config.settings
+    try:
+        model = target.model_path(str(run.cell.params["model"]), settings.base_dir)
+        return ctx.facts.record_fields(target, settings.engine, model, settings.base_dir)
+    except Exception as exc:  # metadata is best effort
+        return {"machine": {}, "facts_error": f"{type(exc).__name__}: {exc}"}
 
 
 def printable(value: Any) -> Any:
@@ -628,7 +654,8 @@ def _run_sweep_locked(
     sink = sink or NullSink()
     stop = stop or threading.Event()
     executor = executor or executor_for(config)
-    ctx = CellContext(config, archive, stop, sink, keep_going=keep_going)
+    facts = MachineFacts(archive.state_dir / "model-digests.json")
+    ctx = CellContext(config, archive, stop, sink, keep_going=keep_going, facts=facts)
     done = prepare_resume(archive, plan, sink)
     units = []
     for unit in plan.units:

@@ -6,7 +6,8 @@ through like any unknown flag:
 
 --fake-mode ok|crash|crash-once|hang|badutf8   --fake-state DIR (crash-once's memory)
 --fake-delay S (seconds per token)   --fake-jitter J (each run's token times x (1 + J * U[0,1)))
--h / --help lists the flags it takes, as the native engine's help does.
+-h / --help lists the flags it takes, as the native engine's help does; --version alone
+prints a version line.
 """
 
 import json
@@ -36,6 +37,9 @@ def usage():
 def parse(argv):
     if "-h" in argv or "--help" in argv:
         usage()
+        sys.exit(0)
+    if argv == ["--version"]:
+        sys.stdout.write("fake-bmoe-cli 0.1 (build stand-in)\n")
         sys.exit(0)
     opts = {}
     i = 0
