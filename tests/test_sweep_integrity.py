@@ -312,3 +312,21 @@ def test_a_full_disk_stops_the_sweep_with_one_clear_error(tmp_path, monkeypatch,
     results = pd.read_parquet(archive.root / "results.parquet")
     assert results["status"].tolist() == ["ok"]  # what completed is in the results
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_output_capture_on_a_full_disk_keeps_draining_without_a_thread_traceback(monkeypatch):
+    import io
+    import threading
+
+    from bmoe.sweep.runner import _pump
+
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: hooked.append(args))
+    lines = [f"BMOE_PROGRESS {i}\n".encode() for i in range(1000)]
+    seen = []
+    thread = _pump(io.BytesIO(b"".join(lines)), Path("/dev/full"), seen.append)
+    thread.join(timeout=30)
+    assert not thread.is_alive() and hooked == []
+    assert thread.error.errno == errno.ENOSPC
+    assert seen == lines  # the engine's pipe was drained to the end

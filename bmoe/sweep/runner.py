@@ -339,7 +339,7 @@ class _Interrupted(Exception):
 #: Lines of run.err shown when a cell first fails.
 ERR_TAIL_LINES = 8
 #: Statuses that say the engine or its configuration failed (not the clock, not a stop).
-FAILED = ("crashed", "invalid", "error", "rejected")
+FAILED = ("crashed", "invalid", "error")
 
 
 def err_tail(path: Path, lines: int = ERR_TAIL_LINES) -> list[str]:
@@ -370,7 +370,7 @@ def _failure_key(record: dict[str, Any]) -> tuple[Any, ...]:
     return (record.get("status"), record.get("exit_code"), record.get("error"))
 
 
-def _show_failure(run: Run, record: dict[str, Any], ctx: CellContext) -> None:
+def show_failure(run: Run, record: dict[str, Any], ctx: CellContext) -> None:
     """The first failure of a cell: its error and the tail of its run.err, once."""
     if record.get("status") not in FAILED or run.cell.id in ctx.shown_failures:
         return
@@ -394,26 +394,36 @@ def run_with_retries(
     """
     retries = ctx.config.settings.retries
     record: dict[str, Any] = {}
-    failures: list[tuple[Any, ...]] = []
+    records: list[dict[str, Any]] = []
     for _ in range(retries + 1):
         attempt = ctx.archive.next_attempt(run.id)
         record = run_attempt(run, attempt, target, ctx)
         emit(record)
-        _show_failure(run, record, ctx)
-        failures.append(_failure_key(record))
+        show_failure(run, record, ctx)
+        records.append(record)
         if record["status"] not in RETRYABLE or ctx.stop.is_set():
             break
-    same = len(set(failures)) == 1 and failures[0][0] in FAILED
-    if same and not ctx.keep_going and not ctx.stop.is_set():
-        ctx.stop.set()
-        raise CellFailed(
-            f"{run.id}: every attempt ({len(failures)}) failed the same way: "
-            f"{record.get('status')}"
-            + (f": {record['error']}" if record.get("error") else "")
-            + f" (see {ctx.archive.root / str(record.get('dir'))}/run.err; "
-            "--keep-going runs the other cells anyway)"
-        )
+    check_same_failure(run, records, ctx)
     return record
+
+
+def check_same_failure(run: Run, records: list[dict[str, Any]], ctx: CellContext) -> None:
+    """Stop the sweep (:class:`CellFailed`) when every one of a run's attempts (`records`)
+    failed with the same error, unless ``ctx.keep_going``."""
+    keys = {_failure_key(r) for r in records}
+    if len(keys) != 1 or records[0].get("status") not in FAILED:
+        return
+    if ctx.keep_going or ctx.stop.is_set():
+        return
+    ctx.stop.set()
+    record = records[-1]
+    raise CellFailed(
+        f"{run.id}: every attempt ({len(records)}) failed the same way: "
+        f"{record.get('status')}"
+        + (f": {record['error']}" if record.get("error") else "")
+        + f" (see {ctx.archive.root / str(record.get('dir'))}/run.err; "
+        "--keep-going runs the other cells anyway)"
+    )
 
 
 def run_unit(

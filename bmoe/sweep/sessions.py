@@ -267,22 +267,28 @@ def run_session_unit(
 ) -> None:
     """Sessions over the unit's runs until each completed, was rejected, or spent its
     retries; runs a dead session did not reach get a new one."""
-    from bmoe.sweep.runner import RETRYABLE
+    from bmoe.sweep.runner import RETRYABLE, check_same_failure, show_failure
 
     retries = ctx.config.settings.retries
     tries: dict[str, int] = {r.id: 0 for r in unit.runs}
+    failures: dict[str, list[dict[str, Any]]] = {r.id: [] for r in unit.runs}
     pending = list(unit.runs)
     while pending and not ctx.stop.is_set():
         collected: list[dict[str, Any]] = []
         unreached = run_session(pending, target, ctx, collected.append)
+        by_id = {r.id: r for r in pending}
         for record in collected:
             emit(record)
+            if record["run"] in by_id:
+                show_failure(by_id[record["run"]], record, ctx)
         again = []
         for record in collected:
             tries[record["run"]] += 1
+            failures.setdefault(record["run"], []).append(record)
             if record["status"] in RETRYABLE and tries[record["run"]] <= retries:
                 again.append(record["run"])
-        by_id = {r.id: r for r in pending}
+            elif record["run"] in by_id:
+                check_same_failure(by_id[record["run"]], failures[record["run"]], ctx)
         nxt = [by_id[i] for i in again] + [r for r in unreached if r.id not in again]
         if not collected and nxt == pending:
             break  # the session could not start at all; do not loop forever
