@@ -330,3 +330,16 @@ def test_output_capture_on_a_full_disk_keeps_draining_without_a_thread_traceback
     assert not thread.is_alive() and hooked == []
     assert thread.error.errno == errno.ENOSPC
     assert seen == lines  # the engine's pipe was drained to the end
+
+
+def test_manifest_lines_that_are_not_records_do_not_stop_a_resume(tmp_path):
+    cfg = make_sweep(tmp_path, "cache_mb = [0, 8]")
+    root = run(cfg).root
+    with open(root / "manifest.jsonl", "a") as fh:
+        fh.write('[1, 2]\n"text"\n{"run": 3, "status": "ok"}\n')
+        fh.write('{"run": "c/r9", "params": [1], "status": "ok", "attempt": "x", "repeat": 9}\n')
+    run(cfg, Archive.open(root))  # nothing to run again, and no internal error
+    results = pd.read_parquet(root / "results.parquet")
+    assert (results["status"] == "ok").sum() == 2
+    crafted = results[results["run"] == "c/r9"].iloc[0]
+    assert crafted["status"] == "invalid" and crafted["attempt"] == "x"  # kept, as text

@@ -190,7 +190,7 @@ class Archive:
             return dict(self._attempts)
 
     def _note_attempt(self, record: Mapping[str, Any]) -> None:
-        if self._attempts is None:
+        if self._attempts is None or not isinstance(record, Mapping):
             return
         run, attempt = record.get("run"), record.get("attempt")
         if isinstance(run, str) and isinstance(attempt, int) and not isinstance(attempt, bool):
@@ -419,22 +419,25 @@ def results_frame(root: Path) -> pd.DataFrame:
     params_keys: list[str] = []
     rows = []
     for record in records:
-        if not isinstance(record, dict) or record.get("warmup"):
+        if not isinstance(record, dict) or not isinstance(record.get("run"), str):
+            continue  # not the record of an attempt (a damaged line)
+        if record.get("warmup"):
             continue  # warm-up runs stay in the archive, out of the results
         row: dict[str, Any] = {}
         for key in ("run", "cell", "repeat", "attempt", "order", "round", "reversed", "target",
                     "target_kind", "host", "node", "engine", "status", "exit_code", "started",
                     "ended", "duration_s", "error", "dir"):  # fmt: skip
             row[key] = record.get(key)
-        row.update(record.get("entry_columns", {}))
+        row.update(_mapping(record.get("entry_columns")))
         row["engine_cpu_share"] = record.get("engine_cpu_share")
-        row["system_warnings"] = "; ".join(record.get("system_warnings") or []) or None
+        warnings = record.get("system_warnings")
+        row["system_warnings"] = "; ".join(map(str, warnings)) if warnings else None
         for key in ("model_sha256", "bmoe_version", "config_commit"):
             row[key] = record.get(key)
         machine = record.get("machine")
         for key, value in machine.items() if isinstance(machine, dict) else ():
             row[f"machine_{key}"] = value
-        params = record.get("params", {})
+        params = _mapping(record.get("params"))
         for key, value in params.items():
             if key not in params_keys:
                 params_keys.append(key)
@@ -445,15 +448,19 @@ def results_frame(root: Path) -> pd.DataFrame:
             row["error"] = "its run.csv is missing or unreadable"
         for key, value in figures.items():
             row[key if key not in row else f"summary_{key}"] = _flat(value)
-        for key, value in record.get("pressure", {}).items():
+        for key, value in _mapping(record.get("pressure")).items():
             row.setdefault(key, value)
-        for key, value in (record.get("stream") or {}).items():
+        for key, value in _mapping(record.get("stream")).items():
             row.setdefault(f"stream_{key}", _flat(value))
         rows.append(row)
     _one_ok_per_run(rows)
     frame = pd.DataFrame(rows)
     frame.attrs["params"] = params_keys
     return frame
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _one_ok_per_run(rows: list[dict[str, Any]]) -> None:
@@ -508,6 +515,7 @@ def _summary_for(root: Path, record: Mapping[str, Any]) -> dict[str, Any]:
 
 def write_results(root: Path, frame: pd.DataFrame, axes: list[str], name: str) -> Path:
     """``results.parquet`` (atomically), with the axes and parameters in schema metadata."""
+    frame = _uniform_columns(frame)
     table = pa.Table.from_pandas(frame, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[b"bmoe_sweep"] = json.dumps(
@@ -521,6 +529,19 @@ def write_results(root: Path, frame: pd.DataFrame, axes: list[str], name: str) -
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     return path
+
+
+def _uniform_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with each object column holding one type (mixed values, from a damaged or
+    hand-edited manifest, become text) so that it can be written as Parquet."""
+    out = frame.copy()
+    out.attrs = dict(frame.attrs)
+    for name in out.select_dtypes(include="object").columns:
+        column = out[name]
+        kinds = column.dropna().map(type).unique()
+        if len(kinds) > 1:
+            out[name] = column.map(lambda v: v if v is None else str(v))
+    return out
 
 
 def load_results(root: Path) -> pd.DataFrame:

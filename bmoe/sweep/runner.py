@@ -581,7 +581,7 @@ def prepare_resume(archive: Archive, plan: Plan, sink: ProgressSink) -> set[str]
     folder missing from the manifest (killed between rename and append) gets its line back;
     a folder that no longer validates is set aside and its run is done again.
     """
-    manifest = archive.manifest()
+    manifest = [r for r in archive.manifest() if isinstance(r, dict)]
     ok_in_manifest = {(r.get("run"), r.get("attempt")) for r in manifest if r.get("status") == "ok"}
     for killed in archive.clear_stale_staging():
         cell = killed.parent.name
@@ -730,7 +730,9 @@ def _next_round(
     settings = config.settings
     rounds: dict[str, int] = {}
     for record in archive.manifest():
-        if record.get("warmup") or not isinstance(record.get("repeat"), int):
+        if not isinstance(record, dict) or record.get("warmup"):
+            continue
+        if not isinstance(record.get("repeat"), int):
             continue
         cell = str(record.get("cell"))
         rounds[cell] = max(rounds.get(cell, 0), record["repeat"])
