@@ -536,7 +536,7 @@ def _uniform_columns(frame: pd.DataFrame) -> pd.DataFrame:
     hand-edited manifest, become text) so that it can be written as Parquet."""
     out = frame.copy()
     out.attrs = dict(frame.attrs)
-    for name in out.select_dtypes(include="object").columns:
+    for name in [c for c in out.columns if pd.api.types.is_object_dtype(out[c].dtype)]:
         column = out[name]
         kinds = column.dropna().map(type).unique()
         if len(kinds) > 1:
