@@ -128,6 +128,7 @@ def run_unit_away(
     node: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     state_dir: Path | None = None,
+    keep_going: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """Run `unit` on this host (where `target_spec` is reachable) and yield its messages.
 
@@ -136,9 +137,10 @@ def run_unit_away(
     already holds (their numbers are not reused); `stopped` says whether the driver stopped
     the sweep (asked every :data:`STOP_POLL_S`). Each attempt's files leave the scratch folder
     as soon as they are shipped. `state_dir` is where the target keeps its state (default
-    :func:`host_state_dir`).
+    :func:`host_state_dir`). Without `keep_going`, a run whose every attempt failed the same
+    way ends the unit with a ``cell_failed`` message (the driver stops the sweep).
     """
-    from bmoe.sweep.runner import run_unit
+    from bmoe.sweep.runner import CellFailed, run_unit
 
     scratch = Path(tempfile.mkdtemp(prefix="bmoe-farm-"))
     target = None
@@ -150,7 +152,7 @@ def run_unit_away(
                 (archive.root / SESSIONS / name).mkdir(parents=True, exist_ok=True)
         events: queue.Queue = queue.Queue()
         stop = threading.Event()
-        ctx = CellContext(config, archive, stop, _HostSink(events))
+        ctx = CellContext(config, archive, stop, _HostSink(events), keep_going=keep_going)
         target = open_target(target_spec, state_dir or host_state_dir(sweep_name))
         yield {"kind": "hello", "host": socket.gethostname(), "node": node, "pid": os.getpid()}
         finished = object()
@@ -158,6 +160,8 @@ def run_unit_away(
         def work() -> None:
             try:
                 run_unit(unit, target, ctx, lambda r: events.put({"kind": "_record", "record": r}))
+            except CellFailed as exc:
+                events.put({"kind": "cell_failed", "error": str(exc)})
             except BaseException as exc:  # reported to the driver, never lost in a thread
                 events.put({"kind": "failed", "error": f"{type(exc).__name__}: {exc}"})
             finally:
@@ -252,6 +256,8 @@ class Receiver:
         self.archive = archive
         self.config = config
         self.sink = sink
+        #: Why the sweep must stop: a run whose every attempt failed the same way on a host.
+        self.cell_failed: str | None = None
 
     def receive(self, delivery: Delivery, item: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Take one message; returns the records of the attempts it completed (archived)."""
@@ -281,6 +287,10 @@ class Receiver:
             self.sink.message(f"{name}: {item.get('text')}")
         elif kind == "failed":
             return self.fail(delivery, "error", f"on host {delivery.host}: {item.get('error')}")
+        elif kind == "cell_failed":
+            # The executor stops the sweep, lets the other hosts end their attempts, then
+            # raises this.
+            self.cell_failed = self.cell_failed or f"{item.get('error')} (on host {delivery.host})"
         return []
 
     def _open(self, delivery: Delivery, run_id: str, attempt: int) -> tuple[Run, RunFiles]:
