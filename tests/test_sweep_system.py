@@ -30,6 +30,7 @@ policy4=1200000
 gov_policy4=performance
 hwmax_policy4=2400000
 load1=3.50
+runnable=4
 ncpu=8
 """
 
@@ -38,15 +39,17 @@ def test_the_entry_state_reads_governor_caps_load_and_cpus():
     state = parse_state(STATE)
     assert state.governor == {"policy0": "schedutil", "policy4": "performance"}
     assert state.hardware_max_freq_khz == {"policy0": 1800000, "policy4": 2400000}
-    assert (state.load_1m, state.cpus) == (3.5, 8)
+    assert (state.load_1m, state.busy_tasks, state.cpus) == (3.5, 3, 8)  # not the probe
     columns = state.columns()
     assert columns["entry_governor"] == "performance,schedutil"
-    assert (columns["entry_load_1m"], columns["entry_cpus"]) == (3.5, 8)
+    assert (columns["entry_load_1m"], columns["entry_busy_tasks"], columns["entry_cpus"]) == (
+        3.5, 3, 8)  # fmt: skip
     # The probe itself, here: this machine's load and CPU count.
     out = subprocess.run(["sh", "-c", STATE_SCRIPT], capture_output=True, text=True).stdout
     here = parse_state(out)
     assert here.cpus == os.cpu_count()
     assert here.load_1m == pytest.approx(os.getloadavg()[0], abs=2.0)
+    assert here.busy_tasks is not None and here.busy_tasks >= 0
 
 
 def test_warnings_name_what_makes_a_run_unreliable():
@@ -55,12 +58,16 @@ def test_warnings_name_what_makes_a_run_unreliable():
     text = "\n".join(warnings)
     assert "CPU governor schedutil (not performance)" in text
     assert "capped below the hardware maximum (policy4)" in text
-    assert "load average 3.5 on 8 CPUs" not in text  # below half the CPUs
+    assert "other tasks" not in text  # 3 others on 8 CPUs: below half of them
     assert "the engine got 17% of a CPU" in text
     assert "CPU reached 86 °C" in text
-    busy = parse_state("load1=9.8\nncpu=2\n")
-    assert any("load average 9.8 on 2 CPUs" in w for w in system_warnings(busy, 1.0, 40.0))
-    quiet = EntryState(governor={"policy0": "performance"}, load_1m=0.1, cpus=4)
+    busy = parse_state("load1=9.8\nrunnable=4\nncpu=2\n")
+    assert system_warnings(busy, 1.0, 40.0) == [
+        "3 other tasks were running on 2 CPUs before the run: other work competes for the CPUs"
+    ]
+    calm = parse_state("load1=9.8\nrunnable=2\nncpu=2\n")  # a high load from our own last run
+    assert system_warnings(calm, 1.0, 40.0) == []
+    quiet = EntryState(governor={"policy0": "performance"}, load_1m=0.1, busy_tasks=0, cpus=4)
     assert system_warnings(quiet, cpu_share=0.98, cpu_temp_max_c=50.0) == []
     assert system_warnings(EntryState(), None, None) == []  # nothing read, nothing said
 

@@ -57,7 +57,8 @@ hwm() {
 
 #: Prints the entry state: ``cpu_mC=``, ``avail_kb=``, then ``policyN=<scaling_max_freq kHz>``,
 #: ``gov_policyN=<scaling_governor>``, ``hwmax_policyN=<cpuinfo_max_freq kHz>``, the 1-minute
-#: load average ``load1=`` and the online CPUs ``ncpu=`` (what pyperf's system check reads).
+#: load average ``load1=``, the tasks runnable at that instant ``runnable=`` (this script
+#: included) and the online CPUs ``ncpu=`` (what pyperf's system check reads).
 STATE_SCRIPT = (
     PROBES
     + r"""
@@ -72,7 +73,10 @@ for p in /sys/devices/system/cpu/cpufreq/policy*; do
   read h < "$p/cpuinfo_max_freq" 2>/dev/null && echo "hwmax_${p##*/}=$h"
 done
 l1=
-read l1 rest < /proc/loadavg 2>/dev/null && echo "load1=$l1"
+if read l1 l5 l15 tasks rest < /proc/loadavg 2>/dev/null; then
+  echo "load1=$l1"
+  echo "runnable=${tasks%/*}"
+fi
 n=0
 while read k rest; do
   [ "$k" = processor ] && n=$((n+1))
@@ -127,6 +131,7 @@ class EntryState:
     governor: dict[str, str] = field(default_factory=dict)  # policy -> scaling_governor
     hardware_max_freq_khz: dict[str, int] = field(default_factory=dict)  # cpuinfo_max_freq
     load_1m: float | None = None
+    busy_tasks: int | None = None  # other tasks runnable when the state was read
     cpus: int | None = None
     waited_s: float = 0.0
     gave_up: bool = False
@@ -143,6 +148,7 @@ class EntryState:
             "entry_gave_up": self.gave_up,
             "entry_governor": ",".join(sorted(set(self.governor.values()))) or None,
             "entry_load_1m": self.load_1m,
+            "entry_busy_tasks": self.busy_tasks,
             "entry_cpus": self.cpus,
         }
         for policy, khz in sorted(freqs.items()):
@@ -181,6 +187,8 @@ def parse_state(text: str) -> EntryState:
         elif key == "load1":
             with contextlib.suppress(ValueError):
                 state.load_1m = float(value)
+        elif key == "runnable" and number is not None:
+            state.busy_tasks = max(0, number - 1)  # not the probe itself
         elif key == "ncpu" and number:
             state.cpus = number
         elif key == "cpu_mC" and number is not None:

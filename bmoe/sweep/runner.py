@@ -698,6 +698,8 @@ def _run_sweep_locked(
                 total += len(runs)
                 sink.message(f"another round for {len({r.cell.id for r in runs})} cell(s) "
                              "whose mean is not settled yet")  # fmt: skip
+                done_now = len(done) + sum(1 for r in records if r["status"] == "ok")
+                sink.sweep_started(total, done_now, [t.name for t in usable])
                 for record in executor.execute(more, usable, ctx):
                     records.append(record)
         except KeyboardInterrupt:

@@ -2,7 +2,7 @@
 
 Per target, once per sweep: CPU model, kernel, the engine's ``--version`` (native) and the
 SHA-256 of each model file; per sweep: bmoe's version and the git commit of the
-configuration's folder. Per run: the entry state's governor, load average and CPU caps
+configuration's folder. Per run: the entry state's governor, other runnable tasks and CPU caps
 (:mod:`bmoe.sweep.gate`), the engine's CPU share (CPU time over wall time, from its CSV) and
 the CPU temperature reached; :func:`system_warnings` says which of them make the run's
 figures unreliable.
@@ -40,7 +40,9 @@ VERSION_SCRIPT = 'exec "$@" --version 2>&1'
 DIGEST_SCRIPT = 'sha256sum "$1" 2>/dev/null | cut -d " " -f 1'
 
 #: Thresholds of the warnings (pyperf's spirit: a quiet, uncapped, cool machine).
-MAX_LOAD_PER_CPU = 0.5  # other work: a load average above half the CPUs before the run
+#: Other work: more runnable tasks than half the CPUs when the run starts (an instant count,
+#: not the load average, which still holds the sweep's own previous run).
+MAX_BUSY_PER_CPU = 0.5
 MIN_CPU_SHARE = 0.5  # the engine ran less than half a CPU on average
 MAX_CPU_TEMP_C = 80.0  # hot enough to throttle on most devices
 
@@ -170,9 +172,9 @@ def system_warnings(
     if capped:
         out.append(f"CPU frequency capped below the hardware maximum ({', '.join(capped)}): "
                    "thermal or power limits")  # fmt: skip
-    load, cpus = entry.load_1m, entry.cpus
-    if load is not None and cpus and load > MAX_LOAD_PER_CPU * cpus:
-        out.append(f"load average {load:g} on {cpus} CPUs before the run: "
+    busy, cpus = entry.busy_tasks, entry.cpus
+    if busy is not None and cpus and busy > MAX_BUSY_PER_CPU * cpus:
+        out.append(f"{busy} other tasks were running on {cpus} CPUs before the run: "
                    "other work competes for the CPUs")  # fmt: skip
     if cpu_share is not None and cpu_share < MIN_CPU_SHARE:
         out.append(f"the engine got {cpu_share:.0%} of a CPU: it waited on other work or I/O")
