@@ -48,7 +48,12 @@ def _holder_text(holder: dict[str, Any]) -> str:
 
 def _command_line() -> str:
     """This process's command line, program by its base name, cut to a readable length."""
-    argv = [os.path.basename(sys.argv[0]), *sys.argv[1:]] if sys.argv else []
+    if not sys.argv:
+        return ""
+    program = os.path.basename(sys.argv[0])
+    if program == "__main__.py":  # python -m bmoe
+        program = os.path.basename(os.path.dirname(sys.argv[0])) or program
+    argv = [program, *sys.argv[1:]]
     return " ".join(argv)[:300]
 
 
