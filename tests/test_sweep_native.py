@@ -331,6 +331,8 @@ def test_sigkill_mid_cell_then_resume_loses_nothing_and_repeats_nothing(tmp_path
     assert not list((root / "cells").glob("*/.*.staging"))
     assert len(pd.read_parquet(root / "results.parquet")) == len(lines)
     assert b"already complete" in stdout
+    # The killed runner's locks were taken over, and the resume said so.
+    assert b"took over the lock of pid" in stderr and b"which ended without releasing" in stderr
     assert "cells ranked by tok_s_mean" in (root / "summary.md").read_text()
     assert _engine_processes(str(tmp_path)) == []
 

@@ -135,9 +135,17 @@ def sweep_command(
     locks = ExitStack()
     try:
         # One runner per sweep: refused before anything in a folder is touched.
-        locks.enter_context(name_lock(folder.parent if folder else root, cfg.settings.name))
+        held = [locks.enter_context(name_lock(folder.parent if folder else root,
+                                              cfg.settings.name))]  # fmt: skip
         if folder is not None:
-            locks.enter_context(folder_lock(folder))
+            held.append(locks.enter_context(folder_lock(folder)))
+        for lock in held:
+            if lock.stale:
+                err_console.print(
+                    f"note: {lock.what}: took over the lock of pid {lock.stale.get('pid')} on "
+                    f"host {lock.stale.get('host')}, which ended without releasing it",
+                    highlight=False, markup=False,
+                )  # fmt: skip
         _run_locked(cfg, plan, folder, root, text, plain, keep_going)
     finally:
         locks.close()
