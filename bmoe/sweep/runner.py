@@ -200,13 +200,15 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
         if strays:
             log(f"killed stray engine processes: {strays}")
         record["strays_killed"] = strays
+        # Before the gate: finding the metadata (hashing the model the first time) may warm
+        # the device, and the gate waits for it to cool.
+        record.update(_facts(run, target, ctx))
         entry = wait_for_gate(
             lambda: parse_state(target.read_state_text()), config.gate, stop=ctx.stop.is_set
         )
         log(f"entry state: {json.dumps(entry.to_json())}")
         if ctx.stop.is_set():
             raise _Interrupted
-        record.update(_facts(run, target, ctx))
         run_dir = target.run_dir(staging, f"{archive.root.name}/{run.id}.a{attempt}")
         target.prepare(run_dir)
         argv = _command_for(run, target, ctx, run_dir)
