@@ -209,3 +209,138 @@ def test_toml_writer_round_trips(table, lists, array):
     if array:
         doc["a"] = array
     assert tomllib.loads(dumps(doc)) == doc
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle", "key", "says"),
+    [
+        ('[grid]\nprompt = ["a\\u0000b"]\n', "prompt = [", "grid.prompt", "NUL"),
+        ('[[targets]]\nname = "h"\nenv = { A = "x\\u0000" }\n', "env = {", "targets[0].env.A",
+         "NUL"),
+        ('[[targets]]\nname = "h"\nenv = { "A=B" = "x" }\n', "env = {", 'targets[0].env.A=B',
+         "no '='"),
+        ('[[targets]]\nname = "h"\nenv = { "1A" = "x" }\n', "env = {", "targets[0].env.1A",
+         "environment variable name"),
+        ("[grid]\ncache_mb = [8, inf]\n", "cache_mb = [8, inf]", "grid.cache_mb", "finite"),
+        ("[grid]\ncache_mb = [nan]\n", "cache_mb = [nan]", "grid.cache_mb", "finite"),
+        ("[[cells]]\ncache_mb = -inf\n", "cache_mb = -inf", "cells[0].cache_mb", "finite"),
+    ],
+)  # fmt: skip
+def test_values_no_run_could_carry_are_refused_before_the_first_run(extra, needle, key, says):
+    text = BASE + extra
+    err = error_of(text)
+    assert err.key == key, str(err)
+    assert err.line == line_with(text, needle)
+    assert says in err.problem
+
+
+def test_a_nul_in_a_prompt_file_is_refused(tmp_path):
+    (tmp_path / "p.txt").write_text("one\x00two", encoding="utf-8")
+    text = '[sweep]\nname = "t"\n[base]\nmodel = "m"\nprompt_file = "p.txt"\n'
+    with pytest.raises(ConfigError, match="NUL") as info:
+        make_plan(parse_config(text, "cfg.toml", base_dir=tmp_path))
+    assert info.value.key == "base.prompt_file"
+
+
+def test_a_config_path_with_a_newline_archives_a_config_that_loads_again(tmp_path):
+    folder = tmp_path / "odd\nname"
+    folder.mkdir()
+    path = folder / "sweep\n[evil]\nx = 1.toml"
+    path.write_text(BASE, encoding="utf-8")
+    from bmoe.sweep.config import load_config
+
+    cfg = load_config(path)
+    archived = resolved_toml(cfg)
+    again = parse_config(archived, "sweep.toml", base_dir="/")
+    assert tomllib.loads(archived).keys() == {"sweep", "base", "targets"}
+    assert again.settings.base_dir == str(folder.resolve())
+    assert make_plan(again).cells[0].params == make_plan(cfg).cells[0].params
+
+
+@pytest.mark.parametrize("prompt", ["--help", "-h", "--version", "-n", "--prompt=x"])
+def test_a_prompt_that_looks_like_a_flag_reaches_the_embedded_engine_as_a_prompt(prompt):
+    from bmoe.engine.embedded.config import parse_args
+    from bmoe.engine.native import engine_args
+    from bmoe.sweep.flags import attached_values
+
+    params = {"model": "m.gguf", "prompt": prompt, "n_predict": 3, "temp": -1.5}
+    argv = attached_values(engine_args(params, {"csv": "run.csv"}))
+    assert f"--prompt={prompt}" in argv and "--temp=-1.5" in argv
+    assert "--help" not in argv and "--version" not in argv
+    engine_config, version = parse_args(argv, env={})
+    assert (engine_config.prompt, engine_config.temp, version) == (prompt, -1.5, False)
+    assert engine_config.n_predict == 3
+
+
+def test_bmoe_run_takes_an_attached_help_prompt_as_a_prompt(capsys):
+    from bmoe.cli import main
+
+    # Without a model the run stops at the configuration check: no help text was printed.
+    assert main(["run", "--prompt=--help"]) == 2
+    captured = capsys.readouterr()
+    assert "model is required" in captured.err and "Usage" not in captured.out + captured.err
+
+
+EMBEDDED = """\
+[sweep]
+name = "t"
+engine = "embedded"
+
+[base]
+model = "m.gguf"
+"""
+
+
+def flags_error(text: str, tmp_path) -> ConfigError:
+    from bmoe.sweep.flags import check_flags
+    from bmoe.sweep.targets import open_target
+
+    cfg = config(text)
+    targets = [open_target(spec, tmp_path) for spec in cfg.targets]
+    with pytest.raises(ConfigError) as info:
+        check_flags(cfg, make_plan(cfg).cells, targets)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle", "key", "says"),
+    [
+        ("[grid]\nio_thread = [1, 2]\n", "io_thread", "grid.io_thread",
+         "--io-thread is not a flag of the embedded engine (did you mean 'io_threads'?)"),
+        ("overlap = true\n", "overlap", "base.overlap",
+         "--overlap is a native bmoe-cli flag the embedded engine does not implement"),
+        ("[[cells]]\ncache_mb = 1\n[[cells]]\ncache_mb = 2\nmtp = true\n", "mtp", "cells[1].mtp",
+         "does not implement"),
+        ("route_trace = true\n[grid]\ncache_mb = [1, 2]\n", "[grid]", "grid",
+         "--route-trace needs --moe-stream"),
+        ('[grid]\ndense_weights = ["mmap", "ahwb"]\n', "[grid]", "grid",
+         "implements mmap and warm only"),
+        ('[[targets]]\nname = "here"\nenv = { BMOE_OVERLAP = "1" }\n', "[base]", "base",
+         "BMOE_OVERLAP=1"),
+    ],
+)  # fmt: skip
+def test_embedded_flags_are_checked_against_its_own_table(tmp_path, extra, needle, key, says):
+    text = EMBEDDED + extra
+    err = flags_error(text, tmp_path)
+    assert err.key == key, str(err)
+    assert err.line == line_with(text, needle)
+    assert says in err.problem
+
+
+def test_native_flags_are_checked_against_the_binarys_help(tmp_path):
+    from sweep_helpers import install_fake_cli
+
+    from bmoe.sweep.flags import check_flags, native_flags
+    from bmoe.sweep.targets import open_target
+
+    fake = install_fake_cli(tmp_path / "bin")
+    text = BASE + f'cache_mb = 8\n[grid]\nio_thread = [1, 2]\n[[targets]]\nbinary = "{fake}"\n'
+    cfg = config(text)
+    targets = [open_target(spec, tmp_path) for spec in cfg.targets]
+    table = native_flags(targets[0])
+    assert table is not None and {"--cache-mb", "--io-threads", "-m"} <= table.known
+    with pytest.raises(ConfigError) as info:
+        check_flags(cfg, make_plan(cfg).cells, targets)
+    assert info.value.key == "grid.io_thread" and "did you mean 'io_threads'?" in str(info.value)
+    # Without probing the target (a farm's driver), native flags are not checked.
+    assert check_flags(cfg, make_plan(cfg).cells, targets, probe=False) == []

@@ -266,3 +266,32 @@ def test_a_session_run_away_brings_its_session_folder(tmp_path):
     sessions_taken = [p.name for p in (archive.root / "sessions").iterdir()]
     more = _ship(config, plan, archive, unit, sessions_taken=sessions_taken)
     assert more[0]["session"] != records[0]["session"] and session.is_dir()
+
+
+def test_a_run_that_fails_the_same_way_on_a_host_stops_the_sweep_at_the_driver(tmp_path):
+    cfg = _native_sweep(tmp_path, 'fake_mode = ["crash", "ok"]')
+    config = load_config(cfg)
+    plan = make_plan(config)
+    archive = ArchiveWriter.create(tmp_path / "out", "away", resolved_toml(config))
+    unit = plan.units[0]
+    assert unit.runs[0].cell.params["fake_mode"] == "crash"
+    delivery = Delivery(unit, config.targets[0])
+    receiver = Receiver(archive, config, NullSink())
+    floors = {run.id: 1 for run in unit.runs}
+    records = []
+    spec, name = config.targets[0], archive.root.name
+    messages = run_unit_away(unit, spec, config, name, floors, lambda: False,
+                             state_dir=tmp_path / "st", keep_going=False,
+                             run_unit=run_unit)  # fmt: skip
+    for message in messages:
+        records += receiver.receive(delivery, message)
+    assert [r["status"] for r in records] == ["crashed", "crashed"]  # both archived first
+    assert "every attempt (2) failed the same way: crashed" in receiver.cell_failed
+    # Keeping going (the default on a host), the same unit just ends with its failures.
+    receiver = Receiver(archive, config, NullSink())
+    floors = {run.id: 3 for run in unit.runs}
+    for message in run_unit_away(unit, config.targets[0], config, archive.root.name, floors,
+                                 lambda: False, state_dir=tmp_path / "st",
+                                 run_unit=run_unit):  # fmt: skip
+        receiver.receive(Delivery(unit, config.targets[0]), message)
+    assert receiver.cell_failed is None

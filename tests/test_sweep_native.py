@@ -55,13 +55,13 @@ def make_sweep(tmp_path: Path, body: str, extra_base: str = "") -> Path:
     return write_config(tmp_path, text)
 
 
-def run(path: Path) -> Path:
+def run(path: Path, **options) -> Path:
     config = load_config(path)
     plan = make_plan(config)
     archive = ArchiveWriter.create(
         Path(config.settings.output), config.settings.name, resolved_toml(config)
     )
-    run_sweep(config, plan, archive)
+    run_sweep(config, plan, archive, **options)
     return archive.root
 
 
@@ -146,7 +146,7 @@ def test_crash_is_retried_then_the_sweep_goes_on(tmp_path):
         "retries = 1",
         f'fake_state = "{state}"\n[grid]\nfake_mode = ["crash-once", "crash", "ok"]',
     )
-    root = run(cfg)
+    root = run(cfg, keep_going=True)
     lines = manifest(root)
     by_mode: dict[str, list[str]] = {}
     for r in lines:
@@ -162,13 +162,66 @@ def test_crash_is_retried_then_the_sweep_goes_on(tmp_path):
     assert [r["attempt"] for r in lines if r["params"]["fake_mode"] == "crash"] == [1, 2]
 
 
-def test_unknown_flags_pass_through(tmp_path):
+def test_a_cell_that_fails_the_same_way_every_time_stops_the_sweep(tmp_path, capsys):
+    from bmoe.cli import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    cfg = make_sweep(
+        tmp_path, "retries = 1",
+        f'fake_state = "{state}"\n[grid]\nfake_mode = ["crash-once", "crash", "ok"]',
+    )  # fmt: skip
+    assert main(["sweep", str(cfg), "--plain"]) == 2
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert "every attempt (2) failed the same way: crashed: engine exited with status" in err
+    assert "--keep-going" in err
+    # The first failure of each cell showed its run.err tail (once per cell).
+    assert captured.out.count("run.err (last lines):") == 2
+    root = sweep_folder(tmp_path / "out")
+    modes = [(r["params"]["fake_mode"], r["status"]) for r in manifest(root)]
+    assert modes == [
+        ("crash-once", "crashed"),
+        ("crash-once", "ok"),
+        ("crash", "crashed"),
+        ("crash", "crashed"),
+    ]  # fmt: skip  (the ok cell never ran)
+    assert len(pd.read_parquet(root / "results.parquet")) == 4
+    assert (root / "summary.md").is_file()
+
+
+def test_a_flag_the_engine_does_not_list_is_refused_before_any_run(tmp_path, capsys):
+    from bmoe.cli import main
+
+    cfg = make_sweep(tmp_path, "retries = 0", "[grid]\nio_thread = [1, 2]")
+    assert main(["sweep", str(cfg), "--plain"]) == 2
+    err = capsys.readouterr().err
+    line = next(i for i, ln in enumerate(cfg.read_text().splitlines(), 1) if "io_thread" in ln)
+    assert f"sweep.toml:{line}: grid.io_thread: --io-thread is not a flag of fake-bmoe-cli -h" in (
+        " ".join(err.split())
+    )
+    assert "did you mean 'io_threads'?" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    # --dry-run checks the same way.
+    assert main(["sweep", str(cfg), "--dry-run"]) == 2
+    assert "did you mean 'io_threads'?" in capsys.readouterr().err
+
+
+def test_flags_pass_through_when_the_engine_lists_none(tmp_path):
     cfg = make_sweep(tmp_path, "retries = 0", "fake_delay = 0.0\n[grid]\nbogus_flag = [3]")
-    root = run(cfg)
+    fake = tmp_path / "bin" / "fake-bmoe-cli"
+    quiet = tmp_path / "bin" / "quiet-cli"  # an engine whose -h lists nothing
+    quiet.write_text(
+        f'#!/bin/sh\ncase "$1" in -h) echo "no help"; exit 1;; esac\nexec {fake} "$@"\n'
+    )
+    quiet.chmod(0o755)
+    cfg.write_text(cfg.read_text().replace(f'binary = "{fake}"', f'binary = "{quiet}"'))
+    root = run(cfg, keep_going=True)
     (record,) = manifest(root)
     assert record["status"] == "crashed" and record["exit_code"] == 2
     err = (root / record["dir"] / "run.err").read_text()
     assert "unknown argument: --bogus-flag" in err
+    assert record["error"].endswith("error: unknown argument: --bogus-flag")  # the reason
     argv = json.loads((root / record["dir"] / "command.json").read_text())["argv"]
     assert flag_value(argv, "--fake-delay") == "0" and flag_value(argv, "--bogus-flag") == "3"
 
@@ -288,6 +341,8 @@ def test_sigkill_mid_cell_then_resume_loses_nothing_and_repeats_nothing(tmp_path
     assert not list((root / "cells").glob("*/.*.staging"))
     assert len(pd.read_parquet(root / "results.parquet")) == len(lines)
     assert b"already complete" in stdout
+    # The killed runner's locks were taken over, and the resume said so.
+    assert b"took over the lock of pid" in stderr and b"which ended without releasing" in stderr
     assert "cells ranked by tok_s_mean" in (root / "summary.md").read_text()
     assert _engine_processes(str(tmp_path)) == []
 
@@ -325,3 +380,17 @@ def test_resume_from_the_folder_runs_nothing_complete_again(tmp_path, capsys):
     cfg.write_text(cfg.read_text().replace("[0, 8]", "[0, 8, 16]"))
     assert main(["sweep", str(cfg), "--resume", "--plain"]) == 0
     assert len(manifest(root)) == 3 and (root / "sweep.1.toml").is_file()
+
+
+def test_dry_run_names_the_folder_the_run_will_write(tmp_path, capsys):
+    from bmoe.cli import main
+
+    cfg = make_sweep(tmp_path, "", "[grid]\ncache_mb = [0, 8]")
+    assert main(["sweep", str(cfg), "--plain"]) == 0
+    first = sweep_folder(tmp_path / "out")
+    capsys.readouterr()
+    assert main(["sweep", str(cfg), "--dry-run"]) == 0
+    out = "".join(capsys.readouterr().out.split())  # the console may wrap the long path
+    assert f"folder{first}-2" in out
+    assert main(["sweep", str(cfg), "--plain"]) == 0
+    assert (tmp_path / "out" / f"{first.name}-2").is_dir()

@@ -94,3 +94,16 @@ def test_a_session_that_crashes_is_retried_in_a_new_session(tmp_path):
     assert runs[0] == ("first", 1, "crashed")
     assert ("first", 2, "ok") in runs and (PROMPTS[2], 1, "ok") in runs
     assert len(list((root / "sessions").iterdir())) == 2
+
+
+def test_a_session_turn_that_fails_the_same_way_every_time_stops_the_sweep(tmp_path):
+    import pytest
+
+    from bmoe.sweep.attempt import CellFailed
+
+    with pytest.raises(CellFailed, match="every attempt \\(2\\) failed the same way: crashed"):
+        _sweep(tmp_path, 'fake_mode = "crash"', repeats=1)
+    root = next((tmp_path / "out").iterdir())
+    statuses = [r["status"] for r in manifest(root)]
+    assert statuses and set(statuses) == {"crashed"}
+    assert (root / "results.parquet").is_file()

@@ -28,12 +28,12 @@ from bmoe.sweep.runner import run_sweep
 PROMPT = 'it\'s "quoted" $(echo no) `id` $HOME; a|b & c\nsecond line\\'
 
 
-def _run(path: Path) -> Path:
+def _run(path: Path, **options) -> Path:
     config = load_config(path)
     archive = ArchiveWriter.create(
         Path(config.settings.output), config.settings.name, resolved_toml(config)
     )
-    run_sweep(config, make_plan(config), archive)
+    run_sweep(config, make_plan(config), archive, **options)
     return archive.root
 
 
@@ -117,6 +117,15 @@ def test_adb_target_through_a_stand_in_adb(tmp_path, monkeypatch):
     assert {c[2] for c in calls} == {"shell", "push", "pull"}
     # Every run folder on the device was removed once its files were home.
     assert [p.name for p in (device / "work").iterdir()] == []
+    # A pull cut short: the run does not count, and says why.
+    monkeypatch.setenv("FAKE_ADB_CUT", "run.csv")
+    cfg.write_text(cfg.read_text().replace('"adb"\noutput', '"adb-cut"\noutput'))
+    root = _run(cfg, keep_going=True)
+    assert len(manifest(root)) == 4  # two attempts of each run
+    for record in manifest(root):
+        assert record["status"] == "invalid"
+        assert record["error"].startswith("transfer check: run.csv: ")
+        assert "bytes arrived" in record["error"]
 
 
 def _free_port() -> int:

@@ -24,9 +24,12 @@ def _dry_run(config, plan, archive_root: Path) -> None:
     ctx = CellContext(config, archive)
     targets = {s.name: open_target(s, archive_root / ".state" / "targets") for s in config.targets}
     assigned = assign_targets(plan, config.targets)
+    s = config.settings
+    repeats = f"{s.repeats}-{s.max_repeats} (auto)" if s.adaptive else str(s.repeats)
+    warmup = f" + {s.warmup} warm-up" if s.warmup else ""
     console.print(
-        f"[bold]{config.settings.name}[/]: {len(plan.cells)} cells x {config.settings.repeats} "
-        f"repeats = {len(plan.runs)} runs, engine {config.settings.engine}, "
+        f"[bold]{config.settings.name}[/]: {len(plan.cells)} cells x {repeats} "
+        f"repeats{warmup} = {len(plan.runs)} runs, engine {config.settings.engine}, "
         f"order {config.settings.order}; folder {archive_root}",
         highlight=False,
     )
@@ -47,6 +50,24 @@ def _dry_run(config, plan, archive_root: Path) -> None:
     finally:
         for target in targets.values():
             target.close()
+
+
+def _check_flags(config, plan) -> None:
+    """Every cell's flags against the engine on its targets (:mod:`bmoe.sweep.flags`)."""
+    import tempfile
+
+    from bmoe.sweep.flags import check_flags
+    from bmoe.sweep.targets import open_target
+
+    with tempfile.TemporaryDirectory(prefix="bmoe-check-") as state:
+        targets = [open_target(s, Path(state)) for s in config.targets]
+        try:
+            local = config.settings.executor == "local"
+            for note in check_flags(config, plan.cells, targets, probe=local):
+                err_console.print(f"note: {note}", highlight=False, markup=False)
+        finally:
+            for target in targets:
+                target.close()
 
 
 def _install_sigterm() -> None:
@@ -77,6 +98,12 @@ def sweep_command(
         help="Plain log lines instead of the live display (automatic "
         "when stdout is not a terminal).",
     ),
+    keep_going: bool = typer.Option(
+        False,
+        "--keep-going",
+        help="Run the other cells when every attempt of a cell failed the same way "
+        "(default: stop the sweep with that error).",
+    ),
 ) -> None:
     """Run an engine across a grid of flags on one or more targets; archive every run.
 
@@ -84,11 +111,9 @@ def sweep_command(
     Resume after a crash or Ctrl-C: bmoe sweep sweeps/tiny-embedded.toml --resume
     (or: bmoe sweep bench-data/2026-07-30-tiny-embedded)
     """
-    from bmoe.render.progress import LiveProgress, PlainProgress
-    from bmoe.sweep.archive import CONFIG, ArchiveWriter, find_latest, folder_name, write_atomic
+    from bmoe.sweep.archive import CONFIG, find_latest, new_folder
     from bmoe.sweep.config import load_config, resolved_toml
     from bmoe.sweep.plan import make_plan
-    from bmoe.sweep.runner import run_sweep
 
     folder: Path | None = None
     if config.is_dir():
@@ -103,9 +128,41 @@ def sweep_command(
         folder = find_latest(root, cfg.settings.name)
         if folder is None:
             raise BmoeError(f"no earlier folder of sweep {cfg.settings.name!r} under {root}")
+    _check_flags(cfg, plan)  # before the folder exists: a refused config leaves nothing
     if dry_run:
-        _dry_run(cfg, plan, folder or (root / folder_name(cfg.settings.name)))
+        _dry_run(cfg, plan, folder or new_folder(root, cfg.settings.name))
         return
+    from contextlib import ExitStack
+
+    from bmoe.sweep.lock import folder_lock, name_lock
+
+    locks = ExitStack()
+    try:
+        # One runner per sweep: refused before anything in a folder is touched.
+        held = [locks.enter_context(name_lock(folder.parent if folder else root,
+                                              cfg.settings.name))]  # fmt: skip
+        if folder is not None:
+            held.append(locks.enter_context(folder_lock(folder)))
+        for lock in held:
+            if lock.stale:
+                err_console.print(
+                    f"note: {lock.what}: took over the lock of pid {lock.stale.get('pid')} on "
+                    f"host {lock.stale.get('host')}, which ended without releasing it",
+                    highlight=False, markup=False,
+                )  # fmt: skip
+        _run_locked(cfg, plan, folder, root, text, plain, keep_going)
+    finally:
+        locks.close()
+
+
+def _run_locked(
+    cfg, plan, folder: Path | None, root: Path, text: str, plain: bool, keep_going: bool
+) -> None:
+    from bmoe.render.progress import LiveProgress, PlainProgress
+    from bmoe.sweep.archive import CONFIG, ArchiveWriter, write_atomic
+    from bmoe.sweep.lock import folder_lock
+    from bmoe.sweep.runner import run_sweep
+
     if folder is not None:
         archive = ArchiveWriter.open(folder)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
@@ -122,12 +179,16 @@ def sweep_command(
     sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)
     interrupted = False
     outcome = None
-    with sink:
+    with folder_lock(archive.root), sink:
         try:
-            outcome = run_sweep(cfg, plan, archive, sink=sink)
+            outcome = run_sweep(cfg, plan, archive, sink=sink, flags_checked=True,
+                                keep_going=keep_going)  # fmt: skip
         except KeyboardInterrupt:
             interrupted = True
-    _write_summary(archive.root)
+        except BmoeError:
+            _write_summary(archive.root)  # what completed is analysed all the same
+            raise
+        _write_summary(archive.root)
     if interrupted:
         err_console.print(f"interrupted; resume with: bmoe sweep {archive.root}", highlight=False)
         raise typer.Exit(130)
@@ -163,7 +224,11 @@ def _write_summary(root: Path) -> None:
         return
     views = analyze_sweep(results)
     title = f"# Sweep {results.attrs.get('name') or root.name}\n\n"
-    write_atomic(root / SUMMARY, title + render_markdown(views))
+    try:
+        write_atomic(root / SUMMARY, title + render_markdown(views))
+    except OSError as exc:
+        err_console.print(f"could not write {root / SUMMARY}: {exc.strerror or exc}",
+                          highlight=False, markup=False)  # fmt: skip
 
 
 @analyze_app.command("sweep")

@@ -149,7 +149,8 @@ class LiveProgress:
         _finish(self.tally, target, record)
 
     def message(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+        # Plain text: messages quote engine stderr and run ids, never markup.
+        self.console.print(text, highlight=False, markup=False)
 
 
 def _finish(t: _Tally, target: str, record: dict[str, Any]) -> None:

@@ -84,6 +84,18 @@ def folder_name(name: str, when: dt.date | None = None) -> str:
     return f"{(when or dt.date.today()).isoformat()}-{name}"
 
 
+def new_folder(output: Path, name: str) -> Path:
+    """The folder a new sweep `name` would get under `output` now (``-2``, ``-3``... when
+    the day's folder is taken), as :meth:`ArchiveWriter.create` chooses it."""
+    base = folder_name(name)
+    root = Path(output) / base
+    n = 2
+    while root.exists():
+        root = Path(output) / f"{base}-{n}"
+        n += 1
+    return root
+
+
 def find_latest(root: Path, name: str) -> Path | None:
     """The most recent ``<date>-<name>`` folder under `root` holding a sweep."""
     pattern = re.compile(r"^\d{4}-\d{2}-\d{2}-" + re.escape(name) + r"(-\d+)?$")
@@ -105,6 +117,7 @@ class ArchiveWriter:
     def __init__(self, root: Path):
         self.root = Path(root)
         self._lock = threading.Lock()
+        self._attempts: dict[str, int] | None = None  # run -> highest attempt in the manifest
 
     # -- creation
     @classmethod
@@ -148,9 +161,11 @@ class ArchiveWriter:
         return sorted(final.parent.glob(f"{final.name}.a*")) if final.parent.is_dir() else []
 
     def next_attempt(self, run_id: str) -> int:
-        """1 + the highest attempt number used by this run so far (folders or manifest)."""
+        """1 + the highest attempt number this run has used so far: in the manifest, in its
+        attempt and staging folders, and in the record of its folder, current or set aside
+        (a re-run never reuses a number, even when the earlier folder is gone)."""
         final = self.run_final(run_id)
-        numbers = [0]
+        numbers = [0, self._manifest_attempts().get(run_id, 0)]
         if final.parent.is_dir():
             for p in final.parent.iterdir():
                 m = re.match(re.escape(final.name) + r"\.a(\d+)\.", p.name) or re.match(
@@ -158,11 +173,28 @@ class ArchiveWriter:
                 )
                 if m:
                     numbers.append(int(m.group(1)))
-        record = final / RECORD
-        if record.is_file():
-            with contextlib.suppress(ValueError, OSError):
-                numbers.append(int(json.loads(record.read_text())["attempt"]))
+            records = [final / RECORD, *final.parent.glob(f"{final.name}.*/{RECORD}")]
+            for record in records:
+                if record.is_file():
+                    with contextlib.suppress(ValueError, OSError, KeyError, TypeError):
+                        numbers.append(int(json.loads(record.read_text())["attempt"]))
         return max(numbers) + 1
+
+    def _manifest_attempts(self) -> dict[str, int]:
+        """The highest attempt number of each run in the manifest (read once, then kept)."""
+        with self._lock:
+            if self._attempts is None:
+                self._attempts = {}
+                for record in self.manifest():
+                    self._note_attempt(record)
+            return dict(self._attempts)
+
+    def _note_attempt(self, record: Mapping[str, Any]) -> None:
+        if self._attempts is None or not isinstance(record, Mapping):
+            return
+        run, attempt = record.get("run"), record.get("attempt")
+        if isinstance(run, str) and isinstance(attempt, int) and not isinstance(attempt, bool):
+            self._attempts[run] = max(self._attempts.get(run, 0), attempt)
 
     def staging(self, run_id: str, attempt: int) -> AttemptPaths:
         final = self.run_final(run_id)
@@ -177,7 +209,7 @@ class ArchiveWriter:
         """Staging folders left by a sweep that was killed: renamed ``.killed`` for the record."""
         moved = []
         for staging in (self.root / CELLS).glob("*/.*.staging"):
-            m = re.match(r"\.(r\d+\.a\d+)\.staging$", staging.name)
+            m = re.match(r"\.([rw]\d+\.a\d+)\.staging$", staging.name)
             if not m:
                 continue
             dest = staging.parent / f"{m.group(1)}.killed"
@@ -221,6 +253,7 @@ class ArchiveWriter:
         return record
 
     def _append_manifest(self, record: Mapping[str, Any]) -> None:
+        self._note_attempt(record)
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
         fd = os.open(self.root / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -233,6 +266,45 @@ class ArchiveWriter:
     def append_manifest(self, record: Mapping[str, Any]) -> None:
         with self._lock:
             self._append_manifest(record)
+
+    def retract_ok(self, run_id: str, reason: str, keep_attempt: int | None = None,
+                   moved_to: Path | None = None) -> int:  # fmt: skip
+        """Mark the manifest's ``ok`` lines of `run_id` (but the one of `keep_attempt`) as
+        ``set_aside`` with `reason`, so that the manifest holds at most one ``ok`` per run.
+
+        The line stays (its measurement is kept, under ``was``); the manifest is rewritten
+        atomically. `moved_to` is where the attempt's folder now is. Returns the lines changed.
+        """
+        path = self.root / MANIFEST
+        with self._lock:
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+            except FileNotFoundError:
+                return 0
+            changed = 0
+            out = []
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    out.append(line)
+                    continue
+                if (
+                    isinstance(record, dict)
+                    and record.get("run") == run_id
+                    and record.get("status") == "ok"
+                    and record.get("attempt") != keep_attempt
+                ):
+                    record.update({"status": "set_aside", "was": "ok", "set_aside": reason})
+                    if moved_to is not None:
+                        record["dir"] = str(moved_to.relative_to(self.root))
+                    line = json.dumps(record, ensure_ascii=False, separators=(",", ":"),
+                                      default=str) + "\n"  # fmt: skip
+                    changed += 1
+                out.append(line if line.endswith("\n") else line + "\n")
+            if changed:
+                write_atomic(path, "".join(out))
+            return changed
 
     # -- reading back
     def manifest(self) -> list[dict[str, Any]]:
@@ -347,28 +419,69 @@ def results_frame(root: Path) -> pd.DataFrame:
     params_keys: list[str] = []
     rows = []
     for record in records:
+        if not isinstance(record, dict) or not isinstance(record.get("run"), str):
+            continue  # not the record of an attempt (a damaged line)
+        if record.get("warmup"):
+            continue  # warm-up runs stay in the archive, out of the results
         row: dict[str, Any] = {}
         for key in ("run", "cell", "repeat", "attempt", "order", "round", "reversed", "target",
                     "target_kind", "host", "node", "engine", "status", "exit_code", "started",
                     "ended", "duration_s", "error", "dir"):  # fmt: skip
             row[key] = record.get(key)
-        row.update(record.get("entry_columns", {}))
-        params = record.get("params", {})
+        row.update(_mapping(record.get("entry_columns")))
+        row["engine_cpu_share"] = record.get("engine_cpu_share")
+        warnings = record.get("system_warnings")
+        row["system_warnings"] = "; ".join(map(str, warnings)) if warnings else None
+        for key in ("model_sha256", "bmoe_version", "config_commit"):
+            row[key] = record.get(key)
+        machine = record.get("machine")
+        for key, value in machine.items() if isinstance(machine, dict) else ():
+            row[f"machine_{key}"] = value
+        params = _mapping(record.get("params"))
         for key, value in params.items():
             if key not in params_keys:
                 params_keys.append(key)
             row[key] = _flat(value)
         figures = _summary_for(root, record) if record.get("status") == "ok" else {}
+        if record.get("status") == "ok" and not figures:
+            row["status"] = "invalid"
+            row["error"] = "its run.csv is missing or unreadable"
         for key, value in figures.items():
             row[key if key not in row else f"summary_{key}"] = _flat(value)
-        for key, value in record.get("pressure", {}).items():
+        for key, value in _mapping(record.get("pressure")).items():
             row.setdefault(key, value)
-        for key, value in (record.get("stream") or {}).items():
+        for key, value in _mapping(record.get("stream")).items():
             row.setdefault(f"stream_{key}", _flat(value))
         rows.append(row)
+    _one_ok_per_run(rows)
     frame = pd.DataFrame(rows)
     frame.attrs["params"] = params_keys
     return frame
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _one_ok_per_run(rows: list[dict[str, Any]]) -> None:
+    """Keep one ``ok`` row per run, its latest attempt; earlier ones become ``superseded``
+    (a folder from before the manifest kept one ok per run must not count a run twice)."""
+    latest: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("status") != "ok":
+            continue
+        best = latest.get(row.get("run"))
+        if best is None or _attempt_number(row) >= _attempt_number(best):
+            if best is not None:
+                best["status"] = "superseded"
+            latest[row.get("run")] = row
+        else:
+            row["status"] = "superseded"
+
+
+def _attempt_number(row: Mapping[str, Any]) -> int:
+    attempt = row.get("attempt")
+    return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0
 
 
 def _summary_for(root: Path, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -378,6 +491,8 @@ def _summary_for(root: Path, record: Mapping[str, Any]) -> dict[str, Any]:
     from bmoe.formats.metrics import read_metrics
     from bmoe.formats.sidecar import read_pressure
 
+    if not isinstance(record.get("dir"), str):
+        return {}
     folder = root / record["dir"]
     csv = folder / "run.csv"
     if not csv.is_file():
@@ -400,6 +515,7 @@ def _summary_for(root: Path, record: Mapping[str, Any]) -> dict[str, Any]:
 
 def write_results(root: Path, frame: pd.DataFrame, axes: list[str], name: str) -> Path:
     """``results.parquet`` (atomically), with the axes and parameters in schema metadata."""
+    frame = _uniform_columns(frame)
     table = pa.Table.from_pandas(frame, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[b"bmoe_sweep"] = json.dumps(
@@ -413,6 +529,19 @@ def write_results(root: Path, frame: pd.DataFrame, axes: list[str], name: str) -
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     return path
+
+
+def _uniform_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with each object column holding one type (mixed values, from a damaged or
+    hand-edited manifest, become text) so that it can be written as Parquet."""
+    out = frame.copy()
+    out.attrs = dict(frame.attrs)
+    for name in [c for c in out.columns if pd.api.types.is_object_dtype(out[c].dtype)]:
+        column = out[name]
+        kinds = column.dropna().map(type).unique()
+        if len(kinds) > 1:
+            out[name] = column.map(lambda v: v if v is None else str(v))
+    return out
 
 
 def load_results(root: Path) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from bmoe.engine.native import StreamState
+from bmoe.errors import BmoeError
 from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.config import SweepConfig, TargetSpec
 from bmoe.sweep.plan import Run, Unit
+from bmoe.sweep.system import MachineFacts
 from bmoe.sweep.targets import Target
 
 #: The outcomes an attempt is retried after (up to ``[sweep] retries`` times).
@@ -76,6 +79,14 @@ class CellContext:
     stop: threading.Event = field(default_factory=threading.Event)
     sink: ProgressSink = field(default_factory=NullSink)
     stop_grace_s: float = 3.0
+    #: Go on past a cell whose every attempt failed the same way (else the sweep stops).
+    keep_going: bool = True
+    #: Cells whose failure was already shown (the run.err tail is shown once per cell).
+    shown_failures: set[str] = field(default_factory=set)
+    #: Machine metadata for the records, found once per sweep.
+    facts: MachineFacts = field(default_factory=MachineFacts)
+    #: Kinds of system warning already shown (each once per sweep).
+    shown_warnings: set[str] = field(default_factory=set)
 
 
 class AttemptLog:
@@ -96,21 +107,38 @@ def pump(
     stream: IO[bytes] | None, sink_file: Path, on_line: Callable[[bytes], None] | None
 ) -> threading.Thread:
     """Copy `stream` (a process's pipe) line by line into `sink_file` on a thread, passing each
-    line to `on_line` (whose errors never stop the copy); returns the started thread."""
+    line to `on_line` (whose errors never stop the copy); returns the started thread. A write
+    that fails (disk full) stops the copy but not the draining (the engine never blocks on a
+    full pipe); the error is kept on the thread as ``error`` for the attempt to raise."""
     if stream is None:
         raise ValueError("the process has no such pipe")
 
     def work() -> None:
-        with open(sink_file, "ab") as out:
-            for line in iter(stream.readline, b""):
-                out.write(line)
-                out.flush()
-                if on_line is not None:
-                    with contextlib.suppress(Exception):  # never stop the capture
-                        on_line(line)
+        out = None
+        try:
+            out = open(sink_file, "ab")  # noqa: SIM115 (closed below)
+        except OSError as exc:
+            thread.error = exc  # type: ignore[attr-defined]
+        for line in iter(stream.readline, b""):
+            if out is not None:
+                try:
+                    out.write(line)
+                    out.flush()
+                except OSError as exc:
+                    thread.error = exc  # type: ignore[attr-defined]
+                    with contextlib.suppress(OSError):
+                        out.close()
+                    out = None
+            if on_line is not None:
+                with contextlib.suppress(Exception):  # never stop the capture
+                    on_line(line)
+        if out is not None:
+            with contextlib.suppress(OSError):
+                out.close()
         stream.close()
 
     thread = threading.Thread(target=work, daemon=True)
+    thread.error = None  # type: ignore[attr-defined]
     thread.start()
     return thread
 
@@ -123,6 +151,7 @@ def attempt_record(run: Run, attempt: int, target: TargetSpec, engine: str) -> d
         "target": target.name, "target_kind": target.kind, "engine": engine,
         "host": socket.gethostname(), "params": dict(run.cell.params),
         "axes": dict(run.cell.axes), "tags": sorted(run.cell.tags), "started": now_iso(),
+        **({"warmup": True} if run.warmup else {}),
     }  # fmt: skip
 
 
@@ -137,6 +166,73 @@ def printable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [printable(v) for v in value]
     return value
+
+
+#: Lines of run.err shown when a cell first fails.
+ERR_TAIL_LINES = 8
+#: Statuses that say the engine or its configuration failed (not the clock, not a stop).
+FAILED = ("crashed", "invalid", "error")
+
+
+def err_tail(path: Path, lines: int = ERR_TAIL_LINES) -> list[str]:
+    """The last non-empty lines of an engine's stderr (bounded read, control characters
+    and the stand-in's argv echo left out)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 16384))
+            raw = fh.read()
+    except OSError:
+        return []
+    text = raw.decode("utf-8", "replace")
+    kept = []
+    for line in text.splitlines():
+        line = "".join(ch if ch.isprintable() else " " for ch in line).strip()
+        if line and not line.startswith("FAKE_ARGV "):
+            kept.append(line[:300])
+    return kept[-lines:]
+
+
+class CellFailed(BmoeError):
+    """Every attempt of a cell failed the same way: the sweep stops (``--keep-going`` not)."""
+
+
+def _failure_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    return (record.get("status"), record.get("exit_code"), record.get("error"))
+
+
+def show_failure(run: Run, record: dict[str, Any], ctx: CellContext) -> None:
+    """The first failure of a cell: its error and the tail of its run.err, once."""
+    if record.get("status") not in FAILED or run.cell.id in ctx.shown_failures:
+        return
+    ctx.shown_failures.add(run.cell.id)
+    text = f"{run.id} attempt {record.get('attempt')}: {record.get('status')}"
+    if record.get("error"):
+        text += f": {record['error']}"
+    tail = err_tail(ctx.archive.root / str(record.get("dir")) / "run.err")
+    if tail:
+        text += "\n  run.err (last lines):\n" + "\n".join(f"    {line}" for line in tail)
+    ctx.sink.message(text)
+
+
+def check_same_failure(run: Run, records: list[dict[str, Any]], ctx: CellContext) -> None:
+    """Stop the sweep (:class:`CellFailed`) when every one of a run's attempts (`records`)
+    failed with the same error, unless ``ctx.keep_going``."""
+    keys = {_failure_key(r) for r in records}
+    if len(keys) != 1 or records[0].get("status") not in FAILED:
+        return
+    if ctx.keep_going or ctx.stop.is_set():
+        return
+    ctx.stop.set()
+    record = records[-1]
+    raise CellFailed(
+        f"{run.id}: every attempt ({len(records)}) failed the same way: "
+        f"{record.get('status')}"
+        + (f": {record['error']}" if record.get("error") else "")
+        + f" (see {ctx.archive.root / str(record.get('dir'))}/run.err; "
+        "--keep-going runs the other cells anyway)"
+    )
 
 
 #: How an executor runs one unit next to its target (:func:`bmoe.sweep.runner.run_unit`):

@@ -4,7 +4,8 @@ Every problem is a :class:`ConfigError` naming the file, the line and the key
 (``sweep.toml:12: grid.cache_mb: expected a list of values, got 8``): unknown keys, wrong
 types and combinations that cannot run are all refused before anything starts.
 
-Sections: ``[sweep]`` (name, engine, repeats, order, output, timeout, retries, executor),
+Sections: ``[sweep]`` (name, engine, repeats or "auto", warmup, order, output, timeout,
+retries, executor),
 ``[base]``
 (engine flags every cell shares), ``[grid]`` (axes whose cartesian product makes cells),
 ``[[cells]]`` (explicit cells), ``[[exclude]]`` (cells to drop), ``[[limit]]`` (cells only
@@ -14,6 +15,7 @@ some targets may run, by tag), ``[pair]`` (cells run back to back on one target)
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -61,7 +63,7 @@ class ConfigError(BmoeError):
 class SweepSettings:
     name: str
     engine: str = "native"
-    repeats: int = 1
+    repeats: int = 1  # with adaptive repeats: the first rounds (min_repeats)
     order: str = "as-written"
     seed: int | None = None
     output: str = "bench-data"
@@ -71,6 +73,13 @@ class SweepSettings:
     base_dir: str = "."
     executor: str = "local"
     address: str | None = None  # the Ray cluster (executor "ray"): "auto" or host:port
+    #: repeats = "auto": more rounds for a cell until the 95 % interval of its mean tok/s is
+    #: within target_interval (relative half-width) of the mean, up to max_repeats.
+    adaptive: bool = False
+    max_repeats: int = 1
+    target_interval: float = 0.05
+    #: Runs per cell before its measured ones, archived but left out of the results.
+    warmup: int = 0
 
 
 @dataclass(frozen=True)
@@ -218,6 +227,8 @@ class _Checker:
     def number(self, value: Any, key: KeyPath, positive: bool = False) -> float:
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise self.fail(key, f"expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise self.fail(key, f"expected a finite number, got {value}")
         if positive and value <= 0:
             raise self.fail(key, f"must be greater than 0, got {value}")
         return float(value)
@@ -237,7 +248,24 @@ class _Checker:
             raise self.fail(key, "a list of values belongs in [grid] (one cell per value)")
         if not isinstance(value, str | int | float | bool):
             raise self.fail(key, f"expected a string, number or boolean, got {_describe(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(key, f"expected a finite number, got {value}")
         return value
+
+    def no_nul(self, value: Any, key: KeyPath) -> None:
+        """Refuse a NUL character anywhere in `value` (no command line or environment can
+        carry one: the run would fail mid-sweep)."""
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise self.fail(key, "contains a NUL character (\\u0000), which no command "
+                                "line or environment can carry")  # fmt: skip
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self.no_nul(k, (*key, k))
+                self.no_nul(v, (*key, k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.no_nul(v, (*key, i) if value and isinstance(v, dict) else key)
 
     def flag(self, name: str, value: Any, key: KeyPath) -> Scalar:
         """One engine flag value (or a cell meta key)."""
@@ -279,8 +307,11 @@ def _closest(name: str, allowed: tuple[str, ...]) -> str | None:
 
 SWEEP_KEYS = (
     "name", "engine", "repeats", "order", "seed", "output", "timeout_s", "retries", "session",
-    "base_dir", "executor", "address",
+    "base_dir", "executor", "address", "min_repeats", "max_repeats", "target_interval",
+    "warmup",
 )  # fmt: skip
+#: Defaults of repeats = "auto" (as hyperfine and pyperf: a few runs at least, a bound).
+AUTO_MIN_REPEATS, AUTO_MAX_REPEATS, AUTO_TARGET_INTERVAL = 3, 10, 0.05
 GATE_KEYS = ("max_cpu_temp_c", "min_mem_available_mb", "poll_s", "max_wait_s")
 TARGET_KEYS = {
     "common": (
@@ -318,6 +349,7 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
     lines = key_lines(text)
     check = _Checker(path, lines)
     check.known(doc, TOP_KEYS, ())
+    check.no_nul(doc, ())
 
     if "sweep" not in doc:
         raise ConfigError(path, None, "sweep", "missing [sweep] table (with at least name)")
@@ -345,6 +377,10 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
 
     if settings.session and settings.engine != "native":
         raise check.fail(("sweep", "session"), 'session mode needs engine = "native"')
+    if settings.session and (settings.adaptive or settings.warmup):
+        key = "warmup" if settings.warmup else "repeats"
+        raise check.fail(("sweep", key), f"{key} {'runs' if settings.warmup else '= auto'} "
+                         "are not available in session mode")  # fmt: skip
     if settings.session and pair_axis is not None:
         raise check.fail(
             ("pair", "axis"), "session mode already runs the cells of a session back to back"
@@ -373,8 +409,27 @@ def _settings(check: _Checker, table: dict[str, Any], base_dir: str | Path) -> S
     kw: dict[str, Any] = {"name": name}
     if "engine" in table:
         kw["engine"] = check.string(table["engine"], ("sweep", "engine"), ENGINES)
-    if "repeats" in table:
+    auto_keys = [k for k in ("min_repeats", "max_repeats", "target_interval") if k in table]
+    if table.get("repeats") == "auto":
+        kw["adaptive"] = True
+        low = table.get("min_repeats", AUTO_MIN_REPEATS)
+        kw["repeats"] = check.integer(low, ("sweep", "min_repeats"), minimum=2)
+        high = table.get("max_repeats", max(AUTO_MAX_REPEATS, kw["repeats"]))
+        kw["max_repeats"] = check.integer(high, ("sweep", "max_repeats"), minimum=kw["repeats"])
+        target = check.number(table.get("target_interval", AUTO_TARGET_INTERVAL),
+                              ("sweep", "target_interval"), positive=True)  # fmt: skip
+        if target >= 1:
+            problem = f"a relative half-width below 1 (0.05 = ±5 %), got {target}"
+            raise check.fail(("sweep", "target_interval"), problem)
+        kw["target_interval"] = target
+    elif "repeats" in table:
+        if isinstance(table["repeats"], str):
+            raise check.fail(("sweep", "repeats"), 'a number of repeats, or "auto"')
         kw["repeats"] = check.integer(table["repeats"], ("sweep", "repeats"), minimum=1)
+    if auto_keys and not kw.get("adaptive"):
+        raise check.fail(("sweep", auto_keys[0]), 'only applies to repeats = "auto"')
+    if "warmup" in table:
+        kw["warmup"] = check.integer(table["warmup"], ("sweep", "warmup"), minimum=0)
     if "order" in table:
         kw["order"] = check.string(table["order"], ("sweep", "order"), ORDERS)
     if "seed" in table:
@@ -466,6 +521,8 @@ def _read_prompt_lines(
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise check.fail(key, f"cannot read {path}: {exc}") from None
+    if "\x00" in text:
+        raise check.fail(key, f"{path} contains a NUL character, which no command line can carry")
     prompts = [line for line in text.splitlines() if line.strip()]
     if not prompts:
         raise check.fail(key, f"{path} holds no prompt (one per line)")
@@ -562,6 +619,11 @@ def _targets(check: _Checker, value: Any, settings: SweepSettings) -> list[Targe
             if name in table:
                 sub = check.table(table[name], (*key, name))
                 kw[name] = {k: check.string(v, (*key, name, k)) for k, v in sub.items()}
+        for env_name in kw.get("env", {}):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env_name):
+                raise check.fail((*key, "env", env_name),
+                                 "an environment variable name is letters, digits and '_' "
+                                 "(not starting with a digit; no '=')")  # fmt: skip
         if "kill_strays" in table:
             kw["kill_strays"] = check.string(table["kill_strays"], (*key, "kill_strays"),
                                              KILL_MODES)  # fmt: skip
@@ -635,6 +697,11 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
         "output": s.output, "timeout_s": s.timeout_s, "retries": s.retries,
         "session": s.session, "base_dir": s.base_dir,
     }  # fmt: skip
+    if s.adaptive:
+        sweep.update({"repeats": "auto", "min_repeats": s.repeats, "max_repeats": s.max_repeats,
+                      "target_interval": s.target_interval})  # fmt: skip
+    if s.warmup:
+        sweep["warmup"] = s.warmup
     if s.seed is not None:
         sweep["seed"] = s.seed
     if s.executor != "local":
@@ -695,7 +762,8 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
 
 
 def resolved_toml(config: SweepConfig) -> str:
-    from bmoe.sweep.tomltext import dumps
+    from bmoe.sweep.tomltext import dumps, format_value
 
-    header = f"# resolved by bmoe sweep from {config.path}"
+    # The path as a TOML string: a newline (or anything else) in it cannot break the file.
+    header = f"# resolved by bmoe sweep from {format_value(str(config.path))}"
     return dumps(resolved_document(config), header=header)

@@ -55,7 +55,9 @@ RAY_LOG = "ray.log"
 # ----------------------------------------------------------------------------- on the hosts
 
 
-def _run_unit_task(unit, target_spec, config, sweep_name, floors, sessions_taken, flag, run_unit):
+def _run_unit_task(
+    unit, target_spec, config, sweep_name, floors, sessions_taken, flag, run_unit, keep_going=True
+):
     """One unit on the host that advertises its target's resource (a streaming generator)."""
     node = ray.get_runtime_context().get_node_id()
     asking: list[Any] = []  # the question in flight; never wait for the answer
@@ -77,6 +79,7 @@ def _run_unit_task(unit, target_spec, config, sweep_name, floors, sessions_taken
         sessions_taken=sessions_taken,
         node=node,
         run_unit=run_unit,
+        keep_going=keep_going,
     )
 
 
@@ -388,6 +391,10 @@ class RayExecutor:
                     ctx.stop.set()
                     thread.join(timeout=ctx.stop_grace_s + STOP_WAIT_S)
             state.report_left()
+            if receiver.cell_failed is not None:
+                from bmoe.sweep.attempt import CellFailed
+
+                raise CellFailed(receiver.cell_failed)
         finally:
             if flag is not None:
                 with contextlib.suppress(Exception):
@@ -466,6 +473,8 @@ class _Sweep:
                     self._retire(job.lane.node)
                 return
             self.records.extend(self.receiver.receive(job.delivery, item))
+            if self.receiver.cell_failed is not None:
+                self.ctx.stop.set()
 
     def _end(self, name: str, failure: tuple[str, str] | None) -> None:
         """A job is over: archive its attempts in flight when it failed, requeue what is
@@ -549,7 +558,7 @@ class _Sweep:
                 num_cpus=0, max_retries=0, num_returns="streaming",
                 resources={lane.resource: 1}, name=f"bmoe {name} {unit.runs[0].id}",
             ).remote(unit, lane.target.spec, self.config_ref, archive.root.name, floors, taken,
-                     self.flag, self.run_unit)  # fmt: skip
+                     self.flag, self.run_unit, self.ctx.keep_going)  # fmt: skip
             self.jobs[name] = _Job(lane, Delivery(unit, lane.target.spec), gen)
 
     def abandon(self) -> None:

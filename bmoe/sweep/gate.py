@@ -9,6 +9,7 @@ parameters.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -54,7 +55,10 @@ hwm() {
 }
 """
 
-#: Prints the entry state: ``cpu_mC=``, ``avail_kb=``, then ``policyN=<scaling_max_freq kHz>``.
+#: Prints the entry state: ``cpu_mC=``, ``avail_kb=``, then ``policyN=<scaling_max_freq kHz>``,
+#: ``gov_policyN=<scaling_governor>``, ``hwmax_policyN=<cpuinfo_max_freq kHz>``, the 1-minute
+#: load average ``load1=``, the tasks runnable at that instant ``runnable=`` (this script
+#: included) and the online CPUs ``ncpu=`` (what pyperf's system check reads).
 STATE_SCRIPT = (
     PROBES
     + r"""
@@ -63,7 +67,21 @@ echo "avail_kb=$(mem_avail)"
 for p in /sys/devices/system/cpu/cpufreq/policy*; do
   [ -r "$p/scaling_max_freq" ] || continue
   read f < "$p/scaling_max_freq" && echo "${p##*/}=$f"
+  g=
+  read g < "$p/scaling_governor" 2>/dev/null && echo "gov_${p##*/}=$g"
+  h=
+  read h < "$p/cpuinfo_max_freq" 2>/dev/null && echo "hwmax_${p##*/}=$h"
 done
+l1=
+if read l1 l5 l15 tasks rest < /proc/loadavg 2>/dev/null; then
+  echo "load1=$l1"
+  echo "runnable=${tasks%/*}"
+fi
+n=0
+while read k rest; do
+  [ "$k" = processor ] && n=$((n+1))
+done < /proc/cpuinfo 2>/dev/null
+echo "ncpu=$n"
 """
 )
 
@@ -110,6 +128,11 @@ class EntryState:
     cpu_temp_c: float | None = None
     mem_available_mb: float | None = None
     scaling_max_freq_khz: dict[str, int] = field(default_factory=dict)
+    governor: dict[str, str] = field(default_factory=dict)  # policy -> scaling_governor
+    hardware_max_freq_khz: dict[str, int] = field(default_factory=dict)  # cpuinfo_max_freq
+    load_1m: float | None = None
+    busy_tasks: int | None = None  # other tasks runnable when the state was read
+    cpus: int | None = None
     waited_s: float = 0.0
     gave_up: bool = False
     polls: int = 0
@@ -123,6 +146,10 @@ class EntryState:
             "entry_scaling_max_freq_khz": max(freqs.values()) if freqs else None,
             "entry_waited_s": round(self.waited_s, 3),
             "entry_gave_up": self.gave_up,
+            "entry_governor": ",".join(sorted(set(self.governor.values()))) or None,
+            "entry_load_1m": self.load_1m,
+            "entry_busy_tasks": self.busy_tasks,
+            "entry_cpus": self.cpus,
         }
         for policy, khz in sorted(freqs.items()):
             out[f"entry_scaling_max_freq_khz_{policy}"] = khz
@@ -153,7 +180,18 @@ def parse_entry_state(text: str) -> EntryState:
         if not sep:
             continue
         number = _int(value)
-        if key == "cpu_mC" and number is not None:
+        if key.startswith("gov_policy") and value.strip():
+            state.governor[key[4:]] = value.strip()
+        elif key.startswith("hwmax_policy") and number is not None:
+            state.hardware_max_freq_khz[key[6:]] = number
+        elif key == "load1":
+            with contextlib.suppress(ValueError):
+                state.load_1m = float(value)
+        elif key == "runnable" and number is not None:
+            state.busy_tasks = max(0, number - 1)  # not the probe itself
+        elif key == "ncpu" and number:
+            state.cpus = number
+        elif key == "cpu_mC" and number is not None:
             state.cpu_temp_c = number / 1000.0
         elif key == "avail_kb" and number is not None:
             state.mem_available_mb = number / 1024.0

@@ -40,10 +40,11 @@ class Run:
     round: int  # 1-based pass over the cells
     reversed: bool  # this round runs in reverse order
     order: int  # 0-based position in the planned execution sequence
+    warmup: bool = False  # a warm-up run (``w<k>``): archived, left out of the results
 
     @property
     def id(self) -> str:
-        return f"{self.cell.id}/r{self.repeat}"
+        return f"{self.cell.id}/{'w' if self.warmup else 'r'}{self.repeat}"
 
 
 @dataclass(frozen=True)
@@ -124,13 +125,15 @@ def expand(config: SweepConfig) -> list[Cell]:
         if "prompt_file" in params:
             source = params.pop("prompt_file")
             path = config.resolve_local(source)
+            where = (*origin, "prompt_file") if origin[0] == "cells" else ("base", "prompt_file")
             try:
                 params["prompt"] = Path(path).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
+                raise config.error(where, f"cannot read {path}: {exc}") from None
+            if "\x00" in params["prompt"]:
                 raise config.error(
-                    (*origin, "prompt_file") if origin[0] == "cells" else ("base", "prompt_file"),
-                    f"cannot read {path}: {exc}",
-                ) from None
+                    where, f"{path} contains a NUL character, which no command line can carry"
+                )
         if "model" not in params:
             raise config.error(origin, "no 'model' for this cell (set it in [base])")
         resolved.append((params, tags, origin))
@@ -211,39 +214,62 @@ def make_plan(config: SweepConfig, cells: list[Cell] | None = None) -> Plan:
     """
     cells = expand(config) if cells is None else cells
     settings = config.settings
-    if settings.session:
-        groups = _groups(cells, SESSION_KEYS)
-    else:
-        groups = _groups(cells, (config.pair_axis,) if config.pair_axis else ())
+    groups = cell_groups(config, cells)
     rng = random.Random(settings.seed)
     units: list[Unit] = []
-    position = 0
     for round_no in range(1, settings.repeats + 1):
-        backwards = settings.order == "reverse" or (
-            settings.order == "alternate" and round_no % 2 == 0
-        )
-        ordered = [list(g) for g in groups]
-        if settings.order == "shuffle":
-            rng.shuffle(ordered)
-            for group in ordered:
-                rng.shuffle(group)
-        elif backwards:
-            ordered = [list(reversed(g)) for g in reversed(ordered)]
-        for group in ordered:
-            runs = []
-            for cell in group:
-                runs.append(Run(cell, round_no, round_no, backwards, position))
-                position += 1
-            tags = frozenset().union(*(c.tags for c in group))
-            if not any(t.can_run(tags) for t in config.targets):
-                raise config.error(
-                    ("pair", "axis"),
-                    f"no target carries every tag the matched group of {group[0].id} needs "
-                    f"({sorted(tags)})",
-                )
-            units.append(Unit(tuple(runs), tags, settings.session))
+        units += round_units(config, groups, round_no, sum(len(u.runs) for u in units), rng)
     axes = list(_varying([dict(c.params) for c in cells]))
     return Plan(cells, units, axes)
+
+
+def cell_groups(config: SweepConfig, cells: list[Cell]) -> list[list[Cell]]:
+    """The cells that run back to back (a matched pair, a session's turns), or one each."""
+    if config.settings.session:
+        return _groups(cells, SESSION_KEYS)
+    return _groups(cells, (config.pair_axis,) if config.pair_axis else ())
+
+
+def round_units(
+    config: SweepConfig,
+    groups: list[list[Cell]],
+    round_no: int,
+    position: int,
+    rng: random.Random | None = None,
+) -> list[Unit]:
+    """The units of round `round_no` over `groups`, in the configured order, their runs
+    numbered from `position`. Round 1 starts each cell with its ``warmup`` runs. Without
+    `rng` a shuffled round draws from the seed and the round number (rounds added later)."""
+    settings = config.settings
+    backwards = settings.order == "reverse" or (settings.order == "alternate" and round_no % 2 == 0)
+    ordered = [list(g) for g in groups]
+    if settings.order == "shuffle":
+        rng = rng or random.Random(f"{settings.seed}:{round_no}")
+        rng.shuffle(ordered)
+        for group in ordered:
+            rng.shuffle(group)
+    elif backwards:
+        ordered = [list(reversed(g)) for g in reversed(ordered)]
+    units = []
+    for group in ordered:
+        runs = []
+        if round_no == 1:
+            for cell in group:
+                for k in range(1, settings.warmup + 1):
+                    runs.append(Run(cell, k, round_no, backwards, position, warmup=True))
+                    position += 1
+        for cell in group:
+            runs.append(Run(cell, round_no, round_no, backwards, position))
+            position += 1
+        tags = frozenset().union(*(c.tags for c in group))
+        if not any(t.can_run(tags) for t in config.targets):
+            raise config.error(
+                ("pair", "axis"),
+                f"no target carries every tag the matched group of {group[0].id} needs "
+                f"({sorted(tags)})",
+            )
+        units.append(Unit(tuple(runs), tags, settings.session))
+    return units
 
 
 def eligible_targets(unit: Unit, targets: list[TargetSpec]) -> list[TargetSpec]:

@@ -11,6 +11,7 @@ same code on the hosts of a Ray cluster (:mod:`bmoe.sweep.farm`, imported only t
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import queue
 import threading
@@ -37,11 +38,15 @@ from bmoe.sweep.attempt import (
     NullSink,
     ProgressSink,
     attempt_record,
+    check_same_failure,
+    err_tail,
     now_iso,
     printable,
     pump,
+    show_failure,
 )
 from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.flags import attached_values, check_flags
 from bmoe.sweep.gate import (
     EntryState,
     parse_entry_state,
@@ -50,6 +55,7 @@ from bmoe.sweep.gate import (
     wait_for_gate,
 )
 from bmoe.sweep.plan import Plan, Run, Unit
+from bmoe.sweep.system import MachineFacts, engine_cpu_share, system_warnings
 from bmoe.sweep.targets import Target, TargetError, open_target
 
 
@@ -58,7 +64,10 @@ def _command_for(run: Run, target: Target, ctx: CellContext, run_dir: str) -> li
     outputs = output_files(params)
     model = target.model_path(str(params["model"]), ctx.config.settings.base_dir)
     engine = ctx.config.settings.engine
-    return target.engine_program(engine) + engine_args(params, outputs, model=model)
+    args = engine_args(params, outputs, model=model)
+    if engine == "embedded":
+        args = attached_values(args)
+    return target.engine_program(engine) + args
 
 
 def planned_command(run: Run, target: Target, ctx: CellContext) -> str:
@@ -90,6 +99,9 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
         if strays:
             log(f"killed stray engine processes: {strays}")
         record["strays_killed"] = strays
+        # Before the gate: finding the metadata (hashing the model the first time) may warm
+        # the device, and the gate waits for it to cool.
+        record.update(_facts(run, target, ctx))
         entry = wait_for_gate(
             lambda: parse_entry_state(target.read_state_text()), config.gate, stop=ctx.stop.is_set
         )
@@ -138,8 +150,11 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
                 break
         for thread in pumps:
             thread.join(timeout=30)
+        for thread in pumps:
+            if getattr(thread, "error", None) is not None:
+                raise thread.error  # type: ignore[attr-defined]
         wanted = [*output_files(run.cell.params).values(), "pressure.samples"]
-        fetched = target.fetch(run_dir, wanted, staging)
+        fetched, damaged = target.fetch_checked(run_dir, wanted, staging)
         missing = sorted(set(wanted) - set(fetched) - {"pressure.samples"})
         samples_path = staging / "pressure.samples"
         if samples_path.is_file():
@@ -153,6 +168,11 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
         elif exit_code != 0:
             status = "crashed"
             error = f"engine exited with status {exit_code}"
+            last = err_tail(staging / "run.err", 1)
+            if last:
+                error = f"{error}: {last[-1]}"
+        elif damaged:
+            status, error = "invalid", f"transfer check: {'; '.join(damaged)}"
         elif missing:
             status, error = "invalid", f"missing output: {', '.join(missing)}"
         else:
@@ -169,6 +189,16 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     except BmoeError as exc:
         status, error = "error", str(exc)
     duration = time.monotonic() - t0
+    share = engine_cpu_share(staging / "run.csv") if status == "ok" else None
+    temp = record.get("pressure", {}).get("cpu_temp_max_mC")
+    warnings = system_warnings(entry, share, temp / 1000.0 if temp is not None else None)
+    record.update({"engine_cpu_share": share, "system_warnings": warnings})
+    for warning in warnings:
+        log(f"warning: {warning}")
+        kind = warning.rsplit(": ", 1)[-1]
+        if kind not in ctx.shown_warnings:
+            ctx.shown_warnings.add(kind)
+            ctx.sink.message(f"{run.id} on {target.name}: {warning} (results may vary)")
     state = follower.state
     record.update({
         "ended": now_iso(), "duration_s": round(duration, 3), "status": status,
@@ -185,6 +215,16 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     return record
 
 
+def _facts(run: Run, target: Target, ctx: CellContext) -> dict[str, Any]:
+    """Machine metadata for a run's record (never a reason for a run to fail)."""
+    settings = ctx.config.settings
+    try:
+        model = target.model_path(str(run.cell.params["model"]), settings.base_dir)
+        return ctx.facts.record_fields(target, settings.engine, model, settings.base_dir)
+    except Exception as exc:  # metadata is best effort
+        return {"machine": {}, "facts_error": f"{type(exc).__name__}: {exc}"}
+
+
 class _Interrupted(Exception):
     pass
 
@@ -192,15 +232,23 @@ class _Interrupted(Exception):
 def run_with_retries(
     run: Run, target: Target, ctx: CellContext, emit: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
-    """Attempts until one completes, the retries are spent, or the sweep is stopped."""
+    """Attempts until one completes, the retries are spent, or the sweep is stopped.
+
+    Unless ``ctx.keep_going``, a run whose every attempt failed with the same error stops
+    the sweep (:class:`CellFailed`): a configuration mistake fails once, not in every cell.
+    """
     retries = ctx.config.settings.retries
     record: dict[str, Any] = {}
+    records: list[dict[str, Any]] = []
     for _ in range(retries + 1):
         attempt = ctx.archive.next_attempt(run.id)
         record = run_attempt(run, attempt, target, ctx)
         emit(record)
+        show_failure(run, record, ctx)
+        records.append(record)
         if record["status"] not in RETRYABLE or ctx.stop.is_set():
             break
+    check_same_failure(run, records, ctx)
     return record
 
 
@@ -209,15 +257,29 @@ def run_unit(
 ) -> None:
     """Run the runs of `unit` back to back on `target` (turns of one engine process in
     session mode), archiving each attempt and passing its record to `emit`."""
-    if unit.session:
-        from bmoe.sweep.sessions import run_session_unit
+    try:
+        if unit.session:
+            from bmoe.sweep.sessions import run_session_unit
 
-        run_session_unit(unit, target, ctx, emit)
-        return
-    for run in unit.runs:
-        if ctx.stop.is_set():
+            run_session_unit(unit, target, ctx, emit)
             return
-        run_with_retries(run, target, ctx, emit)
+        for run in unit.runs:
+            if ctx.stop.is_set():
+                return
+            run_with_retries(run, target, ctx, emit)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        ctx.stop.set()  # the other targets end their attempts too
+        where = f" writing {exc.filename}" if exc.filename else ""
+        raise DiskFull(
+            f"{ctx.archive.root}: no space left on the device{where}; the sweep stopped "
+            f"(free space, then resume with: bmoe sweep {ctx.archive.root})"
+        ) from None
+
+
+class DiskFull(BmoeError):
+    """The sweep folder's filesystem is full: the sweep stops (completed runs are kept)."""
 
 
 class Executor(Protocol):
@@ -287,6 +349,7 @@ class LocalExecutor:
             thread.start()
         alive = len(threads)
         interrupted = False
+        failure: BaseException | None = None
         while alive:
             try:
                 item = results.get(timeout=0.25)
@@ -300,10 +363,14 @@ class LocalExecutor:
             if item is done_marker:
                 alive -= 1
             elif isinstance(item, BaseException):
+                # Stop the other targets and wait for their attempts to be archived (no
+                # engine left running, no thread dying mid-write); then raise the first.
                 stop.set()
-                raise item
+                failure = failure or item
             else:
                 yield item
+        if failure is not None:
+            raise failure
         if interrupted:
             raise KeyboardInterrupt
 
@@ -340,8 +407,8 @@ def prepare_resume(archive: ArchiveWriter, plan: Plan, sink: ProgressSink) -> se
     folder missing from the manifest (killed between rename and append) gets its line back;
     a folder that no longer validates is set aside and its run is done again.
     """
-    manifest = archive.manifest()
-    ok_in_manifest = {(r["run"], r["attempt"]) for r in manifest if r.get("status") == "ok"}
+    manifest = [r for r in archive.manifest() if isinstance(r, dict)]
+    ok_in_manifest = {(r.get("run"), r.get("attempt")) for r in manifest if r.get("status") == "ok"}
     for killed in archive.clear_stale_staging():
         cell = killed.parent.name
         rep, attempt = killed.name.split(".")[0], int(killed.name.split(".")[1][1:])
@@ -351,17 +418,30 @@ def prepare_resume(archive: ArchiveWriter, plan: Plan, sink: ProgressSink) -> se
                 killed.relative_to(archive.root)), "ended": now_iso(),
         })  # fmt: skip
         sink.message(f"{cell}/{rep} attempt {attempt}: the sweep was killed while it ran")
+    ok_attempts: dict[str, set[Any]] = {}
+    for run_key, ok_attempt in ok_in_manifest:
+        ok_attempts.setdefault(str(run_key), set()).add(ok_attempt)
     done: set[str] = set()
     for run in plan.runs:
         ok, why = archive.validate_run(run.id)
         if ok:
             done.add(run.id)
-            record = archive.completed_record(run.id)
-            if record and (run.id, record.get("attempt")) not in ok_in_manifest:
+            record = archive.completed_record(run.id) or {}
+            kept = record.get("attempt")
+            if ok_attempts.get(run.id, set()) - {kept}:
+                # At most one ok per run: the folder's attempt is the one that counts.
+                archive.retract_ok(run.id, "another attempt of this run is the completed one",
+                                   keep_attempt=kept)  # fmt: skip
+            if record and (run.id, kept) not in ok_in_manifest:
                 archive.append_manifest(record)
         elif archive.run_final(run.id).exists():
             moved = archive.set_aside(run.id, why)
+            archive.retract_ok(run.id, why, moved_to=moved)
             sink.message(f"{run.id}: {why}; set aside as {moved.name if moved else '?'}, rerun")
+        elif run.id in ok_attempts:
+            why = "its folder is missing"
+            archive.retract_ok(run.id, why)
+            sink.message(f"{run.id}: {why}; rerun")
     return done
 
 
@@ -373,16 +453,45 @@ def run_sweep(
     sink: ProgressSink | None = None,
     executor: Executor | None = None,
     stop: threading.Event | None = None,
+    flags_checked: bool = False,
+    keep_going: bool = False,
 ) -> SweepOutcome:
     """Run every run of `plan` not already complete in `archive`; write ``results.parquet``.
+
+    Before the first run every cell's flags are checked against the engine (unless the
+    caller did: `flags_checked`). A cell whose every attempt fails with the same error stops
+    the sweep with that error (:class:`CellFailed`) unless `keep_going`.
 
     On KeyboardInterrupt the running engines are stopped, their attempts archived as
     ``interrupted``, the results written, and the interrupt re-raised.
     """
+    from bmoe.sweep.lock import folder_lock
+
+    with folder_lock(archive.root) as lock:  # one runner per folder (on the driver)
+        if lock.stale:
+            sink_ = sink or NullSink()
+            sink_.message(f"took over the lock left by pid {lock.stale.get('pid')} on host "
+                          f"{lock.stale.get('host')}, which is gone")  # fmt: skip
+        return _run_sweep_locked(
+            config, plan, archive, sink, executor, stop, flags_checked, keep_going
+        )
+
+
+def _run_sweep_locked(
+    config: SweepConfig,
+    plan: Plan,
+    archive: ArchiveWriter,
+    sink: ProgressSink | None,
+    executor: Executor | None,
+    stop: threading.Event | None,
+    flags_checked: bool,
+    keep_going: bool,
+) -> SweepOutcome:
     sink = sink or NullSink()
     stop = stop or threading.Event()
     executor = executor or executor_for(config)
-    ctx = CellContext(config, archive, stop, sink)
+    facts = MachineFacts(archive.state_dir / "model-digests.json")
+    ctx = CellContext(config, archive, stop, sink, keep_going=keep_going, facts=facts)
     done = prepare_resume(archive, plan, sink)
     units = []
     for unit in plan.units:
@@ -391,16 +500,34 @@ def run_sweep(
             units.append(Unit(runs, unit.tags, unit.session))
     targets = [open_target(spec, archive.state_dir / "targets") for spec in config.targets]
     needed = {t.name for t in targets if any(t.spec.can_run(u.tags) for u in units)}
+    if config.settings.adaptive:  # later rounds may run any cell
+        needed |= {t.name for t in targets if any(t.spec.can_run(u.tags) for u in plan.units)}
     records: list[dict[str, Any]] = []
     total = len(plan.runs)
     interrupted = False
     try:
         usable = [t for t in targets if t.name in needed]
         executor.check(usable, ctx)
+        if not flags_checked:
+            local = config.settings.executor == "local"  # a farm's targets are not reachable
+            for note in check_flags(config, plan.cells, usable, probe=local):
+                sink.message(note)
         sink.sweep_started(total, len(done), [t.name for t in usable])
         try:
             for record in executor.execute(units, usable, ctx):
                 records.append(record)
+            while config.settings.adaptive:
+                more = _next_round(config, plan, archive, ctx, total)
+                if more is None:
+                    break
+                more_runs = [run for unit in more for run in unit.runs]
+                total += len(more_runs)
+                sink.message(f"another round for {len({r.cell.id for r in more_runs})} cell(s) "
+                             "whose mean is not settled yet")  # fmt: skip
+                done_now = len(done) + sum(1 for r in records if r["status"] == "ok")
+                sink.sweep_started(total, done_now, [t.name for t in usable])
+                for record in executor.execute(more, usable, ctx):
+                    records.append(record)
         except KeyboardInterrupt:
             interrupted = True
             stop.set()
@@ -409,8 +536,46 @@ def run_sweep(
         for target in targets:
             with contextlib.suppress(Exception):
                 target.close()
-        finish_results(archive, plan, config)
+        try:
+            finish_results(archive, plan, config)
+        except OSError as exc:
+            sink.message(f"could not write results.parquet: {exc.strerror or exc} "
+                         f"(bmoe analyze sweep rebuilds it from the manifest)")  # fmt: skip
     return SweepOutcome(archive.root, records, len(done), total, interrupted)
+
+
+def _next_round(
+    config: SweepConfig, plan: Plan, archive: ArchiveWriter, ctx: CellContext, position: int
+) -> list[Unit] | None:
+    """The units of one more round for the cells whose mean tok/s is not yet within the
+    target interval (``repeats = "auto"``); None when every cell is settled or at its bound
+    (runs attempted, whatever their status), or the sweep was stopped."""
+    from bmoe.sweep.adaptive import cells_needing_more
+    from bmoe.sweep.plan import cell_groups, round_units
+
+    if ctx.stop.is_set():
+        return None
+    settings = config.settings
+    rounds: dict[str, int] = {}
+    for record in archive.manifest():
+        if not isinstance(record, dict) or record.get("warmup"):
+            continue
+        if not isinstance(record.get("repeat"), int):
+            continue
+        cell = str(record.get("cell"))
+        rounds[cell] = max(rounds.get(cell, 0), record["repeat"])
+    ids = [c.id for c in plan.cells if rounds.get(c.id, 0) < settings.max_repeats]
+    need = set(cells_needing_more(results_frame(archive.root), ids, settings.target_interval))
+    if not need:
+        return None
+    round_no = min(rounds.get(c, 0) for c in need) + 1
+    groups = [g for g in cell_groups(config, plan.cells) if any(c.id in need for c in g)]
+    units = []
+    for unit in round_units(config, groups, round_no, position):
+        runs = tuple(r for r in unit.runs if r.cell.id in need or len(unit.runs) > 1)
+        if runs:
+            units.append(Unit(runs, unit.tags, unit.session))
+    return units or None
 
 
 def finish_results(archive: ArchiveWriter, plan: Plan, config: SweepConfig) -> Path | None:

@@ -29,7 +29,16 @@ from bmoe.errors import BmoeError
 from bmoe.formats.metrics import MetricsRun, read_metrics, write_metrics
 from bmoe.formats.sidecar import write_pressure
 from bmoe.sweep.archive import csv_complete, fsync_dir, write_atomic
-from bmoe.sweep.attempt import RETRYABLE, AttemptLog, CellContext, now_iso, printable, pump
+from bmoe.sweep.attempt import (
+    RETRYABLE,
+    AttemptLog,
+    CellContext,
+    check_same_failure,
+    now_iso,
+    printable,
+    pump,
+    show_failure,
+)
 from bmoe.sweep.gate import EntryState, parse_entry_state, parse_samples, pressure_from_samples
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.targets import Target, TargetError
@@ -269,18 +278,24 @@ def run_session_unit(
     retries; runs a dead session did not reach get a new one."""
     retries = ctx.config.settings.retries
     tries: dict[str, int] = {r.id: 0 for r in unit.runs}
+    failures: dict[str, list[dict[str, Any]]] = {r.id: [] for r in unit.runs}
     pending = list(unit.runs)
     while pending and not ctx.stop.is_set():
         collected: list[dict[str, Any]] = []
         unreached = run_session(pending, target, ctx, collected.append)
+        by_id = {r.id: r for r in pending}
         for record in collected:
             emit(record)
+            if record["run"] in by_id:
+                show_failure(by_id[record["run"]], record, ctx)
         again = []
         for record in collected:
             tries[record["run"]] += 1
+            failures.setdefault(record["run"], []).append(record)
             if record["status"] in RETRYABLE and tries[record["run"]] <= retries:
                 again.append(record["run"])
-        by_id = {r.id: r for r in pending}
+            elif record["run"] in by_id:
+                check_same_failure(by_id[record["run"]], failures[record["run"]], ctx)
         nxt = [by_id[i] for i in again] + [r for r in unreached if r.id not in again]
         if not collected and nxt == pending:
             break  # the session could not start at all; do not loop forever

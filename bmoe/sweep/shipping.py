@@ -36,6 +36,7 @@ from bmoe.errors import BmoeError
 from bmoe.sweep.archive import RECORD, ArchiveWriter, AttemptPaths, fsync_dir
 from bmoe.sweep.attempt import (
     CellContext,
+    CellFailed,
     ProgressSink,
     UnitRunner,
     attempt_record,
@@ -137,6 +138,7 @@ def run_unit_away(
     chunk_bytes: int = CHUNK_BYTES,
     state_dir: Path | None = None,
     run_unit: UnitRunner,
+    keep_going: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """Run `unit` on this host (where `target_spec` is reachable) and yield its messages.
 
@@ -147,6 +149,8 @@ def run_unit_away(
     as soon as they are shipped. `state_dir` is where the target keeps its state (default
     :func:`host_state_dir`). `run_unit` runs the unit (the local runner's
     :func:`~bmoe.sweep.runner.run_unit`, passed in so that this module never imports the runner).
+    Without `keep_going`, a run whose every attempt failed the same way ends the unit with a
+    ``cell_failed`` message (the driver stops the sweep).
     """
     scratch = Path(tempfile.mkdtemp(prefix="bmoe-farm-"))
     target = None
@@ -158,7 +162,7 @@ def run_unit_away(
                 (archive.root / SESSIONS / name).mkdir(parents=True, exist_ok=True)
         events: queue.Queue = queue.Queue()
         stop = threading.Event()
-        ctx = CellContext(config, archive, stop, _HostSink(events))
+        ctx = CellContext(config, archive, stop, _HostSink(events), keep_going=keep_going)
         target = open_target(target_spec, state_dir or host_state_dir(sweep_name))
         yield {"kind": "hello", "host": socket.gethostname(), "node": node, "pid": os.getpid()}
         finished = object()
@@ -166,6 +170,8 @@ def run_unit_away(
         def work() -> None:
             try:
                 run_unit(unit, target, ctx, lambda r: events.put({"kind": "_record", "record": r}))
+            except CellFailed as exc:
+                events.put({"kind": "cell_failed", "error": str(exc)})
             except BaseException as exc:  # reported to the driver, never lost in a thread
                 events.put({"kind": "failed", "error": f"{type(exc).__name__}: {exc}"})
             finally:
@@ -261,6 +267,8 @@ class Receiver:
         self.archive = archive
         self.config = config
         self.sink = sink
+        #: Why the sweep must stop: a run whose every attempt failed the same way on a host.
+        self.cell_failed: str | None = None
 
     def receive(self, delivery: Delivery, item: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Take one message; returns the records of the attempts it completed (archived)."""
@@ -290,6 +298,10 @@ class Receiver:
             self.sink.message(f"{name}: {item.get('text')}")
         elif kind == "failed":
             return self.fail(delivery, "error", f"on host {delivery.host}: {item.get('error')}")
+        elif kind == "cell_failed":
+            # The executor stops the sweep, lets the other hosts end their attempts, then
+            # raises this.
+            self.cell_failed = self.cell_failed or f"{item.get('error')} (on host {delivery.host})"
         return []
 
     def _open(self, delivery: Delivery, run_id: str, attempt: int) -> tuple[Run, AttemptPaths]:
@@ -332,9 +344,15 @@ class Receiver:
     def _record(self, delivery: Delivery, record: dict[str, Any]) -> dict[str, Any]:
         run, files = self._open(delivery, record["run"], int(record["attempt"]))
         del delivery.open[(run.id, int(record["attempt"]))]
+        listing = record.get("files")
         for key in ("files", "dir"):
             record.pop(key, None)
         record.setdefault("node", delivery.node)
+        problem = delivery_problem(files.staging, listing, record.get("status") == "ok")
+        if problem is not None:
+            earlier = record.get("error")
+            record["status"] = "invalid"
+            record["error"] = f"delivery check: {problem}" + (f"; {earlier}" if earlier else "")
         record = self.archive.finalize(files, printable(record))
         delivery.statuses[run.id] = record["status"]
         delivery.lost.discard(run.id)
@@ -381,12 +399,47 @@ class Receiver:
         return records
 
 
+def delivery_problem(staging: Path, listing: Any, complete: bool) -> str | None:
+    """Why the files that arrived in `staging` are not the attempt the host archived (None
+    when they are): every file the host listed, with its size and SHA-256, and for a run the
+    host called complete, a metrics CSV that reads as a finished run."""
+    from bmoe.sweep.archive import csv_complete, file_digest
+
+    if not isinstance(listing, Mapping):
+        return "the host sent no file listing" if complete else None
+    for name, meta in listing.items():
+        path = staging / str(name)
+        if not isinstance(meta, Mapping):
+            return f"bad listing entry for {name!r}"
+        if not path.is_file():
+            return f"{name} did not arrive"
+        size = path.stat().st_size
+        if size != meta.get("bytes"):
+            return f"{name}: {size} bytes arrived, the host wrote {meta.get('bytes')}"
+        if file_digest(path) != meta.get("sha256"):
+            return f"{name}: checksum differs from the host's"
+    if complete:
+        csv = staging / "run.csv"
+        if not csv.is_file():
+            return "no run.csv"
+        ok, why = csv_complete(csv)
+        if not ok:
+            return why
+    return None
+
+
 def _write_piece(folder: Path, item: Mapping[str, Any]) -> None:
     name = str(item["name"])
     if not _FILE_NAME.fullmatch(name) or name in (".", "..", RECORD):
         raise BmoeError(f"a farm host sent a file with a bad name: {name!r}")
     path = folder / name
+    offset = item.get("offset")
+    size = path.stat().st_size if path.exists() else 0
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= size:
+        # Pieces arrive in order: anything else would leave a hole (or a huge sparse file).
+        raise BmoeError(f"a farm host sent a piece of {name} at offset {offset!r} "
+                        f"(the file has {size} bytes)")  # fmt: skip
     mode = "r+b" if path.exists() else "wb"
     with open(path, mode) as fh:
-        fh.seek(int(item["offset"]))
+        fh.seek(offset)
         fh.write(item["data"])

@@ -74,6 +74,17 @@ exit 0
 """
 
 MKDIR_SCRIPT = 'mkdir -p "$1"'
+#: Size and SHA-256 (when the target has sha256sum) of the files $2... in folder $1.
+LISTING_SCRIPT = r"""
+d=$1; shift
+for f in "$@"; do
+  [ -f "$d/$f" ] || continue
+  n=$(wc -c < "$d/$f" | tr -d ' ')
+  h=$(sha256sum "$d/$f" 2>/dev/null | cut -d ' ' -f 1)
+  echo "$n ${h:--} $f"
+done
+exit 0
+"""
 REMOVE_SCRIPT = 'case $1 in "$2"/*) rm -rf "$1";; esac'
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -132,6 +143,12 @@ class Target(ABC):
     @abstractmethod
     def fetch(self, run_dir: str, names: list[str], staging: Path) -> list[str]:
         """Bring the named files of `run_dir` into `staging`; returns those that existed."""
+
+    def fetch_checked(self, run_dir: str, names: list[str],
+                      staging: Path) -> tuple[list[str], list[str]]:  # fmt: skip
+        """:meth:`fetch`, then each file compared with the target's copy (size, checksum);
+        returns the files that arrived whole and the problems found."""
+        return self.fetch(run_dir, names, staging), []
 
     @abstractmethod
     def pidfile(self) -> str:
@@ -337,6 +354,35 @@ class RemoteTarget(Target):
 
     def describe(self, argv, run_dir):
         return shlex.join(self.command(f"cd {shlex.quote(run_dir)} && {shlex.join(argv)}"))
+
+    def listing(self, run_dir: str, names: list[str]) -> dict[str, tuple[int, str | None]]:
+        """Size and SHA-256 (None when the target cannot tell) of the named files there."""
+        res = self.shell(LISTING_SCRIPT, [run_dir, *names], timeout=300)
+        out: dict[str, tuple[int, str | None]] = {}
+        for line in res.stdout.decode("utf-8", "replace").splitlines():
+            size, digest, name = [*line.split(" ", 2), "", ""][:3]
+            if size.isdigit() and name in names:
+                out[name] = (int(size), None if digest == "-" else digest)
+        return out
+
+    def fetch_checked(self, run_dir, names, staging):
+        from bmoe.sweep.archive import file_digest
+
+        there = self.listing(run_dir, names)
+        fetched = self.fetch(run_dir, names, staging)
+        whole, problems = [], []
+        for name in fetched:
+            size = (staging / name).stat().st_size
+            expected, digest = there.get(name, (None, None))
+            if expected is None:
+                problems.append(f"{name}: no size from the target")
+            elif size != expected:
+                problems.append(f"{name}: {size} bytes arrived, {expected} on the target")
+            elif digest is not None and file_digest(staging / name) != digest:
+                problems.append(f"{name}: checksum differs from the target's copy")
+            else:
+                whole.append(name)
+        return whole, problems
 
 
 class AdbTarget(RemoteTarget):

@@ -1,6 +1,7 @@
 """A stand-in for ``adb`` whose device is this host: ``shell`` runs ``sh -c`` on the joined
 arguments (as adb does), ``push``/``pull`` copy files. Every call is logged (one JSON line)
-to the file named by ``$FAKE_ADB_LOG``; a serial other than ``$FAKE_ADB_SERIAL`` fails."""
+to the file named by ``$FAKE_ADB_LOG``; a serial other than ``$FAKE_ADB_SERIAL`` fails. A pull
+of a file named ``$FAKE_ADB_CUT`` loses its last byte (a transfer cut short)."""
 
 import json
 import os
@@ -35,6 +36,9 @@ def main(argv):
             sys.stderr.write(f"adb: error: failed to stat remote object '{rest[0]}'\n")
             return 1
         shutil.copyfile(rest[0], rest[1])
+        if os.path.basename(rest[0]) == os.environ.get("FAKE_ADB_CUT"):
+            with open(rest[1], "rb+") as fh:
+                fh.truncate(max(0, os.path.getsize(rest[1]) - 1))
         return 0
     sys.stderr.write(f"adb: unknown command {cmd}\n")
     return 1

@@ -5,7 +5,9 @@ for the tests comes through flags the real engine does not have, which a driver 
 through like any unknown flag:
 
 --fake-mode ok|crash|crash-once|hang|badutf8   --fake-state DIR (crash-once's memory)
---fake-delay S (seconds per token)
+--fake-delay S (seconds per token)   --fake-jitter J (each run's token times x (1 + J * U[0,1)))
+-h / --help lists the flags it takes, as the native engine's help does; --version alone
+prints a version line.
 """
 
 import json
@@ -22,11 +24,23 @@ KNOWN = {
     "--csv": 1, "--route-trace": 1, "--compute-trace": 1, "--compute-trace-layers": 1,
     "--io-trace": 1, "--moe-stream": 0, "--cache-mb": 1, "--io-threads": 1, "--no-odirect": 0,
     "--load-all": 0, "--prefetch": 1, "--dense-weights": 1, "--chatml": 0, "--no-think": 0,
-    "--overlap": 0, "--fake-mode": 1, "--fake-state": 1, "--fake-delay": 1,
+    "--overlap": 0, "--fake-mode": 1, "--fake-state": 1, "--fake-delay": 1, "--fake-jitter": 1,
 }  # fmt: skip
 
 
+def usage():
+    lines = ["usage: bmoe-cli -m MODEL [options]"]
+    lines += [f"  {flag}{' VALUE' if takes else ''}" for flag, takes in KNOWN.items()]
+    sys.stdout.write("\n".join(lines) + "\n  -h, --help\n")
+
+
 def parse(argv):
+    if "-h" in argv or "--help" in argv:
+        usage()
+        sys.exit(0)
+    if argv == ["--version"]:
+        sys.stdout.write("fake-bmoe-cli 0.1 (build stand-in)\n")
+        sys.exit(0)
     opts = {}
     i = 0
     while i < len(argv):
@@ -108,6 +122,11 @@ def main():
         else:
             mode = "ok"
     base_wall = 4.0 / (1.0 + cache_mb / 8.0) + 0.5 * k
+    jitter = float(get(opts, "--fake-jitter", default="0"))
+    if jitter:
+        import random
+
+        base_wall *= 1.0 + jitter * random.random()
 
     def generate(n, turn, prompt, cancel_check=None):
         total = 0.0
