@@ -250,11 +250,10 @@ def _latency_column(flash: pd.DataFrame, column: str) -> pd.Series:
     return values.fillna(flash["latency_ms"].astype(float))
 
 
-def request_latency_ms(
-    flash: pd.DataFrame, req_bytes: float, lanes: int, column: str = "latency_ms"
-) -> tuple[float, float]:
-    """(latency of one request of `req_bytes` with `lanes` lanes busy, per-batch overhead)
-    from a profile's flash table, interpolated as the module docstring says."""
+def _lane_curve(
+    flash: pd.DataFrame, req_bytes: float, column: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per measured lane count: the latency of a `req_bytes` request and the batch overhead."""
     per_lanes = []
     for n_lanes, rows in flash.groupby("lanes"):
         rows = rows.sort_values("req_bytes")
@@ -268,9 +267,12 @@ def request_latency_ms(
             value = float(np.interp(req_bytes, sizes, lat))
         overhead = float(rows["batch_overhead_ms"].astype(float).median())
         per_lanes.append((int(n_lanes), value, overhead))
-    lanes_known = np.array([p[0] for p in per_lanes], dtype=np.float64)
-    lat_known = np.array([p[1] for p in per_lanes])
-    over_known = np.array([p[2] for p in per_lanes])
+    arrays = np.array(per_lanes, dtype=np.float64).T
+    return arrays[0], arrays[1], arrays[2]
+
+
+def _at_lanes(curve, lanes: int) -> tuple[float, float]:
+    lanes_known, lat_known, over_known = curve
     per_lane = lat_known / lanes_known  # time per request when the lanes are kept busy
     if lanes <= lanes_known[0]:
         return float(lat_known[0]), float(over_known[0])
@@ -280,6 +282,14 @@ def request_latency_ms(
         float(np.interp(lanes, lanes_known, per_lane) * lanes),
         float(np.interp(lanes, lanes_known, over_known)),
     )
+
+
+def request_latency_ms(
+    flash: pd.DataFrame, req_bytes: float, lanes: int, column: str = "latency_ms"
+) -> tuple[float, float]:
+    """(latency of one request of `req_bytes` with `lanes` lanes busy, per-batch overhead)
+    from a profile's flash table, interpolated as the module docstring says."""
+    return _at_lanes(_lane_curve(flash, req_bytes, column), lanes)
 
 
 def batch_flash_ms(
@@ -292,11 +302,11 @@ def batch_flash_ms(
     """Flash wait of read batches of `requests` requests each with `lanes` lanes: the best
     of every lane count up to `lanes` (never slower with more lanes)."""
     requests = np.asarray(requests, dtype=np.float64)
+    curve = _lane_curve(flash, req_bytes, column)
     best = np.full(requests.shape, np.inf)
     for n in range(1, max(1, int(lanes)) + 1):
-        lat, overhead = request_latency_ms(flash, req_bytes, n, column)
-        t = overhead + lat * np.ceil(requests / n)
-        best = np.minimum(best, t)
+        lat, overhead = _at_lanes(curve, n)
+        best = np.minimum(best, overhead + lat * np.ceil(requests / n))
     return np.where(requests > 0, best, 0.0)
 
 
