@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -189,7 +190,7 @@ def test_more_lanes_never_predict_slower_flash(rows, requests):
         ]
     )
     times = [batch_flash_ms(flash, np.asarray(requests), MIB, lanes) for lanes in range(1, 12)]
-    for fewer, more in zip(times, times[1:], strict=False):
+    for fewer, more in itertools.pairwise(times):
         assert np.all(more <= fewer + 1e-9)
 
 
