@@ -438,13 +438,79 @@ __all__ = [
     "GRID_AXES",
     "PREDICT_COLUMNS",
     "CellReads",
+    "against",
     "batch_flash_ms",
     "cell_reads",
     "check_model",
     "grid_cells",
+    "measured_cells",
     "parse_grid",
     "predict",
     "predict_cell",
     "request_latency_ms",
     "token_times",
 ]
+
+
+# ----------------------------------------------------------------------------- against
+
+
+def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.DataFrame:
+    """One row per sweep cell (ok attempts): its grid values and the median over repeats
+    of tok/s (tokens over decode time), MiB/token and hit %."""
+    ok = results[results["status"] == "ok"] if "status" in results else results
+    if not len(ok):
+        raise BmoeError("the sweep has no successful run to compare with")
+    if "cache_mb" not in ok:
+        raise BmoeError("the sweep's runs have no cache_mb: nothing to predict them from")
+    frame = pd.DataFrame({"cell": ok["cell"] if "cell" in ok else range(len(ok))})
+    for axis in GRID_AXES:
+        values = ok[axis] if axis in ok else pd.Series(defaults[axis], index=ok.index)
+        frame[axis] = pd.to_numeric(values, errors="coerce").fillna(defaults[axis]).to_numpy()
+    rate = "tok_s_reported" if "tok_s_reported" in ok else "tok_s_mean"
+    frame["tok_s"] = pd.to_numeric(ok[rate], errors="coerce").to_numpy()
+    for out, col in (("mib_per_token", "read_mib_per_token"), ("hit_pct", "cache_hit_pct")):
+        frame[out] = pd.to_numeric(ok[col], errors="coerce").to_numpy() if col in ok else np.nan
+    grouped = frame.groupby(["cell", *GRID_AXES], sort=False, dropna=False)
+    cells = grouped[["tok_s", "mib_per_token", "hit_pct"]].median()
+    cells["runs"] = grouped.size()
+    cells = cells.reset_index()
+    cells["io_threads"] = cells["io_threads"].astype(int)
+    cells["prefetch"] = cells["prefetch"].astype(int)
+    return cells
+
+
+def against(
+    trace: RouteTrace,
+    profile: DeviceProfile,
+    results: pd.DataFrame,
+    *,
+    policy: str = "lru",
+    seed: int = 0,
+) -> dict[str, pd.DataFrame | dict]:
+    """Every measured cell of a sweep next to its prediction: ``cells`` (measured, predicted
+    and the error of each figure) and ``summary`` (median and mean absolute tok/s error,
+    cells inside the interval, largest MiB/token and hit % gaps)."""
+    defaults = {"cache_mb": 0, "io_threads": _default_lanes(profile), "prefetch": 0}
+    measured = measured_cells(results, defaults)
+    predicted = predict(trace, profile, measured[list(GRID_AXES)], policy=policy, seed=seed)
+    cells = measured.copy()
+    for col in ("tok_s", "tok_s_low", "tok_s_high", "mib_per_token", "hit_pct"):
+        cells[f"{col}_predicted"] = predicted[col].to_numpy()
+    cells["tok_s_error_pct"] = 100.0 * (cells["tok_s_predicted"] - cells["tok_s"]) / cells["tok_s"]
+    cells["mib_per_token_error"] = cells["mib_per_token_predicted"] - cells["mib_per_token"]
+    cells["hit_pct_error"] = cells["hit_pct_predicted"] - cells["hit_pct"]
+    inside = (cells["tok_s"] >= cells["tok_s_low_predicted"]) & (
+        cells["tok_s"] <= cells["tok_s_high_predicted"]
+    )
+    err = cells["tok_s_error_pct"].abs()
+    summary = {
+        "cells": len(cells),
+        "median_abs_tok_s_error_pct": float(err.median()),
+        "mean_abs_tok_s_error_pct": float(err.mean()),
+        "max_abs_tok_s_error_pct": float(err.max()),
+        "inside_interval": int(inside.sum()),
+        "max_abs_mib_per_token_error": float(cells["mib_per_token_error"].abs().max()),
+        "max_abs_hit_pct_error": float(cells["hit_pct_error"].abs().max()),
+    }
+    return {"cells": cells, "summary": summary}

@@ -45,6 +45,7 @@ COMMAND_MODULES = (
     "bmoe.cli.replay",
     "bmoe.cli.engine",
     "bmoe.cli.report",
+    "bmoe.cli.predict",
 )
 
 console = Console()
