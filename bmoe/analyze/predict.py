@@ -448,6 +448,7 @@ __all__ = [
     "predict",
     "predict_cell",
     "request_latency_ms",
+    "sweep_duration",
     "token_times",
 ]
 
@@ -514,3 +515,55 @@ def against(
         "max_abs_hit_pct_error": float(cells["hit_pct_error"].abs().max()),
     }
     return {"cells": cells, "summary": summary}
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+def sweep_duration(
+    trace: RouteTrace | None,
+    profile: DeviceProfile,
+    runs: pd.DataFrame,
+    *,
+    policy: str = "lru",
+) -> pd.DataFrame:
+    """Predicted duration of each planned run (columns cache_mb, io_threads, prefetch,
+    n_predict): model load + prefill + n_predict tokens at the predicted rate. Without a
+    trace every routed expert is priced as a miss (an upper bound, ``bound=True``)."""
+    frame = runs.copy()
+    defaults = {"cache_mb": 0, "io_threads": _default_lanes(profile), "prefetch": 0}
+    for axis, default in defaults.items():
+        values = frame[axis] if axis in frame else pd.Series(default, index=frame.index)
+        frame[axis] = pd.to_numeric(values, errors="coerce").fillna(default)
+    frame["io_threads"] = frame["io_threads"].astype(int)
+    frame["prefetch"] = frame["prefetch"].astype(int)
+    if "n_predict" not in frame:
+        frame["n_predict"] = 128
+    cells = frame[list(GRID_AXES)].drop_duplicates(ignore_index=True)
+    if trace is not None:
+        rates = predict(trace, profile, cells, policy=policy)[[*GRID_AXES, "tok_s"]]
+        bound = False
+    else:
+        rates = cells.assign(tok_s=[_all_miss_rate(profile, int(n)) for n in cells["io_threads"]])
+        bound = True
+    frame = frame.merge(rates, on=list(GRID_AXES), how="left")
+    fixed = float(profile.prefill.get("load_s", 0.0)) + float(profile.prefill.get("prefill_s", 0.0))
+    frame["predicted_s"] = fixed + pd.to_numeric(frame["n_predict"]) / frame["tok_s"]
+    frame["bound"] = bound
+    return frame
+
+
+def _all_miss_rate(profile: DeviceProfile, lanes: int) -> float:
+    """tok/s when every routed expert of every MoE layer is read (no cache, no prefetch)."""
+    k = int(profile.model.get("n_expert_used") or 1)
+    layers = sorted(profile.expert_bytes())
+    slices = int(profile.model["slices_per_expert"])
+    req = float(np.median(list(profile.expert_bytes().values()))) / slices
+    if profile.mode == "overlap":
+        flash = len(layers) * k * float(profile.overlap["stall_ms_per_miss"])
+    else:
+        flash = float(
+            batch_flash_ms(profile.flash, np.full(len(layers), k * slices), req, lanes).sum()
+        )
+    mgmt = profile.mgmt["token_ms"] + profile.mgmt["per_admit_ms"] * k * len(layers)
+    return 1000.0 / (profile.compute["token_ms"] + flash + mgmt)

@@ -192,8 +192,10 @@ def _model_section(runs: Sequence[ProfileRun]) -> dict:
         )
         per = per.groupby(level="layer").median()
         read_per = {str(int(k)): int(v) for k, v in per.items() if int(k) in sizes}
+    route_path = sized[0].route.path
     return {
         "name": str(meta.get("model", "")).replace("\\", "/").rsplit("/", 1)[-1] or None,
+        "route_trace": str(Path(route_path).resolve()) if route_path else None,
         "arch": meta.get("arch"),
         "n_layer": meta.get("n_layer"),
         "n_expert": meta.get("n_expert"),
@@ -331,6 +333,11 @@ def build_profile(runs: Sequence[ProfileRun], *, allow_traced: bool = False) -> 
     ]
     if rates:
         prefill["tok_s"] = float(np.median(rates))
+        prefill["prefill_s"] = float(
+            np.median(
+                [r.metrics.summary["prefill_s"] for r in runs if r.metrics.summary.get("prefill_s")]
+            )
+        )
     loads = [r.metrics.summary["load_s"] for r in runs if r.metrics.summary.get("load_s")]
     if loads:
         prefill["load_s"] = float(np.median(loads))

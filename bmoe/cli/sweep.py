@@ -43,6 +43,22 @@ def _dry_run(config, plan, archive_root: Path) -> None:
     finally:
         for target in targets.values():
             target.close()
+    _print_predicted_duration(config, plan)
+
+
+def _print_predicted_duration(config, plan) -> None:
+    from bmoe.cli.predict import sweep_predictions
+
+    predicted = sweep_predictions(config, plan)
+    if predicted is None:
+        return
+    total = float(predicted["predicted_s"].sum())
+    kind = "at most" if bool(predicted["bound"].any()) else "about"
+    console.print(
+        f"predicted duration ({config.settings.profile}): {kind} {total / 60:.1f} min of engine "
+        f"time for {len(predicted)} runs (gates and cool-downs not included)",
+        highlight=False,
+    )
 
 
 def _install_sigterm() -> None:
@@ -102,6 +118,9 @@ def sweep_command(
     if dry_run:
         _dry_run(cfg, plan, folder or (root / folder_name(cfg.settings.name)))
         return
+    from bmoe.cli.predict import sweep_predictions
+
+    predicted = sweep_predictions(cfg, plan) if folder is None else None
     if folder is not None:
         archive = Archive.open(folder)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
@@ -113,6 +132,8 @@ def sweep_command(
             write_atomic(folder / CONFIG, text)
     else:
         archive = Archive.create(root, cfg.settings.name, text)
+    if predicted is not None:
+        write_atomic(archive.root / "predictions.csv", predicted.to_csv(index=False))
     _install_sigterm()
     use_plain = plain or not console.is_terminal
     sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)

@@ -71,6 +71,7 @@ class SweepSettings:
     base_dir: str = "."
     executor: str = "local"
     address: str | None = None  # the Ray cluster (executor "ray"): "auto" or host:port
+    profile: str | None = None  # a device profile: each cell's prediction kept beside it
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ def _closest(name: str, allowed: tuple[str, ...]) -> str | None:
 
 SWEEP_KEYS = (
     "name", "engine", "repeats", "order", "seed", "output", "timeout_s", "retries", "session",
-    "base_dir", "executor", "address",
+    "base_dir", "executor", "address", "profile",
 )  # fmt: skip
 GATE_KEYS = ("max_cpu_temp_c", "min_mem_available_mb", "poll_s", "max_wait_s")
 TARGET_KEYS = {
@@ -406,6 +407,8 @@ def _settings(check: _Checker, table: dict[str, Any], base_dir: str | Path) -> S
         kw["address"] = address
     elif kw.get("executor") == "ray":
         kw["address"] = "auto"
+    if "profile" in table:
+        kw["profile"] = check.string(table["profile"], ("sweep", "profile"))
     return SweepSettings(**kw)
 
 
@@ -640,6 +643,8 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
     if s.executor != "local":
         sweep["executor"] = s.executor
         sweep["address"] = s.address
+    if s.profile is not None:
+        sweep["profile"] = s.profile
     doc: dict[str, Any] = {"sweep": sweep}
     if config.base:
         doc["base"] = dict(config.base)
