@@ -42,7 +42,8 @@ def test_the_notebooks_kernel_exists():
 
 def test_every_notebook_is_committed_without_outputs():
     assert [p.name for p in NOTEBOOKS] == [
-        "decode-postmortem.ipynb", "route-postmortem.ipynb", "sweep-postmortem.ipynb",
+        "decode-postmortem.ipynb", "predict.ipynb", "route-postmortem.ipynb",
+        "sweep-postmortem.ipynb",
     ]  # fmt: skip
     for path in NOTEBOOKS:
         nb = json.loads(path.read_text(encoding="utf-8"))
