@@ -185,6 +185,8 @@ def cell_reads(
 
 
 def _prefetch_hits(trace, batches, policy, budget, depth, seed, bets):
+    """Hits and experts prefetched per batch with the previous-token bet at `depth` (the
+    replay's batches staged one by one, so each decode batch's admissions are known)."""
     cache = ExpertCache(budget, policy, n_layer=batches.n_layer, seed=seed)
     if cache.needs_future:
         raise BmoeError(f"policy {policy!r} reads the future; prefetch is not replayed with it")
