@@ -220,6 +220,12 @@ def predict_command(
     trace = read_trace(trace_path)
     for caveat in profile.caveats:
         err_console.print(f"[yellow]caveat:[/] {caveat}", highlight=False)
+    if trace.recorded_with_dropping:
+        err_console.print(
+            "[bold yellow]NOTE[/] this trace was recorded with expert dropping on: the "
+            "prediction reads every expert the router asked for, dropped ones included",
+            highlight=False,
+        )
     if against_dir is not None:
         from bmoe.sweep.archive import load_results
 
