@@ -76,7 +76,7 @@ def test_first_half_profile_predicts_the_second_half(corpus: Path, name):
         run = read_runs([corpus / name])[0]
     params, rows = run.metrics.params, run.metrics.rows
     half = len(rows) // 2
-    first = replace(run, metrics=replace(run.metrics, rows=rows.iloc[:half].reset_index()))
+    first = replace(run, metrics=replace(run.metrics, rows=rows.iloc[:half].reset_index(drop=True)))
     profile = build_profile([first])
     budget = params.get("cache_mb", run.metrics.summary.get("cache_budget_MiB"))
     reads = cell_reads(
