@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = ROOT / "bench-data" / "2026-11-29-small-traces"
 
 
-def make_trace(prefill: list[list[list[int]]], decode: list[list[list[int]]], size=MIB):
+def make_trace(
+    prefill: list[list[list[int]]], decode: list[list[list[int]]], size=MIB, weights=None
+):
     """A route trace from expert ids: ``prefill[token][layer]``, ``decode[step][layer]``."""
     rows = []
     n_layer = len((prefill or decode)[0])
@@ -39,6 +41,8 @@ def make_trace(prefill: list[list[list[int]]], decode: list[list[list[int]]], si
                 for slot, e in enumerate(ids):
                     rows.append((0, phase, first + t, layer, slot, e))
     frame = pd.DataFrame(rows, columns=["turn", "phase", "step", "layer", "slot", "expert"])
+    if weights is not None:  # per slot, the same in every routing
+        frame["weight"] = frame["slot"].map(dict(enumerate(weights)))
     layers = pd.DataFrame({"layer": range(n_layer), "expert_bytes": size})
     k = len((prefill or decode)[0][0])
     meta = {"model": "hand.gguf", "n_layer": n_layer, "n_expert": 8, "n_expert_used": k}
@@ -145,6 +149,25 @@ def test_prefetch_reads_agree_with_the_prefetch_replay(budget):
         (batches.n_lookups - replay.simulate(batches, "lru", budget * MIB))[~batches.decode].sum()
     )
     assert reads.misses.sum() + prefill_misses == ref["demand_misses"]
+
+
+def test_drop_hand_worked():
+    """Gate weights 0.7 / 0.3 at top-2, --drop 1.0: the 0.3 slot is below 1.0 x 1/2, so at
+    budget 0 each decode step reads one expert per layer instead of two: flash 2 x 2 ms,
+    mgmt 1 + 0.5 x 2, compute 10: 16 ms a token; 2 lookups of 4 per step are never made."""
+    trace = make_trace(PREFILL, DECODE, weights=[0.7, 0.3])
+    row = predict(trace, round_profile(), {"cache_mb": [0]}, drop=1.0).iloc[0]
+    assert row["token_ms"] == pytest.approx(16.0)
+    assert row["mib_per_token"] == pytest.approx(2.0)
+    assert row["misses_per_token"] == pytest.approx(2.0)
+    # --drop 0.5: the threshold is 0.25, the 0.3 slot stays
+    kept = predict(trace, round_profile(), {"cache_mb": [0]}, drop=0.5).iloc[0]
+    assert kept["token_ms"] == pytest.approx(21.0)
+
+
+def test_drop_needs_weights():
+    with pytest.raises(BmoeError, match="no gate weights"):
+        predict(make_trace(PREFILL, DECODE), round_profile(), {"cache_mb": [0]}, drop=1.0)
 
 
 # ----------------------------------------------------------------------------- properties

@@ -88,3 +88,18 @@ def test_first_half_profile_predicts_the_second_half(corpus: Path, name):
     predicted = (len(rows) - half) / times["wall_ms"].iloc[half:].sum()
     measured = (len(rows) - half) / rows["wall_ms"].iloc[half:].sum()
     assert predicted == pytest.approx(measured, rel=0.15)
+
+
+def test_drop_replay_reproduces_the_dropping_runs_hit_rate(corpus: Path):
+    """native-tiny/drop ran --drop-cold-experts 1.0 at 3 MiB: the replay with --drop 1.0
+    gives its recorded hit rate (dropped routings are never looked up); without it, not."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = read_runs([corpus / "native-tiny/drop.csv"])[0]
+    profile = build_profile([run])
+    cell = {"cache_mb": [3], "io_threads": [4]}
+    summary = run.metrics.summary
+    dropped = predict(run.route, profile, cell, drop=1.0).iloc[0]
+    plain = predict(run.route, profile, cell).iloc[0]
+    assert dropped["hit_pct"] == pytest.approx(summary["cache_hit_pct"], abs=0.051)
+    assert abs(plain["hit_pct"] - summary["cache_hit_pct"]) > 10

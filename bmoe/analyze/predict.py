@@ -154,15 +154,23 @@ def cell_reads(
     *,
     seed: int = 0,
     bets: dict[tuple[int, int, int], list[int]] | None = None,
+    drop: float | None = None,
 ) -> CellReads:
     """Replay one configuration and keep what each decode batch missed and prefetched.
 
     Without prefetch this is :func:`bmoe.analyze.replay.simulate`; with ``prefetch=K`` each
     decode batch of layer l then bets on layers l+1..l+K as the previous token routed them
-    (the first decode token bets on the last prompt token), as the engine does."""
+    (the first decode token bets on the last prompt token), as the engine does. With
+    ``drop=F`` a decode miss whose gate weight is below ``F / k`` is dropped, never the
+    token's top slot (``--drop-cold-experts F``): not looked up, not read."""
     budget = round(budget_mib * MIB)
     n = batches.n_lookups
-    if prefetch <= 0:
+    if drop is not None:
+        if prefetch > 0:
+            raise BmoeError("--drop with --prefetch is not predicted")
+        hits, n = _drop_hits(trace, batches, policy, budget, drop, seed)
+        prefetched = np.zeros(len(batches), dtype=np.int64)
+    elif prefetch <= 0:
         hits = replay.simulate(batches, policy, budget, seed=seed)
         prefetched = np.zeros(len(batches), dtype=np.int64)
     else:
@@ -182,6 +190,58 @@ def cell_reads(
         hit_pct=100.0 * int(hits.sum()) / total if total else float("nan"),
         hit_pct_decode=100.0 * int(hits[decode].sum()) / dec_total if dec_total else float("nan"),
     )
+
+
+def _drop_hits(trace, batches, policy, budget, frac, seed):
+    """Hits and lookups per batch when decode misses below ``frac / k`` are dropped."""
+    rows = trace.rows
+    if "weight" not in rows:
+        raise BmoeError(f"{trace.path or 'trace'}: no gate weights; --drop needs them")
+    if not frac >= 0:
+        raise BmoeError(f"--drop {frac}: give a fraction of the uniform share 1/k, >= 0")
+    dec = rows[rows["phase"] != 0] if "phase" in rows else rows
+    keyed = pd.DataFrame(
+        {
+            "turn": dec["turn"].to_numpy(np.int64) if "turn" in dec else 0,
+            "step": dec["step"].to_numpy(np.int64),
+            "layer": dec["layer"].to_numpy(np.int64),
+            "key": (dec["layer"].to_numpy(np.int64) << 16) | dec["expert"].to_numpy(np.int64),
+            "weight": dec["weight"].to_numpy(np.float64),
+        }
+    )
+    best = keyed.groupby(["turn", "step", "layer", "key"], sort=False)["weight"].max()
+    weights: dict[tuple[int, int, int], dict[int, float]] = {}
+    for (t, st, layer, key), w in best.items():
+        weights.setdefault((int(t), int(st), int(layer)), {})[int(key)] = float(w)
+    k = batches.k or 1
+    threshold = frac / k
+    cache = ExpertCache(budget, policy, n_layer=batches.n_layer, seed=seed)
+    if cache.needs_future:
+        raise BmoeError(f"policy {policy!r} reads the future; dropping is not replayed with it")
+    b_turn, b_step = batches.turn.tolist(), batches.step.tolist()
+    b_dec, b_layer = batches.decode.tolist(), batches.layer.tolist()
+    sizes = batches.size.tolist()
+    hits = np.zeros(len(batches), dtype=np.int64)
+    looked = np.zeros(len(batches), dtype=np.int64)
+    for i, look in enumerate(batches.lookups):
+        layer = b_layer[i]
+        recency = batches.recency[i]
+        if b_dec[i]:
+            cell = weights.get((b_turn[i], b_step[i], layer), {})
+            top = max(cell, key=cell.get) if cell else None
+            kept = [
+                key
+                for key in look
+                if key == top or cell.get(key, 1.0) >= threshold or (layer, key & 0xFFFF) in cache
+            ]
+            if len(kept) != len(look):
+                keep = set(kept)
+                recency = None if recency is None else [x for x in recency if x in keep]
+            look = kept
+        h, _, _, _ = cache.stage_keys(layer, look, recency, sizes[i])
+        hits[i] = len(h)
+        looked[i] = len(look)
+    return hits, looked
 
 
 def _prefetch_hits(trace, batches, policy, budget, depth, seed, bets):
@@ -395,6 +455,7 @@ def predict(
     *,
     policy: str = "lru",
     seed: int = 0,
+    drop: float | None = None,
 ) -> pd.DataFrame:
     """Predict every configuration of `grid` (axes cache_mb, io_threads, prefetch; a
     mapping of value lists or a DataFrame of cells) for the routing `trace` recorded: one row
@@ -418,7 +479,14 @@ def predict(
     rows = []
     for cell in cells.itertuples(index=False):
         reads = cell_reads(
-            trace, batches, policy, float(cell.cache_mb), int(cell.prefetch), seed=seed, bets=bets
+            trace,
+            batches,
+            policy,
+            float(cell.cache_mb),
+            int(cell.prefetch),
+            seed=seed,
+            bets=bets,
+            drop=drop,
         )
         rows.append(
             {
@@ -490,13 +558,16 @@ def against(
     *,
     policy: str = "lru",
     seed: int = 0,
+    drop: float | None = None,
 ) -> dict[str, pd.DataFrame | dict]:
     """Every measured cell of a sweep next to its prediction: ``cells`` (measured, predicted
     and the error of each figure) and ``summary`` (median and mean absolute tok/s error,
     cells inside the interval, largest MiB/token and hit % gaps)."""
     defaults = {"cache_mb": 0, "io_threads": _default_lanes(profile), "prefetch": 0}
     measured = measured_cells(results, defaults)
-    predicted = predict(trace, profile, measured[list(GRID_AXES)], policy=policy, seed=seed)
+    predicted = predict(
+        trace, profile, measured[list(GRID_AXES)], policy=policy, seed=seed, drop=drop
+    )
     cells = measured.copy()
     for col in ("tok_s", "tok_s_low", "tok_s_high", "mib_per_token", "hit_pct"):
         cells[f"{col}_predicted"] = predicted[col].to_numpy()

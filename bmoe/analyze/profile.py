@@ -421,7 +421,9 @@ def _flash_from_metrics(runs, tokens, slices, req) -> pd.DataFrame:
                 "latency_ms": float(np.median(values)),
                 "latency_ms_p10": float(np.quantile(values, 0.1)),
                 "latency_ms_p90": float(np.quantile(values, 0.9)),
-                "mib_s": lanes * req / MIB / (float(np.median(values)) / 1e3),
+                "mib_s": lanes * req / MIB / (float(np.median(values)) / 1e3)
+                if np.median(values) > 0
+                else None,
                 "reads": int(sum(np.sum(x) for t in tokens.values() for x in t["layer_misses"])),
             }
         )

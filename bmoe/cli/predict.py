@@ -189,6 +189,13 @@ def predict_command(
         "given one per --grid). Every combination is predicted.",
     ),
     policy: str = typer.Option("lru", "--policy", help="Cache policy of the replay."),
+    drop: float | None = typer.Option(
+        None,
+        "--drop",
+        metavar="F",
+        help="Replay --drop-cold-experts F: a decode miss with gate weight below F/k is not "
+        "read (never a token's top slot).",
+    ),
     against_dir: Path | None = typer.Option(
         None,
         "--against",
@@ -229,10 +236,12 @@ def predict_command(
     if against_dir is not None:
         from bmoe.sweep.archive import load_results
 
-        views = prediction.against(trace, profile, load_results(against_dir), policy=policy)
+        views = prediction.against(
+            trace, profile, load_results(against_dir), policy=policy, drop=drop
+        )
         table = views["cells"]
     else:
-        table = prediction.predict(trace, profile, cells, policy=policy)
+        table = prediction.predict(trace, profile, cells, policy=policy, drop=drop)
         views = {"predicted": table}
     _show(views, fmt)
     if csv_out is not None:
