@@ -70,6 +70,7 @@ def read_runs(paths: Iterable[str | os.PathLike]) -> list[ProfileRun]:
     from bmoe.formats.detect import detect_bytes
     from bmoe.formats.load import load_file, read_head
 
+    paths = list(paths)
     metrics_paths: list[Path] = []
     for given in paths:
         path = Path(given)
@@ -109,12 +110,16 @@ def decode_misses(route: RouteTrace) -> pd.DataFrame:
     dec = rows[rows["phase"] != 0] if "phase" in rows else rows
     if "residency" not in dec:
         raise BmoeError(f"{route.path or 'route trace'}: no residency column (misses unknown)")
-    miss = dec[dec["residency"] == 0]
-    keys = miss[["step", "layer", "expert"]].drop_duplicates()
-    per = keys.groupby(["step", "layer"]).size().rename("misses").reset_index()
-    steps = np.sort(dec["step"].unique())
-    per["token"] = np.searchsorted(steps, per["step"].to_numpy())
-    return per
+    read = dec["residency"] == 0
+    if "dropped" in dec:  # a dropped routing was never read
+        read &= dec["dropped"] == 0
+    turn = dec["turn"] if "turn" in dec else pd.Series(0, index=dec.index)
+    frame = pd.DataFrame({"turn": turn, "step": dec["step"], "layer": dec["layer"]})
+    keys = frame[read].assign(expert=dec.loc[read, "expert"]).drop_duplicates()
+    per = keys.groupby(["turn", "step", "layer"]).size().rename("misses").reset_index()
+    tokens = frame[["turn", "step"]].drop_duplicates().sort_values(["turn", "step"])
+    tokens["token"] = np.arange(len(tokens))
+    return per.merge(tokens, on=["turn", "step"], how="left")
 
 
 def _token_frame(run: ProfileRun, sizes: dict[int, int], read_per_expert: float) -> pd.DataFrame:
