@@ -37,3 +37,25 @@ def test_local_probe_measures_every_size_and_lane_count(tmp_path: Path) -> None:
 def test_probe_of_a_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(BmoeError, match="cannot read"):
         probe("local", str(tmp_path / "nope.bin"), tmp_path / "state", [4096], [1])
+
+
+def test_probe_replaces_the_flash_latencies_and_keeps_the_engine_overhead() -> None:
+    import pandas as pd
+
+    from bmoe.analyze.profile import with_probe
+    from tests.test_predict import round_profile
+
+    flash = [
+        {"lanes": 1, "req_bytes": 1 << 20, "latency_ms": 2.0, "batch_overhead_ms": 0.5, "reads": 1},
+        {"lanes": 4, "req_bytes": 1 << 20, "latency_ms": 4.0, "batch_overhead_ms": 1.5, "reads": 1},
+    ]
+    probed = pd.DataFrame(
+        {"lanes": [1, 2, 4], "req_bytes": [1 << 20] * 3, "latency_ms": [1.0, 1.5, 3.0],
+         "latency_ms_p10": [0.9, 1.4, 2.8], "latency_ms_p90": [1.1, 1.6, 3.2],
+         "batch_overhead_ms": 0.0, "mib_s": [1000.0, 1300.0, 1300.0], "reads": [9, 9, 9]}
+    )  # fmt: skip
+    out = with_probe(round_profile(flash=flash), probed, "local (blob.bin)")
+    assert out.flash["latency_ms"].tolist() == [1.0, 1.5, 3.0]
+    # the overhead at 2 lanes interpolates the runs' 0.5 (1 lane) and 1.5 (4 lanes)
+    assert out.flash["batch_overhead_ms"].tolist() == pytest.approx([0.5, 0.5 + 1 / 3, 1.5])
+    assert "probe on local (blob.bin)" in out.caveats[-1]

@@ -367,6 +367,24 @@ def build_profile(runs: Sequence[ProfileRun], *, allow_traced: bool = False) -> 
     return profile_from_dict(profile.to_dict())  # validated, as a file would be
 
 
+def with_probe(profile: DeviceProfile, flash: pd.DataFrame, where: str) -> DeviceProfile:
+    """`profile` with its flash latencies replaced by a probe's (`where` it was measured);
+    the per-batch overhead the runs measured (the engine's, not the device's) is kept, per
+    lane count as the prediction interpolates it."""
+    from bmoe.analyze.predict import request_latency_ms
+    from bmoe.formats.profile import profile_from_dict
+
+    table = flash.copy()
+    req = float(table["req_bytes"].median())
+    table["batch_overhead_ms"] = [
+        request_latency_ms(profile.flash, req, int(lanes))[1] for lanes in table["lanes"]
+    ]
+    data = profile.to_dict()
+    data["flash"] = table.to_dict(orient="records")
+    data["caveats"] = [*profile.caveats, f"flash latency measured by probe on {where}"]
+    return profile_from_dict(data)
+
+
 def _expert_share(traces: Sequence[ComputeTrace]) -> float | None:
     """Share of decode compute spent in expert matmuls (MUL_MAT_ID), from compute traces."""
     total = expert = 0.0
@@ -440,4 +458,11 @@ def _flash_from_metrics(runs, tokens, slices, req) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-__all__ = ["ProfileRun", "build_profile", "decode_misses", "flash_table", "read_runs"]
+__all__ = [
+    "ProfileRun",
+    "build_profile",
+    "decode_misses",
+    "flash_table",
+    "read_runs",
+    "with_probe",
+]

@@ -148,8 +148,9 @@ def profile_command(
     for w in caught:
         err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
     if flash is not None:
-        profile.flash = flash
-        profile.caveats.append(f"flash measured by probe on {probe} ({probe_file})")
+        from bmoe.analyze.profile import with_probe
+
+        profile = with_probe(profile, flash, f"{probe} ({probe_file})")
     _show(_profile_views(profile), fmt)
     for caveat in profile.caveats:
         err_console.print(f"[yellow]caveat:[/] {caveat}", highlight=False)
