@@ -43,6 +43,7 @@ def test_the_notebooks_kernel_exists():
 def test_every_notebook_is_committed_without_outputs():
     assert [p.name for p in NOTEBOOKS] == [
         "decode-postmortem.ipynb",
+        "predict.ipynb",
         "route-postmortem.ipynb",
         "sweep-postmortem.ipynb",
     ]

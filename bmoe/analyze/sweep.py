@@ -348,3 +348,15 @@ def analyze_sweep(
         views["forward vs reversed rounds"] = rounds
     views["contamination"] = flags
     return views
+
+
+def predicted_vs_measured(results: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: the tok/s the sweep's profile predicted (``predictions.csv``) next to the
+    median measured over its completed repeats (tokens over decode time), and the error."""
+    ok = ok_attempts(results)
+    rate = "tok_s_reported" if "tok_s_reported" in ok else "tok_s_mean"
+    measured = ok.groupby("cell")[rate].median().rename("tok_s_measured")
+    predicted = predictions.groupby("cell")["tok_s"].first().rename("tok_s_predicted")
+    table = pd.concat([predicted, measured], axis=1, join="inner").reset_index()
+    table["error_pct"] = 100.0 * (table["tok_s_predicted"] / table["tok_s_measured"] - 1.0)
+    return table

@@ -65,6 +65,7 @@ COMMAND_MODULES = (
     "bmoe.cli.engine",
     "bmoe.cli.report",
     "bmoe.cli.history",
+    "bmoe.cli.predict",
 )
 
 console = Console()

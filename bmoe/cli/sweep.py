@@ -50,6 +50,22 @@ def _dry_run(config, plan, archive_root: Path) -> None:
     finally:
         for target in targets.values():
             target.close()
+    _print_predicted_duration(config, plan)
+
+
+def _print_predicted_duration(config, plan) -> None:
+    from bmoe.cli.predict import sweep_predictions
+
+    predicted = sweep_predictions(config, plan)
+    if predicted is None:
+        return
+    total = float(predicted["predicted_s"].sum())
+    kind = "at most" if bool(predicted["bound"].any()) else "about"
+    console.print(
+        f"predicted duration ({config.settings.profile}): {kind} {total / 60:.1f} min of engine "
+        f"time for {len(predicted)} runs (gates and cool-downs not included)",
+        highlight=False,
+    )
 
 
 def _check_flags(config, plan) -> None:
@@ -158,11 +174,13 @@ def sweep_command(
 def _run_locked(
     cfg, plan, folder: Path | None, root: Path, text: str, plain: bool, keep_going: bool
 ) -> None:
+    from bmoe.cli.predict import sweep_predictions
     from bmoe.render.progress import LiveProgress, PlainProgress
     from bmoe.sweep.archive import CONFIG, ArchiveWriter, write_atomic
     from bmoe.sweep.lock import folder_lock
     from bmoe.sweep.runner import run_sweep
 
+    predicted = sweep_predictions(cfg, plan) if folder is None else None
     if folder is not None:
         archive = ArchiveWriter.open(folder)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
@@ -174,6 +192,8 @@ def _run_locked(
             write_atomic(folder / CONFIG, text)
     else:
         archive = ArchiveWriter.create(root, cfg.settings.name, text)
+    if predicted is not None:
+        write_atomic(archive.root / "predictions.csv", predicted.to_csv(index=False))
     _install_sigterm()
     use_plain = plain or not console.is_terminal
     sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)

@@ -694,6 +694,16 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
         )  # fmt: skip
         report.figure(plots.stall_bars(stall), "where each cell's token time went")
 
+    predictions = archive.root / "predictions.csv"
+    if predictions.is_file():
+        from bmoe.render.plots.predict import predicted_vs_measured_plot
+
+        compared = sw.predicted_vs_measured(results, pd.read_csv(predictions))
+        report.heading("Predicted against measured")
+        report.table(compared, "tok/s predicted by the sweep's profile", DIGITS, view="predicted")
+        if len(compared):
+            report.figure(predicted_vs_measured_plot(compared), "predicted against measured")
+
     report.heading("Order and contamination")
     report.text(ORDER_CHECKS)
     report.figures(views["repeats against execution order"], "repeats against execution order",

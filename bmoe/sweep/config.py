@@ -80,6 +80,7 @@ class SweepSettings:
     target_interval: float = 0.05
     #: Runs per cell before its measured ones, archived but left out of the results.
     warmup: int = 0
+    profile: str | None = None  # a device profile: each cell's prediction kept beside it
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,7 @@ def _closest(name: str, allowed: tuple[str, ...]) -> str | None:
 SWEEP_KEYS = (
     "name", "engine", "repeats", "order", "seed", "output", "timeout_s", "retries", "session",
     "base_dir", "executor", "address", "min_repeats", "max_repeats", "target_interval",
-    "warmup",
+    "warmup", "profile",
 )  # fmt: skip
 #: Defaults of repeats = "auto" (as hyperfine and pyperf: a few runs at least, a bound).
 AUTO_MIN_REPEATS, AUTO_MAX_REPEATS, AUTO_TARGET_INTERVAL = 3, 10, 0.05
@@ -461,6 +462,8 @@ def _settings(check: _Checker, table: dict[str, Any], base_dir: str | Path) -> S
         kw["address"] = address
     elif kw.get("executor") == "ray":
         kw["address"] = "auto"
+    if "profile" in table:
+        kw["profile"] = check.string(table["profile"], ("sweep", "profile"))
     return SweepSettings(**kw)
 
 
@@ -707,6 +710,8 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
     if s.executor != "local":
         sweep["executor"] = s.executor
         sweep["address"] = s.address
+    if s.profile is not None:
+        sweep["profile"] = s.profile
     doc: dict[str, Any] = {"sweep": sweep}
     if config.base:
         doc["base"] = dict(config.base)

@@ -1,0 +1,95 @@
+"""Predictions in sweeps: the ``[sweep] profile`` key, the dry run's predicted duration, the
+predictions kept beside the outcomes and the report's predicted-vs-measured view."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bmoe.analyze.predict import sweep_duration
+from bmoe.analyze.sweep import predicted_vs_measured
+from bmoe.cli import main
+from bmoe.errors import BmoeError
+from bmoe.formats.profile import write_profile
+from bmoe.sweep.config import parse_config, resolved_document
+from tests.test_predict import DECODE, PREFILL, make_trace, round_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "bench-data" / "2026-11-29-small-traces"
+
+CONFIG = """
+[sweep]
+name = "pred"
+engine = "embedded"
+profile = "device.json"
+
+[base]
+model = "m.gguf"
+n_predict = 30
+moe_stream = true
+
+[grid]
+cache_mb = [0, 100]
+io_threads = [1]
+"""
+
+
+def test_profile_key_is_kept_in_the_resolved_config(tmp_path: Path) -> None:
+    cfg = parse_config(CONFIG, "sweep.toml", tmp_path)
+    assert cfg.settings.profile == "device.json"
+    assert resolved_document(cfg)["sweep"]["profile"] == "device.json"
+    with pytest.raises(BmoeError, match="profile"):
+        parse_config(CONFIG.replace('"device.json"', "3"), "sweep.toml", tmp_path)
+
+
+def test_sweep_duration_hand_worked() -> None:
+    """Load 1 s + prefill 2 s, then 30 tokens: at budget 0 each takes 21 ms (see
+    test_predict); without a trace every routed expert (2 layers x top-2) misses, the same."""
+    prof = round_profile(prefill={"load_s": 1.0, "prefill_s": 2.0})
+    prof.model["n_expert_used"] = 2
+    runs = pd.DataFrame({"cache_mb": [0, 0], "io_threads": [1, 1], "n_predict": [30, 30]})
+    with_trace = sweep_duration(make_trace(PREFILL, DECODE), prof, runs)
+    assert with_trace["predicted_s"].tolist() == pytest.approx([3 + 30 * 0.021] * 2)
+    assert not with_trace["bound"].any()
+    bound = sweep_duration(None, prof, runs)
+    assert bound["predicted_s"].tolist() == pytest.approx([3 + 30 * 0.021] * 2)
+    assert bound["bound"].all()
+
+
+def test_dry_run_prints_the_predicted_duration(tmp_path: Path, capsys) -> None:
+    prof = round_profile(prefill={"load_s": 1.0, "prefill_s": 2.0})
+    prof.model["n_expert_used"] = 2
+    write_profile(prof, tmp_path / "device.json")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "sweep.toml").write_text(CONFIG)
+    code = main(["sweep", str(tmp_path / "sweep.toml"), "--dry-run", "-o", str(tmp_path)])
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert code == 0
+    # no routing recorded with the profile: every expert a miss, 2 runs x 3.63 s
+    assert "at most 0.1 min of engine time for 2 runs" in out
+
+
+@pytest.mark.skipif(not SMALL.is_dir(), reason="bench-data small sweep absent")
+def test_report_shows_predicted_against_measured(tmp_path: Path) -> None:
+    root = tmp_path / SMALL.name
+    shutil.copytree(SMALL, root)
+    import bmoe
+
+    results = bmoe.load_archive(root).cells
+    cells = sorted(results["cell"].unique())
+    predictions = pd.DataFrame({"cell": cells, "tok_s": [1.0, 2.0, 3.0, 4.0]})
+    predictions.to_csv(root / "predictions.csv", index=False)
+    table = predicted_vs_measured(results, predictions).set_index("cell")
+    measured = results.set_index("cell")["tok_s_reported"]
+    for cell, predicted in zip(cells, [1.0, 2.0, 3.0, 4.0], strict=True):
+        assert table.loc[cell, "error_pct"] == pytest.approx(100 * (predicted / measured[cell] - 1))
+    out = tmp_path / "report.html"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["report", str(root), "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "Predicted against measured" in page
