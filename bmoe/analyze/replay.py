@@ -15,14 +15,18 @@ Everything here is pure: a :class:`~bmoe.formats.route.RouteTrace` in, DataFrame
 from __future__ import annotations
 
 import itertools
+import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
-from bmoe.cache import NEVER, POLICIES, REFERENCE_POLICIES, ExpertCache
+from bmoe.cache import EXPERT_BITS, NEVER, POLICIES, REFERENCE_POLICIES, ExpertCache, kernels
+from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 
@@ -36,13 +40,18 @@ CURVE_COLUMNS = ("budget_mib", "policy", "hit_pct_cum", "hit_pct_decode", "read_
 
 @dataclass
 class ReplayBatches:
-    """A trace cut into cache batches, with everything a replay needs precomputed.
+    """A trace cut into cache batches, as flat arrays the replay kernels read.
 
     Per batch: ``layer``, ``turn``, ``step`` (first step), ``decode`` (bool), ``size``
-    (bytes of one expert of the layer), ``n_lookups``; per batch as Python lists (the cache
-    loop's input): ``lookups`` (distinct keys, first-seen order), ``recency`` (last-touch
-    order, None when no id repeats) and ``next_use`` (for each lookup, the index of the
-    next batch looking the same key up, :data:`~bmoe.cache.NEVER` if none).
+    (bytes of one expert of the layer), ``n_lookups``, ``repeated`` (an id repeats, so the
+    last-touch order differs from the first-seen one) and ``part`` (the layer's index among
+    the trace's layers: its budget slice under ``layer``/``layerlfu``). Per lookup, batch
+    after batch (``bounds`` cut them, one more entry than batches): ``look`` (dense key ids,
+    first-seen order) and ``rec`` (the same ids in last-touch order). Per dense key id:
+    ``key_code`` (the cache key ``layer << 16 | expert``) and ``key_part``.
+
+    ``lookups``, ``recency`` and ``next_use`` give the same as Python lists of cache keys
+    (what :class:`~bmoe.cache.ExpertCache` stages), built on first use.
     """
 
     layer: np.ndarray
@@ -51,9 +60,13 @@ class ReplayBatches:
     decode: np.ndarray
     size: np.ndarray
     n_lookups: np.ndarray
-    lookups: list[list[int]]
-    recency: list[list[int] | None]
-    next_use: list[list[int]]
+    repeated: np.ndarray
+    part: np.ndarray
+    bounds: np.ndarray
+    look: np.ndarray
+    rec: np.ndarray
+    key_code: np.ndarray
+    key_part: np.ndarray
     recorded_hits: np.ndarray | None  # per batch, lookups the run recorded as resident
     n_layer: int
     n_expert: int | None
@@ -63,6 +76,14 @@ class ReplayBatches:
         return len(self.layer)
 
     @property
+    def n_keys(self) -> int:
+        return len(self.key_code)
+
+    @property
+    def n_parts(self) -> int:
+        return int(self.key_part.max(initial=-1)) + 1
+
+    @property
     def n_prefill(self) -> int:
         return int((~self.decode).sum())
 
@@ -70,11 +91,47 @@ class ReplayBatches:
     def n_decode(self) -> int:
         return int(self.decode.sum())
 
+    def size_of_keys(self) -> np.ndarray:
+        """Per dense key id, the bytes of one expert of its layer."""
+        table = np.zeros(self.n_parts, dtype=np.int64)
+        table[self.part] = self.size
+        return table[self.key_part]
+
+    def _split(self, values: np.ndarray) -> list[list[int]]:
+        flat = values.tolist()
+        b = self.bounds.tolist()
+        return [flat[b[i] : b[i + 1]] for i in range(len(self))]
+
+    @cached_property
+    def lookups(self) -> list[list[int]]:
+        """Per batch, its distinct cache keys in first-seen order."""
+        return self._split(self.key_code[self.look])
+
+    @cached_property
+    def recency(self) -> list[list[int] | None]:
+        """Per batch, its keys in last-touch order, None where that is the lookup order."""
+        rec = self._split(self.key_code[self.rec])
+        return [r if rep else None for r, rep in zip(rec, self.repeated.tolist(), strict=True)]
+
+    @cached_property
+    def next_use_flat(self) -> np.ndarray:
+        """Per lookup, the index of the next batch looking the same key up (NEVER if none)."""
+        return kernels.next_uses(self.bounds, self.look, self.n_keys)
+
+    @cached_property
+    def next_use(self) -> list[list[int]]:
+        """:attr:`next_use_flat` per batch."""
+        return self._split(self.next_use_flat)
+
 
 def _column(rows: pd.DataFrame, name: str, default: int) -> np.ndarray:
+    """A column as an integer array in its own dtype (no widening copy when it is one)."""
     if name in rows:
-        return rows[name].to_numpy(dtype=np.int64)
-    return np.full(len(rows), default, dtype=np.int64)
+        values = rows[name].to_numpy()
+        if values.dtype.kind not in "iu":
+            values = values.astype(np.int64)
+        return values
+    return np.full(len(rows), default, dtype=np.int8)
 
 
 def turns_of(trace: RouteTrace) -> list[int]:
@@ -83,106 +140,158 @@ def turns_of(trace: RouteTrace) -> list[int]:
     return sorted(int(t) for t in pd.unique(trace.rows["turn"]))
 
 
+def _meta_int(meta: dict, name: str) -> int | None:
+    """A preamble count as an int, None when absent or not a whole number >= 1."""
+    try:
+        value = int(meta.get(name))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if value >= 1 else None
+
+
+def _span(values: np.ndarray) -> tuple[int, int]:
+    return (int(values.min()), int(values.max())) if len(values) else (0, 0)
+
+
+def _batch_order(
+    turns: np.ndarray, decode: np.ndarray, step: np.ndarray, layer: np.ndarray, slot: np.ndarray
+) -> np.ndarray | None:
+    """The permutation into reference batch order (turn, phase, then step-major in decode
+    and layer-major in prefill, slot), or None when the rows already are in it. One packed
+    int64 sort key when the value ranges allow, a lexsort otherwise."""
+    t0, t1 = _span(turns)
+    s0, s1 = _span(step)
+    l0, l1 = _span(layer)
+    o0, o1 = _span(slot)
+    span = max(s1 - s0, l1 - l0) + 1
+    n_slot = o1 - o0 + 1
+    if (t1 - t0 + 1) * 2 * span * span * n_slot < (1 << 62):
+        st = step.astype(np.int64) - s0
+        ly = layer.astype(np.int64) - l0
+        major = np.where(decode, st, ly)
+        minor = np.where(decode, ly, st)
+        del st, ly
+        packed = turns.astype(np.int64) - t0
+        packed *= 2
+        packed += decode
+        packed *= span
+        packed += major
+        del major
+        packed *= span
+        packed += minor
+        del minor
+        packed *= n_slot
+        packed += slot.astype(np.int64) - o0
+        if len(packed) < 2 or bool((packed[1:] >= packed[:-1]).all()):
+            return None
+        return np.argsort(packed, kind="stable")
+    major = np.where(decode, step, layer)
+    minor = np.where(decode, layer, step)
+    return np.lexsort((slot, minor, major, decode, turns))
+
+
 def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches:
-    """Cut `trace` into cache batches (reference order), optionally one turn only."""
+    """Cut `trace` into cache batches (reference order), optionally one turn only.
+
+    Expert ids must be 0..65535 and layers 0..65535 (the cache key packs both into 32 bits);
+    anything else, such as the -1 of a routing that was never resolved, is an error naming
+    the value."""
     rows = trace.rows
+    name = trace.path or "trace"
     turns = _column(rows, "turn", 0)
     if turn is not None:
-        if turn not in set(turns.tolist()):
+        if turn not in set(pd.unique(turns).tolist()):
             raise BmoeError(
-                f"{trace.path or 'trace'}: no turn {turn} (turns: "
-                f"{', '.join(map(str, turns_of(trace)))})"
+                f"{name}: no turn {turn} (turns: {', '.join(map(str, turns_of(trace)))})"
             )
         keep = turns == turn
         rows = rows[keep]
         turns = turns[keep]
     if not len(rows):
-        raise BmoeError(f"{trace.path or 'trace'}: no routing rows to replay")
-    phase = _column(rows, "phase", 1)
-    step = _column(rows, "step", 0)
+        raise BmoeError(f"{name}: no routing rows to replay")
     layer = _column(rows, "layer", 0)
-    slot = _column(rows, "slot", 0)
     expert = _column(rows, "expert", 0)
+    for label, values in (("expert", expert), ("layer", layer)):
+        lo, hi = _span(values)
+        if lo < 0 or hi > EXPERT_MASK:
+            bad = lo if lo < 0 else hi
+            at = int(np.flatnonzero(values == bad)[0])
+            raise BmoeError(
+                f"{name}: {label} id {bad} (routing row {at + 1}) is outside 0..{EXPERT_MASK}; "
+                "a replay needs real ids"
+            )
 
     sizes = trace.expert_bytes()
     present = np.unique(layer)
     missing = [int(x) for x in present if int(x) not in sizes]
     if missing:
         raise BmoeError(
-            f"{trace.path or 'trace'}: layer {missing[0]} has no expert_bytes in the preamble "
+            f"{name}: layer {missing[0]} has no expert_bytes in the preamble "
             "(a replay cannot price its misses)"
         )
 
-    decode = phase != 0
-    major = np.where(decode, step, layer)
-    minor = np.where(decode, layer, step)
-    order = np.lexsort((slot, minor, major, decode, turns))
-    turns, decode, step, layer, expert = (a[order] for a in (turns, decode, step, layer, expert))
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (
-        (turns[1:] != turns[:-1])
-        | (decode[1:] != decode[:-1])
-        | (layer[1:] != layer[:-1])
-        | (decode[1:] & (step[1:] != step[:-1]))
-    )
-    batch = np.cumsum(new) - 1
+    decode = _column(rows, "phase", 1) != 0
+    step = _column(rows, "step", 0)
+    order = _batch_order(turns, decode, step, layer, _column(rows, "slot", 0))
+    if order is not None:
+        turns, decode, step, layer, expert = (
+            a[order] for a in (turns, decode, step, layer, expert)
+        )
+    new = np.empty(len(layer), dtype=bool)
+    new[0] = True
+    new[1:] = turns[1:] != turns[:-1]
+    new[1:] |= decode[1:] != decode[:-1]
+    new[1:] |= layer[1:] != layer[:-1]
+    new[1:] |= decode[1:] & (step[1:] != step[:-1])
     starts = np.flatnonzero(new)
-    n_batches = len(starts)
-    keys = (layer << 16) | expert
+    del new
+    row_bounds = np.append(starts, len(layer)).astype(np.int64)
 
-    pairs = pd.DataFrame({"b": batch, "k": keys})
-    first = ~pairs.duplicated(keep="first").to_numpy()
-    recorded_hits = None
+    # dense key ids: the layer's index among the trace's layers x experts + expert
+    part_of = np.zeros(int(present.max()) + 1, dtype=np.int64)
+    part_of[present] = np.arange(len(present))
+    n_e = int(expert.max()) + 1
+    row_key = part_of[layer] * n_e + expert
+    n_keys = len(present) * n_e
+    codes = np.arange(n_keys, dtype=np.int64)
+    key_part = codes // n_e
+    key_code = (present[key_part].astype(np.int64) << EXPERT_BITS) | (codes % n_e)
+    if n_keys > 2 * len(row_key) + 65536:  # sparse ids: number the keys that occur
+        used, row_key = np.unique(row_key, return_inverse=True)
+        key_part, key_code, n_keys = key_part[used], key_code[used], len(used)
+
+    resident = np.zeros(0, dtype=bool)
     if "residency" in rows:
-        resident = rows["residency"].to_numpy()[order] > 0
-        recorded_hits = np.bincount(batch[first], weights=resident[first], minlength=0)
-        recorded_hits = recorded_hits.astype(np.int64)
-    look_batch = batch[first]
-    look_key = keys[first]
-    n_lookups = np.bincount(look_batch, minlength=n_batches)
-    bounds = np.concatenate([[0], np.cumsum(n_lookups)]).tolist()
-    key_list = look_key.tolist()
-    lookups = [key_list[bounds[i] : bounds[i + 1]] for i in range(n_batches)]
+        resident = rows["residency"].to_numpy() > 0
+        if order is not None:
+            resident = resident[order]
+    look, rec, bounds, repeated, recorded = kernels.batch_lookups(
+        row_key, row_bounds, n_keys, resident
+    )
+    del row_key, resident, order
 
-    # next batch of use for every lookup (precomputed once, vectorised)
-    by_key = np.lexsort((look_batch, look_key))
-    kb, kk = look_batch[by_key], look_key[by_key]
-    nxt_sorted = np.full(len(by_key), NEVER, dtype=np.int64)
-    same = kk[1:] == kk[:-1]
-    nxt_sorted[:-1][same] = kb[1:][same]
-    nxt = np.empty_like(nxt_sorted)
-    nxt[by_key] = nxt_sorted
-    nxt_list = nxt.tolist()
-    next_use = [nxt_list[bounds[i] : bounds[i + 1]] for i in range(n_batches)]
-
-    # last-touch order, only for batches where an id repeats
-    rows_per_batch = np.bincount(batch, minlength=n_batches)
-    recency: list[list[int] | None] = [None] * n_batches
-    repeated = np.flatnonzero(rows_per_batch != n_lookups)
-    if len(repeated):
-        last = ~pairs.duplicated(keep="last").to_numpy()
-        last_batch = batch[last]
-        last_key = keys[last]
-        lb = np.concatenate([[0], np.cumsum(np.bincount(last_batch, minlength=n_batches))])
-        for i in repeated.tolist():
-            recency[i] = last_key[lb[i] : lb[i + 1]].tolist()
-
-    b_layer = layer[starts]
-    size_of = np.vectorize(lambda x: sizes[int(x)], otypes=[np.int64])
+    b_layer = layer[starts].astype(np.int64)
+    size_table = np.zeros(int(present.max()) + 1, dtype=np.int64)
+    for x in present.tolist():
+        size_table[x] = sizes[x]
     meta = trace.meta
     return ReplayBatches(
         layer=b_layer,
-        turn=turns[starts],
-        step=step[starts],
+        turn=turns[starts].astype(np.int64),
+        step=step[starts].astype(np.int64),
         decode=decode[starts],
-        size=size_of(b_layer) if n_batches else np.zeros(0, dtype=np.int64),
-        n_lookups=n_lookups,
-        lookups=lookups,
-        recency=recency,
-        next_use=next_use,
-        recorded_hits=recorded_hits,
-        n_layer=int(meta.get("n_layer") or (int(present.max()) + 1)),
-        n_expert=int(meta["n_expert"]) if meta.get("n_expert") is not None else None,
+        size=size_table[b_layer],
+        n_lookups=np.diff(bounds),
+        repeated=repeated,
+        part=part_of[b_layer],
+        bounds=bounds,
+        look=look,
+        rec=rec,
+        key_code=key_code,
+        key_part=key_part,
+        recorded_hits=recorded if "residency" in rows else None,
+        n_layer=_meta_int(meta, "n_layer") or (int(present.max()) + 1),
+        n_expert=_meta_int(meta, "n_expert"),
         k=trace.n_expert_used,
     )
 
@@ -190,16 +299,56 @@ def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches
 def simulate(
     batches: ReplayBatches, policy: str, budget_bytes: int, *, seed: int = 0
 ) -> np.ndarray:
-    """Hits per batch of one replay (policy at budget)."""
-    cache = ExpertCache(budget_bytes, policy, n_layer=batches.n_layer, seed=seed)
-    hits = cache.replay(
-        batches.layer.tolist(),
-        batches.lookups,
-        batches.recency,
-        batches.size.tolist(),
-        batches.next_use if cache.needs_future else None,
-    )
-    return np.asarray(hits, dtype=np.int64)
+    """Hits per batch of one replay (policy at budget), by the policy's compiled kernel."""
+    if policy not in POLICIES:
+        raise BmoeError(f"unknown cache policy {policy!r} (choose from {', '.join(POLICIES)})")
+    budget = int(budget_bytes)
+    if budget < 0:
+        raise BmoeError(f"cache budget must be >= 0 bytes, not {budget}")
+    b = batches
+    if not len(b):
+        return np.zeros(0, dtype=np.int64)
+    # heap priorities pack a count (at most the lookups) above a touch or admission counter
+    shift = kernels.counter_bits(len(b.look))
+    if 2 * shift > 62:
+        raise BmoeError(f"{len(b.look):,} lookups are more than one replay can count")
+    if policy in ("layer", "layerlfu"):
+        if not b.n_layer or b.n_layer < 1:
+            raise BmoeError(f"policy {policy!r} needs the model's layer count (n_layer)")
+        capacity = budget // b.n_layer
+        if policy == "layer":
+            return kernels.lru(
+                b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.n_parts, b.n_keys,
+                capacity,
+            )  # fmt: skip
+        base = kernels.part_bases(b.key_part, b.n_parts)
+        return kernels.lfu(
+            b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.key_part, base, b.n_keys,
+            capacity, shift,
+        )  # fmt: skip
+    if policy == "lru":
+        one = np.zeros(len(b), dtype=np.int64)
+        return kernels.lru(b.bounds, b.look, b.rec, b.repeated, b.size, one, 1, b.n_keys, budget)
+    if policy == "lfu":
+        one = np.zeros(len(b), dtype=np.int64)
+        key_one = np.zeros(b.n_keys, dtype=np.int64)
+        base = np.zeros(1, dtype=np.int64)
+        return kernels.lfu(
+            b.bounds, b.look, b.rec, b.repeated, b.size, one, key_one, base, b.n_keys, budget,
+            shift,
+        )  # fmt: skip
+    if policy == "belady":
+        return kernels.belady(b.bounds, b.look, b.size, b.next_use_flat, b.n_keys, budget, shift)
+    if policy == "lfuda":
+        return kernels.lfuda(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget, shift)
+    if policy == "arc":
+        return kernels.arc(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget)
+    if policy == "s3fifo":
+        return kernels.s3fifo(b.bounds, b.look, b.size, b.n_keys, budget)
+    if policy == "random":
+        mt, state = kernels.mt_state(seed)
+        return kernels.randomized(b.bounds, b.look, b.size, b.n_keys, budget, mt, state)
+    raise BmoeError(f"policy {policy!r} has no replay kernel")
 
 
 def summarize(batches: ReplayBatches, hits: np.ndarray) -> dict[str, float]:
@@ -227,6 +376,14 @@ def check_policies(policies: Iterable[str]) -> list[str]:
     return names
 
 
+def default_jobs() -> int:
+    """The replays run at once by default: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def replay_curve(
     trace: RouteTrace | ReplayBatches,
     budgets_mib: Sequence[float] = DEFAULT_BUDGETS_MIB,
@@ -234,22 +391,40 @@ def replay_curve(
     *,
     turn: int | None = None,
     seed: int = 0,
+    jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """The replay curve: one row per (budget, policy) with budget_mib, policy, hit_pct_cum,
-    hit_pct_decode, read_mib (the reference's CSV columns). `progress(done, total)` is
-    called after each replay."""
+    hit_pct_decode, read_mib (the reference's CSV columns). `jobs` replays run at once
+    (threads: the kernels release the GIL; default the CPUs), with the same figures as one
+    at a time. `progress(done, total)` is called after each replay."""
     batches = trace if isinstance(trace, ReplayBatches) else prepare_batches(trace, turn)
     names = check_policies(policies)
     budgets = check_budgets(budgets_mib)
+    cells = [(budget, name) for budget in budgets for name in names]
+    jobs = default_jobs() if jobs is None else int(jobs)
+    if jobs < 1:
+        raise BmoeError(f"jobs must be >= 1, not {jobs}")
+    if "belady" in names:
+        _ = batches.next_use_flat  # once, before the threads share it
+
+    def one(cell: tuple[float, str]) -> dict[str, object]:
+        budget, name = cell
+        hits = simulate(batches, name, round(budget * MIB), seed=seed)
+        return {"budget_mib": budget, "policy": name, **summarize(batches, hits)}
+
     out = []
-    total = len(budgets) * len(names)
-    for budget in budgets:
-        for name in names:
-            hits = simulate(batches, name, round(budget * MIB), seed=seed)
-            out.append({"budget_mib": budget, "policy": name, **summarize(batches, hits)})
+    if jobs == 1 or len(cells) == 1:
+        for cell in cells:
+            out.append(one(cell))
             if progress is not None:
-                progress(len(out), total)
+                progress(len(out), len(cells))
+    else:
+        with ThreadPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
+            for row in pool.map(one, cells):
+                out.append(row)
+                if progress is not None:
+                    progress(len(out), len(cells))
     return pd.DataFrame(out, columns=list(CURVE_COLUMNS))
 
 
@@ -383,47 +558,11 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
     that second case (a hit at every budget), the byte distance otherwise: hit iff
     ``distance <= budget``, for every budget at once.
     """
-    n = int(batches.n_lookups.sum())
-    tree = [0] * (n + 1)
-    last: dict[int, int] = {}
-    total = 0
-    clock = 0
-    out = [float("inf")] * n
-    pos = 0
-    prev: set[int] = set()
-    sizes = batches.size.tolist()
-    for i, look in enumerate(batches.lookups):
-        size = sizes[i]
-        for key in look:
-            t = last.get(key)
-            if t is not None:
-                if key in prev:
-                    out[pos] = 0.0
-                else:
-                    s = 0
-                    j = t
-                    while j:
-                        s += tree[j]
-                        j &= j - 1
-                    out[pos] = float(total - s + size)
-            pos += 1
-        rec = batches.recency[i]
-        for key in look if rec is None else rec:
-            t = last.get(key)
-            if t is None:
-                total += size
-            else:
-                j = t
-                while j <= n:
-                    tree[j] -= size
-                    j += j & -j
-            clock += 1
-            j = clock
-            while j <= n:
-                tree[j] += size
-                j += j & -j
-            last[key] = clock
-        prev = set(look)
+    b = batches
+    out = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys)
+    seen = np.zeros(b.n_keys, dtype=bool)
+    seen[b.look] = True
+    total = int(b.size_of_keys()[seen].sum())
     decode = np.repeat(batches.decode, batches.n_lookups)
     size_per = np.repeat(batches.size, batches.n_lookups)
     if batches.n_expert:
@@ -431,7 +570,7 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
         expert_set = sum(layer_bytes.values()) * batches.n_expert
     else:
         expert_set = total
-    return StackDistances(np.asarray(out), decode, size_per, int(max(expert_set, total)))
+    return StackDistances(out, decode, size_per, int(max(expert_set, total)))
 
 
 def mrc_at(dist: StackDistances, budgets_mib: Sequence[float]) -> pd.DataFrame:
@@ -487,7 +626,7 @@ def _previous_token_keys(
     step = _column(rows, "step", 0)[keep]
     layer = _column(rows, "layer", 0)[keep]
     slot = _column(rows, "slot", 0)[keep]
-    keys = (layer << 16) | _column(rows, "expert", 0)[keep]
+    keys = (layer.astype(np.int64) << EXPERT_BITS) | _column(rows, "expert", 0)[keep]
     order = np.lexsort((slot, layer, step, t))
     t, step, layer, keys = t[order], step[order], layer[order], keys[order]
     cell = pd.MultiIndex.from_arrays([t, step, layer])
@@ -682,6 +821,7 @@ def replay(
     mrc: bool = False,
     prefetch: int | None = None,
     seed: int = 0,
+    jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, pd.DataFrame | dict]:
     """Everything ``bmoe analyze replay`` prints, as one mapping of views.
@@ -690,7 +830,7 @@ def replay(
     ``validation`` (the LRU row at `validate_mib` next to the recorded hit rates), ``mrc``
     (the exact LRU curve, every step from 0 to the whole expert set) with ``mrc_budgets``
     (it at the chosen budgets), ``prefetch`` (the previous-token bet at depth `prefetch`,
-    per budget x policy).
+    per budget x policy). `jobs` curve replays run at once (default the CPUs).
     """
     batches = prepare_batches(trace, turn)
     names = check_policies(policies)
@@ -708,7 +848,9 @@ def replay(
         if progress is not None:
             progress(total + done, runs)
 
-    views["curve"] = replay_curve(batches, budgets, names, seed=seed, progress=curve_progress)
+    views["curve"] = replay_curve(
+        batches, budgets, names, seed=seed, jobs=jobs, progress=curve_progress
+    )
     if mrc:
         dist = lru_stack_distances(batches)
         views["mrc_budgets"] = mrc_at(dist, budgets)

@@ -1,0 +1,801 @@
+"""Compiled replay kernels: every policy's whole-sequence loop over flat arrays.
+
+The live cache (:class:`bmoe.cache.ExpertCache`, one ``stage`` per layer load) is the
+definition of the batch semantics; these kernels replay a whole trace under the same
+semantics at compiled speed (the equivalence is tested batch for batch, see
+``tests/test_cache_equivalence.py``). They work on dense key ids ``0..n_keys-1`` instead of
+hashed keys, so every structure is an array indexed by key:
+
+* ``bounds`` (int64, one more than the batches): batch ``b``'s lookups are
+  ``look[bounds[b]:bounds[b+1]]`` (distinct keys, first-seen order) and its last-touch order
+  is ``rec`` over the same range (read only where ``repeated[b]``);
+* ``size`` (int64 per batch): the bytes of one expert of the batch's layer;
+* ``part`` (int64 per batch): the budget slice the batch stages into (all 0 for the global
+  policies, the layer's index for ``layer`` and ``layerlfu``).
+
+Each kernel returns the hits per batch. They release the GIL, so budgets and policies can
+run in threads. Compiled once and cached on disk by numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+NEVER = 1 << 62
+_OPTS = {"cache": True, "nogil": True, "boundscheck": False}
+
+# ----------------------------------------------------------------------------- linked lists
+# Doubly linked lists over key ids: ``nxt``/``prv`` per key, ``head``/``tail`` per list, -1 for
+# none. A key is in at most one list at a time (``where`` names it, -1 for none).
+
+
+@njit(**_OPTS)
+def _unlink(k, lst, head, tail, nxt, prv):
+    p = prv[k]
+    n = nxt[k]
+    if p >= 0:
+        nxt[p] = n
+    else:
+        head[lst] = n
+    if n >= 0:
+        prv[n] = p
+    else:
+        tail[lst] = p
+    nxt[k] = -1
+    prv[k] = -1
+
+
+@njit(**_OPTS)
+def _append(k, lst, head, tail, nxt, prv):
+    t = tail[lst]
+    prv[k] = t
+    nxt[k] = -1
+    if t >= 0:
+        nxt[t] = k
+    else:
+        head[lst] = k
+    tail[lst] = k
+
+
+@njit(**_OPTS)
+def _prepend(k, lst, head, tail, nxt, prv):
+    h = head[lst]
+    nxt[k] = h
+    prv[k] = -1
+    if h >= 0:
+        prv[h] = k
+    else:
+        tail[lst] = k
+    head[lst] = k
+
+
+# ----------------------------------------------------------------------------- indexed heap
+# A 4-ary min-heap per part of (priority, key) pairs, the priority one packed int64 (unique: its low
+# bits are a touch or admission counter), with each key's position kept (``hpos``, -1 when
+# absent) so a key can leave the heap from anywhere. Part ``j`` owns the slots
+# ``base[j] .. base[j] + count[j]`` of ``hv`` (priorities) and ``hk`` (keys).
+
+
+@njit(**_OPTS)
+def _sift_up(hv, hk, hpos, base, i):
+    v = hv[base + i]
+    k = hk[base + i]
+    while i > 0:
+        parent = (i - 1) >> 2
+        pv = hv[base + parent]
+        if pv < v:
+            break
+        q = hk[base + parent]
+        hv[base + i] = pv
+        hk[base + i] = q
+        hpos[q] = i
+        i = parent
+    hv[base + i] = v
+    hk[base + i] = k
+    hpos[k] = i
+
+
+@njit(**_OPTS)
+def _sift_down(hv, hk, hpos, base, n, i):
+    v = hv[base + i]
+    k = hk[base + i]
+    while True:
+        first = 4 * i + 1
+        if first >= n:
+            break
+        c = first
+        cv = hv[base + c]
+        for x in range(first + 1, min(first + 4, n)):
+            xv = hv[base + x]
+            if xv < cv:
+                c = x
+                cv = xv
+        if v < cv:
+            break
+        q = hk[base + c]
+        hv[base + i] = cv
+        hk[base + i] = q
+        hpos[q] = i
+        i = c
+    hv[base + i] = v
+    hk[base + i] = k
+    hpos[k] = i
+
+
+@njit(**_OPTS)
+def _heap_push(k, v, j, hv, hk, hpos, base, count):
+    n = count[j]
+    hv[base[j] + n] = v
+    hk[base[j] + n] = k
+    count[j] = n + 1
+    _sift_up(hv, hk, hpos, base[j], n)
+
+
+@njit(**_OPTS)
+def _heap_remove(k, j, hv, hk, hpos, base, count):
+    i = hpos[k]
+    hpos[k] = -1
+    n = count[j] - 1
+    count[j] = n
+    if i == n:
+        return
+    b0 = base[j]
+    hv[b0 + i] = hv[b0 + n]
+    hk[b0 + i] = hk[b0 + n]
+    if i > 0 and hv[b0 + i] < hv[b0 + ((i - 1) >> 2)]:
+        _sift_up(hv, hk, hpos, b0, i)
+    else:
+        _sift_down(hv, hk, hpos, b0, n, i)
+
+
+@njit(**_OPTS)
+def _heap_pop(j, hv, hk, hpos, base, count):
+    k = hk[base[j]]
+    _heap_remove(k, j, hv, hk, hpos, base, count)
+    return k
+
+
+def counter_bits(n: int) -> int:
+    """Bits that hold a counter up to `n` (the low field of a packed priority)."""
+    return max(1, int(n).bit_length())
+
+
+def part_bases(key_part: np.ndarray, n_parts: int) -> np.ndarray:
+    """Where each part's heap starts: parts own consecutive ranges sized by their keys."""
+    per = np.bincount(key_part, minlength=n_parts)
+    return np.concatenate([[0], np.cumsum(per)[:-1]]).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- lru / layer
+
+
+@njit(**_OPTS)
+def lru(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity):
+    """``lru`` (one part) and ``layer`` (a part per layer, each its own LRU of `capacity`).
+
+    Per part a recency list (head = least recent). A batch's keys end at the tail, so
+    while more keys are resident in the part than the batch holds, the head is not the
+    batch's."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    head = np.full(n_parts, -1, dtype=np.int32)
+    tail = np.full(n_parts, -1, dtype=np.int32)
+    held = np.zeros(n_parts, dtype=np.int64)
+    count = np.zeros(n_parts, dtype=np.int64)
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        j = part[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            if resident[k]:
+                h += 1
+                _unlink(k, j, head, tail, nxt, prv)
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held[j] += sz
+                count[j] += 1
+            _append(k, j, head, tail, nxt, prv)
+        if repeated[b]:
+            for i in range(s, e):
+                k = rec[i]
+                _unlink(k, j, head, tail, nxt, prv)
+                _append(k, j, head, tail, nxt, prv)
+        hits[b] = h
+        keep = e - s
+        while held[j] > capacity and count[j] > keep:
+            k = head[j]
+            _unlink(k, j, head, tail, nxt, prv)
+            resident[k] = False
+            held[j] -= ksize[k]
+            count[j] -= 1
+    return hits
+
+
+# ----------------------------------------------------------------------------- lfu / layerlfu
+
+
+@njit(**_OPTS)
+def lfu(bounds, look, rec, repeated, size, part, key_part, base, n_keys, capacity, shift):
+    """``lfu`` and ``layerlfu``: evict the fewest lookups so far (counts kept across
+    eviction), ties by least recent touch (priority ``count << shift | touch``). The heap
+    holds the evictable keys: a batch's resident keys leave it while the batch is staged
+    and re-enter at their new priority."""
+    n_b = len(bounds) - 1
+    n_parts = len(base)
+    hits = np.zeros(n_b, dtype=np.int64)
+    counts = np.zeros(n_keys, dtype=np.int64)
+    stamp = np.zeros(n_keys, dtype=np.int64)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    hv = np.zeros(n_keys, dtype=np.int64)
+    hk = np.zeros(n_keys, dtype=np.int32)
+    hpos = np.full(n_keys, -1, dtype=np.int64)
+    hcount = np.zeros(n_parts, dtype=np.int64)
+    held = np.zeros(n_parts, dtype=np.int64)
+    clock = 0
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        j = part[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            counts[k] += 1
+            if resident[k]:
+                h += 1
+                _heap_remove(k, j, hv, hk, hpos, base, hcount)
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held[j] += sz
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            clock += 1
+            stamp[order[i]] = clock
+        hits[b] = h
+        while held[j] > capacity and hcount[j] > 0:
+            k = _heap_pop(j, hv, hk, hpos, base, hcount)
+            resident[k] = False
+            held[j] -= ksize[k]
+        for i in range(s, e):
+            k = look[i]
+            v = (counts[k] << shift) | stamp[k]
+            _heap_push(k, v, key_part[k], hv, hk, hpos, base, hcount)
+    return hits
+
+
+# ----------------------------------------------------------------------------- belady
+
+
+@njit(**_OPTS)
+def next_uses(bounds, look, n_keys):
+    """For each lookup, the next batch looking the same key up (NEVER if none)."""
+    out = np.empty(len(look), dtype=np.int64)
+    nextb = np.full(n_keys, NEVER, dtype=np.int64)
+    for b in range(len(bounds) - 2, -1, -1):
+        for i in range(bounds[b], bounds[b + 1]):
+            k = look[i]
+            out[i] = nextb[k]
+            nextb[k] = b
+    return out
+
+
+@njit(**_OPTS)
+def belady(bounds, look, size, next_use, n_keys, budget, shift):
+    """``belady``: evict the furthest next use, ties to the earliest admitted (priority
+    ``(batches - next use) << shift | admission``, a next use of NEVER counting as the
+    number of batches)."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    far = np.zeros(n_keys, dtype=np.int64)  # the packed priority
+    admitted = np.zeros(n_keys, dtype=np.int64)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    hv = np.zeros(n_keys, dtype=np.int64)
+    hk = np.zeros(n_keys, dtype=np.int32)
+    hpos = np.full(n_keys, -1, dtype=np.int64)
+    base = np.zeros(1, dtype=np.int64)
+    hcount = np.zeros(1, dtype=np.int64)
+    held = 0
+    admissions = 0
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            if resident[k]:
+                h += 1
+                _heap_remove(k, 0, hv, hk, hpos, base, hcount)
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held += sz
+                admissions += 1
+                admitted[k] = admissions
+            far[k] = ((n_b - min(next_use[i], n_b)) << shift) | admitted[k]
+        hits[b] = h
+        while held > budget and hcount[0] > 0:
+            k = _heap_pop(0, hv, hk, hpos, base, hcount)
+            resident[k] = False
+            held -= ksize[k]
+        for i in range(s, e):
+            _heap_push(look[i], far[look[i]], 0, hv, hk, hpos, base, hcount)
+    return hits
+
+
+# ----------------------------------------------------------------------------- lfuda
+
+
+@njit(**_OPTS)
+def lfuda(bounds, look, rec, repeated, size, n_keys, budget, shift):
+    """``lfuda``: priority K = L + F (F lookups since admission, L the last victim's K),
+    ties by least recent touch (heap priority ``K << shift | touch``)."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    freq = np.zeros(n_keys, dtype=np.int64)
+    prio = np.zeros(n_keys, dtype=np.int64)
+    stamp = np.zeros(n_keys, dtype=np.int64)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    hv = np.zeros(n_keys, dtype=np.int64)
+    hk = np.zeros(n_keys, dtype=np.int32)
+    hpos = np.full(n_keys, -1, dtype=np.int64)
+    base = np.zeros(1, dtype=np.int64)
+    hcount = np.zeros(1, dtype=np.int64)
+    held = 0
+    age = 0
+    clock = 0
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            if resident[k]:
+                h += 1
+                _heap_remove(k, 0, hv, hk, hpos, base, hcount)
+                freq[k] += 1
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held += sz
+                freq[k] = 1
+            prio[k] = age + freq[k]
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            clock += 1
+            stamp[order[i]] = clock
+        hits[b] = h
+        while held > budget and hcount[0] > 0:
+            k = _heap_pop(0, hv, hk, hpos, base, hcount)
+            age = prio[k]
+            resident[k] = False
+            held -= ksize[k]
+        for i in range(s, e):
+            k = look[i]
+            _heap_push(k, (prio[k] << shift) | stamp[k], 0, hv, hk, hpos, base, hcount)
+    return hits
+
+
+# ----------------------------------------------------------------------------- random
+
+
+@njit(**_OPTS)
+def _genrand(mt, state):
+    """MT19937's next 32-bit word (the generator of Python's ``random``); ``state[0]`` is
+    the index into ``mt``."""
+    if state[0] >= 624:
+        for kk in range(624):
+            y = (mt[kk] & 0x80000000) | (mt[(kk + 1) % 624] & 0x7FFFFFFF)
+            v = mt[(kk + 397) % 624] ^ (y >> 1)
+            if y & 1:
+                v ^= 0x9908B0DF
+            mt[kk] = v
+        state[0] = 0
+    y = mt[state[0]]
+    state[0] += 1
+    y ^= y >> 11
+    y ^= (y << 7) & 0x9D2C5680
+    y ^= (y << 15) & 0xEFC60000
+    y ^= y >> 18
+    return y
+
+
+@njit(**_OPTS)
+def draw(mt, state):
+    """``random.random()``: 53 random bits from two words."""
+    a = _genrand(mt, state) >> 5
+    b = _genrand(mt, state) >> 6
+    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+
+
+def mt_state(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The state of ``random.Random(seed)`` as arrays the random kernel continues from."""
+    import random
+
+    words = random.Random(seed).getstate()[1]
+    return np.array(words[:624], dtype=np.int64), np.array([words[624]], dtype=np.int64)
+
+
+@njit(**_OPTS)
+def randomized(bounds, look, size, n_keys, budget, mt, state):
+    """``random``: evict a uniformly drawn resident key not touched by the batch (a draw
+    on a batch key is redrawn), over a swap-remove list of the resident keys."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    pos = np.full(n_keys, -1, dtype=np.int64)
+    mark = np.full(n_keys, -1, dtype=np.int64)  # the last batch that touched the key
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    lst = np.zeros(n_keys, dtype=np.int32)
+    n = 0
+    held = 0
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            mark[k] = b
+            if pos[k] >= 0:
+                h += 1
+            else:
+                ksize[k] = sz
+                held += sz
+                pos[k] = n
+                lst[n] = k
+                n += 1
+        hits[b] = h
+        if held > budget:
+            evictable = n - (e - s)
+            while held > budget and evictable > 0:
+                j = np.int64(draw(mt, state) * n)
+                k = lst[j]
+                if mark[k] == b:
+                    continue
+                n -= 1
+                last = lst[n]
+                if last != k:
+                    lst[j] = last
+                    pos[last] = j
+                pos[k] = -1
+                held -= ksize[k]
+                evictable -= 1
+    return hits
+
+
+# ----------------------------------------------------------------------------- arc
+
+_T1, _T2, _B1, _B2 = 0, 1, 2, 3
+
+
+@njit(**_OPTS)
+def arc(bounds, look, rec, repeated, size, n_keys, budget):
+    """``arc``: the batch form of :class:`bmoe.cache.policies.arc.ARC`, step for step."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
+    where = np.full(n_keys, -1, dtype=np.int8)
+    mark = np.full(n_keys, -1, dtype=np.int64)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    head = np.full(4, -1, dtype=np.int32)
+    tail = np.full(4, -1, dtype=np.int32)
+    held = 0
+    t1_bytes = 0
+    b1_bytes = 0
+    b2_bytes = 0
+    p = 0.0
+    fbudget = float(budget)
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            mark[k] = b
+            w = where[k]
+            if w == _T1:
+                h += 1
+                t1_bytes -= ksize[k]
+                _unlink(k, _T1, head, tail, nxt, prv)
+                ksize[k] = sz
+                _append(k, _T2, head, tail, nxt, prv)
+                where[k] = _T2
+            elif w == _T2:
+                h += 1
+                _unlink(k, _T2, head, tail, nxt, prv)
+                _append(k, _T2, head, tail, nxt, prv)
+            else:
+                held += sz
+                if w == _B1:
+                    delta = sz * max(1.0, b2_bytes / b1_bytes)
+                    p = min(fbudget, p + delta)
+                    b1_bytes -= ksize[k]
+                    _unlink(k, _B1, head, tail, nxt, prv)
+                    ksize[k] = sz
+                    _append(k, _T2, head, tail, nxt, prv)
+                    where[k] = _T2
+                elif w == _B2:
+                    delta = sz * max(1.0, b1_bytes / b2_bytes)
+                    p = max(0.0, p - delta)
+                    b2_bytes -= ksize[k]
+                    _unlink(k, _B2, head, tail, nxt, prv)
+                    ksize[k] = sz
+                    _append(k, _T2, head, tail, nxt, prv)
+                    where[k] = _T2
+                else:
+                    ksize[k] = sz
+                    _append(k, _T1, head, tail, nxt, prv)
+                    where[k] = _T1
+                    t1_bytes += sz
+        hits[b] = h
+        if repeated[b]:
+            for i in range(s, e):
+                k = rec[i]
+                w = where[k]
+                _unlink(k, w, head, tail, nxt, prv)
+                _append(k, w, head, tail, nxt, prv)
+        if held <= budget:
+            continue
+        t1_done = False
+        t2_done = False
+        while held > budget:
+            k1 = -1
+            if not t1_done:
+                k1 = head[_T1]
+                while k1 >= 0 and mark[k1] == b:
+                    k1 = nxt[k1]
+            t1_done = k1 < 0
+            from_t1 = k1 >= 0 and t1_bytes > p
+            k2 = -1
+            if not from_t1:
+                if not t2_done:
+                    k2 = head[_T2]
+                    while k2 >= 0 and mark[k2] == b:
+                        k2 = nxt[k2]
+                t2_done = k2 < 0
+                if k2 < 0 and k1 < 0:
+                    break
+                from_t1 = k2 < 0
+            if from_t1:
+                _unlink(k1, _T1, head, tail, nxt, prv)
+                t1_bytes -= ksize[k1]
+                _append(k1, _B1, head, tail, nxt, prv)
+                where[k1] = _B1
+                b1_bytes += ksize[k1]
+                held -= ksize[k1]
+            else:
+                _unlink(k2, _T2, head, tail, nxt, prv)
+                _append(k2, _B2, head, tail, nxt, prv)
+                where[k2] = _B2
+                b2_bytes += ksize[k2]
+                held -= ksize[k2]
+        while head[_B1] >= 0 and t1_bytes + b1_bytes > budget:
+            k = head[_B1]
+            _unlink(k, _B1, head, tail, nxt, prv)
+            where[k] = -1
+            b1_bytes -= ksize[k]
+        while head[_B2] >= 0 and held + b1_bytes + b2_bytes > 2 * budget:
+            k = head[_B2]
+            _unlink(k, _B2, head, tail, nxt, prv)
+            where[k] = -1
+            b2_bytes -= ksize[k]
+    return hits
+
+
+# ----------------------------------------------------------------------------- s3fifo
+
+_SMALL, _MAIN, _GHOST = 0, 1, 2
+
+
+@njit(**_OPTS)
+def s3fifo(bounds, look, size, n_keys, budget):
+    """``s3fifo``: the batch form of :class:`bmoe.cache.policies.s3fifo.S3FIFO`, step for
+    step (S a tenth of the budget, G at most the rest, 2-bit counters)."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
+    where = np.full(n_keys, -1, dtype=np.int8)
+    mark = np.full(n_keys, -1, dtype=np.int64)
+    freq = np.zeros(n_keys, dtype=np.int8)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    head = np.full(3, -1, dtype=np.int32)
+    tail = np.full(3, -1, dtype=np.int32)
+    stuck = np.zeros(n_keys, dtype=np.int32)
+    held = 0
+    small_bytes = 0
+    ghost_bytes = 0
+    main_len = 0
+    small_target = budget // 10
+    ghost_limit = budget - small_target
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            mark[k] = b
+            w = where[k]
+            if 0 <= w <= _MAIN:  # resident: in S or M
+                h += 1
+                if freq[k] < 3:
+                    freq[k] += 1
+                continue
+            held += sz
+            freq[k] = 0
+            if w == _GHOST:
+                ghost_bytes -= ksize[k]
+                _unlink(k, _GHOST, head, tail, nxt, prv)
+                ksize[k] = sz
+                _append(k, _MAIN, head, tail, nxt, prv)
+                where[k] = _MAIN
+                main_len += 1
+            else:
+                ksize[k] = sz
+                _append(k, _SMALL, head, tail, nxt, prv)
+                where[k] = _SMALL
+                small_bytes += sz
+        hits[b] = h
+        if held <= budget:
+            continue
+        n_stuck = 0
+        main_skips = 0
+        while held > budget:
+            main_open = main_len > 0 and main_skips < main_len
+            if head[_SMALL] >= 0 and (small_bytes >= small_target or not main_open):
+                k = head[_SMALL]
+                _unlink(k, _SMALL, head, tail, nxt, prv)
+                small_bytes -= ksize[k]
+                if freq[k] >= 1:
+                    _append(k, _MAIN, head, tail, nxt, prv)
+                    where[k] = _MAIN
+                    main_len += 1
+                    main_skips = 0
+                    continue
+                if mark[k] == b:
+                    where[k] = -1
+                    stuck[n_stuck] = k
+                    n_stuck += 1
+                    continue
+                _append(k, _GHOST, head, tail, nxt, prv)
+                where[k] = _GHOST
+                ghost_bytes += ksize[k]
+            elif main_open:
+                k = head[_MAIN]
+                _unlink(k, _MAIN, head, tail, nxt, prv)
+                if freq[k] >= 1:
+                    freq[k] -= 1
+                    _append(k, _MAIN, head, tail, nxt, prv)
+                    main_skips = 0
+                    continue
+                if mark[k] == b:
+                    _append(k, _MAIN, head, tail, nxt, prv)
+                    main_skips += 1
+                    continue
+                where[k] = -1
+                main_len -= 1
+            else:
+                break
+            held -= ksize[k]
+            main_skips = 0
+        for i in range(n_stuck - 1, -1, -1):  # back at the old end, in order
+            k = stuck[i]
+            _prepend(k, _SMALL, head, tail, nxt, prv)
+            where[k] = _SMALL
+            small_bytes += ksize[k]
+        while head[_GHOST] >= 0 and ghost_bytes > ghost_limit:
+            k = head[_GHOST]
+            _unlink(k, _GHOST, head, tail, nxt, prv)
+            where[k] = -1
+            ghost_bytes -= ksize[k]
+    return hits
+
+
+# ----------------------------------------------------------------------------- stack distances
+
+
+@njit(**_OPTS)
+def lru_byte_distances(bounds, look, rec, repeated, size, n_keys):
+    """Per lookup, its LRU byte stack distance under the batch semantics (see
+    :func:`bmoe.analyze.replay.lru_stack_distances`): inf for a first lookup, 0 when its key
+    was in the previous batch, else the bytes touched since its key's last touch plus its
+    own. A Fenwick tree over touch order holds each key's bytes at its last touch."""
+    n = len(look)
+    tree = np.zeros(n + 1, dtype=np.int64)
+    last = np.zeros(n_keys, dtype=np.int64)  # last touch (1-based), 0 = never
+    prevb = np.full(n_keys, -1, dtype=np.int64)  # the last batch that looked the key up
+    out = np.full(n, np.inf)
+    total = 0
+    clock = 0
+    for b in range(len(bounds) - 1):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        for i in range(s, e):
+            k = look[i]
+            t = last[k]
+            if t > 0:
+                if prevb[k] == b - 1:
+                    out[i] = 0.0
+                else:
+                    acc = 0
+                    j = t
+                    while j > 0:
+                        acc += tree[j]
+                        j &= j - 1
+                    out[i] = float(total - acc + sz)
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            k = order[i]
+            t = last[k]
+            if t == 0:
+                total += sz
+            else:
+                j = t
+                while j <= n:
+                    tree[j] -= sz
+                    j += j & -j
+            clock += 1
+            j = clock
+            while j <= n:
+                tree[j] += sz
+                j += j & -j
+            last[k] = clock
+        for i in range(s, e):
+            prevb[look[i]] = b
+    return out
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@njit(**_OPTS)
+def batch_lookups(row_key, row_bounds, n_keys, resident):
+    """Rows (already in batch order, cut by `row_bounds`) into lookups: per batch its
+    distinct keys in first-seen order (``look``) and in last-touch order (``rec``), the
+    lookup bounds, whether an id repeated, and how many lookups the run recorded as
+    resident (the row's `resident` flag at a key's first row; `resident` may be empty)."""
+    n = len(row_key)
+    n_b = len(row_bounds) - 1
+    has_res = len(resident) == n
+    mark = np.full(n_keys, -1, dtype=np.int64)
+    look = np.empty(n, dtype=np.int32)
+    rec = np.empty(n, dtype=np.int32)
+    bounds = np.zeros(n_b + 1, dtype=np.int64)
+    repeated = np.zeros(n_b, dtype=np.bool_)
+    recorded = np.zeros(n_b, dtype=np.int64)
+    m = 0
+    for b in range(n_b):
+        s, e = row_bounds[b], row_bounds[b + 1]
+        start = m
+        for r in range(s, e):
+            k = row_key[r]
+            if mark[k] != b:
+                mark[k] = b
+                look[m] = k
+                if has_res and resident[r]:
+                    recorded[b] += 1
+                m += 1
+        bounds[b + 1] = m
+        if m - start != e - s:
+            repeated[b] = True
+            pos = m
+            for r in range(e - 1, s - 1, -1):
+                k = row_key[r]
+                if mark[k] != -2 - b:
+                    mark[k] = -2 - b
+                    pos -= 1
+                    rec[pos] = k
+        else:
+            for i in range(start, m):
+                rec[i] = look[i]
+    return look[:m].copy(), rec[:m].copy(), bounds, repeated, recorded
