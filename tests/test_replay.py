@@ -186,6 +186,30 @@ def test_a_layer_without_expert_bytes_is_an_error() -> None:
         rp.prepare_batches(trace)
 
 
+def test_parallel_replays_give_the_figures_of_one_at_a_time(gemma_batches) -> None:
+    policies = [*rp.REFERENCE_POLICIES, "arc", "s3fifo", "lfuda"]
+    one = rp.replay_curve(gemma_batches, [250, 1000, 4000], policies, jobs=1, seed=5)
+    many = rp.replay_curve(gemma_batches, [250, 1000, 4000], policies, jobs=4, seed=5)
+    pd.testing.assert_frame_equal(one, many)
+    assert one["hit_pct_cum"].nunique() > 10  # the cells really differ
+
+
+@pytest.mark.parametrize(
+    ("experts", "message"),
+    [
+        ([-1, -1], "expert id -1 \\(routing row 1\\) is outside 0..65535"),
+        ([3, 65536], "expert id 65536 \\(routing row 2\\)"),
+        ([3, 2**31], "expert id 2147483648"),
+    ],
+)
+def test_expert_ids_a_cache_key_cannot_hold_are_errors(experts, message) -> None:
+    """(layer << 16) | expert would make -1 one key for every layer (a 100 % hit replay) and
+    let 65536 collide with expert 0 of the next layer: such ids are refused by value."""
+    trace = make_trace([(0, 1, 0, 0, experts), (0, 1, 0, 1, experts)], k=2)
+    with pytest.raises(BmoeError, match=message):
+        rp.prepare_batches(trace)
+
+
 def test_unknown_policies_and_budgets_are_errors() -> None:
     trace = make_trace([(0, 1, 0, 0, [1])])
     with pytest.raises(BmoeError, match="'lru2'"):

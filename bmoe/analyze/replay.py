@@ -25,7 +25,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from bmoe.cache import EXPERT_BITS, NEVER, POLICIES, REFERENCE_POLICIES, ExpertCache, kernels
+from bmoe.cache import EXPERT_BITS, NEVER, POLICIES, REFERENCE_POLICIES, ExpertCache
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
@@ -116,6 +116,8 @@ class ReplayBatches:
     @cached_property
     def next_use_flat(self) -> np.ndarray:
         """Per lookup, the index of the next batch looking the same key up (NEVER if none)."""
+        from bmoe.cache import kernels
+
         return kernels.next_uses(self.bounds, self.look, self.n_keys)
 
     @cached_property
@@ -196,6 +198,8 @@ def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches
     Expert ids must be 0..65535 and layers 0..65535 (the cache key packs both into 32 bits);
     anything else, such as the -1 of a routing that was never resolved, is an error naming
     the value."""
+    from bmoe.cache import kernels  # numba: imported when a replay is asked for
+
     rows = trace.rows
     name = trace.path or "trace"
     turns = _column(rows, "turn", 0)
@@ -300,6 +304,8 @@ def simulate(
     batches: ReplayBatches, policy: str, budget_bytes: int, *, seed: int = 0
 ) -> np.ndarray:
     """Hits per batch of one replay (policy at budget), by the policy's compiled kernel."""
+    from bmoe.cache import kernels
+
     if policy not in POLICIES:
         raise BmoeError(f"unknown cache policy {policy!r} (choose from {', '.join(POLICIES)})")
     budget = int(budget_bytes)
@@ -558,6 +564,8 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
     that second case (a hit at every budget), the byte distance otherwise: hit iff
     ``distance <= budget``, for every budget at once.
     """
+    from bmoe.cache import kernels
+
     b = batches
     out = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys)
     seen = np.zeros(b.n_keys, dtype=bool)
