@@ -1,5 +1,5 @@
-"""The fast policies against the plain scan-per-victim semantics, and the fused replay loop
-against staging batch by batch, on generated batch sequences."""
+"""The compiled replay kernels against the plain scan-per-victim semantics and against the
+live cache staging batch by batch, on generated batch sequences."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ budgets = st.integers(0, 40)
 
 
 def replay_inputs(batches):
-    """The lean replay form: distinct keys, last-touch order, next uses (straightforward)."""
+    """Per batch: layer, distinct keys, last-touch order, size, next uses (straightforward)."""
     layers, lookups, recency, sizes, nus = [], [], [], [], []
     keyed = [[(layer << 16) | e for e in experts] for layer, experts in batches]
     for i, ((layer, _), keys) in enumerate(zip(batches, keyed, strict=True)):
@@ -48,31 +48,12 @@ def replay_inputs(batches):
 @settings(max_examples=80, deadline=None)
 @given(batch_lists, budgets)
 def test_deterministic_policies_match_the_plain_semantics(batches, budget) -> None:
-    layers, lookups, recency, sizes, nus = replay_inputs(batches)
+    """The replay kernels against the scan-per-victim oracle."""
+    prepared = rp.prepare_batches(trace_of(batches))
     plain = [(layer, experts, SIZES[layer]) for layer, experts in batches]
     for policy in ("belady", "lru", "lfu", "layer", "layerlfu"):
-        fast = ExpertCache(budget, policy, n_layer=3).replay(layers, lookups, recency, sizes, nus)
+        fast = rp.simulate(prepared, policy, budget).tolist()
         assert fast == naive_replay(plain, policy, budget, n_layer=3), policy
-
-
-@settings(max_examples=50, deadline=None)
-@given(batch_lists, budgets)
-def test_fused_replay_equals_staging_batch_by_batch(batches, budget) -> None:
-    layers, lookups, recency, sizes, nus = replay_inputs(batches)
-    for policy in POLICIES:
-        fused = ExpertCache(budget, policy, n_layer=3, seed=3)
-        hits = fused.replay(layers, lookups, recency, sizes, nus)
-        staged = ExpertCache(budget, policy, n_layer=3, seed=3)
-        one_by_one = []
-        for (layer, experts), nu_row, look in zip(batches, nus, lookups, strict=True):
-            by_key = dict(zip(look, nu_row, strict=True))
-            nu = [by_key[(layer << 16) | e] for e in experts]
-            r = staged.stage(layer, experts, SIZES[layer], next_use=nu)
-            one_by_one.append(len(r.hits))
-        assert hits == one_by_one, policy
-        assert fused.resident() == staged.resident(), policy
-        assert fused.bytes_held == staged.bytes_held, policy
-        assert fused.stats == staged.stats, policy
 
 
 def trace_of(batches) -> RouteTrace:
