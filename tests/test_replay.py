@@ -210,6 +210,25 @@ def test_expert_ids_a_cache_key_cannot_hold_are_errors(experts, message) -> None
         rp.prepare_batches(trace)
 
 
+def test_large_sparse_expert_ids_replay_like_small_ones() -> None:
+    """Ids up to 65535 take the numbered-keys path; the figures are those of the same
+    routing with small ids."""
+    rng = np.random.default_rng(3)
+    big_ids = np.array([5, 40000, 65535, 123, 9000, 777])
+    cells = [(0, 1, step, layer, list(rng.choice(6, 2, replace=False))) for step in range(30)
+             for layer in (0, 1)]  # fmt: skip
+    small = make_trace(cells, k=2)
+    large = make_trace([(*c[:4], [int(big_ids[e]) for e in c[4]]) for c in cells], k=2)
+    for policy in [*rp.REFERENCE_POLICIES, "arc", "s3fifo", "lfuda"]:
+        a = rp.replay_curve(small, [1, 2, 3, 5], [policy], jobs=1)
+        b = rp.replay_curve(large, [1, 2, 3, 5], [policy], jobs=1)
+        pd.testing.assert_frame_equal(a, b)
+    batches = rp.prepare_batches(large)
+    assert batches.n_keys == 12 and sorted({x & 0xFFFF for x in batches.key_code}) == sorted(
+        big_ids.tolist()
+    )
+
+
 def test_unknown_policies_and_budgets_are_errors() -> None:
     trace = make_trace([(0, 1, 0, 0, [1])])
     with pytest.raises(BmoeError, match="'lru2'"):

@@ -115,15 +115,18 @@ class ReplayBatches:
 
     @cached_property
     def next_use_flat(self) -> np.ndarray:
-        """Per lookup, the index of the next batch looking the same key up (NEVER if none)."""
+        """Per lookup, the index of the next batch looking the same key up (int32; the
+        number of batches if none)."""
         from bmoe.cache import kernels
 
         return kernels.next_uses(self.bounds, self.look, self.n_keys)
 
     @cached_property
     def next_use(self) -> list[list[int]]:
-        """:attr:`next_use_flat` per batch."""
-        return self._split(self.next_use_flat)
+        """Per batch, :attr:`next_use_flat` of its lookups, :data:`~bmoe.cache.NEVER` if none."""
+        flat = self.next_use_flat.astype(np.int64)
+        flat[flat >= len(self)] = NEVER
+        return self._split(flat)
 
 
 def _column(rows: pd.DataFrame, name: str, default: int) -> np.ndarray:
@@ -156,11 +159,13 @@ def _span(values: np.ndarray) -> tuple[int, int]:
 
 
 def _batch_order(
-    turns: np.ndarray, decode: np.ndarray, step: np.ndarray, layer: np.ndarray, slot: np.ndarray
-) -> np.ndarray | None:
+    turns: np.ndarray, phase: np.ndarray, step: np.ndarray, layer: np.ndarray, slot: np.ndarray
+) -> np.ndarray:
     """The permutation into reference batch order (turn, phase, then step-major in decode
-    and layer-major in prefill, slot), or None when the rows already are in it. One packed
-    int64 sort key when the value ranges allow, a lexsort otherwise."""
+    and layer-major in prefill, slot), or an empty array when the rows already are in it.
+    One packed int64 sort key when the value ranges allow, a lexsort otherwise."""
+    from bmoe.cache import kernels
+
     t0, t1 = _span(turns)
     s0, s1 = _span(step)
     l0, l1 = _span(layer)
@@ -168,25 +173,13 @@ def _batch_order(
     span = max(s1 - s0, l1 - l0) + 1
     n_slot = o1 - o0 + 1
     if (t1 - t0 + 1) * 2 * span * span * n_slot < (1 << 62):
-        st = step.astype(np.int64) - s0
-        ly = layer.astype(np.int64) - l0
-        major = np.where(decode, st, ly)
-        minor = np.where(decode, ly, st)
-        del st, ly
-        packed = turns.astype(np.int64) - t0
-        packed *= 2
-        packed += decode
-        packed *= span
-        packed += major
-        del major
-        packed *= span
-        packed += minor
-        del minor
-        packed *= n_slot
-        packed += slot.astype(np.int64) - o0
-        if len(packed) < 2 or bool((packed[1:] >= packed[:-1]).all()):
-            return None
+        packed, ordered = kernels.batch_sort_key(
+            turns, phase, step, layer, slot, t0, s0, l0, o0, span, n_slot
+        )
+        if ordered:
+            return np.zeros(0, dtype=np.int64)
         return np.argsort(packed, kind="stable")
+    decode = phase != 0
     major = np.where(decode, step, layer)
     minor = np.where(decode, layer, step)
     return np.lexsort((slot, minor, major, decode, turns))
@@ -234,56 +227,48 @@ def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches
             "(a replay cannot price its misses)"
         )
 
-    decode = _column(rows, "phase", 1) != 0
+    phase = _column(rows, "phase", 1)
     step = _column(rows, "step", 0)
-    order = _batch_order(turns, decode, step, layer, _column(rows, "slot", 0))
-    if order is not None:
-        turns, decode, step, layer, expert = (
-            a[order] for a in (turns, decode, step, layer, expert)
-        )
-    new = np.empty(len(layer), dtype=bool)
-    new[0] = True
-    new[1:] = turns[1:] != turns[:-1]
-    new[1:] |= decode[1:] != decode[:-1]
-    new[1:] |= layer[1:] != layer[:-1]
-    new[1:] |= decode[1:] & (step[1:] != step[:-1])
-    starts = np.flatnonzero(new)
-    del new
-    row_bounds = np.append(starts, len(layer)).astype(np.int64)
+    order = _batch_order(turns, phase, step, layer, _column(rows, "slot", 0))
 
-    # dense key ids: the layer's index among the trace's layers x experts + expert
+    # dense key ids: the layer's index among the trace's layers x experts + expert, or,
+    # when few of those occur (large sparse ids), the keys that occur, numbered
     part_of = np.zeros(int(present.max()) + 1, dtype=np.int64)
     part_of[present] = np.arange(len(present))
     n_e = int(expert.max()) + 1
-    row_key = part_of[layer] * n_e + expert
     n_keys = len(present) * n_e
-    codes = np.arange(n_keys, dtype=np.int64)
-    key_part = codes // n_e
-    key_code = (present[key_part].astype(np.int64) << EXPERT_BITS) | (codes % n_e)
-    if n_keys > 2 * len(row_key) + 65536:  # sparse ids: number the keys that occur
-        used, row_key = np.unique(row_key, return_inverse=True)
-        key_part, key_code, n_keys = key_part[used], key_code[used], len(used)
-
+    if n_keys <= 2 * len(expert) + 65536:
+        codes = np.arange(n_keys, dtype=np.int64)
+        key_part = codes // n_e
+        key_code = (present[key_part].astype(np.int64) << EXPERT_BITS) | (codes % n_e)
+        row_id, id_part_of, id_n_e = expert, part_of, n_e
+    else:
+        packed = part_of[layer] * n_e + expert
+        used, row_id = np.unique(packed, return_inverse=True)
+        del packed
+        key_part = used // n_e
+        key_code = (present[key_part].astype(np.int64) << EXPERT_BITS) | (used % n_e)
+        n_keys = len(used)
+        id_part_of, id_n_e = np.zeros_like(part_of), 1
     resident = np.zeros(0, dtype=bool)
     if "residency" in rows:
         resident = rows["residency"].to_numpy() > 0
-        if order is not None:
-            resident = resident[order]
-    look, rec, bounds, repeated, recorded = kernels.batch_lookups(
-        row_key, row_bounds, n_keys, resident
+    n_b = kernels.count_batches(order, turns, phase, step, layer)
+    look, rec, first, bounds, repeated, recorded = kernels.cut_batches(
+        order, turns, phase, step, layer, row_id, resident, id_part_of, id_n_e, n_b, n_keys
     )
-    del row_key, resident, order
+    del order, resident, row_id
 
-    b_layer = layer[starts].astype(np.int64)
+    b_layer = layer[first]
     size_table = np.zeros(int(present.max()) + 1, dtype=np.int64)
     for x in present.tolist():
         size_table[x] = sizes[x]
     meta = trace.meta
     return ReplayBatches(
-        layer=b_layer,
-        turn=turns[starts].astype(np.int64),
-        step=step[starts].astype(np.int64),
-        decode=decode[starts],
+        layer=layer[first],
+        turn=turns[first],
+        step=step[first],
+        decode=phase[first] != 0,
         size=size_table[b_layer],
         n_lookups=np.diff(bounds),
         repeated=repeated,

@@ -277,10 +277,12 @@ def lfu(bounds, look, rec, repeated, size, part, key_part, base, n_keys, capacit
 
 @njit(**_OPTS)
 def next_uses(bounds, look, n_keys):
-    """For each lookup, the next batch looking the same key up (NEVER if none)."""
-    out = np.empty(len(look), dtype=np.int64)
-    nextb = np.full(n_keys, NEVER, dtype=np.int64)
-    for b in range(len(bounds) - 2, -1, -1):
+    """For each lookup, the next batch looking the same key up; the number of batches
+    (one past the last) if none."""
+    n_b = len(bounds) - 1
+    out = np.empty(len(look), dtype=np.int32)
+    nextb = np.full(n_keys, n_b, dtype=np.int32)
+    for b in range(n_b - 1, -1, -1):
         for i in range(bounds[b], bounds[b + 1]):
             k = look[i]
             out[i] = nextb[k]
@@ -291,8 +293,8 @@ def next_uses(bounds, look, n_keys):
 @njit(**_OPTS)
 def belady(bounds, look, size, next_use, n_keys, budget, shift):
     """``belady``: evict the furthest next use, ties to the earliest admitted (priority
-    ``(batches - next use) << shift | admission``, a next use of NEVER counting as the
-    number of batches)."""
+    ``(batches - next use) << shift | admission``; a next use at or past the number of
+    batches means never)."""
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
     far = np.zeros(n_keys, dtype=np.int64)  # the packed priority
@@ -321,7 +323,7 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
                 held += sz
                 admissions += 1
                 admitted[k] = admissions
-            far[k] = ((n_b - min(next_use[i], n_b)) << shift) | admitted[k]
+            far[k] = ((n_b - min(np.int64(next_use[i]), n_b)) << shift) | admitted[k]
         hits[b] = h
         while held > budget and hcount[0] > 0:
             k = _heap_pop(0, hv, hk, hpos, base, hcount)
@@ -759,43 +761,119 @@ def lru_byte_distances(bounds, look, rec, repeated, size, n_keys):
 
 
 @njit(**_OPTS)
-def batch_lookups(row_key, row_bounds, n_keys, resident):
-    """Rows (already in batch order, cut by `row_bounds`) into lookups: per batch its
-    distinct keys in first-seen order (``look``) and in last-touch order (``rec``), the
-    lookup bounds, whether an id repeated, and how many lookups the run recorded as
-    resident (the row's `resident` flag at a key's first row; `resident` may be empty)."""
-    n = len(row_key)
-    n_b = len(row_bounds) - 1
+def batch_sort_key(turn, phase, step, layer, slot, t0, s0, l0, o0, span, n_slot):
+    """Each row's place in the reference batch order as one int64 (turn, phase, then step
+    before layer in decode and layer before step in prefill, slot), and whether the rows
+    already are in that order. The caller checks that the ranges fit 62 bits."""
+    n = len(layer)
+    out = np.empty(n, dtype=np.int64)
+    ordered = True
+    prev = -1
+    for r in range(n):
+        st = np.int64(step[r]) - s0
+        ly = np.int64(layer[r]) - l0
+        dec = phase[r] != 0
+        key = (np.int64(turn[r]) - t0) * 2 + (1 if dec else 0)
+        if dec:
+            key = (key * span + st) * span + ly
+        else:
+            key = (key * span + ly) * span + st
+        key = key * n_slot + (np.int64(slot[r]) - o0)
+        out[r] = key
+        if key < prev:
+            ordered = False
+        prev = key
+    return out, ordered
+
+
+@njit(**_OPTS)
+def _row(order, i):
+    return order[i] if len(order) else i
+
+
+@njit(**_OPTS)
+def count_batches(order, turn, phase, step, layer):
+    """The batches of the rows taken in `order` (empty: as they are): a batch ends where
+    the turn, the phase or the layer changes, or the step in decode."""
+    n = len(layer)
+    if n == 0:
+        return 0
+    count = 1
+    r0 = _row(order, 0)
+    for i in range(1, n):
+        r = _row(order, i)
+        if (
+            turn[r] != turn[r0]
+            or (phase[r] != 0) != (phase[r0] != 0)
+            or layer[r] != layer[r0]
+            or (phase[r] != 0 and step[r] != step[r0])
+        ):
+            count += 1
+        r0 = r
+    return count
+
+
+@njit(**_OPTS)
+def cut_batches(order, turn, phase, step, layer, expert, resident, part_of, n_e, n_b, n_keys):
+    """Rows taken in `order` (empty: as they are) cut into `n_b` batches (see
+    :func:`count_batches`) of lookups, in one pass: per batch its first row, the lookup
+    bounds, whether an id repeated and how many lookups the run recorded as resident (the
+    row's `resident` flag at a key's first row; `resident` may be empty); per lookup the
+    dense key id (``part_of[layer] * n_e + expert``) in first-seen order (``look``) and in
+    last-touch order (``rec``)."""
+    n = len(layer)
     has_res = len(resident) == n
     mark = np.full(n_keys, -1, dtype=np.int64)
     look = np.empty(n, dtype=np.int32)
     rec = np.empty(n, dtype=np.int32)
+    first_row = np.empty(n_b, dtype=np.int64)
     bounds = np.zeros(n_b + 1, dtype=np.int64)
     repeated = np.zeros(n_b, dtype=np.bool_)
     recorded = np.zeros(n_b, dtype=np.int64)
     m = 0
-    for b in range(n_b):
-        s, e = row_bounds[b], row_bounds[b + 1]
-        start = m
-        for r in range(s, e):
-            k = row_key[r]
-            if mark[k] != b:
-                mark[k] = b
-                look[m] = k
-                if has_res and resident[r]:
-                    recorded[b] += 1
-                m += 1
-        bounds[b + 1] = m
-        if m - start != e - s:
-            repeated[b] = True
-            pos = m
-            for r in range(e - 1, s - 1, -1):
-                k = row_key[r]
-                if mark[k] != -2 - b:
-                    mark[k] = -2 - b
-                    pos -= 1
-                    rec[pos] = k
-        else:
-            for i in range(start, m):
-                rec[i] = look[i]
-    return look[:m].copy(), rec[:m].copy(), bounds, repeated, recorded
+    b = -1
+    s = 0
+    r0 = -1
+    for i in range(n + 1):
+        r = _row(order, i) if i < n else -1
+        new = i == n or i == 0
+        if not new:
+            new = (
+                turn[r] != turn[r0]
+                or (phase[r] != 0) != (phase[r0] != 0)
+                or layer[r] != layer[r0]
+                or (phase[r] != 0 and step[r] != step[r0])
+            )
+        if new and b >= 0:  # close batch b (rows s .. i-1)
+            start = bounds[b]
+            bounds[b + 1] = m
+            if m - start != i - s:
+                repeated[b] = True
+                pos = m
+                for j in range(i - 1, s - 1, -1):
+                    rj = _row(order, j)
+                    k = part_of[layer[rj]] * n_e + expert[rj]
+                    if mark[k] != -2 - b:
+                        mark[k] = -2 - b
+                        pos -= 1
+                        rec[pos] = k
+            else:
+                for j in range(start, m):
+                    rec[j] = look[j]
+        if i == n:
+            break
+        if new:
+            b += 1
+            s = i
+            first_row[b] = r
+        k = part_of[layer[r]] * n_e + expert[r]
+        if mark[k] != b:
+            mark[k] = b
+            look[m] = k
+            if has_res and resident[r]:
+                recorded[b] += 1
+            m += 1
+        r0 = r
+    if m < n - n // 4:  # give back the room of the repeats
+        return look[:m].copy(), rec[:m].copy(), first_row, bounds, repeated, recorded
+    return look[:m], rec[:m], first_row, bounds, repeated, recorded
