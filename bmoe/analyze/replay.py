@@ -71,6 +71,7 @@ class ReplayBatches:
     n_layer: int
     n_expert: int | None
     k: int | None
+    look_row: np.ndarray | None = None  # per lookup, its first row in the trace (on request)
 
     def __len__(self) -> int:
         return len(self.layer)
@@ -185,8 +186,12 @@ def _batch_order(
     return np.lexsort((slot, minor, major, decode, turns))
 
 
-def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches:
-    """Cut `trace` into cache batches (reference order), optionally one turn only.
+def prepare_batches(
+    trace: RouteTrace, turn: int | None = None, *, lookup_rows: bool = False
+) -> ReplayBatches:
+    """Cut `trace` into cache batches (reference order), optionally one turn only, and with
+    `lookup_rows` the row each lookup comes from (``look_row``: positions in the rows of
+    that turn).
 
     Expert ids must be 0..65535 and layers 0..65535 (the cache key packs both into 32 bits);
     anything else, such as the -1 of a routing that was never resolved, is an error naming
@@ -254,9 +259,11 @@ def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches
     if "residency" in rows:
         resident = rows["residency"].to_numpy() > 0
     n_b = kernels.count_batches(order, turns, phase, step, layer)
+    look_row = np.empty(len(layer) if lookup_rows else 0, dtype=np.int64)
     look, rec, first, bounds, repeated, recorded = kernels.cut_batches(
-        order, turns, phase, step, layer, row_id, resident, id_part_of, id_n_e, n_b, n_keys
-    )
+        order, turns, phase, step, layer, row_id, resident, id_part_of, id_n_e, n_b, n_keys,
+        look_row,
+    )  # fmt: skip
     del order, resident, row_id
 
     b_layer = layer[first]
@@ -282,6 +289,7 @@ def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches
         n_layer=_meta_int(meta, "n_layer") or (int(present.max()) + 1),
         n_expert=_meta_int(meta, "n_expert"),
         k=trace.n_expert_used,
+        look_row=look_row[: len(look)] if lookup_rows else None,
     )
 
 
@@ -552,7 +560,7 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
     from bmoe.cache import kernels
 
     b = batches
-    out = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys)
+    out = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, True)
     seen = np.zeros(b.n_keys, dtype=bool)
     seen[b.look] = True
     total = int(b.size_of_keys()[seen].sum())
@@ -564,6 +572,32 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
     else:
         expert_set = total
     return StackDistances(out, decode, size_per, int(max(expert_set, total)))
+
+
+def lru_reuse_bytes(trace: RouteTrace) -> pd.DataFrame:
+    """Every reuse with its classic LRU stack distance in bytes: the bytes of the distinct
+    experts (of any layer) looked up between an expert's previous lookup and this one, the
+    expert itself not counted. Lookups as in replay (one per distinct expert per batch, in
+    first-seen order), but each taken at once rather than batch-wise. Columns layer,
+    expert, step (of the lookup's first row), distance_bytes; lookup order."""
+    from bmoe.cache import kernels
+
+    columns = ["layer", "expert", "step", "distance_bytes"]
+    if not len(trace.rows):
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+    b = prepare_batches(trace, lookup_rows=True)
+    dist = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, False)
+    reused = np.isfinite(dist)
+    codes = b.key_code[b.look[reused]]
+    rows = b.look_row[reused]
+    return pd.DataFrame(
+        {
+            "layer": codes >> EXPERT_BITS,
+            "expert": codes & EXPERT_MASK,
+            "step": trace.rows["step"].to_numpy()[rows].astype(np.int64),
+            "distance_bytes": dist[reused].astype(np.int64),
+        }
+    )
 
 
 def mrc_at(dist: StackDistances, budgets_mib: Sequence[float]) -> pd.DataFrame:

@@ -707,11 +707,17 @@ def s3fifo(bounds, look, size, n_keys, budget):
 
 
 @njit(**_OPTS)
-def lru_byte_distances(bounds, look, rec, repeated, size, n_keys):
-    """Per lookup, its LRU byte stack distance under the batch semantics (see
-    :func:`bmoe.analyze.replay.lru_stack_distances`): inf for a first lookup, 0 when its key
-    was in the previous batch, else the bytes touched since its key's last touch plus its
-    own. A Fenwick tree over touch order holds each key's bytes at its last touch."""
+def lru_byte_distances(bounds, look, rec, repeated, size, n_keys, batch_semantics):
+    """Per lookup, its LRU byte stack distance (inf for a first lookup), by a Fenwick tree
+    over touch order that holds each key's bytes at its last touch.
+
+    With `batch_semantics` (the replay's, see
+    :func:`bmoe.analyze.replay.lru_stack_distances`): a batch's keys are touched after all
+    its lookups, in last-touch order; the distance is the bytes touched since the key's
+    last touch plus its own, and 0 when the key was in the previous batch (a hit at any
+    budget). Without: every lookup touches its key at once, in lookup order, and the
+    distance is the bytes of the distinct keys looked up since (the classic stack
+    distance, the key itself not counted)."""
     n = len(look)
     tree = np.zeros(n + 1, dtype=np.int64)
     last = np.zeros(n_keys, dtype=np.int64)  # last touch (1-based), 0 = never
@@ -726,7 +732,7 @@ def lru_byte_distances(bounds, look, rec, repeated, size, n_keys):
             k = look[i]
             t = last[k]
             if t > 0:
-                if prevb[k] == b - 1:
+                if batch_semantics and prevb[k] == b - 1:
                     out[i] = 0.0
                 else:
                     acc = 0
@@ -734,27 +740,39 @@ def lru_byte_distances(bounds, look, rec, repeated, size, n_keys):
                     while j > 0:
                         acc += tree[j]
                         j &= j - 1
-                    out[i] = float(total - acc + sz)
-        order = rec if repeated[b] else look
-        for i in range(s, e):
-            k = order[i]
-            t = last[k]
-            if t == 0:
-                total += sz
-            else:
-                j = t
-                while j <= n:
-                    tree[j] -= sz
-                    j += j & -j
-            clock += 1
-            j = clock
-            while j <= n:
-                tree[j] += sz
-                j += j & -j
-            last[k] = clock
-        for i in range(s, e):
-            prevb[look[i]] = b
+                    out[i] = float(total - acc + sz) if batch_semantics else float(total - acc)
+            if not batch_semantics:
+                clock = _touch(tree, last, k, sz, clock, n)
+                if t == 0:
+                    total += sz
+        if batch_semantics:
+            order = rec if repeated[b] else look
+            for i in range(s, e):
+                k = order[i]
+                if last[k] == 0:
+                    total += sz
+                clock = _touch(tree, last, k, sz, clock, n)
+            for i in range(s, e):
+                prevb[look[i]] = b
     return out
+
+
+@njit(**_OPTS)
+def _touch(tree, last, k, sz, clock, n):
+    """Move key `k`'s bytes from its last touch to a new one; return the new clock."""
+    t = last[k]
+    if t > 0:
+        j = t
+        while j <= n:
+            tree[j] -= sz
+            j += j & -j
+    clock += 1
+    j = clock
+    while j <= n:
+        tree[j] += sz
+        j += j & -j
+    last[k] = clock
+    return clock
 
 
 # ----------------------------------------------------------------------------- batches
@@ -814,15 +832,19 @@ def count_batches(order, turn, phase, step, layer):
 
 
 @njit(**_OPTS)
-def cut_batches(order, turn, phase, step, layer, expert, resident, part_of, n_e, n_b, n_keys):
+def cut_batches(
+    order, turn, phase, step, layer, expert, resident, part_of, n_e, n_b, n_keys, look_row
+):
     """Rows taken in `order` (empty: as they are) cut into `n_b` batches (see
     :func:`count_batches`) of lookups, in one pass: per batch its first row, the lookup
     bounds, whether an id repeated and how many lookups the run recorded as resident (the
     row's `resident` flag at a key's first row; `resident` may be empty); per lookup the
     dense key id (``part_of[layer] * n_e + expert``) in first-seen order (``look``) and in
-    last-touch order (``rec``)."""
+    last-touch order (``rec``), and, when `look_row` has a slot per row, the row of each
+    lookup's first sight in it."""
     n = len(layer)
     has_res = len(resident) == n
+    want_rows = len(look_row) == n
     mark = np.full(n_keys, -1, dtype=np.int64)
     look = np.empty(n, dtype=np.int32)
     rec = np.empty(n, dtype=np.int32)
@@ -870,6 +892,8 @@ def cut_batches(order, turn, phase, step, layer, expert, resident, part_of, n_e,
         if mark[k] != b:
             mark[k] = b
             look[m] = k
+            if want_rows:
+                look_row[m] = r
             if has_res and resident[r]:
                 recorded[b] += 1
             m += 1
