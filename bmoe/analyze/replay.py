@@ -565,7 +565,9 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
     seen[b.look] = True
     total = int(b.size_of_keys()[seen].sum())
     decode = np.repeat(batches.decode, batches.n_lookups)
-    size_per = np.repeat(batches.size, batches.n_lookups)
+    size_per = np.repeat(
+        batches.size.astype(np.min_scalar_type(int(batches.size.max()))), batches.n_lookups
+    )
     if batches.n_expert:
         layer_bytes = dict(zip(batches.layer.tolist(), batches.size.tolist(), strict=True))
         expert_set = sum(layer_bytes.values()) * batches.n_expert
@@ -600,32 +602,36 @@ def lru_reuse_bytes(trace: RouteTrace) -> pd.DataFrame:
     )
 
 
+def _at_most(values: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """How many of `values` are <= each of `points` (one sorted copy, then binary search)."""
+    return np.searchsorted(np.sort(values), points, side="right")
+
+
 def mrc_at(dist: StackDistances, budgets_mib: Sequence[float]) -> pd.DataFrame:
     """The exact LRU curve evaluated at `budgets_mib` (budget_mib, hit_pct_cum,
-    hit_pct_decode, read_mib)."""
+    hit_pct_decode, read_mib).
+
+    A lookup hits at budget B iff its distance <= B, so each figure is a count of sorted
+    distances at or below B: all lookups, the decode ones, and per expert size the hit
+    bytes. One sorted copy at a time, so memory stays near the distances' own."""
     d = dist.distance
-    order = np.argsort(d, kind="stable")
-    sd = d[order]
-    cum_hits = np.arange(1, len(sd) + 1)
-    cum_dec = np.cumsum(dist.decode[order])
-    cum_bytes = np.cumsum(dist.size[order].astype(np.float64))
+    budget_list = list(budgets_mib)
+    points = np.asarray(budget_list, dtype=np.float64) * MIB
+    hits = _at_most(d, points)
+    dec = _at_most(d[dist.decode], points)
+    hit_bytes = np.zeros(len(points), dtype=np.float64)
+    for size in np.unique(dist.size).tolist():
+        hit_bytes += float(size) * _at_most(d[dist.size == size], points)
     total_bytes = float(dist.size.sum(dtype=np.float64))
     n, n_dec = len(d), int(dist.decode.sum())
-    rows = []
-    for budget in budgets_mib:
-        j = int(np.searchsorted(sd, budget * MIB, side="right"))
-        hits = int(cum_hits[j - 1]) if j else 0
-        dec = int(cum_dec[j - 1]) if j else 0
-        hit_bytes = float(cum_bytes[j - 1]) if j else 0.0
-        rows.append(
-            {
-                "budget_mib": budget,
-                "hit_pct_cum": 100.0 * hits / n if n else float("nan"),
-                "hit_pct_decode": 100.0 * dec / n_dec if n_dec else float("nan"),
-                "read_mib": (total_bytes - hit_bytes) / MIB,
-            }
-        )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(
+        {
+            "budget_mib": budget_list,
+            "hit_pct_cum": 100.0 * hits / n if n else np.full(len(points), np.nan),
+            "hit_pct_decode": 100.0 * dec / n_dec if n_dec else np.full(len(points), np.nan),
+            "read_mib": (total_bytes - hit_bytes) / MIB,
+        }
+    )
 
 
 def lru_mrc(dist: StackDistances) -> pd.DataFrame:
