@@ -323,18 +323,18 @@ def simulate(
         base = kernels.part_bases(b.key_part, b.n_parts)
         return kernels.lfu(
             b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.key_part, base, b.n_keys,
-            capacity, shift,
+            capacity, shift, True,
         )  # fmt: skip
     if policy == "lru":
         one = np.zeros(len(b), dtype=np.int64)
         return kernels.lru(b.bounds, b.look, b.rec, b.repeated, b.size, one, 1, b.n_keys, budget)
-    if policy == "lfu":
+    if policy in ("lfu", "lfu-incache"):
         one = np.zeros(len(b), dtype=np.int64)
         key_one = np.zeros(b.n_keys, dtype=np.int64)
         base = np.zeros(1, dtype=np.int64)
         return kernels.lfu(
             b.bounds, b.look, b.rec, b.repeated, b.size, one, key_one, base, b.n_keys, budget,
-            shift,
+            shift, policy == "lfu",
         )  # fmt: skip
     if policy == "belady":
         return kernels.belady(b.bounds, b.look, b.size, b.next_use_flat, b.n_keys, budget, shift)

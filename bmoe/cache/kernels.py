@@ -223,11 +223,14 @@ def lru(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity):
 
 
 @njit(**_OPTS)
-def lfu(bounds, look, rec, repeated, size, part, key_part, base, n_keys, capacity, shift):
+def lfu(
+    bounds, look, rec, repeated, size, part, key_part, base, n_keys, capacity, shift, keep_counts
+):
     """``lfu`` and ``layerlfu``: evict the fewest lookups so far (counts kept across
     eviction), ties by least recent touch (priority ``count << shift | touch``). The heap
     holds the evictable keys: a batch's resident keys leave it while the batch is staged
-    and re-enter at their new priority."""
+    and re-enter at their new priority. Without `keep_counts` a victim's count restarts
+    (``lfu-incache``)."""
     n_b = len(bounds) - 1
     n_parts = len(base)
     hits = np.zeros(n_b, dtype=np.int64)
@@ -265,6 +268,8 @@ def lfu(bounds, look, rec, repeated, size, part, key_part, base, n_keys, capacit
             k = _heap_pop(j, hv, hk, hpos, base, hcount)
             resident[k] = False
             held[j] -= ksize[k]
+            if not keep_counts:
+                counts[k] = 0
         for i in range(s, e):
             k = look[i]
             v = (counts[k] << shift) | stamp[k]

@@ -1,11 +1,13 @@
 """``lfu``: evict the key with the fewest lookups so far, ties by least recent touch.
 
-Counts survive eviction (a key re-admitted carries on from its old count). Victims come from
-a min-heap of packed ``count | touch | key`` integers, updated lazily: a key's priority only
-grows (its count and its last touch both increase), so the heap keeps one entry per resident
-key, possibly stale (lower than the key's priority now). A popped entry that is stale goes
-back at the key's current priority; one that is current is the true minimum. A hit costs no
-heap operation at all.
+Counts survive eviction (a key re-admitted carries on from its old count): "perfect LFU",
+the reference's. ``lfu-incache`` is the other common variant, counting only while cached.
+
+Victims come from a min-heap of packed ``count | touch | key`` integers, updated lazily: a
+key's priority only grows (its count and its last touch both increase), so the heap keeps one
+entry per resident key, possibly stale (lower than the key's priority now). A popped entry
+that is stale goes back at the key's current priority; one that is current is the true
+minimum. A hit costs no heap operation at all.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ COUNT_SHIFT = KEY_BITS + TOUCH_BITS
 
 class LFU(Policy):
     name = "lfu"
+    #: counts survive eviction ("perfect LFU"); False counts only while a key is cached
+    keep_counts = True
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)
@@ -88,8 +92,18 @@ class LFU(Policy):
                 aside.append(e)
                 continue
             del stamp[k]
+            if not self.keep_counts:
+                del count[k]
             self.held -= res.pop(k)
             victims.append(k)
         for e in aside:
             heappush(heap, e)
         return victims
+
+
+class InCacheLFU(LFU):
+    """``lfu-incache``: LFU whose counts start again when a key is evicted (counts only
+    while cached, the variant most simulators call LFU, libCacheSim's among them)."""
+
+    name = "lfu-incache"
+    keep_counts = False
