@@ -320,21 +320,19 @@ def simulate(
                 b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.n_parts, b.n_keys,
                 capacity,
             )  # fmt: skip
-        base = kernels.part_bases(b.key_part, b.n_parts)
+        per_part = np.bincount(b.part, minlength=b.n_parts)
         return kernels.lfu(
-            b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.key_part, base, b.n_keys,
-            capacity, shift, True,
+            b.bounds, b.look, b.rec, b.repeated, b.size, b.part, per_part, b.n_keys, capacity,
+            True,
         )  # fmt: skip
     if policy == "lru":
         one = np.zeros(len(b), dtype=np.int64)
         return kernels.lru(b.bounds, b.look, b.rec, b.repeated, b.size, one, 1, b.n_keys, budget)
     if policy in ("lfu", "lfu-incache"):
         one = np.zeros(len(b), dtype=np.int64)
-        key_one = np.zeros(b.n_keys, dtype=np.int64)
-        base = np.zeros(1, dtype=np.int64)
         return kernels.lfu(
-            b.bounds, b.look, b.rec, b.repeated, b.size, one, key_one, base, b.n_keys, budget,
-            shift, policy == "lfu",
+            b.bounds, b.look, b.rec, b.repeated, b.size, one, np.array([len(b)]), b.n_keys,
+            budget, policy == "lfu",
         )  # fmt: skip
     if policy == "belady":
         return kernels.belady(b.bounds, b.look, b.size, b.next_use_flat, b.n_keys, budget, shift)

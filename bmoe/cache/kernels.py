@@ -161,12 +161,6 @@ def counter_bits(n: int) -> int:
     return max(1, int(n).bit_length())
 
 
-def part_bases(key_part: np.ndarray, n_parts: int) -> np.ndarray:
-    """Where each part's heap starts: parts own consecutive ranges sized by their keys."""
-    per = np.bincount(key_part, minlength=n_parts)
-    return np.concatenate([[0], np.cumsum(per)[:-1]]).astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- lru / layer
 
 
@@ -220,30 +214,67 @@ def lru(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity):
 
 
 # ----------------------------------------------------------------------------- lfu / layerlfu
+# Count buckets: per part, a list per lookup count holding the part's evictable keys with that
+# count in touch order (head = least recent), and a bitmap of the non-empty lists (63 bits a
+# word, so every word stays a non-negative int64). A count is at most the part's batches.
 
 
 @njit(**_OPTS)
-def lfu(
-    bounds, look, rec, repeated, size, part, key_part, base, n_keys, capacity, shift, keep_counts
-):
+def _lowest_bit(w):
+    t = 0
+    if (w & 0xFFFFFFFF) == 0:
+        w >>= 32
+        t += 32
+    if (w & 0xFFFF) == 0:
+        w >>= 16
+        t += 16
+    if (w & 0xFF) == 0:
+        w >>= 8
+        t += 8
+    if (w & 0xF) == 0:
+        w >>= 4
+        t += 4
+    if (w & 0x3) == 0:
+        w >>= 2
+        t += 2
+    if (w & 0x1) == 0:
+        t += 1
+    return t
+
+
+@njit(**_OPTS)
+def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity, keep_counts):
     """``lfu`` and ``layerlfu``: evict the fewest lookups so far (counts kept across
-    eviction), ties by least recent touch (priority ``count << shift | touch``). The heap
-    holds the evictable keys: a batch's resident keys leave it while the batch is staged
-    and re-enter at their new priority. Without `keep_counts` a victim's count restarts
-    (``lfu-incache``)."""
+    eviction), ties by least recent touch; `part_batches` is the number of batches of each
+    part. A batch's resident keys leave their count list while it is staged and join the
+    tail of their new count's list afterwards (in touch order: theirs are the newest
+    touches), so a list's head is its least recent key and the lowest non-empty list's
+    head is the victim. Without `keep_counts` a victim's count restarts (``lfu-incache``)."""
     n_b = len(bounds) - 1
-    n_parts = len(base)
+    n_parts = len(part_batches)
     hits = np.zeros(n_b, dtype=np.int64)
     counts = np.zeros(n_keys, dtype=np.int64)
-    stamp = np.zeros(n_keys, dtype=np.int64)
     resident = np.zeros(n_keys, dtype=np.bool_)
     ksize = np.zeros(n_keys, dtype=np.int64)
-    hv = np.zeros(n_keys, dtype=np.int64)
-    hk = np.zeros(n_keys, dtype=np.int32)
-    hpos = np.full(n_keys, -1, dtype=np.int64)
-    hcount = np.zeros(n_parts, dtype=np.int64)
+    inb = np.full(n_keys, -1, dtype=np.int64)  # the key's count list, -1 if in none
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
+    cbase = np.zeros(n_parts, dtype=np.int64)  # part j's count-c list is cbase[j] + c
+    wbase = np.zeros(n_parts, dtype=np.int64)  # part j's bitmap words start here
+    n_words = np.zeros(n_parts, dtype=np.int64)
+    total_lists = 0
+    total_words = 0
+    for j in range(n_parts):
+        cbase[j] = total_lists
+        total_lists += part_batches[j] + 1
+        wbase[j] = total_words
+        n_words[j] = (part_batches[j] + 1) // 63 + 1
+        total_words += n_words[j]
+    head = np.full(total_lists, -1, dtype=np.int32)
+    tail = np.full(total_lists, -1, dtype=np.int32)
+    bits = np.zeros(total_words, dtype=np.int64)
+    low = np.zeros(n_parts, dtype=np.int64)  # no non-empty list of part j below low[j]
     held = np.zeros(n_parts, dtype=np.int64)
-    clock = 0
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -254,26 +285,47 @@ def lfu(
             counts[k] += 1
             if resident[k]:
                 h += 1
-                _heap_remove(k, j, hv, hk, hpos, base, hcount)
+                lst = inb[k]
+                _unlink(k, lst, head, tail, nxt, prv)
+                inb[k] = -1
+                if head[lst] < 0:
+                    c = lst - cbase[j]
+                    bits[wbase[j] + c // 63] &= ~(np.int64(1) << (c % 63))
             else:
                 resident[k] = True
                 ksize[k] = sz
                 held[j] += sz
-        order = rec if repeated[b] else look
-        for i in range(s, e):
-            clock += 1
-            stamp[order[i]] = clock
         hits[b] = h
-        while held[j] > capacity and hcount[j] > 0:
-            k = _heap_pop(j, hv, hk, hpos, base, hcount)
+        while held[j] > capacity:
+            w = low[j] // 63
+            word = bits[wbase[j] + w] & ~((np.int64(1) << (low[j] % 63)) - 1)
+            while word == 0 and w + 1 < n_words[j]:
+                w += 1
+                word = bits[wbase[j] + w]
+            if word == 0:
+                break  # nothing evictable
+            c = w * 63 + _lowest_bit(word)
+            low[j] = c
+            lst = cbase[j] + c
+            k = head[lst]
+            _unlink(k, lst, head, tail, nxt, prv)
+            inb[k] = -1
+            if head[lst] < 0:
+                bits[wbase[j] + w] &= ~(np.int64(1) << (c % 63))
             resident[k] = False
             held[j] -= ksize[k]
             if not keep_counts:
                 counts[k] = 0
+        order = rec if repeated[b] else look
         for i in range(s, e):
-            k = look[i]
-            v = (counts[k] << shift) | stamp[k]
-            _heap_push(k, v, key_part[k], hv, hk, hpos, base, hcount)
+            k = order[i]
+            c = counts[k]
+            lst = cbase[j] + c
+            _append(k, lst, head, tail, nxt, prv)
+            inb[k] = lst
+            bits[wbase[j] + c // 63] |= np.int64(1) << (c % 63)
+            if c < low[j]:
+                low[j] = c
     return hits
 
 
