@@ -77,7 +77,7 @@ def _prepend(k, lst, head, tail, nxt, prv):
 # ``base[j] .. base[j] + count[j]`` of ``hv`` (priorities) and ``hk`` (keys).
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def _sift_up(hv, hk, hpos, base, i):
     v = hv[base + i]
     k = hk[base + i]
@@ -96,7 +96,7 @@ def _sift_up(hv, hk, hpos, base, i):
     hpos[k] = i
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def _sift_down(hv, hk, hpos, base, n, i):
     v = hv[base + i]
     k = hk[base + i]
@@ -123,7 +123,7 @@ def _sift_down(hv, hk, hpos, base, n, i):
     hpos[k] = i
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def _heap_push(k, v, j, hv, hk, hpos, base, count):
     n = count[j]
     hv[base[j] + n] = v
@@ -132,7 +132,7 @@ def _heap_push(k, v, j, hv, hk, hpos, base, count):
     _sift_up(hv, hk, hpos, base[j], n)
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def _heap_remove(k, j, hv, hk, hpos, base, count):
     i = hpos[k]
     hpos[k] = -1
@@ -149,7 +149,7 @@ def _heap_remove(k, j, hv, hk, hpos, base, count):
         _sift_down(hv, hk, hpos, b0, n, i)
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def _heap_pop(j, hv, hk, hpos, base, count):
     k = hk[base[j]]
     _heap_remove(k, j, hv, hk, hpos, base, count)
