@@ -322,3 +322,16 @@ def test_prefetch_replay_on_the_native_prefetch_run(corpus):
     assert out["prefetched"] == 0 and out["demand_miss_change"] == 0
     small = rp.prefetch_replay(trace, b, "lru", 1, 1)
     assert small["prefetched"] > 0 and small["used"] <= small["prefetched"]
+
+
+@pytest.mark.parametrize("key", ["n_layer", "n_expert", "n_expert_used"])
+@pytest.mark.parametrize("value", ["x", "nan", "-3", ""])
+def test_preamble_counts_that_are_not_counts_are_ignored(key, value) -> None:
+    """A damaged preamble count is treated as absent: the replay still runs on the rows."""
+    trace = make_trace([(0, 1, 0, 0, [1, 2]), (0, 1, 1, 0, [1, 3])], k=2)
+    trace.meta[key] = value
+    batches = rp.prepare_batches(trace)
+    assert batches.n_layer == 1 and batches.n_expert in (8, None) and batches.k in (2, None)
+    curve = rp.replay_curve(batches, [0, 10], ["lru", "layer", "lfu"], jobs=1)
+    assert curve["hit_pct_cum"].tolist() == [25.0, 25.0, 25.0] * 2
+    assert rp.budgets_for(trace)

@@ -1,8 +1,10 @@
 """Cache-policy replay: the recorded routing through other policies and budgets.
 
 A recorded hit rate cannot say whether a low hit rate is the policy's fault or the working
-set's; replaying the same routing through other caches can. The replay drives the engine's
-own :class:`bmoe.cache.ExpertCache`, batch by batch, with the reference's batch order:
+set's; replaying the same routing through other caches can. The replay runs the batch
+semantics of the engine's own :class:`bmoe.cache.ExpertCache` as compiled kernels
+(:mod:`bmoe.cache.kernels`, tested equal to staging batch by batch; the prefetch replay
+stages through the cache itself), with the reference's batch order:
 
 * prefill: one batch per layer holding every prompt token's ids, token-major, slot order,
   layers ascending;
@@ -288,7 +290,7 @@ def prepare_batches(
         recorded_hits=recorded if "residency" in rows else None,
         n_layer=_meta_int(meta, "n_layer") or (int(present.max()) + 1),
         n_expert=_meta_int(meta, "n_expert"),
-        k=trace.n_expert_used,
+        k=_meta_int(meta, "n_expert_used"),
         look_row=look_row[: len(look)] if lookup_rows else None,
     )
 
@@ -800,7 +802,7 @@ def budgets_for(trace: RouteTrace, extra: Iterable[float] = ()) -> list[float]:
     MiB, two significant digits below), plus `extra` (e.g. the budget the run recorded at),
     sorted and distinct."""
     sizes = trace.expert_bytes()
-    n_expert = trace.meta.get("n_expert")
+    n_expert = _meta_int(trace.meta, "n_expert")
     if not n_expert and "expert" in trace.rows and len(trace.rows):
         n_expert = int(trace.rows["expert"].max()) + 1
     total = sum(sizes.values()) * int(n_expert or 0) / MIB
