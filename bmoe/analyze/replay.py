@@ -602,9 +602,12 @@ def lru_reuse_bytes(trace: RouteTrace) -> pd.DataFrame:
     )
 
 
-def _at_most(values: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """How many of `values` are <= each of `points` (one sorted copy, then binary search)."""
-    return np.searchsorted(np.sort(values), points, side="right")
+def _at_most(values: np.ndarray, points: np.ndarray, *, owned: bool = False) -> np.ndarray:
+    """How many of `values` are <= each of `points`: sorted in place when `owned` (a copy the
+    caller made, such as a masked selection), else in one copy; then binary search."""
+    ordered = values if owned else values.copy()
+    ordered.sort()
+    return np.searchsorted(ordered, points, side="right")
 
 
 def mrc_at(dist: StackDistances, budgets_mib: Sequence[float]) -> pd.DataFrame:
@@ -618,10 +621,10 @@ def mrc_at(dist: StackDistances, budgets_mib: Sequence[float]) -> pd.DataFrame:
     budget_list = list(budgets_mib)
     points = np.asarray(budget_list, dtype=np.float64) * MIB
     hits = _at_most(d, points)
-    dec = _at_most(d[dist.decode], points)
+    dec = _at_most(d[dist.decode], points, owned=True)
     hit_bytes = np.zeros(len(points), dtype=np.float64)
     for size in np.unique(dist.size).tolist():
-        hit_bytes += float(size) * _at_most(d[dist.size == size], points)
+        hit_bytes += float(size) * _at_most(d[dist.size == size], points, owned=True)
     total_bytes = float(dist.size.sum(dtype=np.float64))
     n, n_dec = len(d), int(dist.decode.sum())
     return pd.DataFrame(
@@ -638,7 +641,9 @@ def lru_mrc(dist: StackDistances) -> pd.DataFrame:
     """The exact LRU miss-ratio curve as steps: one row per budget where the hit rate
     changes, from 0 to the whole expert set (budget_mib, hit_pct_cum, hit_pct_decode,
     miss_pct_cum, read_mib)."""
-    finite = np.unique(dist.distance[np.isfinite(dist.distance)])
+    finite = dist.distance[np.isfinite(dist.distance)]
+    finite.sort()
+    finite = finite[np.r_[True, finite[1:] != finite[:-1]]] if len(finite) else finite
     points = np.concatenate([[0.0], finite, [float(dist.expert_set_bytes)]]) / MIB
     frame = mrc_at(dist, np.unique(points))
     frame.insert(2, "miss_pct_cum", 100.0 - frame["hit_pct_cum"])
