@@ -229,6 +229,12 @@ def test_large_sparse_expert_ids_replay_like_small_ones() -> None:
     )
 
 
+def test_expert_bytes_a_replay_cannot_count_are_errors() -> None:
+    trace = make_trace([(0, 1, 0, 0, [1]), (0, 1, 1, 0, [2])], sizes={0: 2**60})
+    with pytest.raises(BmoeError, match="layer 0 has expert_bytes=1152921504606846976"):
+        rp.prepare_batches(trace)
+
+
 def test_unknown_policies_and_budgets_are_errors() -> None:
     trace = make_trace([(0, 1, 0, 0, [1])])
     with pytest.raises(BmoeError, match="'lru2'"):

@@ -202,6 +202,16 @@ def prepare_batches(
 
     rows = trace.rows
     name = trace.path or "trace"
+    for label in ("expert", "layer"):
+        values = _column(rows, label, 0)
+        lo, hi = _span(values)
+        if lo < 0 or hi > EXPERT_MASK:
+            bad = lo if lo < 0 else hi
+            at = int(np.flatnonzero(values == bad)[0])
+            raise BmoeError(
+                f"{name}: {label} id {bad} (routing row {at + 1}) is outside 0..{EXPERT_MASK}; "
+                "a replay needs real ids"
+            )
     turns = _column(rows, "turn", 0)
     if turn is not None:
         if turn not in set(pd.unique(turns).tolist()):
@@ -215,15 +225,6 @@ def prepare_batches(
         raise BmoeError(f"{name}: no routing rows to replay")
     layer = _column(rows, "layer", 0)
     expert = _column(rows, "expert", 0)
-    for label, values in (("expert", expert), ("layer", layer)):
-        lo, hi = _span(values)
-        if lo < 0 or hi > EXPERT_MASK:
-            bad = lo if lo < 0 else hi
-            at = int(np.flatnonzero(values == bad)[0])
-            raise BmoeError(
-                f"{name}: {label} id {bad} (routing row {at + 1}) is outside 0..{EXPERT_MASK}; "
-                "a replay needs real ids"
-            )
 
     sizes = trace.expert_bytes()
     present = np.unique(layer)
@@ -233,6 +234,12 @@ def prepare_batches(
             f"{name}: layer {missing[0]} has no expert_bytes in the preamble "
             "(a replay cannot price its misses)"
         )
+    for x in present.tolist():
+        if not 0 <= sizes[x] < (1 << 53):
+            raise BmoeError(
+                f"{name}: layer {x} has expert_bytes={sizes[x]} in the preamble, not a size "
+                "a replay can count in (0 .. 2^53)"
+            )
 
     phase = _column(rows, "phase", 1)
     step = _column(rows, "step", 0)
