@@ -157,10 +157,14 @@ def main() -> None:
         scale(trace, args.rows)
 
 
+# the child's own peak (VmHWM: ru_maxrss would carry the forking parent's peak over exec)
 CHILD = (
-    "import atexit, resource, sys\n"
-    "atexit.register(lambda: print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
-    " file=sys.stderr))\n"
+    "import atexit, sys\n"
+    "def peak():\n"
+    "    with open('/proc/self/status') as f:\n"
+    "        hwm = [line.split()[1] for line in f if line.startswith('VmHWM:')]\n"
+    "    print('PEAK', hwm[0] if hwm else 'nan', file=sys.stderr)\n"
+    "atexit.register(peak)\n"
     "from bmoe.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
@@ -179,7 +183,7 @@ def child(*argv: str) -> tuple[float, float, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     peak = [line.split()[1] for line in done.stderr.splitlines() if line.startswith("PEAK ")]
-    return wall, used, int(peak[-1]) / 1024 if peak else float("nan")
+    return wall, used, float(peak[-1]) / 1024 if peak else float("nan")
 
 
 def scale(trace, rows: int) -> None:
