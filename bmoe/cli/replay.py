@@ -128,7 +128,7 @@ def analyze_replay(
 
         if plot.suffix.lower() not in SUFFIXES:
             raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
-    trace = read_trace(trace_path)
+    trace = replay_analysis.replay_columns_only(read_trace(trace_path))
     summary = params = None
     if metrics is not None:
         from bmoe.formats.metrics import read_metrics
