@@ -289,7 +289,7 @@ def lru_stack_distances(trace: RouteTrace) -> list[tuple[int, int, int, int]]:
 @pytest.mark.parametrize("seed", [5, 6])
 def test_reuse_in_bytes_is_the_lru_stack_distance(seed, phase) -> None:
     trace = route.select(generated(seed, turns=2 if seed == 6 else 1), phase)
-    got = route.reuse_bytes_distances(trace, block=7)  # small blocks exercise the chunking
+    got = route.reuse_bytes_distances(trace)
     assert sorted(got.itertuples(index=False, name=None)) == lru_stack_distances(trace)
 
 

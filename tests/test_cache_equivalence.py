@@ -1,13 +1,18 @@
-"""The fast policies against the plain scan-per-victim semantics, and the fused replay loop
-against staging batch by batch, on generated batch sequences."""
+"""The compiled replay kernels against the plain scan-per-victim semantics and against the
+live cache staging batch by batch, on generated batch sequences."""
 
 from __future__ import annotations
 
+import random
+
 import hypothesis.strategies as st
+import pandas as pd
 from hypothesis import given, settings
 
-from bmoe.cache import NEVER, POLICIES, ExpertCache
+from bmoe.analyze import replay as rp
+from bmoe.cache import NEVER, POLICIES, ExpertCache, kernels
 from bmoe.cache.naive import naive_replay
+from bmoe.formats.route import RouteTrace
 
 SIZES = {0: 3, 1: 5, 2: 4}
 
@@ -23,7 +28,7 @@ budgets = st.integers(0, 40)
 
 
 def replay_inputs(batches):
-    """The lean replay form: distinct keys, last-touch order, next uses (straightforward)."""
+    """Per batch: layer, distinct keys, last-touch order, size, next uses (straightforward)."""
     layers, lookups, recency, sizes, nus = [], [], [], [], []
     keyed = [[(layer << 16) | e for e in experts] for layer, experts in batches]
     for i, ((layer, _), keys) in enumerate(zip(batches, keyed, strict=True)):
@@ -43,28 +48,48 @@ def replay_inputs(batches):
 @settings(max_examples=80, deadline=None)
 @given(batch_lists, budgets)
 def test_deterministic_policies_match_the_plain_semantics(batches, budget) -> None:
-    layers, lookups, recency, sizes, nus = replay_inputs(batches)
+    """The replay kernels against the scan-per-victim oracle."""
+    prepared = rp.prepare_batches(trace_of(batches))
     plain = [(layer, experts, SIZES[layer]) for layer, experts in batches]
     for policy in ("belady", "lru", "lfu", "layer", "layerlfu"):
-        fast = ExpertCache(budget, policy, n_layer=3).replay(layers, lookups, recency, sizes, nus)
+        fast = rp.simulate(prepared, policy, budget).tolist()
         assert fast == naive_replay(plain, policy, budget, n_layer=3), policy
 
 
-@settings(max_examples=50, deadline=None)
-@given(batch_lists, budgets)
-def test_fused_replay_equals_staging_batch_by_batch(batches, budget) -> None:
-    layers, lookups, recency, sizes, nus = replay_inputs(batches)
+def trace_of(batches) -> RouteTrace:
+    """A decode trace with one step per generated batch (so every batch is one cell)."""
+    rows = [
+        (0, 1, step, layer, slot, e)
+        for step, (layer, experts) in enumerate(batches)
+        for slot, e in enumerate(experts)
+    ]
+    frame = pd.DataFrame(rows, columns=["turn", "phase", "step", "layer", "slot", "expert"])
+    table = pd.DataFrame({"layer": list(SIZES), "expert_bytes": list(SIZES.values())})
+    meta = {"n_layer": 3, "n_expert": 8, "n_expert_used": 6}
+    return RouteTrace(None, 1, meta, table, frame)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch_lists, budgets, st.integers(0, 5))
+def test_replay_kernels_equal_staging_batch_by_batch(batches, budget, seed) -> None:
+    """The compiled replay of every policy gives, batch for batch, the hits of the live
+    cache staging the same batches one ``stage`` at a time."""
+    prepared = rp.prepare_batches(trace_of(batches))
+    assert len(prepared) == len(batches)
+    nus = replay_inputs(batches)[4]
     for policy in POLICIES:
-        fused = ExpertCache(budget, policy, n_layer=3, seed=3)
-        hits = fused.replay(layers, lookups, recency, sizes, nus)
-        staged = ExpertCache(budget, policy, n_layer=3, seed=3)
+        staged = ExpertCache(budget, policy, n_layer=3, seed=seed)
         one_by_one = []
-        for (layer, experts), nu_row, look in zip(batches, nus, lookups, strict=True):
-            by_key = dict(zip(look, nu_row, strict=True))
+        for (layer, experts), nu_row in zip(batches, nus, strict=True):
+            first = list(dict.fromkeys((layer << 16) | e for e in experts))
+            by_key = dict(zip(first, nu_row, strict=True))
             nu = [by_key[(layer << 16) | e] for e in experts]
-            r = staged.stage(layer, experts, SIZES[layer], next_use=nu)
-            one_by_one.append(len(r.hits))
-        assert hits == one_by_one, policy
-        assert fused.resident() == staged.resident(), policy
-        assert fused.bytes_held == staged.bytes_held, policy
-        assert fused.stats == staged.stats, policy
+            one_by_one.append(len(staged.stage(layer, experts, SIZES[layer], next_use=nu).hits))
+        hits = rp.simulate(prepared, policy, budget, seed=seed)
+        assert hits.tolist() == one_by_one, policy
+
+
+def test_the_random_kernel_draws_what_python_random_draws() -> None:
+    rng = random.Random(11)
+    mt, state = kernels.mt_state(11)
+    assert [kernels.draw(mt, state) for _ in range(2000)] == [rng.random() for _ in range(2000)]

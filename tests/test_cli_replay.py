@@ -132,3 +132,28 @@ def test_plot_functions_draw_the_t_line_and_the_recorded_point(corpus: Path) -> 
     assert any(ln.get_xdata()[0] == pytest.approx(1.5) for ln in vertical)  # T
     assert isinstance(plots.mrc_plot(views["mrc"], t_mib=1.5), Figure)
     assert isinstance(views["curve"], pd.DataFrame)
+
+
+def test_replay_jobs_do_not_change_the_csv(corpus: Path, capsys, tmp_path: Path) -> None:
+    outs = []
+    for jobs in ("1", "3"):
+        out_csv = tmp_path / f"curve{jobs}.csv"
+        code, _, err = run(
+            capsys, "replay", corpus / TINY_PF, "--budgets", "1,2,3,4,6", "--jobs", jobs,
+            "--policies", "lru,lfu,arc,random", "--csv", out_csv,
+        )  # fmt: skip
+        assert code == 0, err
+        outs.append(out_csv.read_text())
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) == 21
+
+
+def test_replay_refuses_expert_ids_outside_the_key(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "bad.route.csv"
+    path.write_text(
+        "# route_trace v1\n# model=m n_layer=1 n_expert=4 n_expert_used=2\n"
+        "# layer=0 expert_bytes=1048576 dense_bytes=0\n"
+        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped\n"
+        "0,1,0,0,0,-1,0.5,0,0,0\n0,1,0,0,1,-1,0.5,0,0,0\n0,1,1,0,0,-1,0.5,0,0,0\n"
+    )
+    code, out, err = run(capsys, "replay", path, "--budgets", "1")
+    assert code == 2 and "expert id -1" in err and "100" not in out

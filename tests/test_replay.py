@@ -188,6 +188,55 @@ def test_a_layer_without_expert_bytes_is_an_error() -> None:
         rp.prepare_batches(trace)
 
 
+def test_parallel_replays_give_the_figures_of_one_at_a_time(gemma_batches) -> None:
+    policies = [*rp.REFERENCE_POLICIES, "arc", "s3fifo", "lfuda"]
+    one = rp.replay_curve(gemma_batches, [250, 1000, 4000], policies, jobs=1, seed=5)
+    many = rp.replay_curve(gemma_batches, [250, 1000, 4000], policies, jobs=4, seed=5)
+    pd.testing.assert_frame_equal(one, many)
+    assert one["hit_pct_cum"].nunique() > 10  # the cells really differ
+
+
+@pytest.mark.parametrize(
+    ("experts", "message"),
+    [
+        ([-1, -1], "expert id -1 \\(routing row 1\\) is outside 0..65535"),
+        ([3, 65536], "expert id 65536 \\(routing row 2\\)"),
+        ([3, 2**31], "expert id 2147483648"),
+    ],
+)
+def test_expert_ids_a_cache_key_cannot_hold_are_errors(experts, message) -> None:
+    """(layer << 16) | expert would make -1 one key for every layer (a 100 % hit replay) and
+    let 65536 collide with expert 0 of the next layer: such ids are refused by value."""
+    trace = make_trace([(0, 1, 0, 0, experts), (0, 1, 0, 1, experts)], k=2)
+    with pytest.raises(BmoeError, match=message):
+        rp.prepare_batches(trace)
+
+
+def test_large_sparse_expert_ids_replay_like_small_ones() -> None:
+    """Ids up to 65535 take the numbered-keys path; the figures are those of the same
+    routing with small ids."""
+    rng = np.random.default_rng(3)
+    big_ids = np.array([5, 40000, 65535, 123, 9000, 777])
+    cells = [(0, 1, step, layer, list(rng.choice(6, 2, replace=False))) for step in range(30)
+             for layer in (0, 1)]  # fmt: skip
+    small = make_trace(cells, k=2)
+    large = make_trace([(*c[:4], [int(big_ids[e]) for e in c[4]]) for c in cells], k=2)
+    for policy in [*rp.REFERENCE_POLICIES, "arc", "s3fifo", "lfuda"]:
+        a = rp.replay_curve(small, [1, 2, 3, 5], [policy], jobs=1)
+        b = rp.replay_curve(large, [1, 2, 3, 5], [policy], jobs=1)
+        pd.testing.assert_frame_equal(a, b)
+    batches = rp.prepare_batches(large)
+    assert batches.n_keys == 12 and sorted({x & 0xFFFF for x in batches.key_code}) == sorted(
+        big_ids.tolist()
+    )
+
+
+def test_expert_bytes_a_replay_cannot_count_are_errors() -> None:
+    trace = make_trace([(0, 1, 0, 0, [1]), (0, 1, 1, 0, [2])], sizes={0: 2**60})
+    with pytest.raises(BmoeError, match="layer 0 has expert_bytes=1152921504606846976"):
+        rp.prepare_batches(trace)
+
+
 def test_unknown_policies_and_budgets_are_errors() -> None:
     trace = make_trace([(0, 1, 0, 0, [1])])
     with pytest.raises(BmoeError, match="'lru2'"):
@@ -281,3 +330,16 @@ def test_prefetch_replay_on_the_native_prefetch_run(corpus):
     assert out["prefetched"] == 0 and out["demand_miss_change"] == 0
     small = rp.prefetch_replay(trace, b, "lru", 1, 1)
     assert small["prefetched"] > 0 and small["used"] <= small["prefetched"]
+
+
+@pytest.mark.parametrize("key", ["n_layer", "n_expert", "n_expert_used"])
+@pytest.mark.parametrize("value", ["x", "nan", "-3", ""])
+def test_preamble_counts_that_are_not_counts_are_ignored(key, value) -> None:
+    """A damaged preamble count is treated as absent: the replay still runs on the rows."""
+    trace = make_trace([(0, 1, 0, 0, [1, 2]), (0, 1, 1, 0, [1, 3])], k=2)
+    trace.meta[key] = value
+    batches = rp.prepare_batches(trace)
+    assert batches.n_layer == 1 and batches.n_expert in (8, None) and batches.k in (2, None)
+    curve = rp.replay_curve(batches, [0, 10], ["lru", "layer", "lfu"], jobs=1)
+    assert curve["hit_pct_cum"].tolist() == [25.0, 25.0, 25.0] * 2
+    assert rp.budgets_for(trace)

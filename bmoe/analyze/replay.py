@@ -1,8 +1,10 @@
 """Cache-policy replay: the recorded routing through other policies and budgets.
 
 A recorded hit rate cannot say whether a low hit rate is the policy's fault or the working
-set's; replaying the same routing through other caches can. The replay drives the engine's
-own :class:`bmoe.cache.ExpertCache`, batch by batch, with the reference's batch order:
+set's; replaying the same routing through other caches can. The replay runs the batch
+semantics of the engine's own :class:`bmoe.cache.ExpertCache` as compiled kernels
+(:mod:`bmoe.cache.kernels`, tested equal to staging batch by batch; the prefetch replay
+stages through the cache itself), with the reference's batch order:
 
 * prefill: one batch per layer holding every prompt token's ids, token-major, slot order,
   layers ascending;
@@ -14,15 +16,20 @@ Everything here is pure: a :class:`~bmoe.formats.route.RouteTrace` in, DataFrame
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
-from bmoe.cache import NEVER, POLICIES, REFERENCE_POLICIES, ExpertCache
+from bmoe.cache import EXPERT_BITS, NEVER, POLICIES, REFERENCE_POLICIES, ExpertCache
+from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 
@@ -36,13 +43,18 @@ CURVE_COLUMNS = ("budget_mib", "policy", "hit_pct_cum", "hit_pct_decode", "read_
 
 @dataclass
 class ReplayBatches:
-    """A trace cut into cache batches, with everything a replay needs precomputed.
+    """A trace cut into cache batches, as flat arrays the replay kernels read.
 
     Per batch: ``layer``, ``turn``, ``step`` (first step), ``decode`` (bool), ``size``
-    (bytes of one expert of the layer), ``n_lookups``; per batch as Python lists (the cache
-    loop's input): ``lookups`` (distinct keys, first-seen order), ``recency`` (last-touch
-    order, None when no id repeats) and ``next_use`` (for each lookup, the index of the
-    next batch looking the same key up, :data:`~bmoe.cache.NEVER` if none).
+    (bytes of one expert of the layer), ``n_lookups``, ``repeated`` (an id repeats, so the
+    last-touch order differs from the first-seen one) and ``part`` (the layer's index among
+    the trace's layers: its budget slice under ``layer``/``layerlfu``). Per lookup, batch
+    after batch (``bounds`` cut them, one more entry than batches): ``look`` (dense key ids,
+    first-seen order) and ``rec`` (the same ids in last-touch order). Per dense key id:
+    ``key_code`` (the cache key ``layer << 16 | expert``) and ``key_part``.
+
+    ``lookups``, ``recency`` and ``next_use`` give the same as Python lists of cache keys
+    (what :class:`~bmoe.cache.ExpertCache` stages), built on first use.
     """
 
     layer: np.ndarray
@@ -51,16 +63,29 @@ class ReplayBatches:
     decode: np.ndarray
     size: np.ndarray
     n_lookups: np.ndarray
-    lookups: list[list[int]]
-    recency: list[list[int] | None]
-    next_use: list[list[int]]
+    repeated: np.ndarray
+    part: np.ndarray
+    bounds: np.ndarray
+    look: np.ndarray
+    rec: np.ndarray
+    key_code: np.ndarray
+    key_part: np.ndarray
     recorded_hits: np.ndarray | None  # per batch, lookups the run recorded as resident
     n_layer: int
     n_expert: int | None
     k: int | None
+    look_row: np.ndarray | None = None  # per lookup, its first row in the trace (on request)
 
     def __len__(self) -> int:
         return len(self.layer)
+
+    @property
+    def n_keys(self) -> int:
+        return len(self.key_code)
+
+    @property
+    def n_parts(self) -> int:
+        return int(self.key_part.max(initial=-1)) + 1
 
     @property
     def n_prefill(self) -> int:
@@ -70,11 +95,65 @@ class ReplayBatches:
     def n_decode(self) -> int:
         return int(self.decode.sum())
 
+    def size_of_keys(self) -> np.ndarray:
+        """Per dense key id, the bytes of one expert of its layer."""
+        table = np.zeros(self.n_parts, dtype=np.int64)
+        table[self.part] = self.size
+        return table[self.key_part]
+
+    def _split(self, values: np.ndarray) -> list[list[int]]:
+        flat = values.tolist()
+        b = self.bounds.tolist()
+        return [flat[b[i] : b[i + 1]] for i in range(len(self))]
+
+    @cached_property
+    def lookups(self) -> list[list[int]]:
+        """Per batch, its distinct cache keys in first-seen order."""
+        return self._split(self.key_code[self.look])
+
+    @cached_property
+    def recency(self) -> list[list[int] | None]:
+        """Per batch, its keys in last-touch order, None where that is the lookup order."""
+        rec = self._split(self.key_code[self.rec])
+        return [r if rep else None for r, rep in zip(rec, self.repeated.tolist(), strict=True)]
+
+    @cached_property
+    def next_use_flat(self) -> np.ndarray:
+        """Per lookup, the index of the next batch looking the same key up (int32; the
+        number of batches if none)."""
+        from bmoe.cache import kernels
+
+        return kernels.next_uses(self.bounds, self.look, self.n_keys)
+
+    @cached_property
+    def next_use(self) -> list[list[int]]:
+        """Per batch, :attr:`next_use_flat` of its lookups, :data:`~bmoe.cache.NEVER` if none."""
+        flat = self.next_use_flat.astype(np.int64)
+        flat[flat >= len(self)] = NEVER
+        return self._split(flat)
+
 
 def _column(rows: pd.DataFrame, name: str, default: int) -> np.ndarray:
+    """A column as an integer array in its own dtype (no widening copy when it is one)."""
     if name in rows:
-        return rows[name].to_numpy(dtype=np.int64)
-    return np.full(len(rows), default, dtype=np.int64)
+        values = rows[name].to_numpy()
+        if values.dtype.kind not in "iu":
+            values = values.astype(np.int64)
+        return values
+    return np.full(len(rows), default, dtype=np.int8)
+
+
+#: the route-trace columns a replay reads (the rest, weights and byte counts, it never uses)
+REPLAY_COLUMNS = ("turn", "phase", "step", "layer", "slot", "expert", "residency", "dropped")
+
+
+def replay_columns_only(trace: RouteTrace) -> RouteTrace:
+    """`trace` without the columns a replay never reads, so their memory can go back
+    before the batches are cut (a 10 M-row trace: ~80 MiB of weights and byte counts)."""
+    unused = [c for c in trace.rows.columns if c not in REPLAY_COLUMNS]
+    if not unused:
+        return trace
+    return dataclasses.replace(trace, rows=trace.rows.drop(columns=unused))
 
 
 def turns_of(trace: RouteTrace) -> list[int]:
@@ -83,25 +162,82 @@ def turns_of(trace: RouteTrace) -> list[int]:
     return sorted(int(t) for t in pd.unique(trace.rows["turn"]))
 
 
-def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches:
-    """Cut `trace` into cache batches (reference order), optionally one turn only."""
+def _meta_int(meta: dict, name: str) -> int | None:
+    """A preamble count as an int, None when absent or not a whole number >= 1."""
+    try:
+        value = int(meta.get(name))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if value >= 1 else None
+
+
+def _span(values: np.ndarray) -> tuple[int, int]:
+    return (int(values.min()), int(values.max())) if len(values) else (0, 0)
+
+
+def _batch_order(
+    turns: np.ndarray, phase: np.ndarray, step: np.ndarray, layer: np.ndarray, slot: np.ndarray
+) -> np.ndarray:
+    """The permutation into reference batch order (turn, phase, then step-major in decode
+    and layer-major in prefill, slot), or an empty array when the rows already are in it.
+    One packed int64 sort key when the value ranges allow, a lexsort otherwise."""
+    from bmoe.cache import kernels
+
+    t0, t1 = _span(turns)
+    s0, s1 = _span(step)
+    l0, l1 = _span(layer)
+    o0, o1 = _span(slot)
+    span = max(s1 - s0, l1 - l0) + 1
+    n_slot = o1 - o0 + 1
+    if (t1 - t0 + 1) * 2 * span * span * n_slot < (1 << 62):
+        packed, ordered = kernels.batch_sort_key(
+            turns, phase, step, layer, slot, t0, s0, l0, o0, span, n_slot
+        )
+        if ordered:
+            return np.zeros(0, dtype=np.int64)
+        return np.argsort(packed, kind="stable")
+    decode = phase != 0
+    major = np.where(decode, step, layer)
+    minor = np.where(decode, layer, step)
+    return np.lexsort((slot, minor, major, decode, turns))
+
+
+def prepare_batches(
+    trace: RouteTrace, turn: int | None = None, *, lookup_rows: bool = False
+) -> ReplayBatches:
+    """Cut `trace` into cache batches (reference order), optionally one turn only, and with
+    `lookup_rows` the row each lookup comes from (``look_row``: positions in the rows of
+    that turn).
+
+    Expert ids must be 0..65535 and layers 0..65535 (the cache key packs both into 32 bits);
+    anything else, such as the -1 of a routing that was never resolved, is an error naming
+    the value."""
+    from bmoe.cache import kernels  # numba: imported when a replay is asked for
+
     rows = trace.rows
+    name = trace.path or "trace"
+    for label in ("expert", "layer"):
+        values = _column(rows, label, 0)
+        lo, hi = _span(values)
+        if lo < 0 or hi > EXPERT_MASK:
+            bad = lo if lo < 0 else hi
+            at = int(np.flatnonzero(values == bad)[0])
+            raise BmoeError(
+                f"{name}: {label} id {bad} (routing row {at + 1}) is outside 0..{EXPERT_MASK}; "
+                "a replay needs real ids"
+            )
     turns = _column(rows, "turn", 0)
     if turn is not None:
-        if turn not in set(turns.tolist()):
+        if turn not in set(pd.unique(turns).tolist()):
             raise BmoeError(
-                f"{trace.path or 'trace'}: no turn {turn} (turns: "
-                f"{', '.join(map(str, turns_of(trace)))})"
+                f"{name}: no turn {turn} (turns: {', '.join(map(str, turns_of(trace)))})"
             )
         keep = turns == turn
         rows = rows[keep]
         turns = turns[keep]
     if not len(rows):
-        raise BmoeError(f"{trace.path or 'trace'}: no routing rows to replay")
-    phase = _column(rows, "phase", 1)
-    step = _column(rows, "step", 0)
+        raise BmoeError(f"{name}: no routing rows to replay")
     layer = _column(rows, "layer", 0)
-    slot = _column(rows, "slot", 0)
     expert = _column(rows, "expert", 0)
 
     sizes = trace.expert_bytes()
@@ -109,97 +245,130 @@ def prepare_batches(trace: RouteTrace, turn: int | None = None) -> ReplayBatches
     missing = [int(x) for x in present if int(x) not in sizes]
     if missing:
         raise BmoeError(
-            f"{trace.path or 'trace'}: layer {missing[0]} has no expert_bytes in the preamble "
+            f"{name}: layer {missing[0]} has no expert_bytes in the preamble "
             "(a replay cannot price its misses)"
         )
+    for x in present.tolist():
+        if not 0 <= sizes[x] < (1 << 53):
+            raise BmoeError(
+                f"{name}: layer {x} has expert_bytes={sizes[x]} in the preamble, not a size "
+                "a replay can count in (0 .. 2^53)"
+            )
 
-    decode = phase != 0
-    major = np.where(decode, step, layer)
-    minor = np.where(decode, layer, step)
-    order = np.lexsort((slot, minor, major, decode, turns))
-    turns, decode, step, layer, expert = (a[order] for a in (turns, decode, step, layer, expert))
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (
-        (turns[1:] != turns[:-1])
-        | (decode[1:] != decode[:-1])
-        | (layer[1:] != layer[:-1])
-        | (decode[1:] & (step[1:] != step[:-1]))
-    )
-    batch = np.cumsum(new) - 1
-    starts = np.flatnonzero(new)
-    n_batches = len(starts)
-    keys = (layer << 16) | expert
+    phase = _column(rows, "phase", 1)
+    step = _column(rows, "step", 0)
+    order = _batch_order(turns, phase, step, layer, _column(rows, "slot", 0))
 
-    pairs = pd.DataFrame({"b": batch, "k": keys})
-    first = ~pairs.duplicated(keep="first").to_numpy()
-    recorded_hits = None
+    # dense key ids: the layer's index among the trace's layers x experts + expert, or,
+    # when few of those occur (large sparse ids), the keys that occur, numbered
+    part_of = np.zeros(int(present.max()) + 1, dtype=np.int64)
+    part_of[present] = np.arange(len(present))
+    n_e = int(expert.max()) + 1
+    n_keys = len(present) * n_e
+    if n_keys <= 2 * len(expert) + 65536:
+        codes = np.arange(n_keys, dtype=np.int64)
+        key_part = codes // n_e
+        key_code = (present[key_part].astype(np.int64) << EXPERT_BITS) | (codes % n_e)
+        row_id, id_part_of, id_n_e = expert, part_of, n_e
+    else:
+        packed = part_of[layer] * n_e + expert
+        used, row_id = np.unique(packed, return_inverse=True)
+        del packed
+        key_part = used // n_e
+        key_code = (present[key_part].astype(np.int64) << EXPERT_BITS) | (used % n_e)
+        n_keys = len(used)
+        id_part_of, id_n_e = np.zeros_like(part_of), 1
+    resident = np.zeros(0, dtype=bool)
     if "residency" in rows:
-        resident = rows["residency"].to_numpy()[order] > 0
-        recorded_hits = np.bincount(batch[first], weights=resident[first], minlength=0)
-        recorded_hits = recorded_hits.astype(np.int64)
-    look_batch = batch[first]
-    look_key = keys[first]
-    n_lookups = np.bincount(look_batch, minlength=n_batches)
-    bounds = np.concatenate([[0], np.cumsum(n_lookups)]).tolist()
-    key_list = look_key.tolist()
-    lookups = [key_list[bounds[i] : bounds[i + 1]] for i in range(n_batches)]
+        resident = rows["residency"].to_numpy() > 0
+    n_b = kernels.count_batches(order, turns, phase, step, layer)
+    look_row = np.empty(len(layer) if lookup_rows else 0, dtype=np.int64)
+    look, rec, first, bounds, repeated, recorded = kernels.cut_batches(
+        order, turns, phase, step, layer, row_id, resident, id_part_of, id_n_e, n_b, n_keys,
+        look_row,
+    )  # fmt: skip
+    del order, resident, row_id
 
-    # next batch of use for every lookup (precomputed once, vectorised)
-    by_key = np.lexsort((look_batch, look_key))
-    kb, kk = look_batch[by_key], look_key[by_key]
-    nxt_sorted = np.full(len(by_key), NEVER, dtype=np.int64)
-    same = kk[1:] == kk[:-1]
-    nxt_sorted[:-1][same] = kb[1:][same]
-    nxt = np.empty_like(nxt_sorted)
-    nxt[by_key] = nxt_sorted
-    nxt_list = nxt.tolist()
-    next_use = [nxt_list[bounds[i] : bounds[i + 1]] for i in range(n_batches)]
-
-    # last-touch order, only for batches where an id repeats
-    rows_per_batch = np.bincount(batch, minlength=n_batches)
-    recency: list[list[int] | None] = [None] * n_batches
-    repeated = np.flatnonzero(rows_per_batch != n_lookups)
-    if len(repeated):
-        last = ~pairs.duplicated(keep="last").to_numpy()
-        last_batch = batch[last]
-        last_key = keys[last]
-        lb = np.concatenate([[0], np.cumsum(np.bincount(last_batch, minlength=n_batches))])
-        for i in repeated.tolist():
-            recency[i] = last_key[lb[i] : lb[i + 1]].tolist()
-
-    b_layer = layer[starts]
-    size_of = np.vectorize(lambda x: sizes[int(x)], otypes=[np.int64])
+    b_layer = layer[first]
+    size_table = np.zeros(int(present.max()) + 1, dtype=np.int64)
+    for x in present.tolist():
+        size_table[x] = sizes[x]
     meta = trace.meta
     return ReplayBatches(
-        layer=b_layer,
-        turn=turns[starts],
-        step=step[starts],
-        decode=decode[starts],
-        size=size_of(b_layer) if n_batches else np.zeros(0, dtype=np.int64),
-        n_lookups=n_lookups,
-        lookups=lookups,
-        recency=recency,
-        next_use=next_use,
-        recorded_hits=recorded_hits,
-        n_layer=int(meta.get("n_layer") or (int(present.max()) + 1)),
-        n_expert=int(meta["n_expert"]) if meta.get("n_expert") is not None else None,
-        k=trace.n_expert_used,
+        layer=layer[first],
+        turn=turns[first],
+        step=step[first],
+        decode=phase[first] != 0,
+        size=size_table[b_layer],
+        n_lookups=np.diff(bounds),
+        repeated=repeated,
+        part=part_of[b_layer],
+        bounds=bounds,
+        look=look,
+        rec=rec,
+        key_code=key_code,
+        key_part=key_part,
+        recorded_hits=recorded if "residency" in rows else None,
+        n_layer=_meta_int(meta, "n_layer") or (int(present.max()) + 1),
+        n_expert=_meta_int(meta, "n_expert"),
+        k=_meta_int(meta, "n_expert_used"),
+        look_row=look_row[: len(look)] if lookup_rows else None,
     )
 
 
 def simulate(
     batches: ReplayBatches, policy: str, budget_bytes: int, *, seed: int = 0
 ) -> np.ndarray:
-    """Hits per batch of one replay (policy at budget)."""
-    cache = ExpertCache(budget_bytes, policy, n_layer=batches.n_layer, seed=seed)
-    hits = cache.replay(
-        batches.layer.tolist(),
-        batches.lookups,
-        batches.recency,
-        batches.size.tolist(),
-        batches.next_use if cache.needs_future else None,
-    )
-    return np.asarray(hits, dtype=np.int64)
+    """Hits per batch of one replay (policy at budget), by the policy's compiled kernel."""
+    from bmoe.cache import kernels
+
+    if policy not in POLICIES:
+        raise BmoeError(f"unknown cache policy {policy!r} (choose from {', '.join(POLICIES)})")
+    budget = int(budget_bytes)
+    if budget < 0:
+        raise BmoeError(f"cache budget must be >= 0 bytes, not {budget}")
+    b = batches
+    if not len(b):
+        return np.zeros(0, dtype=np.int64)
+    # heap priorities pack a count (at most the lookups) above a touch or admission counter
+    shift = kernels.counter_bits(len(b.look))
+    if 2 * shift > 62:
+        raise BmoeError(f"{len(b.look):,} lookups are more than one replay can count")
+    if policy in ("layer", "layerlfu"):
+        if not b.n_layer or b.n_layer < 1:
+            raise BmoeError(f"policy {policy!r} needs the model's layer count (n_layer)")
+        capacity = budget // b.n_layer
+        if policy == "layer":
+            return kernels.lru(
+                b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.n_parts, b.n_keys,
+                capacity,
+            )  # fmt: skip
+        per_part = np.bincount(b.part, minlength=b.n_parts)
+        return kernels.lfu(
+            b.bounds, b.look, b.rec, b.repeated, b.size, b.part, per_part, b.n_keys, capacity,
+            True,
+        )  # fmt: skip
+    if policy == "lru":
+        one = np.zeros(len(b), dtype=np.int64)
+        return kernels.lru(b.bounds, b.look, b.rec, b.repeated, b.size, one, 1, b.n_keys, budget)
+    if policy in ("lfu", "lfu-incache"):
+        one = np.zeros(len(b), dtype=np.int64)
+        return kernels.lfu(
+            b.bounds, b.look, b.rec, b.repeated, b.size, one, np.array([len(b)]), b.n_keys,
+            budget, policy == "lfu",
+        )  # fmt: skip
+    if policy == "belady":
+        return kernels.belady(b.bounds, b.look, b.size, b.next_use_flat, b.n_keys, budget, shift)
+    if policy == "lfuda":
+        return kernels.lfuda(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget, shift)
+    if policy == "arc":
+        return kernels.arc(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget)
+    if policy == "s3fifo":
+        return kernels.s3fifo(b.bounds, b.look, b.size, b.n_keys, budget)
+    if policy == "random":
+        mt, state = kernels.mt_state(seed)
+        return kernels.randomized(b.bounds, b.look, b.size, b.n_keys, budget, mt, state)
+    raise BmoeError(f"policy {policy!r} has no replay kernel")
 
 
 def summarize(batches: ReplayBatches, hits: np.ndarray) -> dict[str, float]:
@@ -227,6 +396,14 @@ def check_policies(policies: Iterable[str]) -> list[str]:
     return names
 
 
+def default_jobs() -> int:
+    """The replays run at once by default: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def replay_curve(
     trace: RouteTrace | ReplayBatches,
     budgets_mib: Sequence[float] = DEFAULT_BUDGETS_MIB,
@@ -234,22 +411,40 @@ def replay_curve(
     *,
     turn: int | None = None,
     seed: int = 0,
+    jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """The replay curve: one row per (budget, policy) with budget_mib, policy, hit_pct_cum,
-    hit_pct_decode, read_mib (the reference's CSV columns). `progress(done, total)` is
-    called after each replay."""
+    hit_pct_decode, read_mib (the reference's CSV columns). `jobs` replays run at once
+    (threads: the kernels release the GIL; default the CPUs), with the same figures as one
+    at a time. `progress(done, total)` is called after each replay."""
     batches = trace if isinstance(trace, ReplayBatches) else prepare_batches(trace, turn)
     names = check_policies(policies)
     budgets = check_budgets(budgets_mib)
+    cells = [(budget, name) for budget in budgets for name in names]
+    jobs = default_jobs() if jobs is None else int(jobs)
+    if jobs < 1:
+        raise BmoeError(f"jobs must be >= 1, not {jobs}")
+    if "belady" in names:
+        _ = batches.next_use_flat  # once, before the threads share it
+
+    def one(cell: tuple[float, str]) -> dict[str, object]:
+        budget, name = cell
+        hits = simulate(batches, name, round(budget * MIB), seed=seed)
+        return {"budget_mib": budget, "policy": name, **summarize(batches, hits)}
+
     out = []
-    total = len(budgets) * len(names)
-    for budget in budgets:
-        for name in names:
-            hits = simulate(batches, name, round(budget * MIB), seed=seed)
-            out.append({"budget_mib": budget, "policy": name, **summarize(batches, hits)})
+    if jobs == 1 or len(cells) == 1:
+        for cell in cells:
+            out.append(one(cell))
             if progress is not None:
-                progress(len(out), total)
+                progress(len(out), len(cells))
+    else:
+        with ThreadPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
+            for row in pool.map(one, cells):
+                out.append(row)
+                if progress is not None:
+                    progress(len(out), len(cells))
     return pd.DataFrame(out, columns=list(CURVE_COLUMNS))
 
 
@@ -383,90 +578,94 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
     that second case (a hit at every budget), the byte distance otherwise: hit iff
     ``distance <= budget``, for every budget at once.
     """
-    n = int(batches.n_lookups.sum())
-    tree = [0] * (n + 1)
-    last: dict[int, int] = {}
-    total = 0
-    clock = 0
-    out = [float("inf")] * n
-    pos = 0
-    prev: set[int] = set()
-    sizes = batches.size.tolist()
-    for i, look in enumerate(batches.lookups):
-        size = sizes[i]
-        for key in look:
-            t = last.get(key)
-            if t is not None:
-                if key in prev:
-                    out[pos] = 0.0
-                else:
-                    s = 0
-                    j = t
-                    while j:
-                        s += tree[j]
-                        j &= j - 1
-                    out[pos] = float(total - s + size)
-            pos += 1
-        rec = batches.recency[i]
-        for key in look if rec is None else rec:
-            t = last.get(key)
-            if t is None:
-                total += size
-            else:
-                j = t
-                while j <= n:
-                    tree[j] -= size
-                    j += j & -j
-            clock += 1
-            j = clock
-            while j <= n:
-                tree[j] += size
-                j += j & -j
-            last[key] = clock
-        prev = set(look)
+    from bmoe.cache import kernels
+
+    b = batches
+    out = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, True)
+    seen = np.zeros(b.n_keys, dtype=bool)
+    seen[b.look] = True
+    total = int(b.size_of_keys()[seen].sum())
     decode = np.repeat(batches.decode, batches.n_lookups)
-    size_per = np.repeat(batches.size, batches.n_lookups)
+    size_per = np.repeat(
+        batches.size.astype(np.min_scalar_type(int(batches.size.max()))), batches.n_lookups
+    )
     if batches.n_expert:
         layer_bytes = dict(zip(batches.layer.tolist(), batches.size.tolist(), strict=True))
         expert_set = sum(layer_bytes.values()) * batches.n_expert
     else:
         expert_set = total
-    return StackDistances(np.asarray(out), decode, size_per, int(max(expert_set, total)))
+    return StackDistances(out, decode, size_per, int(max(expert_set, total)))
+
+
+def lru_reuse_bytes(trace: RouteTrace) -> pd.DataFrame:
+    """Every reuse with its classic LRU stack distance in bytes: the bytes of the distinct
+    experts (of any layer) looked up between an expert's previous lookup and this one, the
+    expert itself not counted. Lookups as in replay (one per distinct expert per batch, in
+    first-seen order), but each taken at once rather than batch-wise. Columns layer,
+    expert, step (of the lookup's first row), distance_bytes; lookup order."""
+    from bmoe.cache import kernels
+
+    columns = ["layer", "expert", "step", "distance_bytes"]
+    if not len(trace.rows):
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+    b = prepare_batches(trace, lookup_rows=True)
+    dist = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, False)
+    reused = np.isfinite(dist)
+    codes = b.key_code[b.look[reused]]
+    assert b.look_row is not None  # asked for above
+    rows = b.look_row[reused]
+    return pd.DataFrame(
+        {
+            "layer": codes >> EXPERT_BITS,
+            "expert": codes & EXPERT_MASK,
+            "step": trace.rows["step"].to_numpy()[rows].astype(np.int64),
+            "distance_bytes": dist[reused].astype(np.int64),
+        }
+    )
+
+
+def _at_most(values: np.ndarray, points: np.ndarray, *, owned: bool = False) -> np.ndarray:
+    """How many of `values` are <= each of `points`: sorted in place when `owned` (a copy the
+    caller made, such as a masked selection), else in one copy; then binary search."""
+    ordered = values if owned else values.copy()
+    ordered.sort()
+    return np.searchsorted(ordered, points, side="right")
 
 
 def mrc_at(dist: StackDistances, budgets_mib: Sequence[float] | np.ndarray) -> pd.DataFrame:
     """The exact LRU curve evaluated at `budgets_mib` (budget_mib, hit_pct_cum,
-    hit_pct_decode, read_mib)."""
+    hit_pct_decode, read_mib).
+
+    A lookup hits at budget B iff its distance <= B, so each figure is a count of sorted
+    distances at or below B: all lookups, the decode ones, and per expert size the hit
+    bytes. One sorted copy at a time, so memory stays near the distances' own."""
     d = dist.distance
-    order = np.argsort(d, kind="stable")
-    sd = d[order]
-    cum_hits = np.arange(1, len(sd) + 1)
-    cum_dec = np.cumsum(dist.decode[order])
-    cum_bytes = np.cumsum(dist.size[order].astype(np.float64))
+    budget_list = list(budgets_mib)
+    points = np.asarray(budget_list, dtype=np.float64) * MIB
+    hits = _at_most(d, points)
+    dec = _at_most(d[dist.decode], points, owned=True)
+    hit_bytes = np.zeros(len(points), dtype=np.float64)
+    for size in np.unique(dist.size).tolist():
+        hit_bytes += float(size) * _at_most(d[dist.size == size], points, owned=True)
     total_bytes = float(dist.size.sum(dtype=np.float64))
     n, n_dec = len(d), int(dist.decode.sum())
-    rows = []
-    for budget in budgets_mib:
-        j = int(np.searchsorted(sd, budget * MIB, side="right"))
-        hits = int(cum_hits[j - 1]) if j else 0
-        dec = int(cum_dec[j - 1]) if j else 0
-        hit_bytes = float(cum_bytes[j - 1]) if j else 0.0
-        rows.append(
-            {
-                "budget_mib": budget,
-                "hit_pct_cum": 100.0 * hits / n if n else float("nan"),
-                "hit_pct_decode": 100.0 * dec / n_dec if n_dec else float("nan"),
-                "read_mib": (total_bytes - hit_bytes) / MIB,
-            }
-        )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(
+        {
+            "budget_mib": budget_list,
+            "hit_pct_cum": 100.0 * hits / n if n else np.full(len(points), np.nan),
+            "hit_pct_decode": 100.0 * dec / n_dec if n_dec else np.full(len(points), np.nan),
+            "read_mib": (total_bytes - hit_bytes) / MIB,
+        }
+    )
 
 
 def lru_mrc(dist: StackDistances) -> pd.DataFrame:
     """The exact LRU miss-ratio curve as steps: one row per budget where the hit rate
     changes, from 0 to the whole expert set (budget_mib, hit_pct_cum, hit_pct_decode,
     miss_pct_cum, read_mib)."""
-    finite = np.unique(dist.distance[np.isfinite(dist.distance)])
+    finite = dist.distance[np.isfinite(dist.distance)]
+    finite.sort()
+    finite = finite[np.r_[True, finite[1:] != finite[:-1]]] if len(finite) else finite
     points = np.concatenate([[0.0], finite, [float(dist.expert_set_bytes)]]) / MIB
     frame = mrc_at(dist, np.unique(points))
     frame.insert(2, "miss_pct_cum", 100.0 - frame["hit_pct_cum"])
@@ -487,7 +686,7 @@ def _previous_token_keys(
     step = _column(rows, "step", 0)[keep]
     layer = _column(rows, "layer", 0)[keep]
     slot = _column(rows, "slot", 0)[keep]
-    keys = (layer << 16) | _column(rows, "expert", 0)[keep]
+    keys = (layer.astype(np.int64) << EXPERT_BITS) | _column(rows, "expert", 0)[keep]
     order = np.lexsort((slot, layer, step, t))
     t, step, layer, keys = t[order], step[order], layer[order], keys[order]
     cell = pd.MultiIndex.from_arrays([t, step, layer])
@@ -630,7 +829,7 @@ def budgets_for(trace: RouteTrace, extra: Iterable[float] = ()) -> list[float]:
     MiB, two significant digits below), plus `extra` (e.g. the budget the run recorded at),
     sorted and distinct."""
     sizes = trace.expert_bytes()
-    n_expert = trace.meta.get("n_expert")
+    n_expert = _meta_int(trace.meta, "n_expert")
     if not n_expert and "expert" in trace.rows and len(trace.rows):
         n_expert = int(trace.rows["expert"].max()) + 1
     total = sum(sizes.values()) * int(n_expert or 0) / MIB
@@ -682,6 +881,7 @@ def replay(
     mrc: bool = False,
     prefetch: int | None = None,
     seed: int = 0,
+    jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, pd.DataFrame | dict]:
     """Everything ``bmoe analyze replay`` prints, as one mapping of views.
@@ -690,7 +890,7 @@ def replay(
     ``validation`` (the LRU row at `validate_mib` next to the recorded hit rates), ``mrc``
     (the exact LRU curve, every step from 0 to the whole expert set) with ``mrc_budgets``
     (it at the chosen budgets), ``prefetch`` (the previous-token bet at depth `prefetch`,
-    per budget x policy).
+    per budget x policy). `jobs` curve replays run at once (default the CPUs).
     """
     batches = prepare_batches(trace, turn)
     names = check_policies(policies)
@@ -708,7 +908,9 @@ def replay(
         if progress is not None:
             progress(total + done, runs)
 
-    views["curve"] = replay_curve(batches, budgets, names, seed=seed, progress=curve_progress)
+    views["curve"] = replay_curve(
+        batches, budgets, names, seed=seed, jobs=jobs, progress=curve_progress
+    )
     if mrc:
         dist = lru_stack_distances(batches)
         views["mrc_budgets"] = mrc_at(dist, budgets)

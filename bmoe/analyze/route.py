@@ -22,7 +22,6 @@ experts go to the one routed first. Everything is vectorised; nothing loops over
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -899,7 +898,7 @@ def route_views(
 # ----------------------------------------------------------------------------- reuse in bytes
 
 
-def reuse_bytes_distances(trace: RouteTrace, block: int = 512) -> pd.DataFrame:
+def reuse_bytes_distances(trace: RouteTrace) -> pd.DataFrame:
     """Every reuse with its LRU stack distance in bytes: the bytes of the distinct experts
     (of any layer) looked up between an expert's previous lookup and this one. An LRU cache
     holding at least that many bytes plus the expert itself still has it resident.
@@ -907,77 +906,10 @@ def reuse_bytes_distances(trace: RouteTrace, block: int = 512) -> pd.DataFrame:
     Lookups follow the engine's batches: prefill is one batch per layer holding every prompt
     token's experts, decode one batch per (step, layer); a repeated id inside a batch is one
     lookup. Sizes come from the preamble (a layer without one is an error, never free).
-    Sequential by nature, so it walks rounds (the prefill, then each decode step) with
-    vectorised work inside each round; never row by row."""
-    columns = ["layer", "expert", "step", "distance_bytes"]
-    rows = trace.rows
-    if not len(rows):
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
-    sizes = trace.expert_bytes()
-    layers = np.unique(rows["layer"].to_numpy())
-    missing = [int(x) for x in layers if int(x) not in sizes]
-    if missing:
-        raise BmoeError(
-            f"{trace.path or 'trace'}: the preamble has no expert_bytes for layer(s) "
-            f"{_ranges(missing)}; reuse in bytes needs every layer's size"
-        )
-    layer = rows["layer"].to_numpy(np.int64)
-    layer_idx = np.searchsorted(layers, layer)
-    expert = rows["expert"].to_numpy(np.int64)
-    n_expert = int(expert.max()) + 1
-    step = rows["step"].to_numpy(np.int64)
-    step = step - step.min()
-    turn = rows["turn"].to_numpy(np.int64) if "turn" in rows else np.zeros(len(rows), np.int64)
-    phase = rows["phase"].to_numpy(np.int64) if "phase" in rows else np.ones(len(rows), np.int64)
-    slot = rows["slot"].to_numpy(np.int64) if "slot" in rows else np.zeros(len(rows), np.int64)
-    span = int(step.max()) + 1
-    # a round: the prefill of a turn (step folded to 0), or one decode step
-    round_code = (turn * 2 + (phase != 0)) * span + np.where(phase != 0, step, 0)
-    order = np.lexsort((slot, step, layer_idx, round_code))
-    _, round_id = np.unique(round_code[order], return_inverse=True)
-    key = layer_idx[order] * n_expert + expert[order]
-    n_keys = len(layers) * n_expert
-    # one lookup per distinct (round, key), in first-seen order
-    _, first = np.unique(round_id * n_keys + key, return_index=True)
-    first.sort()
-    pos_rows = order[first]
-    key, round_id = key[first], round_id[first]
-    n = len(key)
-    by_key = np.argsort(key, kind="stable")
-    prev = np.full(n, -1, dtype=np.int64)
-    same = key[by_key][1:] == key[by_key][:-1]
-    prev[by_key[1:][same]] = by_key[:-1][same]
-    weight = np.array([sizes[int(x)] for x in layers], dtype=np.float64)[key // n_expert]
-    key_weight = np.repeat(np.array([sizes[int(x)] for x in layers], dtype=np.float64), n_expert)
-    last = np.full(n_keys, -1, dtype=np.int64)  # last lookup position of each key
-    distance = np.full(n, -1.0)
-    bounds = np.flatnonzero(np.r_[True, round_id[1:] != round_id[:-1], True])
-    for a, b in itertools.pairwise(bounds):
-        ks, p = key[a:b], prev[a:b]
-        if (p >= 0).any():
-            srt = np.argsort(last, kind="stable")
-            sorted_last = last[srt]
-            above = np.r_[np.cumsum(key_weight[srt][::-1])[::-1], 0.0]
-            part1 = above[np.searchsorted(sorted_last, p, side="right")]
-            part2 = np.zeros(b - a)
-            w = weight[a:b]
-            idx = np.arange(b - a)
-            for c in range(0, b - a, block):  # earlier lookups of this round, not yet in `last`
-                sl = slice(c, min(c + block, b - a))
-                mask = (idx[None, :] < idx[sl, None]) & (p[None, :] <= p[sl, None])
-                part2[sl] = mask @ w
-            distance[a:b] = np.where(p >= 0, part1 + part2, -1.0)
-        last[ks] = np.arange(a, b)
-    reused = prev >= 0
-    src = pos_rows[reused]
-    return pd.DataFrame(
-        {
-            "layer": layers[key[reused] // n_expert].astype(np.int64),
-            "expert": (key[reused] % n_expert).astype(np.int64),
-            "step": rows["step"].to_numpy()[src].astype(np.int64),
-            "distance_bytes": distance[reused].astype(np.int64),
-        }
-    )
+    Computed by the replay's stack-distance kernel (one implementation)."""
+    from bmoe.analyze.replay import lru_reuse_bytes
+
+    return lru_reuse_bytes(trace)
 
 
 # ----------------------------------------------------------------------------- grids for plots

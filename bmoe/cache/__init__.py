@@ -1,7 +1,9 @@
 """The byte-budgeted expert cache and its eviction policies.
 
-One implementation, driven live by the engine (one ``stage`` per layer load) and offline by
-replay (``bmoe.analyze.replay``), so a replayed LRU row is the engine's own accounting.
+``ExpertCache`` is driven live by the engine (one ``stage`` per layer load) and defines the
+batch semantics; offline replay (``bmoe.analyze.replay``) runs them as compiled kernels
+(:mod:`bmoe.cache.kernels`, imported on demand) that are tested equal to staging batch by
+batch, so a replayed LRU row is the engine's own accounting.
 """
 
 from bmoe.cache.expert_cache import (

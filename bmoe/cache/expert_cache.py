@@ -200,44 +200,6 @@ class ExpertCache:
         st["evictions"] += len(victims)
         return hits, misses, pf_hits, victims
 
-    def replay(
-        self,
-        layers: Sequence[int],
-        lookups: Sequence[list[int]],
-        recency: Sequence[list[int] | None],
-        sizes: Sequence[int],
-        next_use: Sequence[list[int]] | None = None,
-    ) -> list[int]:
-        """Stage a whole sequence of batches (the arguments of :meth:`stage_keys`, one entry
-        per batch) and return the hits per batch: the offline replay's fast path, with the
-        same policy operations as staging batch by batch. Counters are updated as a whole."""
-        policy = self._policy
-        if policy.needs_future and next_use is None:
-            raise BmoeError(
-                f"policy {self.policy_name!r} needs each key's next use (offline replay only)"
-            )
-        future: Sequence[Sequence[int] | None] = (
-            [None] * len(layers) if next_use is None else next_use
-        )
-        resident_before = len(policy.resident)
-        hits = policy.run(layers, lookups, recency, sizes, future)
-        st = self._stats
-        n = sum(len(x) for x in lookups)
-        h = sum(hits)
-        st["lookups"] += n
-        st["hits"] += h
-        st["misses"] += n - h
-        # every miss was admitted; whatever is not resident any more was evicted
-        st["evictions"] += resident_before + (n - h) - len(policy.resident)
-        st["bytes_read"] += sum(
-            (len(x) - y) * s for x, y, s in zip(lookups, hits, sizes, strict=True)
-        )
-        if lookups:
-            self._touched = set(lookups[-1])
-        if self._pending:
-            self._pending.intersection_update(policy.resident)
-        return hits
-
     def prefetch(
         self,
         layer: int,

@@ -106,12 +106,20 @@ def analyze_replay(
         "previous token.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random policy."),
+    jobs: int | None = typer.Option(
+        None,
+        "--jobs",
+        "-j",
+        min=1,
+        help="Replays run at once (default: the CPUs); the figures do not depend on it.",
+    ),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
 
     Example: bmoe analyze replay trace.route.csv
     Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv
     Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
+    Example: bmoe analyze replay big.route.parquet --jobs 1
     """
     check_format(fmt)
     budget_list = (
@@ -123,7 +131,7 @@ def analyze_replay(
 
         if plot.suffix.lower() not in SUFFIXES:
             raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
-    trace = read_trace(trace_path)
+    trace = replay_analysis.replay_columns_only(read_trace(trace_path))
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
     summary = params = None
@@ -163,6 +171,7 @@ def analyze_replay(
             mrc=mrc,
             prefetch=prefetch,
             seed=seed,
+            jobs=jobs,
             progress=lambda done, total: bar.update(task, completed=done),
         )
     if views["shape"].get("recorded_with_dropping"):

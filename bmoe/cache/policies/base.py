@@ -8,6 +8,10 @@ batch's layer is ``key >> 16``. The cache calls, per batch:
   and, when a repeated id reordered them, the same keys in last-touch order (recency);
 * :meth:`Policy.admit` for speculative admissions (prefetch: not lookups);
 * :meth:`Policy.evict` once afterwards, never choosing a key in ``protected``.
+
+These are the live cache's operations and the definition of the batch semantics; offline
+replay runs the same semantics as compiled whole-trace loops (:mod:`bmoe.cache.kernels`),
+tested equal batch for batch.
 """
 
 from __future__ import annotations
@@ -61,30 +65,6 @@ class Policy:
         """Evict until the bytes held fit (the budget, or `layer`'s slice for per-layer
         policies), never a key in `protected`; return the victims in eviction order."""
         raise NotImplementedError
-
-    # -- a whole sequence at once (replay) ---------------------------------------------
-    def run(
-        self,
-        layers: Sequence[int],
-        lookups: Sequence[Sequence[int]],
-        recency: Sequence[Sequence[int] | None],
-        sizes: Sequence[int],
-        next_use: Sequence[Sequence[int] | None],
-    ) -> list[int]:
-        """Stage every batch in turn (lookups then eviction, as one ``stage`` each) and
-        return the hits per batch. The same operations as batch-by-batch staging, without
-        the per-batch bookkeeping of the cache facade."""
-        lookup, evict, capacity, held_in = self.lookup, self.evict, self.capacity, self.held_in
-        per_layer = self.per_layer
-        budget = self.budget
-        hits = [0] * len(layers)
-        for i, look in enumerate(lookups):
-            layer = layers[i]
-            h, _ = lookup(look, recency[i], sizes[i], next_use[i])
-            hits[i] = len(h)
-            if (held_in(layer) > capacity(layer)) if per_layer else (self.held > budget):
-                evict(layer, set(look))
-        return hits
 
     # -- the room a speculative admission may take ---------------------------------------
     def capacity(self, layer: int) -> int:

@@ -67,33 +67,6 @@ class LayerSliced(Policy):
             self.held -= res.pop(k)
         return victims
 
-    def run(self, layers, lookups, recency, sizes, next_use) -> list[int]:
-        """:meth:`Policy.run`: layers never evict each other's keys, so each layer's batches
-        run through its own slice independently (the inner policy's fused loop)."""
-        hits = [0] * len(layers)
-        by_layer: dict[int, list[int]] = {}
-        for i, layer in enumerate(layers):
-            by_layer.setdefault(layer, []).append(i)
-        res = self.resident
-        for layer, idx in by_layer.items():
-            part = self._part(layer)
-            before = dict(part.resident)
-            held_before = part.held
-            part_hits = part.run(
-                [layer] * len(idx),
-                [lookups[i] for i in idx],
-                [recency[i] for i in idx],
-                [sizes[i] for i in idx],
-                [next_use[i] for i in idx],
-            )
-            for i, h in zip(idx, part_hits, strict=True):
-                hits[i] = h
-            for k in before.keys() - part.resident.keys():
-                del res[k]
-            res.update(part.resident)
-            self.held += part.held - held_before
-        return hits
-
     def capacity(self, layer: int) -> int:
         return self.slice
 

@@ -1,11 +1,13 @@
 """``lfu``: evict the key with the fewest lookups so far, ties by least recent touch.
 
-Counts survive eviction (a key re-admitted carries on from its old count). Victims come from
-a min-heap of packed ``count | touch | key`` integers, updated lazily: a key's priority only
-grows (its count and its last touch both increase), so the heap keeps one entry per resident
-key, possibly stale (lower than the key's priority now). A popped entry that is stale goes
-back at the key's current priority; one that is current is the true minimum. A hit costs no
-heap operation at all.
+Counts survive eviction (a key re-admitted carries on from its old count): "perfect LFU",
+the reference's. ``lfu-incache`` is the other common variant, counting only while cached.
+
+Victims come from a min-heap of packed ``count | touch | key`` integers, updated lazily: a
+key's priority only grows (its count and its last touch both increase), so the heap keeps one
+entry per resident key, possibly stale (lower than the key's priority now). A popped entry
+that is stale goes back at the key's current priority; one that is current is the true
+minimum. A hit costs no heap operation at all.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ COUNT_SHIFT = KEY_BITS + TOUCH_BITS
 
 class LFU(Policy):
     name = "lfu"
+    #: counts survive eviction ("perfect LFU"); False counts only while a key is cached
+    keep_counts = True
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)
@@ -88,58 +92,18 @@ class LFU(Policy):
                 aside.append(e)
                 continue
             del stamp[k]
+            if not self.keep_counts:
+                del count[k]
             self.held -= res.pop(k)
             victims.append(k)
         for e in aside:
             heappush(heap, e)
         return victims
 
-    def run(self, layers, lookups, recency, sizes, next_use) -> list[int]:
-        """:meth:`Policy.run`, fused: the same steps as :meth:`lookup` + :meth:`evict`.
 
-        A batch's new keys enter the heap after its eviction, and a key touched since the
-        batch began (touch stamp at or after its start) is set aside, so the batch is never
-        chosen."""
-        res, count, stamp, heap = self.resident, self.count, self.stamp, self.heap
-        held, budget, clock = self.held, self.budget, self.clock
-        hits = [0] * len(layers)
-        for i, look in enumerate(lookups):
-            size = sizes[i]
-            start = clock + 1
-            new = []
-            rec = recency[i]
-            for k in look:
-                count[k] = count.get(k, 0) + 1
-                if k not in res:
-                    res[k] = size
-                    new.append(k)
-                if rec is None:
-                    clock += 1
-                    stamp[k] = clock
-            if rec is not None:
-                for k in rec:
-                    clock += 1
-                    stamp[k] = clock
-            held += size * len(new)
-            hits[i] = len(look) - len(new)
-            if held > budget:
-                aside = []
-                while held > budget and heap:
-                    e = heappop(heap)
-                    k = e & KEY_MASK
-                    s = stamp[k]
-                    now = (count[k] << COUNT_SHIFT) | (s << KEY_BITS) | k
-                    if e != now:
-                        heappush(heap, now)
-                        continue
-                    if s >= start:
-                        aside.append(e)
-                        continue
-                    del stamp[k]
-                    held -= res.pop(k)
-                for e in aside:
-                    heappush(heap, e)
-            for k in new:
-                heappush(heap, (count[k] << COUNT_SHIFT) | (stamp[k] << KEY_BITS) | k)
-        self.held, self.clock = held, clock
-        return hits
+class InCacheLFU(LFU):
+    """``lfu-incache``: LFU whose counts start again when a key is evicted (counts only
+    while cached, the variant most simulators call LFU, libCacheSim's among them)."""
+
+    name = "lfu-incache"
+    keep_counts = False

@@ -49,35 +49,6 @@ class LRU(Policy):
             res[k] = size
         self.held += size * len(keys)
 
-    def run(self, layers, lookups, recency, sizes, next_use) -> list[int]:
-        """:meth:`Policy.run`, fused: the same steps as :meth:`lookup` + :meth:`evict`."""
-        res = self.resident
-        move, pop = res.move_to_end, res.popitem
-        held, budget = self.held, self.budget
-        hits = [0] * len(layers)
-        for i, look in enumerate(lookups):
-            size = sizes[i]
-            h = 0
-            for k in look:
-                if k in res:
-                    h += 1
-                    move(k)
-                else:
-                    res[k] = size
-                    held += size
-            rec = recency[i]
-            if rec is not None:
-                for k in rec:
-                    move(k)
-            hits[i] = h
-            # the batch's keys are the most recent: while more keys are resident than the
-            # batch holds, the least recent one is not the batch's
-            keep = len(look)
-            while held > budget and len(res) > keep:
-                held -= pop(last=False)[1]
-        self.held = held
-        return hits
-
     def evict(self, layer: int, protected: Set[int]) -> list[int]:
         res = self.resident
         victims: list[int] = []

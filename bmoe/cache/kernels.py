@@ -1,0 +1,960 @@
+"""Compiled replay kernels: every policy's whole-sequence loop over flat arrays.
+
+The live cache (:class:`bmoe.cache.ExpertCache`, one ``stage`` per layer load) is the
+definition of the batch semantics; these kernels replay a whole trace under the same
+semantics at compiled speed (the equivalence is tested batch for batch, see
+``tests/test_cache_equivalence.py``). They work on dense key ids ``0..n_keys-1`` instead of
+hashed keys, so every structure is an array indexed by key:
+
+* ``bounds`` (int64, one more than the batches): batch ``b``'s lookups are
+  ``look[bounds[b]:bounds[b+1]]`` (distinct keys, first-seen order) and its last-touch order
+  is ``rec`` over the same range (read only where ``repeated[b]``);
+* ``size`` (int64 per batch): the bytes of one expert of the batch's layer;
+* ``part`` (int64 per batch): the budget slice the batch stages into (all 0 for the global
+  policies, the layer's index for ``layer`` and ``layerlfu``).
+
+Each kernel returns the hits per batch. They release the GIL, so budgets and policies can
+run in threads. Compiled once and cached on disk by numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+NEVER = 1 << 62
+_OPTS = {"cache": True, "nogil": True, "boundscheck": False}
+
+# ----------------------------------------------------------------------------- linked lists
+# Doubly linked lists over key ids: ``nxt``/``prv`` per key, ``head``/``tail`` per list, -1 for
+# none. A key is in at most one list at a time (``where`` names it, -1 for none).
+
+
+@njit(**_OPTS)
+def _unlink(k, lst, head, tail, nxt, prv):
+    p = prv[k]
+    n = nxt[k]
+    if p >= 0:
+        nxt[p] = n
+    else:
+        head[lst] = n
+    if n >= 0:
+        prv[n] = p
+    else:
+        tail[lst] = p
+    nxt[k] = -1
+    prv[k] = -1
+
+
+@njit(**_OPTS)
+def _append(k, lst, head, tail, nxt, prv):
+    t = tail[lst]
+    prv[k] = t
+    nxt[k] = -1
+    if t >= 0:
+        nxt[t] = k
+    else:
+        head[lst] = k
+    tail[lst] = k
+
+
+@njit(**_OPTS)
+def _prepend(k, lst, head, tail, nxt, prv):
+    h = head[lst]
+    nxt[k] = h
+    prv[k] = -1
+    if h >= 0:
+        prv[h] = k
+    else:
+        tail[lst] = k
+    head[lst] = k
+
+
+# ----------------------------------------------------------------------------- indexed heap
+# A 4-ary min-heap per part of (priority, key) pairs, the priority one packed int64 (unique: its low
+# bits are a touch or admission counter), with each key's position kept (``hpos``, -1 when
+# absent) so a key can leave the heap from anywhere. Part ``j`` owns the slots
+# ``base[j] .. base[j] + count[j]`` of ``hv`` (priorities) and ``hk`` (keys).
+
+
+@njit(inline="always", **_OPTS)
+def _sift_up(hv, hk, hpos, base, i):
+    v = hv[base + i]
+    k = hk[base + i]
+    while i > 0:
+        parent = (i - 1) >> 2
+        pv = hv[base + parent]
+        if pv < v:
+            break
+        q = hk[base + parent]
+        hv[base + i] = pv
+        hk[base + i] = q
+        hpos[q] = i
+        i = parent
+    hv[base + i] = v
+    hk[base + i] = k
+    hpos[k] = i
+
+
+@njit(inline="always", **_OPTS)
+def _sift_down(hv, hk, hpos, base, n, i):
+    v = hv[base + i]
+    k = hk[base + i]
+    while True:
+        first = 4 * i + 1
+        if first >= n:
+            break
+        c = first
+        cv = hv[base + c]
+        for x in range(first + 1, min(first + 4, n)):
+            xv = hv[base + x]
+            if xv < cv:
+                c = x
+                cv = xv
+        if v < cv:
+            break
+        q = hk[base + c]
+        hv[base + i] = cv
+        hk[base + i] = q
+        hpos[q] = i
+        i = c
+    hv[base + i] = v
+    hk[base + i] = k
+    hpos[k] = i
+
+
+@njit(inline="always", **_OPTS)
+def _heap_push(k, v, j, hv, hk, hpos, base, count):
+    n = count[j]
+    hv[base[j] + n] = v
+    hk[base[j] + n] = k
+    count[j] = n + 1
+    _sift_up(hv, hk, hpos, base[j], n)
+
+
+@njit(inline="always", **_OPTS)
+def _heap_remove(k, j, hv, hk, hpos, base, count):
+    i = hpos[k]
+    hpos[k] = -1
+    n = count[j] - 1
+    count[j] = n
+    if i == n:
+        return
+    b0 = base[j]
+    hv[b0 + i] = hv[b0 + n]
+    hk[b0 + i] = hk[b0 + n]
+    if i > 0 and hv[b0 + i] < hv[b0 + ((i - 1) >> 2)]:
+        _sift_up(hv, hk, hpos, b0, i)
+    else:
+        _sift_down(hv, hk, hpos, b0, n, i)
+
+
+@njit(inline="always", **_OPTS)
+def _heap_pop(j, hv, hk, hpos, base, count):
+    k = hk[base[j]]
+    _heap_remove(k, j, hv, hk, hpos, base, count)
+    return k
+
+
+def counter_bits(n: int) -> int:
+    """Bits that hold a counter up to `n` (the low field of a packed priority)."""
+    return max(1, int(n).bit_length())
+
+
+# ----------------------------------------------------------------------------- lru / layer
+
+
+@njit(**_OPTS)
+def lru(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity):
+    """``lru`` (one part) and ``layer`` (a part per layer, each its own LRU of `capacity`).
+
+    Per part a recency list (head = least recent). A batch's keys end at the tail, so
+    while more keys are resident in the part than the batch holds, the head is not the
+    batch's."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    head = np.full(n_parts, -1, dtype=np.int32)
+    tail = np.full(n_parts, -1, dtype=np.int32)
+    held = np.zeros(n_parts, dtype=np.int64)
+    count = np.zeros(n_parts, dtype=np.int64)
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        j = part[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            if resident[k]:
+                h += 1
+                _unlink(k, j, head, tail, nxt, prv)
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held[j] += sz
+                count[j] += 1
+            _append(k, j, head, tail, nxt, prv)
+        if repeated[b]:
+            for i in range(s, e):
+                k = rec[i]
+                _unlink(k, j, head, tail, nxt, prv)
+                _append(k, j, head, tail, nxt, prv)
+        hits[b] = h
+        keep = e - s
+        while held[j] > capacity and count[j] > keep:
+            k = head[j]
+            _unlink(k, j, head, tail, nxt, prv)
+            resident[k] = False
+            held[j] -= ksize[k]
+            count[j] -= 1
+    return hits
+
+
+# ----------------------------------------------------------------------------- lfu / layerlfu
+# Count buckets: per part, a list per lookup count holding the part's evictable keys with that
+# count in touch order (head = least recent), and a bitmap of the non-empty lists (63 bits a
+# word, so every word stays a non-negative int64). A count is at most the part's batches.
+
+
+@njit(**_OPTS)
+def _lowest_bit(w):
+    t = 0
+    if (w & 0xFFFFFFFF) == 0:
+        w >>= 32
+        t += 32
+    if (w & 0xFFFF) == 0:
+        w >>= 16
+        t += 16
+    if (w & 0xFF) == 0:
+        w >>= 8
+        t += 8
+    if (w & 0xF) == 0:
+        w >>= 4
+        t += 4
+    if (w & 0x3) == 0:
+        w >>= 2
+        t += 2
+    if (w & 0x1) == 0:
+        t += 1
+    return t
+
+
+@njit(**_OPTS)
+def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity, keep_counts):
+    """``lfu`` and ``layerlfu``: evict the fewest lookups so far (counts kept across
+    eviction), ties by least recent touch; `part_batches` is the number of batches of each
+    part. A batch's resident keys leave their count list while it is staged and join the
+    tail of their new count's list afterwards (in touch order: theirs are the newest
+    touches), so a list's head is its least recent key and the lowest non-empty list's
+    head is the victim. Without `keep_counts` a victim's count restarts (``lfu-incache``)."""
+    n_b = len(bounds) - 1
+    n_parts = len(part_batches)
+    hits = np.zeros(n_b, dtype=np.int64)
+    counts = np.zeros(n_keys, dtype=np.int64)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    inb = np.full(n_keys, -1, dtype=np.int64)  # the key's count list, -1 if in none
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
+    cbase = np.zeros(n_parts, dtype=np.int64)  # part j's count-c list is cbase[j] + c
+    wbase = np.zeros(n_parts, dtype=np.int64)  # part j's bitmap words start here
+    n_words = np.zeros(n_parts, dtype=np.int64)
+    total_lists = 0
+    total_words = 0
+    for j in range(n_parts):
+        cbase[j] = total_lists
+        total_lists += part_batches[j] + 1
+        wbase[j] = total_words
+        n_words[j] = (part_batches[j] + 1) // 63 + 1
+        total_words += n_words[j]
+    head = np.full(total_lists, -1, dtype=np.int32)
+    tail = np.full(total_lists, -1, dtype=np.int32)
+    bits = np.zeros(total_words, dtype=np.int64)
+    low = np.zeros(n_parts, dtype=np.int64)  # no non-empty list of part j below low[j]
+    held = np.zeros(n_parts, dtype=np.int64)
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        j = part[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            counts[k] += 1
+            if resident[k]:
+                h += 1
+                lst = inb[k]
+                _unlink(k, lst, head, tail, nxt, prv)
+                inb[k] = -1
+                if head[lst] < 0:
+                    c = lst - cbase[j]
+                    bits[wbase[j] + c // 63] &= ~(np.int64(1) << (c % 63))
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held[j] += sz
+        hits[b] = h
+        while held[j] > capacity:
+            w = low[j] // 63
+            word = bits[wbase[j] + w] & ~((np.int64(1) << (low[j] % 63)) - 1)
+            while word == 0 and w + 1 < n_words[j]:
+                w += 1
+                word = bits[wbase[j] + w]
+            if word == 0:
+                break  # nothing evictable
+            c = w * 63 + _lowest_bit(word)
+            low[j] = c
+            lst = cbase[j] + c
+            k = head[lst]
+            _unlink(k, lst, head, tail, nxt, prv)
+            inb[k] = -1
+            if head[lst] < 0:
+                bits[wbase[j] + w] &= ~(np.int64(1) << (c % 63))
+            resident[k] = False
+            held[j] -= ksize[k]
+            if not keep_counts:
+                counts[k] = 0
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            k = order[i]
+            c = counts[k]
+            lst = cbase[j] + c
+            _append(k, lst, head, tail, nxt, prv)
+            inb[k] = lst
+            bits[wbase[j] + c // 63] |= np.int64(1) << (c % 63)
+            if c < low[j]:
+                low[j] = c
+    return hits
+
+
+# ----------------------------------------------------------------------------- belady
+
+
+@njit(**_OPTS)
+def next_uses(bounds, look, n_keys):
+    """For each lookup, the next batch looking the same key up; the number of batches
+    (one past the last) if none."""
+    n_b = len(bounds) - 1
+    out = np.empty(len(look), dtype=np.int32)
+    nextb = np.full(n_keys, n_b, dtype=np.int32)
+    for b in range(n_b - 1, -1, -1):
+        for i in range(bounds[b], bounds[b + 1]):
+            k = look[i]
+            out[i] = nextb[k]
+            nextb[k] = b
+    return out
+
+
+@njit(**_OPTS)
+def belady(bounds, look, size, next_use, n_keys, budget, shift):
+    """``belady``: evict the furthest next use, ties to the earliest admitted (priority
+    ``(batches - next use) << shift | admission``; a next use at or past the number of
+    batches means never)."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    far = np.zeros(n_keys, dtype=np.int64)  # the packed priority
+    admitted = np.zeros(n_keys, dtype=np.int64)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    hv = np.zeros(n_keys, dtype=np.int64)
+    hk = np.zeros(n_keys, dtype=np.int32)
+    hpos = np.full(n_keys, -1, dtype=np.int64)
+    base = np.zeros(1, dtype=np.int64)
+    hcount = np.zeros(1, dtype=np.int64)
+    held = 0
+    admissions = 0
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            if resident[k]:
+                h += 1
+                _heap_remove(k, 0, hv, hk, hpos, base, hcount)
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held += sz
+                admissions += 1
+                admitted[k] = admissions
+            far[k] = ((n_b - min(np.int64(next_use[i]), n_b)) << shift) | admitted[k]
+        hits[b] = h
+        while held > budget and hcount[0] > 0:
+            k = _heap_pop(0, hv, hk, hpos, base, hcount)
+            resident[k] = False
+            held -= ksize[k]
+        for i in range(s, e):
+            _heap_push(look[i], far[look[i]], 0, hv, hk, hpos, base, hcount)
+    return hits
+
+
+# ----------------------------------------------------------------------------- lfuda
+
+
+@njit(**_OPTS)
+def lfuda(bounds, look, rec, repeated, size, n_keys, budget, shift):
+    """``lfuda``: priority K = L + F (F lookups since admission, L the last victim's K),
+    ties by least recent touch (heap priority ``K << shift | touch``)."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    freq = np.zeros(n_keys, dtype=np.int64)
+    prio = np.zeros(n_keys, dtype=np.int64)
+    stamp = np.zeros(n_keys, dtype=np.int64)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    hv = np.zeros(n_keys, dtype=np.int64)
+    hk = np.zeros(n_keys, dtype=np.int32)
+    hpos = np.full(n_keys, -1, dtype=np.int64)
+    base = np.zeros(1, dtype=np.int64)
+    hcount = np.zeros(1, dtype=np.int64)
+    held = 0
+    age = 0
+    clock = 0
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            if resident[k]:
+                h += 1
+                _heap_remove(k, 0, hv, hk, hpos, base, hcount)
+                freq[k] += 1
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held += sz
+                freq[k] = 1
+            prio[k] = age + freq[k]
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            clock += 1
+            stamp[order[i]] = clock
+        hits[b] = h
+        while held > budget and hcount[0] > 0:
+            k = _heap_pop(0, hv, hk, hpos, base, hcount)
+            age = prio[k]
+            resident[k] = False
+            held -= ksize[k]
+        for i in range(s, e):
+            k = look[i]
+            _heap_push(k, (prio[k] << shift) | stamp[k], 0, hv, hk, hpos, base, hcount)
+    return hits
+
+
+# ----------------------------------------------------------------------------- random
+
+
+@njit(**_OPTS)
+def _genrand(mt, state):
+    """MT19937's next 32-bit word (the generator of Python's ``random``); ``state[0]`` is
+    the index into ``mt``."""
+    if state[0] >= 624:
+        for kk in range(624):
+            y = (mt[kk] & 0x80000000) | (mt[(kk + 1) % 624] & 0x7FFFFFFF)
+            v = mt[(kk + 397) % 624] ^ (y >> 1)
+            if y & 1:
+                v ^= 0x9908B0DF
+            mt[kk] = v
+        state[0] = 0
+    y = mt[state[0]]
+    state[0] += 1
+    y ^= y >> 11
+    y ^= (y << 7) & 0x9D2C5680
+    y ^= (y << 15) & 0xEFC60000
+    y ^= y >> 18
+    return y
+
+
+@njit(**_OPTS)
+def draw(mt, state):
+    """``random.random()``: 53 random bits from two words."""
+    a = _genrand(mt, state) >> 5
+    b = _genrand(mt, state) >> 6
+    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+
+
+def mt_state(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The state of ``random.Random(seed)`` as arrays the random kernel continues from."""
+    import random
+
+    words = random.Random(seed).getstate()[1]
+    return np.array(words[:624], dtype=np.int64), np.array([words[624]], dtype=np.int64)
+
+
+@njit(**_OPTS)
+def randomized(bounds, look, size, n_keys, budget, mt, state):
+    """``random``: evict a uniformly drawn resident key not touched by the batch (a draw
+    on a batch key is redrawn), over a swap-remove list of the resident keys."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    pos = np.full(n_keys, -1, dtype=np.int64)
+    mark = np.full(n_keys, -1, dtype=np.int64)  # the last batch that touched the key
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    lst = np.zeros(n_keys, dtype=np.int32)
+    n = 0
+    held = 0
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            mark[k] = b
+            if pos[k] >= 0:
+                h += 1
+            else:
+                ksize[k] = sz
+                held += sz
+                pos[k] = n
+                lst[n] = k
+                n += 1
+        hits[b] = h
+        if held > budget:
+            evictable = n - (e - s)
+            while held > budget and evictable > 0:
+                j = np.int64(draw(mt, state) * n)
+                k = lst[j]
+                if mark[k] == b:
+                    continue
+                n -= 1
+                last = lst[n]
+                if last != k:
+                    lst[j] = last
+                    pos[last] = j
+                pos[k] = -1
+                held -= ksize[k]
+                evictable -= 1
+    return hits
+
+
+# ----------------------------------------------------------------------------- arc
+
+_T1, _T2, _B1, _B2 = 0, 1, 2, 3
+
+
+@njit(**_OPTS)
+def arc(bounds, look, rec, repeated, size, n_keys, budget):
+    """``arc``: the batch form of :class:`bmoe.cache.policies.arc.ARC`, step for step."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
+    where = np.full(n_keys, -1, dtype=np.int8)
+    mark = np.full(n_keys, -1, dtype=np.int64)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    head = np.full(4, -1, dtype=np.int32)
+    tail = np.full(4, -1, dtype=np.int32)
+    held = 0
+    t1_bytes = 0
+    b1_bytes = 0
+    b2_bytes = 0
+    p = 0.0
+    fbudget = float(budget)
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            mark[k] = b
+            w = where[k]
+            if w == _T1:
+                h += 1
+                t1_bytes -= ksize[k]
+                _unlink(k, _T1, head, tail, nxt, prv)
+                ksize[k] = sz
+                _append(k, _T2, head, tail, nxt, prv)
+                where[k] = _T2
+            elif w == _T2:
+                h += 1
+                _unlink(k, _T2, head, tail, nxt, prv)
+                _append(k, _T2, head, tail, nxt, prv)
+            else:
+                held += sz
+                if w == _B1:
+                    delta = sz * max(1.0, b2_bytes / b1_bytes)
+                    p = min(fbudget, p + delta)
+                    b1_bytes -= ksize[k]
+                    _unlink(k, _B1, head, tail, nxt, prv)
+                    ksize[k] = sz
+                    _append(k, _T2, head, tail, nxt, prv)
+                    where[k] = _T2
+                elif w == _B2:
+                    delta = sz * max(1.0, b1_bytes / b2_bytes)
+                    p = max(0.0, p - delta)
+                    b2_bytes -= ksize[k]
+                    _unlink(k, _B2, head, tail, nxt, prv)
+                    ksize[k] = sz
+                    _append(k, _T2, head, tail, nxt, prv)
+                    where[k] = _T2
+                else:
+                    ksize[k] = sz
+                    _append(k, _T1, head, tail, nxt, prv)
+                    where[k] = _T1
+                    t1_bytes += sz
+        hits[b] = h
+        if repeated[b]:
+            for i in range(s, e):
+                k = rec[i]
+                w = where[k]
+                _unlink(k, w, head, tail, nxt, prv)
+                _append(k, w, head, tail, nxt, prv)
+        if held <= budget:
+            continue
+        t1_done = False
+        t2_done = False
+        while held > budget:
+            k1 = -1
+            if not t1_done:
+                k1 = head[_T1]
+                while k1 >= 0 and mark[k1] == b:
+                    k1 = nxt[k1]
+            t1_done = k1 < 0
+            from_t1 = k1 >= 0 and t1_bytes > p
+            k2 = -1
+            if not from_t1:
+                if not t2_done:
+                    k2 = head[_T2]
+                    while k2 >= 0 and mark[k2] == b:
+                        k2 = nxt[k2]
+                t2_done = k2 < 0
+                if k2 < 0 and k1 < 0:
+                    break
+                from_t1 = k2 < 0
+            if from_t1:
+                _unlink(k1, _T1, head, tail, nxt, prv)
+                t1_bytes -= ksize[k1]
+                _append(k1, _B1, head, tail, nxt, prv)
+                where[k1] = _B1
+                b1_bytes += ksize[k1]
+                held -= ksize[k1]
+            else:
+                _unlink(k2, _T2, head, tail, nxt, prv)
+                _append(k2, _B2, head, tail, nxt, prv)
+                where[k2] = _B2
+                b2_bytes += ksize[k2]
+                held -= ksize[k2]
+        while head[_B1] >= 0 and t1_bytes + b1_bytes > budget:
+            k = head[_B1]
+            _unlink(k, _B1, head, tail, nxt, prv)
+            where[k] = -1
+            b1_bytes -= ksize[k]
+        while head[_B2] >= 0 and held + b1_bytes + b2_bytes > 2 * budget:
+            k = head[_B2]
+            _unlink(k, _B2, head, tail, nxt, prv)
+            where[k] = -1
+            b2_bytes -= ksize[k]
+    return hits
+
+
+# ----------------------------------------------------------------------------- s3fifo
+
+_SMALL, _MAIN, _GHOST = 0, 1, 2
+
+
+@njit(**_OPTS)
+def s3fifo(bounds, look, size, n_keys, budget):
+    """``s3fifo``: the batch form of :class:`bmoe.cache.policies.s3fifo.S3FIFO`, step for
+    step (S a tenth of the budget, G at most the rest, 2-bit counters)."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
+    where = np.full(n_keys, -1, dtype=np.int8)
+    mark = np.full(n_keys, -1, dtype=np.int64)
+    freq = np.zeros(n_keys, dtype=np.int8)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    head = np.full(3, -1, dtype=np.int32)
+    tail = np.full(3, -1, dtype=np.int32)
+    stuck = np.zeros(n_keys, dtype=np.int32)
+    held = 0
+    small_bytes = 0
+    ghost_bytes = 0
+    main_len = 0
+    small_target = budget // 10
+    ghost_limit = budget - small_target
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            mark[k] = b
+            w = where[k]
+            if 0 <= w <= _MAIN:  # resident: in S or M
+                h += 1
+                if freq[k] < 3:
+                    freq[k] += 1
+                continue
+            held += sz
+            freq[k] = 0
+            if w == _GHOST:
+                ghost_bytes -= ksize[k]
+                _unlink(k, _GHOST, head, tail, nxt, prv)
+                ksize[k] = sz
+                _append(k, _MAIN, head, tail, nxt, prv)
+                where[k] = _MAIN
+                main_len += 1
+            else:
+                ksize[k] = sz
+                _append(k, _SMALL, head, tail, nxt, prv)
+                where[k] = _SMALL
+                small_bytes += sz
+        hits[b] = h
+        if held <= budget:
+            continue
+        n_stuck = 0
+        main_skips = 0
+        while held > budget:
+            main_open = main_len > 0 and main_skips < main_len
+            if head[_SMALL] >= 0 and (small_bytes >= small_target or not main_open):
+                k = head[_SMALL]
+                _unlink(k, _SMALL, head, tail, nxt, prv)
+                small_bytes -= ksize[k]
+                if freq[k] >= 1:
+                    _append(k, _MAIN, head, tail, nxt, prv)
+                    where[k] = _MAIN
+                    main_len += 1
+                    main_skips = 0
+                    continue
+                if mark[k] == b:
+                    where[k] = -1
+                    stuck[n_stuck] = k
+                    n_stuck += 1
+                    continue
+                _append(k, _GHOST, head, tail, nxt, prv)
+                where[k] = _GHOST
+                ghost_bytes += ksize[k]
+            elif main_open:
+                k = head[_MAIN]
+                _unlink(k, _MAIN, head, tail, nxt, prv)
+                if freq[k] >= 1:
+                    freq[k] -= 1
+                    _append(k, _MAIN, head, tail, nxt, prv)
+                    main_skips = 0
+                    continue
+                if mark[k] == b:
+                    _append(k, _MAIN, head, tail, nxt, prv)
+                    main_skips += 1
+                    continue
+                where[k] = -1
+                main_len -= 1
+            else:
+                break
+            held -= ksize[k]
+            main_skips = 0
+        for i in range(n_stuck - 1, -1, -1):  # back at the old end, in order
+            k = stuck[i]
+            _prepend(k, _SMALL, head, tail, nxt, prv)
+            where[k] = _SMALL
+            small_bytes += ksize[k]
+        while head[_GHOST] >= 0 and ghost_bytes > ghost_limit:
+            k = head[_GHOST]
+            _unlink(k, _GHOST, head, tail, nxt, prv)
+            where[k] = -1
+            ghost_bytes -= ksize[k]
+    return hits
+
+
+# ----------------------------------------------------------------------------- stack distances
+
+
+@njit(**_OPTS)
+def lru_byte_distances(bounds, look, rec, repeated, size, n_keys, batch_semantics):
+    """Per lookup, its LRU byte stack distance (inf for a first lookup), by a Fenwick tree
+    over touch order that holds each key's bytes at its last touch.
+
+    With `batch_semantics` (the replay's, see
+    :func:`bmoe.analyze.replay.lru_stack_distances`): a batch's keys are touched after all
+    its lookups, in last-touch order; the distance is the bytes touched since the key's
+    last touch plus its own, and 0 when the key was in the previous batch (a hit at any
+    budget). Without: every lookup touches its key at once, in lookup order, and the
+    distance is the bytes of the distinct keys looked up since (the classic stack
+    distance, the key itself not counted)."""
+    n = len(look)
+    tree = np.zeros(n + 1, dtype=np.int64)
+    last = np.zeros(n_keys, dtype=np.int64)  # last touch (1-based), 0 = never
+    prevb = np.full(n_keys, -1, dtype=np.int64)  # the last batch that looked the key up
+    out = np.full(n, np.inf)
+    total = 0
+    clock = 0
+    for b in range(len(bounds) - 1):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        for i in range(s, e):
+            k = look[i]
+            t = last[k]
+            if t > 0:
+                if batch_semantics and prevb[k] == b - 1:
+                    out[i] = 0.0
+                else:
+                    acc = 0
+                    j = t
+                    while j > 0:
+                        acc += tree[j]
+                        j &= j - 1
+                    out[i] = float(total - acc + sz) if batch_semantics else float(total - acc)
+            if not batch_semantics:
+                clock = _touch(tree, last, k, sz, clock, n)
+                if t == 0:
+                    total += sz
+        if batch_semantics:
+            order = rec if repeated[b] else look
+            for i in range(s, e):
+                k = order[i]
+                if last[k] == 0:
+                    total += sz
+                clock = _touch(tree, last, k, sz, clock, n)
+            for i in range(s, e):
+                prevb[look[i]] = b
+    return out
+
+
+@njit(**_OPTS)
+def _touch(tree, last, k, sz, clock, n):
+    """Move key `k`'s bytes from its last touch to a new one; return the new clock."""
+    t = last[k]
+    if t > 0:
+        j = t
+        while j <= n:
+            tree[j] -= sz
+            j += j & -j
+    clock += 1
+    j = clock
+    while j <= n:
+        tree[j] += sz
+        j += j & -j
+    last[k] = clock
+    return clock
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@njit(**_OPTS)
+def batch_sort_key(turn, phase, step, layer, slot, t0, s0, l0, o0, span, n_slot):
+    """Each row's place in the reference batch order as one int64 (turn, phase, then step
+    before layer in decode and layer before step in prefill, slot), and whether the rows
+    already are in that order. The caller checks that the ranges fit 62 bits."""
+    n = len(layer)
+    out = np.empty(n, dtype=np.int64)
+    ordered = True
+    prev = -1
+    for r in range(n):
+        st = np.int64(step[r]) - s0
+        ly = np.int64(layer[r]) - l0
+        dec = phase[r] != 0
+        key = (np.int64(turn[r]) - t0) * 2 + (1 if dec else 0)
+        if dec:
+            key = (key * span + st) * span + ly
+        else:
+            key = (key * span + ly) * span + st
+        key = key * n_slot + (np.int64(slot[r]) - o0)
+        out[r] = key
+        if key < prev:
+            ordered = False
+        prev = key
+    return out, ordered
+
+
+@njit(**_OPTS)
+def _row(order, i):
+    return order[i] if len(order) else i
+
+
+@njit(**_OPTS)
+def count_batches(order, turn, phase, step, layer):
+    """The batches of the rows taken in `order` (empty: as they are): a batch ends where
+    the turn, the phase or the layer changes, or the step in decode."""
+    n = len(layer)
+    if n == 0:
+        return 0
+    count = 1
+    r0 = _row(order, 0)
+    for i in range(1, n):
+        r = _row(order, i)
+        if (
+            turn[r] != turn[r0]
+            or (phase[r] != 0) != (phase[r0] != 0)
+            or layer[r] != layer[r0]
+            or (phase[r] != 0 and step[r] != step[r0])
+        ):
+            count += 1
+        r0 = r
+    return count
+
+
+@njit(**_OPTS)
+def cut_batches(
+    order, turn, phase, step, layer, expert, resident, part_of, n_e, n_b, n_keys, look_row
+):
+    """Rows taken in `order` (empty: as they are) cut into `n_b` batches (see
+    :func:`count_batches`) of lookups, in one pass: per batch its first row, the lookup
+    bounds, whether an id repeated and how many lookups the run recorded as resident (the
+    row's `resident` flag at a key's first row; `resident` may be empty); per lookup the
+    dense key id (``part_of[layer] * n_e + expert``) in first-seen order (``look``) and in
+    last-touch order (``rec``), and, when `look_row` has a slot per row, the row of each
+    lookup's first sight in it."""
+    n = len(layer)
+    has_res = len(resident) == n
+    want_rows = len(look_row) == n
+    mark = np.full(n_keys, -1, dtype=np.int64)
+    look = np.empty(n, dtype=np.int32)
+    rec = np.empty(n, dtype=np.int32)
+    first_row = np.empty(n_b, dtype=np.int64)
+    bounds = np.zeros(n_b + 1, dtype=np.int64)
+    repeated = np.zeros(n_b, dtype=np.bool_)
+    recorded = np.zeros(n_b, dtype=np.int64)
+    m = 0
+    b = -1
+    s = 0
+    r0 = -1
+    for i in range(n + 1):
+        r = _row(order, i) if i < n else -1
+        new = i == n or i == 0
+        if not new:
+            new = (
+                turn[r] != turn[r0]
+                or (phase[r] != 0) != (phase[r0] != 0)
+                or layer[r] != layer[r0]
+                or (phase[r] != 0 and step[r] != step[r0])
+            )
+        if new and b >= 0:  # close batch b (rows s .. i-1)
+            start = bounds[b]
+            bounds[b + 1] = m
+            if m - start != i - s:
+                repeated[b] = True
+                pos = m
+                for j in range(i - 1, s - 1, -1):
+                    rj = _row(order, j)
+                    k = part_of[layer[rj]] * n_e + expert[rj]
+                    if mark[k] != -2 - b:
+                        mark[k] = -2 - b
+                        pos -= 1
+                        rec[pos] = k
+            else:
+                for j in range(start, m):
+                    rec[j] = look[j]
+        if i == n:
+            break
+        if new:
+            b += 1
+            s = i
+            first_row[b] = r
+        k = part_of[layer[r]] * n_e + expert[r]
+        if mark[k] != b:
+            mark[k] = b
+            look[m] = k
+            if want_rows:
+                look_row[m] = r
+            if has_res and resident[r]:
+                recorded[b] += 1
+            m += 1
+        r0 = r
+    if m < n - n // 4:  # give back the room of the repeats
+        return look[:m].copy(), rec[:m].copy(), first_row, bounds, repeated, recorded
+    return look[:m], rec[:m], first_row, bounds, repeated, recorded
