@@ -11,7 +11,7 @@ import typer
 
 from bmoe.cli import analyze_app, app, console, err_console
 from bmoe.errors import BmoeError
-from bmoe.render.tables import FORMATS, render
+from bmoe.render.outputs import FORMATS
 
 
 def _dry_run(config, plan, archive_root: Path) -> None:
@@ -184,6 +184,7 @@ def analyze_sweep_command(
     (or: bmoe analyze sweep sweeps/tiny-embedded.toml, for its latest folder)
     """
     from bmoe.analyze.sweep import analyze_sweep
+    from bmoe.render.tables import render
     from bmoe.sweep.archive import find_latest, load_results
     from bmoe.sweep.config import load_config
 
