@@ -122,9 +122,9 @@ def overlap(seqs: dict[int, list[list[int]]], lags=LAGS) -> dict:
         for g in lags:
             vals = [100.0 * len(sets[i] & sets[i - g]) / len(sets[i]) for i in range(g, len(sets))]
             pooled[g].extend(vals)
-            row.append(sum(vals) / len(vals) if vals else None)
+            row.append(sum(vals) / len(vals) if vals else 0.0)
         out[layer] = tuple(row)
-    out["ALL"] = tuple(sum(v) / len(v) if v else None for v in pooled.values())
+    out["ALL"] = tuple(sum(v) / len(v) if v else 0.0 for v in pooled.values())
     return out
 
 

@@ -68,8 +68,19 @@ def test_overlap_hand_worked() -> None:
     frame = route.overlap(make_trace(HAND)).set_index("layer")
     assert frame.loc[0, "lag_1"] == pytest.approx((50 + 50 + 0) / 3)
     assert frame.loc[0, "lag_2"] == pytest.approx((100 + 0) / 2)
-    assert math.isnan(frame.loc[0, "lag_4"])
+    assert frame.loc[0, "lag_4"] == 0.0  # no cell 4 back: the reference prints 0.0
     assert frame.loc["ALL", "lag_1"] == pytest.approx(100 / 3)
+
+
+def test_overlap_of_a_layer_with_one_prefill_cell_is_zero() -> None:
+    """The established analysis prints 0.0 for a lag no cell of the layer reaches: in
+    prefill the last layer may route only the final prompt token (one cell)."""
+    spec = {s: {0: [1, 2], 1: [1, 2]} for s in range(3)}
+    spec[2][2] = [3, 4]  # layer 2: only the last prompt token
+    frame = route.overlap(make_trace(cells(spec, phase=0))).set_index("layer")
+    assert [frame.loc[2, f"lag_{g}"] for g in (1, 2, 4, 8)] == [0.0] * 4
+    assert frame.loc[0, "lag_1"] == 100.0 and frame.loc[0, "lag_4"] == 0.0
+    assert frame.loc["ALL", "lag_1"] == 100.0  # the pooled mean counts only cells with a lag
 
 
 def test_workset_hand_worked() -> None:

@@ -512,7 +512,9 @@ def _reuse(seq: _Sequence) -> pd.DataFrame:
 
 def overlap(trace: Trace, lags: Sequence[int] = OVERLAP_LAGS) -> pd.DataFrame:
     """Per layer, for each lag g: the mean over cells i >= g of the share (%) of cell i's
-    experts also routed in cell i-g; the ``ALL`` row pools every layer's cells."""
+    experts also routed in cell i-g; the ``ALL`` row pools every layer's cells. A layer with
+    no cell i >= g (fewer than g+1 cells: in prefill the last layer often routes only the
+    final prompt token) shows 0.0, as the established analysis prints its empty mean."""
     seq, _ = _sequence(trace)
     return _overlap(seq, lags)
 
@@ -535,9 +537,8 @@ def _overlap(seq: _Sequence, lags: Sequence[int]) -> pd.DataFrame:
         pct = np.where(counted, 100.0 * inter / np.maximum(size, 1), 0.0)
         total = np.bincount(seq.cell_layer_idx, weights=pct, minlength=seq.n_layers)
         n = np.bincount(seq.cell_layer_idx, weights=counted, minlength=seq.n_layers)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), np.nan)
-        pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else np.nan
+        cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
+        pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else 0.0
     return _with_all_row(_layer_frame(seq, **cols), pooled)
 
 
