@@ -75,40 +75,53 @@ def select(
         keep &= np.isin(rows["layer"].to_numpy(), np.fromiter(layers, dtype=np.int64))
     if steps is not None:
         keep &= np.isin(rows["step"].to_numpy(), np.fromiter(steps, dtype=np.int64))
-    rows = rows[keep] if not keep.all() else rows
-    if max_steps is not None and len(rows):
-        order = _step_codes(rows)
-        first = np.unique(order)[:max_steps]
-        rows = rows[np.isin(order, first)]
-    seq = _order(rows)
+    within = None if keep.all() else np.flatnonzero(keep)
+    del keep
+    if max_steps is not None and len(rows) and (within is None or len(within)):
+        code = _step_codes(_key_columns(rows, within))
+        first = np.unique(code)[:max_steps]
+        chosen = np.isin(code, first)
+        if not chosen.all():
+            within = np.flatnonzero(chosen) if within is None else within[chosen]
+    seq = _order(rows, within)
     return dataclasses.replace(trace, rows=seq.rows)
 
 
-def _step_codes(rows: pd.DataFrame) -> np.ndarray:
+_KEY_COLUMNS = ("turn", "phase", "step", "layer", "slot")
+
+
+def _key_columns(rows: pd.DataFrame, within: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The columns that order rows (those present), restricted to the positions `within`."""
+    cols = {c: rows[c].to_numpy() for c in _KEY_COLUMNS if c in rows}
+    return cols if within is None else {c: a[within] for c, a in cols.items()}
+
+
+def _step_codes(cols: Mapping[str, Any]) -> np.ndarray:
     """One integer per row, increasing with (turn, step, phase): the step axis (int32 when
-    it fits, to keep million-row traces small)."""
-    step = rows["step"].to_numpy()
+    it fits, to keep million-row traces small). `cols`: a frame or its key columns."""
+    step = np.asarray(cols["step"])
+    turn = np.asarray(cols["turn"]) if "turn" in cols else None
     lo, hi = int(step.min()), int(step.max())
     span = hi - lo + 1
-    turns = int(rows["turn"].max()) + 1 if "turn" in rows else 1
+    turns = int(turn.max()) + 1 if turn is not None else 1
     kind = (
         np.int32
-        if turns * span * 2 < 2**31 and int(rows["turn"].min() if "turn" in rows else 0) >= 0
+        if turns * span * 2 < 2**31 and (turn is None or int(turn.min()) >= 0)
         else np.int64
     )
     code = step.astype(kind) - kind(lo)
-    if "turn" in rows:
-        code += rows["turn"].to_numpy().astype(kind) * kind(span)
+    if turn is not None:
+        code += turn.astype(kind) * kind(span)
     code *= 2
-    if "phase" in rows:
-        code += rows["phase"].to_numpy().astype(kind)
+    if "phase" in cols:
+        code += np.asarray(cols["phase"]).astype(kind)
     return code
 
 
 def count_steps(trace: Trace) -> int:
     """Distinct steps (token positions, per turn and phase) in the trace's rows."""
     rows = trace.rows if isinstance(trace, RouteTrace) else trace
-    return len(np.unique(_step_codes(rows))) if len(rows) else 0
+    return len(np.unique(_step_codes(_key_columns(rows)))) if len(rows) else 0
 
 
 def caveats(
@@ -219,21 +232,25 @@ class _Sequence:
         return self._by_key
 
 
-def _order(rows: pd.DataFrame) -> _Sequence:
-    """Sort rows layer-major: (layer, turn, step, phase, slot), file order breaking ties."""
-    n = len(rows)
-    layer = rows["layer"].to_numpy()
+def _order(rows: pd.DataFrame, within: np.ndarray | None = None) -> _Sequence:
+    """Sort rows layer-major: (layer, turn, step, phase, slot), file order breaking ties.
+    `within`: only the rows at these positions (ascending). Each column is copied at most
+    once: the selection and the sort are one gather."""
+    cols = _key_columns(rows, within)
+    n = len(cols["layer"])
+    layer = cols["layer"]
     if n == 0:
+        rows = rows.iloc[:0].reset_index(drop=True)
         empty = np.zeros(0, dtype=np.int64)
         return _Sequence(
             rows, layer, empty, empty, rows["expert"].to_numpy(), 0, empty, empty, empty,
             empty, empty, empty, empty, 0,
         )  # fmt: skip
     layers, layer_idx = _small_unique(layer)
-    step_code = _step_codes(rows)
+    step_code = _step_codes(cols)
     span = int(step_code.max()) + 1
-    if "slot" in rows:
-        slot = rows["slot"].to_numpy()
+    if "slot" in cols:
+        slot = cols["slot"]
         slot_lo = min(0, int(slot.min()))
         nslot = int(slot.max()) - slot_lo + 1
     else:
@@ -256,10 +273,14 @@ def _order(rows: pd.DataFrame) -> _Sequence:
         del key
     else:  # astronomically sparse step axis: sort by columns instead
         order = np.lexsort((slot, step_code, layer_idx))
+    del cols, slot
     if order is not None:
-        rows = _take(rows, order)
         layer, layer_idx, step_code = layer[order], layer_idx[order], step_code[order]
-    rows = rows.reset_index(drop=True)
+        rows = _take(rows, order if within is None else within[order])
+    elif within is not None:
+        rows = _take(rows, within)
+    else:
+        rows = rows.reset_index(drop=True)
     new = np.empty(n, dtype=bool)
     new[0] = True
     new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
@@ -351,9 +372,8 @@ def _sanity(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
     if "weight" in seq.rows and n_cells:
         w = seq.rows["weight"].to_numpy(np.float64)
         known = ~np.isnan(w)
-        unknown_per_cell = np.bincount(seq.gcell, weights=~known, minlength=n_cells)
-        sums = np.bincount(seq.gcell, weights=np.where(known, w, 0.0), minlength=n_cells)
-        complete = unknown_per_cell == 0
+        complete = np.logical_and.reduceat(known, seq.cell_start)  # cells are contiguous
+        sums = np.add.reduceat(np.where(known, w, 0.0), seq.cell_start)
         weighed = int(complete.sum())
         if weighed:
             wmin, wmax = float(sums[complete].min()), float(sums[complete].max())
@@ -519,20 +539,41 @@ def overlap(trace: Trace, lags: Sequence[int] = OVERLAP_LAGS) -> pd.DataFrame:
     return _overlap(seq, lags)
 
 
+def _cell_sets(seq: _Sequence, block: int = 1 << 20) -> np.ndarray:
+    """Each cell's set of experts as a bitmask: (cells, words) uint64, expert e at bit e % 64
+    of word e // 64. Built a block of about `block` rows at a time (bounded scratch memory)."""
+    n_cells = len(seq.cell_start)
+    words = max(1, (seq.n_expert + 63) // 64)
+    masks = np.zeros((n_cells, words), dtype=np.uint64)
+    one = np.uint64(1)
+    bounds = np.searchsorted(seq.cell_start, np.arange(0, len(seq.expert), block))
+    for a, b in itertools.pairwise([*bounds.tolist(), n_cells]):
+        if a == b:
+            continue
+        lo = int(seq.cell_start[a])
+        hi = int(seq.cell_start[b]) if b < n_cells else len(seq.expert)
+        expert = seq.expert[lo:hi]
+        bit = np.left_shift(one, (expert & 63).astype(np.uint64))
+        word = expert >> 6
+        starts = seq.cell_start[a:b] - lo
+        for w in range(words):
+            part = bit if words == 1 else np.where(word == w, bit, np.uint64(0))
+            masks[a:b, w] = np.bitwise_or.reduceat(part, starts)
+    return masks
+
+
 def _overlap(seq: _Sequence, lags: Sequence[int]) -> pd.DataFrame:
-    n_cells, E = len(seq.cell_start), seq.n_expert
-    present = np.zeros(n_cells * E, dtype=bool)
-    present[seq.gcell.astype(np.int64) * E + seq.expert] = True
-    codes = np.flatnonzero(present)
-    code_cell = codes // E if E else codes
-    size = np.bincount(code_cell, minlength=n_cells)
+    n_cells = len(seq.cell_start)
+    masks = _cell_sets(seq)
+    size = np.bitwise_count(masks).sum(axis=1, dtype=np.int64)
     cols: dict[str, Any] = {}
     pooled: dict[str, Any] = {}
     for g in lags:
-        valid = seq.cell_index[code_cell] >= g
-        shared = np.zeros(len(codes), dtype=bool)
-        shared[valid] = present[codes[valid] - g * E]
-        inter = np.bincount(code_cell, weights=shared, minlength=n_cells)
+        if g < 1:
+            raise BmoeError(f"overlap lag {g}: lags count cells back, from 1")
+        inter = np.zeros(n_cells, dtype=np.int64)  # cell c against cell c-g (same layer where
+        if g < n_cells:  # its index in the layer is >= g: layers are contiguous)
+            inter[g:] = np.bitwise_count(masks[g:] & masks[:-g]).sum(axis=1, dtype=np.int64)
         counted = (seq.cell_index >= g) & (size > 0)
         pct = np.where(counted, 100.0 * inter / np.maximum(size, 1), 0.0)
         total = np.bincount(seq.cell_layer_idx, weights=pct, minlength=seq.n_layers)
@@ -695,11 +736,12 @@ def _entropy(seq: _Sequence) -> pd.DataFrame:
     w = seq.rows["weight"].to_numpy(np.float64)
     known = ~np.isnan(w)
     wk = np.where(known, w, 0.0)
-    total = np.bincount(seq.gcell, weights=wk, minlength=n_cells)
+    total = np.add.reduceat(wk, seq.cell_start)  # cells are contiguous
     pos = wk > 0
     wlogw = np.zeros_like(wk)
     wlogw[pos] = wk[pos] * np.log2(wk[pos])
-    acc = np.bincount(seq.gcell, weights=wlogw, minlength=n_cells)
+    acc = np.add.reduceat(wlogw, seq.cell_start)
+    del wlogw, pos
     top = np.maximum.reduceat(np.where(known, w, -np.inf), seq.cell_start)
     ok = total > 0
     safe = np.where(ok, total, 1.0)
