@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 
 from bmoe.formats import kv
-from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections
+from bmoe.formats.csvtable import BLOCK_SIZE, PathLike, Sections, frame_or_empty, load_sections
 from bmoe.formats.errors import FormatError
 
 COLUMNS = (
@@ -104,8 +105,59 @@ def read_route_trace(source: PathLike | bytes) -> RouteTrace:
         return parquet.read_route_parquet(source)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
-    rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
+    rows = _stream_rows(sec)
+    if rows is None:
+        rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
     return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
+
+
+def _stream_rows(sec: Sections) -> pd.DataFrame | None:
+    """The rows of a large trace parsed batch by batch into columns allocated up front, so
+    the peak is the frame plus one batch (parsing the whole file into Arrow and converting
+    held every row twice). The columns are sized for the most rows the file can hold (each
+    row takes at least two bytes per column); pages never written are never resident.
+
+    None when the careful path must read it instead: not a plain file streamed from disk, a
+    header with unknown, duplicate or missing columns, or rows that do not parse.
+    """
+    header = sec.header
+    if (
+        not sec.streamed()
+        or sec.cut
+        or not sec.header_line
+        or any(c not in COLUMN_TYPES for c in header)
+        or len(set(header)) != len(header)
+        or any(c not in header for c in REQUIRED)
+    ):
+        return None
+    assert sec.source is not None
+    start, end = sec.spans[0]
+    types = {c: COLUMN_TYPES[c] for c in header}
+    most = (end - start) // (2 * len(header)) + 1
+    columns = {c: np.empty(most, dtype=types[c].to_pandas_dtype()) for c in header}
+    n = 0
+    try:
+        with pa.OSFile(sec.source) as fh:
+            fh.seek(start)
+            reader = pacsv.open_csv(
+                fh,
+                read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE),
+                parse_options=pacsv.ParseOptions(newlines_in_values=False),
+                convert_options=pacsv.ConvertOptions(
+                    column_types=types, null_values=[], strings_can_be_null=False
+                ),
+                memory_pool=pa.system_memory_pool(),
+            )
+            for batch in reader:
+                m = batch.num_rows
+                if n + m > most:
+                    return None
+                for name, column in zip(batch.schema.names, batch.columns, strict=True):
+                    columns[name][n : n + m] = column.to_numpy(zero_copy_only=False)
+                n += m
+    except (pa.ArrowInvalid, OSError):
+        return None
+    return pd.DataFrame({c: a[:n] for c, a in columns.items()}, copy=False)
 
 
 # ----------------------------------------------------------------------------- writing
