@@ -58,10 +58,16 @@ def select(
     layers: Collection[int] | None = None,
     steps: Collection[int] | None = None,
     max_steps: int | None = None,
+    *,
+    consume: bool = False,
 ) -> RouteTrace:
     """The trace restricted to one phase (``decode``, ``prefill`` or ``all``), one turn,
     some layers, some steps (the ``step`` column's values) and at most the first
-    `max_steps` steps; rows come back in step-sequence order (layer, turn, step, slot)."""
+    `max_steps` steps; rows come back in step-sequence order (layer, turn, step, slot).
+
+    ``consume=True`` moves the rows out of `trace` column by column as the selection is
+    built (`trace` keeps its columns, with no rows, when the selection is not empty): the
+    peak is one frame instead of two, for callers done with the whole trace."""
     rows = trace.rows
     keep = np.ones(len(rows), dtype=bool)
     if phase != "all":
@@ -76,6 +82,8 @@ def select(
     if steps is not None:
         keep &= np.isin(rows["step"].to_numpy(), np.fromiter(steps, dtype=np.int64))
     within = None if keep.all() else np.flatnonzero(keep)
+    if within is not None and len(rows) < 2**31:
+        within = within.astype(np.int32)
     del keep
     if max_steps is not None and len(rows) and (within is None or len(within)):
         code = _step_codes(_key_columns(rows, within))
@@ -83,7 +91,9 @@ def select(
         chosen = np.isin(code, first)
         if not chosen.all():
             within = np.flatnonzero(chosen) if within is None else within[chosen]
-    seq = _order(rows, within)
+    seq = _order(rows, within, consume=consume)
+    if consume and len(seq.rows):
+        trace.rows = seq.rows.iloc[:0]
     return dataclasses.replace(trace, rows=seq.rows)
 
 
@@ -203,7 +213,6 @@ class _Sequence:
     expert: np.ndarray  # per row
     n_expert: int  # expert ids are < n_expert
     gcell: np.ndarray  # per row: global cell id (cells are contiguous)
-    cell: np.ndarray  # per row: index of the cell in its layer's sequence
     cell_start: np.ndarray  # per cell: first row
     cell_layer_idx: np.ndarray  # per cell
     cell_index: np.ndarray  # per cell: index in its layer's sequence
@@ -215,6 +224,11 @@ class _Sequence:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def cell(self) -> np.ndarray:
+        """Per row: the index of its cell in its layer's sequence (made when asked for)."""
+        return self.cell_index[self.gcell]
 
     def key(self) -> np.ndarray:
         """(layer, expert) as one small integer per row."""
@@ -228,11 +242,15 @@ class _Sequence:
         if self._by_key is None:
             key = self.key()
             order = np.argsort(key, kind="stable")
+            if len(order) < 2**31:
+                order = order.astype(np.int32)
             self._by_key = (order, key[order])
         return self._by_key
 
 
-def _order(rows: pd.DataFrame, within: np.ndarray | None = None) -> _Sequence:
+def _order(
+    rows: pd.DataFrame, within: np.ndarray | None = None, consume: bool = False
+) -> _Sequence:
     """Sort rows layer-major: (layer, turn, step, phase, slot), file order breaking ties.
     `within`: only the rows at these positions (ascending). Each column is copied at most
     once: the selection and the sort are one gather."""
@@ -244,10 +262,12 @@ def _order(rows: pd.DataFrame, within: np.ndarray | None = None) -> _Sequence:
         empty = np.zeros(0, dtype=np.int64)
         return _Sequence(
             rows, layer, empty, empty, rows["expert"].to_numpy(), 0, empty, empty, empty,
-            empty, empty, empty, empty, 0,
+            empty, empty, empty, 0,
         )  # fmt: skip
     layers, layer_idx = _small_unique(layer)
     step_code = _step_codes(cols)
+    for name in ("turn", "phase", "step"):  # in step_code now
+        cols.pop(name, None)
     span = int(step_code.max()) + 1
     if "slot" in cols:
         slot = cols["slot"]
@@ -259,26 +279,27 @@ def _order(rows: pd.DataFrame, within: np.ndarray | None = None) -> _Sequence:
     size = len(layers) * span * nslot
     if size < 2**62:
         kind = np.int32 if size < 2**31 else np.int64
-        cellkey = layer_idx.astype(kind) * kind(span) + step_code.astype(kind)
-        key = cellkey * kind(nslot) + (slot.astype(kind) - kind(slot_lo))
-        if n > 1 and not _ascending(key):
-            file_key = step_code.astype(kind) * kind(len(layers)) + layer_idx.astype(kind)
-            file_key = file_key * kind(nslot) + (slot.astype(kind) - kind(slot_lo))
-            if _ascending(file_key):  # step-major, as engines write: a radix sort by layer
-                small = np.int16 if len(layers) < 32768 else np.int32
-                order = np.argsort(layer_idx.astype(small), kind="stable")
+        # built in place, one array at a time: these run over every row of large traces
+        layer_major = (layers.size, span), (layer_idx, step_code)
+        if n > 1 and not _ascending(_sort_key(*layer_major, slot, slot_lo, nslot, kind)):
+            step_major = (span, layers.size), (step_code, layer_idx)
+            if _ascending(_sort_key(*step_major, slot, slot_lo, nslot, kind)):
+                order = np.argsort(layer_idx, kind="stable")  # as engines write: radix by layer
             else:
-                order = np.argsort(key, kind="stable")
-            del file_key
-        del key
+                order = np.argsort(
+                    _sort_key(*layer_major, slot, slot_lo, nslot, kind), kind="stable"
+                )
     else:  # astronomically sparse step axis: sort by columns instead
         order = np.lexsort((slot, step_code, layer_idx))
     del cols, slot
     if order is not None:
         layer, layer_idx, step_code = layer[order], layer_idx[order], step_code[order]
-        rows = _take(rows, order if within is None else within[order])
+        take = order if within is None else within[order]
+        del order
+        rows = _take(rows, take, consume)
+        del take
     elif within is not None:
-        rows = _take(rows, within)
+        rows = _take(rows, within, consume)
     else:
         rows = rows.reset_index(drop=True)
     new = np.empty(n, dtype=bool)
@@ -305,7 +326,6 @@ def _order(rows: pd.DataFrame, within: np.ndarray | None = None) -> _Sequence:
         expert=expert,
         n_expert=n_expert,
         gcell=gcell,
-        cell=cell_index[gcell],
         cell_start=cell_start,
         cell_layer_idx=cell_layer_idx.astype(np.int32),
         cell_index=cell_index,
@@ -319,9 +339,36 @@ def _ascending(values: np.ndarray) -> bool:
     return bool((values[1:] >= values[:-1]).all())
 
 
-def _take(rows: pd.DataFrame, order: np.ndarray) -> pd.DataFrame:
-    """Rows in `order`, column by column (faster than DataFrame.take on wide int frames)."""
-    return pd.DataFrame({c: rows[c].to_numpy()[order] for c in rows.columns})
+def _sort_key(
+    sizes: tuple[int, int],
+    parts: tuple[np.ndarray, np.ndarray],
+    slot: np.ndarray,
+    slot_lo: int,
+    nslot: int,
+    kind: type,
+) -> np.ndarray:
+    """(major, minor, slot) as one integer per row: major * sizes[1] + minor, then slot."""
+    key = parts[0].astype(kind)
+    key *= kind(sizes[1])
+    np.add(key, parts[1], out=key, casting="unsafe")
+    if nslot > 1:
+        key *= kind(nslot)
+        np.add(key, slot, out=key, casting="unsafe")
+        if slot_lo:
+            key -= kind(slot_lo)
+    return key
+
+
+def _take(rows: pd.DataFrame, order: np.ndarray, consume: bool = False) -> pd.DataFrame:
+    """Rows in `order`, column by column (faster than DataFrame.take on wide int frames);
+    `consume` deletes each column from `rows` once copied, so the two frames together never
+    hold much more than one."""
+    out = {}
+    for c in list(rows.columns):
+        out[c] = rows[c].to_numpy()[order]
+        if consume:
+            del rows[c]
+    return pd.DataFrame(out, copy=False)
 
 
 def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -330,9 +377,10 @@ def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if hi - lo > 1_000_000:
         uniq, inverse = np.unique(values, return_inverse=True)
         return uniq, inverse
-    shifted = (values.astype(np.int64) - lo).astype(np.intp)
+    shifted = values.astype(np.int32)
+    shifted -= np.int32(lo)
     present = np.bincount(shifted) > 0
-    lut = np.cumsum(present) - 1
+    lut = (np.cumsum(present) - 1).astype(np.int16 if present.sum() < 32768 else np.int32)
     return (np.flatnonzero(present) + lo).astype(values.dtype), lut[shifted]
 
 
@@ -370,10 +418,15 @@ def _sanity(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
     wmin = wmax = np.nan
     weighed = 0
     if "weight" in seq.rows and n_cells:
-        w = seq.rows["weight"].to_numpy(np.float64)
-        known = ~np.isnan(w)
-        complete = np.logical_and.reduceat(known, seq.cell_start)  # cells are contiguous
-        sums = np.add.reduceat(np.where(known, w, 0.0), seq.cell_start)
+        weight = seq.rows["weight"].to_numpy()
+        complete = np.empty(n_cells, dtype=bool)
+        sums = np.empty(n_cells)
+        for a, b, lo, hi in _cell_blocks(seq):  # cells are contiguous
+            w = weight[lo:hi].astype(np.float64)
+            known = ~np.isnan(w)
+            starts = seq.cell_start[a:b] - lo
+            complete[a:b] = np.logical_and.reduceat(known, starts)
+            sums[a:b] = np.add.reduceat(np.where(known, w, 0.0), starts)
         weighed = int(complete.sum())
         if weighed:
             wmin, wmax = float(sums[complete].min()), float(sums[complete].max())
@@ -467,7 +520,11 @@ def reuse_distances(trace: Trace) -> pd.DataFrame:
     """Every reuse, long form: layer, expert, the step of the reuse and its distance in
     cells of the layer's step sequence (not in step numbers)."""
     seq, _ = _sequence(trace)
-    layer_idx, expert, dist, rows = _reuse_pairs(seq)
+    same, dist = _reuse_pairs(seq)
+    order, key = seq.by_key()
+    k = key[1:][same]
+    n = max(seq.n_expert, 1)
+    layer_idx, expert, rows = k // n, k % n, order[1:][same]
     return pd.DataFrame(
         {
             "layer": seq.layers[layer_idx].astype(np.int64),
@@ -478,16 +535,16 @@ def reuse_distances(trace: Trace) -> pd.DataFrame:
     )
 
 
-def _reuse_pairs(seq: _Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _reuse_pairs(seq: _Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """The reuses, in by-key order: a mask over positions 1.. of ``seq.by_key()`` (the
+    routing there repeats the key before it), and each reuse's distance in cells."""
     order, key = seq.by_key()
     if len(key) < 2:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, empty
-    cell = seq.cell[order]
+        return np.zeros(max(len(key) - 1, 0), dtype=bool), np.zeros(0, dtype=np.int32)
     same = key[1:] == key[:-1]
-    dist = (cell[1:] - cell[:-1])[same]
-    k = key[1:][same].astype(np.int64)
-    return k // seq.n_expert, k % seq.n_expert, dist, order[1:][same]
+    cell = seq.cell_index[seq.gcell[order]]
+    dist = np.diff(cell)[same]
+    return same, dist
 
 
 def _quantile_index(n: np.ndarray, q: float) -> np.ndarray:
@@ -504,10 +561,19 @@ def reuse(trace: Trace) -> pd.DataFrame:
 
 def _reuse(seq: _Sequence) -> pd.DataFrame:
     n_layers = seq.n_layers
-    layer_idx, _, dist, _ = _reuse_pairs(seq)
-    n_reuse = np.bincount(layer_idx, minlength=n_layers)
+    same, dist = _reuse_pairs(seq)
+    _, key = seq.by_key()
+    code = (key[1:][same] // max(seq.n_expert, 1)).astype(np.int32)  # layer index
+    del same
+    n_reuse = np.bincount(code, minlength=n_layers)
     top = int(dist.max()) + 1 if len(dist) else 1
-    hist = np.bincount(layer_idx * top + dist, minlength=n_layers * top).reshape(n_layers, top)
+    if n_layers * top >= 2**31:
+        code = code.astype(np.int64)
+    code *= top
+    code += dist
+    del dist
+    hist = np.bincount(code, minlength=n_layers * top).reshape(n_layers, top)
+    del code
     cum = np.cumsum(hist, axis=1)
     figures: dict[str, Any] = {"n_reuse": n_reuse.astype(np.int64)}
     for q in REUSE_QUANTILES:
@@ -516,7 +582,6 @@ def _reuse(seq: _Sequence) -> pd.DataFrame:
         figures[f"p{round(q * 100)}"] = np.where(n_reuse > 0, value, -1)
     last = top - 1 - (hist[:, ::-1] > 0).argmax(axis=1)
     figures["max"] = np.where(n_reuse > 0, last, -1)
-    _, key = seq.by_key()
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
     counts = np.diff(np.append(start, len(key)))
     once_layer = key[start][counts == 1].astype(np.int64) // max(seq.n_expert, 1)
@@ -539,19 +604,25 @@ def overlap(trace: Trace, lags: Sequence[int] = OVERLAP_LAGS) -> pd.DataFrame:
     return _overlap(seq, lags)
 
 
-def _cell_sets(seq: _Sequence, block: int = 1 << 20) -> np.ndarray:
+def _cell_blocks(seq: _Sequence, block: int = 1 << 20) -> Iterable[tuple[int, int, int, int]]:
+    """Consecutive blocks of whole cells of about `block` rows: (first cell, end cell, first
+    row, end row). Per-cell work block by block keeps its scratch memory bounded."""
+    n_cells, n_rows = len(seq.cell_start), len(seq.expert)
+    bounds = np.unique(np.searchsorted(seq.cell_start, np.arange(0, n_rows, block)))
+    for a, b in itertools.pairwise([*bounds.tolist(), n_cells]):
+        if a < b:
+            lo = int(seq.cell_start[a])
+            yield a, b, lo, int(seq.cell_start[b]) if b < n_cells else n_rows
+
+
+def _cell_sets(seq: _Sequence) -> np.ndarray:
     """Each cell's set of experts as a bitmask: (cells, words) uint64, expert e at bit e % 64
-    of word e // 64. Built a block of about `block` rows at a time (bounded scratch memory)."""
+    of word e // 64."""
     n_cells = len(seq.cell_start)
     words = max(1, (seq.n_expert + 63) // 64)
     masks = np.zeros((n_cells, words), dtype=np.uint64)
     one = np.uint64(1)
-    bounds = np.searchsorted(seq.cell_start, np.arange(0, len(seq.expert), block))
-    for a, b in itertools.pairwise([*bounds.tolist(), n_cells]):
-        if a == b:
-            continue
-        lo = int(seq.cell_start[a])
-        hi = int(seq.cell_start[b]) if b < n_cells else len(seq.expert)
+    for a, b, lo, hi in _cell_blocks(seq):
         expert = seq.expert[lo:hi]
         bit = np.left_shift(one, (expert & 63).astype(np.uint64))
         word = expert >> 6
@@ -678,10 +749,10 @@ def _cache(seq: _Sequence) -> pd.DataFrame:
     cols = ("miss_pct", "hit_pct", "prefetch_pct")
     if "residency" not in seq.rows:
         return pd.DataFrame(columns=["layer", *cols, "routings"])
-    res = seq.rows["residency"].to_numpy(np.int64)
-    counts = np.bincount(
-        seq.layer_idx.astype(np.int64) * 3 + np.clip(res, 0, 2), minlength=seq.n_layers * 3
-    ).reshape(seq.n_layers, 3)
+    code = seq.layer_idx.astype(np.int64 if seq.n_layers >= 2**29 else np.int32) * 3
+    np.add(code, np.clip(seq.rows["residency"].to_numpy(), 0, 2), out=code, casting="unsafe")
+    counts = np.bincount(code, minlength=seq.n_layers * 3).reshape(seq.n_layers, 3)
+    del code
     routings = np.bincount(seq.layer_idx, minlength=seq.n_layers)
     with np.errstate(invalid="ignore", divide="ignore"):
         share = 100.0 * counts / routings[:, None]
@@ -733,16 +804,19 @@ def _entropy(seq: _Sequence) -> pd.DataFrame:
         return _layer_frame(
             seq, entropy_bits=np.full(seq.n_layers, np.nan), top1_pct=np.full(seq.n_layers, np.nan)
         )
-    w = seq.rows["weight"].to_numpy(np.float64)
-    known = ~np.isnan(w)
-    wk = np.where(known, w, 0.0)
-    total = np.add.reduceat(wk, seq.cell_start)  # cells are contiguous
-    pos = wk > 0
-    wlogw = np.zeros_like(wk)
-    wlogw[pos] = wk[pos] * np.log2(wk[pos])
-    acc = np.add.reduceat(wlogw, seq.cell_start)
-    del wlogw, pos
-    top = np.maximum.reduceat(np.where(known, w, -np.inf), seq.cell_start)
+    weight = seq.rows["weight"].to_numpy()
+    total, acc, top = np.empty(n_cells), np.empty(n_cells), np.empty(n_cells)
+    for a, b, lo, hi in _cell_blocks(seq):  # cells are contiguous
+        w = weight[lo:hi].astype(np.float64)
+        known = ~np.isnan(w)
+        wk = np.where(known, w, 0.0)
+        starts = seq.cell_start[a:b] - lo
+        total[a:b] = np.add.reduceat(wk, starts)
+        pos = wk > 0
+        wlogw = np.zeros_like(wk)
+        wlogw[pos] = wk[pos] * np.log2(wk[pos])
+        acc[a:b] = np.add.reduceat(wlogw, starts)
+        top[a:b] = np.maximum.reduceat(np.where(known, w, -np.inf), starts)
     ok = total > 0
     safe = np.where(ok, total, 1.0)
     bits = np.log2(safe) - acc / safe
