@@ -327,3 +327,17 @@ def test_routing_grid_places_every_routing() -> None:
     for r in dec.sample(20, random_state=0).itertuples():
         assert grid.loc[r.step, (r.layer, r.slot)] == r.expert
     assert (grid.to_numpy() >= 0).all()
+
+
+def test_select_consume_moves_the_rows_out() -> None:
+    rows = cells({s: {0: [1, 2], 1: [3, 4]} for s in range(5)}) + cells({9: {0: [5, 6]}}, phase=0)
+    trace = make_trace(rows)
+    expect = route.select(make_trace(rows), "decode")
+    got = route.select(trace, "decode", consume=True)
+    pd.testing.assert_frame_equal(got.rows, expect.rows)
+    assert len(trace.rows) == 0 and list(trace.rows.columns) == list(expect.rows.columns)
+    assert route.caveats(trace, got, "decode") == route.caveats(make_trace(rows), expect, "decode")
+    # nothing selected: nothing moved, so the caveats can still describe the whole trace
+    whole = make_trace(rows)
+    assert not len(route.select(whole, "decode", layers=[7], consume=True).rows)
+    assert len(whole.rows) == len(rows)

@@ -101,3 +101,26 @@ def test_unknown_and_missing_columns_take_the_careful_path(tmp_path: Path, monke
             assert streamed == careful
         else:
             pd.testing.assert_frame_equal(streamed.rows, careful.rows)
+
+
+def test_validate_in_engine_order_agrees_with_the_general_checks(tmp_path: Path) -> None:
+    """The one-pass order checks (a trace as engines write it) find what the general ones
+    find: a repeated row, a cell of the wrong size; a step going back is out of order."""
+    from bmoe.formats.validate import validate_file
+
+    path = tmp_path / "t.route.csv"
+    write_trace(path, steps=40)
+    lines = path.read_text().splitlines(keepends=True)
+    n_head = sum(ln.startswith("#") for ln in lines) + 1  # the preamble and the header
+    head, body = lines[:n_head], lines[n_head:]
+    damaged = [*body[:100], body[99], *body[100:150], *body[151:]]  # repeat a row, drop one
+    path.write_text("".join(head + damaged))
+    in_order = {(f.severity, f.message.split(" (")[0]) for f in validate_file(path)}
+    shuffled = tmp_path / "s.route.csv"
+    order = np.random.default_rng(1).permutation(len(damaged))
+    shuffled.write_text("".join(head + [damaged[i] for i in order]))
+    general = {(f.severity, f.message.split(" (")[0]) for f in validate_file(shuffled)}
+    assert ("error", "(turn, phase, step, layer, slot) repeats an earlier row") in in_order
+    assert any("do not hold n_expert_used=2 rows" in m for _, m in in_order)
+    # the shuffled file also has steps going back, which the in-order one cannot have
+    assert in_order == general - {("error", "step goes back within its turn, phase and layer")}
