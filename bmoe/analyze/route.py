@@ -81,17 +81,12 @@ def select(
         keep &= np.isin(rows["layer"].to_numpy(), np.fromiter(layers, dtype=np.int64))
     if steps is not None:
         keep &= np.isin(rows["step"].to_numpy(), np.fromiter(steps, dtype=np.int64))
-    within = None if keep.all() else np.flatnonzero(keep)
-    if within is not None and len(rows) < 2**31:
-        within = within.astype(np.int32)
-    del keep
-    if max_steps is not None and len(rows) and (within is None or len(within)):
+    if max_steps is not None and keep.any():
+        within = np.flatnonzero(keep)
         code = _step_codes(_key_columns(rows, within))
-        first = np.unique(code)[:max_steps]
-        chosen = np.isin(code, first)
-        if not chosen.all():
-            within = np.flatnonzero(chosen) if within is None else within[chosen]
-    seq = _order(rows, within, consume=consume)
+        keep[within[~np.isin(code, np.unique(code)[:max_steps])]] = False
+        del within, code
+    seq = _order(rows, keep, consume=consume)
     if consume and len(seq.rows):
         trace.rows = seq.rows.iloc[:0]
     return dataclasses.replace(trace, rows=seq.rows)
@@ -248,23 +243,23 @@ class _Sequence:
         return self._by_key
 
 
-def _order(
-    rows: pd.DataFrame, within: np.ndarray | None = None, consume: bool = False
-) -> _Sequence:
+def _order(rows: pd.DataFrame, keep: np.ndarray | None = None, consume: bool = False) -> _Sequence:
     """Sort rows layer-major: (layer, turn, step, phase, slot), file order breaking ties.
-    `within`: only the rows at these positions (ascending). Each column is copied at most
-    once: the selection and the sort are one gather."""
-    cols = _key_columns(rows, within)
-    n = len(cols["layer"])
-    layer = cols["layer"]
+    `keep`: only the rows where this mask holds. The order is worked out on the whole
+    frame's columns in place (a stable sort commutes with the selection), then each column is
+    copied once: the selection and the sort are one gather."""
+    if keep is not None and keep.all():
+        keep = None
+    n = len(rows) if keep is None else int(np.count_nonzero(keep))
     if n == 0:
         rows = rows.iloc[:0].reset_index(drop=True)
         empty = np.zeros(0, dtype=np.int64)
         return _Sequence(
-            rows, layer, empty, empty, rows["expert"].to_numpy(), 0, empty, empty, empty,
-            empty, empty, empty, 0,
+            rows, rows["layer"].to_numpy(), empty, empty, rows["expert"].to_numpy(), 0, empty,
+            empty, empty, empty, empty, empty, 0,
         )  # fmt: skip
-    layers, layer_idx = _small_unique(layer)
+    cols = _key_columns(rows)
+    layers, layer_idx = _small_unique(cols["layer"])
     step_code = _step_codes(cols)
     for name in ("turn", "phase", "step"):  # in step_code now
         cols.pop(name, None)
@@ -274,14 +269,14 @@ def _order(
         slot_lo = min(0, int(slot.min()))
         nslot = int(slot.max()) - slot_lo + 1
     else:
-        slot, slot_lo, nslot = np.zeros(n, dtype=np.int8), 0, 1
+        slot, slot_lo, nslot = np.zeros(len(rows), dtype=np.int8), 0, 1
     order = None
     size = len(layers) * span * nslot
     if size < 2**62:
         kind = np.int32 if size < 2**31 else np.int64
         # built in place, one array at a time: these run over every row of large traces
         layer_major = (layers.size, span), (layer_idx, step_code)
-        if n > 1 and not _ascending(_sort_key(*layer_major, slot, slot_lo, nslot, kind)):
+        if len(rows) > 1 and not _ascending(_sort_key(*layer_major, slot, slot_lo, nslot, kind)):
             step_major = (span, layers.size), (step_code, layer_idx)
             if _ascending(_sort_key(*step_major, slot, slot_lo, nslot, kind)):
                 order = np.argsort(layer_idx, kind="stable")  # as engines write: radix by layer
@@ -292,16 +287,26 @@ def _order(
     else:  # astronomically sparse step axis: sort by columns instead
         order = np.lexsort((slot, step_code, layer_idx))
     del cols, slot
-    if order is not None:
-        layer, layer_idx, step_code = layer[order], layer_idx[order], step_code[order]
-        take = order if within is None else within[order]
-        del order
+    if keep is None:
+        take = order
+    elif order is None:
+        take = np.flatnonzero(keep)
+    else:
+        take = order[keep[order]]
+    del order
+    if take is not None:
+        if len(take) < 2**31:
+            take = take.astype(np.int32)
+        step_code = step_code[take]
+        if keep is None:
+            layer_idx = layer_idx[take]
         rows = _take(rows, take, consume)
         del take
-    elif within is not None:
-        rows = _take(rows, within, consume)
     else:
         rows = rows.reset_index(drop=True)
+    layer = rows["layer"].to_numpy()
+    if keep is not None:  # the layers of the selection, not of the whole frame
+        layers, layer_idx = _small_unique(layer)
     new = np.empty(n, dtype=bool)
     new[0] = True
     new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
