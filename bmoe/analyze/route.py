@@ -126,7 +126,17 @@ def _step_codes(cols: Mapping[str, Any]) -> np.ndarray:
 def count_steps(trace: Trace) -> int:
     """Distinct steps (token positions, per turn and phase) in the trace's rows."""
     rows = trace.rows if isinstance(trace, RouteTrace) else trace
-    return len(np.unique(_step_codes(_key_columns(rows)))) if len(rows) else 0
+    return _count_distinct(_step_codes(_key_columns(rows))) if len(rows) else 0
+
+
+def _count_distinct(values: np.ndarray) -> int:
+    """len(np.unique(values)), without sorting when the values span a small range."""
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + 1024:
+        return len(np.unique(values))
+    seen = np.zeros(hi - lo + 1, dtype=bool)
+    seen[values - values.dtype.type(lo)] = True
+    return int(np.count_nonzero(seen))
 
 
 def caveats(
@@ -164,7 +174,7 @@ def caveats(
                 f"({100 * dropped / len(rows):.1f}%) were discarded and never read. The figures "
                 "describe what the ROUTER asked for; a drop replay shows what it cost."
             )
-    layers = np.unique(rows["layer"].to_numpy())
+    layers, _ = _small_unique(rows["layer"].to_numpy())
     sizes = trace.expert_bytes()
     missing = [int(x) for x in layers if int(x) not in sizes]
     if missing:
@@ -220,6 +230,11 @@ class _Sequence:
     def n_layers(self) -> int:
         return len(self.layers)
 
+    def layer_blocks(self) -> list[tuple[int, int]]:
+        """(first row, end row) of each layer's rows, in layer order."""
+        bounds = np.r_[0, np.flatnonzero(np.diff(self.layer_idx)) + 1, len(self.layer_idx)]
+        return list(itertools.pairwise(bounds.tolist())) if len(self.layer_idx) else []
+
     @property
     def cell(self) -> np.ndarray:
         """Per row: the index of its cell in its layer's sequence (made when asked for)."""
@@ -236,9 +251,13 @@ class _Sequence:
         """Row order sorted by (layer, expert), stable (so cell order within); and the keys."""
         if self._by_key is None:
             key = self.key()
-            order = np.argsort(key, kind="stable")
-            if len(order) < 2**31:
-                order = order.astype(np.int32)
+            n = len(key)
+            order = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+            # rows are layer-major: sorting by expert inside each layer's rows sorts by key,
+            # with one small sort (and its scratch) per layer
+            for a, b in self.layer_blocks():
+                order[a:b] = np.argsort(self.expert[a:b], kind="stable")
+                order[a:b] += a
             self._by_key = (order, key[order])
         return self._by_key
 
@@ -336,7 +355,7 @@ def _order(rows: pd.DataFrame, keep: np.ndarray | None = None, consume: bool = F
         cell_index=cell_index,
         cell_step_code=cell_step_code,
         cells_per_layer=cells_per_layer,
-        n_steps=len(np.unique(cell_step_code)),
+        n_steps=_count_distinct(cell_step_code),
     )
 
 
@@ -565,32 +584,32 @@ def reuse(trace: Trace) -> pd.DataFrame:
 
 
 def _reuse(seq: _Sequence) -> pd.DataFrame:
+    """Layer by layer (the by-key order keeps each layer's rows together), so the scratch
+    arrays are one layer's."""
     n_layers = seq.n_layers
-    same, dist = _reuse_pairs(seq)
-    _, key = seq.by_key()
-    code = (key[1:][same] // max(seq.n_expert, 1)).astype(np.int32)  # layer index
-    del same
-    n_reuse = np.bincount(code, minlength=n_layers)
-    top = int(dist.max()) + 1 if len(dist) else 1
-    if n_layers * top >= 2**31:
-        code = code.astype(np.int64)
-    code *= top
-    code += dist
-    del dist
-    hist = np.bincount(code, minlength=n_layers * top).reshape(n_layers, top)
-    del code
-    cum = np.cumsum(hist, axis=1)
-    figures: dict[str, Any] = {"n_reuse": n_reuse.astype(np.int64)}
+    order, key = seq.by_key()
+    n_reuse = np.zeros(n_layers, dtype=np.int64)
+    quantiles = {q: np.full(n_layers, -1, dtype=np.int64) for q in REUSE_QUANTILES}
+    longest = np.full(n_layers, -1, dtype=np.int64)
+    never = np.zeros(n_layers, dtype=np.int64)
+    for a, b in seq.layer_blocks():
+        i = int(seq.layer_idx[a])
+        k = key[a:b]
+        same = k[1:] == k[:-1]
+        dist = np.diff(seq.cell_index[seq.gcell[order[a:b]]])[same]
+        starts = np.flatnonzero(np.r_[True, ~same])
+        never[i] = int((np.diff(np.append(starts, b - a)) == 1).sum())
+        n_reuse[i] = len(dist)
+        if len(dist):
+            cum = np.cumsum(np.bincount(dist))
+            for q in REUSE_QUANTILES:
+                quantiles[q][i] = int((cum > _quantile_index(np.array(len(dist)), q)).argmax())
+            longest[i] = len(cum) - 1
+    figures: dict[str, Any] = {"n_reuse": n_reuse}
     for q in REUSE_QUANTILES:
-        idx = _quantile_index(n_reuse, q)
-        value = (cum > idx[:, None]).argmax(axis=1)
-        figures[f"p{round(q * 100)}"] = np.where(n_reuse > 0, value, -1)
-    last = top - 1 - (hist[:, ::-1] > 0).argmax(axis=1)
-    figures["max"] = np.where(n_reuse > 0, last, -1)
-    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
-    counts = np.diff(np.append(start, len(key)))
-    once_layer = key[start][counts == 1].astype(np.int64) // max(seq.n_expert, 1)
-    figures["never_2nd"] = np.bincount(once_layer, minlength=n_layers).astype(np.int64)
+        figures[f"p{round(q * 100)}"] = quantiles[q]
+    figures["max"] = longest
+    figures["never_2nd"] = never
     frame = _layer_frame(seq, **figures)
     for col in ("p50", "p90", "max"):  # no reuse at all: unknown, not zero
         frame[col] = frame[col].astype("Int64").mask(frame["n_reuse"] == 0)
@@ -754,11 +773,13 @@ def _cache(seq: _Sequence) -> pd.DataFrame:
     cols = ("miss_pct", "hit_pct", "prefetch_pct")
     if "residency" not in seq.rows:
         return pd.DataFrame(columns=["layer", *cols, "routings"])
-    code = seq.layer_idx.astype(np.int64 if seq.n_layers >= 2**29 else np.int32) * 3
-    np.add(code, np.clip(seq.rows["residency"].to_numpy(), 0, 2), out=code, casting="unsafe")
-    counts = np.bincount(code, minlength=seq.n_layers * 3).reshape(seq.n_layers, 3)
-    del code
-    routings = np.bincount(seq.layer_idx, minlength=seq.n_layers)
+    res = seq.rows["residency"].to_numpy()
+    counts = np.zeros((seq.n_layers, 3), dtype=np.int64)
+    routings = np.zeros(seq.n_layers, dtype=np.int64)
+    for a, b in seq.layer_blocks():  # one layer's rows at a time
+        i = int(seq.layer_idx[a])
+        counts[i] = np.bincount(np.clip(res[a:b], 0, 2), minlength=3)[:3]
+        routings[i] = b - a
     with np.errstate(invalid="ignore", divide="ignore"):
         share = 100.0 * counts / routings[:, None]
     frame = _layer_frame(seq, **{c: share[:, i] for i, c in enumerate(cols)})
@@ -852,11 +873,10 @@ def bytes_read(trace: Trace) -> pd.DataFrame:
 
 def _bytes(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
     if "expert_bytes" in seq.rows:
-        read = np.bincount(
-            seq.layer_idx,
-            weights=seq.rows["expert_bytes"].to_numpy(np.float64),
-            minlength=seq.n_layers,
-        )
+        values = seq.rows["expert_bytes"].to_numpy()
+        read = np.zeros(seq.n_layers)
+        for a, b in seq.layer_blocks():  # exact integer sums, one layer's rows at a time
+            read[int(seq.layer_idx[a])] = float(values[a:b].sum(dtype=np.int64))
     else:
         read = np.full(seq.n_layers, np.nan)
     one = _sizes(trace)
