@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -45,7 +45,7 @@ RESIDENCY_LETTERS = {0: "M", 1: "H", 2: "P"}
 MATRIX_STEPS = 20  # steps the matrix shows when no window was chosen
 ALL = "ALL"
 
-Trace = RouteTrace | pd.DataFrame
+Trace: TypeAlias = RouteTrace | pd.DataFrame
 
 
 # ----------------------------------------------------------------------------- selection
@@ -109,14 +109,12 @@ def _step_codes(cols: Mapping[str, Any]) -> np.ndarray:
     lo, hi = int(step.min()), int(step.max())
     span = hi - lo + 1
     turns = int(turn.max()) + 1 if turn is not None else 1
-    kind = (
-        np.int32
-        if turns * span * 2 < 2**31 and (turn is None or int(turn.min()) >= 0)
-        else np.int64
-    )
-    code = step.astype(kind) - kind(lo)
+    small = turns * span * 2 < 2**31 and (turn is None or int(turn.min()) >= 0)
+    kind: type[np.signedinteger] = np.int32 if small else np.int64
+    code: np.ndarray = step.astype(kind)
+    code -= lo
     if turn is not None:
-        code += turn.astype(kind) * kind(span)
+        code += turn.astype(kind) * span
     code *= 2
     if "phase" in cols:
         code += np.asarray(cols["phase"]).astype(kind)
@@ -193,9 +191,11 @@ def caveats(
 
 def _ranges(values: Sequence[int]) -> str:
     """``0-3,7`` for [0, 1, 2, 3, 7]."""
-    out, start, prev = [], None, None
+    out: list[str] = []
+    start: int | None = None
+    prev: int | None = None
     for v in [*sorted(values), None]:
-        if start is not None and (v is None or v != prev + 1):
+        if start is not None and prev is not None and (v is None or v != prev + 1):
             out.append(str(start) if start == prev else f"{start}-{prev}")
             start = None
         if v is not None and start is None:
@@ -242,7 +242,9 @@ class _Sequence:
 
     def key(self) -> np.ndarray:
         """(layer, expert) as one small integer per row."""
-        kind = np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
+        kind: type[np.signedinteger] = (
+            np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
+        )
         return (
             self.layer_idx.astype(kind) * kind(self.n_expert) + self.expert.astype(kind)
         ).astype(kind, copy=False)
@@ -252,7 +254,7 @@ class _Sequence:
         if self._by_key is None:
             key = self.key()
             n = len(key)
-            order = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+            order: np.ndarray = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
             # rows are layer-major: sorting by expert inside each layer's rows sorts by key,
             # with one small sort (and its scratch) per layer
             for a, b in self.layer_blocks():
@@ -369,17 +371,17 @@ def _sort_key(
     slot: np.ndarray,
     slot_lo: int,
     nslot: int,
-    kind: type,
+    kind: type[np.signedinteger],
 ) -> np.ndarray:
     """(major, minor, slot) as one integer per row: major * sizes[1] + minor, then slot."""
-    key = parts[0].astype(kind)
-    key *= kind(sizes[1])
+    key: np.ndarray = parts[0].astype(kind)
+    key *= sizes[1]
     np.add(key, parts[1], out=key, casting="unsafe")
     if nslot > 1:
-        key *= kind(nslot)
+        key *= nslot
         np.add(key, slot, out=key, casting="unsafe")
         if slot_lo:
-            key -= kind(slot_lo)
+            key -= slot_lo
     return key
 
 
@@ -727,7 +729,9 @@ def _workset(
     one = np.array([sizes.get(int(x), np.nan) for x in seq.layers], dtype=np.float64)
     cols["union_mib"] = distinct * one / MIB
     frame = _layer_frame(seq, **cols)
-    totals = {c: int(frame[c].sum()) for c in frame.columns if c not in ("layer", "union_mib")}
+    totals: dict[str, float] = {
+        c: int(frame[c].sum()) for c in frame.columns if c not in ("layer", "union_mib")
+    }
     totals["union_mib"] = float(frame["union_mib"].sum(skipna=False))
     return _with_all_row(frame, totals)
 

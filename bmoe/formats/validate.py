@@ -239,6 +239,7 @@ def _check_route(trace: Any, rep: _Report) -> None:
     in_order = packed is not None and bool((packed[1:] >= packed[:-1]).all())
     if len(cell) == 5 and len(rows):
         if in_order:
+            assert packed is not None
             dup = np.zeros(len(rows), dtype=bool)
             dup[1:] = packed[1:] == packed[:-1]
         else:
