@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from bmoe.analyze import route
+from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -341,3 +342,44 @@ def test_select_consume_moves_the_rows_out() -> None:
     whole = make_trace(rows)
     assert not len(route.select(whole, "decode", layers=[7], consume=True).rows)
     assert len(whole.rows) == len(rows)
+
+
+def _random_trace(seed: int = 3) -> RouteTrace:
+    """5 layers x 12 experts, top-3: 6 prefill steps (the last layer routes only the final
+    prompt token) and 50 decode steps, in engine order; some weights unknown."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for step in range(56):
+        phase = int(step >= 6)
+        for layer in range(5):
+            if layer == 4 and step < 5:
+                continue
+            for slot, e in enumerate(rng.choice(12, 3, replace=False)):
+                res = int(rng.integers(0, 3))
+                w = float("nan") if rng.random() < 0.05 else round(float(rng.random()), 3)
+                records.append(
+                    (0, phase, step, layer, slot, int(e), w, res, 1048576 * (res == 0), 0)
+                )
+    return make_trace(records, k=3, n_expert=12)
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill", "all"])
+@pytest.mark.parametrize("max_rows", [1, 200, 10**9])
+def test_views_in_passes_equal_the_views(phase: str, max_rows: int) -> None:
+    trace = _random_trace()
+    rows = trace.rows
+
+    def blocks():
+        return (rows.iloc[a : a + 97].reset_index(drop=True) for a in range(0, len(rows), 97))
+
+    expect = route.route_views(route.select(trace, phase))
+    got = route.route_views_in_passes(blocks, trace, phase=phase, max_rows=max_rows)
+    assert list(got) == list(expect)
+    for name, frame in expect.items():
+        pd.testing.assert_frame_equal(got[name], frame, check_exact=False, rtol=1e-9)
+
+
+def test_views_in_passes_refuse_the_matrix() -> None:
+    trace = _random_trace()
+    with pytest.raises(BmoeError, match="cannot be analysed in passes"):
+        route.route_views_in_passes(lambda: [trace.rows], trace, ["matrix"])

@@ -124,3 +124,28 @@ def test_validate_in_engine_order_agrees_with_the_general_checks(tmp_path: Path)
     assert any("do not hold n_expert_used=2 rows" in m for _, m in in_order)
     # the shuffled file also has steps going back, which the in-order one cannot have
     assert in_order == general - {("error", "step goes back within its turn, phase and layer")}
+
+
+def test_rows_in_blocks_are_the_rows(tmp_path: Path, monkeypatch) -> None:
+    from bmoe.formats.route import iter_route_rows, read_route_preamble
+
+    path = tmp_path / "t.route.csv"
+    write_trace(path)
+    whole = read_route_trace(path).rows
+    head = read_route_preamble(path)
+    assert head.meta == META and head.expert_bytes() == {0: 1 << 20, 1: 1 << 20, 2: 1 << 20}
+    assert not len(head.rows) and (head.rows.dtypes == whole.dtypes).all()
+    monkeypatch.setattr(csvtable, "STREAM_ABOVE", -1)
+    monkeypatch.setattr(csvtable, "BLOCK_SIZE", 4096)
+    monkeypatch.setattr(route_format, "BLOCK_SIZE", 4096)
+    blocks = list(iter_route_rows(path, rows=1000))
+    assert len(blocks) > 3
+    pd.testing.assert_frame_equal(pd.concat(blocks, ignore_index=True), whole)
+    # a number too wide for its column half-way: the blocks already given are not repeated
+    text = path.read_text()
+    path.write_text(
+        text[: len(text) // 2] + text[len(text) // 2 :].replace(",1,0,", ",1,99999,", 1)
+    )
+    again = pd.concat(iter_route_rows(path, rows=1000), ignore_index=True)
+    assert len(again) == len(whole)
+    assert again["slot"].max() == 99999

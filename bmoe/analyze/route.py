@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -69,6 +69,26 @@ def select(
     built (`trace` keeps its columns, with no rows, when the selection is not empty): the
     peak is one frame instead of two, for callers done with the whole trace."""
     rows = trace.rows
+    keep = _kept(rows, phase, turn, layers, steps)
+    if max_steps is not None and keep.any():
+        within = np.flatnonzero(keep)
+        code = _step_codes(_key_columns(rows, within))
+        keep[within[~np.isin(code, np.unique(code)[:max_steps])]] = False
+        del within, code
+    seq = _order(rows, keep, consume=consume)
+    if consume and len(seq.rows):
+        trace.rows = seq.rows.iloc[:0]
+    return dataclasses.replace(trace, rows=seq.rows)
+
+
+def _kept(
+    rows: pd.DataFrame,
+    phase: str,
+    turn: int | None,
+    layers: Collection[int] | None,
+    steps: Collection[int] | None,
+) -> np.ndarray:
+    """The rows of one phase (or all), one turn, some layers and some steps, as a mask."""
     keep = np.ones(len(rows), dtype=bool)
     if phase != "all":
         if phase not in PHASES:
@@ -81,15 +101,7 @@ def select(
         keep &= np.isin(rows["layer"].to_numpy(), np.fromiter(layers, dtype=np.int64))
     if steps is not None:
         keep &= np.isin(rows["step"].to_numpy(), np.fromiter(steps, dtype=np.int64))
-    if max_steps is not None and keep.any():
-        within = np.flatnonzero(keep)
-        code = _step_codes(_key_columns(rows, within))
-        keep[within[~np.isin(code, np.unique(code)[:max_steps])]] = False
-        del within, code
-    seq = _order(rows, keep, consume=consume)
-    if consume and len(seq.rows):
-        trace.rows = seq.rows.iloc[:0]
-    return dataclasses.replace(trace, rows=seq.rows)
+    return keep
 
 
 _KEY_COLUMNS = ("turn", "phase", "step", "layer", "slot")
@@ -728,7 +740,10 @@ def _workset(
     distinct = np.bincount(layer_idx, minlength=seq.n_layers)
     one = np.array([sizes.get(int(x), np.nan) for x in seq.layers], dtype=np.float64)
     cols["union_mib"] = distinct * one / MIB
-    frame = _layer_frame(seq, **cols)
+    return _with_workset_totals(_layer_frame(seq, **cols))
+
+
+def _with_workset_totals(frame: pd.DataFrame) -> pd.DataFrame:
     totals: dict[str, float] = {
         c: int(frame[c].sum()) for c in frame.columns if c not in ("layer", "union_mib")
     }
@@ -1143,3 +1158,177 @@ def routing_grid(trace: Trace, value: str = "residency") -> pd.DataFrame:
         [seq.layers.astype(np.int64), np.arange(k)], names=["layer", "slot"]
     )
     return pd.DataFrame(grid, index=pd.Index(step_of, name="step"), columns=columns)
+
+
+# ----------------------------------------------------------------------------- in passes
+
+
+def route_views_in_passes(
+    blocks: Callable[[], Iterable[pd.DataFrame]],
+    trace: RouteTrace,
+    names: Iterable[str] = DEFAULT_VIEWS,
+    *,
+    phase: str = "decode",
+    turn: int | None = None,
+    layers: Collection[int] | None = None,
+    steps: Collection[int] | None = None,
+    top: int = 8,
+    max_rows: int = 20_000_000,
+) -> dict[str, pd.DataFrame]:
+    """The views of :func:`route_views` (all but the matrix) of a trace too large to hold,
+    holding about `max_rows` rows at a time. Every view is per layer (the pooled rows are
+    sums), so a first pass over the blocks counts each layer's rows and the distinct steps,
+    then each further pass analyses a group of whole layers and the groups are joined.
+
+    `blocks()` starts a fresh walk over the rows, block by block (for a file:
+    ``lambda: iter_route_rows(path)``); `trace` gives the preamble (its rows are unused).
+    The figures are :func:`route_views`'s on the same selection (the pooled means to the
+    last bits of a float)."""
+    names = list(names)
+    unknown = [n for n in names if n not in DEFAULT_VIEWS]
+    if unknown:
+        raise BmoeError(
+            f"view {', '.join(unknown)} cannot be analysed in passes "
+            f"(choose from {', '.join(DEFAULT_VIEWS)})"
+        )
+    per_layer: dict[int, int] = {}
+    step_keys = np.zeros(0, dtype=np.int64)
+    empty: pd.DataFrame | None = None
+    for block in blocks():
+        empty = block.iloc[:0] if empty is None else empty
+        rows = block[_kept(block, phase, turn, layers, steps)]
+        ids, counts = np.unique(rows["layer"].to_numpy(), return_counts=True)
+        for layer, count in zip(ids.tolist(), counts.tolist(), strict=True):
+            per_layer[layer] = per_layer.get(layer, 0) + count
+        step_keys = np.union1d(step_keys, np.unique(_step_keys(rows)))
+    if not per_layer:
+        none = empty if empty is not None else pd.DataFrame(columns=["step", "layer", "expert"])
+        return route_views(dataclasses.replace(trace, rows=none), names, top=top)
+    groups: list[list[int]] = [[]]
+    held = 0
+    for layer in sorted(per_layer):
+        if groups[-1] and held + per_layer[layer] > max_rows:
+            groups.append([])
+            held = 0
+        groups[-1].append(layer)
+        held += per_layer[layer]
+    parts = [
+        _group_views(blocks, trace, group, len(step_keys), phase, turn, steps, top)
+        for group in groups
+    ]
+    joined = _join_groups(parts, len(step_keys))
+    return {name: joined[name] for name in names}
+
+
+def _step_keys(rows: pd.DataFrame) -> np.ndarray:
+    """(turn, step, phase) as one int64 per row, the same for every block."""
+    key = rows["step"].to_numpy().astype(np.int64)
+    if "turn" in rows:
+        key += rows["turn"].to_numpy().astype(np.int64) << 32
+    key <<= 1
+    if "phase" in rows:
+        key += rows["phase"].to_numpy()
+    return key
+
+
+def _group_views(
+    blocks: Callable[[], Iterable[pd.DataFrame]],
+    trace: RouteTrace,
+    group: list[int],
+    n_steps: int,
+    phase: str,
+    turn: int | None,
+    steps: Collection[int] | None,
+    top: int,
+) -> dict[str, Any]:
+    """One pass: the rows of the layers in `group`, and their views and counts."""
+    parts = [b[_kept(b, phase, turn, group, steps)] for b in blocks()]
+    rows = pd.concat(parts, ignore_index=True)
+    del parts
+    seq = dataclasses.replace(_order(rows), n_steps=n_steps)
+    sizes = _sizes(trace)
+    out: dict[str, Any] = {
+        "sanity": _sanity(seq, trace),
+        "hot": _hot(seq, top),
+        "reuse": _reuse(seq),
+        "overlap": _without_all(_overlap(seq, OVERLAP_LAGS)),
+        "workset": _without_all(_workset(seq, WORKSET_MARKS, sizes, _n_expert(trace, seq))),
+        "cache": _without_all(_cache(seq)),
+        "entropy": _entropy(seq),
+        "bytes": _without_all(_bytes(seq, trace)),
+        "cells": pd.Series(seq.cells_per_layer, index=seq.layers.astype(np.int64)),
+    }
+    return out
+
+
+def _without_all(frame: pd.DataFrame) -> pd.DataFrame:
+    if not len(frame) or "layer" not in frame:
+        return frame
+    return frame[frame["layer"] != ALL].astype({"layer": np.int64})
+
+
+def _join_groups(parts: list[dict[str, Any]], n_steps: int) -> dict[str, pd.DataFrame]:
+    """The groups' per-layer rows one after the other, and the pooled rows recomputed."""
+
+    def cat(name: str) -> pd.DataFrame:
+        return pd.concat([p[name] for p in parts], ignore_index=True)
+
+    out = {name: cat(name) for name in ("hot", "reuse", "entropy")}
+    cells = pd.concat([p["cells"] for p in parts])
+    overlap = cat("overlap")
+    pooled = {}
+    for g in OVERLAP_LAGS:
+        counted = np.maximum(cells.reindex(overlap["layer"]).to_numpy() - g, 0)
+        total = float((overlap[f"lag_{g}"].to_numpy() * counted).sum())
+        pooled[f"lag_{g}"] = total / counted.sum() if counted.sum() else 0.0
+    out["overlap"] = _with_all_row(overlap, pooled)
+    out["workset"] = _with_workset_totals(cat("workset"))
+    cache = cat("cache")
+    if "routings" in cache and len(cache):
+        routings = cache["routings"].to_numpy()
+        n = int(routings.sum())
+        share = {
+            c: 100.0 * float(np.round(cache[c].to_numpy() * routings / 100.0).sum()) / n
+            if n
+            else np.nan
+            for c in ("miss_pct", "hit_pct", "prefetch_pct")
+        }
+        cache = _with_all_row(cache, {**share, "routings": n})
+    out["cache"] = cache
+    by = cat("bytes")
+    total = float(by["read_mib"].sum())
+    out["bytes"] = _with_all_row(
+        by,
+        {
+            "read_mib": total,
+            "expert_mib": np.nan,
+            "dense_mib": float(by["dense_mib"].sum(skipna=False)),
+            "mib_per_step": total / max(n_steps, 1),
+        },
+    )
+    san = cat("sanity")
+    k = san["k"].iloc[0]
+    out["sanity"] = pd.DataFrame(
+        [
+            {
+                "rows": int(san["rows"].sum()),
+                "cells": int(san["cells"].sum()),
+                "steps": n_steps,
+                "layers": int(san["layers"].sum()),
+                "k": k,
+                "cells_not_k": int(san["cells_not_k"].sum()) if k is not None else None,
+                "steps_per_layer_min": int(san["steps_per_layer_min"].min()),
+                "steps_per_layer_max": int(san["steps_per_layer_max"].max()),
+                "cells_weighed": int(san["cells_weighed"].sum()),
+                "weight_sum_min": _nan_extreme(san["weight_sum_min"], np.nanmin),
+                "weight_sum_max": _nan_extreme(san["weight_sum_max"], np.nanmax),
+            }
+        ]
+    )
+    return out
+
+
+def _nan_extreme(values: pd.Series, pick: Callable[[np.ndarray], Any]) -> float:
+    known = values.to_numpy(np.float64)
+    known = known[~np.isnan(known)]
+    return float(pick(known)) if len(known) else np.nan
