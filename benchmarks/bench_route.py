@@ -1,8 +1,10 @@
-"""Benchmark: the default route views on a generated trace of about 1.5 million rows
-(48 layers, 128 experts, top-6), against a straightforward pure-Python implementation of the
-same views (``naive_route.py``) measured in the same run.
+"""Benchmark: the default route views on a generated trace of about 1 million rows (48 layers,
+128 experts, top-6), against a straightforward pure-Python implementation of the same views
+(``naive_route.py``) measured in the same run: in process (read, select, views; CPU time) and
+end to end (``bmoe analyze route TRACE`` against ``python naive_route.py TRACE`` in fresh
+processes: CPU time including start-up and printing, and peak RSS).
 
-    python benchmarks/bench_route.py [--steps 5200] [--keep PATH]
+    python benchmarks/bench_route.py [--steps 3440] [--keep PATH]
 
 The trace is written with the project's RouteTraceWriter from a skewed router: per-layer
 Zipf-like popularity plus a pull towards the previous step's experts (so reuse, overlap and
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import resource
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,11 +91,12 @@ def generate(path: Path, steps: int, prompt: int = 32, seed: int = 0) -> int:
 
 
 def timed(fn):
-    """(result, seconds), untraced (tracing would slow the pure-Python side most)."""
+    """(result, CPU seconds of this process), untraced (tracing would slow the pure-Python
+    side most)."""
     gc.collect()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     result = fn()
-    return result, time.perf_counter() - t0
+    return result, time.process_time() - t0
 
 
 def peak_mib(fn) -> float:
@@ -105,9 +109,45 @@ def peak_mib(fn) -> float:
     return peak / 1048576
 
 
+#: Runs a script or ``-m module`` and reports its own peak RSS (VmHWM of the new process image;
+#: a fork's rusage would count the pages of this process too) on stderr at exit.
+_MEASURED = """
+import atexit, runpy, sys
+def report():
+    with open("/proc/self/status") as fh:
+        hwm = next(int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM"))
+    sys.stderr.write(f"\\nVmHWM {hwm}\\n")
+atexit.register(report)
+if sys.argv[1] == "-m":
+    sys.argv = sys.argv[2:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def child(argv: list[str]) -> tuple[float, float]:
+    """(CPU seconds, peak RSS MiB) of one fresh Python process running `argv` (a script and
+    its arguments, or ``-m module ...``), its output discarded."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MEASURED, *argv],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path),
+    )  # fmt: skip
+    err = proc.stderr.read().decode()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {err[-500:]}")
+    hwm = int(err.rsplit("VmHWM", 1)[1].split()[0])
+    return usage.ru_utime + usage.ru_stime, hwm / 1024
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=5200, help="decode steps (5200 -> ~1.5M rows)")
+    ap.add_argument("--steps", type=int, default=3440, help="decode steps (3440 -> ~1M rows)")
     ap.add_argument("--keep", type=Path, help="write the trace here and keep it")
     args = ap.parse_args()
 
@@ -131,29 +171,30 @@ def main() -> None:
     m_sel = peak_mib(lambda: route.select(trace, "decode"))
     m_views = peak_mib(lambda: route.route_views(selected))
     m_both = peak_mib(lambda: route.route_views(route.select(trace, "decode")))
-    rss_bmoe = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"decode rows analysed: {len(selected.rows):,}")
+    frame_mib = trace.rows.memory_usage(index=False).sum() / 1048576
+    print(f"decode rows analysed: {len(selected.rows):,}; the trace as a DataFrame: "
+          f"{frame_mib:.0f} MiB ({frame_mib * 1048576 / n_rows:.0f} bytes per row)")  # fmt: skip
     print()
-    print("bmoe (vectorised)                 time    peak memory (traced)")
-    print(f"  read            {t_read:6.2f} s   {m_read:6.0f} MiB python + "
-          f"{arrow_peak:.0f} MiB arrow pool")  # fmt: skip
-    print(f"  select decode   {t_sel:6.2f} s   {m_sel:6.0f} MiB")
-    print(f"  default views   {t_views:6.2f} s   {m_views:6.0f} MiB")
-    print(f"  select + views  {t_sel + t_views:6.2f} s   {m_both:6.0f} MiB")
-    print(f"  process max RSS {rss_bmoe:6.0f} MiB (interpreter, pandas, pyarrow included)")
-
+    print("in process                 bmoe CPU   peak (traced)   pure Python CPU   ratio")
     trace = selected = None  # free them before the baseline builds its dicts
     gc.collect()
     (rows, sizes), t_nread = timed(lambda: naive_route.read_rows(str(path)))
     decode_rows, t_nsel = timed(lambda: [r for r in rows if r["phase"] == 1])
     ref, t_nviews = timed(lambda: naive_route.default_views(decode_rows, sizes, K))
-    rss_all = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print()
-    print("straightforward pure Python (csv module, dicts, sets)")
-    print(f"  read            {t_nread:6.2f} s")
-    print(f"  select decode   {t_nsel:6.2f} s")
-    print(f"  default views   {t_nviews:6.2f} s")
-    print(f"  process max RSS {rss_all:6.0f} MiB (after both)")
+    rows = decode_rows = None
+    gc.collect()
+    for name, ours, mem, theirs in (
+        ("read", t_read, m_read, t_nread),
+        ("select decode", t_sel, m_sel, t_nsel),
+        ("default views", t_views, m_views, t_nviews),
+    ):
+        print(f"  {name:22} {ours:7.2f} s   {mem:7.0f} MiB   {theirs:12.2f} s   "
+              f"{theirs / ours:6.1f}x")  # fmt: skip
+    ours = t_read + t_sel + t_views
+    theirs = t_nread + t_nsel + t_nviews
+    print(f"  {'read + select + views':22} {ours:7.2f} s   {m_both:7.0f} MiB   {theirs:12.2f} s   "
+          f"{theirs / ours:6.1f}x")  # fmt: skip
+    print(f"  (arrow pool peak while reading: {arrow_peak:.0f} MiB)")
 
     # the two agree (a benchmark of wrong answers would be worthless)
     reuse = views["reuse"].set_index("layer")
@@ -161,12 +202,17 @@ def main() -> None:
         got = tuple(int(reuse.loc[layer, c]) for c in ("n_reuse", "p50", "p90", "max", "never_2nd"))
         assert got == expect, (layer, got, expect)
     assert abs(views["overlap"].iloc[-1]["lag_1"] - ref["overlap"]["ALL"][0]) < 1e-9
+    ref = views = None
+    gc.collect()
 
     print()
-    print("speed-up (pure Python / bmoe)")
-    print(f"  default views   {t_nviews / t_views:6.1f}x")
-    whole = (t_nread + t_nsel + t_nviews) / (t_read + t_sel + t_views)
-    print(f"  read + select + views  {whole:6.1f}x")
+    print("end to end (fresh processes)            CPU     peak RSS")
+    ours_cpu, ours_rss = child(["-m", "bmoe", "analyze", "route", str(path)])
+    theirs_cpu, theirs_rss = child([str(ROOT / "benchmarks/naive_route.py"), str(path)])
+    print(f"  bmoe analyze route TRACE         {ours_cpu:7.2f} s  {ours_rss:7.0f} MiB")
+    print(f"  python naive_route.py TRACE      {theirs_cpu:7.2f} s  {theirs_rss:7.0f} MiB")
+    print(f"  pure Python / bmoe               {theirs_cpu / ours_cpu:7.1f}x  "
+          f"{theirs_rss / ours_rss:7.2f}x")  # fmt: skip
     tmp.cleanup()
 
 

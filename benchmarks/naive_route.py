@@ -122,9 +122,9 @@ def overlap(seqs: dict[int, list[list[int]]], lags=LAGS) -> dict:
         for g in lags:
             vals = [100.0 * len(sets[i] & sets[i - g]) / len(sets[i]) for i in range(g, len(sets))]
             pooled[g].extend(vals)
-            row.append(sum(vals) / len(vals) if vals else None)
+            row.append(sum(vals) / len(vals) if vals else 0.0)
         out[layer] = tuple(row)
-    out["ALL"] = tuple(sum(v) / len(v) if v else None for v in pooled.values())
+    out["ALL"] = tuple(sum(v) / len(v) if v else 0.0 for v in pooled.values())
     return out
 
 
@@ -199,3 +199,23 @@ def default_views(rows: list[dict], sizes: dict[int, int], k: int) -> dict:
         "entropy": entropy(rows),
         "bytes": bytes_read(rows, n_steps),
     }
+
+
+def main(argv: list[str]) -> None:
+    """``python naive_route.py TRACE``: the decode-phase default views, printed as a script
+    would (the end-to-end baseline of ``bench_route.py``)."""
+    rows, sizes = read_rows(argv[0])
+    decode = [r for r in rows if r.get("phase", 1) == 1]
+    del rows
+    k = Counter((r.get("turn", 0), r["step"], r["layer"]) for r in decode).most_common(1)[0][1]
+    for name, view in default_views(decode, sizes, k).items():
+        print(f"=== {name} ===")
+        items = view.items() if isinstance(view, dict) else enumerate(view)
+        for key, value in items:
+            print(key, value)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from bmoe.analyze import route
+from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,8 +69,19 @@ def test_overlap_hand_worked() -> None:
     frame = route.overlap(make_trace(HAND)).set_index("layer")
     assert frame.loc[0, "lag_1"] == pytest.approx((50 + 50 + 0) / 3)
     assert frame.loc[0, "lag_2"] == pytest.approx((100 + 0) / 2)
-    assert math.isnan(frame.loc[0, "lag_4"])
+    assert frame.loc[0, "lag_4"] == 0.0  # no cell 4 back: the reference prints 0.0
     assert frame.loc["ALL", "lag_1"] == pytest.approx(100 / 3)
+
+
+def test_overlap_of_a_layer_with_one_prefill_cell_is_zero() -> None:
+    """The established analysis prints 0.0 for a lag no cell of the layer reaches: in
+    prefill the last layer may route only the final prompt token (one cell)."""
+    spec = {s: {0: [1, 2], 1: [1, 2]} for s in range(3)}
+    spec[2][2] = [3, 4]  # layer 2: only the last prompt token
+    frame = route.overlap(make_trace(cells(spec, phase=0))).set_index("layer")
+    assert [frame.loc[2, f"lag_{g}"] for g in (1, 2, 4, 8)] == [0.0] * 4
+    assert frame.loc[0, "lag_1"] == 100.0 and frame.loc[0, "lag_4"] == 0.0
+    assert frame.loc["ALL", "lag_1"] == 100.0  # the pooled mean counts only cells with a lag
 
 
 def test_workset_hand_worked() -> None:
@@ -316,3 +328,58 @@ def test_routing_grid_places_every_routing() -> None:
     for r in dec.sample(20, random_state=0).itertuples():
         assert grid.loc[r.step, (r.layer, r.slot)] == r.expert
     assert (grid.to_numpy() >= 0).all()
+
+
+def test_select_consume_moves_the_rows_out() -> None:
+    rows = cells({s: {0: [1, 2], 1: [3, 4]} for s in range(5)}) + cells({9: {0: [5, 6]}}, phase=0)
+    trace = make_trace(rows)
+    expect = route.select(make_trace(rows), "decode")
+    got = route.select(trace, "decode", consume=True)
+    pd.testing.assert_frame_equal(got.rows, expect.rows)
+    assert len(trace.rows) == 0 and list(trace.rows.columns) == list(expect.rows.columns)
+    assert route.caveats(trace, got, "decode") == route.caveats(make_trace(rows), expect, "decode")
+    # nothing selected: nothing moved, so the caveats can still describe the whole trace
+    whole = make_trace(rows)
+    assert not len(route.select(whole, "decode", layers=[7], consume=True).rows)
+    assert len(whole.rows) == len(rows)
+
+
+def _random_trace(seed: int = 3) -> RouteTrace:
+    """5 layers x 12 experts, top-3: 6 prefill steps (the last layer routes only the final
+    prompt token) and 50 decode steps, in engine order; some weights unknown."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for step in range(56):
+        phase = int(step >= 6)
+        for layer in range(5):
+            if layer == 4 and step < 5:
+                continue
+            for slot, e in enumerate(rng.choice(12, 3, replace=False)):
+                res = int(rng.integers(0, 3))
+                w = float("nan") if rng.random() < 0.05 else round(float(rng.random()), 3)
+                records.append(
+                    (0, phase, step, layer, slot, int(e), w, res, 1048576 * (res == 0), 0)
+                )
+    return make_trace(records, k=3, n_expert=12)
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill", "all"])
+@pytest.mark.parametrize("max_rows", [1, 200, 10**9])
+def test_views_in_passes_equal_the_views(phase: str, max_rows: int) -> None:
+    trace = _random_trace()
+    rows = trace.rows
+
+    def blocks():
+        return (rows.iloc[a : a + 97].reset_index(drop=True) for a in range(0, len(rows), 97))
+
+    expect = route.route_views(route.select(trace, phase))
+    got = route.route_views_in_passes(blocks, trace, phase=phase, max_rows=max_rows)
+    assert list(got) == list(expect)
+    for name, frame in expect.items():
+        pd.testing.assert_frame_equal(got[name], frame, check_exact=False, rtol=1e-9)
+
+
+def test_views_in_passes_refuse_the_matrix() -> None:
+    trace = _random_trace()
+    with pytest.raises(BmoeError, match="cannot be analysed in passes"):
+        route.route_views_in_passes(lambda: [trace.rows], trace, ["matrix"])

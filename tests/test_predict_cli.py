@@ -83,7 +83,7 @@ def test_predict_against_the_sweep(capsys, device: Path) -> None:
     [
         (["-g", "cache_mb=1,lanes=2"], "unknown axis 'lanes'"),
         ([], "give --grid"),
-        (["-g", "cache_mb=1", "-f", "yaml"], "unknown format"),
+        (["-g", "cache_mb=1", "-f", "yaml"], "unknown --format"),
     ],
 )
 def test_predict_bad_arguments(capsys, device: Path, args, message) -> None:

@@ -22,7 +22,8 @@ experts go to the one routed first. Everything is vectorised; nothing loops over
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -57,11 +58,37 @@ def select(
     layers: Collection[int] | None = None,
     steps: Collection[int] | None = None,
     max_steps: int | None = None,
+    *,
+    consume: bool = False,
 ) -> RouteTrace:
     """The trace restricted to one phase (``decode``, ``prefill`` or ``all``), one turn,
     some layers, some steps (the ``step`` column's values) and at most the first
-    `max_steps` steps; rows come back in step-sequence order (layer, turn, step, slot)."""
+    `max_steps` steps; rows come back in step-sequence order (layer, turn, step, slot).
+
+    ``consume=True`` moves the rows out of `trace` column by column as the selection is
+    built (`trace` keeps its columns, with no rows, when the selection is not empty): the
+    peak is one frame instead of two, for callers done with the whole trace."""
     rows = trace.rows
+    keep = _kept(rows, phase, turn, layers, steps)
+    if max_steps is not None and keep.any():
+        within = np.flatnonzero(keep)
+        code = _step_codes(_key_columns(rows, within))
+        keep[within[~np.isin(code, np.unique(code)[:max_steps])]] = False
+        del within, code
+    seq = _order(rows, keep, consume=consume)
+    if consume and len(seq.rows):
+        trace.rows = seq.rows.iloc[:0]
+    return dataclasses.replace(trace, rows=seq.rows)
+
+
+def _kept(
+    rows: pd.DataFrame,
+    phase: str,
+    turn: int | None,
+    layers: Collection[int] | None,
+    steps: Collection[int] | None,
+) -> np.ndarray:
+    """The rows of one phase (or all), one turn, some layers and some steps, as a mask."""
     keep = np.ones(len(rows), dtype=bool)
     if phase != "all":
         if phase not in PHASES:
@@ -74,40 +101,52 @@ def select(
         keep &= np.isin(rows["layer"].to_numpy(), np.fromiter(layers, dtype=np.int64))
     if steps is not None:
         keep &= np.isin(rows["step"].to_numpy(), np.fromiter(steps, dtype=np.int64))
-    rows = rows[keep] if not keep.all() else rows
-    if max_steps is not None and len(rows):
-        order = _step_codes(rows)
-        first = np.unique(order)[:max_steps]
-        rows = rows[np.isin(order, first)]
-    seq = _order(rows)
-    return dataclasses.replace(trace, rows=seq.rows)
+    return keep
 
 
-def _step_codes(rows: pd.DataFrame) -> np.ndarray:
+_KEY_COLUMNS = ("turn", "phase", "step", "layer", "slot")
+
+
+def _key_columns(rows: pd.DataFrame, within: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The columns that order rows (those present), restricted to the positions `within`."""
+    cols = {c: rows[c].to_numpy() for c in _KEY_COLUMNS if c in rows}
+    return cols if within is None else {c: a[within] for c, a in cols.items()}
+
+
+def _step_codes(cols: Mapping[str, Any]) -> np.ndarray:
     """One integer per row, increasing with (turn, step, phase): the step axis (int32 when
-    it fits, to keep million-row traces small)."""
-    step = rows["step"].to_numpy()
+    it fits, to keep million-row traces small). `cols`: a frame or its key columns."""
+    step = np.asarray(cols["step"])
+    turn = np.asarray(cols["turn"]) if "turn" in cols else None
     lo, hi = int(step.min()), int(step.max())
     span = hi - lo + 1
-    turns = int(rows["turn"].max()) + 1 if "turn" in rows else 1
-    kind = (
-        np.int32
-        if turns * span * 2 < 2**31 and int(rows["turn"].min() if "turn" in rows else 0) >= 0
-        else np.int64
-    )
-    code = step.astype(kind) - kind(lo)
-    if "turn" in rows:
-        code += rows["turn"].to_numpy().astype(kind) * kind(span)
+    turns = int(turn.max()) + 1 if turn is not None else 1
+    small = turns * span * 2 < 2**31 and (turn is None or int(turn.min()) >= 0)
+    kind: type[np.signedinteger] = np.int32 if small else np.int64
+    code: np.ndarray = step.astype(kind)
+    code -= lo
+    if turn is not None:
+        code += turn.astype(kind) * span
     code *= 2
-    if "phase" in rows:
-        code += rows["phase"].to_numpy().astype(kind)
+    if "phase" in cols:
+        code += np.asarray(cols["phase"]).astype(kind)
     return code
 
 
 def count_steps(trace: Trace) -> int:
     """Distinct steps (token positions, per turn and phase) in the trace's rows."""
     rows = trace.rows if isinstance(trace, RouteTrace) else trace
-    return len(np.unique(_step_codes(rows))) if len(rows) else 0
+    return _count_distinct(_step_codes(_key_columns(rows))) if len(rows) else 0
+
+
+def _count_distinct(values: np.ndarray) -> int:
+    """len(np.unique(values)), without sorting when the values span a small range."""
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + 1024:
+        return len(np.unique(values))
+    seen = np.zeros(hi - lo + 1, dtype=bool)
+    seen[values - values.dtype.type(lo)] = True
+    return int(np.count_nonzero(seen))
 
 
 def caveats(
@@ -145,7 +184,7 @@ def caveats(
                 f"({100 * dropped / len(rows):.1f}%) were discarded and never read. The figures "
                 "describe what the ROUTER asked for; a drop replay shows what it cost."
             )
-    layers = np.unique(rows["layer"].to_numpy())
+    layers, _ = _small_unique(rows["layer"].to_numpy())
     sizes = trace.expert_bytes()
     missing = [int(x) for x in layers if int(x) not in sizes]
     if missing:
@@ -191,7 +230,6 @@ class _Sequence:
     expert: np.ndarray  # per row
     n_expert: int  # expert ids are < n_expert
     gcell: np.ndarray  # per row: global cell id (cells are contiguous)
-    cell: np.ndarray  # per row: index of the cell in its layer's sequence
     cell_start: np.ndarray  # per cell: first row
     cell_layer_idx: np.ndarray  # per cell
     cell_index: np.ndarray  # per cell: index in its layer's sequence
@@ -203,6 +241,16 @@ class _Sequence:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def layer_blocks(self) -> list[tuple[int, int]]:
+        """(first row, end row) of each layer's rows, in layer order."""
+        bounds = np.r_[0, np.flatnonzero(np.diff(self.layer_idx)) + 1, len(self.layer_idx)]
+        return list(itertools.pairwise(bounds.tolist())) if len(self.layer_idx) else []
+
+    @property
+    def cell(self) -> np.ndarray:
+        """Per row: the index of its cell in its layer's sequence (made when asked for)."""
+        return self.cell_index[self.gcell]
 
     def key(self) -> np.ndarray:
         """(layer, expert) as one small integer per row."""
@@ -217,52 +265,81 @@ class _Sequence:
         """Row order sorted by (layer, expert), stable (so cell order within); and the keys."""
         if self._by_key is None:
             key = self.key()
-            order = np.argsort(key, kind="stable")
+            n = len(key)
+            order: np.ndarray = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+            # rows are layer-major: sorting by expert inside each layer's rows sorts by key,
+            # with one small sort (and its scratch) per layer
+            for a, b in self.layer_blocks():
+                order[a:b] = np.argsort(self.expert[a:b], kind="stable")
+                order[a:b] += a
             self._by_key = (order, key[order])
         return self._by_key
 
 
-def _order(rows: pd.DataFrame) -> _Sequence:
-    """Sort rows layer-major: (layer, turn, step, phase, slot), file order breaking ties."""
-    n = len(rows)
-    layer = rows["layer"].to_numpy()
+def _order(rows: pd.DataFrame, keep: np.ndarray | None = None, consume: bool = False) -> _Sequence:
+    """Sort rows layer-major: (layer, turn, step, phase, slot), file order breaking ties.
+    `keep`: only the rows where this mask holds. The order is worked out on the whole
+    frame's columns in place (a stable sort commutes with the selection), then each column is
+    copied once: the selection and the sort are one gather."""
+    if keep is not None and keep.all():
+        keep = None
+    n = len(rows) if keep is None else int(np.count_nonzero(keep))
     if n == 0:
+        rows = rows.iloc[:0].reset_index(drop=True)
         empty = np.zeros(0, dtype=np.int64)
         return _Sequence(
-            rows, layer, empty, empty, rows["expert"].to_numpy(), 0, empty, empty, empty,
-            empty, empty, empty, empty, 0,
+            rows, rows["layer"].to_numpy(), empty, empty, rows["expert"].to_numpy(), 0, empty,
+            empty, empty, empty, empty, empty, 0,
         )  # fmt: skip
-    layers, layer_idx = _small_unique(layer)
-    step_code = _step_codes(rows)
+    cols = _key_columns(rows)
+    layers, layer_idx = _small_unique(cols["layer"])
+    step_code = _step_codes(cols)
+    for name in ("turn", "phase", "step"):  # in step_code now
+        cols.pop(name, None)
     span = int(step_code.max()) + 1
-    if "slot" in rows:
-        slot = rows["slot"].to_numpy()
+    if "slot" in cols:
+        slot = cols["slot"]
         slot_lo = min(0, int(slot.min()))
         nslot = int(slot.max()) - slot_lo + 1
     else:
-        slot, slot_lo, nslot = np.zeros(n, dtype=np.int8), 0, 1
+        slot, slot_lo, nslot = np.zeros(len(rows), dtype=np.int8), 0, 1
     order = None
     size = len(layers) * span * nslot
     if size < 2**62:
         kind: type[np.signedinteger] = np.int32 if size < 2**31 else np.int64
-        cellkey = layer_idx.astype(kind) * kind(span) + step_code.astype(kind)
-        key = cellkey * kind(nslot) + (slot.astype(kind) - kind(slot_lo))
-        if n > 1 and not _ascending(key):
-            file_key = step_code.astype(kind) * kind(len(layers)) + layer_idx.astype(kind)
-            file_key = file_key * kind(nslot) + (slot.astype(kind) - kind(slot_lo))
-            if _ascending(file_key):  # step-major, as engines write: a radix sort by layer
-                small = np.int16 if len(layers) < 32768 else np.int32
-                order = np.argsort(layer_idx.astype(small), kind="stable")
+        # built in place, one array at a time: these run over every row of large traces
+        layer_major = (layers.size, span), (layer_idx, step_code)
+        if len(rows) > 1 and not _ascending(_sort_key(*layer_major, slot, slot_lo, nslot, kind)):
+            step_major = (span, layers.size), (step_code, layer_idx)
+            if _ascending(_sort_key(*step_major, slot, slot_lo, nslot, kind)):
+                order = np.argsort(layer_idx, kind="stable")  # as engines write: radix by layer
             else:
-                order = np.argsort(key, kind="stable")
-            del file_key
-        del key
+                order = np.argsort(
+                    _sort_key(*layer_major, slot, slot_lo, nslot, kind), kind="stable"
+                )
     else:  # astronomically sparse step axis: sort by columns instead
         order = np.lexsort((slot, step_code, layer_idx))
-    if order is not None:
-        rows = _take(rows, order)
-        layer, layer_idx, step_code = layer[order], layer_idx[order], step_code[order]
-    rows = rows.reset_index(drop=True)
+    del cols, slot
+    if keep is None:
+        take = order
+    elif order is None:
+        take = np.flatnonzero(keep)
+    else:
+        take = order[keep[order]]
+    del order
+    if take is not None:
+        if len(take) < 2**31:
+            take = take.astype(np.int32)
+        step_code = step_code[take]
+        if keep is None:
+            layer_idx = layer_idx[take]
+        rows = _take(rows, take, consume)
+        del take
+    else:
+        rows = rows.reset_index(drop=True)
+    layer = rows["layer"].to_numpy()
+    if keep is not None:  # the layers of the selection, not of the whole frame
+        layers, layer_idx = _small_unique(layer)
     new = np.empty(n, dtype=bool)
     new[0] = True
     new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
@@ -287,13 +364,12 @@ def _order(rows: pd.DataFrame) -> _Sequence:
         expert=expert,
         n_expert=n_expert,
         gcell=gcell,
-        cell=cell_index[gcell],
         cell_start=cell_start,
         cell_layer_idx=cell_layer_idx.astype(np.int32),
         cell_index=cell_index,
         cell_step_code=cell_step_code,
         cells_per_layer=cells_per_layer,
-        n_steps=len(np.unique(cell_step_code)),
+        n_steps=_count_distinct(cell_step_code),
     )
 
 
@@ -301,9 +377,36 @@ def _ascending(values: np.ndarray) -> bool:
     return bool((values[1:] >= values[:-1]).all())
 
 
-def _take(rows: pd.DataFrame, order: np.ndarray) -> pd.DataFrame:
-    """Rows in `order`, column by column (faster than DataFrame.take on wide int frames)."""
-    return pd.DataFrame({c: rows[c].to_numpy()[order] for c in rows.columns})
+def _sort_key(
+    sizes: tuple[int, int],
+    parts: tuple[np.ndarray, np.ndarray],
+    slot: np.ndarray,
+    slot_lo: int,
+    nslot: int,
+    kind: type[np.signedinteger],
+) -> np.ndarray:
+    """(major, minor, slot) as one integer per row: major * sizes[1] + minor, then slot."""
+    key: np.ndarray = parts[0].astype(kind)
+    key *= sizes[1]
+    np.add(key, parts[1], out=key, casting="unsafe")
+    if nslot > 1:
+        key *= nslot
+        np.add(key, slot, out=key, casting="unsafe")
+        if slot_lo:
+            key -= slot_lo
+    return key
+
+
+def _take(rows: pd.DataFrame, order: np.ndarray, consume: bool = False) -> pd.DataFrame:
+    """Rows in `order`, column by column (faster than DataFrame.take on wide int frames);
+    `consume` deletes each column from `rows` once copied, so the two frames together never
+    hold much more than one."""
+    out = {}
+    for c in list(rows.columns):
+        out[c] = rows[c].to_numpy()[order]
+        if consume:
+            del rows[c]
+    return pd.DataFrame(out, copy=False)
 
 
 def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -312,9 +415,10 @@ def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if hi - lo > 1_000_000:
         uniq, inverse = np.unique(values, return_inverse=True)
         return uniq, inverse
-    shifted = (values.astype(np.int64) - lo).astype(np.intp)
+    shifted = values.astype(np.int32)
+    shifted -= np.int32(lo)
     present = np.bincount(shifted) > 0
-    lut = np.cumsum(present) - 1
+    lut = (np.cumsum(present) - 1).astype(np.int16 if present.sum() < 32768 else np.int32)
     return (np.flatnonzero(present) + lo).astype(values.dtype), lut[shifted]
 
 
@@ -352,11 +456,15 @@ def _sanity(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
     wmin = wmax = np.nan
     weighed = 0
     if "weight" in seq.rows and n_cells:
-        w = seq.rows["weight"].to_numpy(np.float64)
-        known = ~np.isnan(w)
-        unknown_per_cell = np.bincount(seq.gcell, weights=~known, minlength=n_cells)
-        sums = np.bincount(seq.gcell, weights=np.where(known, w, 0.0), minlength=n_cells)
-        complete = unknown_per_cell == 0
+        weight = seq.rows["weight"].to_numpy()
+        complete = np.empty(n_cells, dtype=bool)
+        sums = np.empty(n_cells)
+        for a, b, lo, hi in _cell_blocks(seq):  # cells are contiguous
+            w = weight[lo:hi].astype(np.float64)
+            known = ~np.isnan(w)
+            starts = seq.cell_start[a:b] - lo
+            complete[a:b] = np.logical_and.reduceat(known, starts)
+            sums[a:b] = np.add.reduceat(np.where(known, w, 0.0), starts)
         weighed = int(complete.sum())
         if weighed:
             wmin, wmax = float(sums[complete].min()), float(sums[complete].max())
@@ -450,7 +558,11 @@ def reuse_distances(trace: Trace) -> pd.DataFrame:
     """Every reuse, long form: layer, expert, the step of the reuse and its distance in
     cells of the layer's step sequence (not in step numbers)."""
     seq, _ = _sequence(trace)
-    layer_idx, expert, dist, rows = _reuse_pairs(seq)
+    same, dist = _reuse_pairs(seq)
+    order, key = seq.by_key()
+    k = key[1:][same]
+    n = max(seq.n_expert, 1)
+    layer_idx, expert, rows = k // n, k % n, order[1:][same]
     return pd.DataFrame(
         {
             "layer": seq.layers[layer_idx].astype(np.int64),
@@ -461,16 +573,16 @@ def reuse_distances(trace: Trace) -> pd.DataFrame:
     )
 
 
-def _reuse_pairs(seq: _Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _reuse_pairs(seq: _Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """The reuses, in by-key order: a mask over positions 1.. of ``seq.by_key()`` (the
+    routing there repeats the key before it), and each reuse's distance in cells."""
     order, key = seq.by_key()
     if len(key) < 2:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, empty
-    cell = seq.cell[order]
+        return np.zeros(max(len(key) - 1, 0), dtype=bool), np.zeros(0, dtype=np.int32)
     same = key[1:] == key[:-1]
-    dist = (cell[1:] - cell[:-1])[same]
-    k = key[1:][same].astype(np.int64)
-    return k // seq.n_expert, k % seq.n_expert, dist, order[1:][same]
+    cell = seq.cell_index[seq.gcell[order]]
+    dist = np.diff(cell)[same]
+    return same, dist
 
 
 def _quantile_index(n: np.ndarray, q: float) -> np.ndarray:
@@ -486,24 +598,32 @@ def reuse(trace: Trace) -> pd.DataFrame:
 
 
 def _reuse(seq: _Sequence) -> pd.DataFrame:
+    """Layer by layer (the by-key order keeps each layer's rows together), so the scratch
+    arrays are one layer's."""
     n_layers = seq.n_layers
-    layer_idx, _, dist, _ = _reuse_pairs(seq)
-    n_reuse = np.bincount(layer_idx, minlength=n_layers)
-    top = int(dist.max()) + 1 if len(dist) else 1
-    hist = np.bincount(layer_idx * top + dist, minlength=n_layers * top).reshape(n_layers, top)
-    cum = np.cumsum(hist, axis=1)
-    figures: dict[str, Any] = {"n_reuse": n_reuse.astype(np.int64)}
+    order, key = seq.by_key()
+    n_reuse = np.zeros(n_layers, dtype=np.int64)
+    quantiles = {q: np.full(n_layers, -1, dtype=np.int64) for q in REUSE_QUANTILES}
+    longest = np.full(n_layers, -1, dtype=np.int64)
+    never = np.zeros(n_layers, dtype=np.int64)
+    for a, b in seq.layer_blocks():
+        i = int(seq.layer_idx[a])
+        k = key[a:b]
+        same = k[1:] == k[:-1]
+        dist = np.diff(seq.cell_index[seq.gcell[order[a:b]]])[same]
+        starts = np.flatnonzero(np.r_[True, ~same])
+        never[i] = int((np.diff(np.append(starts, b - a)) == 1).sum())
+        n_reuse[i] = len(dist)
+        if len(dist):
+            cum = np.cumsum(np.bincount(dist))
+            for q in REUSE_QUANTILES:
+                quantiles[q][i] = int((cum > _quantile_index(np.array(len(dist)), q)).argmax())
+            longest[i] = len(cum) - 1
+    figures: dict[str, Any] = {"n_reuse": n_reuse}
     for q in REUSE_QUANTILES:
-        idx = _quantile_index(n_reuse, q)
-        value = (cum > idx[:, None]).argmax(axis=1)
-        figures[f"p{round(q * 100)}"] = np.where(n_reuse > 0, value, -1)
-    last = top - 1 - (hist[:, ::-1] > 0).argmax(axis=1)
-    figures["max"] = np.where(n_reuse > 0, last, -1)
-    _, key = seq.by_key()
-    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
-    counts = np.diff(np.append(start, len(key)))
-    once_layer = key[start][counts == 1].astype(np.int64) // max(seq.n_expert, 1)
-    figures["never_2nd"] = np.bincount(once_layer, minlength=n_layers).astype(np.int64)
+        figures[f"p{round(q * 100)}"] = quantiles[q]
+    figures["max"] = longest
+    figures["never_2nd"] = never
     frame = _layer_frame(seq, **figures)
     for col in ("p50", "p90", "max"):  # no reuse at all: unknown, not zero
         frame[col] = frame[col].astype("Int64").mask(frame["n_reuse"] == 0)
@@ -515,32 +635,60 @@ def _reuse(seq: _Sequence) -> pd.DataFrame:
 
 def overlap(trace: Trace, lags: Sequence[int] = OVERLAP_LAGS) -> pd.DataFrame:
     """Per layer, for each lag g: the mean over cells i >= g of the share (%) of cell i's
-    experts also routed in cell i-g; the ``ALL`` row pools every layer's cells."""
+    experts also routed in cell i-g; the ``ALL`` row pools every layer's cells. A layer with
+    no cell i >= g (fewer than g+1 cells: in prefill the last layer often routes only the
+    final prompt token) shows 0.0, as the established analysis prints its empty mean."""
     seq, _ = _sequence(trace)
     return _overlap(seq, lags)
 
 
+def _cell_blocks(seq: _Sequence, block: int = 1 << 20) -> Iterable[tuple[int, int, int, int]]:
+    """Consecutive blocks of whole cells of about `block` rows: (first cell, end cell, first
+    row, end row). Per-cell work block by block keeps its scratch memory bounded."""
+    n_cells, n_rows = len(seq.cell_start), len(seq.expert)
+    bounds = np.unique(np.searchsorted(seq.cell_start, np.arange(0, n_rows, block)))
+    for a, b in itertools.pairwise([*bounds.tolist(), n_cells]):
+        if a < b:
+            lo = int(seq.cell_start[a])
+            yield a, b, lo, int(seq.cell_start[b]) if b < n_cells else n_rows
+
+
+def _cell_sets(seq: _Sequence) -> np.ndarray:
+    """Each cell's set of experts as a bitmask: (cells, words) uint64, expert e at bit e % 64
+    of word e // 64."""
+    n_cells = len(seq.cell_start)
+    words = max(1, (seq.n_expert + 63) // 64)
+    masks = np.zeros((n_cells, words), dtype=np.uint64)
+    one = np.uint64(1)
+    for a, b, lo, hi in _cell_blocks(seq):
+        expert = seq.expert[lo:hi]
+        bit = np.left_shift(one, (expert & 63).astype(np.uint64))
+        word = expert >> 6
+        starts = seq.cell_start[a:b] - lo
+        for w in range(words):
+            part = bit if words == 1 else np.where(word == w, bit, np.uint64(0))
+            masks[a:b, w] = np.bitwise_or.reduceat(part, starts)
+    return masks
+
+
 def _overlap(seq: _Sequence, lags: Sequence[int]) -> pd.DataFrame:
-    n_cells, E = len(seq.cell_start), seq.n_expert
-    present = np.zeros(n_cells * E, dtype=bool)
-    present[seq.gcell.astype(np.int64) * E + seq.expert] = True
-    codes = np.flatnonzero(present)
-    code_cell = codes // E if E else codes
-    size = np.bincount(code_cell, minlength=n_cells)
+    n_cells = len(seq.cell_start)
+    masks = _cell_sets(seq)
+    size = np.bitwise_count(masks).sum(axis=1, dtype=np.int64)
     cols: dict[str, Any] = {}
     pooled: dict[str, Any] = {}
     for g in lags:
-        valid = seq.cell_index[code_cell] >= g
-        shared = np.zeros(len(codes), dtype=bool)
-        shared[valid] = present[codes[valid] - g * E]
-        inter = np.bincount(code_cell, weights=shared, minlength=n_cells)
+        if g < 1:
+            raise BmoeError(f"overlap lag {g}: lags count cells back, from 1")
+        inter = np.zeros(n_cells, dtype=np.int64)  # cell c against cell c-g (same layer where
+        if g < n_cells:  # its index in the layer is >= g: layers are contiguous)
+            inter[g:] = np.bitwise_count(masks[g:] & masks[:-g]).sum(axis=1, dtype=np.int64)
         counted = (seq.cell_index >= g) & (size > 0)
         pct = np.where(counted, 100.0 * inter / np.maximum(size, 1), 0.0)
         total = np.bincount(seq.cell_layer_idx, weights=pct, minlength=seq.n_layers)
         n = np.bincount(seq.cell_layer_idx, weights=counted, minlength=seq.n_layers)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), np.nan)
-        pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else np.nan
+        cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
+        pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else 0.0
     return _with_all_row(_layer_frame(seq, **cols), pooled)
 
 
@@ -592,7 +740,10 @@ def _workset(
     distinct = np.bincount(layer_idx, minlength=seq.n_layers)
     one = np.array([sizes.get(int(x), np.nan) for x in seq.layers], dtype=np.float64)
     cols["union_mib"] = distinct * one / MIB
-    frame = _layer_frame(seq, **cols)
+    return _with_workset_totals(_layer_frame(seq, **cols))
+
+
+def _with_workset_totals(frame: pd.DataFrame) -> pd.DataFrame:
     totals: dict[str, float] = {
         c: int(frame[c].sum()) for c in frame.columns if c not in ("layer", "union_mib")
     }
@@ -641,11 +792,13 @@ def _cache(seq: _Sequence) -> pd.DataFrame:
     cols = ("miss_pct", "hit_pct", "prefetch_pct")
     if "residency" not in seq.rows:
         return pd.DataFrame(columns=["layer", *cols, "routings"])
-    res = seq.rows["residency"].to_numpy(np.int64)
-    counts = np.bincount(
-        seq.layer_idx.astype(np.int64) * 3 + np.clip(res, 0, 2), minlength=seq.n_layers * 3
-    ).reshape(seq.n_layers, 3)
-    routings = np.bincount(seq.layer_idx, minlength=seq.n_layers)
+    res = seq.rows["residency"].to_numpy()
+    counts = np.zeros((seq.n_layers, 3), dtype=np.int64)
+    routings = np.zeros(seq.n_layers, dtype=np.int64)
+    for a, b in seq.layer_blocks():  # one layer's rows at a time
+        i = int(seq.layer_idx[a])
+        counts[i] = np.bincount(np.clip(res[a:b], 0, 2), minlength=3)[:3]
+        routings[i] = b - a
     with np.errstate(invalid="ignore", divide="ignore"):
         share = 100.0 * counts / routings[:, None]
     frame = _layer_frame(seq, **{c: share[:, i] for i, c in enumerate(cols)})
@@ -696,15 +849,19 @@ def _entropy(seq: _Sequence) -> pd.DataFrame:
         return _layer_frame(
             seq, entropy_bits=np.full(seq.n_layers, np.nan), top1_pct=np.full(seq.n_layers, np.nan)
         )
-    w = seq.rows["weight"].to_numpy(np.float64)
-    known = ~np.isnan(w)
-    wk = np.where(known, w, 0.0)
-    total = np.bincount(seq.gcell, weights=wk, minlength=n_cells)
-    pos = wk > 0
-    wlogw = np.zeros_like(wk)
-    wlogw[pos] = wk[pos] * np.log2(wk[pos])
-    acc = np.bincount(seq.gcell, weights=wlogw, minlength=n_cells)
-    top = np.maximum.reduceat(np.where(known, w, -np.inf), seq.cell_start)
+    weight = seq.rows["weight"].to_numpy()
+    total, acc, top = np.empty(n_cells), np.empty(n_cells), np.empty(n_cells)
+    for a, b, lo, hi in _cell_blocks(seq):  # cells are contiguous
+        w = weight[lo:hi].astype(np.float64)
+        known = ~np.isnan(w)
+        wk = np.where(known, w, 0.0)
+        starts = seq.cell_start[a:b] - lo
+        total[a:b] = np.add.reduceat(wk, starts)
+        pos = wk > 0
+        wlogw = np.zeros_like(wk)
+        wlogw[pos] = wk[pos] * np.log2(wk[pos])
+        acc[a:b] = np.add.reduceat(wlogw, starts)
+        top[a:b] = np.maximum.reduceat(np.where(known, w, -np.inf), starts)
     ok = total > 0
     safe = np.where(ok, total, 1.0)
     bits = np.log2(safe) - acc / safe
@@ -735,11 +892,10 @@ def bytes_read(trace: Trace) -> pd.DataFrame:
 
 def _bytes(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
     if "expert_bytes" in seq.rows:
-        read = np.bincount(
-            seq.layer_idx,
-            weights=seq.rows["expert_bytes"].to_numpy(np.float64),
-            minlength=seq.n_layers,
-        )
+        values = seq.rows["expert_bytes"].to_numpy()
+        read = np.zeros(seq.n_layers)
+        for a, b in seq.layer_blocks():  # exact integer sums, one layer's rows at a time
+            read[int(seq.layer_idx[a])] = float(values[a:b].sum(dtype=np.int64))
     else:
         read = np.full(seq.n_layers, np.nan)
     one = _sizes(trace)
@@ -935,3 +1091,177 @@ def routing_grid(trace: Trace, value: str = "residency") -> pd.DataFrame:
         [seq.layers.astype(np.int64), np.arange(k)], names=["layer", "slot"]
     )
     return pd.DataFrame(grid, index=pd.Index(step_of, name="step"), columns=columns)
+
+
+# ----------------------------------------------------------------------------- in passes
+
+
+def route_views_in_passes(
+    blocks: Callable[[], Iterable[pd.DataFrame]],
+    trace: RouteTrace,
+    names: Iterable[str] = DEFAULT_VIEWS,
+    *,
+    phase: str = "decode",
+    turn: int | None = None,
+    layers: Collection[int] | None = None,
+    steps: Collection[int] | None = None,
+    top: int = 8,
+    max_rows: int = 20_000_000,
+) -> dict[str, pd.DataFrame]:
+    """The views of :func:`route_views` (all but the matrix) of a trace too large to hold,
+    holding about `max_rows` rows at a time. Every view is per layer (the pooled rows are
+    sums), so a first pass over the blocks counts each layer's rows and the distinct steps,
+    then each further pass analyses a group of whole layers and the groups are joined.
+
+    `blocks()` starts a fresh walk over the rows, block by block (for a file:
+    ``lambda: iter_route_rows(path)``); `trace` gives the preamble (its rows are unused).
+    The figures are :func:`route_views`'s on the same selection (the pooled means to the
+    last bits of a float)."""
+    names = list(names)
+    unknown = [n for n in names if n not in DEFAULT_VIEWS]
+    if unknown:
+        raise BmoeError(
+            f"view {', '.join(unknown)} cannot be analysed in passes "
+            f"(choose from {', '.join(DEFAULT_VIEWS)})"
+        )
+    per_layer: dict[int, int] = {}
+    step_keys = np.zeros(0, dtype=np.int64)
+    empty: pd.DataFrame | None = None
+    for block in blocks():
+        empty = block.iloc[:0] if empty is None else empty
+        rows = block[_kept(block, phase, turn, layers, steps)]
+        ids, counts = np.unique(rows["layer"].to_numpy(), return_counts=True)
+        for layer, count in zip(ids.tolist(), counts.tolist(), strict=True):
+            per_layer[layer] = per_layer.get(layer, 0) + count
+        step_keys = np.union1d(step_keys, np.unique(_step_keys(rows)))
+    if not per_layer:
+        none = empty if empty is not None else pd.DataFrame(columns=["step", "layer", "expert"])
+        return route_views(dataclasses.replace(trace, rows=none), names, top=top)
+    groups: list[list[int]] = [[]]
+    held = 0
+    for layer in sorted(per_layer):
+        if groups[-1] and held + per_layer[layer] > max_rows:
+            groups.append([])
+            held = 0
+        groups[-1].append(layer)
+        held += per_layer[layer]
+    parts = [
+        _group_views(blocks, trace, group, len(step_keys), phase, turn, steps, top)
+        for group in groups
+    ]
+    joined = _join_groups(parts, len(step_keys))
+    return {name: joined[name] for name in names}
+
+
+def _step_keys(rows: pd.DataFrame) -> np.ndarray:
+    """(turn, step, phase) as one int64 per row, the same for every block."""
+    key = rows["step"].to_numpy().astype(np.int64)
+    if "turn" in rows:
+        key += rows["turn"].to_numpy().astype(np.int64) << 32
+    key <<= 1
+    if "phase" in rows:
+        key += rows["phase"].to_numpy()
+    return key
+
+
+def _group_views(
+    blocks: Callable[[], Iterable[pd.DataFrame]],
+    trace: RouteTrace,
+    group: list[int],
+    n_steps: int,
+    phase: str,
+    turn: int | None,
+    steps: Collection[int] | None,
+    top: int,
+) -> dict[str, Any]:
+    """One pass: the rows of the layers in `group`, and their views and counts."""
+    parts = [b[_kept(b, phase, turn, group, steps)] for b in blocks()]
+    rows = pd.concat(parts, ignore_index=True)
+    del parts
+    seq = dataclasses.replace(_order(rows), n_steps=n_steps)
+    sizes = _sizes(trace)
+    out: dict[str, Any] = {
+        "sanity": _sanity(seq, trace),
+        "hot": _hot(seq, top),
+        "reuse": _reuse(seq),
+        "overlap": _without_all(_overlap(seq, OVERLAP_LAGS)),
+        "workset": _without_all(_workset(seq, WORKSET_MARKS, sizes, _n_expert(trace, seq))),
+        "cache": _without_all(_cache(seq)),
+        "entropy": _entropy(seq),
+        "bytes": _without_all(_bytes(seq, trace)),
+        "cells": pd.Series(seq.cells_per_layer, index=seq.layers.astype(np.int64)),
+    }
+    return out
+
+
+def _without_all(frame: pd.DataFrame) -> pd.DataFrame:
+    if not len(frame) or "layer" not in frame:
+        return frame
+    return frame[frame["layer"] != ALL].astype({"layer": np.int64})
+
+
+def _join_groups(parts: list[dict[str, Any]], n_steps: int) -> dict[str, pd.DataFrame]:
+    """The groups' per-layer rows one after the other, and the pooled rows recomputed."""
+
+    def cat(name: str) -> pd.DataFrame:
+        return pd.concat([p[name] for p in parts], ignore_index=True)
+
+    out = {name: cat(name) for name in ("hot", "reuse", "entropy")}
+    cells = pd.concat([p["cells"] for p in parts])
+    overlap = cat("overlap")
+    pooled = {}
+    for g in OVERLAP_LAGS:
+        counted = np.maximum(cells.reindex(overlap["layer"]).to_numpy() - g, 0)
+        total = float((overlap[f"lag_{g}"].to_numpy() * counted).sum())
+        pooled[f"lag_{g}"] = total / counted.sum() if counted.sum() else 0.0
+    out["overlap"] = _with_all_row(overlap, pooled)
+    out["workset"] = _with_workset_totals(cat("workset"))
+    cache = cat("cache")
+    if "routings" in cache and len(cache):
+        routings = cache["routings"].to_numpy()
+        n = int(routings.sum())
+        share = {
+            c: 100.0 * float(np.round(cache[c].to_numpy() * routings / 100.0).sum()) / n
+            if n
+            else np.nan
+            for c in ("miss_pct", "hit_pct", "prefetch_pct")
+        }
+        cache = _with_all_row(cache, {**share, "routings": n})
+    out["cache"] = cache
+    by = cat("bytes")
+    total = float(by["read_mib"].sum())
+    out["bytes"] = _with_all_row(
+        by,
+        {
+            "read_mib": total,
+            "expert_mib": np.nan,
+            "dense_mib": float(by["dense_mib"].sum(skipna=False)),
+            "mib_per_step": total / max(n_steps, 1),
+        },
+    )
+    san = cat("sanity")
+    k = san["k"].iloc[0]
+    out["sanity"] = pd.DataFrame(
+        [
+            {
+                "rows": int(san["rows"].sum()),
+                "cells": int(san["cells"].sum()),
+                "steps": n_steps,
+                "layers": int(san["layers"].sum()),
+                "k": k,
+                "cells_not_k": int(san["cells_not_k"].sum()) if k is not None else None,
+                "steps_per_layer_min": int(san["steps_per_layer_min"].min()),
+                "steps_per_layer_max": int(san["steps_per_layer_max"].max()),
+                "cells_weighed": int(san["cells_weighed"].sum()),
+                "weight_sum_min": _nan_extreme(san["weight_sum_min"], np.nanmin),
+                "weight_sum_max": _nan_extreme(san["weight_sum_max"], np.nanmax),
+            }
+        ]
+    )
+    return out
+
+
+def _nan_extreme(values: pd.Series, pick: Callable[[np.ndarray], Any]) -> float:
+    known = values.to_numpy(np.float64)
+    known = known[~np.isnan(known)]
+    return float(pick(known)) if len(known) else np.nan

@@ -2,6 +2,22 @@
 
 Each command group lives in its own module and registers itself on the apps below; this
 module assembles them and turns user errors into one line on stderr instead of a traceback.
+
+A command line imports only what it needs, so ``bmoe --help`` and ``bmoe info FILE`` start
+without pandas, pyarrow, numpy or matplotlib. Two rules keep it so:
+
+- Every module in ``COMMAND_MODULES`` is imported by every command line, unless it is named
+  in ``LAZY_COMMANDS``. At its top such a module imports only the standard library, typer,
+  rich and light bmoe modules (``bmoe.cli``, ``bmoe.errors``, ``bmoe.render.outputs``);
+  the library, pandas and the renderers are imported inside the command functions.
+- A module whose commands all live under a group (``bmoe analyze ...``, ``bmoe export ...``)
+  may instead be named in ``LAZY_COMMANDS`` (command path -> module): it is imported only when
+  the command line names one of its commands, or names the group alone (the group's help lists
+  every command), and may then import what its commands need at its top.
+
+A new command: its module in ``COMMAND_MODULES`` and, if it lives under a group, its path in
+``LAZY_COMMANDS``. ``tests/test_cli_startup.py`` checks the first rule; ``register()`` with
+no command line imports every module (for tools that list all commands).
 """
 
 from __future__ import annotations
@@ -10,6 +26,7 @@ import importlib
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 
 import typer
 from rich.console import Console
@@ -68,12 +85,46 @@ COMMAND_MODULES = (
     "bmoe.cli.predict",
 )
 
+#: Commands whose module is imported only when the command line names them (or their group):
+#: command path -> module. See the module docstring.
+LAZY_COMMANDS = {
+    "analyze metrics": "bmoe.cli.runs",
+    "analyze stall": "bmoe.cli.runs",
+    "analyze compare": "bmoe.cli.runs",
+    "analyze contamination": "bmoe.cli.runs",
+    "analyze route": "bmoe.cli.route",
+    "analyze replay": "bmoe.cli.replay",
+    "analyze drop": "bmoe.cli.replay",
+    "analyze decode": "bmoe.cli.decode",
+    "export trace": "bmoe.cli.decode",
+}
+
 console = Console()
 err_console = Console(stderr=True)
 
 
-def register() -> None:
-    for name in COMMAND_MODULES:
+def modules_for(argv: Sequence[str] | None) -> list[str]:
+    """The command modules a command line needs: every module when `argv` is None; else the
+    modules not in LAZY_COMMANDS, plus the lazy module of the command it names, or every lazy
+    module of the group it names without a known command (``bmoe analyze --help``)."""
+    if argv is None:
+        return list(COMMAND_MODULES)
+    lazy = set(LAZY_COMMANDS.values())
+    needed = [name for name in COMMAND_MODULES if name not in lazy]
+    words = [w for w in argv if not w.startswith("-")][:2]  # the root takes no option values
+    path = " ".join(words)
+    if path in LAZY_COMMANDS:
+        needed.append(LAZY_COMMANDS[path])
+    elif words:
+        prefix = words[0] + " "
+        needed += [m for p, m in LAZY_COMMANDS.items() if p.startswith(prefix)]
+    return [name for name in COMMAND_MODULES if name in needed]  # help lists in this order
+
+
+def register(argv: Sequence[str] | None = None) -> None:
+    """Import the command modules `argv` needs (all of them when it is None), which
+    registers their commands on the apps above."""
+    for name in modules_for(argv):
         importlib.import_module(name)
 
 
@@ -91,9 +142,10 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``bmoe`` script and ``python -m bmoe``."""
     warnings.showwarning = _show_warning
-    register()
+    args = sys.argv[1:] if argv is None else list(argv)
+    register(args)
     try:
-        app(args=argv, prog_name="bmoe")
+        app(args=args, prog_name="bmoe")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BmoeError as exc:

@@ -6,17 +6,14 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import pandas as pd
 import typer
 
 from bmoe.cli import app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
-from bmoe.formats.convert import TARGETS, convert_file
-from bmoe.formats.errors import FormatWarning
-from bmoe.formats.info import describe
-from bmoe.formats.validate import validate_file
-from bmoe.render.tables import FORMATS, render
+from bmoe.render.outputs import FORMATS
+
+TARGETS = ("parquet", "csv")  # bmoe.formats.convert.TARGETS, named here for the help text
 
 _FORMAT_HELP = f"Output format: {', '.join(FORMATS)}."
 
@@ -36,6 +33,9 @@ def info(
 
     Example: bmoe info run.csv trace.route.csv run.out
     """
+    from bmoe.formats.info import describe
+    from bmoe.render.tables import render
+
     check_format(fmt)
     failed = False
     for path in files:
@@ -65,6 +65,12 @@ def validate(
 
     Example: bmoe validate run.csv trace.route.csv
     """
+    import pandas as pd
+
+    from bmoe.formats.errors import FormatWarning
+    from bmoe.formats.validate import validate_file
+    from bmoe.render.tables import render
+
     check_format(fmt, ("text", *FORMATS))
     unreadable = False
     records = []
@@ -122,6 +128,8 @@ def convert(
 
     Example: bmoe convert run.csv trace.route.csv --to parquet -o parquet/
     """
+    from bmoe.formats.convert import convert_file
+
     if to not in TARGETS:
         raise BmoeError(f"cannot convert to {to!r} (choose {' or '.join(TARGETS)})")
     failed = False

@@ -39,11 +39,11 @@ def history_command(
     Example (CI): bmoe history bench-data/*-tiny-cache-lanes --fail-on-regression 5%
     """
     from bmoe.analyze import history as hist
-    from bmoe.render.tables import FORMATS, render
+    from bmoe.cli.options import check_format
+    from bmoe.render.tables import render
     from bmoe.sweep.archive import load_results
 
-    if fmt not in FORMATS:
-        raise BmoeError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    check_format(fmt)
     limits = {}
     for name, text in (("--threshold", threshold), ("--fail-on-regression", fail_on_regression)):
         if text is None:

@@ -15,9 +15,9 @@ def check_choice(option: str, value: str, allowed: Sequence[str]) -> None:
 
 def check_format(fmt: str, allowed: Sequence[str] | None = None) -> None:
     """The ``--format`` check of every command that renders tables (`allowed` defaults to
-    the table formats, :data:`bmoe.render.tables.FORMATS`)."""
+    the table formats, :data:`bmoe.render.outputs.FORMATS`)."""
     if allowed is None:
-        from bmoe.render.tables import FORMATS
+        from bmoe.render.outputs import FORMATS
 
         allowed = FORMATS
     check_choice("--format", fmt, allowed)

@@ -6,13 +6,17 @@ from __future__ import annotations
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import typer
 
 from bmoe.cli import app, console, err_console
+from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
-from bmoe.render.tables import FORMATS, render
+from bmoe.render.outputs import FORMATS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DIGITS = {
     "tok_s": 3,
@@ -46,12 +50,9 @@ DIGITS = {
 }
 
 
-def _check_format(fmt: str) -> None:
-    if fmt not in FORMATS:
-        raise BmoeError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
-
-
 def _show(views: dict, fmt: str) -> None:
+    from bmoe.render.tables import render
+
     out = render(views, fmt, console, DIGITS)
     if out is not None:
         console.out(out, end="")
@@ -106,7 +107,7 @@ def profile_command(
     Example: bmoe profile runs/ --probe local --probe-file model.gguf -o device.json
     Example: bmoe profile --probe adb:R5CT --probe-file /data/local/tmp/model.gguf
     """
-    _check_format(fmt)
+    check_format(fmt)
     if probe is not None and probe_file is None:
         raise BmoeError("--probe needs --probe-file (the file to read on the target)")
     flash = None
@@ -216,7 +217,7 @@ def predict_command(
     Example: bmoe predict run.route.csv -p device.json -g cache_mb=128,256 -g io_threads=1,4
     Example: bmoe predict run.route.csv -p device.json --against sweeps/2026-11-29-grid
     """
-    _check_format(fmt)
+    check_format(fmt)
     from bmoe.analyze import predict as prediction
     from bmoe.cli.replay import read_trace
     from bmoe.formats.profile import read_profile
@@ -247,6 +248,8 @@ def predict_command(
     _show(views, fmt)
     if csv_out is not None:
         csv_out.parent.mkdir(parents=True, exist_ok=True)
+        import pandas as pd
+
         csv_out.write_text(pd.DataFrame(table).to_csv(index=False), encoding="utf-8")
         err_console.print(f"wrote {csv_out}", highlight=False)
 
@@ -257,6 +260,8 @@ def sweep_predictions(config, plan) -> pd.DataFrame | None:
     every routed expert is priced as a miss (an upper bound)."""
     if not config.settings.profile:
         return None
+    import pandas as pd
+
     from bmoe.analyze.predict import sweep_duration
     from bmoe.formats.profile import read_profile
     from bmoe.formats.route import read_route_trace

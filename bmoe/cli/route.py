@@ -165,6 +165,7 @@ def analyze_route(
         layers=parse_ints(layers, "layers"),
         steps=parse_ints(steps, "steps"),
         max_steps=max_steps,
+        consume=True,  # the whole trace is not needed again: hold one frame, not two
     )
     said = route.caveats(trace, selected, phase)
     limit = None if (steps is not None or max_steps is not None) else route.MATRIX_STEPS

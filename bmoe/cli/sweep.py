@@ -12,7 +12,7 @@ import typer
 from bmoe.cli import analyze_app, app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
-from bmoe.render.tables import FORMATS, render
+from bmoe.render.outputs import FORMATS
 
 
 def _dry_run(config, plan, archive_root: Path) -> None:
@@ -279,6 +279,7 @@ def analyze_sweep_command(
     """
     check_format(fmt)
     from bmoe.analyze.sweep import analyze_sweep
+    from bmoe.render.tables import render
     from bmoe.sweep.archive import find_latest, load_results
     from bmoe.sweep.config import load_config
 

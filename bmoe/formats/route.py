@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 
 from bmoe.formats import kv
-from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections
+from bmoe.formats.csvtable import BLOCK_SIZE, PathLike, Sections, frame_or_empty, load_sections
 from bmoe.formats.errors import FormatError
 
 COLUMNS = (
@@ -105,8 +106,109 @@ def read_route_trace(source: PathLike | bytes) -> RouteTrace:
         return RouteTrace(p.name, p.version, p.meta, p.layers, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
-    rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
+    rows = _stream_rows(sec)
+    if rows is None:
+        rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
     return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
+
+
+def read_route_preamble(source: PathLike) -> RouteTrace:
+    """A route trace CSV's run facts and per-layer sizes, its rows left on disk (an empty
+    frame of its columns): the preamble for :func:`iter_route_rows`' blocks."""
+    sec = load_sections(source, verify=False)
+    version, meta, layers = _parse_preamble(sec)
+    types = {c: COLUMN_TYPES.get(c, pa.string()) for c in dict.fromkeys(sec.header)}
+    rows = pa.schema(list(types.items())).empty_table().to_pandas()
+    return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
+
+
+def iter_route_rows(source: PathLike, rows: int = 1 << 20) -> Iterator[pd.DataFrame]:
+    """The rows of a route trace CSV in blocks of about `rows`, read from disk as they are
+    used (a trace larger than memory can be walked this way, once per call). A file that
+    cannot stream (not a plain trace, a row that does not parse) is read whole and given as
+    one block; its errors are the reader's."""
+    sec = load_sections(source, verify=False)
+    if _streamable(sec):
+        assert sec.source is not None
+        types = {c: COLUMN_TYPES[c] for c in sec.header}
+        parts: list[pd.DataFrame] = []
+        held = given = 0
+        try:
+            for batch in _batches(sec.source, sec.spans[0][0], types):
+                parts.append(batch.to_pandas())
+                held += batch.num_rows
+                if held >= rows:
+                    yield pd.concat(parts, ignore_index=True)
+                    given += held
+                    parts, held = [], 0
+        except (pa.ArrowInvalid, OSError):
+            pass  # the careful read below names the problem, or widens a column
+        else:
+            if parts:
+                yield pd.concat(parts, ignore_index=True)
+            return
+        yield read_route_trace(source).rows.iloc[given:].reset_index(drop=True)
+        return
+    yield read_route_trace(source).rows
+
+
+def _streamable(sec: Sections) -> bool:
+    """The rows can be parsed straight from the file with the compact types."""
+    header = sec.header
+    return (
+        sec.streamed()
+        and not sec.cut
+        and bool(sec.header_line)
+        and all(c in COLUMN_TYPES for c in header)
+        and len(set(header)) == len(header)
+        and all(c in header for c in REQUIRED)
+    )
+
+
+def _batches(path: str, start: int, types: dict[str, pa.DataType]) -> Iterator[pa.RecordBatch]:
+    with pa.OSFile(path) as fh:
+        fh.seek(start)
+        reader = pacsv.open_csv(
+            fh,
+            read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types=types, null_values=[], strings_can_be_null=False
+            ),
+            memory_pool=pa.system_memory_pool(),
+        )
+        yield from reader
+
+
+def _stream_rows(sec: Sections) -> pd.DataFrame | None:
+    """The rows of a large trace parsed batch by batch into columns allocated up front, so
+    the peak is the frame plus one batch (parsing the whole file into Arrow and converting
+    held every row twice). The columns are sized for the most rows the file can hold (each
+    row takes at least two bytes per column); pages never written are never resident.
+
+    None when the careful path must read it instead: not a plain file streamed from disk, a
+    header with unknown, duplicate or missing columns, or rows that do not parse.
+    """
+    header = sec.header
+    if not _streamable(sec):
+        return None
+    assert sec.source is not None
+    start, end = sec.spans[0]
+    types = {c: COLUMN_TYPES[c] for c in header}
+    most = (end - start) // (2 * len(header)) + 1
+    columns = {c: np.empty(most, dtype=types[c].to_pandas_dtype()) for c in header}
+    n = 0
+    try:
+        for batch in _batches(sec.source, start, types):
+            m = batch.num_rows
+            if n + m > most:
+                return None
+            for name, column in zip(batch.schema.names, batch.columns, strict=True):
+                columns[name][n : n + m] = column.to_numpy(zero_copy_only=False)
+            n += m
+    except (pa.ArrowInvalid, OSError):
+        return None
+    return pd.DataFrame({c: a[:n] for c, a in columns.items()}, copy=False)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -106,6 +106,27 @@ def _not_in(values: np.ndarray, allowed: Sequence[int]) -> np.ndarray:
     return ~np.isin(values, np.asarray(allowed))
 
 
+def _span(values: np.ndarray) -> int:
+    return int(values.max()) - int(values.min()) + 1
+
+
+def _packed(frame: pd.DataFrame, names: Sequence[str]) -> np.ndarray | None:
+    """The columns `names` as one int64 per row ordered like the tuples of their values (a
+    mixed radix over each column's range); None when the ranges do not fit in 63 bits."""
+    total = 1
+    for name in names:
+        total *= _span(frame[name].to_numpy())
+        if total >= 2**62:
+            return None
+    packed = np.zeros(len(frame), dtype=np.int64)
+    for name in names:
+        values = frame[name].to_numpy()
+        packed *= _span(values)
+        packed += values
+        packed -= int(values.min())
+    return packed
+
+
 def _step_goes_back(frame: pd.DataFrame, groups: Sequence[str], strict: bool) -> np.ndarray:
     """Rows whose ``step`` is below (or, `strict`, not above) the previous row of its group,
     groups being the rows sharing the values of `groups` (in file order within a group)."""
@@ -204,17 +225,28 @@ def _check_route(trace: Any, rep: _Report) -> None:
     if (layer := _col(rows, "layer")) is not None and isinstance(n_layer, int):
         rep.rows((layer < 0) | (layer >= n_layer), ERROR, f"layer outside 0..{n_layer - 1}")
     if (weight := _col(rows, "weight")) is not None:
-        w = weight.astype(np.float64)
+        w = weight if weight.dtype.kind == "f" else weight.astype(np.float64)
         rep.rows(~np.isnan(w) & ((w < 0) | np.isinf(w)), ERROR, "weight negative or infinite")
     if (eb := _col(rows, "expert_bytes")) is not None:
         rep.rows(eb < 0, ERROR, "expert_bytes is negative")
         if res is not None:
             rep.rows((eb > 0) & (res != 0), ERROR, "expert_bytes on a hit (only misses read)")
     cell = [c for c in ("turn", "phase", "step", "layer", "slot") if c in rows.columns]
+    # a trace in the order engines write it, (turn, step, phase, layer, slot) ascending,
+    # answers the three order checks in one pass; any other order takes the general ones
+    engine_order = ["turn", "step", "phase", "layer", "slot"]
+    packed = _packed(rows, engine_order) if len(cell) == 5 and len(rows) else None
+    in_order = packed is not None and bool((packed[1:] >= packed[:-1]).all())
     if len(cell) == 5 and len(rows):
-        dup = rows.duplicated(subset=cell, keep="first").to_numpy()
+        if in_order:
+            assert packed is not None
+            dup = np.zeros(len(rows), dtype=bool)
+            dup[1:] = packed[1:] == packed[:-1]
+        else:
+            dup = rows.duplicated(subset=cell, keep="first").to_numpy()
         rep.rows(dup, ERROR, "(turn, phase, step, layer, slot) repeats an earlier row")
-    if "step" in rows and len(rows):
+        del dup
+    if "step" in rows and len(rows) and not in_order:
         back = _step_goes_back(rows, ["turn", "phase", "layer"], strict=False)
         rep.rows(back, ERROR, "step goes back within its turn, phase and layer")
     if "layer" in rows and "layer" not in missing and len(rows):
@@ -225,7 +257,13 @@ def _check_route(trace: Any, rep: _Report) -> None:
             shown = ", ".join(str(x) for x in absent[:10]) + (", ..." if len(absent) > 10 else "")
             rep.add(ERROR, f"no '# layer=... expert_bytes=' line for routed layer(s) {shown}", 1)
     if isinstance(k, int) and len(cell) >= 4 and len(rows):
-        sizes_per_cell = rows.groupby(cell[:4], sort=False, observed=True).size()
+        if in_order:  # cells are runs of rows: their sizes are the run lengths
+            assert packed is not None
+            packed //= _span(rows["slot"].to_numpy())
+            starts = np.flatnonzero(np.r_[True, packed[1:] != packed[:-1]])
+            sizes_per_cell = np.diff(np.append(starts, len(packed)))
+        else:
+            sizes_per_cell = rows.groupby(cell[:4], sort=False, observed=True).size().to_numpy()
         odd = int((sizes_per_cell != k).sum())
         if odd:
             rep.add(WARNING, f"{odd} cell(s) do not hold n_expert_used={k} rows")

@@ -18,7 +18,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-FORMATS = ("table", "csv", "json", "markdown")
+from bmoe.render.outputs import FORMATS
+
 MISSING = "—"
 
 Result = pd.DataFrame | Mapping[str, Any]
