@@ -41,6 +41,11 @@ def run(ctx: typer.Context) -> None:
     if version:
         console.out(engine_version(), highlight=False)
         return
+    if cfg.session:
+        from bmoe.engine.embedded.serve import serve_session
+
+        serve_session(cfg, stdin=sys.stdin.buffer, out=sys.stdout.buffer, err=sys.stderr)
+        return
     run_engine(cfg, out=sys.stdout.buffer, err=sys.stderr)
 
 
@@ -57,12 +62,25 @@ def synth(
     type_: str | None = typer.Option(None, "--type", help="Weight type: f32, f16 or q8_0."),
     seed: int | None = typer.Option(None, help="Random seed of the weights."),
     skew: float | None = typer.Option(None, help="Router skew: 0 = uniform; larger = hotter."),
+    split_max_tensors: int = typer.Option(
+        0,
+        "--split-max-tensors",
+        help="Split into shards of at most N tensors (OUT-00001-of-0000M.gguf); 0 = one file.",
+    ),
+    no_tensor_first_split: bool = typer.Option(
+        False,
+        "--no-tensor-first-split",
+        help="With --split-max-tensors: the first shard holds the metadata only.",
+    ),
 ) -> None:
     """Write a synthetic qwen3moe GGUF model that llama.cpp loads.
 
     Larger models: override the preset's sizes, e.g.
     bmoe model synth big.gguf --preset small --layers 48 --experts 128 --n-embd 1024
     --n-ff-exp 768 --type q8_0 (about 10 GB).
+
+    A split model, as large models ship: bmoe model synth tiny.gguf --split-max-tensors 16
+    writes tiny-00001-of-0000M.gguf ... (run it with -m tiny-00001-of-0000M.gguf).
 
     Example: bmoe model synth tiny.gguf --preset tiny
     """
@@ -90,6 +108,16 @@ def synth(
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(f"writing {out.name}", total=total)
         path = synth_model(
-            out, preset, progress=lambda done, _t: bar.update(task, completed=done), **overrides
+            out,
+            preset,
+            progress=lambda done, _t: bar.update(task, completed=done),
+            split_max_tensors=split_max_tensors,
+            no_tensor_first_split=no_tensor_first_split,
+            **overrides,
         )
-    console.out(f"{path}: {path.stat().st_size / 2**20:.1f} MiB", highlight=False)
+    from bmoe.engine.embedded.layout import read_layout
+
+    shards = [Path(p) for p in read_layout(path).shards]
+    size = sum(p.stat().st_size for p in shards) / 2**20
+    more = f" ({len(shards)} shards)" if len(shards) > 1 else ""
+    console.out(f"{path}: {size:.1f} MiB{more}", highlight=False)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -264,6 +266,8 @@ def synth_model(
     preset: str = "tiny",
     *,
     progress: Callable[[int, int], None] | None = None,
+    split_max_tensors: int = 0,
+    no_tensor_first_split: bool = False,
     **overrides: Any,
 ) -> Path:
     """Write a synthetic ``qwen3moe`` GGUF to `path` and return the path.
@@ -271,20 +275,34 @@ def synth_model(
     `overrides` are :class:`SynthConfig` fields (``layers``, ``experts``, ``top_k``,
     ``n_embd``, ``n_ff_exp``, ``vocab``, ``type``, ``seed``, ``skew``, ...). `progress` is
     called with (bytes written, total bytes) after each tensor.
+
+    `split_max_tensors` N > 0 writes a split model the way ``llama-gguf-split`` does: shards
+    of at most N tensors named ``<stem>-00001-of-0000M.gguf`` beside `path`, the first one
+    holding the metadata (and, with `no_tensor_first_split`, nothing else); the path returned
+    is the first shard's, the one llama.cpp opens.
     """
     cfg = preset_config(preset, **overrides)
     try:
         import gguf
     except ImportError as exc:  # pragma: no cover - the engine extra is missing
         raise BmoeError("synth needs the 'gguf' package (pip install 'bmoe[engine]')") from exc
+    if split_max_tensors < 0:
+        raise BmoeError("synth: split_max_tensors must be >= 0")
 
     out = Path(path)
     if out.parent and not out.parent.is_dir():
         raise BmoeError(f"{out.parent}: no such directory")
     plan = _plan(cfg)
     total = sum(_nbytes(shape, kind) for _n, shape, kind in plan)
-    tmp = out.with_name(out.name + ".part")
-    writer = gguf.GGUFWriter(tmp, ARCH)
+    # written in a hidden folder beside the result, moved into place once complete
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent or "."))
+    split = split_max_tensors > 0
+    writer = gguf.GGUFWriter(
+        staging / out.name,
+        ARCH,
+        split_max_tensors=split_max_tensors,
+        small_first_shard=split and no_tensor_first_split,
+    )
     _write_metadata(writer, cfg)
     qtypes = {
         "f32": gguf.GGMLQuantizationType.F32,
@@ -313,13 +331,14 @@ def synth_model(
             if progress is not None:
                 progress(done, total)
         writer.close()
-        os.replace(tmp, out)
+        written = writer.format_shard_names(staging / out.name)
+        for file in written:
+            os.replace(file, out.with_name(file.name))
     except OSError as exc:
         raise BmoeError(f"{out}: cannot write ({exc.strerror or exc})") from exc
     finally:
-        if tmp.exists():
-            tmp.unlink()
-    return out
+        shutil.rmtree(staging, ignore_errors=True)
+    return out.with_name(written[0].name)
 
 
 def _write_metadata(w: Any, cfg: SynthConfig) -> None:

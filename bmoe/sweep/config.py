@@ -343,8 +343,6 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
         tags = frozenset(check.strings(item["tags"], ("limit", i, "tags")))
         limits.append(Limit(where, tags, line_of(lines, ("limit", i))))
 
-    if settings.session and settings.engine != "native":
-        raise check.fail(("sweep", "session"), 'session mode needs engine = "native"')
     if settings.session and pair_axis is not None:
         raise check.fail(
             ("pair", "axis"), "session mode already runs the cells of a session back to back"

@@ -48,6 +48,10 @@ class EngineConfig:
     load_all: bool = False
     prefetch: int = 0
     dense_weights: str = "mmap"
+    session: bool = False  # --session: serve JSON requests on stdin
+    drop_cold_frac: float = 0.0  # --drop-cold-experts F
+    drop_renorm: bool = True  # --drop-no-renorm
+    drop_prefill: bool = False  # --drop-in-prefill
 
     def check(self) -> None:
         """Raise :class:`BmoeError` naming the flag for a configuration that cannot run."""
@@ -69,12 +73,17 @@ class EngineConfig:
             raise BmoeError("--prefetch must be >= 0")
         if self.compute_trace and self.compute_trace_layers:
             raise BmoeError("--compute-trace and --compute-trace-layers are exclusive")
+        if self.drop_cold_frac < 0:
+            raise BmoeError("--drop-cold-experts must be >= 0")
+        if self.drop_cold_frac and self.load_all:
+            raise BmoeError("--drop-cold-experts drops misses of a cache: not with --load-all")
         if not self.moe_stream:
             for flag, value in (
                 ("--route-trace", self.route_trace),
                 ("--io-trace", self.io_trace),
                 ("--load-all", self.load_all),
                 ("--prefetch", self.prefetch),
+                ("--drop-cold-experts", self.drop_cold_frac),
             ):
                 if value:
                     raise BmoeError(f"{flag} needs --moe-stream")
@@ -110,6 +119,7 @@ _VALUE = {
     "--io-threads": "io_threads",
     "--prefetch": "prefetch",
     "--dense-weights": "dense_weights",
+    "--drop-cold-experts": "drop_cold_frac",
 }
 _SWITCH = {
     "--progress": ("progress", True),
@@ -117,12 +127,14 @@ _SWITCH = {
     "--no-odirect": ("o_direct", False),
     "--load-all": ("load_all", True),
     "--force-cache": ("force_cache", True),
+    "--session": ("session", True),
+    "--drop-no-renorm": ("drop_renorm", False),
+    "--drop-in-prefill": ("drop_prefill", True),
 }
 #: Native flags the embedded engine does not implement (with whether they take a value).
 NOT_IMPLEMENTED = {
     "--chatml": False,
     "--no-think": False,
-    "--session": False,
     "--mtp": False,
     "--ngram": False,
     "--draft": True,
@@ -130,9 +142,6 @@ NOT_IMPLEMENTED = {
     "--ngram-min-match": True,
     "--overlap": False,
     "--io-two-wave": False,
-    "--drop-cold-experts": True,
-    "--drop-no-renorm": False,
-    "--drop-in-prefill": False,
     "--route-ahead": True,
     "--predict-log": False,
     "--predict-prefetch": False,

@@ -14,6 +14,12 @@ engine wants:
 During the warm-up decode the hook also collects the expert tensors: the first source of each
 ``MUL_MAT_ID`` node whose name is one of the file's expert tensors.
 
+With dropping on (``--drop-cold-experts``) the streamer needs the routing weights, so the
+routing step moves from ``ffn_moe_topk-<il>`` to the layer's last weights node (found during
+the warm-up: e.g. ``ffn_moe_weights_norm``), which ggml computes before the expert matmuls;
+the hook then zeroes the dropped routings' weights in that tensor, in place, before anything
+consumes it (and rescales the kept ones to the full sum unless ``--drop-no-renorm``).
+
 Errors raised inside the callback cannot cross the C boundary; the hook stops the graph and
 re-raises them from :meth:`EvalHook.end`.
 """
@@ -69,6 +75,7 @@ class EvalHook:
         n_moe_layers: int = 0,
         expert_names: frozenset[bytes] = frozenset(),
         profile: bool = False,
+        drop_renorm: bool = True,
     ):
         from llama_cpp import ggml_backend_sched_eval_callback
 
@@ -86,6 +93,13 @@ class EvalHook:
         self._routed = 0
         self.expert_names = expert_names
         self.discovered: dict[str, int] | None = None
+        #: the weights chain of the first MoE layer, in graph order (seen during discovery)
+        self.weight_chain: list[bytes] = []
+        #: the name (without ``-<il>``) of the weights node the routing waits for when dropping
+        self.final_weights: bytes | None = None
+        self.drop_renorm = drop_renorm
+        self._dropping = False
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.error: BaseException | None = None
         #: with `profile`, the time spent inside the callback and its number of calls
         self.profile_ns = 0
@@ -123,14 +137,19 @@ class EvalHook:
         self._seg_layer = -1
         self._seq = 0
         self._routed = 0
+        self._pending = {}
+        if self.streamer is not None:
+            self.streamer.begin_decode(generating)
+        self._dropping = bool(
+            self.streamer is not None and self.streamer.dropping and self.final_weights
+        )
         self._remember = (
             len(positions) == 1
             and not self.trace
             and self.discovered is None
             and self.streamer is not None
+            and not self._dropping
         )
-        if self.streamer is not None:
-            self.streamer.begin_decode(generating)
         if self.trace:
             self._last_ns = time.perf_counter_ns()
             self._last_flt = _majflt()
@@ -187,12 +206,16 @@ class EvalHook:
         name = ctypes.string_at(t + ggml.NAME_OFFSET)
         if self.discovered is not None:
             self._discover(t)
+            self._chain(name)
         if self.trace == "node":
             return True
         if name.startswith(_TOPK):
             return self.streamer is not None
-        if self.route_weights and name.startswith(_WEIGHTS):
-            return b"_sum" not in name and not name.endswith(b")")
+        if name.startswith(_WEIGHTS):
+            if self._dropping and name.rpartition(b"-")[0] == self.final_weights:
+                return True
+            if self.route_weights:
+                return b"_sum" not in name and not name.endswith(b")")
         if self.trace == "layer":
             il = ggml.layer_of(name.decode("utf-8", "replace"))
             return il >= 0 and il != self._seg_layer
@@ -204,7 +227,7 @@ class EvalHook:
             if name.startswith(_TOPK):
                 self._route(t, int(name[len(_TOPK) :]))
             elif name.startswith(_WEIGHTS):
-                self._weights(t, ggml.layer_of(name.decode("utf-8", "replace")))
+                self._on_weights(t, name)
             return True
         now = time.perf_counter_ns()
         name = ctypes.string_at(t + ggml.NAME_OFFSET)
@@ -239,7 +262,7 @@ class EvalHook:
         if name.startswith(_TOPK):
             self._route(t, ggml.layer_of(text))
         elif name.startswith(_WEIGHTS):
-            self._weights(t, ggml.layer_of(text))
+            self._on_weights(t, name)
         if self.trace:
             self._last_ns = time.perf_counter_ns()
         return True
@@ -263,6 +286,14 @@ class EvalHook:
             assert self.discovered is not None
             self.discovered[name.decode()] = src
 
+    def _chain(self, name: bytes) -> None:
+        """Remember the first MoE layer's weights nodes in graph order (discovery)."""
+        if not name.startswith(_WEIGHTS) or b"_sum" in name or name.endswith(b")"):
+            return
+        base, _, il = name.rpartition(b"-")
+        if il.isdigit() and int(il) == self.first_moe_layer and base not in self.weight_chain:
+            self.weight_chain.append(base)
+
     def _route(self, t: int, layer: int) -> None:
         if self.streamer is None or layer < 0:
             return
@@ -272,6 +303,9 @@ class EvalHook:
             self._ub_start += self._ub_n
             self._ub_n = n
         if n == 0:
+            return
+        if self._dropping:  # routed once the weights are known
+            self._pending[layer] = (ids, self._positions_for(n))
             return
         self._routed += 1
         self.streamer.route(layer, ids, self._positions_for(n))
@@ -291,6 +325,40 @@ class EvalHook:
         if len(out) == n:
             return out
         return self._positions[-n:] if len(self._positions) >= n else np.full(n, -1, np.int64)
+
+    def _on_weights(self, t: int, name: bytes) -> None:
+        layer = ggml.layer_of(name.decode("utf-8", "replace"))
+        if self._dropping and name.rpartition(b"-")[0] == self.final_weights:
+            self._route_weighted(t, layer)
+        else:
+            self._weights(t, layer)
+
+    def _route_weighted(self, t: int, layer: int) -> None:
+        """The routing step with dropping: route with the applied weights, then zero the
+        dropped routings' weights in the tensor before the expert matmuls consume it."""
+        pending = self._pending.pop(layer, None)
+        if pending is None or self.streamer is None:
+            return
+        ids, positions = pending
+        view = ggml.as_array(t, np.float32)
+        if view.size != ids.size:
+            raise RuntimeError(
+                f"layer {layer}: {view.size} routing weights for {ids.size} routed experts"
+            )
+        weights = np.array(view, dtype=np.float32).reshape(ids.shape)
+        self._routed += 1
+        dropped = self.streamer.route(layer, ids, positions, weights)
+        if self.streamer.keep_routings and self.streamer.counters.routings:
+            routing = self.streamer.counters.routings[-1]
+            routing.weights = weights  # the router's weights: the trace records the choice
+            self._routings[layer] = routing
+        if dropped is None or not dropped.any():
+            return
+        applied = np.where(dropped, np.float32(0), weights)
+        if self.drop_renorm:
+            kept = applied.sum(axis=1, keepdims=True)
+            applied *= np.where(kept > 0, weights.sum(axis=1, keepdims=True) / kept, 1)
+        view[...] = applied.astype(np.float32).reshape(view.shape)
 
     def _weights(self, t: int, layer: int) -> None:
         routing = self._routings.get(layer)
