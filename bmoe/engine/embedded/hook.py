@@ -194,7 +194,10 @@ class EvalHook:
                     layer, row, k = known
                     data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
                     self._routed += 1
-                    self.streamer.route_ids(layer, row.from_address(data)[:], k, self._positions)
+                    streamer = self.streamer
+                    streamer.route_ids(layer, row.from_address(data)[:], k, self._positions)
+                    if streamer.keep_routings:  # the weights node that follows fills it in
+                        self._routings[layer] = streamer.counters.routings[-1]
                     return True
             return self._computed(t)
         except BaseException as exc:
