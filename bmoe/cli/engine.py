@@ -59,7 +59,12 @@ def synth(
     n_embd: int | None = typer.Option(None, "--n-embd", help="Embedding width."),
     n_ff_exp: int | None = typer.Option(None, "--n-ff-exp", help="Expert hidden width."),
     vocab: int | None = typer.Option(None, help="Vocabulary size (>= 259)."),
-    type_: str | None = typer.Option(None, "--type", help="Weight type: f32, f16 or q8_0."),
+    arch: str | None = typer.Option(
+        None, "--arch", help="Family: qwen3moe (default), qwen2moe, llama (Mixtral-style)."
+    ),
+    type_: str | None = typer.Option(
+        None, "--type", help="Weight type: f32, f16, q8_0, q4_0, q5_0 or mxfp4 (experts)."
+    ),
     seed: int | None = typer.Option(None, help="Random seed of the weights."),
     skew: float | None = typer.Option(None, help="Router skew: 0 = uniform; larger = hotter."),
     split_max_tensors: int = typer.Option(
@@ -73,7 +78,11 @@ def synth(
         help="With --split-max-tensors: the first shard holds the metadata only.",
     ),
 ) -> None:
-    """Write a synthetic qwen3moe GGUF model that llama.cpp loads.
+    """Write a synthetic mixture-of-experts GGUF model that llama.cpp loads.
+
+    Families: --arch qwen3moe (default), qwen2moe (a gated shared expert beside the routed
+    ones), llama (Mixtral: a llama with routed experts). Weight types: --type f32, f16, q8_0,
+    q4_0, q5_0, mxfp4 (MXFP4 experts, the other matrices f16).
 
     Larger models: override the preset's sizes, e.g.
     bmoe model synth big.gguf --preset small --layers 48 --experts 128 --n-embd 1024
@@ -94,6 +103,7 @@ def synth(
         "n_ff_exp": n_ff_exp,
         "vocab": vocab,
         "type": type_,
+        "arch": arch,
         "seed": seed,
         "skew": skew,
     }

@@ -1,4 +1,6 @@
-"""Synthetic mixture-of-experts GGUF files (``qwen3moe``) that llama.cpp loads and runs.
+"""Synthetic mixture-of-experts GGUF files that llama.cpp loads and runs: ``qwen3moe`` (the
+default), ``qwen2moe`` (a gated shared expert beside the routed ones) and a Mixtral-style
+``llama``, in f32, f16, q8_0, q4_0, q5_0 or mxfp4 (the experts; the rest f16).
 
 The weights are random but shaped on purpose:
 
@@ -38,7 +40,15 @@ import numpy as np
 from bmoe.errors import BmoeError
 
 ARCH = "qwen3moe"
-TYPES = ("f32", "f16", "q8_0")
+#: The mixture-of-experts families `synth` writes (llama.cpp architecture names):
+#: ``qwen2moe`` adds a gated shared expert beside the routed ones, ``llama`` is the
+#: Mixtral shape (a llama with routed experts, no q/k norms).
+ARCHS = ("qwen3moe", "qwen2moe", "llama")
+TYPES = ("f32", "f16", "q8_0", "q4_0", "q5_0", "mxfp4")
+#: Block size of the quantized types (a row must be a whole number of blocks).
+_BLOCK = 32
+#: ``general.file_type`` of each weight type (llama.cpp's ``LLAMA_FTYPE_*``).
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q5_0": 8, "mxfp4": 38}
 
 #: The constant carried by the routing bias channel (embedding dimension 0).
 _BIAS_CHANNEL = 4.0
@@ -58,6 +68,8 @@ class SynthConfig:
     head_dim: int = 32
     vocab: int = 512
     type: str = "f32"
+    arch: str = ARCH
+    n_ff_shexp: int = 128  # shared expert width (qwen2moe)
     seed: int = 0
     skew: float = 0.5
     router_scale: float = 1.0
@@ -76,6 +88,7 @@ class SynthConfig:
             "n_head_kv",
             "head_dim",
             "ctx",
+            "n_ff_shexp",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -92,8 +105,16 @@ class SynthConfig:
             )
         if self.type not in TYPES:
             raise BmoeError(f"synth: unknown type {self.type!r} (one of {', '.join(TYPES)})")
-        if self.type == "q8_0" and (self.n_embd % 32 or self.n_ff_exp % 32):
-            raise BmoeError("synth: q8_0 needs n_embd and n_ff_exp to be multiples of 32")
+        if self.arch not in ARCHS:
+            raise BmoeError(f"synth: unknown arch {self.arch!r} (one of {', '.join(ARCHS)})")
+        widths = (self.n_embd, self.n_ff_exp, self.n_head * self.head_dim, self.n_ff_shexp)
+        if self.type not in ("f32", "f16") and any(w % _BLOCK for w in widths):
+            raise BmoeError(
+                f"synth: {self.type} needs n_embd, n_ff_exp, n_head x head_dim and n_ff_shexp "
+                f"to be multiples of {_BLOCK}"
+            )
+        if self.arch in ("qwen2moe", "llama") and self.n_head * self.head_dim != self.n_embd:
+            raise BmoeError(f"synth: {self.arch} needs n_head x head_dim == n_embd")
         if self.skew < 0:
             raise BmoeError("synth: skew must be >= 0")
 
@@ -133,15 +154,12 @@ def preset_config(preset: str = "tiny", **overrides: Any) -> SynthConfig:
 # ----------------------------------------------------------------------------- tensor plan
 
 
-def _bytes_per_weight(kind: str) -> float:
-    return {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[kind]
-
-
 def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape, storage type) of every tensor, in file order."""
     e, v, f, x = cfg.n_embd, cfg.vocab, cfg.n_ff_exp, cfg.experts
     nq, nkv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
-    t = cfg.type
+    t = "f16" if cfg.type == "mxfp4" else cfg.type  # MXFP4 is for the experts only
+    te = cfg.type
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), t)]
     for il in range(cfg.layers):
         b = f"blk.{il}."
@@ -151,21 +169,41 @@ def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
             (b + "attn_k.weight", (nkv, e), t),
             (b + "attn_v.weight", (nkv, e), t),
             (b + "attn_output.weight", (e, nq), t),
-            (b + "attn_q_norm.weight", (cfg.head_dim,), "f32"),
-            (b + "attn_k_norm.weight", (cfg.head_dim,), "f32"),
+        ]
+        if cfg.arch == "qwen3moe":
+            out += [
+                (b + "attn_q_norm.weight", (cfg.head_dim,), "f32"),
+                (b + "attn_k_norm.weight", (cfg.head_dim,), "f32"),
+            ]
+        out += [
             (b + "ffn_norm.weight", (e,), "f32"),
             (b + "ffn_gate_inp.weight", (x, e), "f32"),
-            (b + "ffn_gate_exps.weight", (x, f, e), t),
-            (b + "ffn_up_exps.weight", (x, f, e), t),
-            (b + "ffn_down_exps.weight", (x, e, f), t),
+            (b + "ffn_gate_exps.weight", (x, f, e), te),
+            (b + "ffn_up_exps.weight", (x, f, e), te),
+            (b + "ffn_down_exps.weight", (x, e, f), te),
         ]
+        if cfg.arch == "qwen2moe":
+            fs = cfg.n_ff_shexp
+            out += [
+                (b + "ffn_gate_inp_shexp.weight", (e,), "f32"),
+                (b + "ffn_gate_shexp.weight", (fs, e), t),
+                (b + "ffn_up_shexp.weight", (fs, e), t),
+                (b + "ffn_down_shexp.weight", (e, fs), t),
+            ]
     out += [("output_norm.weight", (e,), "f32"), ("output.weight", (v, e), t)]
     return out
 
 
 def _nbytes(shape: tuple[int, ...], kind: str) -> int:
     n = math.prod(shape)
-    return int(n * 34 // 32) if kind == "q8_0" else int(n * _bytes_per_weight(kind))
+    if kind == "f32":
+        return 4 * n
+    if kind == "f16":
+        return 2 * n
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind.upper()]]
+    return n // block * size
 
 
 def estimate_bytes(cfg: SynthConfig) -> int:
@@ -242,12 +280,14 @@ class _Weights:
             bias = np.roll(self.expert_bias, int(self.layer_shift[il % cfg.experts]))
             w[:, 0] = cfg.skew * cfg.router_scale * bias * rms / _BIAS_CHANNEL
             return w
-        if kind in ("ffn_gate_exps", "ffn_up_exps"):
+        if kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"):
             return self.normal(shape, 1.0 / math.sqrt(e))
-        if kind == "ffn_down_exps":
-            w = self.normal(shape, cfg.expert_scale / math.sqrt(cfg.n_ff_exp))
-            w[:, 0, :] = 0.0
+        if kind in ("ffn_down_exps", "ffn_down_shexp"):
+            w = self.normal(shape, cfg.expert_scale / math.sqrt(shape[-1]))
+            w[..., 0, :] = 0.0  # nothing writes the bias channel
             return w
+        if kind == "ffn_gate_inp_shexp":
+            return self.normal(shape, 1.0 / math.sqrt(e))
         raise AssertionError(name)
 
 
@@ -258,7 +298,7 @@ def _encode(data: np.ndarray, kind: str) -> np.ndarray:
         return data.astype(np.float16)
     from gguf import GGMLQuantizationType, quants
 
-    return quants.quantize(data, GGMLQuantizationType.Q8_0)
+    return quants.quantize(data, GGMLQuantizationType[kind.upper()])
 
 
 def synth_model(
@@ -270,9 +310,9 @@ def synth_model(
     no_tensor_first_split: bool = False,
     **overrides: Any,
 ) -> Path:
-    """Write a synthetic ``qwen3moe`` GGUF to `path` and return the path.
+    """Write a synthetic mixture-of-experts GGUF to `path` and return the path.
 
-    `overrides` are :class:`SynthConfig` fields (``layers``, ``experts``, ``top_k``,
+    `overrides` are :class:`SynthConfig` fields (``arch``, ``layers``, ``experts``, ``top_k``,
     ``n_embd``, ``n_ff_exp``, ``vocab``, ``type``, ``seed``, ``skew``, ...). `progress` is
     called with (bytes written, total bytes) after each tensor.
 
@@ -299,21 +339,17 @@ def synth_model(
     split = split_max_tensors > 0
     writer = gguf.GGUFWriter(
         staging / out.name,
-        ARCH,
+        cfg.arch,
         split_max_tensors=split_max_tensors,
         small_first_shard=split and no_tensor_first_split,
     )
     _write_metadata(writer, cfg)
-    qtypes = {
-        "f32": gguf.GGMLQuantizationType.F32,
-        "f16": gguf.GGMLQuantizationType.F16,
-        "q8_0": gguf.GGMLQuantizationType.Q8_0,
-    }
     for name, shape, kind in plan:
-        if kind == "q8_0":
-            byte_shape = (*shape[:-1], shape[-1] // 32 * 34)
+        if kind not in ("f32", "f16"):
+            qtype = gguf.GGMLQuantizationType[kind.upper()]
+            byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
             writer.add_tensor_info(
-                name, byte_shape, np.dtype(np.uint8), _nbytes(shape, kind), raw_dtype=qtypes[kind]
+                name, byte_shape, np.dtype(np.uint8), _nbytes(shape, kind), raw_dtype=qtype
             )
         else:
             dtype = np.dtype(np.float32 if kind == "f32" else np.float16)
@@ -342,12 +378,18 @@ def synth_model(
 
 
 def _write_metadata(w: Any, cfg: SynthConfig) -> None:
-    w.add_name(f"bmoe synthetic {cfg.layers}x{cfg.experts} top-{cfg.top_k}")
+    w.add_name(f"bmoe synthetic {cfg.arch} {cfg.layers}x{cfg.experts} top-{cfg.top_k}")
     w.add_context_length(cfg.ctx)
     w.add_embedding_length(cfg.n_embd)
     w.add_block_count(cfg.layers)
-    w.add_feed_forward_length(cfg.n_ff_exp * cfg.top_k)
-    w.add_expert_feed_forward_length(cfg.n_ff_exp)
+    if cfg.arch == "llama":  # Mixtral: the feed-forward length is the expert's
+        w.add_feed_forward_length(cfg.n_ff_exp)
+        w.add_rope_dimension_count(cfg.head_dim)
+    else:
+        w.add_feed_forward_length(cfg.n_ff_exp * cfg.top_k)
+        w.add_expert_feed_forward_length(cfg.n_ff_exp)
+    if cfg.arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(cfg.n_ff_shexp)
     w.add_head_count(cfg.n_head)
     w.add_head_count_kv(cfg.n_head_kv)
     w.add_key_length(cfg.head_dim)
@@ -356,7 +398,7 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
     w.add_layer_norm_rms_eps(1e-6)
     w.add_expert_count(cfg.experts)
     w.add_expert_used_count(cfg.top_k)
-    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[cfg.type])
+    w.add_file_type(_FILE_TYPE[cfg.type])
     tokens, scores, types = _vocab(cfg.vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -376,4 +418,12 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
             w.add_uint32(f"bmoe.synth.{key}", value)
 
 
-__all__ = ["PRESETS", "TYPES", "SynthConfig", "estimate_bytes", "preset_config", "synth_model"]
+__all__ = [
+    "ARCHS",
+    "PRESETS",
+    "TYPES",
+    "SynthConfig",
+    "estimate_bytes",
+    "preset_config",
+    "synth_model",
+]
