@@ -31,24 +31,32 @@ pytestmark = pytest.mark.engine
 N = 12
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
 CASES = [
-    ("qwen3moe", "q4_0"),
-    ("qwen3moe", "q5_0"),
-    ("qwen3moe", "mxfp4"),
-    ("qwen2moe", "f16"),
-    ("qwen2moe", "q5_0"),
-    ("qwen2moe", "mxfp4"),
-    ("llama", "f32"),
-    ("llama", "q8_0"),
-    ("llama", "q4_0"),
+    ("qwen3moe", "q4_0", False),
+    ("qwen3moe", "q5_0", False),
+    ("qwen3moe", "mxfp4", False),
+    ("qwen2moe", "f16", False),
+    ("qwen2moe", "q5_0", False),
+    ("qwen2moe", "mxfp4", False),
+    ("llama", "f32", False),
+    ("llama", "q8_0", False),
+    ("llama", "q4_0", False),
+    ("deepseek2", "f32", False),
+    ("deepseek2", "q5_0", False),
+    ("deepseek2", "mxfp4", True),
 ]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{a}-{t}" for a, t in CASES])
-def family(request, tmp_path_factory) -> tuple[Path, RunResult, str]:
-    arch, kind = request.param
+@pytest.fixture(
+    scope="module",
+    params=CASES,
+    ids=[f"{a}-{t}" + ("-fused" if f else "") for a, t, f in CASES],
+)
+def family(request, tmp_path_factory) -> tuple[Path, RunResult, str, bool]:
+    arch, kind, fused = request.param
     folder = tmp_path_factory.mktemp(f"{arch}-{kind}")
-    model = synth_model(folder / "m.gguf", "tiny", arch=arch, type=kind)
-    return model, _run(model), arch
+    extra = {"fused_gate_up": True} if fused else {}
+    model = synth_model(folder / "m.gguf", "tiny", arch=arch, type=kind, **extra)
+    return model, _run(model), arch, fused
 
 
 def _run(model: Path, **kw) -> RunResult:
@@ -57,12 +65,16 @@ def _run(model: Path, **kw) -> RunResult:
 
 
 def test_the_file_is_the_family_asked_for(family) -> None:
-    model, _plain, arch = family
+    model, _plain, arch, fused = family
     layout = read_layout(model)
-    assert layout.arch == arch
-    assert len(layout.moe_layers) == layout.n_layer and layout.n_expert == 8
+    assert layout.arch == arch and layout.n_expert == 8
+    dense = 1 if arch == "deepseek2" else 0  # its leading dense layer routes nothing
+    assert layout.moe_layers == list(range(dense, layout.n_layer))
     names = {n.rsplit(".", 2)[-2] for n in layout.tensors}
-    assert names == {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
+    if fused:
+        assert names == {"ffn_gate_up_exps", "ffn_down_exps"}
+    else:
+        assert names == {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
 
 
 @pytest.mark.parametrize(
@@ -71,7 +83,7 @@ def test_the_file_is_the_family_asked_for(family) -> None:
     ids=["evicting", "no-cache", "prefetch"],
 )
 def test_streamed_equals_resident(family, settings) -> None:
-    model, plain, _arch = family
+    model, plain, _arch, _fused = family
     streamed = _run(model, moe_stream=True, **settings)
     assert streamed.tokens == plain.tokens
     assert all(np.array_equal(a, b) for a, b in zip(streamed.logits, plain.logits, strict=True))
@@ -79,7 +91,7 @@ def test_streamed_equals_resident(family, settings) -> None:
 
 
 def test_replay_of_its_own_trace_and_valid_files(family, tmp_path) -> None:
-    model, _plain, _arch = family
+    model, _plain, _arch, _fused = family
     paths = {k: tmp_path / f"r.{k}.csv" for k in ("csv", "route_trace", "io_trace")}
     out = io.BytesIO()
     cfg = EngineConfig(

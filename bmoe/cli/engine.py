@@ -60,13 +60,16 @@ def synth(
     n_ff_exp: int | None = typer.Option(None, "--n-ff-exp", help="Expert hidden width."),
     vocab: int | None = typer.Option(None, help="Vocabulary size (>= 259)."),
     arch: str | None = typer.Option(
-        None, "--arch", help="Family: qwen3moe (default), qwen2moe, llama (Mixtral-style)."
+        None, "--arch", help="Family: qwen3moe (default), qwen2moe, llama, deepseek2."
     ),
     type_: str | None = typer.Option(
         None, "--type", help="Weight type: f32, f16, q8_0, q4_0, q5_0 or mxfp4 (experts)."
     ),
     seed: int | None = typer.Option(None, help="Random seed of the weights."),
     skew: float | None = typer.Option(None, help="Router skew: 0 = uniform; larger = hotter."),
+    fused_gate_up: bool = typer.Option(
+        False, "--fused-gate-up", help="deepseek2: one ffn_gate_up_exps tensor per layer."
+    ),
     split_max_tensors: int = typer.Option(
         0,
         "--split-max-tensors",
@@ -81,8 +84,9 @@ def synth(
     """Write a synthetic mixture-of-experts GGUF model that llama.cpp loads.
 
     Families: --arch qwen3moe (default), qwen2moe (a gated shared expert beside the routed
-    ones), llama (Mixtral: a llama with routed experts). Weight types: --type f32, f16, q8_0,
-    q4_0, q5_0, mxfp4 (MXFP4 experts, the other matrices f16).
+    ones), llama (Mixtral: a llama with routed experts), deepseek2 (a leading dense layer,
+    shared experts, low-rank attention; --fused-gate-up stores ffn_gate_up_exps). Weight
+    types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the other matrices f16).
 
     Larger models: override the preset's sizes, e.g.
     bmoe model synth big.gguf --preset small --layers 48 --experts 128 --n-embd 1024
@@ -104,6 +108,7 @@ def synth(
         "vocab": vocab,
         "type": type_,
         "arch": arch,
+        "fused_gate_up": fused_gate_up or None,
         "seed": seed,
         "skew": skew,
     }

@@ -43,7 +43,9 @@ ARCH = "qwen3moe"
 #: The mixture-of-experts families `synth` writes (llama.cpp architecture names):
 #: ``qwen2moe`` adds a gated shared expert beside the routed ones, ``llama`` is the
 #: Mixtral shape (a llama with routed experts, no q/k norms).
-ARCHS = ("qwen3moe", "qwen2moe", "llama")
+#: ``deepseek2`` has leading dense layers, shared experts and low-rank (MLA-shaped)
+#: attention, and may store gate and up fused (``ffn_gate_up_exps``).
+ARCHS = ("qwen3moe", "qwen2moe", "llama", "deepseek2")
 TYPES = ("f32", "f16", "q8_0", "q4_0", "q5_0", "mxfp4")
 #: Block size of the quantized types (a row must be a whole number of blocks).
 _BLOCK = 32
@@ -70,6 +72,12 @@ class SynthConfig:
     type: str = "f32"
     arch: str = ARCH
     n_ff_shexp: int = 128  # shared expert width (qwen2moe)
+    dense_layers: int = 1  # leading layers with a dense FFN instead of experts (deepseek2)
+    shared_experts: int = 1  # shared experts beside the routed ones (deepseek2)
+    fused_gate_up: bool = False  # one ffn_gate_up_exps tensor (deepseek2)
+    q_lora: int = 64  # deepseek2 attention ranks
+    kv_lora: int = 32
+    n_rot: int = 16  # deepseek2: the rotary part of each head
     seed: int = 0
     skew: float = 0.5
     router_scale: float = 1.0
@@ -115,6 +123,15 @@ class SynthConfig:
             )
         if self.arch in ("qwen2moe", "llama") and self.n_head * self.head_dim != self.n_embd:
             raise BmoeError(f"synth: {self.arch} needs n_head x head_dim == n_embd")
+        if self.arch == "deepseek2":
+            if not 0 <= self.dense_layers < self.layers:
+                raise BmoeError("synth: deepseek2 needs 0 <= dense_layers < layers")
+            if self.n_head * self.head_dim != self.n_embd or self.n_head_kv != self.n_head:
+                raise BmoeError("synth: deepseek2 needs n_head x head_dim == n_embd, n_head_kv")
+            if not 0 < self.n_rot < self.head_dim or self.n_rot % 2:
+                raise BmoeError("synth: deepseek2 needs an even n_rot below head_dim")
+        elif self.fused_gate_up:
+            raise BmoeError("synth: fused_gate_up is written for deepseek2 only")
         if self.skew < 0:
             raise BmoeError("synth: skew must be >= 0")
 
@@ -147,6 +164,8 @@ def preset_config(preset: str = "tiny", **overrides: Any) -> SynthConfig:
     if unknown:
         raise BmoeError(f"synth: unknown setting {unknown[0]!r}")
     cfg = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    if cfg.arch == "deepseek2" and overrides.get("n_head_kv") is None:
+        cfg = replace(cfg, n_head_kv=cfg.n_head)  # its attention has no grouped kv heads
     cfg.check()
     return cfg
 
@@ -161,6 +180,15 @@ def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
     t = "f16" if cfg.type == "mxfp4" else cfg.type  # MXFP4 is for the experts only
     te = cfg.type
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), t)]
+    if cfg.arch == "deepseek2":
+        return (
+            out
+            + _plan_deepseek2(cfg, t)
+            + [
+                ("output_norm.weight", (e,), "f32"),
+                ("output.weight", (v, e), t),
+            ]
+        )
     for il in range(cfg.layers):
         b = f"blk.{il}."
         out += [
@@ -191,6 +219,50 @@ def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
                 (b + "ffn_down_shexp.weight", (e, fs), t),
             ]
     out += [("output_norm.weight", (e,), "f32"), ("output.weight", (v, e), t)]
+    return out
+
+
+def _plan_deepseek2(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
+    e, f, x, h, hd = cfg.n_embd, cfg.n_ff_exp, cfg.experts, cfg.n_head, cfg.head_dim
+    fs = f * cfg.shared_experts
+    nope = hd - cfg.n_rot
+    out: list[tuple[str, tuple[int, ...], str]] = []
+    for il in range(cfg.layers):
+        b = f"blk.{il}."
+        out += [
+            (b + "attn_norm.weight", (e,), "f32"),
+            (b + "attn_q_a_norm.weight", (cfg.q_lora,), "f32"),
+            (b + "attn_kv_a_norm.weight", (cfg.kv_lora,), "f32"),
+            (b + "attn_q_a.weight", (cfg.q_lora, e), t),
+            (b + "attn_q_b.weight", (h * hd, cfg.q_lora), t),
+            (b + "attn_kv_a_mqa.weight", (cfg.kv_lora + cfg.n_rot, e), t),
+            (b + "attn_kv_b.weight", (h * (nope + hd), cfg.kv_lora), t),
+            (b + "attn_output.weight", (e, h * hd), t),
+            (b + "ffn_norm.weight", (e,), "f32"),
+        ]
+        if il < cfg.dense_layers:
+            dense = f * cfg.top_k
+            out += [
+                (b + "ffn_gate.weight", (dense, e), t),
+                (b + "ffn_up.weight", (dense, e), t),
+                (b + "ffn_down.weight", (e, dense), t),
+            ]
+            continue
+        out.append((b + "ffn_gate_inp.weight", (x, e), "f32"))
+        te = cfg.type
+        if cfg.fused_gate_up:
+            out.append((b + "ffn_gate_up_exps.weight", (x, 2 * f, e), te))
+        else:
+            out += [
+                (b + "ffn_gate_exps.weight", (x, f, e), te),
+                (b + "ffn_up_exps.weight", (x, f, e), te),
+            ]
+        out += [
+            (b + "ffn_down_exps.weight", (x, e, f), te),
+            (b + "ffn_gate_shexp.weight", (fs, e), t),
+            (b + "ffn_up_shexp.weight", (fs, e), t),
+            (b + "ffn_down_shexp.weight", (e, fs), t),
+        ]
     return out
 
 
@@ -280,9 +352,21 @@ class _Weights:
             bias = np.roll(self.expert_bias, int(self.layer_shift[il % cfg.experts]))
             w[:, 0] = cfg.skew * cfg.router_scale * bias * rms / _BIAS_CHANNEL
             return w
-        if kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"):
+        if kind in (
+            "ffn_gate_exps",
+            "ffn_up_exps",
+            "ffn_gate_up_exps",
+            "ffn_gate_shexp",
+            "ffn_up_shexp",
+            "ffn_gate",
+            "ffn_up",
+        ):
             return self.normal(shape, 1.0 / math.sqrt(e))
-        if kind in ("ffn_down_exps", "ffn_down_shexp"):
+        if kind in ("attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_kv_b"):
+            return self.normal(shape, 1.0 / math.sqrt(shape[-1]))
+        if kind in ("attn_q_a_norm", "attn_kv_a_norm"):
+            return np.ones(shape, dtype=np.float32)
+        if kind in ("ffn_down_exps", "ffn_down_shexp", "ffn_down"):
             w = self.normal(shape, cfg.expert_scale / math.sqrt(shape[-1]))
             w[..., 0, :] = 0.0  # nothing writes the bias channel
             return w
@@ -390,6 +474,14 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
         w.add_expert_feed_forward_length(cfg.n_ff_exp)
     if cfg.arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(cfg.n_ff_shexp)
+    if cfg.arch == "deepseek2":
+        w.add_leading_dense_block_count(cfg.dense_layers)
+        w.add_expert_shared_count(cfg.shared_experts)
+        w.add_q_lora_rank(cfg.q_lora)
+        w.add_kv_lora_rank(cfg.kv_lora)
+        w.add_rope_dimension_count(cfg.n_rot)
+        w.add_expert_weights_norm(True)
+        w.add_expert_weights_scale(1.0)
     w.add_head_count(cfg.n_head)
     w.add_head_count_kv(cfg.n_head_kv)
     w.add_key_length(cfg.head_dim)
@@ -412,6 +504,8 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
     for key, value in asdict(cfg).items():
         if isinstance(value, str):
             w.add_string(f"bmoe.synth.{key}", value)
+        elif isinstance(value, bool):
+            w.add_bool(f"bmoe.synth.{key}", value)
         elif isinstance(value, float):
             w.add_float32(f"bmoe.synth.{key}", value)
         else:
