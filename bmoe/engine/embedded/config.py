@@ -52,6 +52,9 @@ class EngineConfig:
     drop_cold_frac: float = 0.0  # --drop-cold-experts F
     drop_renorm: bool = True  # --drop-no-renorm
     drop_prefill: bool = False  # --drop-in-prefill
+    predict_log: bool = False  # --predict-log
+    predict_prefetch: bool = False  # --predict-prefetch
+    predict_spec_max: int = 2  # --predict-spec-max (0 = top-k)
 
     def check(self) -> None:
         """Raise :class:`BmoeError` naming the flag for a configuration that cannot run."""
@@ -71,6 +74,10 @@ class EngineConfig:
             raise BmoeError("--cache-mb must be >= 0 (or auto)")
         if self.prefetch < 0:
             raise BmoeError("--prefetch must be >= 0")
+        if self.predict_spec_max < 0:
+            raise BmoeError("--predict-spec-max must be >= 0")
+        if self.predict_prefetch and self.load_all:
+            raise BmoeError("--predict-prefetch bets on a cache: not with --load-all")
         if self.compute_trace and self.compute_trace_layers:
             raise BmoeError("--compute-trace and --compute-trace-layers are exclusive")
         if self.drop_cold_frac < 0:
@@ -84,6 +91,8 @@ class EngineConfig:
                 ("--load-all", self.load_all),
                 ("--prefetch", self.prefetch),
                 ("--drop-cold-experts", self.drop_cold_frac),
+                ("--predict-log", self.predict_log),
+                ("--predict-prefetch", self.predict_prefetch),
             ):
                 if value:
                     raise BmoeError(f"{flag} needs --moe-stream")
@@ -120,6 +129,7 @@ _VALUE = {
     "--prefetch": "prefetch",
     "--dense-weights": "dense_weights",
     "--drop-cold-experts": "drop_cold_frac",
+    "--predict-spec-max": "predict_spec_max",
 }
 _SWITCH = {
     "--progress": ("progress", True),
@@ -130,6 +140,8 @@ _SWITCH = {
     "--session": ("session", True),
     "--drop-no-renorm": ("drop_renorm", False),
     "--drop-in-prefill": ("drop_prefill", True),
+    "--predict-log": ("predict_log", True),
+    "--predict-prefetch": ("predict_prefetch", True),
 }
 #: Native flags the embedded engine does not implement (with whether they take a value).
 NOT_IMPLEMENTED = {
@@ -143,14 +155,28 @@ NOT_IMPLEMENTED = {
     "--overlap": False,
     "--io-two-wave": False,
     "--route-ahead": True,
-    "--predict-log": False,
-    "--predict-prefetch": False,
-    "--predict-spec-max": True,
     "--list-archs": False,
     "--row-stream": False,
     "--expert-substitute": True,
     "--decide": False,
     "--prefill-device": True,
+}
+_NO_OVERLAP = (
+    "reads can only overlap the expert matmul from inside it (the native build's per-expert "
+    "ready hook); llama.cpp's eval callback runs between graph nodes, so a routed expert must "
+    "be resident before MUL_MAT_ID starts (--predict-prefetch overlaps reads with the layer "
+    "before instead)"
+)
+#: Why a native flag is refused, where it is a limit of the mechanism rather than unwritten.
+WHY_NOT = {
+    "--overlap": _NO_OVERLAP,
+    "--io-two-wave": _NO_OVERLAP,
+    "--route-ahead": (
+        "it would replace the router's ids with a selection committed N layers early "
+        "(possible at the ffn_moe_topk callback, before the weights chain reads them), which "
+        "this engine does not do yet; --predict-log scores that early selection and "
+        "--predict-prefetch reads it ahead without changing the routing"
+    ),
 }
 #: Environment overrides of the native engine: variable -> config field.
 ENV = {
@@ -159,8 +185,10 @@ ENV = {
     "BMOE_PROGRESS": "progress",
     "BMOE_PREFETCH": "prefetch",
     "BMOE_N_EXPERT_USED": "n_expert_used",
+    "BMOE_PREDICT_LOG": "predict_log",
+    "BMOE_PREDICT_PREFETCH": "predict_prefetch",
 }
-ENV_NOT_IMPLEMENTED = ("BMOE_OVERLAP", "BMOE_PREDICT_LOG", "BMOE_PREDICT_PREFETCH")
+ENV_NOT_IMPLEMENTED = ("BMOE_OVERLAP",)
 
 _TYPES = {f.name: f.type for f in fields(EngineConfig)}
 
@@ -212,15 +240,19 @@ def parse_args(
             values[name] = _convert(flag, name, text)
             given.add(name)
         elif flag in NOT_IMPLEMENTED:
+            why = WHY_NOT.get(flag)
             raise BmoeError(
                 f"{flag} is a native bmoe-cli flag the embedded engine does not implement"
+                + (f": {why}" if why else "")
             )
         else:
             raise BmoeError(f"unknown flag {arg!r}")
         i += 1
     for var in ENV_NOT_IMPLEMENTED:
         if env.get(var, "0") not in ("", "0"):
-            raise BmoeError(f"{var}={env[var]}: the embedded engine does not implement it")
+            raise BmoeError(
+                f"{var}={env[var]}: the embedded engine does not implement it: {_NO_OVERLAP}"
+            )
     for var, name in ENV.items():
         if name not in given and var in env:
             values[name] = _convert(var, name, env[var])

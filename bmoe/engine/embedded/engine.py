@@ -20,6 +20,7 @@ from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.hook import EvalHook
 from bmoe.engine.embedded.layout import ModelLayout, read_layout
 from bmoe.engine.embedded.model import LlamaModel
+from bmoe.engine.embedded.predict import RoutePredictor, read_routers
 from bmoe.engine.embedded.reader import ExpertReader, ReadJob
 from bmoe.engine.embedded.streamer import ExpertStreamer
 from bmoe.errors import BmoeError
@@ -101,6 +102,14 @@ class EmbeddedEngine:
             arch=lay.arch,
             callback=self.hook.callback if self.hook else None,
         )
+        self.predictor: RoutePredictor | None = None
+        if (cfg.predict_log or cfg.predict_prefetch) and self.hook is not None:
+            self.predictor = RoutePredictor(
+                read_routers(lay), lay.moe_layers, self.n_expert_used or lay.n_expert_used
+            )
+            self.hook.predictor = self.predictor
+            if cfg.predict_prefetch:
+                self.hook.predict_spec_max = cfg.predict_spec_max or self.n_expert_used
         self.warnings: list[str] = []
         self.arena: ExpertArena | None = None
         self.reader: ExpertReader | None = None

@@ -35,10 +35,12 @@ from typing import Any
 import numpy as np
 
 from bmoe.engine.embedded import ggml
+from bmoe.engine.embedded.predict import RoutePredictor
 from bmoe.engine.embedded.streamer import ExpertStreamer, Routing
 
 _TOPK = b"ffn_moe_topk-"
 _WEIGHTS = b"ffn_moe_weights"
+_LOGITS = b"ffn_moe_logits-"
 
 
 class GraphChanged(RuntimeError):
@@ -100,6 +102,10 @@ class EvalHook:
         self.drop_renorm = drop_renorm
         self._dropping = False
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        #: ``--predict-log``: sees each router's input and each routing of a generated token
+        self.predictor: RoutePredictor | None = None
+        #: ``--predict-prefetch``: read this many of the stale gate's pick ahead (0 = off)
+        self.predict_spec_max = 0
         self.error: BaseException | None = None
         #: with `profile`, the time spent inside the callback and its number of calls
         self.profile_ns = 0
@@ -143,12 +149,15 @@ class EvalHook:
         self._dropping = bool(
             self.streamer is not None and self.streamer.dropping and self.final_weights
         )
+        if self.predictor is not None:
+            self.predictor.active = generating and len(positions) == 1
         self._remember = (
             len(positions) == 1
             and not self.trace
             and self.discovered is None
             and self.streamer is not None
             and not self._dropping
+            and self.predictor is None
         )
         if self.trace:
             self._last_ns = time.perf_counter_ns()
@@ -214,6 +223,8 @@ class EvalHook:
             return True
         if name.startswith(_TOPK):
             return self.streamer is not None
+        if self.predictor is not None and name.startswith(_LOGITS):
+            return True
         if name.startswith(_WEIGHTS):
             if self._dropping and name.rpartition(b"-")[0] == self.final_weights:
                 return True
@@ -231,6 +242,8 @@ class EvalHook:
                 self._route(t, int(name[len(_TOPK) :]))
             elif name.startswith(_WEIGHTS):
                 self._on_weights(t, name)
+            elif name.startswith(_LOGITS):
+                self._gate_input(t, int(name[len(_LOGITS) :]))
             return True
         now = time.perf_counter_ns()
         name = ctypes.string_at(t + ggml.NAME_OFFSET)
@@ -266,6 +279,8 @@ class EvalHook:
             self._route(t, ggml.layer_of(text))
         elif name.startswith(_WEIGHTS):
             self._on_weights(t, name)
+        elif name.startswith(_LOGITS):
+            self._gate_input(t, ggml.layer_of(text))
         if self.trace:
             self._last_ns = time.perf_counter_ns()
         return True
@@ -307,6 +322,8 @@ class EvalHook:
             self._ub_n = n
         if n == 0:
             return
+        if self.predictor is not None and n == 1:
+            self.predictor.routed(layer, ids[0])
         if self._dropping:  # routed once the weights are known
             self._pending[layer] = (ids, self._positions_for(n))
             return
@@ -328,6 +345,21 @@ class EvalHook:
         if len(out) == n:
             return out
         return self._positions[-n:] if len(self._positions) >= n else np.full(n, -1, np.int64)
+
+    def _gate_input(self, t: int, layer: int) -> None:
+        """The router's input (second source of ``ffn_moe_logits``), for the predictor."""
+        predictor = self.predictor
+        if predictor is None or not predictor.active or layer < 0:
+            return
+        src = ggml.tensor(t).src[1]
+        if not src:
+            return
+        predictor.gate_input(layer, np.array(ggml.as_array(src, np.float32)))
+        if self.predict_spec_max and self.streamer is not None:
+            nxt = predictor.next_layer(layer)
+            pick = predictor.stale(nxt) if nxt is not None else None
+            if pick is not None:
+                self.streamer.speculate(nxt, pick[: self.predict_spec_max].tolist())
 
     def _on_weights(self, t: int, name: bytes) -> None:
         layer = ggml.layer_of(name.decode("utf-8", "replace"))

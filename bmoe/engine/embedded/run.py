@@ -247,6 +247,8 @@ def _generate(
     if writers.metrics:
         writers.metrics.summary(summary)
     lines = protocol.format_run_lines(figures)
+    if eng.predictor is not None and cfg.predict_log:
+        lines += eng.predictor.lines()
     if cfg.progress:
         _emit(out, b"=== answer ===\n" + turn.text + b"\n=== perf ===\n")
     else:

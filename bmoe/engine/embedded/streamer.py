@@ -261,26 +261,31 @@ class ExpertStreamer:
         return waited
 
     def _speculate(self, layer: int) -> None:
-        cache = self.cache
-        assert cache is not None
         for nxt in self._next_layers[layer]:
             bet = self._prev_ids.get(nxt)
-            if not bet:
-                continue
-            before = cache.stats["evictions"]
-            admitted = cache.prefetch(nxt, bet, self._expert_bytes[nxt])
-            if cache.stats["evictions"] != before:
-                for key in [k for k in self._materialized if k not in cache]:
-                    self._release(key)
-            if not admitted:
-                continue
-            ticket = self.reader.submit(self._jobs(nxt, admitted, spec=True), spec=True)
-            for e in admitted:
-                key = (nxt, e)
-                self._inflight[key] = ticket
-                self._materialized.add(key)
-                self._ever_held.add(key)
-            self.spec_experts += len(admitted)
+            if bet:
+                self.speculate(nxt, bet)
+
+    def speculate(self, layer: int, experts: list[int]) -> None:
+        """Read `experts` of `layer` ahead of its routing on idle lanes (a bet the cache
+        admits as a prefetch: the first touch of a right one is a prefetch hit)."""
+        cache = self.cache
+        if cache is None or self.load_all:
+            return
+        before = cache.stats["evictions"]
+        admitted = cache.prefetch(layer, experts, self._expert_bytes[layer])
+        if cache.stats["evictions"] != before:
+            for key in [k for k in self._materialized if k not in cache]:
+                self._release(key)
+        if not admitted:
+            return
+        ticket = self.reader.submit(self._jobs(layer, admitted, spec=True), spec=True)
+        for e in admitted:
+            key = (layer, e)
+            self._inflight[key] = ticket
+            self._materialized.add(key)
+            self._ever_held.add(key)
+        self.spec_experts += len(admitted)
 
     def _routing(
         self,

@@ -63,9 +63,9 @@ def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, 
         "io_two_wave": False,
         "prefetch": cfg.prefetch,
         "route_ahead": 0,
-        "predict_prefetch": False,
-        "predict_log": False,
-        "predict_spec_max": 0,
+        "predict_prefetch": cfg.predict_prefetch,
+        "predict_log": cfg.predict_log,
+        "predict_spec_max": cfg.predict_spec_max,
         "prefetch_sync": False,
         "dense_weights": cfg.dense_weights,
         "drop_cold_frac": float(cfg.drop_cold_frac),
@@ -348,7 +348,7 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
                 "drop_cold_frac": float(cfg.drop_cold_frac),
             }
         )
-    if cfg.prefetch:
+    if cfg.prefetch or cfg.predict_prefetch:
         experts = summary["spec_experts"]
         fig.update(
             {
@@ -358,4 +358,6 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
                 "spec_useful_pct": 100.0 * summary["spec_useful"] / experts if experts else 0.0,
             }
         )
+        if cfg.predict_prefetch:
+            fig["prefetch_source"] = "stale-gate" + (" + prev-token" if cfg.prefetch else "")
     return fig
