@@ -190,6 +190,42 @@ ENV = {
 }
 ENV_NOT_IMPLEMENTED = ("BMOE_OVERLAP",)
 
+#: ``bmoe run --help``: (flags, value, what it does) of every flag the embedded engine takes.
+FLAG_HELP: tuple[tuple[str, str, str], ...] = (
+    ("-m, --model", "PATH", "GGUF model (required); a split model by its first shard"),
+    ("-p, --prompt", "STR", "prompt text"),
+    ("-n, --n-predict", "N", "tokens to generate (128)"),
+    ("-t, --threads", "N", "compute threads (4)"),
+    ("-c, --ctx-size", "N", "context size (2048)"),
+    ("--ubatch", "N", "widest graph computed at once (0 = follows the batch)"),
+    ("--n-expert-used", "N", "override top-k (0 = the model's); changes the output"),
+    ("--temp, --top-k, --top-p, --seed", "F N F N", "sampling (default greedy)"),
+    ("--progress", "", "BMOE_* lines on stdout (a progress display in a terminal)"),
+    ("--session", "", "keep the model loaded, serve JSON requests on stdin"),
+    ("--csv", "PATH", "per-token metrics CSV"),
+    ("--route-trace", "PATH", "routing trace (needs --moe-stream)"),
+    ("--io-trace", "PATH", "one row per flash read (needs --moe-stream)"),
+    ("--compute-trace", "PATH", "one row per graph node"),
+    ("--compute-trace-layers", "PATH", "one row per layer segment"),
+    ("--moe-stream", "", "stream the routed experts from the file"),
+    ("--cache-mb", "N|auto", "expert cache budget in MiB (auto: half of MemAvailable)"),
+    ("--cache-floor-mb, --cache-ceil-mb", "N", "bounds for auto (1536, 0 = none)"),
+    ("--force-cache", "", "accept a budget under the floor"),
+    ("--io-threads", "N", "parallel read lanes (4)"),
+    ("--no-odirect", "", "buffered reads"),
+    ("--load-all", "", "debug: read every expert every token"),
+    ("--prefetch", "K", "read the previous token's experts of the next K layers ahead"),
+    ("--dense-weights", "mmap|warm", "where the non-expert weights live"),
+    ("--drop-cold-experts", "F", "skip misses weighted under F/k (never the top slot)"),
+    ("--drop-no-renorm", "", "with dropping: do not rescale the kept weights"),
+    ("--drop-in-prefill", "", "with dropping: drop in the prompt too"),
+    ("--predict-log", "", "score the stale-gate, previous-token and control predictors"),
+    ("--predict-prefetch", "", "read the stale gate's pick for the next layer ahead"),
+    ("--predict-spec-max", "N", "experts of that pick read per layer (2; 0 = top-k)"),
+    ("--version", "", "print the engine version"),
+    ("-h, --help", "", "this table"),
+)
+
 _TYPES = {f.name: f.type for f in fields(EngineConfig)}
 
 
@@ -207,6 +243,17 @@ def _convert(flag: str, name: str, text: str) -> object:
     except ValueError:
         raise BmoeError(f"{flag}: {text!r} is not a valid value") from None
     return text
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    """Whether `argv` asks for the flag table (``-h``/``--help`` as a flag, not a value)."""
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        if args[i] in ("-h", "--help"):
+            return True
+        i += 2 if args[i] in _VALUE else 1
+    return False
 
 
 def parse_args(
