@@ -1,4 +1,7 @@
-"""Every MoE family ``bmoe model synth --arch`` writes, in several weight types, streamed.
+"""Every MoE family ``bmoe model synth --arch`` writes, in several weight types, streamed:
+qwen3moe, qwen2moe (shared expert), a Mixtral-style llama, deepseek2 (leading dense layer,
+shared experts, fused gate_up), gpt-oss (MXFP4 experts, expert biases) and gemma4 (fused
+gate_up, dense layers mixed in).
 
 For each: greedy tokens and logits streamed == plain llama.cpp (a cache that evicts, no cache,
 prefetch), an LRU replay of the run's own route trace == its recorded hit rate, and every file
@@ -43,6 +46,10 @@ CASES = [
     ("deepseek2", "f32", False),
     ("deepseek2", "q5_0", False),
     ("deepseek2", "mxfp4", True),
+    ("gpt-oss", "mxfp4", False),
+    ("gpt-oss", "q5_0", False),
+    ("gemma4", "f16", True),
+    ("gemma4", "q4_0", True),
 ]
 
 
@@ -54,7 +61,7 @@ CASES = [
 def family(request, tmp_path_factory) -> tuple[Path, RunResult, str, bool]:
     arch, kind, fused = request.param
     folder = tmp_path_factory.mktemp(f"{arch}-{kind}")
-    extra = {"fused_gate_up": True} if fused else {}
+    extra = {"fused_gate_up": True} if fused and arch != "gemma4" else {}
     model = synth_model(folder / "m.gguf", "tiny", arch=arch, type=kind, **extra)
     return model, _run(model), arch, fused
 
@@ -68,8 +75,12 @@ def test_the_file_is_the_family_asked_for(family) -> None:
     model, _plain, arch, fused = family
     layout = read_layout(model)
     assert layout.arch == arch and layout.n_expert == 8
-    dense = 1 if arch == "deepseek2" else 0  # its leading dense layer routes nothing
-    assert layout.moe_layers == list(range(dense, layout.n_layer))
+    if arch == "deepseek2":  # its leading dense layer routes nothing
+        assert layout.moe_layers == list(range(1, layout.n_layer))
+    elif arch == "gemma4":  # dense layers mixed in
+        assert layout.moe_layers == list(range(0, layout.n_layer, 2))
+    else:
+        assert layout.moe_layers == list(range(layout.n_layer))
     names = {n.rsplit(".", 2)[-2] for n in layout.tensors}
     if fused:
         assert names == {"ffn_gate_up_exps", "ffn_down_exps"}

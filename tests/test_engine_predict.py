@@ -41,7 +41,9 @@ def _identical(a: RunResult, b: RunResult) -> bool:
     )
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "llama", "deepseek2"])
+@pytest.mark.parametrize(
+    "arch", ["qwen3moe", "qwen2moe", "llama", "deepseek2", "gpt-oss", "gemma4"]
+)
 def test_predict_log_scores_three_predictors_and_changes_nothing(arch, tmp_path) -> None:
     model = synth_model(tmp_path / "m.gguf", "tiny", arch=arch)
     plain = _run(model)
@@ -54,7 +56,8 @@ def test_predict_log_scores_three_predictors_and_changes_nothing(arch, tmp_path)
     assert "fresh-gate control 100.0% (100.0%)" in first  # the arithmetic is the router's
     table = lines[lines.index("  layer   stale    prev   ctrl   routings") + 1 :]
     rows = [ln.split() for ln in table if ln.strip()]
-    moe = run.params["n_layer"] - (1 if arch == "deepseek2" else 0)
+    n_layer = run.params["n_layer"]
+    moe = {"deepseek2": n_layer - 1, "gemma4": (n_layer + 1) // 2}.get(arch, n_layer)
     assert len(rows) == moe
     assert rows[0][1] == "-"  # the first MoE layer has no layer before it to predict from
     assert all(r[3] == "100.0" and int(r[4]) == N for r in rows)

@@ -160,7 +160,9 @@ def synth(
     n_ff_exp: int | None = typer.Option(None, "--n-ff-exp", help="Expert hidden width."),
     vocab: int | None = typer.Option(None, help="Vocabulary size (>= 259)."),
     arch: str | None = typer.Option(
-        None, "--arch", help="Family: qwen3moe (default), qwen2moe, llama, deepseek2."
+        None,
+        "--arch",
+        help="Family: qwen3moe (default), qwen2moe, llama, deepseek2, gpt-oss, gemma4.",
     ),
     type_: str | None = typer.Option(
         None, "--type", help="Weight type: f32, f16, q8_0, q4_0, q5_0 or mxfp4 (experts)."
@@ -185,8 +187,10 @@ def synth(
 
     Families: --arch qwen3moe (default), qwen2moe (a gated shared expert beside the routed
     ones), llama (Mixtral: a llama with routed experts), deepseek2 (a leading dense layer,
-    shared experts, low-rank attention; --fused-gate-up stores ffn_gate_up_exps). Weight
-    types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the other matrices f16).
+    shared experts, low-rank attention; --fused-gate-up stores ffn_gate_up_exps), gpt-oss
+    (biases on the router and the experts, attention sinks; its experts ship in MXFP4),
+    gemma4 (fused ffn_gate_up_exps, a dense MLP beside the experts, dense layers mixed in).
+    Weight types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the rest f16).
 
     Larger models: override the preset's sizes, e.g.
     bmoe model synth big.gguf --preset small --layers 48 --experts 128 --n-embd 1024

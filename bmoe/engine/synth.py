@@ -1,6 +1,7 @@
-"""Synthetic mixture-of-experts GGUF files that llama.cpp loads and runs: ``qwen3moe`` (the
-default), ``qwen2moe`` (a gated shared expert beside the routed ones) and a Mixtral-style
-``llama``, in f32, f16, q8_0, q4_0, q5_0 or mxfp4 (the experts; the rest f16).
+"""Synthetic mixture-of-experts GGUF files that llama.cpp loads and runs, in the families
+users run (:data:`ARCHS`: ``qwen3moe`` by default, ``qwen2moe``, a Mixtral-style ``llama``,
+``deepseek2``, ``gpt-oss``, ``gemma4``) and the weight types f32, f16, q8_0, q4_0, q5_0 or
+mxfp4 (the experts; the rest f16), optionally split into shards as ``llama-gguf-split`` does.
 
 The weights are random but shaped on purpose:
 
@@ -45,7 +46,11 @@ ARCH = "qwen3moe"
 #: Mixtral shape (a llama with routed experts, no q/k norms).
 #: ``deepseek2`` has leading dense layers, shared experts and low-rank (MLA-shaped)
 #: attention, and may store gate and up fused (``ffn_gate_up_exps``).
-ARCHS = ("qwen3moe", "qwen2moe", "llama", "deepseek2")
+#: ``gpt-oss`` has biases on the router and on every expert, attention sinks and sliding-
+#: window layers; its experts ship in MXFP4.
+#: ``gemma4`` stores gate and up fused (``ffn_gate_up_exps``), runs a dense MLP beside the
+#: experts, and mixes dense layers in (every other layer here).
+ARCHS = ("qwen3moe", "qwen2moe", "llama", "deepseek2", "gpt-oss", "gemma4")
 TYPES = ("f32", "f16", "q8_0", "q4_0", "q5_0", "mxfp4")
 #: Block size of the quantized types (a row must be a whole number of blocks).
 _BLOCK = 32
@@ -121,7 +126,10 @@ class SynthConfig:
                 f"synth: {self.type} needs n_embd, n_ff_exp, n_head x head_dim and n_ff_shexp "
                 f"to be multiples of {_BLOCK}"
             )
-        if self.arch in ("qwen2moe", "llama") and self.n_head * self.head_dim != self.n_embd:
+        if (
+            self.arch in ("qwen2moe", "llama", "gpt-oss")
+            and self.n_head * self.head_dim != self.n_embd
+        ):
             raise BmoeError(f"synth: {self.arch} needs n_head x head_dim == n_embd")
         if self.arch == "deepseek2":
             if not 0 <= self.dense_layers < self.layers:
@@ -130,8 +138,8 @@ class SynthConfig:
                 raise BmoeError("synth: deepseek2 needs n_head x head_dim == n_embd, n_head_kv")
             if not 0 < self.n_rot < self.head_dim or self.n_rot % 2:
                 raise BmoeError("synth: deepseek2 needs an even n_rot below head_dim")
-        elif self.fused_gate_up:
-            raise BmoeError("synth: fused_gate_up is written for deepseek2 only")
+        elif self.fused_gate_up and self.arch != "gemma4":
+            raise BmoeError("synth: fused_gate_up is written for deepseek2 (gemma4 always is)")
         if self.skew < 0:
             raise BmoeError("synth: skew must be >= 0")
 
@@ -180,6 +188,11 @@ def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
     t = "f16" if cfg.type == "mxfp4" else cfg.type  # MXFP4 is for the experts only
     te = cfg.type
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), t)]
+    tail = [("output_norm.weight", (e,), "f32"), ("output.weight", (v, e), t)]
+    if cfg.arch == "gpt-oss":
+        return out + _plan_gpt_oss(cfg, t) + tail
+    if cfg.arch == "gemma4":
+        return out + _plan_gemma4(cfg, t) + tail
     if cfg.arch == "deepseek2":
         return (
             out
@@ -219,6 +232,73 @@ def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
                 (b + "ffn_down_shexp.weight", (e, fs), t),
             ]
     out += [("output_norm.weight", (e,), "f32"), ("output.weight", (v, e), t)]
+    return out
+
+
+def gemma4_moe_layer(il: int) -> bool:
+    """Which layers of a synthetic gemma4 route experts (the others are dense)."""
+    return il % 2 == 0
+
+
+def _plan_gemma4(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
+    e, f, x, hd = cfg.n_embd, cfg.n_ff_exp, cfg.experts, cfg.head_dim
+    nq, nkv = cfg.n_head * hd, cfg.n_head_kv * hd
+    dense = f * cfg.top_k
+    out: list[tuple[str, tuple[int, ...], str]] = [("rope_freqs.weight", (hd // 2,), "f32")]
+    for il in range(cfg.layers):
+        b = f"blk.{il}."
+        out += [
+            (b + "attn_norm.weight", (e,), "f32"),
+            (b + "attn_q.weight", (nq, e), t),
+            (b + "attn_k.weight", (nkv, e), t),
+            (b + "attn_v.weight", (nkv, e), t),
+            (b + "attn_output.weight", (e, nq), t),
+            (b + "attn_q_norm.weight", (hd,), "f32"),
+            (b + "attn_k_norm.weight", (hd,), "f32"),
+            (b + "post_attention_norm.weight", (e,), "f32"),
+            (b + "ffn_norm.weight", (e,), "f32"),
+            (b + "ffn_gate.weight", (dense, e), t),
+            (b + "ffn_up.weight", (dense, e), t),
+            (b + "ffn_down.weight", (e, dense), t),
+            (b + "post_ffw_norm.weight", (e,), "f32"),
+        ]
+        if gemma4_moe_layer(il):
+            out += [
+                (b + "ffn_gate_inp.weight", (x, e), "f32"),
+                (b + "ffn_gate_inp.scale", (e,), "f32"),
+                (b + "pre_ffw_norm_2.weight", (e,), "f32"),
+                (b + "post_ffw_norm_1.weight", (e,), "f32"),
+                (b + "post_ffw_norm_2.weight", (e,), "f32"),
+                (b + "ffn_gate_up_exps.weight", (x, 2 * f, e), cfg.type),
+                (b + "ffn_down_exps.weight", (x, e, f), cfg.type),
+            ]
+    return out
+
+
+def _plan_gpt_oss(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
+    e, f, x = cfg.n_embd, cfg.n_ff_exp, cfg.experts
+    nq, nkv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    out: list[tuple[str, tuple[int, ...], str]] = []
+    for il in range(cfg.layers):
+        b = f"blk.{il}."
+        out += [
+            (b + "attn_norm.weight", (e,), "f32"),
+            (b + "attn_q.weight", (nq, e), t),
+            (b + "attn_k.weight", (nkv, e), t),
+            (b + "attn_v.weight", (nkv, e), t),
+            (b + "attn_output.weight", (e, nq), t),
+            (b + "attn_output.bias", (e,), "f32"),
+            (b + "attn_sinks.weight", (cfg.n_head,), "f32"),
+            (b + "post_attention_norm.weight", (e,), "f32"),
+            (b + "ffn_gate_inp.weight", (x, e), "f32"),
+            (b + "ffn_gate_inp.bias", (x,), "f32"),
+            (b + "ffn_gate_exps.weight", (x, f, e), cfg.type),
+            (b + "ffn_gate_exps.bias", (x, f), "f32"),
+            (b + "ffn_up_exps.weight", (x, f, e), cfg.type),
+            (b + "ffn_up_exps.bias", (x, f), "f32"),
+            (b + "ffn_down_exps.weight", (x, e, f), cfg.type),
+            (b + "ffn_down_exps.bias", (x, e), "f32"),
+        ]
     return out
 
 
@@ -327,7 +407,27 @@ class _Weights:
         cfg = self.cfg
         e = cfg.n_embd
         kind = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
-        if kind in ("attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm", "output_norm"):
+        if name.endswith(".scale") or kind == "rope_freqs":  # gemma4: neutral
+            return np.ones(shape, dtype=np.float32)
+        if name.endswith(".bias"):  # gpt-oss: small biases, none on the bias channel
+            w = self.normal(shape, 0.1)
+            if kind in ("ffn_down_exps", "attn_output"):
+                w[..., 0] = 0.0
+            return w
+        if kind == "attn_sinks":
+            return np.zeros(shape, dtype=np.float32)
+        if kind in (
+            "attn_norm",
+            "attn_q_norm",
+            "attn_k_norm",
+            "ffn_norm",
+            "output_norm",
+            "post_attention_norm",
+            "post_ffw_norm",
+            "pre_ffw_norm_2",
+            "post_ffw_norm_1",
+            "post_ffw_norm_2",
+        ):
             return np.ones(shape, dtype=np.float32)
         if kind == "token_embd":
             w = self.normal(shape, 1.0)
@@ -474,6 +574,15 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
         w.add_expert_feed_forward_length(cfg.n_ff_exp)
     if cfg.arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(cfg.n_ff_shexp)
+    if cfg.arch == "gemma4":
+        w.add_sliding_window(128)
+        w.add_sliding_window_pattern([il < cfg.layers - 1 for il in range(cfg.layers)])
+        w.add_uint32(f"{cfg.arch}.attention.key_length_swa", cfg.head_dim)
+        w.add_uint32(f"{cfg.arch}.attention.value_length_swa", cfg.head_dim)
+        w.add_uint32(f"{cfg.arch}.embedding_length_per_layer_input", 0)
+    if cfg.arch == "gpt-oss":
+        w.add_sliding_window(128)
+        w.add_rope_dimension_count(cfg.head_dim)
     if cfg.arch == "deepseek2":
         w.add_leading_dense_block_count(cfg.dense_layers)
         w.add_expert_shared_count(cfg.shared_experts)
