@@ -271,15 +271,17 @@ def families(tmp: Path, args: argparse.Namespace) -> None:
     print(f"  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
 
 
-def features(model: Path, tmp: Path, args: argparse.Namespace) -> None:
+def features(tmp: Path, args: argparse.Namespace) -> None:
+    model = synth_model(tmp / "features.gguf", "small", **FAMILY_SHAPE)
+    split = synth_model(tmp / "split.gguf", "small", split_max_tensors=16, **FAMILY_SHAPE)
     layout = read_layout(model)
     everything = layout.total_expert_bytes / MIB + 1
     base = {"moe_stream": True, "cache_mb": everything}
     print(
-        f"features ({args.tokens} tokens, cache holds everything, steady state, median of "
-        f"{args.repeats}; cost against streaming without the feature in the same run):"
+        f"features ({args.tokens} tokens, the families section's qwen3moe shape, cache holds "
+        f"everything, steady state, median of {args.repeats}; cost against streaming without "
+        "the feature in the same run):"
     )
-    split = synth_model(tmp / "split.gguf", "small", split_max_tensors=64)
     cases = [
         ("split model (shards)", split, {}),
         ("--drop-cold-experts 1.0", model, {"drop_cold_frac": 1.0}),
@@ -294,7 +296,7 @@ def features(model: Path, tmp: Path, args: argparse.Namespace) -> None:
             f"us/token  CPU-time ratio {cpu:.3f}"
         )
     print(f"  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
-    for p in tmp.glob("split-*.gguf"):
+    for p in [model, *tmp.glob("split-*.gguf")]:
         p.unlink()
 
 
@@ -316,7 +318,9 @@ def main() -> None:
     try:
         if args.section in ("families", "all"):
             families(tmp, args)
-        if args.section == "families":
+        if args.section in ("features", "all"):
+            features(tmp, args)
+        if args.section in ("families", "features"):
             return
         if model is None:
             t = time.perf_counter()
@@ -328,8 +332,6 @@ def main() -> None:
         for name, fn in (("speed", speed), ("memory", memory), ("budgets", budgets)):
             if args.section in (name, "all"):
                 fn(model, args)
-        if args.section in ("features", "all"):
-            features(model, tmp, args)
     finally:
         if args.keep:
             print(f"kept {tmp}")

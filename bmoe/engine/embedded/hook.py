@@ -92,6 +92,7 @@ class EvalHook:
         self._decisions: dict[int, bool] = {}
         self._routing_nodes: dict[int, tuple[int, Any, int]] = {}  # node -> layer, int32[k], k
         self._remember = False
+        self._mode: tuple[bool, bool] | None = None
         self._routed = 0
         self.expert_names = expert_names
         self.discovered: dict[str, int] | None = None
@@ -156,9 +157,12 @@ class EvalHook:
             and not self.trace
             and self.discovered is None
             and self.streamer is not None
-            and not self._dropping
-            and self.predictor is None
         )
+        # the remembered answers depend on which nodes this decode wants
+        mode = (self._dropping, self.predictor is not None)
+        if self._remember and mode != self._mode:
+            self.forget()
+            self._mode = mode
         if self.trace:
             self._last_ns = time.perf_counter_ns()
             self._last_flt = _majflt()
@@ -329,7 +333,7 @@ class EvalHook:
             return
         self._routed += 1
         self.streamer.route(layer, ids, self._positions_for(n))
-        if self._remember and n == 1:
+        if self._remember and n == 1 and self.predictor is None:  # the fast path routes alone
             self._routing_nodes[t] = (layer, ctypes.c_int32 * ids.shape[1], ids.shape[1])
         if self.streamer.keep_routings and self.streamer.counters.routings:
             self._routings[layer] = self.streamer.counters.routings[-1]
