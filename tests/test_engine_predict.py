@@ -96,3 +96,35 @@ def test_predict_flags_parse_and_the_others_say_why_they_are_refused() -> None:
         parse_args(["-m", "x.gguf", "--predict-log"])
     with pytest.raises(BmoeError, match="eval callback"):
         parse_args(["-m", "x.gguf", "--moe-stream", "--overlap"])
+    cfg, _ = parse_args(["-m", "x.gguf", "--moe-stream", "--route-ahead", "2"])
+    assert cfg.route_ahead == 2
+    with pytest.raises(BmoeError, match="--route-ahead needs --moe-stream"):
+        parse_args(["-m", "x.gguf", "--route-ahead", "1"])
+
+
+def test_route_ahead_commits_early_and_the_matmul_uses_the_commitment(tiny_model, tmp_path):
+    plain = _run(tiny_model)
+    out = io.BytesIO()
+    route, csv = tmp_path / "ra.route.csv", tmp_path / "ra.csv"
+    ra = _run(
+        tiny_model, out, moe_stream=True, cache_mb=0, route_ahead=1, predict_log=True,
+        route_trace=str(route), csv=str(csv),
+    )  # fmt: skip
+    n_moe = 4
+    summary = read_metrics(csv).summary
+    assert summary["ra_committed"] == N * (n_moe - 1) and summary["ra_passthrough"] == N
+    assert 0 < summary["ra_agree_pct"] <= 100
+    text = protocol.to_text(out.getvalue())
+    assert f"moe-route-ahead: 1 layers early — {N * (n_moe - 1)} routings committed" in text
+    # with N = 1 the commitment is the stale gate's pick, so the routing the layers used is it
+    stale = next(ln for ln in text.splitlines() if ln.startswith("moe-predict: stale-gate"))
+    assert stale.startswith("moe-predict: stale-gate 100.0% of routed slots (100.0% whole")
+    assert not _identical(ra, plain)  # a different model, by design
+    # only the committed experts were read (no cache): if llama.cpp had used other ids than
+    # the ones written over the router's, a run reading every expert of every layer
+    # (--load-all) would decode otherwise
+    everything = _run(tiny_model, moe_stream=True, load_all=True, route_ahead=1)
+    assert _identical(ra, everything)
+    rows = read_route_trace(route).rows
+    decode = rows[rows["phase"] == 1]
+    assert decode.groupby(["step", "layer"])["expert"].nunique().eq(2).all()

@@ -55,6 +55,7 @@ class EngineConfig:
     predict_log: bool = False  # --predict-log
     predict_prefetch: bool = False  # --predict-prefetch
     predict_spec_max: int = 2  # --predict-spec-max (0 = top-k)
+    route_ahead: int = 0  # --route-ahead N
 
     def check(self) -> None:
         """Raise :class:`BmoeError` naming the flag for a configuration that cannot run."""
@@ -74,6 +75,8 @@ class EngineConfig:
             raise BmoeError("--cache-mb must be >= 0 (or auto)")
         if self.prefetch < 0:
             raise BmoeError("--prefetch must be >= 0")
+        if self.route_ahead < 0:
+            raise BmoeError("--route-ahead must be >= 0")
         if self.predict_spec_max < 0:
             raise BmoeError("--predict-spec-max must be >= 0")
         if self.predict_prefetch and self.load_all:
@@ -93,6 +96,7 @@ class EngineConfig:
                 ("--drop-cold-experts", self.drop_cold_frac),
                 ("--predict-log", self.predict_log),
                 ("--predict-prefetch", self.predict_prefetch),
+                ("--route-ahead", self.route_ahead),
             ):
                 if value:
                     raise BmoeError(f"{flag} needs --moe-stream")
@@ -130,6 +134,7 @@ _VALUE = {
     "--dense-weights": "dense_weights",
     "--drop-cold-experts": "drop_cold_frac",
     "--predict-spec-max": "predict_spec_max",
+    "--route-ahead": "route_ahead",
 }
 _SWITCH = {
     "--progress": ("progress", True),
@@ -154,7 +159,6 @@ NOT_IMPLEMENTED = {
     "--ngram-min-match": True,
     "--overlap": False,
     "--io-two-wave": False,
-    "--route-ahead": True,
     "--list-archs": False,
     "--row-stream": False,
     "--expert-substitute": True,
@@ -171,12 +175,6 @@ _NO_OVERLAP = (
 WHY_NOT = {
     "--overlap": _NO_OVERLAP,
     "--io-two-wave": _NO_OVERLAP,
-    "--route-ahead": (
-        "it would replace the router's ids with a selection committed N layers early "
-        "(possible at the ffn_moe_topk callback, before the weights chain reads them), which "
-        "this engine does not do yet; --predict-log scores that early selection and "
-        "--predict-prefetch reads it ahead without changing the routing"
-    ),
 }
 #: Environment overrides of the native engine: variable -> config field.
 ENV = {
@@ -222,6 +220,7 @@ FLAG_HELP: tuple[tuple[str, str, str], ...] = (
     ("--predict-log", "", "score the stale-gate, previous-token and control predictors"),
     ("--predict-prefetch", "", "read the stale gate's pick for the next layer ahead"),
     ("--predict-spec-max", "N", "experts of that pick read per layer (2; 0 = top-k)"),
+    ("--route-ahead", "N", "commit each layer's experts N layers early (changes the output)"),
     ("--version", "", "print the engine version"),
     ("-h, --help", "", "this table"),
 )

@@ -103,9 +103,12 @@ class EmbeddedEngine:
             callback=self.hook.callback if self.hook else None,
         )
         self.predictor: RoutePredictor | None = None
-        if (cfg.predict_log or cfg.predict_prefetch) and self.hook is not None:
+        if (cfg.predict_log or cfg.predict_prefetch or cfg.route_ahead) and self.hook:
             self.predictor = RoutePredictor(
-                read_routers(lay), lay.moe_layers, self.n_expert_used or lay.n_expert_used
+                read_routers(lay),
+                lay.moe_layers,
+                self.n_expert_used or lay.n_expert_used,
+                ahead=cfg.route_ahead,
             )
             self.hook.predictor = self.predictor
             if cfg.predict_prefetch:

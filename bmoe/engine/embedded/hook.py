@@ -327,6 +327,11 @@ class EvalHook:
         if n == 0:
             return
         if self.predictor is not None and n == 1:
+            chosen = self.predictor.take_commitment(layer, ids[0])
+            if chosen is not None:  # --route-ahead: the committed selection replaces it
+                ids = chosen.astype(np.int32).reshape(1, -1)
+                data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
+                ctypes.memmove(data, ids.ctypes.data, ids.nbytes)
             self.predictor.routed(layer, ids[0])
         if self._dropping:  # routed once the weights are known
             self._pending[layer] = (ids, self._positions_for(n))
@@ -364,6 +369,11 @@ class EvalHook:
             pick = predictor.stale(nxt) if nxt is not None else None
             if pick is not None:
                 self.streamer.speculate(nxt, pick[: self.predict_spec_max].tolist())
+        if predictor.ahead and self.streamer is not None:  # read the commitment early
+            target = predictor.ahead_target(layer)
+            chosen = predictor.commitment(target) if target is not None else None
+            if chosen is not None:
+                self.streamer.speculate(target, chosen.tolist())
 
     def _on_weights(self, t: int, name: bytes) -> None:
         layer = ggml.layer_of(name.decode("utf-8", "replace"))

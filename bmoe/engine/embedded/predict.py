@@ -13,6 +13,11 @@ With ``--predict-prefetch`` the stale gate's pick for the next layer (its best
 ``--predict-spec-max`` experts) is read ahead on idle lanes as soon as the current layer's
 gate input exists, so those reads overlap the current layer's expert compute.
 
+``--route-ahead N`` goes further: layer ``l``'s selection is *committed* at layer ``l - N``
+(its router applied to that layer's input), read ahead at once, and written over the router's
+ids at ``ffn_moe_topk-<l>`` before the weights chain and the expert matmul read them; the
+first N MoE layers pass the router's choice through. It changes what is computed, by design.
+
 The gate input is the second source of the ``ffn_moe_logits-<il>`` node; the routers are read
 from the GGUF (dequantized once). Selection follows llama.cpp: top-k of the softmax of the
 logits, plus the per-expert selection bias (``exp_probs_b``) where the model has one.
@@ -106,8 +111,12 @@ class RoutePredictor:
     routers: dict[int, Router]
     moe_layers: list[int]
     k: int
+    ahead: int = 0  # --route-ahead N (0 = off)
     tallies: dict[str, dict[int, _Tally]] = field(default_factory=dict)
     unranked: int = 0  # routings the stale gate could not rank (first MoE layer)
+    committed: int = 0  # --route-ahead: routings replaced by the committed selection
+    passthrough: int = 0  # and routings left to the router (the first N layers)
+    agree_slots: int = 0  # committed slots the router also chose
 
     def __post_init__(self) -> None:
         self.tallies = {p: {il: _Tally() for il in self.moe_layers} for p in PREDICTORS}
@@ -115,6 +124,12 @@ class RoutePredictor:
         self._stale: dict[int, np.ndarray] = {}
         self._ctrl: dict[int, np.ndarray] = {}
         self._prev: dict[int, np.ndarray] = {}
+        self._commit: dict[int, np.ndarray] = {}
+        self._ahead = (
+            dict(zip(self.moe_layers, self.moe_layers[self.ahead :], strict=False))
+            if self.ahead
+            else {}
+        )
         self.active = False  # set per decode: only generated tokens are scored
 
     def gate_input(self, layer: int, x: np.ndarray) -> None:
@@ -128,6 +143,34 @@ class RoutePredictor:
         nxt = self._next.get(layer)
         if nxt is not None and nxt in self.routers:
             self._stale[nxt] = self.routers[nxt].top_k(x, self.k)
+        target = self._ahead.get(layer)
+        if target is not None and target in self.routers:
+            self._commit[target] = self.routers[target].top_k(x, self.k)
+
+    def ahead_target(self, layer: int) -> int | None:
+        """``--route-ahead``: the layer whose selection is committed at `layer`."""
+        return self._ahead.get(layer)
+
+    def commitment(self, layer: int) -> np.ndarray | None:
+        """``--route-ahead``: the selection committed for `layer` (best first), if any."""
+        return self._commit.get(layer)
+
+    def take_commitment(self, layer: int, router_ids: np.ndarray) -> np.ndarray | None:
+        """The committed selection that replaces the router's `router_ids` at `layer`, with
+        the agreement counted; None (passed through) where nothing was committed."""
+        if not self.active or not self.ahead:
+            return None
+        chosen = self._commit.pop(layer, None)
+        if chosen is None:
+            self.passthrough += 1
+            return None
+        self.committed += 1
+        self.agree_slots += len(np.intersect1d(chosen, router_ids))
+        return chosen
+
+    @property
+    def agree_pct(self) -> float:
+        return 100.0 * self.agree_slots / (self.committed * self.k) if self.committed else 0.0
 
     def stale(self, layer: int) -> np.ndarray | None:
         """The stale gate's pick for `layer` (best first), once the layer before ran."""

@@ -317,6 +317,8 @@ def run_turn(
             writers.compute.rows(telemetry.compute_frame(hook.trace_rows, phase, step, turn))
         return read, spec
 
+    ra = eng.predictor
+    ra_start = (ra.committed, ra.passthrough, ra.agree_slots) if ra is not None else (0, 0, 0)
     # ---- prefill
     positions = np.arange(start_pos, start_pos + n_prompt, dtype=np.int64)
     outputs = np.zeros(n_prompt, dtype=bool)
@@ -454,6 +456,7 @@ def run_turn(
         tail,
         experts_routed,
         experts_dropped,
+        _route_ahead(eng, ra_start),
     )
     return Turn(
         tokens=generated,
@@ -467,6 +470,17 @@ def run_turn(
         hook_ns=hook_ns,
         hook_calls=hook_calls,
     )
+
+
+def _route_ahead(eng: EmbeddedEngine, start: tuple[int, int, int]) -> tuple[int, int, float]:
+    """This turn's --route-ahead ledger: committed, passed through, % of slots agreed."""
+    ra = eng.predictor
+    if ra is None or not ra.ahead:
+        return 0, 0, 0.0
+    committed = ra.committed - start[0]
+    agree = ra.agree_slots - start[2]
+    pct = 100.0 * agree / (committed * ra.k) if committed else 0.0
+    return committed, ra.passthrough - start[1], pct
 
 
 def _decode_one(model: LlamaModel, hook: EvalHook | None, token: int, pos: int) -> None:

@@ -62,7 +62,7 @@ def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, 
         "overlap": False,
         "io_two_wave": False,
         "prefetch": cfg.prefetch,
-        "route_ahead": 0,
+        "route_ahead": cfg.route_ahead,
         "predict_prefetch": cfg.predict_prefetch,
         "predict_log": cfg.predict_log,
         "predict_spec_max": cfg.predict_spec_max,
@@ -220,6 +220,7 @@ def summary(
     tail_s: float,
     experts_routed: int = 0,
     experts_dropped: int = 0,
+    route_ahead: tuple[int, int, float] = (0, 0, 0.0),
 ) -> dict[str, Any]:
     """The ``# summary`` trailer, keys in the native engine's order (then the prefill split)."""
     n = len(rows)
@@ -271,9 +272,9 @@ def summary(
         "mtp_decodes": n,
         "mtp_draft_s/tok": 0.0,
         "drafted_steps": 0,
-        "ra_committed": 0,
-        "ra_passthrough": 0,
-        "ra_agree_pct": 0.0,
+        "ra_committed": route_ahead[0],
+        "ra_passthrough": route_ahead[1],
+        "ra_agree_pct": route_ahead[2],
         "ra_gemv_ms/tok": 0.0,
         "ra_issue_ms/tok": 0.0,
         "ra_wd_ms/tok": 0.0,
@@ -346,6 +347,15 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
                 "experts_routed": routed,
                 "drop_pct": 100.0 * summary["experts_dropped"] / routed if routed else 0.0,
                 "drop_cold_frac": float(cfg.drop_cold_frac),
+            }
+        )
+    if cfg.route_ahead:
+        fig.update(
+            {
+                "route_ahead": cfg.route_ahead,
+                "ra_committed": summary["ra_committed"],
+                "ra_passthrough": summary["ra_passthrough"],
+                "ra_agree_pct": summary["ra_agree_pct"],
             }
         )
     if cfg.prefetch or cfg.predict_prefetch:
