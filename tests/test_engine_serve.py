@@ -41,6 +41,7 @@ def _start(model: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, 
     return proc, client
 
 
+@pytest.mark.slow
 def test_turns_rejections_and_files_read_like_the_native_session(tiny_model, tmp_path) -> None:
     csv, route = tmp_path / "s.csv", tmp_path / "s.route.csv"
     proc, client = _start(tiny_model, tmp_path, "--csv", str(csv), "--route-trace", str(route))
