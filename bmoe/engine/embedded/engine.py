@@ -100,7 +100,8 @@ class EmbeddedEngine:
             threads=cfg.threads,
             n_expert_used=cfg.n_expert_used,
             arch=lay.arch,
-            callback=self.hook.callback if self.hook else None,
+            callback=self.hook.context_callback if self.hook else None,
+            callback_user=self.hook.context_user if self.hook else None,
         )
         self.predictor: RoutePredictor | None = None
         if (cfg.predict_log or cfg.predict_prefetch or cfg.route_ahead) and self.hook:

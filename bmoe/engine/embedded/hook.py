@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bmoe.engine.embedded import ggml
+from bmoe.engine.embedded import evalfilter, ggml
 from bmoe.engine.embedded.predict import RoutePredictor
 from bmoe.engine.embedded.streamer import ExpertStreamer, Routing
 
@@ -114,6 +114,24 @@ class EvalHook:
         self.callback = ggml_backend_sched_eval_callback(
             self._timed_callback if profile else self._callback
         )
+        # What the context gets: the C filter in front of `callback` when it compiled (not
+        # when profiling the Python side), else `callback` itself.
+        self.context_callback: Any = self.callback
+        self.context_user: int | None = None
+        self._filter: evalfilter.FilterState | None = None
+        self._prefixes: list[bytes] | None = None
+        lib = None if profile else evalfilter.load()
+        if lib is not None:
+            state = evalfilter.FilterState()
+            state.python = ctypes.cast(self.callback, ctypes.c_void_p).value
+            state.name_offset = ggml.NAME_OFFSET
+            state.pass_through = 1
+            self._filter = state
+            self._filter_lib = lib  # keep the library loaded
+            self.context_callback = ctypes.cast(
+                lib.bmoe_eval_filter, ggml_backend_sched_eval_callback
+            )
+            self.context_user = ctypes.addressof(state)
         self.trace_rows: list[TraceRow] = []
         self._routings: dict[int, Routing] = {}
         self._positions = np.zeros(0, dtype=np.int64)
@@ -163,9 +181,29 @@ class EvalHook:
         if self._remember and mode != self._mode:
             self.forget()
             self._mode = mode
+        if self._filter is not None:
+            prefixes = self._wanted_prefixes() if self._remember else None
+            self._filter.pass_through = int(prefixes is None)
+            if prefixes is not None and prefixes != self._prefixes:
+                self._filter.set_prefixes(prefixes)
+                self._prefixes = prefixes
         if self.trace:
             self._last_ns = time.perf_counter_ns()
             self._last_flt = _majflt()
+
+    def _wanted_prefixes(self) -> list[bytes] | None:
+        """The node names a single-token decode asks for (what :meth:`_ask` answers True
+        to), as prefixes for the C filter; None when names alone cannot say."""
+        wanted = [_TOPK]
+        if self._dropping and self.final_weights:
+            wanted.append(self.final_weights + b"-")
+        if self.predictor is not None:
+            wanted.append(_LOGITS)
+        if self.route_weights:
+            if not self.weight_chain:
+                return None
+            wanted += [base + b"-" for base in self.weight_chain if base + b"-" not in wanted]
+        return wanted if len(wanted) <= evalfilter.MAX_PREFIXES else None
 
     def end(self) -> None:
         """Called right after llama_decode: closes the trace and re-raises a callback error."""
@@ -182,6 +220,7 @@ class EvalHook:
         """Drop the remembered node decisions (the next decode asks about every node)."""
         self._decisions.clear()
         self._routing_nodes.clear()
+        self._prefixes = None  # the C filter's list is written again at the next begin
 
     # -- the callback -----------------------------------------------------------------------
     def _timed_callback(self, t: int, ask: bool, user: int) -> bool:
