@@ -9,9 +9,16 @@ Three measurements, each against a baseline taken in the same run:
   faults the whole file), each in its own process; the whole-process peak (``VmHWM``, which
   includes llama.cpp populating the whole mapping at load) and the peak after setup (``VmHWM``
   reset once the experts are rebound and their pages of the mapping released);
-- budgets: tok/s, MiB read per token and hit rate at cache 0, a small and a large budget.
+- budgets: tok/s, MiB read per token and hit rate at cache 0, a small and a large budget;
+- families: for every family ``bmoe model synth --arch`` writes (a mid-sized model each),
+  streaming with a cache that holds everything vs plain llama-cpp-python decoding of the same
+  file, paired steady-state ratio (target >= 0.9);
+- features: the per-token cost of each newer feature against streaming with the same cache in
+  the same run (a split model, --drop-cold-experts, --predict-log, --predict-prefetch, a route
+  trace), as us/token and as a ratio of the steady-state rate.
 
-Usage: python benchmarks/bench_engine.py [--section speed|memory|budgets|all] [--tokens 64]
+Usage: python benchmarks/bench_engine.py
+       [--section speed|memory|budgets|families|features|all] [--tokens 64]
        [--repeats 3] [--threads 1] [--model PATH] [--keep]
 """
 
@@ -204,9 +211,102 @@ def budgets(model: Path, args: argparse.Namespace) -> None:
         )
 
 
+#: The families section's model: mid-sized, so compute dominates the per-token callback cost.
+FAMILY_SHAPE = {
+    "layers": 8,
+    "experts": 32,
+    "top_k": 4,
+    "n_embd": 512,
+    "n_ff_exp": 256,
+    "n_head": 8,
+    "n_head_kv": 4,
+    "head_dim": 64,
+    "vocab": 4096,
+    "type": "q8_0",
+}
+
+
+def _paired(
+    a_model: Path, b_model: Path, args: argparse.Namespace, a_kw: dict, b_kw: dict
+) -> tuple[float, float, float, float]:
+    """Median steady-state tok/s of runs `a` and `b` alternated, the median of their paired
+    ratios (b / a), of their per-token differences (us) and of their CPU-time ratios (a / b:
+    process CPU per token, less sensitive than wall time to a loaded machine)."""
+    a, b, ratios, deltas, cpu = [], [], [], [], []
+    for _ in range(args.repeats):
+        ra, rb = _run(a_model, args, **a_kw), _run(b_model, args, **b_kw)
+        a.append(_tok_s(ra, True))
+        b.append(_tok_s(rb, True))
+        ratios.append(b[-1] / a[-1])
+        deltas.append((1 / b[-1] - 1 / a[-1]) * 1e6)
+        cpu.append(_cpu_ms(ra, True) / _cpu_ms(rb, True))
+    med = statistics.median
+    return med(a), med(b), med(ratios), med(deltas), med(cpu)
+
+
+def families(tmp: Path, args: argparse.Namespace) -> None:
+    from bmoe.engine.synth import ARCHS
+
+    print(
+        f"families ({args.tokens} tokens, {args.threads} thread(s), median of {args.repeats},"
+        f" {FAMILY_SHAPE['layers']} layers x {FAMILY_SHAPE['experts']} experts top-"
+        f"{FAMILY_SHAPE['top_k']}, {FAMILY_SHAPE['type']}):"
+    )
+    for arch in ARCHS:
+        shape = dict(FAMILY_SHAPE)
+        if arch == "deepseek2":  # its attention has no grouped kv heads
+            shape.pop("n_head_kv")
+        model = synth_model(tmp / f"{arch}.gguf", "small", arch=arch, **shape)
+        everything = read_layout(model).total_expert_bytes / MIB + 1
+        plain, streamed, ratio, delta, cpu = _paired(
+            model, model, args, {}, {"moe_stream": True, "cache_mb": everything}
+        )
+        flag = "ok" if ratio >= 0.9 else "BELOW TARGET"
+        print(
+            f"  {arch:10s} plain {plain:8.2f} tok/s  streamed {streamed:8.2f} tok/s  "
+            f"ratio {ratio:.3f} ({delta:+.0f} us/token; CPU-time ratio {cpu:.3f}) "
+            f"target >= 0.9: {flag}"
+        )
+        model.unlink()
+    print(f"  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+
+
+def features(tmp: Path, args: argparse.Namespace) -> None:
+    model = synth_model(tmp / "features.gguf", "small", **FAMILY_SHAPE)
+    split = synth_model(tmp / "split.gguf", "small", split_max_tensors=16, **FAMILY_SHAPE)
+    layout = read_layout(model)
+    everything = layout.total_expert_bytes / MIB + 1
+    base = {"moe_stream": True, "cache_mb": everything}
+    print(
+        f"features ({args.tokens} tokens, the families section's qwen3moe shape, cache holds "
+        f"everything, steady state, median of {args.repeats}; cost against streaming without "
+        "the feature in the same run):"
+    )
+    cases = [
+        ("split model (shards)", split, {}),
+        ("--drop-cold-experts 1.0", model, {"drop_cold_frac": 1.0}),
+        ("--predict-log", model, {"predict_log": True}),
+        ("--predict-prefetch", model, {"predict_prefetch": True}),
+        ("--route-trace", model, {"route_trace": str(tmp / "bench.route.csv")}),
+    ]
+    for label, target, extra in cases:
+        a, b, ratio, delta, cpu = _paired(model, target, args, base, {**base, **extra})
+        print(
+            f"  {label:26s} {a:8.2f} -> {b:8.2f} tok/s  ratio {ratio:.3f}  {delta:+7.0f} "
+            f"us/token  CPU-time ratio {cpu:.3f}"
+        )
+    print(f"  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    for p in [model, *tmp.glob("split-*.gguf")]:
+        p.unlink()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--section", default="all", choices=["speed", "memory", "budgets", "all"])
+    ap.add_argument(
+        "--section",
+        default="all",
+        choices=["speed", "memory", "budgets", "families", "features", "all"],
+    )
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
@@ -216,6 +316,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bmoe-bench-engine-"))
     model = args.model
     try:
+        if args.section in ("families", "all"):
+            families(tmp, args)
+        if args.section in ("features", "all"):
+            features(tmp, args)
+        if args.section in ("families", "features"):
+            return
         if model is None:
             t = time.perf_counter()
             model = synth_model(tmp / "small.gguf", "small")

@@ -465,19 +465,31 @@ def test_cli_model_synth(tmp_path, capsys) -> None:
     assert "m.gguf" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("front", ["python", "c-filter"])
 def test_a_rebuilt_graph_is_caught_and_the_token_decoded_again(
-    tiny_model, baseline, monkeypatch
+    tiny_model, baseline, monkeypatch, front
 ) -> None:
+    from bmoe.engine.embedded import evalfilter
     from bmoe.engine.embedded import hook as hook_module
 
+    if front == "python":
+        monkeypatch.setattr(evalfilter, "load", lambda: None)
+    elif evalfilter.load() is None:
+        pytest.skip("no C compiler: the eval filter is not built")
     begin = hook_module.EvalHook.begin
     calls = {"n": 0, "poisoned": 0}
 
     def poisoning_begin(self, *args, **kw):
         begin(self, *args, **kw)
         calls["n"] += 1
-        if calls["n"] in (6, 12) and self._decisions:  # as if the graph moved under us
+        if calls["n"] not in (6, 12):
+            return
+        # as if the graph moved under us: the remembered answers miss the routing nodes
+        if front == "python" and self._decisions:
             self._decisions = dict.fromkeys(self._decisions, False)
+            calls["poisoned"] += 1
+        elif front == "c-filter" and self._filter is not None and self._remember:
+            self._filter.set_prefixes([b"no-such-node-"])
             calls["poisoned"] += 1
 
     monkeypatch.setattr(hook_module.EvalHook, "begin", poisoning_begin)
@@ -559,3 +571,20 @@ def test_sampling_is_reproducible_with_a_seed(tiny_model, baseline) -> None:
     for run in (a, c):  # every sampled token is among the top-k of its logits
         for token, logits in zip(run.tokens, run.logits, strict=True):
             assert token in np.argsort(-logits)[:20]
+
+
+def test_the_c_filter_answers_as_the_python_callback_does(tiny_model, tmp_path, monkeypatch):
+    """The C front of the eval callback only changes who answers ggml's questions: tokens,
+    logits, routing and weights come out the same with and without it."""
+    from bmoe.engine.embedded import evalfilter
+
+    if evalfilter.load() is None:
+        pytest.skip("no C compiler: the eval filter is not built")
+    kw = {"moe_stream": True, "cache_mb": 1, "drop_cold_frac": 0.5, "predict_log": True}
+    with_c = _run(tiny_model, route_trace=str(tmp_path / "c.csv"), **kw)
+    monkeypatch.setattr(evalfilter, "load", lambda: None)
+    python = _run(tiny_model, route_trace=str(tmp_path / "py.csv"), **kw)
+    assert _identical(with_c, python)
+    a, b = (read_route_trace(tmp_path / n).rows for n in ("c.csv", "py.csv"))
+    assert a.equals(b) and a["weight"].notna().all()
+    assert with_c.summary["experts_dropped"] == python.summary["experts_dropped"] > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
@@ -15,31 +16,136 @@ app.add_typer(model_app, name="model")
 
 _RUN_HELP = """Run a GGUF MoE model on llama-cpp-python, streaming the routed experts from flash.
 
-Takes the native bmoe-cli flags and writes the same files and stdout lines:
--m/--model PATH, -p/--prompt STR, -n/--n-predict N, -t/--threads N, -c/--ctx-size N,
---ubatch N, --n-expert-used N, --temp F, --top-k N, --top-p F, --seed N, --progress,
---csv PATH, --route-trace PATH, --io-trace PATH, --compute-trace PATH,
---compute-trace-layers PATH, --moe-stream, --cache-mb N|auto, --cache-floor-mb N,
---cache-ceil-mb N, --force-cache, --io-threads N, --no-odirect, --load-all, --prefetch K,
---dense-weights mmap|warm, --version.
+Takes the native bmoe-cli flags (bmoe run -h lists them) and writes the same files and lines.
 
 Example: bmoe run -m tiny.gguf -n 64 --moe-stream --cache-mb 2 --csv run.csv --progress
 """
+
+_RUN_EXAMPLES = (
+    "bmoe run -m tiny.gguf -n 64 --moe-stream --cache-mb 2 --csv run.csv --progress",
+    "bmoe run -m model-00001-of-00004.gguf --moe-stream --cache-mb auto --route-trace r.csv",
+    "bmoe run -m tiny.gguf --moe-stream --cache-mb 2 --drop-cold-experts 0.75",
+    "bmoe run -m tiny.gguf --moe-stream --cache-mb 2 --session < requests.jsonl",
+)
+
+
+def _print_flag_table() -> None:
+    from rich.table import Table
+
+    from bmoe.engine.embedded.config import FLAG_HELP
+
+    console.print(
+        "Usage: bmoe run -m MODEL.gguf [FLAGS]\n\n"
+        "Runs a GGUF mixture-of-experts model on llama-cpp-python, streaming the routed "
+        "experts from flash. The flags are the native bmoe-cli's; the files and stdout lines "
+        "are the same.\n",
+        highlight=False,
+        markup=False,
+    )
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    table.add_column("flag", style="cyan", no_wrap=True)
+    table.add_column("value", no_wrap=True)
+    table.add_column("what it does")
+    for flags, value, meaning in FLAG_HELP:
+        table.add_row(flags, value, meaning)
+    console.print(table)
+    console.out("\nExamples:", highlight=False)
+    for example in _RUN_EXAMPLES:
+        console.out(f"  {example}", highlight=False)
+
+
+class _ProgressView:
+    """``--progress`` in a terminal: the BMOE_* lines drawn as a progress bar with the
+    token rate, hit rate and reads; the answer and end-of-run lines printed as they come."""
+
+    def __init__(self) -> None:
+        from rich.progress import Progress, TextColumn
+
+        self._progress = Progress(
+            *Progress.get_default_columns()[:3],
+            TextColumn("{task.fields[info]}"),
+            console=console,
+            transient=True,
+        )
+        self._task: Any = None  # the rich TaskID once the first step arrives
+        self._buffer = b""
+        self._done = False
+        self._progress.start()
+
+    def write(self, data: bytes) -> int:
+        if self._done:
+            sys.stdout.buffer.write(data)
+            return len(data)
+        self._buffer += data
+        while not self._done and b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            self._line(line + b"\n")
+        return len(data)
+
+    def _line(self, line: bytes) -> None:
+        from bmoe.formats import protocol
+
+        event = protocol.parse_line(line) if line.startswith(b"BMOE_") else None
+        if event is None:
+            if line.strip():  # the answer banner: the bar is done, the rest is text
+                self.close()
+                sys.stdout.buffer.write(line + self._buffer)
+                self._buffer = b""
+            return
+        if event.tag != "PROGRESS":
+            return
+        data = event.data
+        if self._task is None:
+            self._task = self._progress.add_task("generating", total=data["steps"], info="")
+        wall = max(float(data.get("wall_ms", 0.0)), 1e-6)
+        info = (
+            f"{1e3 / wall:6.1f} tok/s  hit {float(data.get('cache_hit_pct', -1)):5.1f} %  "
+            f"read {float(data.get('read_mb', 0.0)):6.2f} MB"
+        )
+        self._progress.update(self._task, completed=data["step"], info=info)
+
+    def flush(self) -> None:
+        if self._done:
+            sys.stdout.buffer.flush()
+
+    def close(self) -> None:
+        if not self._done:
+            self._progress.stop()
+            self._done = True
 
 
 @app.command(
     "run",
     help=_RUN_HELP,
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
 )
 def run(ctx: typer.Context) -> None:
-    from bmoe.engine.embedded.config import parse_args
+    from bmoe.engine.embedded.config import parse_args, wants_help
     from bmoe.engine.embedded.run import run_engine
     from bmoe.engine.embedded.telemetry import engine_version
 
+    if wants_help(ctx.args):
+        _print_flag_table()
+        return
     cfg, version = parse_args(ctx.args)
     if version:
         console.out(engine_version(), highlight=False)
+        return
+    if cfg.session:
+        from bmoe.engine.embedded.serve import serve_session
+
+        serve_session(cfg, stdin=sys.stdin.buffer, out=sys.stdout.buffer, err=sys.stderr)
+        return
+    if cfg.progress and sys.stdout.isatty():  # a person is watching: draw, do not dump JSON
+        view = _ProgressView()
+        try:
+            run_engine(cfg, out=view, err=sys.stderr)  # type: ignore[arg-type]
+        finally:
+            view.close()
         return
     run_engine(cfg, out=sys.stdout.buffer, err=sys.stderr)
 
@@ -54,15 +160,45 @@ def synth(
     n_embd: int | None = typer.Option(None, "--n-embd", help="Embedding width."),
     n_ff_exp: int | None = typer.Option(None, "--n-ff-exp", help="Expert hidden width."),
     vocab: int | None = typer.Option(None, help="Vocabulary size (>= 259)."),
-    type_: str | None = typer.Option(None, "--type", help="Weight type: f32, f16 or q8_0."),
+    arch: str | None = typer.Option(
+        None,
+        "--arch",
+        help="Family: qwen3moe (default), qwen2moe, llama, deepseek2, gpt-oss, gemma4.",
+    ),
+    type_: str | None = typer.Option(
+        None, "--type", help="Weight type: f32, f16, q8_0, q4_0, q5_0 or mxfp4 (experts)."
+    ),
     seed: int | None = typer.Option(None, help="Random seed of the weights."),
     skew: float | None = typer.Option(None, help="Router skew: 0 = uniform; larger = hotter."),
+    fused_gate_up: bool = typer.Option(
+        False, "--fused-gate-up", help="deepseek2: one ffn_gate_up_exps tensor per layer."
+    ),
+    split_max_tensors: int = typer.Option(
+        0,
+        "--split-max-tensors",
+        help="Split into shards of at most N tensors (OUT-00001-of-0000M.gguf); 0 = one file.",
+    ),
+    no_tensor_first_split: bool = typer.Option(
+        False,
+        "--no-tensor-first-split",
+        help="With --split-max-tensors: the first shard holds the metadata only.",
+    ),
 ) -> None:
-    """Write a synthetic qwen3moe GGUF model that llama.cpp loads.
+    """Write a synthetic mixture-of-experts GGUF model that llama.cpp loads.
+
+    Families: --arch qwen3moe (default), qwen2moe (a gated shared expert beside the routed
+    ones), llama (Mixtral: a llama with routed experts), deepseek2 (a leading dense layer,
+    shared experts, low-rank attention; --fused-gate-up stores ffn_gate_up_exps), gpt-oss
+    (biases on the router and the experts, attention sinks; its experts ship in MXFP4),
+    gemma4 (fused ffn_gate_up_exps, a dense MLP beside the experts, dense layers mixed in).
+    Weight types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the rest f16).
 
     Larger models: override the preset's sizes, e.g.
     bmoe model synth big.gguf --preset small --layers 48 --experts 128 --n-embd 1024
     --n-ff-exp 768 --type q8_0 (about 10 GB).
+
+    A split model, as large models ship: bmoe model synth tiny.gguf --split-max-tensors 16
+    writes tiny-00001-of-0000M.gguf ... (run it with -m tiny-00001-of-0000M.gguf).
 
     Example: bmoe model synth tiny.gguf --preset tiny
     """
@@ -76,6 +212,8 @@ def synth(
         "n_ff_exp": n_ff_exp,
         "vocab": vocab,
         "type": type_,
+        "arch": arch,
+        "fused_gate_up": fused_gate_up or None,
         "seed": seed,
         "skew": skew,
     }
@@ -90,6 +228,16 @@ def synth(
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(f"writing {out.name}", total=total)
         path = synth_model(
-            out, preset, progress=lambda done, _t: bar.update(task, completed=done), **overrides
+            out,
+            preset,
+            progress=lambda done, _t: bar.update(task, completed=done),
+            split_max_tensors=split_max_tensors,
+            no_tensor_first_split=no_tensor_first_split,
+            **overrides,
         )
-    console.out(f"{path}: {path.stat().st_size / 2**20:.1f} MiB", highlight=False)
+    from bmoe.engine.embedded.layout import read_layout
+
+    shards = [Path(p) for p in read_layout(path).shards]
+    size = sum(p.stat().st_size for p in shards) / 2**20
+    more = f" ({len(shards)} shards)" if len(shards) > 1 else ""
+    console.out(f"{path}: {size:.1f} MiB{more}", highlight=False)

@@ -1,4 +1,7 @@
-"""Synthetic mixture-of-experts GGUF files (``qwen3moe``) that llama.cpp loads and runs.
+"""Synthetic mixture-of-experts GGUF files that llama.cpp loads and runs, in the families
+users run (:data:`ARCHS`: ``qwen3moe`` by default, ``qwen2moe``, a Mixtral-style ``llama``,
+``deepseek2``, ``gpt-oss``, ``gemma4``) and the weight types f32, f16, q8_0, q4_0, q5_0 or
+mxfp4 (the experts; the rest f16), optionally split into shards as ``llama-gguf-split`` does.
 
 The weights are random but shaped on purpose:
 
@@ -26,6 +29,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -36,7 +41,21 @@ import numpy as np
 from bmoe.errors import BmoeError
 
 ARCH = "qwen3moe"
-TYPES = ("f32", "f16", "q8_0")
+#: The mixture-of-experts families `synth` writes (llama.cpp architecture names):
+#: ``qwen2moe`` adds a gated shared expert beside the routed ones, ``llama`` is the
+#: Mixtral shape (a llama with routed experts, no q/k norms).
+#: ``deepseek2`` has leading dense layers, shared experts and low-rank (MLA-shaped)
+#: attention, and may store gate and up fused (``ffn_gate_up_exps``).
+#: ``gpt-oss`` has biases on the router and on every expert, attention sinks and sliding-
+#: window layers; its experts ship in MXFP4.
+#: ``gemma4`` stores gate and up fused (``ffn_gate_up_exps``), runs a dense MLP beside the
+#: experts, and mixes dense layers in (every other layer here).
+ARCHS = ("qwen3moe", "qwen2moe", "llama", "deepseek2", "gpt-oss", "gemma4")
+TYPES = ("f32", "f16", "q8_0", "q4_0", "q5_0", "mxfp4")
+#: Block size of the quantized types (a row must be a whole number of blocks).
+_BLOCK = 32
+#: ``general.file_type`` of each weight type (llama.cpp's ``LLAMA_FTYPE_*``).
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q5_0": 8, "mxfp4": 38}
 
 #: The constant carried by the routing bias channel (embedding dimension 0).
 _BIAS_CHANNEL = 4.0
@@ -56,6 +75,14 @@ class SynthConfig:
     head_dim: int = 32
     vocab: int = 512
     type: str = "f32"
+    arch: str = ARCH
+    n_ff_shexp: int = 128  # shared expert width (qwen2moe)
+    dense_layers: int = 1  # leading layers with a dense FFN instead of experts (deepseek2)
+    shared_experts: int = 1  # shared experts beside the routed ones (deepseek2)
+    fused_gate_up: bool = False  # one ffn_gate_up_exps tensor (deepseek2)
+    q_lora: int = 64  # deepseek2 attention ranks
+    kv_lora: int = 32
+    n_rot: int = 16  # deepseek2: the rotary part of each head
     seed: int = 0
     skew: float = 0.5
     router_scale: float = 1.0
@@ -74,6 +101,7 @@ class SynthConfig:
             "n_head_kv",
             "head_dim",
             "ctx",
+            "n_ff_shexp",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -90,8 +118,28 @@ class SynthConfig:
             )
         if self.type not in TYPES:
             raise BmoeError(f"synth: unknown type {self.type!r} (one of {', '.join(TYPES)})")
-        if self.type == "q8_0" and (self.n_embd % 32 or self.n_ff_exp % 32):
-            raise BmoeError("synth: q8_0 needs n_embd and n_ff_exp to be multiples of 32")
+        if self.arch not in ARCHS:
+            raise BmoeError(f"synth: unknown arch {self.arch!r} (one of {', '.join(ARCHS)})")
+        widths = (self.n_embd, self.n_ff_exp, self.n_head * self.head_dim, self.n_ff_shexp)
+        if self.type not in ("f32", "f16") and any(w % _BLOCK for w in widths):
+            raise BmoeError(
+                f"synth: {self.type} needs n_embd, n_ff_exp, n_head x head_dim and n_ff_shexp "
+                f"to be multiples of {_BLOCK}"
+            )
+        if (
+            self.arch in ("qwen2moe", "llama", "gpt-oss")
+            and self.n_head * self.head_dim != self.n_embd
+        ):
+            raise BmoeError(f"synth: {self.arch} needs n_head x head_dim == n_embd")
+        if self.arch == "deepseek2":
+            if not 0 <= self.dense_layers < self.layers:
+                raise BmoeError("synth: deepseek2 needs 0 <= dense_layers < layers")
+            if self.n_head * self.head_dim != self.n_embd or self.n_head_kv != self.n_head:
+                raise BmoeError("synth: deepseek2 needs n_head x head_dim == n_embd, n_head_kv")
+            if not 0 < self.n_rot < self.head_dim or self.n_rot % 2:
+                raise BmoeError("synth: deepseek2 needs an even n_rot below head_dim")
+        elif self.fused_gate_up and self.arch != "gemma4":
+            raise BmoeError("synth: fused_gate_up is written for deepseek2 (gemma4 always is)")
         if self.skew < 0:
             raise BmoeError("synth: skew must be >= 0")
 
@@ -124,6 +172,8 @@ def preset_config(preset: str = "tiny", **overrides: Any) -> SynthConfig:
     if unknown:
         raise BmoeError(f"synth: unknown setting {unknown[0]!r}")
     cfg = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    if cfg.arch == "deepseek2" and overrides.get("n_head_kv") is None:
+        cfg = replace(cfg, n_head_kv=cfg.n_head)  # its attention has no grouped kv heads
     cfg.check()
     return cfg
 
@@ -131,16 +181,27 @@ def preset_config(preset: str = "tiny", **overrides: Any) -> SynthConfig:
 # ----------------------------------------------------------------------------- tensor plan
 
 
-def _bytes_per_weight(kind: str) -> float:
-    return {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[kind]
-
-
 def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape, storage type) of every tensor, in file order."""
     e, v, f, x = cfg.n_embd, cfg.vocab, cfg.n_ff_exp, cfg.experts
     nq, nkv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
-    t = cfg.type
+    t = "f16" if cfg.type == "mxfp4" else cfg.type  # MXFP4 is for the experts only
+    te = cfg.type
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), t)]
+    tail = [("output_norm.weight", (e,), "f32"), ("output.weight", (v, e), t)]
+    if cfg.arch == "gpt-oss":
+        return out + _plan_gpt_oss(cfg, t) + tail
+    if cfg.arch == "gemma4":
+        return out + _plan_gemma4(cfg, t) + tail
+    if cfg.arch == "deepseek2":
+        return (
+            out
+            + _plan_deepseek2(cfg, t)
+            + [
+                ("output_norm.weight", (e,), "f32"),
+                ("output.weight", (v, e), t),
+            ]
+        )
     for il in range(cfg.layers):
         b = f"blk.{il}."
         out += [
@@ -149,21 +210,152 @@ def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
             (b + "attn_k.weight", (nkv, e), t),
             (b + "attn_v.weight", (nkv, e), t),
             (b + "attn_output.weight", (e, nq), t),
-            (b + "attn_q_norm.weight", (cfg.head_dim,), "f32"),
-            (b + "attn_k_norm.weight", (cfg.head_dim,), "f32"),
+        ]
+        if cfg.arch == "qwen3moe":
+            out += [
+                (b + "attn_q_norm.weight", (cfg.head_dim,), "f32"),
+                (b + "attn_k_norm.weight", (cfg.head_dim,), "f32"),
+            ]
+        out += [
             (b + "ffn_norm.weight", (e,), "f32"),
             (b + "ffn_gate_inp.weight", (x, e), "f32"),
-            (b + "ffn_gate_exps.weight", (x, f, e), t),
-            (b + "ffn_up_exps.weight", (x, f, e), t),
-            (b + "ffn_down_exps.weight", (x, e, f), t),
+            (b + "ffn_gate_exps.weight", (x, f, e), te),
+            (b + "ffn_up_exps.weight", (x, f, e), te),
+            (b + "ffn_down_exps.weight", (x, e, f), te),
         ]
+        if cfg.arch == "qwen2moe":
+            fs = cfg.n_ff_shexp
+            out += [
+                (b + "ffn_gate_inp_shexp.weight", (e,), "f32"),
+                (b + "ffn_gate_shexp.weight", (fs, e), t),
+                (b + "ffn_up_shexp.weight", (fs, e), t),
+                (b + "ffn_down_shexp.weight", (e, fs), t),
+            ]
     out += [("output_norm.weight", (e,), "f32"), ("output.weight", (v, e), t)]
+    return out
+
+
+def gemma4_moe_layer(il: int) -> bool:
+    """Which layers of a synthetic gemma4 route experts (the others are dense)."""
+    return il % 2 == 0
+
+
+def _plan_gemma4(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
+    e, f, x, hd = cfg.n_embd, cfg.n_ff_exp, cfg.experts, cfg.head_dim
+    nq, nkv = cfg.n_head * hd, cfg.n_head_kv * hd
+    dense = f * cfg.top_k
+    out: list[tuple[str, tuple[int, ...], str]] = [("rope_freqs.weight", (hd // 2,), "f32")]
+    for il in range(cfg.layers):
+        b = f"blk.{il}."
+        out += [
+            (b + "attn_norm.weight", (e,), "f32"),
+            (b + "attn_q.weight", (nq, e), t),
+            (b + "attn_k.weight", (nkv, e), t),
+            (b + "attn_v.weight", (nkv, e), t),
+            (b + "attn_output.weight", (e, nq), t),
+            (b + "attn_q_norm.weight", (hd,), "f32"),
+            (b + "attn_k_norm.weight", (hd,), "f32"),
+            (b + "post_attention_norm.weight", (e,), "f32"),
+            (b + "ffn_norm.weight", (e,), "f32"),
+            (b + "ffn_gate.weight", (dense, e), t),
+            (b + "ffn_up.weight", (dense, e), t),
+            (b + "ffn_down.weight", (e, dense), t),
+            (b + "post_ffw_norm.weight", (e,), "f32"),
+        ]
+        if gemma4_moe_layer(il):
+            out += [
+                (b + "ffn_gate_inp.weight", (x, e), "f32"),
+                (b + "ffn_gate_inp.scale", (e,), "f32"),
+                (b + "pre_ffw_norm_2.weight", (e,), "f32"),
+                (b + "post_ffw_norm_1.weight", (e,), "f32"),
+                (b + "post_ffw_norm_2.weight", (e,), "f32"),
+                (b + "ffn_gate_up_exps.weight", (x, 2 * f, e), cfg.type),
+                (b + "ffn_down_exps.weight", (x, e, f), cfg.type),
+            ]
+    return out
+
+
+def _plan_gpt_oss(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
+    e, f, x = cfg.n_embd, cfg.n_ff_exp, cfg.experts
+    nq, nkv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    out: list[tuple[str, tuple[int, ...], str]] = []
+    for il in range(cfg.layers):
+        b = f"blk.{il}."
+        out += [
+            (b + "attn_norm.weight", (e,), "f32"),
+            (b + "attn_q.weight", (nq, e), t),
+            (b + "attn_k.weight", (nkv, e), t),
+            (b + "attn_v.weight", (nkv, e), t),
+            (b + "attn_output.weight", (e, nq), t),
+            (b + "attn_output.bias", (e,), "f32"),
+            (b + "attn_sinks.weight", (cfg.n_head,), "f32"),
+            (b + "post_attention_norm.weight", (e,), "f32"),
+            (b + "ffn_gate_inp.weight", (x, e), "f32"),
+            (b + "ffn_gate_inp.bias", (x,), "f32"),
+            (b + "ffn_gate_exps.weight", (x, f, e), cfg.type),
+            (b + "ffn_gate_exps.bias", (x, f), "f32"),
+            (b + "ffn_up_exps.weight", (x, f, e), cfg.type),
+            (b + "ffn_up_exps.bias", (x, f), "f32"),
+            (b + "ffn_down_exps.weight", (x, e, f), cfg.type),
+            (b + "ffn_down_exps.bias", (x, e), "f32"),
+        ]
+    return out
+
+
+def _plan_deepseek2(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
+    e, f, x, h, hd = cfg.n_embd, cfg.n_ff_exp, cfg.experts, cfg.n_head, cfg.head_dim
+    fs = f * cfg.shared_experts
+    nope = hd - cfg.n_rot
+    out: list[tuple[str, tuple[int, ...], str]] = []
+    for il in range(cfg.layers):
+        b = f"blk.{il}."
+        out += [
+            (b + "attn_norm.weight", (e,), "f32"),
+            (b + "attn_q_a_norm.weight", (cfg.q_lora,), "f32"),
+            (b + "attn_kv_a_norm.weight", (cfg.kv_lora,), "f32"),
+            (b + "attn_q_a.weight", (cfg.q_lora, e), t),
+            (b + "attn_q_b.weight", (h * hd, cfg.q_lora), t),
+            (b + "attn_kv_a_mqa.weight", (cfg.kv_lora + cfg.n_rot, e), t),
+            (b + "attn_kv_b.weight", (h * (nope + hd), cfg.kv_lora), t),
+            (b + "attn_output.weight", (e, h * hd), t),
+            (b + "ffn_norm.weight", (e,), "f32"),
+        ]
+        if il < cfg.dense_layers:
+            dense = f * cfg.top_k
+            out += [
+                (b + "ffn_gate.weight", (dense, e), t),
+                (b + "ffn_up.weight", (dense, e), t),
+                (b + "ffn_down.weight", (e, dense), t),
+            ]
+            continue
+        out.append((b + "ffn_gate_inp.weight", (x, e), "f32"))
+        te = cfg.type
+        if cfg.fused_gate_up:
+            out.append((b + "ffn_gate_up_exps.weight", (x, 2 * f, e), te))
+        else:
+            out += [
+                (b + "ffn_gate_exps.weight", (x, f, e), te),
+                (b + "ffn_up_exps.weight", (x, f, e), te),
+            ]
+        out += [
+            (b + "ffn_down_exps.weight", (x, e, f), te),
+            (b + "ffn_gate_shexp.weight", (fs, e), t),
+            (b + "ffn_up_shexp.weight", (fs, e), t),
+            (b + "ffn_down_shexp.weight", (e, fs), t),
+        ]
     return out
 
 
 def _nbytes(shape: tuple[int, ...], kind: str) -> int:
     n = math.prod(shape)
-    return int(n * 34 // 32) if kind == "q8_0" else int(n * _bytes_per_weight(kind))
+    if kind == "f32":
+        return 4 * n
+    if kind == "f16":
+        return 2 * n
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind.upper()]]
+    return n // block * size
 
 
 def estimate_bytes(cfg: SynthConfig) -> int:
@@ -215,7 +407,27 @@ class _Weights:
         cfg = self.cfg
         e = cfg.n_embd
         kind = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
-        if kind in ("attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm", "output_norm"):
+        if name.endswith(".scale") or kind == "rope_freqs":  # gemma4: neutral
+            return np.ones(shape, dtype=np.float32)
+        if name.endswith(".bias"):  # gpt-oss: small biases, none on the bias channel
+            w = self.normal(shape, 0.1)
+            if kind in ("ffn_down_exps", "attn_output"):
+                w[..., 0] = 0.0
+            return w
+        if kind == "attn_sinks":
+            return np.zeros(shape, dtype=np.float32)
+        if kind in (
+            "attn_norm",
+            "attn_q_norm",
+            "attn_k_norm",
+            "ffn_norm",
+            "output_norm",
+            "post_attention_norm",
+            "post_ffw_norm",
+            "pre_ffw_norm_2",
+            "post_ffw_norm_1",
+            "post_ffw_norm_2",
+        ):
             return np.ones(shape, dtype=np.float32)
         if kind == "token_embd":
             w = self.normal(shape, 1.0)
@@ -240,12 +452,26 @@ class _Weights:
             bias = np.roll(self.expert_bias, int(self.layer_shift[il % cfg.experts]))
             w[:, 0] = cfg.skew * cfg.router_scale * bias * rms / _BIAS_CHANNEL
             return w
-        if kind in ("ffn_gate_exps", "ffn_up_exps"):
+        if kind in (
+            "ffn_gate_exps",
+            "ffn_up_exps",
+            "ffn_gate_up_exps",
+            "ffn_gate_shexp",
+            "ffn_up_shexp",
+            "ffn_gate",
+            "ffn_up",
+        ):
             return self.normal(shape, 1.0 / math.sqrt(e))
-        if kind == "ffn_down_exps":
-            w = self.normal(shape, cfg.expert_scale / math.sqrt(cfg.n_ff_exp))
-            w[:, 0, :] = 0.0
+        if kind in ("attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_kv_b"):
+            return self.normal(shape, 1.0 / math.sqrt(shape[-1]))
+        if kind in ("attn_q_a_norm", "attn_kv_a_norm"):
+            return np.ones(shape, dtype=np.float32)
+        if kind in ("ffn_down_exps", "ffn_down_shexp", "ffn_down"):
+            w = self.normal(shape, cfg.expert_scale / math.sqrt(shape[-1]))
+            w[..., 0, :] = 0.0  # nothing writes the bias channel
             return w
+        if kind == "ffn_gate_inp_shexp":
+            return self.normal(shape, 1.0 / math.sqrt(e))
         raise AssertionError(name)
 
 
@@ -256,7 +482,7 @@ def _encode(data: np.ndarray, kind: str) -> np.ndarray:
         return data.astype(np.float16)
     from gguf import GGMLQuantizationType, quants
 
-    return quants.quantize(data, GGMLQuantizationType.Q8_0)
+    return quants.quantize(data, GGMLQuantizationType[kind.upper()])
 
 
 def synth_model(
@@ -264,38 +490,50 @@ def synth_model(
     preset: str = "tiny",
     *,
     progress: Callable[[int, int], None] | None = None,
+    split_max_tensors: int = 0,
+    no_tensor_first_split: bool = False,
     **overrides: Any,
 ) -> Path:
-    """Write a synthetic ``qwen3moe`` GGUF to `path` and return the path.
+    """Write a synthetic mixture-of-experts GGUF to `path` and return the path.
 
-    `overrides` are :class:`SynthConfig` fields (``layers``, ``experts``, ``top_k``,
+    `overrides` are :class:`SynthConfig` fields (``arch``, ``layers``, ``experts``, ``top_k``,
     ``n_embd``, ``n_ff_exp``, ``vocab``, ``type``, ``seed``, ``skew``, ...). `progress` is
     called with (bytes written, total bytes) after each tensor.
+
+    `split_max_tensors` N > 0 writes a split model the way ``llama-gguf-split`` does: shards
+    of at most N tensors named ``<stem>-00001-of-0000M.gguf`` beside `path`, the first one
+    holding the metadata (and, with `no_tensor_first_split`, nothing else); the path returned
+    is the first shard's, the one llama.cpp opens.
     """
     cfg = preset_config(preset, **overrides)
     try:
         import gguf
     except ImportError as exc:  # pragma: no cover - the engine extra is missing
         raise BmoeError("synth needs the 'gguf' package (pip install 'bmoe[engine]')") from exc
+    if split_max_tensors < 0:
+        raise BmoeError("synth: split_max_tensors must be >= 0")
 
     out = Path(path)
     if out.parent and not out.parent.is_dir():
         raise BmoeError(f"{out.parent}: no such directory")
     plan = _plan(cfg)
     total = sum(_nbytes(shape, kind) for _n, shape, kind in plan)
-    tmp = out.with_name(out.name + ".part")
-    writer = gguf.GGUFWriter(tmp, ARCH)
+    # written in a hidden folder beside the result, moved into place once complete
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent or "."))
+    split = split_max_tensors > 0
+    writer = gguf.GGUFWriter(
+        staging / out.name,
+        cfg.arch,
+        split_max_tensors=split_max_tensors,
+        small_first_shard=split and no_tensor_first_split,
+    )
     _write_metadata(writer, cfg)
-    qtypes = {
-        "f32": gguf.GGMLQuantizationType.F32,
-        "f16": gguf.GGMLQuantizationType.F16,
-        "q8_0": gguf.GGMLQuantizationType.Q8_0,
-    }
     for name, shape, kind in plan:
-        if kind == "q8_0":
-            byte_shape = (*shape[:-1], shape[-1] // 32 * 34)
+        if kind not in ("f32", "f16"):
+            qtype = gguf.GGMLQuantizationType[kind.upper()]
+            byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
             writer.add_tensor_info(
-                name, byte_shape, np.dtype(np.uint8), _nbytes(shape, kind), raw_dtype=qtypes[kind]
+                name, byte_shape, np.dtype(np.uint8), _nbytes(shape, kind), raw_dtype=qtype
             )
         else:
             dtype = np.dtype(np.float32 if kind == "f32" else np.float16)
@@ -313,22 +551,46 @@ def synth_model(
             if progress is not None:
                 progress(done, total)
         writer.close()
-        os.replace(tmp, out)
+        written = writer.format_shard_names(staging / out.name)
+        for file in written:
+            os.replace(file, out.with_name(file.name))
     except OSError as exc:
         raise BmoeError(f"{out}: cannot write ({exc.strerror or exc})") from exc
     finally:
-        if tmp.exists():
-            tmp.unlink()
-    return out
+        shutil.rmtree(staging, ignore_errors=True)
+    return out.with_name(written[0].name)
 
 
 def _write_metadata(w: Any, cfg: SynthConfig) -> None:
-    w.add_name(f"bmoe synthetic {cfg.layers}x{cfg.experts} top-{cfg.top_k}")
+    w.add_name(f"bmoe synthetic {cfg.arch} {cfg.layers}x{cfg.experts} top-{cfg.top_k}")
     w.add_context_length(cfg.ctx)
     w.add_embedding_length(cfg.n_embd)
     w.add_block_count(cfg.layers)
-    w.add_feed_forward_length(cfg.n_ff_exp * cfg.top_k)
-    w.add_expert_feed_forward_length(cfg.n_ff_exp)
+    if cfg.arch == "llama":  # Mixtral: the feed-forward length is the expert's
+        w.add_feed_forward_length(cfg.n_ff_exp)
+        w.add_rope_dimension_count(cfg.head_dim)
+    else:
+        w.add_feed_forward_length(cfg.n_ff_exp * cfg.top_k)
+        w.add_expert_feed_forward_length(cfg.n_ff_exp)
+    if cfg.arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(cfg.n_ff_shexp)
+    if cfg.arch == "gemma4":
+        w.add_sliding_window(128)
+        w.add_sliding_window_pattern([il < cfg.layers - 1 for il in range(cfg.layers)])
+        w.add_uint32(f"{cfg.arch}.attention.key_length_swa", cfg.head_dim)
+        w.add_uint32(f"{cfg.arch}.attention.value_length_swa", cfg.head_dim)
+        w.add_uint32(f"{cfg.arch}.embedding_length_per_layer_input", 0)
+    if cfg.arch == "gpt-oss":
+        w.add_sliding_window(128)
+        w.add_rope_dimension_count(cfg.head_dim)
+    if cfg.arch == "deepseek2":
+        w.add_leading_dense_block_count(cfg.dense_layers)
+        w.add_expert_shared_count(cfg.shared_experts)
+        w.add_q_lora_rank(cfg.q_lora)
+        w.add_kv_lora_rank(cfg.kv_lora)
+        w.add_rope_dimension_count(cfg.n_rot)
+        w.add_expert_weights_norm(True)
+        w.add_expert_weights_scale(1.0)
     w.add_head_count(cfg.n_head)
     w.add_head_count_kv(cfg.n_head_kv)
     w.add_key_length(cfg.head_dim)
@@ -337,7 +599,7 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
     w.add_layer_norm_rms_eps(1e-6)
     w.add_expert_count(cfg.experts)
     w.add_expert_used_count(cfg.top_k)
-    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[cfg.type])
+    w.add_file_type(_FILE_TYPE[cfg.type])
     tokens, scores, types = _vocab(cfg.vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -351,10 +613,20 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
     for key, value in asdict(cfg).items():
         if isinstance(value, str):
             w.add_string(f"bmoe.synth.{key}", value)
+        elif isinstance(value, bool):
+            w.add_bool(f"bmoe.synth.{key}", value)
         elif isinstance(value, float):
             w.add_float32(f"bmoe.synth.{key}", value)
         else:
             w.add_uint32(f"bmoe.synth.{key}", value)
 
 
-__all__ = ["PRESETS", "TYPES", "SynthConfig", "estimate_bytes", "preset_config", "synth_model"]
+__all__ = [
+    "ARCHS",
+    "PRESETS",
+    "TYPES",
+    "SynthConfig",
+    "estimate_bytes",
+    "preset_config",
+    "synth_model",
+]

@@ -376,8 +376,6 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
         tags = frozenset(check.strings(item["tags"], ("limit", i, "tags")))
         limits.append(Limit(where, tags, line_of(lines, ("limit", i))))
 
-    if settings.session and settings.engine != "native":
-        raise check.fail(("sweep", "session"), 'session mode needs engine = "native"')
     if settings.session and (settings.adaptive or settings.warmup):
         key = "warmup" if settings.warmup else "repeats"
         raise check.fail(("sweep", key), f"{key} {'runs' if settings.warmup else '= auto'} "

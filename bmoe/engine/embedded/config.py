@@ -48,6 +48,14 @@ class EngineConfig:
     load_all: bool = False
     prefetch: int = 0
     dense_weights: str = "mmap"
+    session: bool = False  # --session: serve JSON requests on stdin
+    drop_cold_frac: float = 0.0  # --drop-cold-experts F
+    drop_renorm: bool = True  # --drop-no-renorm
+    drop_prefill: bool = False  # --drop-in-prefill
+    predict_log: bool = False  # --predict-log
+    predict_prefetch: bool = False  # --predict-prefetch
+    predict_spec_max: int = 2  # --predict-spec-max (0 = top-k)
+    route_ahead: int = 0  # --route-ahead N
 
     def check(self) -> None:
         """Raise :class:`BmoeError` naming the flag for a configuration that cannot run."""
@@ -67,14 +75,28 @@ class EngineConfig:
             raise BmoeError("--cache-mb must be >= 0 (or auto)")
         if self.prefetch < 0:
             raise BmoeError("--prefetch must be >= 0")
+        if self.route_ahead < 0:
+            raise BmoeError("--route-ahead must be >= 0")
+        if self.predict_spec_max < 0:
+            raise BmoeError("--predict-spec-max must be >= 0")
+        if self.predict_prefetch and self.load_all:
+            raise BmoeError("--predict-prefetch bets on a cache: not with --load-all")
         if self.compute_trace and self.compute_trace_layers:
             raise BmoeError("--compute-trace and --compute-trace-layers are exclusive")
+        if self.drop_cold_frac < 0:
+            raise BmoeError("--drop-cold-experts must be >= 0")
+        if self.drop_cold_frac and self.load_all:
+            raise BmoeError("--drop-cold-experts drops misses of a cache: not with --load-all")
         if not self.moe_stream:
             for flag, value in (
                 ("--route-trace", self.route_trace),
                 ("--io-trace", self.io_trace),
                 ("--load-all", self.load_all),
                 ("--prefetch", self.prefetch),
+                ("--drop-cold-experts", self.drop_cold_frac),
+                ("--predict-log", self.predict_log),
+                ("--predict-prefetch", self.predict_prefetch),
+                ("--route-ahead", self.route_ahead),
             ):
                 if value:
                     raise BmoeError(f"{flag} needs --moe-stream")
@@ -110,6 +132,9 @@ _VALUE = {
     "--io-threads": "io_threads",
     "--prefetch": "prefetch",
     "--dense-weights": "dense_weights",
+    "--drop-cold-experts": "drop_cold_frac",
+    "--predict-spec-max": "predict_spec_max",
+    "--route-ahead": "route_ahead",
 }
 _SWITCH = {
     "--progress": ("progress", True),
@@ -117,12 +142,16 @@ _SWITCH = {
     "--no-odirect": ("o_direct", False),
     "--load-all": ("load_all", True),
     "--force-cache": ("force_cache", True),
+    "--session": ("session", True),
+    "--drop-no-renorm": ("drop_renorm", False),
+    "--drop-in-prefill": ("drop_prefill", True),
+    "--predict-log": ("predict_log", True),
+    "--predict-prefetch": ("predict_prefetch", True),
 }
 #: Native flags the embedded engine does not implement (with whether they take a value).
 NOT_IMPLEMENTED = {
     "--chatml": False,
     "--no-think": False,
-    "--session": False,
     "--mtp": False,
     "--ngram": False,
     "--draft": True,
@@ -130,18 +159,22 @@ NOT_IMPLEMENTED = {
     "--ngram-min-match": True,
     "--overlap": False,
     "--io-two-wave": False,
-    "--drop-cold-experts": True,
-    "--drop-no-renorm": False,
-    "--drop-in-prefill": False,
-    "--route-ahead": True,
-    "--predict-log": False,
-    "--predict-prefetch": False,
-    "--predict-spec-max": True,
     "--list-archs": False,
     "--row-stream": False,
     "--expert-substitute": True,
     "--decide": False,
     "--prefill-device": True,
+}
+_NO_OVERLAP = (
+    "reads can only overlap the expert matmul from inside it (the native build's per-expert "
+    "ready hook); llama.cpp's eval callback runs between graph nodes, so a routed expert must "
+    "be resident before MUL_MAT_ID starts (--predict-prefetch overlaps reads with the layer "
+    "before instead)"
+)
+#: Why a native flag is refused, where it is a limit of the mechanism rather than unwritten.
+WHY_NOT = {
+    "--overlap": _NO_OVERLAP,
+    "--io-two-wave": _NO_OVERLAP,
 }
 #: Environment overrides of the native engine: variable -> config field.
 ENV = {
@@ -150,8 +183,47 @@ ENV = {
     "BMOE_PROGRESS": "progress",
     "BMOE_PREFETCH": "prefetch",
     "BMOE_N_EXPERT_USED": "n_expert_used",
+    "BMOE_PREDICT_LOG": "predict_log",
+    "BMOE_PREDICT_PREFETCH": "predict_prefetch",
 }
-ENV_NOT_IMPLEMENTED = ("BMOE_OVERLAP", "BMOE_PREDICT_LOG", "BMOE_PREDICT_PREFETCH")
+ENV_NOT_IMPLEMENTED = ("BMOE_OVERLAP",)
+
+#: ``bmoe run --help``: (flags, value, what it does) of every flag the embedded engine takes.
+FLAG_HELP: tuple[tuple[str, str, str], ...] = (
+    ("-m, --model", "PATH", "GGUF model (required); a split model by its first shard"),
+    ("-p, --prompt", "STR", "prompt text"),
+    ("-n, --n-predict", "N", "tokens to generate (128)"),
+    ("-t, --threads", "N", "compute threads (4)"),
+    ("-c, --ctx-size", "N", "context size (2048)"),
+    ("--ubatch", "N", "widest graph computed at once (0 = follows the batch)"),
+    ("--n-expert-used", "N", "override top-k (0 = the model's); changes the output"),
+    ("--temp, --top-k, --top-p, --seed", "F N F N", "sampling (default greedy)"),
+    ("--progress", "", "BMOE_* lines on stdout (a progress display in a terminal)"),
+    ("--session", "", "keep the model loaded, serve JSON requests on stdin"),
+    ("--csv", "PATH", "per-token metrics CSV"),
+    ("--route-trace", "PATH", "routing trace (needs --moe-stream)"),
+    ("--io-trace", "PATH", "one row per flash read (needs --moe-stream)"),
+    ("--compute-trace", "PATH", "one row per graph node"),
+    ("--compute-trace-layers", "PATH", "one row per layer segment"),
+    ("--moe-stream", "", "stream the routed experts from the file"),
+    ("--cache-mb", "N|auto", "expert cache budget in MiB (auto: half of MemAvailable)"),
+    ("--cache-floor-mb, --cache-ceil-mb", "N", "bounds for auto (1536, 0 = none)"),
+    ("--force-cache", "", "accept a budget under the floor"),
+    ("--io-threads", "N", "parallel read lanes (4)"),
+    ("--no-odirect", "", "buffered reads"),
+    ("--load-all", "", "debug: read every expert every token"),
+    ("--prefetch", "K", "read the previous token's experts of the next K layers ahead"),
+    ("--dense-weights", "mmap|warm", "where the non-expert weights live"),
+    ("--drop-cold-experts", "F", "skip misses weighted under F/k (never the top slot)"),
+    ("--drop-no-renorm", "", "with dropping: do not rescale the kept weights"),
+    ("--drop-in-prefill", "", "with dropping: drop in the prompt too"),
+    ("--predict-log", "", "score the stale-gate, previous-token and control predictors"),
+    ("--predict-prefetch", "", "read the stale gate's pick for the next layer ahead"),
+    ("--predict-spec-max", "N", "experts of that pick read per layer (2; 0 = top-k)"),
+    ("--route-ahead", "N", "commit each layer's experts N layers early (changes the output)"),
+    ("--version", "", "print the engine version"),
+    ("-h, --help", "", "this table"),
+)
 
 _TYPES = {f.name: f.type for f in fields(EngineConfig)}
 
@@ -170,6 +242,17 @@ def _convert(flag: str, name: str, text: str) -> object:
     except ValueError:
         raise BmoeError(f"{flag}: {text!r} is not a valid value") from None
     return text
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    """Whether `argv` asks for the flag table (``-h``/``--help`` as a flag, not a value)."""
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        if args[i] in ("-h", "--help"):
+            return True
+        i += 2 if args[i] in _VALUE else 1
+    return False
 
 
 def parse_args(
@@ -203,15 +286,19 @@ def parse_args(
             values[name] = _convert(flag, name, text)
             given.add(name)
         elif flag in NOT_IMPLEMENTED:
+            why = WHY_NOT.get(flag)
             raise BmoeError(
                 f"{flag} is a native bmoe-cli flag the embedded engine does not implement"
+                + (f": {why}" if why else "")
             )
         else:
             raise BmoeError(f"unknown flag {arg!r}")
         i += 1
     for var in ENV_NOT_IMPLEMENTED:
         if env.get(var, "0") not in ("", "0"):
-            raise BmoeError(f"{var}={env[var]}: the embedded engine does not implement it")
+            raise BmoeError(
+                f"{var}={env[var]}: the embedded engine does not implement it: {_NO_OVERLAP}"
+            )
     for var, name in ENV.items():
         if name not in given and var in env:
             values[name] = _convert(var, name, env[var])

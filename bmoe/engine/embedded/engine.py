@@ -20,6 +20,7 @@ from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.hook import EvalHook
 from bmoe.engine.embedded.layout import ModelLayout, read_layout
 from bmoe.engine.embedded.model import LlamaModel
+from bmoe.engine.embedded.predict import RoutePredictor, read_routers
 from bmoe.engine.embedded.reader import ExpertReader, ReadJob
 from bmoe.engine.embedded.streamer import ExpertStreamer
 from bmoe.errors import BmoeError
@@ -45,6 +46,7 @@ def resolve_cache_bytes(cfg: EngineConfig, layout: ModelLayout) -> int:
 
 
 def _merged(ranges: list[tuple[int, int]], gap: int = libc.PAGE) -> list[tuple[int, int]]:
+    """Address ranges with gaps under `gap` closed (fewer mincore/madvise calls)."""
     out: list[tuple[int, int]] = []
     for off, n in sorted(ranges):
         if out and off <= out[-1][0] + out[-1][1] + gap:
@@ -89,6 +91,7 @@ class EmbeddedEngine:
                 n_moe_layers=len(lay.moe_layers),
                 expert_names=frozenset(n.encode() for n in lay.tensors),
                 profile=profile_hook,
+                drop_renorm=cfg.drop_renorm,
             )
         self.model = LlamaModel(
             cfg.model,
@@ -97,8 +100,20 @@ class EmbeddedEngine:
             threads=cfg.threads,
             n_expert_used=cfg.n_expert_used,
             arch=lay.arch,
-            callback=self.hook.callback if self.hook else None,
+            callback=self.hook.context_callback if self.hook else None,
+            callback_user=self.hook.context_user if self.hook else None,
         )
+        self.predictor: RoutePredictor | None = None
+        if (cfg.predict_log or cfg.predict_prefetch or cfg.route_ahead) and self.hook:
+            self.predictor = RoutePredictor(
+                read_routers(lay),
+                lay.moe_layers,
+                self.n_expert_used or lay.n_expert_used,
+                ahead=cfg.route_ahead,
+            )
+            self.hook.predictor = self.predictor
+            if cfg.predict_prefetch:
+                self.hook.predict_spec_max = cfg.predict_spec_max or self.n_expert_used
         self.warnings: list[str] = []
         self.arena: ExpertArena | None = None
         self.reader: ExpertReader | None = None
@@ -107,15 +122,26 @@ class EmbeddedEngine:
         self.budget_bytes = 0
         if cfg.moe_stream:
             self._setup_streaming(fault, origin_ns)
-        self.dense_ranges = _merged(lay.dense_ranges)
-        base = probes.mapping_base(cfg.model)
-        if base is not None and self.arena is not None:
-            block = next(iter(self.arena.blocks.values()))
-            if base + block.tensor.file_offset != block.original:
-                base = None  # not the mapping the tensors point into: do not guess
-        self.dense_probe = probes.DenseResidency(base, self.dense_ranges)
+        bases = self._mapping_bases()
+        known = None not in bases
+        # the dense weights as address ranges of llama.cpp's mappings (one per shard)
+        self.dense_ranges = _merged(
+            [(bases[sh] + off, n) for sh, off, n in lay.dense_ranges] if known else []
+        )
+        self.dense_probe = probes.DenseResidency(0 if known else None, self.dense_ranges)
         if cfg.dense_weights == "warm":
             self._warm_dense()
+
+    def _mapping_bases(self) -> list[int | None]:
+        """Where llama.cpp mapped each shard (offset 0), None where it cannot be told."""
+        bases = [probes.mapping_base(path) for path in self.layout.shards]
+        if self.arena is not None:
+            for block in self.arena.blocks.values():
+                shard = block.tensor.shard
+                base = bases[shard]
+                if base is not None and base + block.tensor.file_offset != block.original:
+                    bases[shard] = None  # not the mapping the tensors point into: no guess
+        return bases
 
     def _setup_streaming(self, fault: Callable[[ReadJob], None] | None, origin_ns: int) -> None:
         cfg, lay, hook, model = self.cfg, self.layout, self.hook, self.model
@@ -125,6 +151,13 @@ class EmbeddedEngine:
         model.decode([model.bos if model.bos >= 0 else 0], 0)
         hook.end()
         found, hook.discovered = hook.discovered, None
+        if cfg.drop_cold_frac > 0:
+            if not hook.weight_chain:
+                raise BmoeError(
+                    f"{cfg.model}: the graph has no ffn_moe_weights node to drop routings at "
+                    "(--drop-cold-experts cannot run on this model)"
+                )
+            hook.final_weights = hook.weight_chain[-1]
         missing = sorted(set(lay.tensors) - set(found))
         if missing:
             raise BmoeError(
@@ -137,7 +170,7 @@ class EmbeddedEngine:
         self.arena.release_original()
         model.clear_memory()
         self.reader = ExpertReader(
-            cfg.model,
+            lay.shards,
             cfg.io_threads,
             o_direct=cfg.o_direct,
             clock_origin_ns=origin_ns,
@@ -160,6 +193,8 @@ class EmbeddedEngine:
             prefetch=cfg.prefetch,
             load_all=cfg.load_all,
             keep_routings=bool(cfg.route_trace),
+            drop_frac=cfg.drop_cold_frac,
+            drop_prefill=cfg.drop_prefill,
         )
         hook.streamer = self.streamer
 
@@ -171,12 +206,11 @@ class EmbeddedEngine:
 
     def _warm_dense(self) -> None:
         """``--dense-weights warm``: fault the dense weights in before the first token."""
-        base = self.dense_probe.base
-        if base is None:
+        if self.dense_probe.base is None:
             return
-        for off, n in self.dense_ranges:
-            libc.will_need(base + off, n)
-            libc.touch(base + off, n)
+        for address, n in self.dense_ranges:
+            libc.will_need(address, n)
+            libc.touch(address, n)
 
     def close(self) -> None:
         if self.streamer is not None:

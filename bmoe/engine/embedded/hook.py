@@ -14,6 +14,12 @@ engine wants:
 During the warm-up decode the hook also collects the expert tensors: the first source of each
 ``MUL_MAT_ID`` node whose name is one of the file's expert tensors.
 
+With dropping on (``--drop-cold-experts``) the streamer needs the routing weights, so the
+routing step moves from ``ffn_moe_topk-<il>`` to the layer's last weights node (found during
+the warm-up: e.g. ``ffn_moe_weights_norm``), which ggml computes before the expert matmuls;
+the hook then zeroes the dropped routings' weights in that tensor, in place, before anything
+consumes it (and rescales the kept ones to the full sum unless ``--drop-no-renorm``).
+
 Errors raised inside the callback cannot cross the C boundary; the hook stops the graph and
 re-raises them from :meth:`EvalHook.end`.
 """
@@ -28,11 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from bmoe.engine.embedded import ggml
+from bmoe.engine.embedded import evalfilter, ggml
+from bmoe.engine.embedded.predict import RoutePredictor
 from bmoe.engine.embedded.streamer import ExpertStreamer, Routing
 
 _TOPK = b"ffn_moe_topk-"
 _WEIGHTS = b"ffn_moe_weights"
+_LOGITS = b"ffn_moe_logits-"
 
 
 class GraphChanged(RuntimeError):
@@ -69,6 +77,7 @@ class EvalHook:
         n_moe_layers: int = 0,
         expert_names: frozenset[bytes] = frozenset(),
         profile: bool = False,
+        drop_renorm: bool = True,
     ):
         from llama_cpp import ggml_backend_sched_eval_callback
 
@@ -83,9 +92,21 @@ class EvalHook:
         self._decisions: dict[int, bool] = {}
         self._routing_nodes: dict[int, tuple[int, Any, int]] = {}  # node -> layer, int32[k], k
         self._remember = False
+        self._mode: tuple[bool, bool] | None = None
         self._routed = 0
         self.expert_names = expert_names
         self.discovered: dict[str, int] | None = None
+        #: the weights chain of the first MoE layer, in graph order (seen during discovery)
+        self.weight_chain: list[bytes] = []
+        #: the name (without ``-<il>``) of the weights node the routing waits for when dropping
+        self.final_weights: bytes | None = None
+        self.drop_renorm = drop_renorm
+        self._dropping = False
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        #: ``--predict-log``: sees each router's input and each routing of a generated token
+        self.predictor: RoutePredictor | None = None
+        #: ``--predict-prefetch``: read this many of the stale gate's pick ahead (0 = off)
+        self.predict_spec_max = 0
         self.error: BaseException | None = None
         #: with `profile`, the time spent inside the callback and its number of calls
         self.profile_ns = 0
@@ -93,6 +114,24 @@ class EvalHook:
         self.callback = ggml_backend_sched_eval_callback(
             self._timed_callback if profile else self._callback
         )
+        # What the context gets: the C filter in front of `callback` when it compiled (not
+        # when profiling the Python side), else `callback` itself.
+        self.context_callback: Any = self.callback
+        self.context_user: int | None = None
+        self._filter: evalfilter.FilterState | None = None
+        self._prefixes: list[bytes] | None = None
+        lib = None if profile else evalfilter.load()
+        if lib is not None:
+            state = evalfilter.FilterState()
+            state.python = ctypes.cast(self.callback, ctypes.c_void_p).value
+            state.name_offset = ggml.NAME_OFFSET
+            state.pass_through = 1
+            self._filter = state
+            self._filter_lib = lib  # keep the library loaded
+            self.context_callback = ctypes.cast(
+                lib.bmoe_eval_filter, ggml_backend_sched_eval_callback
+            )
+            self.context_user = ctypes.addressof(state)
         self.trace_rows: list[TraceRow] = []
         self._routings: dict[int, Routing] = {}
         self._positions = np.zeros(0, dtype=np.int64)
@@ -123,17 +162,48 @@ class EvalHook:
         self._seg_layer = -1
         self._seq = 0
         self._routed = 0
+        self._pending = {}
+        if self.streamer is not None:
+            self.streamer.begin_decode(generating)
+        self._dropping = bool(
+            self.streamer is not None and self.streamer.dropping and self.final_weights
+        )
+        if self.predictor is not None:
+            self.predictor.active = generating and len(positions) == 1
         self._remember = (
             len(positions) == 1
             and not self.trace
             and self.discovered is None
             and self.streamer is not None
         )
-        if self.streamer is not None:
-            self.streamer.begin_decode(generating)
+        # the remembered answers depend on which nodes this decode wants
+        mode = (self._dropping, self.predictor is not None)
+        if self._remember and mode != self._mode:
+            self.forget()
+            self._mode = mode
+        if self._filter is not None:
+            prefixes = self._wanted_prefixes() if self._remember else None
+            self._filter.pass_through = int(prefixes is None)
+            if prefixes is not None and prefixes != self._prefixes:
+                self._filter.set_prefixes(prefixes)
+                self._prefixes = prefixes
         if self.trace:
             self._last_ns = time.perf_counter_ns()
             self._last_flt = _majflt()
+
+    def _wanted_prefixes(self) -> list[bytes] | None:
+        """The node names a single-token decode asks for (what :meth:`_ask` answers True
+        to), as prefixes for the C filter; None when names alone cannot say."""
+        wanted = [_TOPK]
+        if self._dropping and self.final_weights:
+            wanted.append(self.final_weights + b"-")
+        if self.predictor is not None:
+            wanted.append(_LOGITS)
+        if self.route_weights:
+            if not self.weight_chain:
+                return None
+            wanted += [base + b"-" for base in self.weight_chain if base + b"-" not in wanted]
+        return wanted if len(wanted) <= evalfilter.MAX_PREFIXES else None
 
     def end(self) -> None:
         """Called right after llama_decode: closes the trace and re-raises a callback error."""
@@ -150,6 +220,7 @@ class EvalHook:
         """Drop the remembered node decisions (the next decode asks about every node)."""
         self._decisions.clear()
         self._routing_nodes.clear()
+        self._prefixes = None  # the C filter's list is written again at the next begin
 
     # -- the callback -----------------------------------------------------------------------
     def _timed_callback(self, t: int, ask: bool, user: int) -> bool:
@@ -175,7 +246,10 @@ class EvalHook:
                     layer, row, k = known
                     data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
                     self._routed += 1
-                    self.streamer.route_ids(layer, row.from_address(data)[:], k, self._positions)
+                    streamer = self.streamer
+                    streamer.route_ids(layer, row.from_address(data)[:], k, self._positions)
+                    if streamer.keep_routings:  # the weights node that follows fills it in
+                        self._routings[layer] = streamer.counters.routings[-1]
                     return True
             return self._computed(t)
         except BaseException as exc:
@@ -187,12 +261,18 @@ class EvalHook:
         name = ctypes.string_at(t + ggml.NAME_OFFSET)
         if self.discovered is not None:
             self._discover(t)
+            self._chain(name)
         if self.trace == "node":
             return True
         if name.startswith(_TOPK):
             return self.streamer is not None
-        if self.route_weights and name.startswith(_WEIGHTS):
-            return b"_sum" not in name and not name.endswith(b")")
+        if self.predictor is not None and name.startswith(_LOGITS):
+            return True
+        if name.startswith(_WEIGHTS):
+            if self._dropping and name.rpartition(b"-")[0] == self.final_weights:
+                return True
+            if self.route_weights:
+                return b"_sum" not in name and not name.endswith(b")")
         if self.trace == "layer":
             il = ggml.layer_of(name.decode("utf-8", "replace"))
             return il >= 0 and il != self._seg_layer
@@ -204,7 +284,9 @@ class EvalHook:
             if name.startswith(_TOPK):
                 self._route(t, int(name[len(_TOPK) :]))
             elif name.startswith(_WEIGHTS):
-                self._weights(t, ggml.layer_of(name.decode("utf-8", "replace")))
+                self._on_weights(t, name)
+            elif name.startswith(_LOGITS):
+                self._gate_input(t, int(name[len(_LOGITS) :]))
             return True
         now = time.perf_counter_ns()
         name = ctypes.string_at(t + ggml.NAME_OFFSET)
@@ -239,7 +321,9 @@ class EvalHook:
         if name.startswith(_TOPK):
             self._route(t, ggml.layer_of(text))
         elif name.startswith(_WEIGHTS):
-            self._weights(t, ggml.layer_of(text))
+            self._on_weights(t, name)
+        elif name.startswith(_LOGITS):
+            self._gate_input(t, ggml.layer_of(text))
         if self.trace:
             self._last_ns = time.perf_counter_ns()
         return True
@@ -263,6 +347,14 @@ class EvalHook:
             assert self.discovered is not None
             self.discovered[name.decode()] = src
 
+    def _chain(self, name: bytes) -> None:
+        """Remember the first MoE layer's weights nodes in graph order (discovery)."""
+        if not name.startswith(_WEIGHTS) or b"_sum" in name or name.endswith(b")"):
+            return
+        base, _, il = name.rpartition(b"-")
+        if il.isdigit() and int(il) == self.first_moe_layer and base not in self.weight_chain:
+            self.weight_chain.append(base)
+
     def _route(self, t: int, layer: int) -> None:
         if self.streamer is None or layer < 0:
             return
@@ -273,9 +365,19 @@ class EvalHook:
             self._ub_n = n
         if n == 0:
             return
+        if self.predictor is not None and n == 1:
+            chosen = self.predictor.take_commitment(layer, ids[0])
+            if chosen is not None:  # --route-ahead: the committed selection replaces it
+                ids = chosen.astype(np.int32).reshape(1, -1)
+                data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
+                ctypes.memmove(data, ids.ctypes.data, ids.nbytes)
+            self.predictor.routed(layer, ids[0])
+        if self._dropping:  # routed once the weights are known
+            self._pending[layer] = (ids, self._positions_for(n))
+            return
         self._routed += 1
         self.streamer.route(layer, ids, self._positions_for(n))
-        if self._remember and n == 1:
+        if self._remember and n == 1 and self.predictor is None:  # the fast path routes alone
             self._routing_nodes[t] = (layer, ctypes.c_int32 * ids.shape[1], ids.shape[1])
         if self.streamer.keep_routings and self.streamer.counters.routings:
             self._routings[layer] = self.streamer.counters.routings[-1]
@@ -291,6 +393,60 @@ class EvalHook:
         if len(out) == n:
             return out
         return self._positions[-n:] if len(self._positions) >= n else np.full(n, -1, np.int64)
+
+    def _gate_input(self, t: int, layer: int) -> None:
+        """The router's input (second source of ``ffn_moe_logits``), for the predictor."""
+        predictor = self.predictor
+        if predictor is None or not predictor.active or layer < 0:
+            return
+        src = ggml.tensor(t).src[1]
+        if not src:
+            return
+        predictor.gate_input(layer, np.array(ggml.as_array(src, np.float32)))
+        if self.predict_spec_max and self.streamer is not None:
+            nxt = predictor.next_layer(layer)
+            pick = predictor.stale(nxt) if nxt is not None else None
+            if pick is not None:
+                self.streamer.speculate(nxt, pick[: self.predict_spec_max].tolist())
+        if predictor.ahead and self.streamer is not None:  # read the commitment early
+            target = predictor.ahead_target(layer)
+            chosen = predictor.commitment(target) if target is not None else None
+            if chosen is not None:
+                self.streamer.speculate(target, chosen.tolist())
+
+    def _on_weights(self, t: int, name: bytes) -> None:
+        layer = ggml.layer_of(name.decode("utf-8", "replace"))
+        if self._dropping and name.rpartition(b"-")[0] == self.final_weights:
+            self._route_weighted(t, layer)
+        else:
+            self._weights(t, layer)
+
+    def _route_weighted(self, t: int, layer: int) -> None:
+        """The routing step with dropping: route with the applied weights, then zero the
+        dropped routings' weights in the tensor before the expert matmuls consume it."""
+        pending = self._pending.pop(layer, None)
+        if pending is None or self.streamer is None:
+            return
+        ids, positions = pending
+        view = ggml.as_array(t, np.float32)
+        if view.size != ids.size:
+            raise RuntimeError(
+                f"layer {layer}: {view.size} routing weights for {ids.size} routed experts"
+            )
+        weights = np.array(view, dtype=np.float32).reshape(ids.shape)
+        self._routed += 1
+        dropped = self.streamer.route(layer, ids, positions, weights)
+        if self.streamer.keep_routings and self.streamer.counters.routings:
+            routing = self.streamer.counters.routings[-1]
+            routing.weights = weights  # the router's weights: the trace records the choice
+            self._routings[layer] = routing
+        if dropped is None or not dropped.any():
+            return
+        applied = np.where(dropped, np.float32(0), weights)
+        if self.drop_renorm:
+            kept = applied.sum(axis=1, keepdims=True)
+            applied *= np.where(kept > 0, weights.sum(axis=1, keepdims=True) / kept, 1)
+        view[...] = applied.astype(np.float32).reshape(view.shape)
 
     def _weights(self, t: int, layer: int) -> None:
         routing = self._routings.get(layer)

@@ -63,6 +63,7 @@ class LlamaModel:
         n_expert_used: int = 0,
         arch: str = "",
         callback: Any = None,
+        callback_user: int | None = None,
     ):
         lc = llama()
         self.lc = lc
@@ -91,6 +92,8 @@ class LlamaModel:
         cp.no_perf = True
         if callback is not None:
             cp.cb_eval = callback
+            if callback_user is not None:
+                cp.cb_eval_user_data = ctypes.c_void_p(callback_user)
         self._callback = callback
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:

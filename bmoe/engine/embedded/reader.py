@@ -6,7 +6,8 @@ demand leaves idle. Under O_DIRECT the file offset, length and buffer must be al
 slice is read as the aligned window around it (``read_bytes`` >= ``req_bytes``); the arena keeps
 file offsets and addresses congruent so that window lands in place. When the file system
 refuses O_DIRECT the reader falls back to buffered reads of the exact slice, and says so
-(:attr:`ExpertReader.o_direct`).
+(:attr:`ExpertReader.o_direct`). A split model is one reader over all its shards: each job names
+the shard its slice lives in.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ReadJob:
     req_bytes: int
     dst: int  # arena address of the slice
     spec: bool
+    shard: int = 0  # which of the reader's files holds the slice
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,24 +89,30 @@ class Ticket:
 
 
 class ExpertReader:
-    """``lanes`` reader threads over one file; jobs in, :class:`ReadRecord` out."""
+    """``lanes`` reader threads over one model's files; jobs in, :class:`ReadRecord` out."""
 
     def __init__(
         self,
-        path: str,
+        paths: str | list[str],
         lanes: int,
         *,
         o_direct: bool = True,
         clock_origin_ns: int | None = None,
         after_read: Callable[[ReadJob], None] | None = None,
     ):
-        self.path = path
+        self.paths = [paths] if isinstance(paths, str) else list(paths)
         self.lanes = max(1, int(lanes))
-        self.fd = os.open(path, os.O_RDONLY)
-        self.file_size = os.fstat(self.fd).st_size
-        self.direct_fd: int | None = None
+        self.fds = [os.open(path, os.O_RDONLY) for path in self.paths]
+        self.file_sizes = [os.fstat(fd).st_size for fd in self.fds]
+        self.direct_fds: list[int] | None = None
         if o_direct:
-            self.direct_fd = _open_direct(path)
+            direct = [_open_direct(path) for path in self.paths]
+            if all(fd is not None for fd in direct):
+                self.direct_fds = [fd for fd in direct if fd is not None]
+            else:  # one file refusing O_DIRECT makes every read buffered, as the flag says
+                for fd in direct:
+                    if fd is not None:
+                        os.close(fd)
         self.origin_ns = time.monotonic_ns() if clock_origin_ns is None else clock_origin_ns
         self.after_read = after_read
         self._records: deque[ReadRecord] = deque()
@@ -120,7 +128,7 @@ class ExpertReader:
     @property
     def o_direct(self) -> bool:
         """Reads bypass the page cache (what was achieved, not what was asked)."""
-        return self.direct_fd is not None
+        return self.direct_fds is not None
 
     def submit(self, jobs: list[ReadJob], *, spec: bool = False) -> Ticket:
         """Queue `jobs`; demand jobs go ahead of speculative ones."""
@@ -142,9 +150,8 @@ class ExpertReader:
             self._queue.put((2, next(self._seq), None, None))
         for t in self._threads:
             t.join(timeout=5)
-        os.close(self.fd)
-        if self.direct_fd is not None:
-            os.close(self.direct_fd)
+        for fd in self.fds + (self.direct_fds or []):
+            os.close(fd)
 
     # -- lanes --------------------------------------------------------------------------
     def _lane(self, lane: int) -> None:
@@ -179,23 +186,25 @@ class ExpertReader:
                 ticket.done(exc)
 
     def _read(self, job: ReadJob) -> int:
-        if self.direct_fd is not None:
+        path = self.paths[job.shard]
+        if self.direct_fds is not None:
             start = libc.align_down(job.offset, ALIGN)
             end = min(
                 libc.align_up(job.offset + job.req_bytes, ALIGN),
-                libc.align_up(self.file_size, ALIGN),
+                libc.align_up(self.file_sizes[job.shard], ALIGN),
             )
             dst = job.dst - (job.offset - start)
             need = job.offset + job.req_bytes - start
-            got = _pread_into(self.direct_fd, dst, end - start, start)
+            got = _pread_into(self.direct_fds[job.shard], dst, end - start, start)
             if got < need:
-                raise OSError(f"short read of {self.path} at {job.offset}: {got} of {need} bytes")
+                raise OSError(f"short read of {path} at {job.offset}: {got} of {need} bytes")
             return end - start
         got = 0
+        fd = self.fds[job.shard]
         while got < job.req_bytes:
-            n = _pread_into(self.fd, job.dst + got, job.req_bytes - got, job.offset + got)
+            n = _pread_into(fd, job.dst + got, job.req_bytes - got, job.offset + got)
             if n <= 0:
-                raise OSError(f"short read of {self.path} at {job.offset + got}")
+                raise OSError(f"short read of {path} at {job.offset + got}")
             got += n
         return got
 

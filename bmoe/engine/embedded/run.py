@@ -92,10 +92,6 @@ class _Sinks:
         self.route = self._open(cfg.route_trace)
         self.io = self._open(cfg.io_trace)
         self.compute = self._open(cfg.compute_trace or cfg.compute_trace_layers)
-        self.metrics: MetricsWriter | None = None
-        self.route_writer: RouteTraceWriter | None = None
-        self.io_writer: IoTraceWriter | None = None
-        self.compute_writer: ComputeTraceWriter | None = None
 
     def _open(self, path: str | None) -> IO[str] | None:
         if not path:
@@ -159,6 +155,58 @@ def run_engine(
         sinks.close()
 
 
+class Writers:
+    """The trace and metrics writers of one engine process (a session appends to them)."""
+
+    def __init__(self, cfg: EngineConfig, eng: EmbeddedEngine, sinks: _Sinks, o_direct: bool):
+        lay = eng.layout
+        self.params = telemetry.params(cfg, eng, o_direct)
+        self.metrics = MetricsWriter(sinks.csv, self.params) if sinks.csv else None
+        self.route: RouteTraceWriter | None = None
+        self.io: IoTraceWriter | None = None
+        self.compute: ComputeTraceWriter | None = None
+        if sinks.route:
+            layers = pd.DataFrame(
+                {
+                    "layer": lay.moe_layers,
+                    "expert_bytes": [lay.expert_bytes(il) for il in lay.moe_layers],
+                    "dense_bytes": [lay.layer_dense_bytes.get(il, 0) for il in lay.moe_layers],
+                }
+            )
+            meta = {
+                "model": cfg.model,
+                "arch": lay.arch,
+                "n_layer": lay.n_layer,
+                "n_expert": lay.n_expert,
+                "n_expert_used": eng.n_expert_used,
+            }
+            self.route = RouteTraceWriter(sinks.route, meta, layers)
+        if sinks.io:
+            self.io = IoTraceWriter(
+                sinks.io, telemetry.trace_meta(cfg, eng, o_direct), IO_TRACE_COLUMNS
+            )
+        if sinks.compute:
+            self.compute = ComputeTraceWriter(
+                sinks.compute, telemetry.trace_meta(cfg, eng, o_direct)
+            )
+
+
+@dataclass
+class Turn:
+    """What one generation (a one-shot run, or one turn of a session) produced."""
+
+    tokens: list[int]
+    text: bytes
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+    n_prompt: int  # tokens prefilled this turn
+    n_past: int  # context length after it
+    cancelled: bool = False
+    logits: list[np.ndarray] = field(default_factory=list)
+    hook_ns: list[int] = field(default_factory=list)
+    hook_calls: list[int] = field(default_factory=list)
+
+
 def _generate(
     cfg: EngineConfig,
     eng: EmbeddedEngine,
@@ -168,47 +216,87 @@ def _generate(
     keep_logits: bool,
     profile_hook: bool = False,
 ) -> RunResult:
-    model, hook, streamer, cache = eng.model, eng.hook, eng.streamer, eng.cache
+    """The one-shot run: the prompt, its generation, the end-of-run lines."""
+    model, cache = eng.model, eng.cache
     o_direct = bool(eng.reader and eng.reader.o_direct)
-    params = telemetry.params(cfg, eng, o_direct)
-    lay = eng.layout
-    if sinks.csv:
-        sinks.metrics = MetricsWriter(sinks.csv, params)
-    if sinks.route:
-        layers = pd.DataFrame(
-            {
-                "layer": lay.moe_layers,
-                "expert_bytes": [lay.expert_bytes(il) for il in lay.moe_layers],
-                "dense_bytes": [lay.layer_dense_bytes.get(il, 0) for il in lay.moe_layers],
-            }
-        )
-        meta = {
-            "model": cfg.model,
-            "arch": lay.arch,
-            "n_layer": lay.n_layer,
-            "n_expert": lay.n_expert,
-            "n_expert_used": eng.n_expert_used,
-        }
-        sinks.route_writer = RouteTraceWriter(sinks.route, meta, layers)
-    if sinks.io:
-        sinks.io_writer = IoTraceWriter(
-            sinks.io, telemetry.trace_meta(cfg, eng, o_direct), IO_TRACE_COLUMNS
-        )
-    if sinks.compute:
-        sinks.compute_writer = ComputeTraceWriter(
-            sinks.compute, telemetry.trace_meta(cfg, eng, o_direct)
-        )
-
+    writers = Writers(cfg, eng, sinks, o_direct)
     prompt = cfg.prompt.encode("utf-8", "surrogateescape")
     tokens = model.tokenize(prompt, add_special=True) or [max(model.bos, 0)]
-    n_prompt = len(tokens)
-    if n_prompt + cfg.n_predict > model.n_ctx:
+    if len(tokens) + cfg.n_predict > model.n_ctx:
         raise BmoeError(
-            f"prompt ({n_prompt} tokens) + -n {cfg.n_predict} exceeds the context ({model.n_ctx}); "
-            "raise -c"
+            f"prompt ({len(tokens)} tokens) + -n {cfg.n_predict} exceeds the context "
+            f"({model.n_ctx}); raise -c"
         )
     if not cfg.progress:
         _emit(out, prompt)
+    turn = run_turn(
+        cfg,
+        eng,
+        writers,
+        tokens,
+        0,
+        cfg.n_predict,
+        out,
+        load_s=load_s,
+        progress=cfg.progress,
+        keep_logits=keep_logits,
+        profile_hook=profile_hook,
+    )
+    summary = turn.summary
+    figures = telemetry.figures(cfg, eng, summary)
+    if writers.metrics:
+        writers.metrics.summary(summary)
+    lines = protocol.format_run_lines(figures)
+    if eng.predictor is not None and cfg.predict_log:
+        lines += eng.predictor.lines()
+    if cfg.progress:
+        _emit(out, b"=== answer ===\n" + turn.text + b"\n=== perf ===\n")
+    else:
+        _emit(out, b"\n\n")
+    _emit(out, "".join(line + "\n" for line in lines))
+    mem = probes.memory()
+    return RunResult(
+        config=cfg,
+        params=writers.params,
+        tokens=turn.tokens,
+        text=turn.text,
+        rows=turn.rows,
+        summary=summary,
+        figures=figures,
+        n_prompt=turn.n_prompt,
+        o_direct=o_direct,
+        logits=turn.logits,
+        cache_stats=cache.stats if cache is not None else None,
+        peak_rss_mib=mem.get("peak_rss_mib", 0.0),
+        expert_resident_bytes=eng.arena.resident_bytes() if eng.arena is not None else 0,
+        hook_ns=turn.hook_ns,
+        hook_calls=turn.hook_calls,
+        warnings=list(eng.warnings),
+    )
+
+
+def run_turn(
+    cfg: EngineConfig,
+    eng: EmbeddedEngine,
+    writers: Writers,
+    tokens: list[int],
+    start_pos: int,
+    n_predict: int,
+    out: BinaryIO | None,
+    *,
+    load_s: float,
+    turn: int = 0,
+    progress: bool = False,
+    keep_logits: bool = False,
+    profile_hook: bool = False,
+    cancelled: Callable[[], bool] | None = None,
+) -> Turn:
+    """Prefill `tokens` at positions `start_pos`.. and generate up to `n_predict` tokens,
+    writing the per-token rows and trace rows stamped `turn`; the generated text goes to
+    `out` (``BMOE_LOAD``/``BMOE_PROGRESS`` lines with `progress`). `cancelled` is asked
+    before each token; a true answer ends the turn there."""
+    model, hook, streamer, cache = eng.model, eng.hook, eng.streamer, eng.cache
+    n_prompt = len(tokens)
 
     def after_decode(phase: int, step: int, reads_only: bool = False) -> tuple[int, int]:
         """Write this decode's trace rows; returns (read bytes, speculative read bytes)."""
@@ -219,32 +307,34 @@ def _generate(
                 read += r.read_bytes
                 if r.spec:
                     spec += r.read_bytes
-            if sinks.io_writer and records:
-                sinks.io_writer.rows(telemetry.io_frame(records, phase, step))
+            if writers.io and records:
+                writers.io.rows(telemetry.io_frame(records, phase, step, turn))
         if reads_only:
             return read, spec
-        if sinks.route_writer and streamer is not None:
-            sinks.route_writer.rows(telemetry.route_frame(streamer.counters, phase))
-        if sinks.compute_writer and hook is not None:
-            sinks.compute_writer.rows(telemetry.compute_frame(hook.trace_rows, phase, step))
+        if writers.route and streamer is not None:
+            writers.route.rows(telemetry.route_frame(streamer.counters, phase, turn))
+        if writers.compute and hook is not None:
+            writers.compute.rows(telemetry.compute_frame(hook.trace_rows, phase, step, turn))
         return read, spec
 
+    ra = eng.predictor
+    ra_start = (ra.committed, ra.passthrough, ra.agree_slots) if ra is not None else (0, 0, 0)
     # ---- prefill
-    positions = np.arange(n_prompt, dtype=np.int64)
+    positions = np.arange(start_pos, start_pos + n_prompt, dtype=np.int64)
     outputs = np.zeros(n_prompt, dtype=bool)
     outputs[-1] = True
     if hook is not None:
         hook.begin(positions, outputs, generating=False)
     u0 = probes.usage()
     t0 = time.perf_counter()
-    model.decode(tokens, 0)
+    model.decode(tokens, start_pos)
     prefill_s = time.perf_counter() - t0
     u1 = probes.usage()
     prefill_cpu_s = u1.cpu_s - u0.cpu_s
     if hook is not None:
         hook.end()
     pre = streamer.counters if streamer is not None else DecodeCounters()
-    pre_read, pre_spec = after_decode(0, n_prompt - 1)
+    pre_read, pre_spec = after_decode(0, start_pos + n_prompt - 1)
     spec_read = pre_spec
     logits = model.logits()
     if hook is not None:
@@ -259,15 +349,20 @@ def _generate(
     text = bytearray()
     rows: list[dict[str, Any]] = []
     demand_max = layer_demand_max = 0
-    steps = cfg.n_predict
+    experts_routed = experts_dropped = 0
+    steps = n_predict
+    stopped = False
     for step in range(1, steps + 1):
+        if cancelled is not None and cancelled():
+            stopped = True
+            break
         token = sample(logits)
         if keep_logits:
             kept.append(np.array(logits, copy=True))
         generated.append(token)
         piece = model.piece(token)
         text += piece
-        pos = n_prompt + step - 1
+        pos = start_pos + n_prompt + step - 1
         u0 = probes.usage()
         t0 = time.perf_counter()
         _decode_one(model, hook, token, pos)
@@ -282,6 +377,8 @@ def _generate(
         c = streamer.counters if streamer is not None else DecodeCounters()
         read, spec = after_decode(1, pos)
         spec_read += spec
+        experts_routed += c.routed
+        experts_dropped += c.dropped
         demand_max = max(demand_max, c.demand_bytes)
         layer_demand_max = max(layer_demand_max, c.widest_layer_bytes)
         frac, probe_s = eng.dense_probe.sample()
@@ -309,7 +406,7 @@ def _generate(
             "majflt": majflt,
             "cpu_ms": (u1.cpu_s - u0.cpu_s) * 1e3,
             "dense_resident_frac": frac,
-            "turn": 0,
+            "turn": turn,
             "majflt_mib": probes.majflt_mib(majflt),
             "cache_budget_mib": eng.budget_bytes / MIB if cfg.moe_stream else 0.0,
             **{k: mem[k] for k in probes.MEMORY_COLUMNS},
@@ -322,9 +419,9 @@ def _generate(
             "ra_wd_ms": 0.0,
         }
         rows.append(row)
-        if sinks.metrics:
-            sinks.metrics.row(row)
-        if cfg.progress:
+        if writers.metrics:
+            writers.metrics.row(row)
+        if progress:
             if read:
                 _emit(out, protocol.format_event("LOAD", {"mb": read / MIB, "ms": io_ms}) + "\n")
             _emit(out, protocol.format_event("PROGRESS", telemetry.progress(row, piece)) + "\n")
@@ -332,9 +429,10 @@ def _generate(
             _emit(out, piece)
         t_prev_end = time.perf_counter()
 
+    n_past = start_pos + n_prompt + len(generated)
     if streamer is not None:
         streamer.finish()
-        _r, tail_spec = after_decode(1, n_prompt + len(generated) - 1, reads_only=True)
+        _r, tail_spec = after_decode(1, n_past - 1, reads_only=True)
         spec_read += tail_spec
     tail = time.perf_counter() - t_prev_end
     prefill = {
@@ -356,35 +454,33 @@ def _generate(
         layer_demand_max,
         spec_read,
         tail,
+        experts_routed,
+        experts_dropped,
+        _route_ahead(eng, ra_start),
     )
-    figures = telemetry.figures(cfg, eng, summary)
-    if sinks.metrics:
-        sinks.metrics.summary(summary)
-    lines = protocol.format_run_lines(figures)
-    if cfg.progress:
-        _emit(out, b"=== answer ===\n" + bytes(text) + b"\n=== perf ===\n")
-    else:
-        _emit(out, b"\n\n")
-    _emit(out, "".join(line + "\n" for line in lines))
-    mem = probes.memory()
-    return RunResult(
-        config=cfg,
-        params=params,
+    return Turn(
         tokens=generated,
         text=bytes(text),
         rows=rows,
         summary=summary,
-        figures=figures,
         n_prompt=n_prompt,
-        o_direct=o_direct,
+        n_past=n_past,
+        cancelled=stopped,
         logits=kept,
-        cache_stats=cache.stats if cache is not None else None,
-        peak_rss_mib=mem.get("peak_rss_mib", 0.0),
-        expert_resident_bytes=eng.arena.resident_bytes() if eng.arena is not None else 0,
         hook_ns=hook_ns,
         hook_calls=hook_calls,
-        warnings=list(eng.warnings),
     )
+
+
+def _route_ahead(eng: EmbeddedEngine, start: tuple[int, int, int]) -> tuple[int, int, float]:
+    """This turn's --route-ahead ledger: committed, passed through, % of slots agreed."""
+    ra = eng.predictor
+    if ra is None or not ra.ahead:
+        return 0, 0, 0.0
+    committed = ra.committed - start[0]
+    agree = ra.agree_slots - start[2]
+    pct = 100.0 * agree / (committed * ra.k) if committed else 0.0
+    return committed, ra.passthrough - start[1], pct
 
 
 def _decode_one(model: LlamaModel, hook: EvalHook | None, token: int, pos: int) -> None:

@@ -6,6 +6,11 @@ returns evicted experts' pages to the OS, reads the missed experts' slices on th
 and waits for them, all before ggml goes on to the expert matmul. With ``--prefetch K`` it then
 bets that the next K layers will route what they routed for the previous token and reads
 those on idle lanes. With ``--load-all`` it reads every expert of the layer, every time.
+
+With ``--drop-cold-experts F`` the routing step runs at the layer's last routing-weight node
+instead (still before the expert matmul) and gets the applied weights: a routed expert that is
+not resident, whose every routing in the batch weighs under ``F / k`` and is not its token's
+top slot, is *dropped*: never looked up, never read; the caller zeroes its weight.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Routing:
     residency: np.ndarray  # (n, k) int8: 0 miss, 1 hit, 2 hit on a prefetch's first touch
     expert_bytes: np.ndarray  # (n, k) int64: bytes read, on the first row of each miss
     weights: np.ndarray | None = None  # (n, k) float32, when the weight node was captured
+    dropped: np.ndarray | None = None  # (n, k) bool, when dropping ran on this routing
 
 
 @dataclass
@@ -43,6 +49,8 @@ class DecodeCounters:
     mgmt_ns: int = 0  # staging, eviction and bookkeeping
     demand_bytes: int = 0  # routed expert bytes (distinct per layer), summed over layers
     widest_layer_bytes: int = 0
+    routed: int = 0  # routings (slots) of generated tokens
+    dropped: int = 0  # of which dropped
     routings: list[Routing] = field(default_factory=list)
 
 
@@ -59,6 +67,8 @@ class ExpertStreamer:
         prefetch: int = 0,
         load_all: bool = False,
         keep_routings: bool = False,
+        drop_frac: float = 0.0,
+        drop_prefill: bool = False,
     ):
         self.layout = layout
         self.arena = arena
@@ -67,6 +77,8 @@ class ExpertStreamer:
         self.prefetch = max(0, int(prefetch))
         self.load_all = load_all
         self.keep_routings = keep_routings
+        self.drop_frac = float(drop_frac) if cache is not None and not load_all else 0.0
+        self.drop_prefill = drop_prefill
         self.moe_layers = layout.moe_layers
         self._next_layers = {
             il: self.moe_layers[i + 1 : i + 1 + self.prefetch]
@@ -100,16 +112,37 @@ class ExpertStreamer:
         self._inflight.clear()
 
     @property
+    def dropping(self) -> bool:
+        """Whether this decode's routings may be dropped (they must come with weights)."""
+        return self.drop_frac > 0 and (self._generating or self.drop_prefill)
+
+    @property
     def resident_bytes(self) -> int:
         """Bytes of expert data the engine holds (what the cache accounts)."""
         return sum(self._expert_bytes[layer] for layer, _e in self._materialized)
 
     # -- the routing step -------------------------------------------------------------------
-    def route(self, layer: int, ids: np.ndarray, positions: np.ndarray) -> None:
-        """Make every expert `ids` (n_tokens x k) names resident before the matmul runs."""
-        self.route_ids(layer, ids.ravel().tolist(), ids.shape[1], positions)
+    def route(
+        self,
+        layer: int,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        weights: np.ndarray | None = None,
+    ) -> np.ndarray | None:
+        """Make every expert `ids` (n_tokens x k) names resident before the matmul runs.
 
-    def route_ids(self, layer: int, flat: list[int], k: int, positions: np.ndarray) -> None:
+        With `weights` (the applied routing weights, n_tokens x k) and dropping on, returns
+        the (n_tokens x k) mask of the routings dropped, whose weight the caller zeroes."""
+        return self.route_ids(layer, ids.ravel().tolist(), ids.shape[1], positions, weights)
+
+    def route_ids(
+        self,
+        layer: int,
+        flat: list[int],
+        k: int,
+        positions: np.ndarray,
+        weights: np.ndarray | None = None,
+    ) -> np.ndarray | None:
         """:meth:`route` over the ids as a flat list, token after token (`k` per token)."""
         t0 = time.perf_counter_ns()
         io_ns = 0
@@ -118,6 +151,18 @@ class ExpertStreamer:
         c = self.counters
         c.demand_bytes += len(distinct) * eb
         c.widest_layer_bytes = max(c.widest_layer_bytes, len(distinct) * eb)
+        dropped = None
+        routed = flat
+        if weights is not None and self.dropping:
+            dropped = self._drops(layer, flat, k, weights)
+            if dropped.any():
+                gone = set(np.asarray(flat)[dropped.ravel()].tolist())
+                routed = [e for e in flat if e not in gone]
+                distinct = [e for e in distinct if e not in gone]
+        if self._generating:
+            c.routed += len(flat)
+            c.dropped += int(dropped.sum()) if dropped is not None else 0
+        flat_all, flat = flat, routed
         if self.load_all:
             misses, hits, pf_hits = list(range(self.layout.n_expert)), [], []
         else:
@@ -155,14 +200,35 @@ class ExpertStreamer:
             self.loads += len(misses)
         self.spec_useful += len(pf_hits)
         if self.prefetch and not self.load_all:
-            self._prev_ids[layer] = list(dict.fromkeys(flat[-k:])) if flat else []
+            self._prev_ids[layer] = list(dict.fromkeys(flat_all[-k:])) if flat_all else []
             if self._generating:
                 self._speculate(layer)
         if self.keep_routings:
-            ids = np.asarray(flat, dtype=np.int32).reshape(-1, k)
-            c.routings.append(self._routing(layer, ids, positions, misses, pf_hits, eb))
+            ids = np.asarray(flat_all, dtype=np.int32).reshape(-1, k)
+            routing = self._routing(layer, ids, positions, misses, pf_hits, eb)
+            if dropped is not None:
+                routing.dropped = dropped
+                routing.residency[dropped] = 0
+            c.routings.append(routing)
         c.io_ns += io_ns
         c.mgmt_ns += time.perf_counter_ns() - t0 - io_ns
+        return dropped
+
+    def _drops(self, layer: int, flat: list[int], k: int, weights: np.ndarray) -> np.ndarray:
+        """The routings to drop: misses under the threshold, not their token's top slot,
+        of an expert no kept routing of the batch needs."""
+        ids = np.asarray(flat, dtype=np.int64).reshape(-1, k)
+        w = np.asarray(weights, dtype=np.float32).reshape(ids.shape)
+        cold = w < np.float32(self.drop_frac / k)
+        cold[np.arange(len(w)), np.argmax(w, axis=1)] = False
+        cache = self.cache
+        assert cache is not None
+        resident = np.array([(layer, int(e)) in cache for e in ids.ravel()]).reshape(ids.shape)
+        candidate = cold & ~resident
+        if not candidate.any():
+            return candidate
+        needed = np.unique(ids[~candidate])  # experts some kept routing reads anyway
+        return candidate & ~np.isin(ids, needed)
 
     def _jobs(self, layer: int, experts: list[int], *, spec: bool) -> list[ReadJob]:
         blocks = self.arena.by_layer[layer]
@@ -175,6 +241,7 @@ class ExpertStreamer:
                 b.tensor.slice_bytes,
                 b.slice_address(e),
                 spec,
+                b.tensor.shard,
             )
             for e in experts
             for b in blocks
@@ -194,26 +261,31 @@ class ExpertStreamer:
         return waited
 
     def _speculate(self, layer: int) -> None:
-        cache = self.cache
-        assert cache is not None
         for nxt in self._next_layers[layer]:
             bet = self._prev_ids.get(nxt)
-            if not bet:
-                continue
-            before = cache.stats["evictions"]
-            admitted = cache.prefetch(nxt, bet, self._expert_bytes[nxt])
-            if cache.stats["evictions"] != before:
-                for key in [k for k in self._materialized if k not in cache]:
-                    self._release(key)
-            if not admitted:
-                continue
-            ticket = self.reader.submit(self._jobs(nxt, admitted, spec=True), spec=True)
-            for e in admitted:
-                key = (nxt, e)
-                self._inflight[key] = ticket
-                self._materialized.add(key)
-                self._ever_held.add(key)
-            self.spec_experts += len(admitted)
+            if bet:
+                self.speculate(nxt, bet)
+
+    def speculate(self, layer: int, experts: list[int]) -> None:
+        """Read `experts` of `layer` ahead of its routing on idle lanes (a bet the cache
+        admits as a prefetch: the first touch of a right one is a prefetch hit)."""
+        cache = self.cache
+        if cache is None or self.load_all:
+            return
+        before = cache.stats["evictions"]
+        admitted = cache.prefetch(layer, experts, self._expert_bytes[layer])
+        if cache.stats["evictions"] != before:
+            for key in [k for k in self._materialized if k not in cache]:
+                self._release(key)
+        if not admitted:
+            return
+        ticket = self.reader.submit(self._jobs(layer, admitted, spec=True), spec=True)
+        for e in admitted:
+            key = (layer, e)
+            self._inflight[key] = ticket
+            self._materialized.add(key)
+            self._ever_held.add(key)
+        self.spec_experts += len(admitted)
 
     def _routing(
         self,

@@ -55,15 +55,15 @@ def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, 
         "overlap": False,
         "io_two_wave": False,
         "prefetch": cfg.prefetch,
-        "route_ahead": 0,
-        "predict_prefetch": False,
-        "predict_log": False,
-        "predict_spec_max": 0,
+        "route_ahead": cfg.route_ahead,
+        "predict_prefetch": cfg.predict_prefetch,
+        "predict_log": cfg.predict_log,
+        "predict_spec_max": cfg.predict_spec_max,
         "prefetch_sync": False,
         "dense_weights": cfg.dense_weights,
-        "drop_cold_frac": 0.0,
-        "drop_renorm": True,
-        "drop_prefill": False,
+        "drop_cold_frac": float(cfg.drop_cold_frac),
+        "drop_renorm": cfg.drop_renorm,
+        "drop_prefill": cfg.drop_prefill,
         "cache_cycle_mb": mib(cycle) if stream else 0,
         "temp": float(cfg.temp),
         "top_k": cfg.top_k,
@@ -90,7 +90,7 @@ def trace_meta(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[s
     }
 
 
-def route_frame(counters: DecodeCounters, phase: int) -> pd.DataFrame:
+def route_frame(counters: DecodeCounters, phase: int, turn: int = 0) -> pd.DataFrame:
     """One decode's routings as route-trace rows (layer blocks, native order)."""
     parts = []
     for r in counters.routings:
@@ -99,7 +99,7 @@ def route_frame(counters: DecodeCounters, phase: int) -> pd.DataFrame:
         parts.append(
             pd.DataFrame(
                 {
-                    "turn": np.zeros(n * k, np.int16),
+                    "turn": np.full(n * k, turn, np.int16),
                     "phase": np.full(n * k, phase, np.int8),
                     "step": np.repeat(r.positions.astype(np.int64), k),
                     "layer": np.full(n * k, r.layer, np.int16),
@@ -108,7 +108,11 @@ def route_frame(counters: DecodeCounters, phase: int) -> pd.DataFrame:
                     "weight": weights.ravel().astype(np.float64),
                     "residency": r.residency.ravel(),
                     "expert_bytes": r.expert_bytes.ravel(),
-                    "dropped": np.zeros(n * k, np.int8),
+                    "dropped": (
+                        r.dropped.ravel().astype(np.int8)
+                        if r.dropped is not None
+                        else np.zeros(n * k, np.int8)
+                    ),
                 }
             )
         )
@@ -119,7 +123,7 @@ def route_frame(counters: DecodeCounters, phase: int) -> pd.DataFrame:
     return frame.sort_values(["layer", "step", "slot"], kind="stable").reset_index(drop=True)
 
 
-def io_frame(records: list[ReadRecord], phase: int, step: int) -> pd.DataFrame:
+def io_frame(records: list[ReadRecord], phase: int, step: int, turn: int = 0) -> pd.DataFrame:
     """The reads drained after one decode as io-trace rows (``start_ns`` appended)."""
     n = len(records)
     frame = pd.DataFrame.from_records(
@@ -153,16 +157,16 @@ def io_frame(records: list[ReadRecord], phase: int, step: int) -> pd.DataFrame:
     )
     frame.insert(0, "step", np.full(n, step, np.int64))
     frame.insert(0, "phase", np.full(n, phase, np.int8))
-    frame.insert(0, "turn", np.zeros(n, np.int16))
+    frame.insert(0, "turn", np.full(n, turn, np.int16))
     return frame
 
 
-def compute_frame(rows: list[TraceRow], phase: int, step: int) -> pd.DataFrame:
+def compute_frame(rows: list[TraceRow], phase: int, step: int, turn: int = 0) -> pd.DataFrame:
     """One decode's graph timings as compute-trace rows."""
     n = len(rows)
     return pd.DataFrame(
         {
-            "turn": np.zeros(n, np.int16),
+            "turn": np.full(n, turn, np.int16),
             "phase": np.full(n, phase, np.int8),
             "step": np.full(n, step, np.int64),
             "seq": [r.seq for r in rows],
@@ -207,6 +211,9 @@ def summary(
     layer_demand_max: int,
     spec_read: int,
     tail_s: float,
+    experts_routed: int = 0,
+    experts_dropped: int = 0,
+    route_ahead: tuple[int, int, float] = (0, 0, 0.0),
 ) -> dict[str, Any]:
     """The ``# summary`` trailer, keys in the native engine's order (then the prefill split)."""
     n = len(rows)
@@ -250,17 +257,17 @@ def summary(
         "cpu_s/tok": total("cpu_ms") / 1e3 * per,
         "token_demand_MiB": demand_max / MIB,
         "layer_demand_MiB": layer_demand_max / MIB,
-        "experts_routed": 0,
-        "experts_dropped": 0,
+        "experts_routed": experts_routed,
+        "experts_dropped": experts_dropped,
         "loop_overhead_s/tok": (total("loop_overhead_ms") / 1e3 + tail_s) * per,
         "mtp_drafted": 0,
         "mtp_accepted": 0,
         "mtp_decodes": n,
         "mtp_draft_s/tok": 0.0,
         "drafted_steps": 0,
-        "ra_committed": 0,
-        "ra_passthrough": 0,
-        "ra_agree_pct": 0.0,
+        "ra_committed": route_ahead[0],
+        "ra_passthrough": route_ahead[1],
+        "ra_agree_pct": route_ahead[2],
         "ra_gemv_ms/tok": 0.0,
         "ra_issue_ms/tok": 0.0,
         "ra_wd_ms/tok": 0.0,
@@ -325,7 +332,26 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
                 "rereads/tok": summary["rereads"] / n,
             }
         )
-    if cfg.prefetch:
+    if cfg.drop_cold_frac:
+        routed = summary["experts_routed"]
+        fig.update(
+            {
+                "experts_dropped": summary["experts_dropped"],
+                "experts_routed": routed,
+                "drop_pct": 100.0 * summary["experts_dropped"] / routed if routed else 0.0,
+                "drop_cold_frac": float(cfg.drop_cold_frac),
+            }
+        )
+    if cfg.route_ahead:
+        fig.update(
+            {
+                "route_ahead": cfg.route_ahead,
+                "ra_committed": summary["ra_committed"],
+                "ra_passthrough": summary["ra_passthrough"],
+                "ra_agree_pct": summary["ra_agree_pct"],
+            }
+        )
+    if cfg.prefetch or cfg.predict_prefetch:
         experts = summary["spec_experts"]
         fig.update(
             {
@@ -335,4 +361,6 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
                 "spec_useful_pct": 100.0 * summary["spec_useful"] / experts if experts else 0.0,
             }
         )
+        if cfg.predict_prefetch:
+            fig["prefetch_source"] = "stale-gate" + (" + prev-token" if cfg.prefetch else "")
     return fig

@@ -1,0 +1,253 @@
+"""``--predict-log``: how well the next layer's routing can be known before it happens.
+
+Three predictors are scored against the routing the router actually produced, per MoE layer,
+over the generated tokens (telemetry.md, ``moe-predict:``):
+
+- **stale gate**: layer ``l+1``'s router applied to layer ``l``'s gate input, i.e. a layer
+  early (what a read issued one layer ahead could use);
+- **previous token**: layer ``l``'s routing of the previous token (the ``--prefetch`` bet);
+- **fresh-gate control**: the same arithmetic on layer ``l``'s own gate input, which must
+  agree with the router (a check of the arithmetic, not a predictor).
+
+With ``--predict-prefetch`` the stale gate's pick for the next layer (its best
+``--predict-spec-max`` experts) is read ahead on idle lanes as soon as the current layer's
+gate input exists, so those reads overlap the current layer's expert compute.
+
+``--route-ahead N`` goes further: layer ``l``'s selection is *committed* at layer ``l - N``
+(its router applied to that layer's input), read ahead at once, and written over the router's
+ids at ``ffn_moe_topk-<l>`` before the weights chain and the expert matmul read them; the
+first N MoE layers pass the router's choice through. It changes what is computed, by design.
+
+The gate input is the second source of the ``ffn_moe_logits-<il>`` node; the routers are read
+from the GGUF (dequantized once). Selection follows llama.cpp: top-k of the softmax of the
+logits, plus the per-expert selection bias (``exp_probs_b``) where the model has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bmoe.engine.embedded.layout import ModelLayout
+
+PREDICTORS = ("stale", "prev", "ctrl")
+
+
+@dataclass
+class _Tally:
+    routings: int = 0
+    slots: int = 0
+    slots_hit: int = 0
+    whole_hit: int = 0
+
+    def add(self, predicted: np.ndarray, actual: np.ndarray) -> None:
+        hit = len(np.intersect1d(predicted, actual))
+        self.routings += 1
+        self.slots += len(actual)
+        self.slots_hit += hit
+        self.whole_hit += int(hit == len(actual))
+
+
+@dataclass
+class Router:
+    """One layer's router: logits = weight @ x (+ bias); selection adds `select_bias`."""
+
+    weight: np.ndarray  # (n_expert, n_embd) float32
+    bias: np.ndarray | None = None
+    select_bias: np.ndarray | None = None
+
+    def top_k(self, x: np.ndarray, k: int) -> np.ndarray:
+        logits = self.weight @ x
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.select_bias is not None:
+            z = np.exp(logits - logits.max())
+            logits = z / z.sum() + self.select_bias
+        top = np.argpartition(-logits, k - 1)[:k]
+        return top[np.argsort(-logits[top], kind="stable")]  # best first
+
+
+def read_routers(layout: ModelLayout) -> dict[int, Router]:
+    """Every MoE layer's router, from the model's shards."""
+    from gguf import GGUFReader, quants
+
+    found: dict[str, np.ndarray] = {}
+    wanted = set()
+    for il in layout.moe_layers:
+        wanted |= {
+            f"blk.{il}.ffn_gate_inp.weight",
+            f"blk.{il}.ffn_gate_inp.bias",
+            f"blk.{il}.exp_probs_b.bias",
+        }
+    for shard in layout.shards:
+        for t in GGUFReader(Path(shard)).tensors:
+            if t.name in wanted:
+                data = quants.dequantize(t.data, t.tensor_type)
+                found[t.name] = np.asarray(data, dtype=np.float32)
+    routers = {}
+    for il in layout.moe_layers:
+        weight = found.get(f"blk.{il}.ffn_gate_inp.weight")
+        if weight is None:
+            continue
+        routers[il] = Router(
+            weight.reshape(layout.n_expert, -1),
+            _flat(found.get(f"blk.{il}.ffn_gate_inp.bias")),
+            _flat(found.get(f"blk.{il}.exp_probs_b.bias")),
+        )
+    return routers
+
+
+def _flat(a: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None else a.reshape(-1)
+
+
+@dataclass
+class RoutePredictor:
+    """Scores the three predictors token by token (decode only)."""
+
+    routers: dict[int, Router]
+    moe_layers: list[int]
+    k: int
+    ahead: int = 0  # --route-ahead N (0 = off)
+    tallies: dict[str, dict[int, _Tally]] = field(default_factory=dict)
+    unranked: int = 0  # routings the stale gate could not rank (first MoE layer)
+    committed: int = 0  # --route-ahead: routings replaced by the committed selection
+    passthrough: int = 0  # and routings left to the router (the first N layers)
+    agree_slots: int = 0  # committed slots the router also chose
+
+    def __post_init__(self) -> None:
+        self.tallies = {p: {il: _Tally() for il in self.moe_layers} for p in PREDICTORS}
+        self._next = dict(zip(self.moe_layers, self.moe_layers[1:], strict=False))
+        self._stale: dict[int, np.ndarray] = {}
+        self._ctrl: dict[int, np.ndarray] = {}
+        self._prev: dict[int, np.ndarray] = {}
+        self._commit: dict[int, np.ndarray] = {}
+        self._ahead = (
+            dict(zip(self.moe_layers, self.moe_layers[self.ahead :], strict=False))
+            if self.ahead
+            else {}
+        )
+        self.active = False  # set per decode: only generated tokens are scored
+
+    def gate_input(self, layer: int, x: np.ndarray) -> None:
+        """Layer `layer`'s router is about to run on `x` (one token's gate input)."""
+        if not self.active:
+            return
+        x = np.asarray(x, dtype=np.float32).reshape(-1)
+        router = self.routers.get(layer)
+        if router is not None:
+            self._ctrl[layer] = router.top_k(x, self.k)
+        nxt = self._next.get(layer)
+        if nxt is not None and nxt in self.routers:
+            self._stale[nxt] = self.routers[nxt].top_k(x, self.k)
+        target = self._ahead.get(layer)
+        if target is not None and target in self.routers:
+            self._commit[target] = self.routers[target].top_k(x, self.k)
+
+    def ahead_target(self, layer: int) -> int | None:
+        """``--route-ahead``: the layer whose selection is committed at `layer`."""
+        return self._ahead.get(layer)
+
+    def commitment(self, layer: int) -> np.ndarray | None:
+        """``--route-ahead``: the selection committed for `layer` (best first), if any."""
+        return self._commit.get(layer)
+
+    def take_commitment(self, layer: int, router_ids: np.ndarray) -> np.ndarray | None:
+        """The committed selection that replaces the router's `router_ids` at `layer`, with
+        the agreement counted; None (passed through) where nothing was committed."""
+        if not self.active or not self.ahead:
+            return None
+        chosen = self._commit.pop(layer, None)
+        if chosen is None:
+            self.passthrough += 1
+            return None
+        self.committed += 1
+        self.agree_slots += len(np.intersect1d(chosen, router_ids))
+        return chosen
+
+    @property
+    def agree_pct(self) -> float:
+        return 100.0 * self.agree_slots / (self.committed * self.k) if self.committed else 0.0
+
+    def stale(self, layer: int) -> np.ndarray | None:
+        """The stale gate's pick for `layer` (best first), once the layer before ran."""
+        return self._stale.get(layer)
+
+    def next_layer(self, layer: int) -> int | None:
+        return self._next.get(layer)
+
+    def routed(self, layer: int, ids: np.ndarray) -> None:
+        """The router of `layer` chose `ids` (one token)."""
+        actual = np.asarray(ids).reshape(-1)
+        if not self.active:
+            self._prev[layer] = actual
+            return
+        stale = self._stale.pop(layer, None)
+        if stale is None:
+            self.unranked += 1
+        else:
+            self.tallies["stale"][layer].add(stale, actual)
+        ctrl = self._ctrl.pop(layer, None)
+        if ctrl is not None:
+            self.tallies["ctrl"][layer].add(ctrl, actual)
+        prev = self._prev.get(layer)
+        if prev is not None:
+            self.tallies["prev"][layer].add(prev, actual)
+        self._prev[layer] = actual
+
+    def table(self) -> pd.DataFrame:
+        """Per layer and predictor: routings scored, % of slots and % of whole routings."""
+        rows = []
+        for il in self.moe_layers:
+            row: dict[str, float | int] = {"layer": il}
+            for p in PREDICTORS:
+                t = self.tallies[p][il]
+                row[f"{p}_routings"] = t.routings
+                row[f"{p}_slot_pct"] = 100.0 * t.slots_hit / t.slots if t.slots else np.nan
+                row[f"{p}_whole_pct"] = 100.0 * t.whole_hit / t.routings if t.routings else np.nan
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def totals(self) -> dict[str, _Tally]:
+        out = {}
+        for p in PREDICTORS:
+            total = _Tally()
+            for t in self.tallies[p].values():
+                total.routings += t.routings
+                total.slots += t.slots
+                total.slots_hit += t.slots_hit
+                total.whole_hit += t.whole_hit
+            out[p] = total
+        return out
+
+    def lines(self) -> list[str]:
+        """The end-of-run ``moe-predict:`` lines and the per-layer table."""
+        tot = self.totals()
+
+        def pct(hit: int, total: int) -> str:
+            return f"{100.0 * hit / total:.1f}%" if total else "-"
+
+        def both(t: _Tally) -> tuple[str, str]:
+            return pct(t.slots_hit, t.slots), pct(t.whole_hit, t.routings)
+
+        s, p, c = tot["stale"], tot["prev"], tot["ctrl"]
+        (s1, s2), (p1, p2), (c1, c2) = both(s), both(p), both(c)
+        out = [
+            f"moe-predict: stale-gate {s1} of routed slots ({s2} whole routings) | "
+            f"prev-token {p1} ({p2}) | fresh-gate control {c1} ({c2})",
+            f"moe-predict: scored — stale-gate {s.routings} routings/{s.slots} slots, "
+            f"prev-token {p.routings}/{p.slots}, control {c.routings}/{c.slots}; "
+            f"{self.unranked} routings the stale-gate could not rank",
+            "  layer   stale    prev   ctrl   routings",
+        ]
+        for il in self.moe_layers:
+            cells = []
+            for name in PREDICTORS:
+                t = self.tallies[name][il]
+                cells.append(f"{100.0 * t.slots_hit / t.slots:.1f}" if t.slots else "-")
+            routings = max(self.tallies[name][il].routings for name in PREDICTORS)
+            out.append(f"  {il:5d} {cells[0]:>7} {cells[1]:>7} {cells[2]:>6} {routings:>10}")
+        return out

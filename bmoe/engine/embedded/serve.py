@@ -1,0 +1,265 @@
+"""``bmoe run --session``: one loaded model serving ``generate`` requests read from stdin.
+
+The protocol is the native engine's (telemetry.md, "Session mode"): ``BMOE_READY`` once the
+model is loaded, then per request ``BMOE_BEGIN``, the per-token ``BMOE_LOAD``/``BMOE_PROGRESS``
+lines and ``BMOE_DONE``; a request that cannot be served is answered ``BMOE_ERROR`` with
+``fatal:false`` and the session goes on. The expert cache stays warm across turns; the CSV and
+the traces are written once per process, every row stamped with its turn, and each turn ends
+with its ``# summary`` trailer, so the file reads back like the native engine's session CSV.
+
+``clear_kv`` (default true) starts a new conversation; ``clear_kv:false`` appends the new
+prompt to the context already decoded (there is no chat template to re-render: ``--chatml`` is
+not implemented). ``cancel`` ends the turn in flight after its current token; ``close`` or the
+end of stdin ends the session.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any, BinaryIO
+
+from bmoe.engine.embedded.config import EngineConfig
+from bmoe.engine.embedded.engine import EmbeddedEngine
+from bmoe.engine.embedded.run import Turn, Writers, _emit, _Sinks, run_turn
+from bmoe.errors import BmoeError
+from bmoe.formats import protocol
+
+
+@dataclass(frozen=True)
+class Request:
+    """One line of stdin: a request, or why it is not one (`error`)."""
+
+    seq: int  # order of arrival among the generate requests
+    data: dict[str, Any]
+    error: str | None = None
+
+
+class _Requests:
+    """Reads stdin on a thread so that ``cancel`` reaches a turn while it runs."""
+
+    def __init__(self, stdin: IO[bytes]):
+        self.queue: queue.Queue[Request | None] = queue.Queue()
+        self._generates = 0
+        self._cancel_upto = 0  # generate requests up to this one are cancelled
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, args=(stdin,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stdin: IO[bytes]) -> None:
+        try:
+            for lineno, line in enumerate(iter(stdin.readline, b""), 1):
+                if not line.strip():
+                    continue
+                try:
+                    data = protocol.parse_request(line, path="stdin", lineno=lineno)
+                except BmoeError as exc:
+                    self.queue.put(Request(0, {"id": _guess_id(line)}, str(exc)))
+                    continue
+                if data["cmd"] == "cancel":
+                    with self._lock:
+                        self._cancel_upto = self._generates
+                    continue
+                with self._lock:
+                    if data["cmd"] == "generate":
+                        self._generates += 1
+                    seq = self._generates
+                self.queue.put(Request(seq, data))
+                if data["cmd"] == "close":
+                    return
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.queue.put(None)
+
+    def cancelled(self, seq: int) -> bool:
+        """Whether a ``cancel`` arrived after generate request `seq` (and before the next)."""
+        with self._lock:
+            return self._cancel_upto >= seq
+
+
+def _guess_id(line: bytes) -> int:
+    try:
+        value = json.loads(line).get("id", -1)
+    except (ValueError, AttributeError):
+        return -1
+    return value if isinstance(value, int) else -1
+
+
+def _check_generate(data: dict[str, Any], default_n: int) -> tuple[int, str, int, bool]:
+    """(id, prompt, n_predict, clear_kv) of a generate request, or BmoeError saying why not."""
+    rid, prompt = data["id"], data["prompt"]
+    if not isinstance(rid, int) or isinstance(rid, bool):
+        raise BmoeError('"id" must be an integer')
+    if not isinstance(prompt, str):
+        raise BmoeError('"prompt" must be a string')
+    n = data.get("n_predict", default_n)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise BmoeError('"n_predict" must be an integer >= 0')
+    clear = data.get("clear_kv", True)
+    if not isinstance(clear, bool):
+        raise BmoeError('"clear_kv" must be true or false')
+    think = data.get("think", True)
+    if not isinstance(think, bool):
+        raise BmoeError('"think" must be true or false')
+    return rid, prompt, n, clear
+
+
+def done_payload(rid: int, turn: Turn, load_s: float) -> dict[str, Any]:
+    """``BMOE_DONE`` of one turn, from its summary (the keys of telemetry.md, in order)."""
+    s = turn.summary
+    return {
+        "id": rid,
+        "cancelled": turn.cancelled,
+        "tokens": s["tokens"],
+        "tok_s": s["tok/s"],
+        "prefill_s": s["prefill_s"],
+        "prefill_tps": s["prefill_tps"],
+        "load_s": load_s,
+        "cache_hit_pct": s["cache_hit_pct"],
+        "n_prompt": turn.n_prompt,
+        "n_past": turn.n_past,
+        "compute_s_tok": s["compute_s/tok"],
+        "io_s_tok": s["io_s/tok"],
+        "cache_resident_mib": s["cache_resident_MiB"],
+        "cache_budget_mib": s["cache_budget_MiB"],
+        "read_mib": s["read_MiB"],
+        "stall_s_tok": s["stall_s/tok"],
+        "mgmt_s_tok": s["mgmt_s/tok"],
+        "majflt_tok": s["majflt/tok"],
+        "cpu_s_tok": s["cpu_s/tok"],
+        "prefill_cpu_s": s["prefill_cpu_s"],
+        "prefill_read_mib": s["prefill_read_mib"],
+        "prefill_io_s": s["prefill_io_s"],
+        "prefill_stall_s": s["prefill_stall_s"],
+        "prefill_mgmt_s": s["prefill_mgmt_s"],
+        "prefill_dev_tokens": 0,
+        "prefill_dev_nodes": 0,
+        "prefill_dev_read_mib": 0.0,
+        "prefill_dev_stall_s": 0.0,
+        "token_demand_mib": s["token_demand_MiB"],
+        "mtp_drafted": 0,
+        "mtp_accepted": 0,
+        "mtp_decodes": s["mtp_decodes"],
+        "mtp_draft_s_tok": 0.0,
+        "drafted_steps": 0,
+        "loop_overhead_s_tok": s["loop_overhead_s/tok"],
+        "reasoning": "",
+        "text": protocol.to_text(turn.text),
+    }
+
+
+def serve_session(
+    cfg: EngineConfig,
+    *,
+    stdin: IO[bytes],
+    out: BinaryIO,
+    err: IO[str] | None = None,
+) -> None:
+    """Load the model once and serve requests from `stdin` until ``close`` or its end."""
+    cfg.check()
+    origin_ns = time.monotonic_ns()
+    sinks = _Sinks(cfg)
+    eng: EmbeddedEngine | None = None
+    try:
+        t_load = time.perf_counter()
+        try:
+            eng = EmbeddedEngine(cfg, origin_ns=origin_ns)
+        except BmoeError as exc:
+            _event(out, "ERROR", {"id": -1, "fatal": True, "msg": str(exc)})
+            raise
+        load_s = time.perf_counter() - t_load
+        if err is not None:
+            for warning in eng.warnings:
+                err.write(f"warning: {warning}\n")
+            err.flush()
+        writers = Writers(cfg, eng, sinks, bool(eng.reader and eng.reader.o_direct))
+        model = eng.model
+        _event(
+            out,
+            "READY",
+            {
+                "load_s": load_s,
+                "arch": eng.layout.arch,
+                "n_ctx": model.n_ctx,
+                "think_ctl": "template",
+                "n_expert_used": eng.n_expert_used if eng.layout.n_expert else 0,
+            },
+        )
+        requests = _Requests(stdin)
+        n_past = 0
+        turn_no = 0
+        while True:
+            request = requests.queue.get()
+            if request is None or request.data.get("cmd") == "close":
+                break
+            rid = request.data.get("id", -1)
+            if request.error is not None:
+                _event(out, "ERROR", {"id": rid, "fatal": False, "msg": request.error})
+                continue
+            if request.data["cmd"] == "decide":
+                _event(out, "BEGIN", {"id": rid})
+                _event(out, "ERROR", {"id": rid, "fatal": False, "msg": _NO_DECIDE})
+                continue
+            try:
+                rid, prompt, n_predict, clear = _check_generate(request.data, cfg.n_predict)
+            except BmoeError as exc:
+                _event(out, "ERROR", {"id": rid, "fatal": False, "msg": str(exc)})
+                continue
+            _event(out, "BEGIN", {"id": rid})
+            fresh = clear or n_past == 0
+            text = prompt.encode("utf-8", "surrogateescape")
+            tokens = model.tokenize(text, add_special=fresh)
+            if fresh and not tokens:
+                tokens = [max(model.bos, 0)]
+            start = 0 if fresh else n_past
+            if not tokens:
+                _event(out, "ERROR", {"id": rid, "fatal": False, "msg": "empty prompt"})
+                continue
+            if start + len(tokens) + n_predict > model.n_ctx:
+                msg = (
+                    f"prompt + n_predict exceeds the session n_ctx ({model.n_ctx}); "
+                    "open the session with a larger n_ctx"
+                )
+                _event(out, "ERROR", {"id": rid, "fatal": False, "msg": msg})
+                continue
+            if fresh:
+                model.clear_memory()
+            seq = request.seq
+            turn = run_turn(
+                cfg,
+                eng,
+                writers,
+                tokens,
+                start,
+                n_predict,
+                out,
+                load_s=load_s,
+                turn=turn_no,
+                progress=True,
+                cancelled=lambda seq=seq: requests.cancelled(seq),
+            )
+            if writers.metrics:
+                writers.metrics.summary(turn.summary)
+            for fh in sinks.files:
+                fh.flush()
+            _event(out, "DONE", done_payload(rid, turn, load_s))
+            n_past = turn.n_past
+            turn_no += 1
+    finally:
+        if eng is not None:
+            eng.close()
+        sinks.close()
+
+
+_NO_DECIDE = "decide needs --decide, which the embedded engine does not implement"
+
+
+def _event(out: BinaryIO, tag: str, data: dict[str, Any]) -> None:
+    _emit(out, protocol.format_event(tag, data) + "\n")
+
+
+__all__ = ["done_payload", "serve_session"]
