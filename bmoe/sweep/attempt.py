@@ -23,10 +23,10 @@ from typing import IO, Any, Protocol
 from bmoe.engine.native import StreamState
 from bmoe.errors import BmoeError
 from bmoe.sweep.archive import ArchiveWriter
-from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.config import SweepConfig
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.system import MachineFacts
-from bmoe.sweep.targets import Target
+from bmoe.sweep.targets import Target, TargetSpec
 
 #: The outcomes an attempt is retried after (up to ``[sweep] retries`` times).
 RETRYABLE = ("crashed", "timeout", "invalid", "error")

@@ -30,12 +30,12 @@ from bmoe.sweep.attempt import (
     ProgressSink,
     now_iso,
 )
-from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.config import SweepConfig
 from bmoe.sweep.flags import check_flags
 from bmoe.sweep.local import LocalExecutor
 from bmoe.sweep.plan import Plan, Unit
 from bmoe.sweep.system import MachineFacts
-from bmoe.sweep.targets import Target, open_target
+from bmoe.sweep.targets import Target, TargetSpec, open_target
 
 
 class Executor(Protocol):

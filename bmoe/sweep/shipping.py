@@ -43,10 +43,10 @@ from bmoe.sweep.attempt import (
     now_iso,
     printable,
 )
-from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.config import SweepConfig
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.sessions import SESSIONS
-from bmoe.sweep.targets import open_target
+from bmoe.sweep.targets import TargetSpec, open_target
 from bmoe.sweep.units import run_unit as run_unit_here
 
 #: Files travel in pieces of at most this many bytes (bounded memory on both sides).
