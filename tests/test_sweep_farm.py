@@ -15,10 +15,11 @@ from sweep_helpers import install_fake_cli, manifest, write_config
 
 from bmoe.formats.metrics import read_metrics
 from bmoe.sweep.archive import ArchiveWriter
+from bmoe.sweep.attempt import NullSink
 from bmoe.sweep.config import ConfigError, load_config, parse_config, resolved_toml
 from bmoe.sweep.plan import make_plan
-from bmoe.sweep.runner import NullSink, run_unit
 from bmoe.sweep.shipping import Delivery, Receiver, run_unit_away
+from bmoe.sweep.units import run_unit
 
 ROOT = Path(__file__).resolve().parent.parent
 

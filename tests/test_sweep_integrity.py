@@ -22,8 +22,9 @@ from bmoe.sweep.archive import ArchiveWriter, file_digest, load_results, results
 from bmoe.sweep.config import load_config, resolved_toml
 from bmoe.sweep.lock import SweepBusy, folder_lock, name_lock
 from bmoe.sweep.plan import make_plan
-from bmoe.sweep.runner import DiskFull, run_sweep
+from bmoe.sweep.runner import run_sweep
 from bmoe.sweep.shipping import Delivery, Receiver, delivery_problem
+from bmoe.sweep.units import DiskFull
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,9 @@ from bmoe.render.outputs import FORMATS
 
 def _dry_run(config, plan, archive_root: Path) -> None:
     from bmoe.sweep.archive import ArchiveWriter
-    from bmoe.sweep.runner import CellContext, assign_targets, planned_command
+    from bmoe.sweep.attempt import CellContext
+    from bmoe.sweep.attempts import planned_command
+    from bmoe.sweep.runner import assign_targets
     from bmoe.sweep.targets import open_target
 
     archive = ArchiveWriter(archive_root)

@@ -2,9 +2,10 @@
 sink, the attempt's log and output pumps, the first fields of its record, and which outcomes
 are retried.
 
-The runner, session mode (:mod:`bmoe.sweep.sessions`), the executors
-(:mod:`bmoe.sweep.farm`) and the farm hosts (:mod:`bmoe.sweep.shipping`) all import these
-from here, so none of them imports another for them.
+The bottom of the sweep package's run chain: one run's attempts (:mod:`bmoe.sweep.attempts`),
+session mode (:mod:`bmoe.sweep.sessions`), the executors (:mod:`bmoe.sweep.local`,
+:mod:`bmoe.sweep.farm`) and the farm hosts (:mod:`bmoe.sweep.shipping`) all import these from
+here.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import IO, Any, Protocol
 from bmoe.engine.native import StreamState
 from bmoe.errors import BmoeError
 from bmoe.sweep.archive import ArchiveWriter
-from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.config import SweepConfig
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.system import MachineFacts
-from bmoe.sweep.targets import Target
+from bmoe.sweep.targets import Target, TargetSpec
 
 #: The outcomes an attempt is retried after (up to ``[sweep] retries`` times).
 RETRYABLE = ("crashed", "timeout", "invalid", "error")
@@ -235,6 +236,6 @@ def check_same_failure(run: Run, records: list[dict[str, Any]], ctx: CellContext
     )
 
 
-#: How an executor runs one unit next to its target (:func:`bmoe.sweep.runner.run_unit`):
+#: How an executor runs one unit next to its target (:func:`bmoe.sweep.units.run_unit`):
 #: the unit, the target, the context, and where each attempt's record goes.
 UnitRunner = Callable[[Unit, Target, CellContext, Callable[[dict[str, Any]], None]], None]

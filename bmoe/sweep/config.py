@@ -15,7 +15,6 @@ some targets may run, by tag), ``[pair]`` (cells run back to back on one target)
 
 from __future__ import annotations
 
-import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -24,17 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from bmoe.errors import BmoeError
+from bmoe.sweep.checking import Checker, ConfigError, Scalar, describe, dotted
+from bmoe.sweep.gate import GateSettings
+from bmoe.sweep.targets import KINDS, TargetSpec
 from bmoe.sweep.tomltext import KeyPath, key_lines, line_of
 
 ENGINES = ("embedded", "native")
 #: Where the runs are scheduled: threads on this host, or tasks on a Ray cluster (a farm).
 EXECUTORS = ("local", "ray")
-#: The custom resource a farm host advertises for each target it can reach, by default.
-RESOURCE_PREFIX = "bmoe_target_"
 #: Resource names Ray keeps for itself.
 RAY_OWN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 ORDERS = ("as-written", "reverse", "alternate", "shuffle")
-TARGET_KINDS = ("local", "adb", "ssh")
 KILL_MODES = ("pidfile", "name", "off")
 
 #: Flags whose value is a file the engine writes: the sweep chooses the path (inside the sweep
@@ -46,17 +45,6 @@ DRIVER_FLAGS = ("progress", "session", "help", "version", "list_archs")
 CELL_META_KEYS = ("prompt_file", "tags")
 #: Keys a session request carries (they vary per turn without restarting the engine).
 SESSION_KEYS = ("prompt", "n_predict")
-
-Scalar = str | int | float | bool
-
-
-class ConfigError(BmoeError):
-    """A problem in a sweep configuration, located by file, line and key."""
-
-    def __init__(self, path: str, line: int | None, key: str, problem: str):
-        self.path, self.line, self.key, self.problem = path, line, key, problem
-        where = f"{path}:{line}" if line else path
-        super().__init__(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -81,57 +69,6 @@ class SweepSettings:
     #: Runs per cell before its measured ones, archived but left out of the results.
     warmup: int = 0
     profile: str | None = None  # a device profile: each cell's prediction kept beside it
-
-
-@dataclass(frozen=True)
-class GateSettings:
-    """Wait before each cell until the device is cool and has memory back, up to a bound."""
-
-    max_cpu_temp_c: float | None = None
-    min_mem_available_mb: float | None = None
-    poll_s: float = 5.0
-    max_wait_s: float = 300.0
-
-    @property
-    def active(self) -> bool:
-        return self.max_cpu_temp_c is not None or self.min_mem_available_mb is not None
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """Where cells run. ``local`` is this host; ``adb`` a device over adb; ``ssh`` a host."""
-
-    name: str
-    kind: str = "local"
-    tags: frozenset[str] = frozenset()
-    workdir: str | None = None
-    binary: str | None = None
-    python: str | None = None
-    model_dir: str | None = None
-    models: Mapping[str, str] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    kill_strays: str = "pidfile"
-    keep_remote: bool = False
-    # adb
-    serial: str | None = None
-    adb: str = "adb"
-    # ssh
-    host: str | None = None
-    user: str | None = None
-    port: int = 22
-    identity: str | None = None
-    ssh: str = "ssh"
-    ssh_options: tuple[str, ...] = ()
-    # a farm (executor "ray"): the custom resource its host advertises
-    resource: str | None = None
-
-    def can_run(self, tags: frozenset[str]) -> bool:
-        return tags <= self.tags
-
-    @property
-    def ray_resource(self) -> str:
-        """The Ray resource the host that reaches this target advertises (one unit)."""
-        return self.resource or f"{RESOURCE_PREFIX}{self.name}"
 
 
 @dataclass(frozen=True)
@@ -175,98 +112,11 @@ class SweepConfig:
         return path if path.is_absolute() else Path(self.settings.base_dir) / path
 
 
-def dotted(path: KeyPath) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 # ----------------------------------------------------------------------------- checking
 
 
-class _Checker:
-    """Type checks that raise a located :class:`ConfigError`."""
-
-    def __init__(self, path: str, lines: dict[KeyPath, int]):
-        self.path = path
-        self.lines = lines
-
-    def fail(self, key: KeyPath, problem: str) -> ConfigError:
-        return ConfigError(self.path, line_of(self.lines, key), dotted(key), problem)
-
-    def table(self, value: Any, key: KeyPath) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected a table, got {_describe(value)}")
-        return value
-
-    def known(self, table: Mapping[str, Any], allowed: tuple[str, ...], key: KeyPath) -> None:
-        for name in table:
-            if name not in allowed:
-                hint = _closest(name, allowed)
-                raise self.fail(
-                    (*key, name),
-                    "unknown key"
-                    + (f" (did you mean {hint!r}?)" if hint else "")
-                    + f"; expected one of: {', '.join(allowed)}",
-                )
-
-    def string(self, value: Any, key: KeyPath, choices: tuple[str, ...] | None = None) -> str:
-        if not isinstance(value, str):
-            raise self.fail(key, f"expected a string, got {_describe(value)}")
-        if choices is not None and value not in choices:
-            raise self.fail(key, f"must be one of {', '.join(choices)}, got {value!r}")
-        return value
-
-    def integer(self, value: Any, key: KeyPath, minimum: int | None = None) -> int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise self.fail(key, f"expected an integer, got {_describe(value)}")
-        if minimum is not None and value < minimum:
-            raise self.fail(key, f"must be at least {minimum}, got {value}")
-        return value
-
-    def number(self, value: Any, key: KeyPath, positive: bool = False) -> float:
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise self.fail(key, f"expected a number, got {_describe(value)}")
-        if not math.isfinite(value):
-            raise self.fail(key, f"expected a finite number, got {value}")
-        if positive and value <= 0:
-            raise self.fail(key, f"must be greater than 0, got {value}")
-        return float(value)
-
-    def boolean(self, value: Any, key: KeyPath) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(key, f"expected true or false, got {_describe(value)}")
-        return value
-
-    def strings(self, value: Any, key: KeyPath) -> list[str]:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.fail(key, f"expected a list of strings, got {_describe(value)}")
-        return list(value)
-
-    def scalar(self, value: Any, key: KeyPath) -> Scalar:
-        if isinstance(value, list):
-            raise self.fail(key, "a list of values belongs in [grid] (one cell per value)")
-        if not isinstance(value, str | int | float | bool):
-            raise self.fail(key, f"expected a string, number or boolean, got {_describe(value)}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise self.fail(key, f"expected a finite number, got {value}")
-        return value
-
-    def no_nul(self, value: Any, key: KeyPath) -> None:
-        """Refuse a NUL character anywhere in `value` (no command line or environment can
-        carry one: the run would fail mid-sweep)."""
-        if isinstance(value, str):
-            if "\x00" in value:
-                raise self.fail(key, "contains a NUL character (\\u0000), which no command "
-                                "line or environment can carry")  # fmt: skip
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                self.no_nul(k, (*key, k))
-                self.no_nul(v, (*key, k))
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                self.no_nul(v, (*key, i) if value and isinstance(v, dict) else key)
+class _Checker(Checker):
+    """The type checks, and the one for engine flags."""
 
     def flag(self, name: str, value: Any, key: KeyPath) -> Scalar:
         """One engine flag value (or a cell meta key)."""
@@ -279,31 +129,10 @@ class _Checker:
                 raise self.fail(
                     key,
                     "output files are placed in the sweep folder: set true to record it "
-                    f"(got {_describe(value)})",
+                    f"(got {describe(value)})",
                 )
             return value
         return self.scalar(value, key)
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    if isinstance(value, int | float):
-        return f"the number {value}"
-    return type(value).__name__
-
-
-def _closest(name: str, allowed: tuple[str, ...]) -> str | None:
-    import difflib
-
-    found = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
-    return found[0] if found else None
 
 
 SWEEP_KEYS = (
@@ -314,15 +143,11 @@ SWEEP_KEYS = (
 #: Defaults of repeats = "auto" (as hyperfine and pyperf: a few runs at least, a bound).
 AUTO_MIN_REPEATS, AUTO_MAX_REPEATS, AUTO_TARGET_INTERVAL = 3, 10, 0.05
 GATE_KEYS = ("max_cpu_temp_c", "min_mem_available_mb", "poll_s", "max_wait_s")
-TARGET_KEYS = {
-    "common": (
-        "name", "kind", "tags", "workdir", "binary", "python", "model_dir", "models", "env",
-        "kill_strays", "keep_remote", "resource",
-    ),
-    "local": (),
-    "adb": ("serial", "adb"),
-    "ssh": ("host", "user", "port", "identity", "ssh", "ssh_options"),
-}  # fmt: skip
+#: Keys every ``[[targets]]`` table may have; each kind adds its own (``TargetKind.keys``).
+TARGET_KEYS = (
+    "name", "kind", "tags", "workdir", "binary", "python", "model_dir", "models", "env",
+    "kill_strays", "keep_remote", "resource",
+)  # fmt: skip
 TOP_KEYS = ("sweep", "base", "grid", "cells", "exclude", "limit", "pair", "gate", "targets")
 
 
@@ -386,11 +211,9 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
         )
     if settings.engine == "embedded":
         for i, target in enumerate(targets):
-            if target.kind == "adb":
-                raise check.fail(
-                    ("targets", i, "kind"),
-                    "the embedded engine runs where Python runs (local or ssh), not over adb",
-                )
+            refusal = KINDS[target.kind].no_embedded
+            if refusal:
+                raise check.fail(("targets", i, "kind"), refusal)
     return SweepConfig(
         path, text, settings, base, grid, cells, exclude, limits, pair_axis, gate, targets, lines
     )
@@ -496,7 +319,7 @@ def _grid(
         if name in CELL_META_KEYS:
             raise check.fail(here, f"{name!r} cannot be a grid axis")
         if not isinstance(values, list):
-            raise check.fail(here, f"expected a list of values, got {_describe(values)}")
+            raise check.fail(here, f"expected a list of values, got {describe(values)}")
         if not values:
             raise check.fail(here, "an axis needs at least one value")
         checked = [check.flag(name, v, here) for v in values]
@@ -534,7 +357,7 @@ def _read_prompt_lines(
 
 def _table_list(check: _Checker, value: Any, key: KeyPath) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise check.fail(key, f"expected [[{dotted(key)}]] tables, got {_describe(value)}")
+        raise check.fail(key, f"expected [[{dotted(key)}]] tables, got {describe(value)}")
     return value
 
 
@@ -599,6 +422,8 @@ def _gate(check: _Checker, table: dict[str, Any]) -> GateSettings:
 
 
 def _targets(check: _Checker, value: Any, settings: SweepSettings) -> list[TargetSpec]:
+    """The ``[[targets]]`` tables, each checked (:func:`_target`), their names unique and, on a
+    farm, their Ray resources too."""
     if value is None:
         return [TargetSpec(name="local", kind="local")]
     tables = _table_list(check, value, ("targets",))
@@ -608,84 +433,76 @@ def _targets(check: _Checker, value: Any, settings: SweepSettings) -> list[Targe
     names: set[str] = set()
     for index, table in enumerate(tables):
         key: KeyPath = ("targets", index)
-        kind = check.string(table.get("kind", "local"), (*key, "kind"), TARGET_KINDS)
-        check.known(table, TARGET_KEYS["common"] + TARGET_KEYS[kind], key)
-        kw: dict[str, Any] = {"kind": kind}
-        for name in ("workdir", "binary", "python", "model_dir", "identity", "user"):
-            if name in table:
-                kw[name] = check.string(table[name], (*key, name))
-        if "tags" in table:
-            kw["tags"] = frozenset(check.strings(table["tags"], (*key, "tags")))
-        for name in ("models", "env"):
-            if name in table:
-                sub = check.table(table[name], (*key, name))
-                kw[name] = {k: check.string(v, (*key, name, k)) for k, v in sub.items()}
-        for env_name in kw.get("env", {}):
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env_name):
-                raise check.fail((*key, "env", env_name),
-                                 "an environment variable name is letters, digits and '_' "
-                                 "(not starting with a digit; no '=')")  # fmt: skip
-        if "kill_strays" in table:
-            kw["kill_strays"] = check.string(table["kill_strays"], (*key, "kill_strays"),
-                                             KILL_MODES)  # fmt: skip
-        if "keep_remote" in table:
-            kw["keep_remote"] = check.boolean(table["keep_remote"], (*key, "keep_remote"))
-        if "resource" in table:
-            if settings.executor != "ray":
-                raise check.fail(
-                    (*key, "resource"), 'a Ray resource only applies to executor = "ray"'
-                )
-            resource = check.string(table["resource"], (*key, "resource"))
-            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]*", resource):
-                raise check.fail((*key, "resource"), "use letters, digits, '_', '.', ':', '/', '-'")
-            if resource in RAY_OWN_RESOURCES or resource.startswith("node:"):
-                raise check.fail((*key, "resource"), f"{resource!r} is one of Ray's own resources")
-            kw["resource"] = resource
-        if kind == "adb":
-            if "serial" in table:
-                kw["serial"] = check.string(table["serial"], (*key, "serial"))
-            if "adb" in table:
-                kw["adb"] = check.string(table["adb"], (*key, "adb"))
-            kw.setdefault("workdir", "/data/local/tmp/bmoe")
-            kw.setdefault("kill_strays", "name")
-            if "binary" not in kw and settings.engine == "native":
-                raise check.fail(key, "an adb target needs 'binary' (bmoe-cli on the device)")
-        if kind == "ssh":
-            if "host" not in table:
-                raise check.fail(key, "an ssh target needs 'host'")
-            kw["host"] = check.string(table["host"], (*key, "host"))
-            if "port" in table:
-                kw["port"] = check.integer(table["port"], (*key, "port"), minimum=1)
-            if "ssh" in table:
-                kw["ssh"] = check.string(table["ssh"], (*key, "ssh"))
-            if "ssh_options" in table:
-                options = check.strings(table["ssh_options"], (*key, "ssh_options"))
-                kw["ssh_options"] = tuple(options)
-            kw.setdefault("workdir", "/tmp/bmoe-sweep")
-            if "binary" not in kw and settings.engine == "native":
-                raise check.fail(key, "an ssh target needs 'binary' (bmoe-cli on that host)")
-        if kind == "local" and "workdir" in kw:
-            raise check.fail((*key, "workdir"), "a local target writes into the sweep folder")
-        default_name = {"local": "local", "adb": f"adb-{kw.get('serial') or 'device'}",
-                        "ssh": f"ssh-{kw.get('host')}"}[kind]  # fmt: skip
-        name = check.string(table.get("name", default_name), (*key, "name"))
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-            raise check.fail((*key, "name"), "use letters, digits, '.', '_' and '-'")
-        if name in names:
-            raise check.fail((*key, "name"), f"two targets are named {name!r}")
-        names.add(name)
-        kw["name"] = name
-        spec = TargetSpec(**kw)
+        spec = _target(check, table, key, settings)
+        if spec.name in names:
+            raise check.fail((*key, "name"), f"two targets are named {spec.name!r}")
+        names.add(spec.name)
         if settings.executor == "ray":
             other = next((t for t in out if t.ray_resource == spec.ray_resource), None)
             if other is not None:
                 raise check.fail(
                     (*key, "resource") if "resource" in table else (*key, "name"),
-                    f"targets {other.name!r} and {name!r} both use the Ray resource "
+                    f"targets {other.name!r} and {spec.name!r} both use the Ray resource "
                     f"{spec.ray_resource!r}: one resource names one device",
                 )
         out.append(spec)
     return out
+
+
+def _target(
+    check: _Checker, table: dict[str, Any], key: KeyPath, settings: SweepSettings
+) -> TargetSpec:
+    """One ``[[targets]]`` table: the keys every kind has, then the kind's own
+    (:attr:`TargetKind.check`), then its name."""
+    kind = KINDS[check.string(table.get("kind", "local"), (*key, "kind"), tuple(KINDS))]
+    check.known(table, TARGET_KEYS + kind.keys, key)
+    fields = {"kind": kind.name, **_common_target_fields(check, table, key, settings)}
+    kind.check(check, table, key, fields, settings.engine)
+    name = check.string(table.get("name", kind.default_name(fields)), (*key, "name"))
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise check.fail((*key, "name"), "use letters, digits, '.', '_' and '-'")
+    return TargetSpec(**fields, name=name)
+
+
+def _common_target_fields(
+    check: _Checker, table: dict[str, Any], key: KeyPath, settings: SweepSettings
+) -> dict[str, Any]:
+    """The TargetSpec fields of the keys any kind may have (`known` has refused the keys of
+    other kinds, so ``identity`` and ``user`` appear only where they apply)."""
+    kw: dict[str, Any] = {}
+    for name in ("workdir", "binary", "python", "model_dir", "identity", "user"):
+        if name in table:
+            kw[name] = check.string(table[name], (*key, name))
+    if "tags" in table:
+        kw["tags"] = frozenset(check.strings(table["tags"], (*key, "tags")))
+    for name in ("models", "env"):
+        if name in table:
+            sub = check.table(table[name], (*key, name))
+            kw[name] = {k: check.string(v, (*key, name, k)) for k, v in sub.items()}
+    for env_name in kw.get("env", {}):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env_name):
+            raise check.fail((*key, "env", env_name),
+                             "an environment variable name is letters, digits and '_' "
+                             "(not starting with a digit; no '=')")  # fmt: skip
+    if "kill_strays" in table:
+        kw["kill_strays"] = check.string(table["kill_strays"], (*key, "kill_strays"),
+                                         KILL_MODES)  # fmt: skip
+    if "keep_remote" in table:
+        kw["keep_remote"] = check.boolean(table["keep_remote"], (*key, "keep_remote"))
+    if "resource" in table:
+        kw["resource"] = _ray_resource(check, table["resource"], (*key, "resource"), settings)
+    return kw
+
+
+def _ray_resource(check: _Checker, value: Any, key: KeyPath, settings: SweepSettings) -> str:
+    if settings.executor != "ray":
+        raise check.fail(key, 'a Ray resource only applies to executor = "ray"')
+    resource = check.string(value, key)
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]*", resource):
+        raise check.fail(key, "use letters, digits, '_', '.', ':', '/', '-'")
+    if resource in RAY_OWN_RESOURCES or resource.startswith("node:"):
+        raise check.fail(key, f"{resource!r} is one of Ray's own resources")
+    return resource
 
 
 def resolved_document(config: SweepConfig) -> dict[str, Any]:
@@ -751,14 +568,7 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
             item["keep_remote"] = True
         if t.resource:
             item["resource"] = t.resource
-        if t.kind == "adb":
-            item["adb"] = t.adb
-            if t.serial:
-                item["serial"] = t.serial
-        if t.kind == "ssh":
-            item.update({"host": t.host, "port": t.port, "ssh": t.ssh})
-            if t.ssh_options:
-                item["ssh_options"] = list(t.ssh_options)
+        item.update(KINDS[t.kind].resolved(t))
         targets.append(item)
     doc["targets"] = targets
     return doc

@@ -3,7 +3,7 @@
 Every host of the farm joins one Ray cluster (``ray start``) advertising one unit of a custom
 resource per target it can reach (``bmoe_target_<name>``, or the target's ``resource``). The
 host running ``bmoe sweep`` is the driver: it keeps the sweep folder, the manifest and resume
-exactly as on one host. It schedules as :class:`~bmoe.sweep.runner.LocalExecutor` does (each
+exactly as on one host. It schedules as :class:`~bmoe.sweep.local.LocalExecutor` does (each
 target takes the next unit it may run), but a unit becomes a Ray task that requires its
 target's resource: Ray places it on the host that reaches the device, and the resource keeps
 a device to one unit at a time even across sweeps. On that host the task runs the same code
@@ -41,6 +41,7 @@ from bmoe.sweep.plan import Unit
 from bmoe.sweep.sessions import SESSIONS
 from bmoe.sweep.shipping import Delivery, Receiver, host_state_dir, run_unit_away
 from bmoe.sweep.targets import Target, open_target
+from bmoe.sweep.units import run_unit as run_unit_here
 
 #: How long the hosts may take to check their targets before the sweep starts.
 CHECK_TIMEOUT_S = 300.0
@@ -209,9 +210,9 @@ def _join_command(resource: str) -> str:
 
 class RayExecutor:
     """Runs each unit as a Ray task on the host that advertises its target's resource, with
-    `run_unit` (the local runner's :func:`~bmoe.sweep.runner.run_unit`) on that host."""
+    `run_unit` (by default :func:`bmoe.sweep.units.run_unit`, as locally) on that host."""
 
-    def __init__(self, address: str, run_unit: UnitRunner, **init_options: Any):
+    def __init__(self, address: str, run_unit: UnitRunner = run_unit_here, **init_options: Any):
         self.address = address
         self.run_unit = run_unit
         self.init_options = init_options

@@ -16,7 +16,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bmoe.formats.sidecar import PRESSURE_KEYS
-from bmoe.sweep.config import GateSettings
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """Wait before each cell until the device is cool and has memory back, up to a bound."""
+
+    max_cpu_temp_c: float | None = None
+    min_mem_available_mb: float | None = None
+    poll_s: float = 5.0
+    max_wait_s: float = 300.0
+
+    @property
+    def active(self) -> bool:
+        return self.max_cpu_temp_c is not None or self.min_mem_available_mb is not None
+
 
 #: Shell functions the probes share: CPU temperature (max over thermal zones whose type
 #: starts with "cpu"), MemAvailable, battery temperature, a process's VmHWM.

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bmoe.sweep.config import SESSION_KEYS, SweepConfig, TargetSpec
+from bmoe.sweep.config import SESSION_KEYS, SweepConfig
+from bmoe.sweep.targets import TargetSpec
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,7 @@ import numpy as np
 import pandas as pd
 
 from bmoe.errors import BmoeError
-from bmoe.sweep.config import TargetSpec
-from bmoe.sweep.targets import Target, open_target
+from bmoe.sweep.targets import Target, TargetSpec, open_target
 
 MIB = 1 << 20
 DEFAULT_SIZES = (64 * 1024, 256 * 1024, 1024 * 1024)

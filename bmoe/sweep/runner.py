@@ -1,291 +1,47 @@
-"""Running a planned sweep: cells onto targets, one at a time per target, with retries,
-timeouts, Ctrl-C, resume and live progress.
+"""Running a planned sweep: the plan's runs not yet complete onto the targets through an
+executor, the folder brought to a consistent state before (resume) and ``results.parquet``
+written after, with live progress and Ctrl-C.
 
-The scheduler sits behind :class:`Executor` (targets and units in, attempt records out); the
-code that runs a unit next to its target (:func:`run_unit`, then :func:`run_attempt` per
-attempt) does not know which executor called it. :class:`LocalExecutor` gives each target a
-thread that takes the next unit it may run from a shared queue; ``executor = "ray"`` runs the
-same code on the hosts of a Ray cluster (:mod:`bmoe.sweep.farm`, imported only then).
+The top of the sweep package, which is a one-way chain: the runner, then the executors
+(:class:`~bmoe.sweep.local.LocalExecutor`, threads on this host; ``executor = "ray"``,
+:mod:`bmoe.sweep.farm` and its :mod:`~bmoe.sweep.shipping`, imported only then), then the
+units (:func:`bmoe.sweep.units.run_unit`, plain or :mod:`~bmoe.sweep.sessions`), then one
+run's attempts (:mod:`bmoe.sweep.attempts`) and what every attempt shares
+(:mod:`bmoe.sweep.attempt`). Each module imports only those below it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
-import queue
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bmoe.engine.native import StreamFollower, engine_args, output_files
-from bmoe.errors import BmoeError
-from bmoe.formats.sidecar import write_pressure
 from bmoe.sweep.archive import (
     ArchiveWriter,
-    AttemptPaths,
-    csv_complete,
     results_frame,
     write_results,
 )
 from bmoe.sweep.attempt import (
-    RETRYABLE,
-    AttemptLog,
     CellContext,
     NullSink,
     ProgressSink,
-    attempt_record,
-    check_same_failure,
-    err_tail,
     now_iso,
-    printable,
-    pump,
-    show_failure,
 )
-from bmoe.sweep.config import SweepConfig, TargetSpec
-from bmoe.sweep.flags import attached_values, check_flags
-from bmoe.sweep.gate import (
-    EntryState,
-    parse_entry_state,
-    parse_samples,
-    pressure_from_samples,
-    wait_for_gate,
-)
-from bmoe.sweep.plan import Plan, Run, Unit
-from bmoe.sweep.system import MachineFacts, engine_cpu_share, system_warnings
-from bmoe.sweep.targets import Target, TargetError, open_target
-
-
-def _command_for(run: Run, target: Target, ctx: CellContext, run_dir: str) -> list[str]:
-    params = dict(run.cell.params)
-    outputs = output_files(params)
-    model = target.model_path(str(params["model"]), ctx.config.settings.base_dir)
-    engine = ctx.config.settings.engine
-    args = engine_args(params, outputs, model=model)
-    if engine == "embedded":
-        args = attached_values(args)
-    return target.engine_program(engine) + args
-
-
-def planned_command(run: Run, target: Target, ctx: CellContext) -> str:
-    """The exact command a run would execute (for ``--dry-run``)."""
-    run_dir = target.run_dir(ctx.archive.run_final(run.id), f"{ctx.archive.root.name}/{run.id}")
-    return target.describe(_command_for(run, target, ctx, run_dir), run_dir)
-
-
-def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dict[str, Any]:
-    """Run one attempt of `run` on `target` and archive it; returns its manifest record.
-
-    Before: kill stray engines, wait at the gate, log the entry state. During: the sampler
-    beside the engine, the progress stream followed live, a timeout. After: the files brought
-    home, the ``.metrics`` sidecar written, the status decided, the folder renamed into place.
-    """
-    config, archive = ctx.config, ctx.archive
-    settings = config.settings
-    files: AttemptPaths = archive.staging(run.id, attempt)
-    staging = files.staging
-    log = AttemptLog(staging / "run.log")
-    record = attempt_record(run, attempt, target.spec, settings.engine)
-    ctx.sink.run_started(target.name, run, attempt)
-    follower = StreamFollower()
-    status, exit_code, error = "error", None, None
-    entry = EntryState()
-    t0 = time.monotonic()
-    try:
-        strays = target.kill_strays(settings.engine)
-        if strays:
-            log(f"killed stray engine processes: {strays}")
-        record["strays_killed"] = strays
-        # Before the gate: finding the metadata (hashing the model the first time) may warm
-        # the device, and the gate waits for it to cool.
-        record.update(_facts(run, target, ctx))
-        entry = wait_for_gate(
-            lambda: parse_entry_state(target.read_state_text()), config.gate, stop=ctx.stop.is_set
-        )
-        log(f"entry state: {json.dumps(entry.to_json())}")
-        if ctx.stop.is_set():
-            raise _Interrupted
-        run_dir = target.run_dir(staging, f"{archive.root.name}/{run.id}.a{attempt}")
-        target.prepare(run_dir)
-        argv = _command_for(run, target, ctx, run_dir)
-        (staging / "command.json").write_text(
-            json.dumps({"argv": argv, "cwd": run_dir, "target": target.name}, indent=1,
-                       ensure_ascii=False) + "\n", encoding="utf-8")  # fmt: skip
-        log(f"start on {target.name}: {target.describe(argv, run_dir)}")
-        t0 = time.monotonic()
-        proc = target.start(argv, run_dir, staging)
-
-        def on_line(line: bytes) -> None:
-            if follower.feed(line) is not None:
-                ctx.sink.run_progress(target.name, run, follower.state)
-
-        pumps = [
-            pump(proc.stdout, staging / "run.out", on_line),
-            pump(proc.stderr, staging / "run.err", None),
-        ]
-        deadline = t0 + settings.timeout_s
-        outcome = None
-        exited = threading.Event()
-
-        def wait_exit() -> None:
-            proc.wait()
-            exited.set()
-
-        threading.Thread(target=wait_exit, daemon=True).start()
-        while True:
-            if exited.wait(timeout=0.2):
-                exit_code = proc.returncode
-                break
-            if ctx.stop.is_set():
-                outcome = "interrupted"
-            elif time.monotonic() > deadline:
-                outcome = "timeout"
-            if outcome:
-                log(f"{outcome}: stopping the engine")
-                target.stop(proc, ctx.stop_grace_s)
-                exit_code = proc.returncode
-                break
-        for thread in pumps:
-            thread.join(timeout=30)
-        for thread in pumps:
-            if getattr(thread, "error", None) is not None:
-                raise thread.error  # type: ignore[attr-defined]
-        wanted = [*output_files(run.cell.params).values(), "pressure.samples"]
-        fetched, damaged = target.fetch_checked(run_dir, wanted, staging)
-        missing = sorted(set(wanted) - set(fetched) - {"pressure.samples"})
-        samples_path = staging / "pressure.samples"
-        if samples_path.is_file():
-            samples = parse_samples(samples_path.read_text(encoding="utf-8", errors="replace"))
-            pressure = pressure_from_samples(samples)
-            write_pressure(pressure, staging / "run.metrics")
-            record["pressure"] = pressure
-        target.cleanup(run_dir)
-        if outcome:
-            status = outcome
-        elif exit_code != 0:
-            status = "crashed"
-            error = f"engine exited with status {exit_code}"
-            last = err_tail(staging / "run.err", 1)
-            if last:
-                error = f"{error}: {last[-1]}"
-        elif damaged:
-            status, error = "invalid", f"transfer check: {'; '.join(damaged)}"
-        elif missing:
-            status, error = "invalid", f"missing output: {', '.join(missing)}"
-        else:
-            ok, why = csv_complete(staging / "run.csv")
-            status, error = ("ok", None) if ok else ("invalid", why)
-        fatal = [e for e in follower.state.errors if e.get("fatal", True)]
-        if fatal and status != "ok":
-            msg = f"BMOE_ERROR: {fatal[-1].get('msg')}"
-            error = f"{error}; {msg}" if error else msg
-    except _Interrupted:
-        status, error = "interrupted", "stopped before the engine started"
-    except TargetError as exc:
-        status, error = "error", str(exc)
-    except BmoeError as exc:
-        status, error = "error", str(exc)
-    duration = time.monotonic() - t0
-    share = engine_cpu_share(staging / "run.csv") if status == "ok" else None
-    temp = record.get("pressure", {}).get("cpu_temp_max_mC")
-    warnings = system_warnings(entry, share, temp / 1000.0 if temp is not None else None)
-    record.update({"engine_cpu_share": share, "system_warnings": warnings})
-    for warning in warnings:
-        log(f"warning: {warning}")
-        kind = warning.rsplit(": ", 1)[-1]
-        if kind not in ctx.shown_warnings:
-            ctx.shown_warnings.add(kind)
-            ctx.sink.message(f"{run.id} on {target.name}: {warning} (results may vary)")
-    state = follower.state
-    record.update({
-        "ended": now_iso(), "duration_s": round(duration, 3), "status": status,
-        "exit_code": exit_code, "error": error, "entry": entry.to_json(),
-        "entry_columns": entry.columns(),
-        "stream": {"tokens": state.tokens_seen, "steps": state.steps,
-                   "tok_s": state.tok_s, "done": state.done, "errors": state.errors},
-        "run_lines": follower.run_figures(),
-    })  # fmt: skip
-    log(f"status {status}" + (f": {error}" if error else ""))
-    log.close()
-    record = archive.finalize(files, printable(record))
-    ctx.sink.run_finished(target.name, run, record)
-    return record
-
-
-def _facts(run: Run, target: Target, ctx: CellContext) -> dict[str, Any]:
-    """Machine metadata for a run's record (never a reason for a run to fail)."""
-    settings = ctx.config.settings
-    try:
-        model = target.model_path(str(run.cell.params["model"]), settings.base_dir)
-        return ctx.facts.record_fields(target, settings.engine, model, settings.base_dir)
-    except Exception as exc:  # metadata is best effort
-        return {"machine": {}, "facts_error": f"{type(exc).__name__}: {exc}"}
-
-
-class _Interrupted(Exception):
-    pass
-
-
-def run_with_retries(
-    run: Run, target: Target, ctx: CellContext, emit: Callable[[dict[str, Any]], None]
-) -> dict[str, Any]:
-    """Attempts until one completes, the retries are spent, or the sweep is stopped.
-
-    Unless ``ctx.keep_going``, a run whose every attempt failed with the same error stops
-    the sweep (:class:`CellFailed`): a configuration mistake fails once, not in every cell.
-    """
-    retries = ctx.config.settings.retries
-    record: dict[str, Any] = {}
-    records: list[dict[str, Any]] = []
-    for _ in range(retries + 1):
-        attempt = ctx.archive.next_attempt(run.id)
-        record = run_attempt(run, attempt, target, ctx)
-        emit(record)
-        show_failure(run, record, ctx)
-        records.append(record)
-        if record["status"] not in RETRYABLE or ctx.stop.is_set():
-            break
-    check_same_failure(run, records, ctx)
-    return record
-
-
-def run_unit(
-    unit: Unit, target: Target, ctx: CellContext, emit: Callable[[dict[str, Any]], None]
-) -> None:
-    """Run the runs of `unit` back to back on `target` (turns of one engine process in
-    session mode), archiving each attempt and passing its record to `emit`."""
-    try:
-        if unit.session:
-            from bmoe.sweep.sessions import run_session_unit
-
-            run_session_unit(unit, target, ctx, emit)
-            return
-        for run in unit.runs:
-            if ctx.stop.is_set():
-                return
-            run_with_retries(run, target, ctx, emit)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        ctx.stop.set()  # the other targets end their attempts too
-        where = f" writing {exc.filename}" if exc.filename else ""
-        raise DiskFull(
-            f"{ctx.archive.root}: no space left on the device{where}; the sweep stopped "
-            f"(free space, then resume with: bmoe sweep {ctx.archive.root})"
-        ) from None
-
-
-class DiskFull(BmoeError):
-    """The sweep folder's filesystem is full: the sweep stops (completed runs are kept)."""
+from bmoe.sweep.config import SweepConfig
+from bmoe.sweep.flags import check_flags
+from bmoe.sweep.local import LocalExecutor
+from bmoe.sweep.plan import Plan, Unit
+from bmoe.sweep.system import MachineFacts
+from bmoe.sweep.targets import Target, TargetSpec, open_target
 
 
 class Executor(Protocol):
     """Schedules units onto targets (one unit at a time per target) and yields each attempt's
-    record as it is archived (by :func:`run_unit` with `ctx`). Stopping: set ``ctx.stop``;
-    running attempts end as interrupted."""
+    record as it is archived (by :func:`bmoe.sweep.units.run_unit` with `ctx`). Stopping: set
+    ``ctx.stop``; running attempts end as interrupted."""
 
     def check(self, targets: Sequence[Target], ctx: CellContext) -> None:
         """Fail early (a :class:`BmoeError`) when a target cannot run; before any run."""
@@ -307,72 +63,8 @@ def executor_for(config: SweepConfig) -> Executor:
             raise config.error(
                 ("sweep", "executor"), "needs Ray on every host: pip install 'bmoe[farm]'"
             ) from None
-        return RayExecutor(config.settings.address or "auto", run_unit)
+        return RayExecutor(config.settings.address or "auto")
     return LocalExecutor()
-
-
-class LocalExecutor:
-    """One thread per target, taking the next unit it may run (by tags) in plan order."""
-
-    def check(self, targets, ctx):
-        for target in targets:
-            target.check()
-
-    def execute(self, units, targets, ctx):
-        stop = ctx.stop
-        pending = list(units)
-        lock = threading.Lock()
-        results: queue.Queue = queue.Queue()
-        done_marker = object()
-
-        def take(target: Target) -> Unit | None:
-            with lock:
-                for i, unit in enumerate(pending):
-                    if target.spec.can_run(unit.tags):
-                        return pending.pop(i)
-            return None
-
-        def worker(target: Target) -> None:
-            try:
-                while not stop.is_set():
-                    unit = take(target)
-                    if unit is None:
-                        break
-                    run_unit(unit, target, ctx, results.put)
-            except BaseException as exc:  # surfaced in the driver thread
-                results.put(exc)
-            finally:
-                results.put(done_marker)
-
-        threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in targets]
-        for thread in threads:
-            thread.start()
-        alive = len(threads)
-        interrupted = False
-        failure: BaseException | None = None
-        while alive:
-            try:
-                item = results.get(timeout=0.25)
-            except queue.Empty:
-                continue
-            except KeyboardInterrupt:
-                # Keep draining: the running attempts end as interrupted and are archived.
-                interrupted = True
-                stop.set()
-                continue
-            if item is done_marker:
-                alive -= 1
-            elif isinstance(item, BaseException):
-                # Stop the other targets and wait for their attempts to be archived (no
-                # engine left running, no thread dying mid-write); then raise the first.
-                stop.set()
-                failure = failure or item
-            else:
-                yield item
-        if failure is not None:
-            raise failure
-        if interrupted:
-            raise KeyboardInterrupt
 
 
 @dataclass

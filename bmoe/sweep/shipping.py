@@ -1,7 +1,7 @@
 """Running a unit on another host and shipping its attempts home, as a stream of messages.
 
-A farm host runs :func:`run_unit_away`: the same code as the local runner
-(:func:`bmoe.sweep.runner.run_unit`) into a scratch sweep folder, turning what happens into
+A farm host runs :func:`run_unit_away`: the same code as the local executor
+(:func:`bmoe.sweep.units.run_unit`) into a scratch sweep folder, turning what happens into
 plain messages (dicts of strings, numbers and bytes) that any transport can carry: ``hello``
 (the host), ``started`` / ``progress`` (for live progress), ``file`` (a piece of an attempt's
 file), ``record`` (the attempt's manifest record, after its files), ``session_file`` /
@@ -43,10 +43,11 @@ from bmoe.sweep.attempt import (
     now_iso,
     printable,
 )
-from bmoe.sweep.config import SweepConfig, TargetSpec
+from bmoe.sweep.config import SweepConfig
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.sessions import SESSIONS
-from bmoe.sweep.targets import open_target
+from bmoe.sweep.targets import TargetSpec, open_target
+from bmoe.sweep.units import run_unit as run_unit_here
 
 #: Files travel in pieces of at most this many bytes (bounded memory on both sides).
 CHUNK_BYTES = 8 << 20
@@ -137,7 +138,7 @@ def run_unit_away(
     node: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     state_dir: Path | None = None,
-    run_unit: UnitRunner,
+    run_unit: UnitRunner = run_unit_here,
     keep_going: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """Run `unit` on this host (where `target_spec` is reachable) and yield its messages.
@@ -147,8 +148,8 @@ def run_unit_away(
     already holds (their numbers are not reused); `stopped` says whether the driver stopped
     the sweep (asked every :data:`STOP_POLL_S`). Each attempt's files leave the scratch folder
     as soon as they are shipped. `state_dir` is where the target keeps its state (default
-    :func:`host_state_dir`). `run_unit` runs the unit (the local runner's
-    :func:`~bmoe.sweep.runner.run_unit`, passed in so that this module never imports the runner).
+    :func:`host_state_dir`). `run_unit` runs the unit (by default
+    :func:`bmoe.sweep.units.run_unit`, as the local executor does).
     Without `keep_going`, a run whose every attempt failed the same way ends the unit with a
     ``cell_failed`` message (the driver stops the sweep).
     """

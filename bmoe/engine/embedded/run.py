@@ -295,31 +295,114 @@ def run_turn(
     writing the per-token rows and trace rows stamped `turn`; the generated text goes to
     `out` (``BMOE_LOAD``/``BMOE_PROGRESS`` lines with `progress`). `cancelled` is asked
     before each token; a true answer ends the turn there."""
-    model, hook, streamer, cache = eng.model, eng.hook, eng.streamer, eng.cache
-    n_prompt = len(tokens)
-
-    def after_decode(phase: int, step: int, reads_only: bool = False) -> tuple[int, int]:
-        """Write this decode's trace rows; returns (read bytes, speculative read bytes)."""
-        read = spec = 0
-        if eng.reader is not None:
-            records = eng.reader.drain()
-            for r in records:
-                read += r.read_bytes
-                if r.spec:
-                    spec += r.read_bytes
-            if writers.io and records:
-                writers.io.rows(telemetry.io_frame(records, phase, step, turn))
-        if reads_only:
-            return read, spec
-        if writers.route and streamer is not None:
-            writers.route.rows(telemetry.route_frame(streamer.counters, phase, turn))
-        if writers.compute and hook is not None:
-            writers.compute.rows(telemetry.compute_frame(hook.trace_rows, phase, step, turn))
-        return read, spec
-
     ra = eng.predictor
     ra_start = (ra.committed, ra.passthrough, ra.agree_slots) if ra is not None else (0, 0, 0)
-    # ---- prefill
+    n_prompt = len(tokens)
+    pre = _prefill(eng, writers, tokens, start_pos, turn)
+    gen = _decode_tokens(
+        cfg,
+        eng,
+        writers,
+        pre.logits,
+        start_pos + n_prompt,
+        n_predict,
+        out,
+        turn=turn,
+        progress=progress,
+        keep_logits=keep_logits,
+        profile_hook=profile_hook,
+        cancelled=cancelled,
+    )
+    n_past = start_pos + n_prompt + len(gen.tokens)
+    spec_read = pre.spec_read + gen.spec_read
+    if eng.streamer is not None:
+        eng.streamer.finish()
+        _r, tail_spec = _trace_rows(eng, writers, turn, 1, n_past - 1, reads_only=True)
+        spec_read += tail_spec
+    tail = time.perf_counter() - gen.t_prev_end
+    prefill = {
+        "prefill_cpu_s": pre.cpu_s,
+        "prefill_read_mib": pre.read / MIB,
+        "prefill_io_s": pre.counters.io_ns / 1e9,
+        "prefill_stall_s": 0.0,
+        "prefill_mgmt_s": pre.counters.mgmt_ns / 1e9,
+    }
+    summary = telemetry.summary(
+        cfg,
+        eng,
+        gen.rows,
+        n_prompt,
+        load_s,
+        pre.seconds,
+        prefill,
+        gen.demand_max,
+        gen.layer_demand_max,
+        spec_read,
+        tail,
+        gen.experts_routed,
+        gen.experts_dropped,
+        _route_ahead(eng, ra_start),
+    )
+    return Turn(
+        tokens=gen.tokens,
+        text=bytes(gen.text),
+        rows=gen.rows,
+        summary=summary,
+        n_prompt=n_prompt,
+        n_past=n_past,
+        cancelled=gen.stopped,
+        logits=gen.logits,
+        hook_ns=gen.hook_ns,
+        hook_calls=gen.hook_calls,
+    )
+
+
+def _trace_rows(
+    eng: EmbeddedEngine,
+    writers: Writers,
+    turn: int,
+    phase: int,
+    step: int,
+    reads_only: bool = False,
+) -> tuple[int, int]:
+    """Write one decode's trace rows; returns (read bytes, speculative read bytes)."""
+    hook, streamer = eng.hook, eng.streamer
+    read = spec = 0
+    if eng.reader is not None:
+        records = eng.reader.drain()
+        for r in records:
+            read += r.read_bytes
+            if r.spec:
+                spec += r.read_bytes
+        if writers.io and records:
+            writers.io.rows(telemetry.io_frame(records, phase, step, turn))
+    if reads_only:
+        return read, spec
+    if writers.route and streamer is not None:
+        writers.route.rows(telemetry.route_frame(streamer.counters, phase, turn))
+    if writers.compute and hook is not None:
+        writers.compute.rows(telemetry.compute_frame(hook.trace_rows, phase, step, turn))
+    return read, spec
+
+
+@dataclass
+class _Prefill:
+    """What the prefill of a turn measured, and the logits it left for the first token."""
+
+    seconds: float
+    cpu_s: float
+    read: int  # bytes read
+    spec_read: int  # of which speculative
+    counters: DecodeCounters
+    logits: np.ndarray
+
+
+def _prefill(
+    eng: EmbeddedEngine, writers: Writers, tokens: list[int], start_pos: int, turn: int
+) -> _Prefill:
+    """Decode the prompt `tokens` in one batch at positions `start_pos`.. (phase 0)."""
+    model, hook, streamer = eng.model, eng.hook, eng.streamer
+    n_prompt = len(tokens)
     positions = np.arange(start_pos, start_pos + n_prompt, dtype=np.int64)
     outputs = np.zeros(n_prompt, dtype=bool)
     outputs[-1] = True
@@ -328,148 +411,157 @@ def run_turn(
     u0 = probes.usage()
     t0 = time.perf_counter()
     model.decode(tokens, start_pos)
-    prefill_s = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
     u1 = probes.usage()
-    prefill_cpu_s = u1.cpu_s - u0.cpu_s
     if hook is not None:
         hook.end()
-    pre = streamer.counters if streamer is not None else DecodeCounters()
-    pre_read, pre_spec = after_decode(0, start_pos + n_prompt - 1)
-    spec_read = pre_spec
+    counters = streamer.counters if streamer is not None else DecodeCounters()
+    read, spec = _trace_rows(eng, writers, turn, 0, start_pos + n_prompt - 1)
     logits = model.logits()
     if hook is not None:
         hook.profile_ns = hook.profile_calls = 0
-    hook_ns: list[int] = []
-    hook_calls: list[int] = []
-    t_prev_end = time.perf_counter()
+    return _Prefill(seconds, u1.cpu_s - u0.cpu_s, read, spec, counters, logits)
 
+
+@dataclass
+class _Generation:
+    """What the token loop of a turn produced and accumulated."""
+
+    t_prev_end: float  # when the last step (or the prefill) ended
+    tokens: list[int] = field(default_factory=list)
+    text: bytearray = field(default_factory=bytearray)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+    hook_ns: list[int] = field(default_factory=list)
+    hook_calls: list[int] = field(default_factory=list)
+    spec_read: int = 0
+    demand_max: int = 0
+    layer_demand_max: int = 0
+    experts_routed: int = 0
+    experts_dropped: int = 0
+    stopped: bool = False
+
+    def add(self, counters: DecodeCounters, spec_read: int) -> None:
+        """Accumulate one step's counters into the turn's totals and maxima."""
+        self.spec_read += spec_read
+        self.experts_routed += counters.routed
+        self.experts_dropped += counters.dropped
+        self.demand_max = max(self.demand_max, counters.demand_bytes)
+        self.layer_demand_max = max(self.layer_demand_max, counters.widest_layer_bytes)
+
+
+def _decode_tokens(
+    cfg: EngineConfig,
+    eng: EmbeddedEngine,
+    writers: Writers,
+    logits: np.ndarray,
+    first_pos: int,
+    steps: int,
+    out: BinaryIO | None,
+    *,
+    turn: int,
+    progress: bool,
+    keep_logits: bool,
+    profile_hook: bool,
+    cancelled: Callable[[], bool] | None,
+) -> _Generation:
+    """Sample and decode up to `steps` tokens one at a time from position `first_pos`,
+    measuring each step into a metrics row (phase 1) and writing its text or progress."""
+    model, hook, streamer = eng.model, eng.hook, eng.streamer
+    gen = _Generation(t_prev_end=time.perf_counter())
     sample = _sampler(cfg)
-    generated: list[int] = []
-    kept: list[np.ndarray] = []
-    text = bytearray()
-    rows: list[dict[str, Any]] = []
-    demand_max = layer_demand_max = 0
-    experts_routed = experts_dropped = 0
-    steps = n_predict
-    stopped = False
     for step in range(1, steps + 1):
         if cancelled is not None and cancelled():
-            stopped = True
+            gen.stopped = True
             break
         token = sample(logits)
         if keep_logits:
-            kept.append(np.array(logits, copy=True))
-        generated.append(token)
+            gen.logits.append(np.array(logits, copy=True))
+        gen.tokens.append(token)
         piece = model.piece(token)
-        text += piece
-        pos = start_pos + n_prompt + step - 1
+        gen.text += piece
+        pos = first_pos + step - 1
         u0 = probes.usage()
         t0 = time.perf_counter()
         _decode_one(model, hook, token, pos)
         t1 = time.perf_counter()
         u1 = probes.usage()
         if hook is not None and profile_hook:
-            hook_ns.append(hook.profile_ns)
-            hook_calls.append(hook.profile_calls)
+            gen.hook_ns.append(hook.profile_ns)
+            gen.hook_calls.append(hook.profile_calls)
             hook.profile_ns = hook.profile_calls = 0
         logits = model.logits()
-        loop_overhead = t0 - t_prev_end
+        loop_overhead = t0 - gen.t_prev_end
         c = streamer.counters if streamer is not None else DecodeCounters()
-        read, spec = after_decode(1, pos)
-        spec_read += spec
-        experts_routed += c.routed
-        experts_dropped += c.dropped
-        demand_max = max(demand_max, c.demand_bytes)
-        layer_demand_max = max(layer_demand_max, c.widest_layer_bytes)
-        frac, probe_s = eng.dense_probe.sample()
-        mem = probes.memory()
-        wall_ms = (t1 - t0) * 1e3
-        io_ms = c.io_ns / 1e6
-        mgmt_ms = c.mgmt_ns / 1e6 + probe_s * 1e3
-        majflt = u1.majflt - u0.majflt
-        stats = cache.stats if cache is not None else None
-        hit = (
-            (100.0 * stats["hits"] / stats["lookups"])
-            if stats and stats["lookups"]
-            else (0.0 if stats else -1.0)
-        )
-        row = {
-            "step": step,
-            "steps": steps,
-            "wall_ms": wall_ms,
-            "io_ms": io_ms,
-            "compute_ms": max(0.0, wall_ms - io_ms - mgmt_ms),
-            "read_bytes": read,
-            "cache_hit_pct": hit,
-            "stall_ms": 0.0,
-            "mgmt_ms": mgmt_ms,
-            "majflt": majflt,
-            "cpu_ms": (u1.cpu_s - u0.cpu_s) * 1e3,
-            "dense_resident_frac": frac,
-            "turn": turn,
-            "majflt_mib": probes.majflt_mib(majflt),
-            "cache_budget_mib": eng.budget_bytes / MIB if cfg.moe_stream else 0.0,
-            **{k: mem[k] for k in probes.MEMORY_COLUMNS},
-            "loop_overhead_ms": loop_overhead * 1e3,
-            "mtp_batch": 1,
-            "mtp_draft_ms": 0.0,
-            "drain_ms": 0.0,
-            "adopt_ms": 0.0,
-            "ra_issue_ms": 0.0,
-            "ra_wd_ms": 0.0,
-        }
-        rows.append(row)
+        read, spec = _trace_rows(eng, writers, turn, 1, pos)
+        gen.add(c, spec)
+        wall_ms, overhead_ms = (t1 - t0) * 1e3, loop_overhead * 1e3
+        row = _step_row(cfg, eng, step, steps, turn, wall_ms, overhead_ms, u0, u1, c, read)
+        gen.rows.append(row)
         if writers.metrics:
             writers.metrics.row(row)
         if progress:
             if read:
-                _emit(out, protocol.format_event("LOAD", {"mb": read / MIB, "ms": io_ms}) + "\n")
+                load = {"mb": read / MIB, "ms": row["io_ms"]}
+                _emit(out, protocol.format_event("LOAD", load) + "\n")
             _emit(out, protocol.format_event("PROGRESS", telemetry.progress(row, piece)) + "\n")
         else:
             _emit(out, piece)
-        t_prev_end = time.perf_counter()
+        gen.t_prev_end = time.perf_counter()
+    return gen
 
-    n_past = start_pos + n_prompt + len(generated)
-    if streamer is not None:
-        streamer.finish()
-        _r, tail_spec = after_decode(1, n_past - 1, reads_only=True)
-        spec_read += tail_spec
-    tail = time.perf_counter() - t_prev_end
-    prefill = {
-        "prefill_cpu_s": prefill_cpu_s,
-        "prefill_read_mib": pre_read / MIB,
-        "prefill_io_s": pre.io_ns / 1e9,
-        "prefill_stall_s": 0.0,
-        "prefill_mgmt_s": pre.mgmt_ns / 1e9,
+
+def _step_row(
+    cfg: EngineConfig,
+    eng: EmbeddedEngine,
+    step: int,
+    steps: int,
+    turn: int,
+    wall_ms: float,
+    loop_overhead_ms: float,
+    u0: probes.Usage,
+    u1: probes.Usage,
+    c: DecodeCounters,
+    read: int,
+) -> dict[str, Any]:
+    """One step's metrics row (the telemetry contract's columns), from what was measured
+    around its decode and what the probes read now."""
+    frac, probe_s = eng.dense_probe.sample()
+    mem = probes.memory()
+    io_ms = c.io_ns / 1e6
+    mgmt_ms = c.mgmt_ns / 1e6 + probe_s * 1e3
+    majflt = u1.majflt - u0.majflt
+    stats = eng.cache.stats if eng.cache is not None else None
+    hit = (
+        (100.0 * stats["hits"] / stats["lookups"])
+        if stats and stats["lookups"]
+        else (0.0 if stats else -1.0)
+    )
+    return {
+        "step": step,
+        "steps": steps,
+        "wall_ms": wall_ms,
+        "io_ms": io_ms,
+        "compute_ms": max(0.0, wall_ms - io_ms - mgmt_ms),
+        "read_bytes": read,
+        "cache_hit_pct": hit,
+        "stall_ms": 0.0,
+        "mgmt_ms": mgmt_ms,
+        "majflt": majflt,
+        "cpu_ms": (u1.cpu_s - u0.cpu_s) * 1e3,
+        "dense_resident_frac": frac,
+        "turn": turn,
+        "majflt_mib": probes.majflt_mib(majflt),
+        "cache_budget_mib": eng.budget_bytes / MIB if cfg.moe_stream else 0.0,
+        **{k: mem[k] for k in probes.MEMORY_COLUMNS},
+        "loop_overhead_ms": loop_overhead_ms,
+        "mtp_batch": 1,
+        "mtp_draft_ms": 0.0,
+        "drain_ms": 0.0,
+        "adopt_ms": 0.0,
+        "ra_issue_ms": 0.0,
+        "ra_wd_ms": 0.0,
     }
-    summary = telemetry.summary(
-        cfg,
-        eng,
-        rows,
-        n_prompt,
-        load_s,
-        prefill_s,
-        prefill,
-        demand_max,
-        layer_demand_max,
-        spec_read,
-        tail,
-        experts_routed,
-        experts_dropped,
-        _route_ahead(eng, ra_start),
-    )
-    return Turn(
-        tokens=generated,
-        text=bytes(text),
-        rows=rows,
-        summary=summary,
-        n_prompt=n_prompt,
-        n_past=n_past,
-        cancelled=stopped,
-        logits=kept,
-        hook_ns=hook_ns,
-        hook_calls=hook_calls,
-    )
 
 
 def _route_ahead(eng: EmbeddedEngine, start: tuple[int, int, int]) -> tuple[int, int, float]:

@@ -1,33 +1,30 @@
-"""Where cells run: this host, a device over ``adb``, a host over ``ssh``.
+"""What every kind of target shares: its specification (:class:`TargetSpec`), the transport
+interface (:class:`Target`, and :class:`RemoteTarget` for a machine reached by a command), the
+fixed shell scripts they run, and what a kind brings to the registry (:class:`TargetKind`).
 
-A :class:`Target` knows how to run a fixed shell script with arguments on its machine, start
-the engine under the pressure sampler, move files, and stop what it started. Values from the
-configuration never reach a shell unquoted: locally every command is an argv list (values are
-positional parameters of a fixed script); over adb and ssh, each value is quoted with
-:func:`shlex.quote`, and the engine's command line travels as a pushed script file.
-
-The interface is small on purpose: a distributed executor places the same cell code next to
-a target on another host and only needs :func:`open_target` there.
+Values from the configuration never reach a shell unquoted: locally every command is an argv
+list (values are positional parameters of a fixed script); over adb and ssh, each value is
+quoted with :func:`shlex.quote`, and the engine's command line travels as a pushed script file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shlex
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from bmoe.errors import BmoeError
-from bmoe.sweep.config import TargetSpec
+from bmoe.sweep.checking import Checker
 from bmoe.sweep.gate import STATE_SCRIPT, WRAPPER_SCRIPT
+from bmoe.sweep.tomltext import KeyPath
 
 #: Kills the process whose pid a pidfile holds, if it is still the engine ($2 in its cmdline).
 KILL_PIDFILE_SCRIPT = r"""
@@ -92,6 +89,47 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 class TargetError(BmoeError):
     """A target that cannot be reached or refused a transport command."""
+
+
+#: The custom resource a farm host advertises for each target it can reach, by default.
+RESOURCE_PREFIX = "bmoe_target_"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Where cells run. ``local`` is this host; ``adb`` a device over adb; ``ssh`` a host."""
+
+    name: str
+    kind: str = "local"
+    tags: frozenset[str] = frozenset()
+    workdir: str | None = None
+    binary: str | None = None
+    python: str | None = None
+    model_dir: str | None = None
+    models: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    kill_strays: str = "pidfile"
+    keep_remote: bool = False
+    # adb
+    serial: str | None = None
+    adb: str = "adb"
+    # ssh
+    host: str | None = None
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None
+    ssh: str = "ssh"
+    ssh_options: tuple[str, ...] = ()
+    # a farm (executor "ray"): the custom resource its host advertises
+    resource: str | None = None
+
+    def can_run(self, tags: frozenset[str]) -> bool:
+        return tags <= self.tags
+
+    @property
+    def ray_resource(self) -> str:
+        """The Ray resource the host that reaches this target advertises (one unit)."""
+        return self.resource or f"{RESOURCE_PREFIX}{self.name}"
 
 
 def sh_argv(script: str, args: list[str]) -> list[str]:
@@ -244,54 +282,6 @@ class Target(ABC):
             )
 
 
-class LocalTarget(Target):
-    """This host. The engine writes straight into the run's staging folder."""
-
-    def shell(self, script, args, timeout=60.0, stdin=None):
-        try:
-            return subprocess.run(
-                sh_argv(script, args), input=stdin, capture_output=True, timeout=timeout,
-                stdin=None if stdin is not None else subprocess.DEVNULL,
-            )  # fmt: skip
-        except OSError as exc:
-            raise TargetError(f"target {self.name}: cannot run sh: {exc}") from None
-
-    def run_dir(self, staging, run_key):
-        return str(staging.resolve())
-
-    def pidfile(self):
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        return str((self.state_dir / f"{self.name}.pid").resolve())
-
-    def start(self, argv, run_dir, staging, *, stdin=False):
-        env = {**os.environ, **self.spec.env}
-        if argv[1:4] == ["-m", "bmoe", "run"]:
-            # The embedded engine imports the same bmoe as this process, whatever the cwd.
-            root = str(Path(__file__).resolve().parent.parent.parent)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        samples = str((staging / "pressure.samples").resolve())
-        try:
-            return subprocess.Popen(
-                sh_argv(WRAPPER_SCRIPT, [self.pidfile(), samples, *argv]),
-                cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        except OSError as exc:
-            raise TargetError(f"target {self.name}: cannot start: {exc}") from None
-
-    def stop(self, proc, grace_s=3.0):
-        super().stop(proc, grace_s=grace_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-    def fetch(self, run_dir, names, staging):
-        return [n for n in names if (staging / n).is_file()]
-
-    def check(self):
-        if shutil.which("sh") is None:
-            raise TargetError(f"target {self.name}: no 'sh' on this host")
-
-
 class RemoteTarget(Target):
     """Shared behaviour of adb and ssh: a work folder on the far side, scripts pushed there."""
 
@@ -385,103 +375,33 @@ class RemoteTarget(Target):
         return whole, problems
 
 
-class AdbTarget(RemoteTarget):
-    """An Android device: ``adb [-s SERIAL] shell``, ``push`` and ``pull``."""
-
-    def _adb(self) -> list[str]:
-        base = [self.spec.adb]
-        if self.spec.serial:
-            base += ["-s", self.spec.serial]
-        return base
-
-    def command(self, remote):
-        return [*self._adb(), "shell", remote]
-
-    def push(self, local, remote):
-        res = subprocess.run([*self._adb(), "push", str(local), remote], capture_output=True,
-                             stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
-        if res.returncode != 0:
-            raise TargetError(f"target {self.name}: adb push failed: "
-                              + res.stderr.decode("utf-8", "replace").strip())  # fmt: skip
-
-    def fetch(self, run_dir, names, staging):
-        got = []
-        for name in names:
-            remote = str(PurePosixPath(run_dir) / name)
-            dest = staging / name
-            res = subprocess.run([*self._adb(), "pull", remote, str(dest)], capture_output=True,
-                                 stdin=subprocess.DEVNULL, timeout=600)  # fmt: skip
-            if res.returncode == 0 and dest.is_file():
-                got.append(name)
-        return got
-
-
-class SshTarget(RemoteTarget):
-    """A host over ssh (batch mode, one multiplexed connection per sweep)."""
-
-    def __init__(self, spec, state_dir):
-        super().__init__(spec, state_dir)
-        self._control = tempfile.mkdtemp(prefix="bmoe-ssh-")
-
-    def _ssh(self) -> list[str]:
-        spec = self.spec
-        base = [spec.ssh, "-p", str(spec.port), "-o", "BatchMode=yes",
-                "-o", "ControlMaster=auto", "-o", f"ControlPath={self._control}/cm",
-                "-o", "ControlPersist=60"]  # fmt: skip
-        if spec.identity:
-            base += ["-i", str(Path(spec.identity).expanduser())]
-        for option in spec.ssh_options:
-            base += ["-o", option]
-        if spec.user:
-            base += ["-l", spec.user]
-        return [*base, "--", spec.host or "localhost"]
-
-    def command(self, remote):
-        return [*self._ssh(), remote]
-
-    def push(self, local, remote):
-        with open(local, "rb") as fh:
-            res = subprocess.run(self.command("cat > " + shlex.quote(remote)), stdin=fh,
-                                 capture_output=True, timeout=300)  # fmt: skip
-        if res.returncode != 0:
-            raise TargetError(f"target {self.name}: copy to {remote} failed: "
-                              + res.stderr.decode("utf-8", "replace").strip())  # fmt: skip
-
-    def fetch(self, run_dir, names, staging):
-        got = []
-        for name in names:
-            remote = str(PurePosixPath(run_dir) / name)
-            dest = staging / name
-            with open(dest, "wb") as fh:
-                res = subprocess.run(
-                    self.command(f"test -f {shlex.quote(remote)} && cat {shlex.quote(remote)}"),
-                    stdout=fh, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=600,
-                )  # fmt: skip
-            if res.returncode == 0:
-                got.append(name)
-            else:
-                dest.unlink(missing_ok=True)
-        return got
-
-    def close(self):
-        subprocess.run([*self._ssh()[:-2], "-O", "exit", "--", self.spec.host or "localhost"],
-                       capture_output=True, stdin=subprocess.DEVNULL, timeout=30)  # fmt: skip
-        shutil.rmtree(self._control, ignore_errors=True)
-
-
-def open_target(spec: TargetSpec, state_dir: Path) -> Target:
-    """The transport for `spec`; `state_dir` is a host-side folder for its bookkeeping."""
-    kinds: dict[str, type[LocalTarget | AdbTarget | SshTarget]] = {
-        "local": LocalTarget,
-        "adb": AdbTarget,
-        "ssh": SshTarget,
-    }
-    return kinds[spec.kind](spec, state_dir)
-
-
 def wait_output(proc: subprocess.Popen, deadline: float) -> int | None:
     """Wait for `proc` until `deadline` (monotonic); its exit status, or None on timeout."""
     try:
         return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         return None
+
+
+#: Checks a kind's own keys of one ``[[targets]]`` table: (checker, table, its key, the
+#: TargetSpec fields found so far (filled in place, with the kind's defaults), the engine).
+KindCheck = Callable[[Checker, Mapping[str, Any], KeyPath, dict[str, Any], str], None]
+
+
+@dataclass(frozen=True)
+class TargetKind:
+    """What one kind of target brings to the registry (:data:`bmoe.sweep.targets.KINDS`): its
+    own configuration keys and their checks, its default name, its own fields in the resolved
+    configuration, and its transport."""
+
+    name: str
+    #: Its own keys of a ``[[targets]]`` table, besides those every kind has.
+    keys: tuple[str, ...]
+    check: KindCheck
+    #: The target's name when the table gives none (from the fields checked).
+    default_name: Callable[[Mapping[str, Any]], str]
+    #: Its own fields of the resolved configuration (``sweep.toml`` in the sweep folder).
+    resolved: Callable[[TargetSpec], dict[str, Any]]
+    transport: type[Target]
+    #: Why the embedded engine cannot run on it (None: it can).
+    no_embedded: str | None = None
