@@ -62,8 +62,9 @@ def _identical(a: RunResult, b: RunResult) -> bool:
         {"cache_mb": 0},  # no cache: every routed expert read every time
         {"cache_mb": 1, "prefetch": 1},
         {"cache_mb": 2, "no_odirect": True, "io_threads": 1},
+        {"cache_mb": 100},  # holds every expert: the arena on huge pages
     ],
-    ids=["evicting", "no-cache", "prefetch", "buffered"],
+    ids=["evicting", "no-cache", "prefetch", "buffered", "holds-all"],
 )
 def test_streaming_is_identical_to_plain_decoding(tiny_model, baseline, settings) -> None:
     settings = dict(settings)
@@ -199,6 +200,33 @@ def test_memory_follows_the_budget(tiny_model) -> None:
     assert small.expert_resident_bytes <= 1 * MIB + boundary
     assert big.expert_resident_bytes >= big.summary["cache_resident_MiB"] * MIB * 0.99
     assert small.expert_resident_bytes < big.expert_resident_bytes
+
+
+@pytest.mark.parametrize(
+    ("settings", "huge"),
+    [({"cache_mb": 100}, True), ({"load_all": True}, True), ({"cache_mb": 1}, False)],
+    ids=["holds-all", "load-all", "evicting"],
+)
+def test_the_arena_uses_huge_pages_only_when_nothing_is_released(
+    tiny_model, settings, huge
+) -> None:
+    import time
+
+    from bmoe.engine.embedded import libc
+    from bmoe.engine.embedded.engine import EmbeddedEngine
+
+    cfg = EngineConfig(model=str(tiny_model), prompt=PROMPT, threads=1, moe_stream=True, **settings)
+    eng = EmbeddedEngine(cfg, origin_ns=time.monotonic_ns())
+    try:
+        assert eng.arena is not None and eng.arena.huge_pages is huge
+        for block in eng.arena.blocks.values():
+            # every slice keeps the file's offset within a page (the O_DIRECT windows)
+            assert block.data % libc.PAGE == block.tensor.file_offset % libc.PAGE
+            assert block.data + block.tensor.nbytes <= block.base + block.size
+            if huge:
+                assert block.base % libc.HUGE_PAGE == 0 and block.size % libc.HUGE_PAGE == 0
+    finally:
+        eng.close()
 
 
 # ----------------------------------------------------------------------------- files
