@@ -132,6 +132,12 @@ class RoutePredictor:
         )
         self.active = False  # set per decode: only generated tokens are scored
 
+    def reset_scores(self) -> None:
+        """Start the scores over (a session turn is scored on its own); the predictors'
+        state (the previous token's routing) is kept."""
+        self.tallies = {p: {il: _Tally() for il in self.moe_layers} for p in PREDICTORS}
+        self.unranked = 0
+
     def gate_input(self, layer: int, x: np.ndarray) -> None:
         """Layer `layer`'s router is about to run on `x` (one token's gate input)."""
         if not self.active:
