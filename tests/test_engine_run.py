@@ -616,3 +616,19 @@ def test_the_c_filter_answers_as_the_python_callback_does(tiny_model, tmp_path, 
     a, b = (read_route_trace(tmp_path / n).rows for n in ("c.csv", "py.csv"))
     assert a.equals(b) and a["weight"].notna().all()
     assert with_c.summary["experts_dropped"] == python.summary["experts_dropped"] > 0
+
+
+@pytest.mark.parametrize("rows_per_write", [1, 50])
+def test_route_rows_held_back_write_the_same_file(
+    tiny_model, tmp_path, monkeypatch, rows_per_write
+) -> None:
+    from bmoe.engine.embedded import run as run_module
+
+    held, each = tmp_path / "held.route.csv", tmp_path / "each.route.csv"
+    settings = {"moe_stream": True, "cache_mb": 1, "ubatch": 7, "prefetch": 1}
+    _run(tiny_model, route_trace=str(held), **settings)
+    monkeypatch.setattr(run_module.RouteRowBuffer, "rows_per_write", rows_per_write)
+    _run(tiny_model, route_trace=str(each), **settings)
+    assert held.read_bytes() == each.read_bytes()
+    rows = read_route_trace(held).rows
+    assert len(rows) > 4 * 50 and rows["phase"].tolist()[0] == 0  # several writes; prefill first
