@@ -174,3 +174,13 @@ def test_a_session_without_predict_log_prints_no_predict_lines(tiny_model) -> No
     serve_session(cfg, stdin=stdin, out=out)
     text = protocol.to_text(out.getvalue())
     assert "BMOE_DONE" in text and "moe-predict:" not in text
+
+
+def test_scoring_counts_shared_ids_as_intersect1d_does() -> None:
+    from bmoe.engine.embedded.predict import _common
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        a = rng.integers(0, 12, int(rng.integers(0, 9))).astype(np.int32)
+        b = rng.integers(0, 12, int(rng.integers(0, 9)))
+        assert _common(a, b) == len(np.intersect1d(a, b))

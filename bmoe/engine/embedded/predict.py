@@ -36,6 +36,12 @@ from bmoe.engine.embedded.layout import ModelLayout
 PREDICTORS = ("stale", "prev", "ctrl")
 
 
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    """How many distinct values `a` and `b` share (as ``len(np.intersect1d(a, b))``; sets of
+    a handful of ids cost a fraction of the array call)."""
+    return len(set(np.asarray(a).ravel().tolist()).intersection(np.asarray(b).ravel().tolist()))
+
+
 @dataclass
 class _Tally:
     routings: int = 0
@@ -44,7 +50,7 @@ class _Tally:
     whole_hit: int = 0
 
     def add(self, predicted: np.ndarray, actual: np.ndarray) -> None:
-        hit = len(np.intersect1d(predicted, actual))
+        hit = _common(predicted, actual)
         self.routings += 1
         self.slots += len(actual)
         self.slots_hit += hit
@@ -171,7 +177,7 @@ class RoutePredictor:
             self.passthrough += 1
             return None
         self.committed += 1
-        self.agree_slots += len(np.intersect1d(chosen, router_ids))
+        self.agree_slots += _common(chosen, router_ids)
         return chosen
 
     @property
