@@ -632,3 +632,28 @@ def test_route_rows_held_back_write_the_same_file(
     assert held.read_bytes() == each.read_bytes()
     rows = read_route_trace(held).rows
     assert len(rows) > 4 * 50 and rows["phase"].tolist()[0] == 0  # several writes; prefill first
+
+
+def test_one_tokens_trace_view_matches_the_array_form() -> None:
+    from types import SimpleNamespace
+
+    from bmoe.engine.embedded.streamer import ExpertStreamer
+
+    rng = np.random.default_rng(11)
+    streamer = object.__new__(ExpertStreamer)  # only the layout's expert count is used
+    streamer.layout = SimpleNamespace(n_expert=16)
+    for _ in range(500):
+        k = int(rng.integers(1, 9))
+        ids = rng.integers(0, 16, (1, k)).astype(np.int32)  # repeats too
+        pool = list(dict.fromkeys(ids[0].tolist())) + [int(x) for x in rng.integers(0, 16, 2)]
+        pick = rng.permutation(len(pool))
+        misses = [pool[i] for i in pick[: int(rng.integers(0, len(pool) + 1))]]
+        pf_hits = [e for e in pool if e not in misses][: int(rng.integers(0, 3))]
+        pos = np.array([int(rng.integers(0, 99))])
+        fast = streamer._routing(3, ids, pos, misses, pf_hits, 4096)
+        slow = streamer._routing_batch(3, ids, pos, misses, pf_hits, 4096)
+        assert np.array_equal(fast.residency, slow.residency), (ids, misses, pf_hits)
+        assert np.array_equal(fast.expert_bytes, slow.expert_bytes), (ids, misses, pf_hits)
+        assert fast.residency.dtype == slow.residency.dtype
+        assert fast.expert_bytes.dtype == slow.expert_bytes.dtype
+        assert fast.residency.shape == slow.residency.shape == (1, k)

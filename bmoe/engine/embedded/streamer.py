@@ -320,6 +320,40 @@ class ExpertStreamer:
         pf_hits: list[int],
         eb: int,
     ) -> Routing:
+        """The trace rows' view of one routing: per slot, miss / hit / prefetch hit (on the
+        first slot of an id) and the bytes read (on the first slot of each miss)."""
+        if ids.shape[0] != 1:
+            return self._routing_batch(layer, ids, positions, misses, pf_hits, eb)
+        flat = ids[0].tolist()  # one token: plain Python beats numpy's cost per call
+        first: dict[int, int] = {}
+        for i, e in enumerate(flat):
+            first.setdefault(e, i)
+        missed = set(misses)
+        residency = [0 if e in missed else 1 for e in flat]
+        nbytes = [0] * len(flat)
+        for e in misses:
+            if e in first:
+                nbytes[first[e]] = eb
+        for e in pf_hits:
+            if e in first:
+                residency[first[e]] = 2
+        return Routing(
+            layer,
+            positions,
+            ids,
+            np.array([residency], dtype=np.int8),
+            np.array([nbytes], dtype=np.int64),
+        )
+
+    def _routing_batch(
+        self,
+        layer: int,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        misses: list[int],
+        pf_hits: list[int],
+        eb: int,
+    ) -> Routing:
         n_expert = max(self.layout.n_expert, int(ids.max(initial=0)) + 1)
         status = np.ones(n_expert, dtype=np.int8)
         flat = ids.ravel()
