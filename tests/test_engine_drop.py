@@ -122,3 +122,28 @@ def test_every_routing_of_an_undropped_trace_has_its_weight(tiny_model, tmp_path
     assert rows["weight"].notna().all()
     sums = rows.groupby(["phase", "step", "layer"])["weight"].sum()
     assert np.allclose(sums, 1.0, atol=1e-5)  # qwen3moe normalises its top-k weights
+
+
+def test_one_tokens_drops_in_python_match_the_array_form() -> None:
+    from bmoe.cache import ExpertCache
+    from bmoe.engine.embedded.streamer import ExpertStreamer
+
+    rng = np.random.default_rng(7)
+    streamer = object.__new__(ExpertStreamer)  # only the cache and the threshold are used
+    streamer.cache = ExpertCache(1 << 30, "lru", n_layer=4)
+    streamer.cache.prefetch(2, list(range(0, 16, 3)), 1)  # some experts resident
+    seen = set()
+    for _ in range(500):
+        k = int(rng.integers(1, 9))
+        streamer.drop_frac = float(rng.choice([0.25, 0.5, 1.0, 2.0]))
+        flat = rng.integers(0, 16, k).tolist()
+        w = rng.dirichlet(np.ones(k)).astype(np.float32)
+        if rng.random() < 0.3:  # ties, and values right at the threshold
+            w[:] = np.float32(streamer.drop_frac / k)
+            w[int(rng.integers(0, k))] = np.float32(0.5)
+        fast = streamer._drops(2, flat, k, w)
+        slow = streamer._drops_batch(2, flat, k, w.copy())
+        assert fast.shape == slow.shape == (1, k)
+        assert np.array_equal(fast, slow), (flat, w, streamer.drop_frac)
+        seen.add(int(fast.sum()))
+    assert len(seen) > 2  # cases with none, one and several dropped were tried

@@ -128,3 +128,59 @@ def test_route_ahead_commits_early_and_the_matmul_uses_the_commitment(tiny_model
     rows = read_route_trace(route).rows
     decode = rows[rows["phase"] == 1]
     assert decode.groupby(["step", "layer"])["expert"].nunique().eq(2).all()
+
+
+def _predict_lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    head = [i for i, ln in enumerate(lines) if ln.startswith("moe-predict: stale-gate")]
+    assert len(head) == 1, text
+    i = head[0]
+    block = lines[i : i + 3]
+    block += [ln for ln in lines[i + 3 :] if ln.startswith("  ") and ln.split()[0].isdigit()]
+    return block
+
+
+def test_a_session_turn_ends_with_the_predict_lines_of_its_own_tokens(tiny_model) -> None:
+    from bmoe.engine.embedded.serve import serve_session
+
+    one_shot = io.BytesIO()
+    settings = {"moe_stream": True, "cache_mb": 1, "predict_log": True}
+    _run(tiny_model, one_shot, **settings)
+    requests = [
+        protocol.encode_request("generate", id=1, prompt=PROMPT, n_predict=N),
+        protocol.encode_request("generate", id=2, prompt=" And?", n_predict=5, clear_kv=False),
+    ]
+    stdin = io.BytesIO(("\n".join(requests) + "\n").encode())
+    out = io.BytesIO()
+    cfg = EngineConfig(model=str(tiny_model), n_predict=N, threads=1, **settings)
+    serve_session(cfg, stdin=stdin, out=out)
+    text = protocol.to_text(out.getvalue())
+    turns = [t.split("BMOE_DONE")[0] for t in text.split("BMOE_BEGIN")[1:]]
+    assert len(turns) == 2
+    # the first turn is the one-shot run: the same tokens scored the same way
+    assert _predict_lines(turns[0]) == _predict_lines(protocol.to_text(one_shot.getvalue()))
+    # the second is scored on its own 5 tokens, not added to the first turn's
+    second = _predict_lines(turns[1])
+    assert "; 5 routings the stale-gate could not rank" in second[1]
+    assert all(int(row.split()[4]) == 5 for row in second[3:])
+
+
+def test_a_session_without_predict_log_prints_no_predict_lines(tiny_model) -> None:
+    from bmoe.engine.embedded.serve import serve_session
+
+    stdin = io.BytesIO((protocol.encode_request("generate", id=1, prompt=PROMPT) + "\n").encode())
+    out = io.BytesIO()
+    cfg = EngineConfig(model=str(tiny_model), n_predict=4, threads=1, moe_stream=True, cache_mb=1)
+    serve_session(cfg, stdin=stdin, out=out)
+    text = protocol.to_text(out.getvalue())
+    assert "BMOE_DONE" in text and "moe-predict:" not in text
+
+
+def test_scoring_counts_shared_ids_as_intersect1d_does() -> None:
+    from bmoe.engine.embedded.predict import _common
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        a = rng.integers(0, 12, int(rng.integers(0, 9))).astype(np.int32)
+        b = rng.integers(0, 12, int(rng.integers(0, 9)))
+        assert _common(a, b) == len(np.intersect1d(a, b))

@@ -62,8 +62,9 @@ def _identical(a: RunResult, b: RunResult) -> bool:
         {"cache_mb": 0},  # no cache: every routed expert read every time
         {"cache_mb": 1, "prefetch": 1},
         {"cache_mb": 2, "no_odirect": True, "io_threads": 1},
+        {"cache_mb": 100},  # holds every expert: the arena on huge pages
     ],
-    ids=["evicting", "no-cache", "prefetch", "buffered"],
+    ids=["evicting", "no-cache", "prefetch", "buffered", "holds-all"],
 )
 def test_streaming_is_identical_to_plain_decoding(tiny_model, baseline, settings) -> None:
     settings = dict(settings)
@@ -199,6 +200,33 @@ def test_memory_follows_the_budget(tiny_model) -> None:
     assert small.expert_resident_bytes <= 1 * MIB + boundary
     assert big.expert_resident_bytes >= big.summary["cache_resident_MiB"] * MIB * 0.99
     assert small.expert_resident_bytes < big.expert_resident_bytes
+
+
+@pytest.mark.parametrize(
+    ("settings", "huge"),
+    [({"cache_mb": 100}, True), ({"load_all": True}, True), ({"cache_mb": 1}, False)],
+    ids=["holds-all", "load-all", "evicting"],
+)
+def test_the_arena_uses_huge_pages_only_when_nothing_is_released(
+    tiny_model, settings, huge
+) -> None:
+    import time
+
+    from bmoe.engine.embedded import libc
+    from bmoe.engine.embedded.engine import EmbeddedEngine
+
+    cfg = EngineConfig(model=str(tiny_model), prompt=PROMPT, threads=1, moe_stream=True, **settings)
+    eng = EmbeddedEngine(cfg, origin_ns=time.monotonic_ns())
+    try:
+        assert eng.arena is not None and eng.arena.huge_pages is huge
+        for block in eng.arena.blocks.values():
+            # every slice keeps the file's offset within a page (the O_DIRECT windows)
+            assert block.data % libc.PAGE == block.tensor.file_offset % libc.PAGE
+            assert block.data + block.tensor.nbytes <= block.base + block.size
+            if huge:
+                assert block.base % libc.HUGE_PAGE == 0 and block.size % libc.HUGE_PAGE == 0
+    finally:
+        eng.close()
 
 
 # ----------------------------------------------------------------------------- files
@@ -588,3 +616,44 @@ def test_the_c_filter_answers_as_the_python_callback_does(tiny_model, tmp_path, 
     a, b = (read_route_trace(tmp_path / n).rows for n in ("c.csv", "py.csv"))
     assert a.equals(b) and a["weight"].notna().all()
     assert with_c.summary["experts_dropped"] == python.summary["experts_dropped"] > 0
+
+
+@pytest.mark.parametrize("rows_per_write", [1, 50])
+def test_route_rows_held_back_write_the_same_file(
+    tiny_model, tmp_path, monkeypatch, rows_per_write
+) -> None:
+    from bmoe.engine.embedded import run as run_module
+
+    held, each = tmp_path / "held.route.csv", tmp_path / "each.route.csv"
+    settings = {"moe_stream": True, "cache_mb": 1, "ubatch": 7, "prefetch": 1}
+    _run(tiny_model, route_trace=str(held), **settings)
+    monkeypatch.setattr(run_module.RouteRowBuffer, "rows_per_write", rows_per_write)
+    _run(tiny_model, route_trace=str(each), **settings)
+    assert held.read_bytes() == each.read_bytes()
+    rows = read_route_trace(held).rows
+    assert len(rows) > 4 * 50 and rows["phase"].tolist()[0] == 0  # several writes; prefill first
+
+
+def test_one_tokens_trace_view_matches_the_array_form() -> None:
+    from types import SimpleNamespace
+
+    from bmoe.engine.embedded.streamer import ExpertStreamer
+
+    rng = np.random.default_rng(11)
+    streamer = object.__new__(ExpertStreamer)  # only the layout's expert count is used
+    streamer.layout = SimpleNamespace(n_expert=16)
+    for _ in range(500):
+        k = int(rng.integers(1, 9))
+        ids = rng.integers(0, 16, (1, k)).astype(np.int32)  # repeats too
+        pool = list(dict.fromkeys(ids[0].tolist())) + [int(x) for x in rng.integers(0, 16, 2)]
+        pick = rng.permutation(len(pool))
+        misses = [pool[i] for i in pick[: int(rng.integers(0, len(pool) + 1))]]
+        pf_hits = [e for e in pool if e not in misses][: int(rng.integers(0, 3))]
+        pos = np.array([int(rng.integers(0, 99))])
+        fast = streamer._routing(3, ids, pos, misses, pf_hits, 4096)
+        slow = streamer._routing_batch(3, ids, pos, misses, pf_hits, 4096)
+        assert np.array_equal(fast.residency, slow.residency), (ids, misses, pf_hits)
+        assert np.array_equal(fast.expert_bytes, slow.expert_bytes), (ids, misses, pf_hits)
+        assert fast.residency.dtype == slow.residency.dtype
+        assert fast.expert_bytes.dtype == slow.expert_bytes.dtype
+        assert fast.residency.shape == slow.residency.shape == (1, k)

@@ -153,3 +153,42 @@ def test_a_session_sweep_runs_on_the_embedded_engine(tiny_model, tmp_path) -> No
     for record in lines:
         run = read_metrics(root / record["dir"] / "run.csv")
         assert run.tokens == 4 and record["stream"]["done"]["tokens"] == 4
+
+
+class _DoneProbe:
+    """An output stream that counts the route-trace rows on disk whenever BMOE_DONE passes."""
+
+    def __init__(self, route: Path):
+        self.route = route
+        self.rows_at_done: list[int] = []
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> int:
+        if b"BMOE_DONE" in data:
+            self.rows_at_done.append(len(read_route_trace(self.route).rows))
+        self.data += data
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_turns_route_rows_are_on_disk_when_it_is_done(tiny_model, tmp_path) -> None:
+    import io
+
+    from bmoe.engine.embedded.serve import serve_session
+
+    route = tmp_path / "s.route.csv"
+    requests = [
+        protocol.encode_request("generate", id=1, prompt=PROMPT, n_predict=5),
+        protocol.encode_request("generate", id=2, prompt=" More.", n_predict=3, clear_kv=False),
+    ]
+    out = _DoneProbe(route)
+    cfg = EngineConfig(
+        model=str(tiny_model), threads=1, moe_stream=True, cache_mb=2, route_trace=str(route)
+    )
+    serve_session(cfg, stdin=io.BytesIO(("\n".join(requests) + "\n").encode()), out=out)
+    trace = read_route_trace(route).rows
+    per_turn = trace.groupby("turn").size().tolist()
+    assert len(per_turn) == 2
+    assert out.rows_at_done == [per_turn[0], per_turn[0] + per_turn[1]]

@@ -76,8 +76,8 @@ def test_every_expert_slice_is_read_from_its_shard(split_model: Path, tiny_model
 
 @pytest.mark.parametrize(
     "settings",
-    [{"cache_mb": 1}, {"cache_mb": 0}, {"cache_mb": 1, "prefetch": 1}],
-    ids=["evicting", "no-cache", "prefetch"],
+    [{"cache_mb": 1}, {"cache_mb": 0}, {"cache_mb": 1, "prefetch": 1}, {"cache_mb": 100}],
+    ids=["evicting", "no-cache", "prefetch", "holds-all"],  # holds-all: a huge-page arena
 )
 def test_streaming_a_split_model_is_identical_to_plain_decoding(
     split_model: Path, tiny_model: Path, settings: dict

@@ -164,7 +164,11 @@ class EmbeddedEngine:
                 f"{cfg.model}: the graph never used expert tensor {missing[0]} "
                 f"({len(missing)} of {len(lay.tensors)} not found): cannot stream this model"
             )
-        self.arena = ExpertArena(lay)
+        if not cfg.load_all:
+            self.budget_bytes = resolve_cache_bytes(cfg, lay)
+        # nothing is ever released when the budget holds every expert: huge pages then
+        whole = cfg.load_all or self.budget_bytes >= lay.total_expert_bytes
+        self.arena = ExpertArena(lay, huge_pages=whole)
         for name, node in found.items():
             self.arena.bind(name, node)
         self.arena.release_original()
@@ -177,7 +181,6 @@ class EmbeddedEngine:
             after_read=fault,
         )
         if not cfg.load_all:
-            self.budget_bytes = resolve_cache_bytes(cfg, lay)
             self.cache = ExpertCache(self.budget_bytes, "lru", n_layer=lay.n_layer)
             cycle = self.cycle_bytes
             if 0 < self.budget_bytes < cycle:

@@ -36,6 +36,12 @@ from bmoe.engine.embedded.layout import ModelLayout
 PREDICTORS = ("stale", "prev", "ctrl")
 
 
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    """How many distinct values `a` and `b` share (as ``len(np.intersect1d(a, b))``; sets of
+    a handful of ids cost a fraction of the array call)."""
+    return len(set(np.asarray(a).ravel().tolist()).intersection(np.asarray(b).ravel().tolist()))
+
+
 @dataclass
 class _Tally:
     routings: int = 0
@@ -44,7 +50,7 @@ class _Tally:
     whole_hit: int = 0
 
     def add(self, predicted: np.ndarray, actual: np.ndarray) -> None:
-        hit = len(np.intersect1d(predicted, actual))
+        hit = _common(predicted, actual)
         self.routings += 1
         self.slots += len(actual)
         self.slots_hit += hit
@@ -132,6 +138,12 @@ class RoutePredictor:
         )
         self.active = False  # set per decode: only generated tokens are scored
 
+    def reset_scores(self) -> None:
+        """Start the scores over (a session turn is scored on its own); the predictors'
+        state (the previous token's routing) is kept."""
+        self.tallies = {p: {il: _Tally() for il in self.moe_layers} for p in PREDICTORS}
+        self.unranked = 0
+
     def gate_input(self, layer: int, x: np.ndarray) -> None:
         """Layer `layer`'s router is about to run on `x` (one token's gate input)."""
         if not self.active:
@@ -165,7 +177,7 @@ class RoutePredictor:
             self.passthrough += 1
             return None
         self.committed += 1
-        self.agree_slots += len(np.intersect1d(chosen, router_ids))
+        self.agree_slots += _common(chosen, router_ids)
         return chosen
 
     @property

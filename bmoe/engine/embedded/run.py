@@ -25,7 +25,7 @@ from bmoe.engine.embedded.engine import EmbeddedEngine
 from bmoe.engine.embedded.hook import EvalHook, GraphChanged
 from bmoe.engine.embedded.model import LlamaModel
 from bmoe.engine.embedded.reader import ReadJob
-from bmoe.engine.embedded.streamer import DecodeCounters
+from bmoe.engine.embedded.streamer import DecodeCounters, Routing
 from bmoe.errors import BmoeError
 from bmoe.formats import protocol
 from bmoe.formats.decode import IO_COLUMNS, ComputeTraceWriter, IoTraceWriter
@@ -88,6 +88,7 @@ class _Sinks:
 
     def __init__(self, cfg: EngineConfig):
         self.files: list[IO[str]] = []
+        self.before_close: list[Callable[[], None]] = []  # what still holds rows for them
         self.csv = self._open(cfg.csv)
         self.route = self._open(cfg.route_trace)
         self.io = self._open(cfg.io_trace)
@@ -104,6 +105,9 @@ class _Sinks:
         return fh
 
     def close(self) -> None:
+        for flush in self.before_close:
+            with contextlib.suppress(Exception):
+                flush()
         for fh in self.files:
             with contextlib.suppress(OSError):
                 fh.close()
@@ -155,6 +159,36 @@ def run_engine(
         sinks.close()
 
 
+class RouteRowBuffer:
+    """Route-trace rows held back and written a few thousand at a time: building and
+    formatting rows has a fixed cost per call that, paid after every token, is several times
+    the token itself on a small model. The file is the same; :meth:`flush` writes what is
+    held (at the end of each turn, and when the files close)."""
+
+    rows_per_write = 4096
+
+    def __init__(self, writer: RouteTraceWriter):
+        self.writer = writer
+        self._decodes: list[tuple[list[Routing], int]] = []
+        self._rows = 0
+        self._turn = 0
+
+    def add(self, routings: list[Routing], phase: int, turn: int = 0) -> None:
+        if turn != self._turn:
+            self.flush()
+            self._turn = turn
+        self._decodes.append((routings, phase))
+        self._rows += sum(r.ids.size for r in routings)
+        if self._rows >= self.rows_per_write:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._decodes:
+            self.writer.rows(telemetry.route_rows(self._decodes, self._turn))
+        self._decodes = []
+        self._rows = 0
+
+
 class Writers:
     """The trace and metrics writers of one engine process (a session appends to them)."""
 
@@ -162,7 +196,7 @@ class Writers:
         lay = eng.layout
         self.params = telemetry.params(cfg, eng, o_direct)
         self.metrics = MetricsWriter(sinks.csv, self.params) if sinks.csv else None
-        self.route: RouteTraceWriter | None = None
+        self.route: RouteRowBuffer | None = None
         self.io: IoTraceWriter | None = None
         self.compute: ComputeTraceWriter | None = None
         if sinks.route:
@@ -180,7 +214,8 @@ class Writers:
                 "n_expert": lay.n_expert,
                 "n_expert_used": eng.n_expert_used,
             }
-            self.route = RouteTraceWriter(sinks.route, meta, layers)
+            self.route = RouteRowBuffer(RouteTraceWriter(sinks.route, meta, layers))
+            sinks.before_close.append(self.route.flush)
         if sinks.io:
             self.io = IoTraceWriter(
                 sinks.io, telemetry.trace_meta(cfg, eng, o_direct), IO_TRACE_COLUMNS
@@ -319,6 +354,8 @@ def run_turn(
         eng.streamer.finish()
         _r, tail_spec = _trace_rows(eng, writers, turn, 1, n_past - 1, reads_only=True)
         spec_read += tail_spec
+    if writers.route:
+        writers.route.flush()  # the turn's rows are all in the file when it ends
     tail = time.perf_counter() - gen.t_prev_end
     prefill = {
         "prefill_cpu_s": pre.cpu_s,
@@ -379,7 +416,7 @@ def _trace_rows(
     if reads_only:
         return read, spec
     if writers.route and streamer is not None:
-        writers.route.rows(telemetry.route_frame(streamer.counters, phase, turn))
+        writers.route.add(streamer.counters.routings, phase, turn)
     if writers.compute and hook is not None:
         writers.compute.rows(telemetry.compute_frame(hook.trace_rows, phase, step, turn))
     return read, spec

@@ -11,6 +11,10 @@ with its ``# summary`` trailer, so the file reads back like the native engine's 
 prompt to the context already decoded (there is no chat template to re-render: ``--chatml`` is
 not implemented). ``cancel`` ends the turn in flight after its current token; ``close`` or the
 end of stdin ends the session.
+
+With ``--predict-log`` each turn ends, right before its ``BMOE_DONE``, with the ``moe-predict:``
+lines and per-layer table of a one-shot run, scored over that turn's generated tokens (the
+previous-token bet of a continued conversation starts from the last token already decoded).
 """
 
 from __future__ import annotations
@@ -229,6 +233,9 @@ def serve_session(
             if fresh:
                 model.clear_memory()
             seq = request.seq
+            predictor = eng.predictor if cfg.predict_log else None
+            if predictor is not None:
+                predictor.reset_scores()
             turn = run_turn(
                 cfg,
                 eng,
@@ -246,6 +253,8 @@ def serve_session(
                 writers.metrics.summary(turn.summary)
             for fh in sinks.files:
                 fh.flush()
+            if predictor is not None:
+                _emit(out, "".join(line + "\n" for line in predictor.lines()))
             _event(out, "DONE", done_payload(rid, turn, load_s))
             n_past = turn.n_past
             turn_no += 1

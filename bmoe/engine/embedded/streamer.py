@@ -217,8 +217,15 @@ class ExpertStreamer:
     def _drops(self, layer: int, flat: list[int], k: int, weights: np.ndarray) -> np.ndarray:
         """The routings to drop: misses under the threshold, not their token's top slot,
         of an expert no kept routing of the batch needs."""
+        w = np.asarray(weights, dtype=np.float32)
+        if len(flat) == k and not np.isnan(w).any():
+            return self._drops_one(layer, flat, w.ravel().tolist())
+        return self._drops_batch(layer, flat, k, w)
+
+    def _drops_batch(self, layer: int, flat: list[int], k: int, w: np.ndarray) -> np.ndarray:
+        """:meth:`_drops` over arrays (any number of tokens)."""
         ids = np.asarray(flat, dtype=np.int64).reshape(-1, k)
-        w = np.asarray(weights, dtype=np.float32).reshape(ids.shape)
+        w = w.reshape(ids.shape)
         cold = w < np.float32(self.drop_frac / k)
         cold[np.arange(len(w)), np.argmax(w, axis=1)] = False
         cache = self.cache
@@ -229,6 +236,23 @@ class ExpertStreamer:
             return candidate
         needed = np.unique(ids[~candidate])  # experts some kept routing reads anyway
         return candidate & ~np.isin(ids, needed)
+
+    def _drops_one(self, layer: int, flat: list[int], w: list[float]) -> np.ndarray:
+        """:meth:`_drops` for one token's routing (a generated token), in plain Python: on a
+        handful of values numpy's cost per call is most of the work. `w` are float32 values,
+        compared with the float32 threshold exactly as the array form does."""
+        limit = float(np.float32(self.drop_frac / len(flat)))
+        top = w.index(max(w))  # the first of equal maxima, as argmax
+        cache = self.cache
+        assert cache is not None
+        candidate = [
+            x < limit and i != top and (layer, e) not in cache
+            for i, (x, e) in enumerate(zip(w, flat, strict=True))
+        ]
+        if any(candidate):
+            needed = {e for e, c in zip(flat, candidate, strict=True) if not c}
+            candidate = [c and e not in needed for c, e in zip(candidate, flat, strict=True)]
+        return np.array(candidate, dtype=bool).reshape(1, -1)
 
     def _jobs(self, layer: int, experts: list[int], *, spec: bool) -> list[ReadJob]:
         blocks = self.arena.by_layer[layer]
@@ -288,6 +312,40 @@ class ExpertStreamer:
         self.spec_experts += len(admitted)
 
     def _routing(
+        self,
+        layer: int,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        misses: list[int],
+        pf_hits: list[int],
+        eb: int,
+    ) -> Routing:
+        """The trace rows' view of one routing: per slot, miss / hit / prefetch hit (on the
+        first slot of an id) and the bytes read (on the first slot of each miss)."""
+        if ids.shape[0] != 1:
+            return self._routing_batch(layer, ids, positions, misses, pf_hits, eb)
+        flat = ids[0].tolist()  # one token: plain Python beats numpy's cost per call
+        first: dict[int, int] = {}
+        for i, e in enumerate(flat):
+            first.setdefault(e, i)
+        missed = set(misses)
+        residency = [0 if e in missed else 1 for e in flat]
+        nbytes = [0] * len(flat)
+        for e in misses:
+            if e in first:
+                nbytes[first[e]] = eb
+        for e in pf_hits:
+            if e in first:
+                residency[first[e]] = 2
+        return Routing(
+            layer,
+            positions,
+            ids,
+            np.array([residency], dtype=np.int8),
+            np.array([nbytes], dtype=np.int64),
+        )
+
+    def _routing_batch(
         self,
         layer: int,
         ids: np.ndarray,

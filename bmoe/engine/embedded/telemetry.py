@@ -17,7 +17,7 @@ from bmoe.engine.embedded.engine import MIB, EmbeddedEngine, mib
 from bmoe.engine.embedded.hook import TraceRow
 from bmoe.engine.embedded.model import version
 from bmoe.engine.embedded.reader import ReadRecord
-from bmoe.engine.embedded.streamer import DecodeCounters
+from bmoe.engine.embedded.streamer import DecodeCounters, Routing
 from bmoe.formats import protocol
 from bmoe.formats.route import COLUMNS as ROUTE_COLUMNS
 
@@ -92,35 +92,58 @@ def trace_meta(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[s
 
 def route_frame(counters: DecodeCounters, phase: int, turn: int = 0) -> pd.DataFrame:
     """One decode's routings as route-trace rows (layer blocks, native order)."""
-    parts = []
-    for r in counters.routings:
-        n, k = r.ids.shape
-        weights = r.weights if r.weights is not None else np.full((n, k), np.nan, np.float32)
-        parts.append(
-            pd.DataFrame(
-                {
-                    "turn": np.full(n * k, turn, np.int16),
-                    "phase": np.full(n * k, phase, np.int8),
-                    "step": np.repeat(r.positions.astype(np.int64), k),
-                    "layer": np.full(n * k, r.layer, np.int16),
-                    "slot": np.tile(np.arange(k, dtype=np.int16), n),
-                    "expert": r.ids.ravel().astype(np.int32),
-                    "weight": weights.ravel().astype(np.float64),
-                    "residency": r.residency.ravel(),
-                    "expert_bytes": r.expert_bytes.ravel(),
-                    "dropped": (
-                        r.dropped.ravel().astype(np.int8)
-                        if r.dropped is not None
-                        else np.zeros(n * k, np.int8)
-                    ),
-                }
-            )
-        )
-    if not parts:
+    return route_rows([(counters.routings, phase)], turn)
+
+
+def route_rows(decodes: list[tuple[list[Routing], int]], turn: int = 0) -> pd.DataFrame:
+    """Route-trace rows of consecutive decodes (each its routings and phase), each decode's
+    rows in the native order (by layer, then step, then slot), decodes in the order given.
+
+    Built from the routings' arrays joined once: this runs between two tokens."""
+    routings = [r for decode, _phase in decodes for r in decode]
+    if not routings:
         return pd.DataFrame(columns=list(ROUTE_COLUMNS))
-    frame = pd.concat(parts, ignore_index=True)
-    # one block per layer in the native order: by layer, then step (prefill), then slot
-    return frame.sort_values(["layer", "step", "slot"], kind="stable").reset_index(drop=True)
+    sizes = [r.ids.size for r in routings]
+    total = sum(sizes)
+
+    def joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype, copy=False)
+
+    per_decode = [sum(r.ids.size for r in decode) for decode, _phase in decodes]
+    decode = np.repeat(np.arange(len(decodes)), per_decode)
+    phase = np.repeat(np.array([ph for _d, ph in decodes], np.int8), per_decode)
+    step = joined([np.repeat(r.positions, r.ids.shape[1]) for r in routings], np.int64)
+    layer = np.repeat(np.array([r.layer for r in routings], np.int16), sizes)
+    slot = joined([np.tile(np.arange(r.ids.shape[1]), r.ids.shape[0]) for r in routings], np.int16)
+    weight = joined(
+        [
+            r.weights.ravel() if r.weights is not None else np.full(r.ids.size, np.nan)
+            for r in routings
+        ],
+        np.float64,
+    )
+    dropped = joined(
+        [
+            r.dropped.ravel() if r.dropped is not None else np.zeros(r.ids.size, bool)
+            for r in routings
+        ],
+        np.int8,
+    )
+    order = np.lexsort((slot, step, layer, decode))
+    return pd.DataFrame(
+        {
+            "turn": np.full(total, turn, np.int16),
+            "phase": phase[order],
+            "step": step[order],
+            "layer": layer[order],
+            "slot": slot[order],
+            "expert": joined([r.ids.ravel() for r in routings], np.int32)[order],
+            "weight": weight[order],
+            "residency": joined([r.residency.ravel() for r in routings], np.int8)[order],
+            "expert_bytes": joined([r.expert_bytes.ravel() for r in routings], np.int64)[order],
+            "dropped": dropped[order],
+        }
+    )
 
 
 def io_frame(records: list[ReadRecord], phase: int, step: int, turn: int = 0) -> pd.DataFrame:
