@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from bmoe.errors import BmoeError
+from bmoe.render.messages import error_line, labelled, warning_line
 
 app = typer.Typer(
     name="bmoe",
@@ -47,8 +48,10 @@ COMMAND_MODULES = (
     "bmoe.cli.report",
 )
 
-console = Console()
-err_console = Console(stderr=True)
+# Plain strings are never read as markup (they may quote a file); styled lines are built as
+# rich Text by bmoe.render.messages.
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 
 
 def register() -> None:
@@ -58,13 +61,13 @@ def register() -> None:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(error_line(message), highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one line on stderr (``warning: file:line: problem``), never a source dump."""
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(warning_line(message), highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BmoeError as exc:
-        err_console.print(
-            f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True, markup=True
-        )
+        err_console.print(error_line(exc), highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err_console.print("interrupted")
@@ -87,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("BMOE_DEBUG"):
             raise
         err_console.print(
-            f"[bold red]internal error:[/] {type(exc).__name__}: {exc} "
-            "(run with BMOE_DEBUG=1 for the traceback)",
+            labelled(
+                "internal error:",
+                "bold red",
+                f"{type(exc).__name__}: {exc} (run with BMOE_DEBUG=1 for the traceback)",
+            ),
             highlight=False,
             soft_wrap=True,
         )

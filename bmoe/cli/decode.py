@@ -11,6 +11,7 @@ import typer
 from bmoe.cli import analyze_app, console, err_console, export_app
 from bmoe.errors import BmoeError
 from bmoe.render.decode import COMPUTE_NOTE, DIGITS, IO_NOTE, STREAM_NOTE
+from bmoe.render.messages import literal
 from bmoe.render.tables import FORMATS, render
 
 decode_app = typer.Typer(
@@ -86,16 +87,18 @@ def _emit(
     views: dict, fmt: str, notes: list[str], header: str, per_token: tuple[str, ...] = ()
 ) -> None:
     if fmt == "table":
-        console.print(header, highlight=False, soft_wrap=True)
+        console.print(literal(header), highlight=False, soft_wrap=True)
         for note in notes:
-            console.print(f"[dim]note: {note}[/]", highlight=False)
+            console.print(literal(f"note: {note}", "dim"), highlight=False)
         if "per_token" in views:
             frame = views["per_token"]
             keep = [c for c in per_token if c in frame]
             if "turn" in frame and frame["turn"].nunique() <= 1:
                 keep = [c for c in keep if c != "turn"]
             views = {**views, "per_token": frame[keep]}
-            console.print("[dim]note: per_token shows every column with --format csv or json[/]")
+            console.print(
+                literal("note: per_token shows every column with --format csv or json", "dim")
+            )
     text = render(views, fmt, console, DIGITS)
     if text is not None:
         console.out(text, end="")
@@ -155,7 +158,7 @@ def compute(
     from bmoe.analyze import decode as dec
 
     _check_options(fmt, plot)
-    with err_console.status(f"reading {file}"):
+    with err_console.status(literal(f"reading {file}")):
         trace = _read_trace(file, "compute")
         run = _read_metrics(metrics)
     with err_console.status("analysing"):
@@ -176,7 +179,7 @@ def compute(
             fig = plots.segments_bar(views["segments"])
         else:
             fig = plots.class_by_layer(per_layer)
-        err_console.print(f"wrote {save_figure(fig, plot)}", highlight=False)
+        err_console.print(literal(f"wrote {save_figure(fig, plot)}"), highlight=False)
 
 
 @decode_app.command("io")
@@ -208,7 +211,7 @@ def io(
 
     _check_options(fmt, plot)
     window = parse_steps(steps)
-    with err_console.status(f"reading {file}"):
+    with err_console.status(literal(f"reading {file}")):
         trace = _read_trace(file, "io")
         run = _read_metrics(metrics)
     with err_console.status("analysing"):
@@ -221,13 +224,14 @@ def io(
         from bmoe.render.plots import save_figure
 
         cdf = plots.latency_cdf(dec.io_latency_cdf(trace), views["latency_us"])
-        err_console.print(f"wrote {save_figure(cdf, plot)}", highlight=False)
+        err_console.print(literal(f"wrote {save_figure(cdf, plot)}"), highlight=False)
         if window is None:
             first = dec.decode_rows(trace.rows)["step"].min()
             window = (int(first), int(first) + 3)
         timeline = build_timeline(None, trace, decode_only=True, steps=window)
         fig = plots.lane_timeline(timeline, f"Flash reads by lane, steps {window[0]}-{window[1]}")
-        err_console.print(f"wrote {save_figure(fig, _derived(plot, 'timeline'))}", highlight=False)
+        written = save_figure(fig, _derived(plot, "timeline"))
+        err_console.print(literal(f"wrote {written}"), highlight=False)
 
 
 @export_app.command("trace")
@@ -279,13 +283,15 @@ def export_trace(
         if detail == "layer" and timeline.compute is not None and "op_class" in timeline.compute:
             timeline.compute = layer_segments(timeline.compute)
     meta = dict((compute or io_trace).meta)
-    with err_console.status(f"writing {out}"):
+    with err_console.status(literal(f"writing {out}")):
         write_chrome_trace(timeline, out, meta)
     slices = sum(len(f) for f in (timeline.io, timeline.compute) if f is not None)
     console.print(
-        f"wrote {out}: {slices} slices over {len(timeline.steps)} steps "
-        "(open in https://ui.perfetto.dev)",
+        literal(
+            f"wrote {out}: {slices} slices over {len(timeline.steps)} steps "
+            "(open in https://ui.perfetto.dev)"
+        ),
         highlight=False,
     )
     for note in timeline.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(literal(f"note: {note}"), highlight=False)

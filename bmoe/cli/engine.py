@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from bmoe.cli import app, console, err_console
@@ -88,7 +89,7 @@ def synth(
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task(f"writing {out.name}", total=total)
+        task = bar.add_task(escape(f"writing {out.name}"), total=total)  # read as markup
         path = synth_model(
             out, preset, progress=lambda done, _t: bar.update(task, completed=done), **overrides
         )

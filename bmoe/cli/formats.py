@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import typer
+from rich.text import Text
 
 from bmoe.cli import app, console, err_console
 from bmoe.errors import BmoeError
@@ -15,6 +16,7 @@ from bmoe.formats.convert import TARGETS, convert_file
 from bmoe.formats.errors import FormatWarning
 from bmoe.formats.info import describe
 from bmoe.formats.validate import validate_file
+from bmoe.render.messages import error_line, literal, printable
 from bmoe.render.tables import FORMATS, render
 
 _FORMAT_HELP = f"Output format: {', '.join(FORMATS)}."
@@ -26,7 +28,7 @@ def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> None:
 
 
 def _error(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(error_line(message), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -89,8 +91,12 @@ def validate(
             for f in findings:
                 color = "red" if f.severity == "error" else "yellow"
                 console.print(
-                    f"{path}{':' + str(f.line) if f.line else ''}: "
-                    f"[{color}]{f.severity}[/]: {f.message}",
+                    Text.assemble(
+                        printable(f"{path}{':' + str(f.line) if f.line else ''}: "),
+                        (f.severity, color),
+                        ": ",
+                        printable(f.message),
+                    ),
                     highlight=False,
                     soft_wrap=True,
                 )
@@ -98,7 +104,7 @@ def validate(
             summary = (
                 f"{errors} error(s), {len(findings) - errors} warning(s)" if findings else "ok"
             )
-            console.print(f"{path}: {summary}", highlight=False, soft_wrap=True)
+            console.print(literal(f"{path}: {summary}"), highlight=False, soft_wrap=True)
     if fmt != "text":
         frame = pd.DataFrame.from_records(
             records, columns=["file", "line", "severity", "message"]
@@ -136,6 +142,6 @@ def convert(
             _error(str(exc))
             failed = True
             continue
-        console.print(f"{path} -> {dest}", highlight=False, soft_wrap=True)
+        console.print(literal(f"{path} -> {dest}"), highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(2)

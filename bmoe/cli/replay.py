@@ -14,6 +14,7 @@ from bmoe.cache import POLICIES, REFERENCE_POLICIES
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace, read_route_trace
+from bmoe.render.messages import literal, note_line, warning_line
 from bmoe.render.tables import FORMATS, render
 
 
@@ -34,11 +35,14 @@ def parse_numbers(text: str, option: str) -> list[float]:
 
 
 def read_trace(path: Path) -> RouteTrace:
-    with warnings.catch_warnings(record=True) as caught, err_console.status("reading trace"):
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        err_console.status(literal("reading trace")),
+    ):
         warnings.simplefilter("always")
         trace = read_route_trace(path)
     for w in caught:
-        err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+        err_console.print(warning_line(w.message), highlight=False)
     return trace
 
 
@@ -131,12 +135,11 @@ def analyze_replay(
         summary, params = run.summary, run.params
         if summary.get("cache_hit_pct") is None:
             err_console.print(
-                f"[yellow]warning:[/] {metrics}: no cache_hit_pct in its summary",
-                highlight=False,
+                warning_line(f"{metrics}: no cache_hit_pct in its summary"), highlight=False
             )
         if validate is None:
             err_console.print(
-                "[yellow]note:[/] --metrics is read for --validate MIB; pass the run's budget",
+                note_line("--metrics is read for --validate MIB; pass the run's budget", "note:"),
                 highlight=False,
             )
 
@@ -162,8 +165,10 @@ def analyze_replay(
         )
     if views["shape"].get("recorded_with_dropping"):
         err_console.print(
-            "[bold yellow]NOTE[/] this trace was recorded with expert dropping on: the replay "
-            "looks up every expert the router asked for, dropped ones included",
+            note_line(
+                "this trace was recorded with expert dropping on: the replay looks up every "
+                "expert the router asked for, dropped ones included"
+            ),
             highlight=False,
         )
     _print_replay(views, fmt, validate)
@@ -172,7 +177,7 @@ def analyze_replay(
 
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         csv_out.write_text(curve_csv(views["curve"]), encoding="utf-8")
-        err_console.print(f"wrote {csv_out}", highlight=False)
+        err_console.print(literal(f"wrote {csv_out}"), highlight=False)
     if plot is not None:
         _plot(views, plot, _recorded_point(views, validate, summary, params))
 
@@ -213,13 +218,13 @@ def _plot(views, plot: Path, recorded) -> None:
             views["curve"], t_mib=t_mib, recorded=recorded, mrc=views.get("mrc")
         )
         written = save_figure(fig, plot)
-        err_console.print(f"wrote replay plot to {written}", highlight=False)
+        err_console.print(literal(f"wrote replay plot to {written}"), highlight=False)
         if "mrc" in views:
             mrc_path = plot.with_name(f"{plot.stem}.mrc{plot.suffix}")
             written = save_figure(
                 plots.mrc_plot(views["mrc"], t_mib=t_mib, recorded=recorded), mrc_path
             )
-            err_console.print(f"wrote LRU miss-ratio plot to {written}", highlight=False)
+            err_console.print(literal(f"wrote LRU miss-ratio plot to {written}"), highlight=False)
 
 
 @analyze_app.command("drop")

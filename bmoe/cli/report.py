@@ -8,6 +8,7 @@ import typer
 
 from bmoe.cli import app, err_console
 from bmoe.errors import BmoeError
+from bmoe.render.messages import literal
 
 _KINDS = ("metrics", "route", "compute", "io")
 
@@ -39,7 +40,7 @@ def report_command(
     """
     if out.suffix.lower() not in (".html", ".htm"):
         raise BmoeError(f"{out}: the report is HTML; name it .html")
-    with err_console.status(f"reading {path}"):
+    with err_console.status(literal(f"reading {path}")):
         if path.is_dir():
             text = _sweep_page(path, runs, outcome, title)
         else:
@@ -48,7 +49,8 @@ def report_command(
             text = _file_page(path, metrics, title)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
-    err_console.print(f"wrote {out} ({len(text.encode('utf-8')) / 1024:.0f} KiB)", highlight=False)
+    size_kib = len(text.encode("utf-8")) / 1024
+    err_console.print(literal(f"wrote {out} ({size_kib:.0f} KiB)"), highlight=False)
 
 
 def _sweep_page(path: Path, runs: list[str], outcome: str, title: str | None) -> str:

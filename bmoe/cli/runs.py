@@ -14,6 +14,7 @@ from bmoe.analyze.runfiles import load_run_files
 from bmoe.analyze.stall import memory_picture, stall_attribution
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.errors import BmoeError
+from bmoe.render.messages import literal, note_line
 from bmoe.render.runs import DIGITS
 from bmoe.render.tables import FORMATS, render, transposed
 
@@ -88,7 +89,7 @@ def stall_command(
         views["tokens"] = att.tokens
     _emit(views, fmt)
     if plot is not None and att.tokens.empty:
-        err_console.print(f"note: {file.name} has no token rows; no plot written")
+        err_console.print(literal(f"note: {file.name} has no token rows; no plot written"))
     elif plot is not None:
         from bmoe.render.plots import save_figure
         from bmoe.render.plots.runs import stall_figure
@@ -100,7 +101,7 @@ def stall_command(
             att.tokens, memory, title=f"{file.name}: stall attribution",
             compute_label=att.compute_source,
         )  # fmt: skip
-        err_console.print(f"wrote {save_figure(fig, plot)}")
+        err_console.print(literal(f"wrote {save_figure(fig, plot)}"))
 
 
 @analyze_app.command("compare")
@@ -135,7 +136,7 @@ def compare_command(
         for row in comp.concerns.itertuples():
             level = "FORCED PAST A REFUSAL" if row.level == REFUSE else "WARNING"
             err_console.print(
-                f"[bold yellow]{level}[/] ({title}, {row.run}): {row.reason}",
+                note_line(f"({title}, {row.run}): {row.reason}", level),
                 highlight=False, soft_wrap=True,
             )  # fmt: skip
 

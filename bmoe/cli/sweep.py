@@ -8,9 +8,11 @@ import tomllib
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from bmoe.cli import analyze_app, app, console, err_console
 from bmoe.errors import BmoeError
+from bmoe.render.messages import literal, printable
 from bmoe.render.tables import FORMATS, render
 
 
@@ -24,21 +26,27 @@ def _dry_run(config, plan, archive_root: Path) -> None:
     targets = {s.name: open_target(s, archive_root / ".state" / "targets") for s in config.targets}
     assigned = assign_targets(plan, config.targets)
     console.print(
-        f"[bold]{config.settings.name}[/]: {len(plan.cells)} cells x {config.settings.repeats} "
-        f"repeats = {len(plan.runs)} runs, engine {config.settings.engine}, "
-        f"order {config.settings.order}; folder {archive_root}",
+        Text.assemble(
+            (printable(config.settings.name), "bold"),
+            printable(
+                f": {len(plan.cells)} cells x {config.settings.repeats} repeats = "
+                f"{len(plan.runs)} runs, engine {config.settings.engine}, "
+                f"order {config.settings.order}; folder {archive_root}"
+            ),
+        ),
         highlight=False,
     )
     if config.settings.executor == "ray":
         resources = ", ".join(f"{s.name} ({s.ray_resource})" for s in config.targets)
-        console.print(f"on the Ray cluster at {config.settings.address}; targets: {resources}",
-                      highlight=False)  # fmt: skip
+        console.print(literal(f"on the Ray cluster at {config.settings.address}; "
+                              f"targets: {resources}"), highlight=False)  # fmt: skip
     try:
         for run in plan.runs:
             target = targets[assigned[run.id]]
-            console.print(f"[bold]{run.order + 1:>4}[/] {run.id}  [cyan]{target.name}[/]",
+            console.print(Text.assemble((f"{run.order + 1:>4}", "bold"), " ", printable(run.id),
+                                        "  ", (printable(target.name), "cyan")),
                           highlight=False)  # fmt: skip
-            console.file.write("      " + planned_command(run, target, ctx) + "\n")
+            console.file.write("      " + printable(planned_command(run, target, ctx)) + "\n")
             console.file.flush()
     finally:
         for target in targets.values():
@@ -125,22 +133,24 @@ def sweep_command(
             interrupted = True
     _write_summary(archive.root)
     if interrupted:
-        err_console.print(f"interrupted; resume with: bmoe sweep {archive.root}", highlight=False)
+        err_console.print(literal(f"interrupted; resume with: bmoe sweep {archive.root}"))
         raise typer.Exit(130)
     assert outcome is not None
     failed = outcome.failed_runs
     not_run = outcome.not_run
     console.print(
-        f"{outcome.completed}/{outcome.total} runs complete ({outcome.skipped} from before), "
-        f"{len(failed)} failed"
-        + (f", {not_run} not run" if not_run else "")
-        + f" -> {archive.root}",
+        literal(
+            f"{outcome.completed}/{outcome.total} runs complete ({outcome.skipped} from before), "
+            f"{len(failed)} failed"
+            + (f", {not_run} not run" if not_run else "")
+            + f" -> {archive.root}"
+        ),
         highlight=False,
     )
     if failed:
-        err_console.print("failed: " + ", ".join(failed), highlight=False)
+        err_console.print(literal("failed: " + ", ".join(failed)), highlight=False)
     if not_run:
-        err_console.print(f"resume with: bmoe sweep {archive.root}", highlight=False)
+        err_console.print(literal(f"resume with: bmoe sweep {archive.root}"), highlight=False)
     if failed or not_run:
         raise typer.Exit(1)
 
@@ -209,4 +219,4 @@ def analyze_sweep_command(
         effects = axis_effects(results)
         for name, fig in plot_axis_effects(effects):
             path = save_figure(fig, plots / f"{name}.png")
-            err_console.print(f"wrote {path}", highlight=False)
+            err_console.print(literal(f"wrote {path}"), highlight=False)
