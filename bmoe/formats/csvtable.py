@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from bmoe.formats.errors import FormatError, warn
+from bmoe.formats.inputs import regular_file
 
 BOM = b"\xef\xbb\xbf"
 
@@ -121,7 +122,7 @@ class Sections:
 def read_bytes(source: PathLike | bytes) -> tuple[bytes, str | None]:
     if isinstance(source, bytes | bytearray | memoryview):
         return bytes(source), None
-    path = str(source)
+    path = regular_file(source)
     try:
         return Path(path).read_bytes(), path
     except FileNotFoundError:
@@ -421,7 +422,7 @@ def load_sections(source: PathLike | bytes, *, verify: bool = True) -> Sections:
     (a numeric first column makes such a line a parse error, and the careful path takes over);
     readers that need the trailer (the metrics summary) keep the default."""
     if not isinstance(source, bytes | bytearray | memoryview):
-        path = str(source)
+        path = regular_file(source)
         try:
             large = os.path.getsize(path) > STREAM_ABOVE
         except OSError:
