@@ -80,13 +80,13 @@ class IoTrace:
 def _preamble(sec, tag: str) -> tuple[int, dict[str, Any]]:
     version = 0
     meta: dict[str, Any] = {}
-    for _line, text in sec.preamble():
+    for line, text in sec.preamble():
         if text.startswith(tag):
             parts = text.split()
             if len(parts) > 1 and parts[1][1:].isdigit():
                 version = int(parts[1][1:])
             continue
-        meta.update(kv.parse_tokens(text))
+        meta.update(kv.parse_checked(text, sec.path, line))
     return version, meta
 
 

@@ -81,7 +81,7 @@ def _parse_preamble(sec) -> tuple[int, dict[str, Any], pd.DataFrame]:
             if len(parts) > 1 and parts[1].startswith("v") and parts[1][1:].isdigit():
                 version = int(parts[1][1:])
             continue
-        values = kv.parse_tokens(text)
+        values = kv.parse_checked(text, sec.path, line)
         if "layer" in values:
             if not isinstance(values["layer"], int):
                 raise FormatError(sec.path, line, f"layer={values['layer']!r} is not an integer")
