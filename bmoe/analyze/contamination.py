@@ -380,7 +380,8 @@ def cells_from_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
         sidecar = pressure_sidecar_for(path)
         pressure = read_pressure(sidecar) if sidecar else None
         record = run_summary(run, pressure)
-        record["cell"] = str(path.relative_to(root)) if root != path else path.name
+        where = path.resolve()  # the root is of resolved paths: a relative path is under it too
+        record["cell"] = str(where.relative_to(root)) if root != where else path.name
         for key, value in run.params.items():
             record.setdefault(key, value)
         record.update(_entry_state(path, pressure, read_state))
@@ -451,7 +452,11 @@ def cells_from_paths(paths: Iterable[str | Path]) -> pd.DataFrame:
     """
     paths = [Path(p) for p in paths]
     if len(paths) == 1 and paths[0].is_dir() and (paths[0] / "results.parquet").is_file():
-        return pd.read_parquet(paths[0] / "results.parquet")
+        results = paths[0] / "results.parquet"
+        try:
+            return pd.read_parquet(results)
+        except (OSError, ValueError) as exc:  # pyarrow's errors are ValueError / OSError
+            raise BmoeError(f"{results}: unreadable ({str(exc).splitlines()[0]})") from None
     files = find_metrics_files(paths)
     if not files:
         raise BmoeError(f"no metrics files found in {', '.join(str(p) for p in paths)}")
