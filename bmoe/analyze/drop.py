@@ -68,9 +68,11 @@ def drop_phase(
     """The drop replay of one phase: ``summary`` (figures), ``threshold`` (one row per
     frac), ``static_k`` (one row per keep_k) and ``survivors`` (cells per survivor count,
     one row per frac)."""
-    if "residency" not in trace.rows:
+    missing = [c for c in ("residency", "slot", "weight") if c not in trace.rows]
+    if missing:
         raise BmoeError(
-            f"{trace.path or 'trace'}: drop replay needs the residency column (hit or miss)"
+            f"{trace.path or 'trace'}: drop replay needs the {', '.join(missing)} column(s) "
+            "(hit or miss, rank, gate weight)"
         )
     rows = _phase_rows(trace, PHASES[phase], turn)
     k = trace.n_expert_used or (int(rows["slot"].max()) + 1 if len(rows) else 0)
@@ -81,6 +83,10 @@ def drop_phase(
     miss = rows["residency"].to_numpy() == 0
     miss_bytes = _miss_bytes(trace, rows, miss)
     n_cells = int(cell_id.max()) + 1 if len(cell_id) else 0
+    # The work is sized by the rows, not the preamble's k: no cell keeps more experts than it
+    # routed, and keeping the first keep_k slots drops nothing once keep_k passes the last slot.
+    widest = int(np.bincount(cell_id).max()) if n_cells else 0
+    slots = int(rows["slot"].max()) + 1 if len(rows) else 0
 
     summary: dict = {
         "phase": phase,
@@ -119,7 +125,7 @@ def drop_phase(
         drop = m & (w < thr) & ~top
         surviving = np.bincount(cid, weights=~drop, minlength=n_cells)[cells_known]
         counts = pd.Series(surviving.astype(int)).value_counts().sort_index()
-        counts = counts.reindex(range(0, k + 1), fill_value=0)
+        counts = counts.reindex(range(0, min(k, widest) + 1), fill_value=0)
         thr_rows.append(
             {
                 "frac": frac,
@@ -132,7 +138,7 @@ def drop_phase(
         )
         surv_rows.append({"frac": frac, **{str(n): int(c) for n, c in counts.items()}})
     static_rows = []
-    for keep_k in range(k - 1, 0, -1):
+    for keep_k in range(min(k, max(slots, 1)) - 1, 0, -1):
         drop = slot >= keep_k
         static_rows.append(
             {

@@ -97,7 +97,7 @@ def read_compute_trace(source: PathLike | bytes) -> ComputeTrace:
         return parquet.read_compute_parquet(source)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "compute_trace")
-    rows = frame_or_empty(sec, COMPUTE_TYPES, ("wall_ns",))
+    rows = frame_or_empty(sec, COMPUTE_TYPES, ("step", "wall_ns"))
     return ComputeTrace(sec.path, version, meta, rows, sec.warnings)
 
 
@@ -108,7 +108,7 @@ def read_io_trace(source: PathLike | bytes) -> IoTrace:
         return parquet.read_io_parquet(source)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "io_trace")
-    rows = frame_or_empty(sec, IO_TYPES, ("read_bytes", "latency_ns"))
+    rows = frame_or_empty(sec, IO_TYPES, ("step", "read_bytes", "latency_ns"))
     return IoTrace(sec.path, version, meta, rows, sec.warnings)
 
 

@@ -149,9 +149,16 @@ def _check_metrics(run: Any, rep: _Report) -> None:
             ERROR,
             "cache_hit_pct outside [0, 100] and not -1",
         )
-    for name in ("wall_ms", "io_ms", "compute_ms", "stall_ms", "mgmt_ms", "cpu_ms", "read_bytes"):
+    if (wall := _col(rows, "wall_ms")) is not None:
+        wall = wall.astype(np.float64)
+        # every per-token rate divides by it: nan, inf and 0 are as wrong as negative
+        rep.rows(wall < 0, ERROR, "wall_ms is negative")
+        rep.rows(np.isnan(wall) | np.isinf(wall) | (wall == 0), ERROR, "wall_ms is nan, inf or 0")
+    for name in ("io_ms", "compute_ms", "stall_ms", "mgmt_ms", "cpu_ms", "read_bytes"):
         if (values := _col(rows, name)) is not None:
             rep.rows(values < 0, ERROR, f"{name} is negative")
+            if values.dtype.kind == "f":
+                rep.rows(np.isinf(values), ERROR, f"{name} is infinite")
     if (frac := _col(rows, "dense_resident_frac")) is not None:
         rep.rows(
             ~(((frac >= 0) & (frac <= 1)) | (frac == -1)),
