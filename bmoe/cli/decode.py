@@ -10,6 +10,7 @@ import typer
 
 from bmoe.cli import analyze_app, console, err_console, export_app
 from bmoe.errors import BmoeError
+from bmoe.formats.outputs import check_output
 from bmoe.render.decode import COMPUTE_NOTE, DIGITS, IO_NOTE, STREAM_NOTE
 from bmoe.render.messages import literal
 from bmoe.render.tables import FORMATS, render
@@ -248,6 +249,7 @@ def export_trace(
     ),
     decode_only: bool = typer.Option(False, "--decode-only", help="Leave the prefill out."),
     steps: str | None = typer.Option(None, "--steps", help="Only trace steps A-B."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the output if it exists."),
 ) -> None:
     """Decode traces as a Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and
     chrome://tracing open: a track per io lane, a compute track, a step track.
@@ -263,6 +265,7 @@ def export_trace(
         raise BmoeError(f"--compute-detail {detail!r}: choose node or layer")
     if len(files) > 2:
         raise BmoeError("export trace takes at most two files (a compute and an io trace)")
+    check_output(out, files, force=force)
     compute = io_trace = None
     with err_console.status("reading"):
         for path in files:

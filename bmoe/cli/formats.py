@@ -12,7 +12,7 @@ from rich.text import Text
 
 from bmoe.cli import app, console, err_console
 from bmoe.errors import BmoeError
-from bmoe.formats.convert import TARGETS, convert_file
+from bmoe.formats.convert import TARGETS, convert_file, output_path
 from bmoe.formats.errors import FormatWarning
 from bmoe.formats.info import describe
 from bmoe.formats.validate import validate_file
@@ -125,19 +125,26 @@ def convert(
     out_dir: Path | None = typer.Option(
         None, "--output-dir", "-o", help="Directory for the outputs (default: beside each file)."
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite outputs that exist already."),
 ) -> None:
     """Convert files to Parquet (preamble and summaries kept in the schema metadata) or back.
 
     Every reader accepts the Parquet file in place of the CSV; --to csv gives the original bytes.
+    An output that exists already is left alone unless --force; an input never is overwritten.
 
     Example: bmoe convert run.csv trace.route.csv --to parquet -o parquet/
     """
     if to not in TARGETS:
         raise BmoeError(f"cannot convert to {to!r} (choose {' or '.join(TARGETS)})")
     failed = False
+    written: dict[Path, Path] = {}  # output -> the input converted into it by this command
     for path in files:
         try:
-            dest = convert_file(path, to, out_dir)
+            dest = output_path(path, to, out_dir)
+            if dest in written:
+                raise BmoeError(f"{path}: would also be written to {dest} (from {written[dest]})")
+            dest = convert_file(path, to, out_dir, force=force, inputs=files)
+            written[dest] = path
         except BmoeError as exc:
             _error(str(exc))
             failed = True

@@ -13,6 +13,7 @@ from bmoe.analyze import replay as replay_analysis
 from bmoe.cache import POLICIES, REFERENCE_POLICIES
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.errors import BmoeError
+from bmoe.formats.outputs import check_output
 from bmoe.formats.route import RouteTrace, read_route_trace
 from bmoe.render.messages import literal, note_line, warning_line
 from bmoe.render.tables import FORMATS, render
@@ -108,6 +109,7 @@ def analyze_replay(
         "previous token.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random policy."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --csv file that exists."),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
 
@@ -124,6 +126,11 @@ def analyze_replay(
 
         if plot.suffix.lower() not in SUFFIXES:
             raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
+    inputs = [trace_path] + ([metrics] if metrics is not None else [])
+    if csv_out is not None:
+        check_output(csv_out, inputs, force=force)
+    if plot is not None:
+        check_output(plot, inputs, force=True)
     trace = read_trace(trace_path)
     summary = params = None
     if metrics is not None:
