@@ -104,17 +104,28 @@ def render_json(views: Mapping[str, Result]) -> str:
     return json.dumps(to_jsonable(views), indent=2, allow_nan=False) + "\n"
 
 
+_MARKDOWN_CELL = str.maketrans(
+    {"|": "\\|", "&": "&amp;", "<": "&lt;", ">": "&gt;", "\n": "<br>", "\r": ""}
+)
+
+
+def markdown_cell(text: str) -> str:
+    """`text` as one markdown table cell: a pipe or newline cannot end the cell or the row,
+    and HTML in a value (a prompt, a config string) is shown, not rendered."""
+    return text.translate(_MARKDOWN_CELL)
+
+
 def render_markdown(views: Mapping[str, Result], digits: Mapping[str, int] | None = None) -> str:
     out = []
     for name, result in views.items():
         frame = _as_frame(result)
-        out.append(f"### {name}\n")
+        out.append(f"### {markdown_cell(str(name))}\n")
         cols = [str(c) for c in frame.columns]
-        out.append("| " + " | ".join(cols) + " |")
+        out.append("| " + " | ".join(markdown_cell(c) for c in cols) + " |")
         out.append("|" + "|".join("---:" if _numeric(frame[c]) else "---" for c in frame) + "|")
         for row in frame.itertuples(index=False, name=None):
             cells = [
-                cell_text(v, (digits or {}).get(c)).replace("|", "\\|")
+                markdown_cell(cell_text(v, (digits or {}).get(c)))
                 for c, v in zip(cols, row, strict=True)
             ]
             out.append("| " + " | ".join(cells) + " |")
