@@ -459,6 +459,30 @@ def as_int_array(series: pd.Series) -> np.ndarray:
     return series.to_numpy(dtype=np.int64, copy=False)
 
 
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def check_int32(sec: Sections, frame: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    """FormatError at the first row whose id or index in `columns` does not fit 32 bits.
+
+    The compact types are widened for values that overflow them (see :func:`read_rows`);
+    ids, layers and steps past int32 are outside the contract, and every analysis that
+    builds keys from them would overflow. Only widened columns are scanned.
+    """
+    for column in columns:
+        if column not in frame or frame[column].dtype != np.int64:
+            continue
+        values = frame[column].to_numpy()
+        bad = (values < INT32[0]) | (values > INT32[1])
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise FormatError(
+                sec.path,
+                _line_of_row(sec, row),
+                f"{column}={values[row]} is beyond the 32-bit range of the contract",
+            )
+
+
 def row_lines(sec: Sections, rows: np.ndarray) -> np.ndarray:
     """1-based file lines of 0-based data rows (vectorised :func:`_line_of_row`)."""
     rows = np.asarray(rows, dtype=np.int64)

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from bmoe.formats import kv
-from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections
+from bmoe.formats.csvtable import PathLike, check_int32, frame_or_empty, load_sections
 from bmoe.formats.route import format_rows
 
 COMPUTE_COLUMNS = ("turn", "phase", "step", "seq", "layer", "op", "name", "wall_ns", "majflt")
@@ -98,6 +98,7 @@ def read_compute_trace(source: PathLike | bytes) -> ComputeTrace:
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "compute_trace")
     rows = frame_or_empty(sec, COMPUTE_TYPES, ("step", "wall_ns"))
+    check_int32(sec, rows, ("turn", "phase", "step", "seq", "layer"))
     return ComputeTrace(sec.path, version, meta, rows, sec.warnings)
 
 
@@ -108,7 +109,8 @@ def read_io_trace(source: PathLike | bytes) -> IoTrace:
         return parquet.read_io_parquet(source)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "io_trace")
-    rows = frame_or_empty(sec, IO_TYPES, ("step", "read_bytes", "latency_ns"))
+    rows = frame_or_empty(sec, IO_TYPES, ("step", "layer", "expert", "read_bytes", "latency_ns"))
+    check_int32(sec, rows, ("turn", "phase", "step", "layer", "expert", "proj", "lane", "spec"))
     return IoTrace(sec.path, version, meta, rows, sec.warnings)
 
 

@@ -77,9 +77,14 @@ COUNT_KEYS = frozenset(
     {"n_layer", "n_expert", "n_expert_used", "threads", "n_threads", "io_threads", "n_ctx",
      "n_ubatch"}
 )  # fmt: skip
+#: Indices (a route trace's ``# layer=`` lines): non-negative integers below 2**31.
+INDEX_KEYS = frozenset({"layer"})
 #: Byte sizes: non-negative integers that fit an int64.
 SIZE_KEYS = frozenset({"expert_bytes", "dense_bytes"})
-_LIMITS = {**dict.fromkeys(COUNT_KEYS, 2**31 - 1), **dict.fromkeys(SIZE_KEYS, 2**63 - 1)}
+_LIMITS = {
+    **dict.fromkeys(COUNT_KEYS | INDEX_KEYS, 2**31 - 1),
+    **dict.fromkeys(SIZE_KEYS, 2**63 - 1),
+}
 
 
 def quoted(text: Any, limit: int = 40) -> str:
@@ -91,12 +96,16 @@ def quoted(text: Any, limit: int = 40) -> str:
 def contract_problem(key: str, value: Any) -> str | None:
     """Why `value` is not what the contract allows for `key` (None when it is, or when the key
     has no numeric contract)."""
+    if key in FLOAT_KEYS:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return None
+        return f"{key}={quoted(value)} is not a number"
     limit = _LIMITS.get(key)
     if limit is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit:
         return None
-    what = "a count" if key in COUNT_KEYS else "a size in bytes"
+    what = "a count" if key in COUNT_KEYS else "an index" if key in INDEX_KEYS else "a size"
     return f"{key}={quoted(value)} is not {what} (an integer from 0 to {limit})"
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bmoe.formats import kv
-from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections
+from bmoe.formats.csvtable import PathLike, check_int32, frame_or_empty, load_sections
 from bmoe.formats.errors import FormatError
 
 COLUMNS = (
@@ -105,6 +105,7 @@ def read_route_trace(source: PathLike | bytes) -> RouteTrace:
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
     rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
+    check_int32(sec, rows, ("turn", "phase", "step", "layer", "slot", "expert"))
     return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
 
 
