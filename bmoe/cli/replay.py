@@ -43,7 +43,7 @@ def read_trace(path: Path) -> RouteTrace:
         warnings.simplefilter("always")
         trace = read_route_trace(path)
     for w in caught:
-        err_console.print(warning_line(w.message), highlight=False)
+        err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     return trace
 
 

@@ -161,7 +161,7 @@ def analyze_route(
         warnings.simplefilter("always")
         trace = read_route_trace(trace_path)
     for w in caught:
-        err_console.print(warning_line(w.message), highlight=False)
+        err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     selected = route.select(
         trace,
         phase=phase,
@@ -224,6 +224,6 @@ def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
             text.print_views(console, views, notes, cells)
         return
     for c in said:
-        err_console.print(note_line(c), highlight=False)
+        err_console.print(note_line(c), highlight=False, soft_wrap=True)
     out = text.markdown_views(views, notes, []) if fmt == "markdown" else render(views, fmt)
     console.out(out or "", end="")
