@@ -37,14 +37,36 @@ def survivors_text(counts: pd.Series) -> str:
 
 
 def _phase_rows(trace: RouteTrace, phase: int, turn: int | None) -> pd.DataFrame:
+    """The rows of one phase (and turn); the frame itself, not a copy, when that is all."""
     rows = trace.rows
     if "phase" in rows:
-        rows = rows[rows["phase"] == phase]
+        chosen = rows["phase"].to_numpy() == phase
+        if not chosen.all():
+            rows = rows[chosen]
     elif phase != 1:
         rows = rows.iloc[:0]
     if turn is not None and "turn" in rows:
-        rows = rows[rows["turn"] == turn]
+        chosen = rows["turn"].to_numpy() == turn
+        if not chosen.all():
+            rows = rows[chosen]
     return rows
+
+
+def _cell_ids(rows: pd.DataFrame) -> np.ndarray:
+    """0-based id of each row's cell (turn, step, layer), in order of first appearance."""
+    turns = rows["turn"].to_numpy() if "turn" in rows else np.zeros(len(rows), np.int16)
+    step, layer = rows["step"].to_numpy(), rows["layer"].to_numpy()
+    bits = ((turns, 16), (step, 32), (layer, 16))
+    if len(rows) and all(
+        int(a.min()) >= -(2 ** (b - 1)) and int(a.max()) < 2 ** (b - 1) for a, b in bits
+    ):  # one int64 key per row: (turn, step, layer) packed 16 / 32 / 16 bits
+        key = (turns.astype(np.int64) & 0xFFFF) << 48
+        key |= (step.astype(np.int64) & 0xFFFFFFFF) << 16
+        key |= layer.astype(np.int64) & 0xFFFF
+        ids = pd.factorize(key)[0]
+    else:
+        ids = pd.factorize(pd.MultiIndex.from_arrays([turns, step, layer]))[0]
+    return ids.astype(np.int32) if len(ids) < 2**31 else ids
 
 
 def _miss_bytes(trace: RouteTrace, rows: pd.DataFrame, miss: np.ndarray) -> np.ndarray:
@@ -55,7 +77,8 @@ def _miss_bytes(trace: RouteTrace, rows: pd.DataFrame, miss: np.ndarray) -> np.n
         sizes = rows["layer"].map(per_layer).to_numpy(dtype=np.float64)
         if np.isnan(sizes).any():
             raise BmoeError(f"{trace.path or 'trace'}: a layer has no expert_bytes")
-    return np.where(miss, sizes, 0.0)
+    sizes[~miss] = 0.0
+    return sizes
 
 
 def drop_phase(
@@ -76,16 +99,15 @@ def drop_phase(
         )
     rows = _phase_rows(trace, PHASES[phase], turn)
     k = trace.n_expert_used or (int(rows["slot"].max()) + 1 if len(rows) else 0)
-    turns = rows["turn"] if "turn" in rows else pd.Series(0, index=rows.index)
-    cell = pd.MultiIndex.from_arrays([turns, rows["step"], rows["layer"]])
-    cell_id = pd.factorize(cell)[0]
+    cell_id = _cell_ids(rows)
     weight = rows["weight"].to_numpy(dtype=np.float64)
     miss = rows["residency"].to_numpy() == 0
     miss_bytes = _miss_bytes(trace, rows, miss)
     n_cells = int(cell_id.max()) + 1 if len(cell_id) else 0
     # The work is sized by the rows, not the preamble's k: no cell keeps more experts than it
     # routed, and keeping the first keep_k slots drops nothing once keep_k passes the last slot.
-    widest = int(np.bincount(cell_id).max()) if n_cells else 0
+    routed = np.bincount(cell_id, minlength=n_cells)
+    widest = int(routed.max()) if n_cells else 0
     slots = int(rows["slot"].max()) + 1 if len(rows) else 0
 
     summary: dict = {
@@ -104,26 +126,34 @@ def drop_phase(
         summary["recorded_mass_pct"] = float(_pct(known_w[dropped].sum(), known_w.sum()))
 
     # cells with known weights only
-    unknown = np.bincount(cell_id, weights=np.isnan(weight), minlength=n_cells) > 0
-    keep = ~unknown[cell_id]
-    cid, w, m, mb = cell_id[keep], weight[keep], miss[keep], miss_bytes[keep]
-    slot = rows["slot"].to_numpy()[keep]
+    unknown = np.zeros(n_cells, dtype=bool)
+    unknown[cell_id[np.isnan(weight)]] = True
+    cid, w, m, mb = cell_id, weight, miss, miss_bytes
+    slot = rows["slot"].to_numpy()
+    if unknown.any():  # (copies only when some cell has an unknown weight)
+        keep = ~unknown[cell_id]
+        cid, w, m, mb, slot = cid[keep], w[keep], m[keep], mb[keep], slot[keep]
+    del weight, miss_bytes
     summary["cells_with_weights"] = int((~unknown).sum())
     total_w = w.sum()
     total_mb = mb.sum()
-    # the cell's highest-weight slot (first on ties)
-    order = np.lexsort((np.arange(len(cid)), -w, cid))
+    # the cell's highest-weight slot (first on ties: lexsort is stable)
+    order = np.lexsort((-w, cid))
+    sorted_cells = cid[order]
     first = np.ones(len(order), dtype=bool)
-    first[1:] = cid[order][1:] != cid[order][:-1]
+    first[1:] = sorted_cells[1:] != sorted_cells[:-1]
+    del sorted_cells
     top = np.zeros(len(cid), dtype=bool)
     top[order[first]] = True
+    del order, first
+    routed_known = routed if not unknown.any() else np.bincount(cid, minlength=n_cells)
 
     thr_rows, surv_rows = [], []
     cells_known = np.flatnonzero(~unknown)
     for frac in fracs:
         thr = frac / k if k else float("nan")
         drop = m & (w < thr) & ~top
-        surviving = np.bincount(cid, weights=~drop, minlength=n_cells)[cells_known]
+        surviving = (routed_known - np.bincount(cid[drop], minlength=n_cells))[cells_known]
         counts = pd.Series(surviving.astype(int)).value_counts().sort_index()
         counts = counts.reindex(range(0, min(k, widest) + 1), fill_value=0)
         thr_rows.append(
