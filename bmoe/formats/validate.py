@@ -106,6 +106,38 @@ def _not_in(values: np.ndarray, allowed: Sequence[int]) -> np.ndarray:
     return ~np.isin(values, np.asarray(allowed))
 
 
+def _packed_key(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray | None:
+    """One int64 per row that is equal exactly where the rows agree on every one of the
+    integer `columns` (each shifted to its minimum and packed in the bits its range needs),
+    or None when their ranges do not fit 63 bits. A few bytes per row, where grouping by
+    several columns builds several label arrays."""
+    key = np.zeros(len(frame), dtype=np.int64)
+    shift = 0
+    for name in columns:
+        values = frame[name].to_numpy()
+        if values.dtype.kind not in "iu":
+            return None
+        lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+        bits = (hi - lo).bit_length()
+        if shift + bits > 63:
+            return None
+        if bits:
+            key |= (values.astype(np.int64) - lo) << shift
+        shift += bits
+    return key
+
+
+def _repeats(key: np.ndarray) -> np.ndarray:
+    """Rows whose key an earlier row (in file order) already has."""
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    same = ordered[1:] == ordered[:-1]
+    del ordered
+    bad = np.zeros(len(key), dtype=bool)
+    bad[order[1:][same]] = True
+    return bad
+
+
 def _step_goes_back(frame: pd.DataFrame, groups: Sequence[str], strict: bool) -> np.ndarray:
     """Rows whose ``step`` is below (or, `strict`, not above) the previous row of its group,
     groups being the rows sharing the values of `groups` (in file order within a group)."""
@@ -115,7 +147,9 @@ def _step_goes_back(frame: pd.DataFrame, groups: Sequence[str], strict: bool) ->
         return bad
     present = [g for g in groups if g in frame.columns]
     if present:
-        key = frame.groupby(present, sort=False, observed=True).ngroup().to_numpy()
+        key = _packed_key(frame, present)
+        if key is None:
+            key = frame.groupby(present, sort=False, observed=True).ngroup().to_numpy()
         order = np.argsort(key, kind="stable")
     else:
         key = np.zeros(len(frame), dtype=np.int64)
@@ -219,7 +253,9 @@ def _check_route(trace: Any, rep: _Report) -> None:
             rep.rows((eb > 0) & (res != 0), ERROR, "expert_bytes on a hit (only misses read)")
     cell = [c for c in ("turn", "phase", "step", "layer", "slot") if c in rows.columns]
     if len(cell) == 5 and len(rows):
-        dup = rows.duplicated(subset=cell, keep="first").to_numpy()
+        key = _packed_key(rows, cell)
+        dup = rows.duplicated(subset=cell).to_numpy() if key is None else _repeats(key)
+        del key
         rep.rows(dup, ERROR, "(turn, phase, step, layer, slot) repeats an earlier row")
     if "step" in rows and len(rows):
         back = _step_goes_back(rows, ["turn", "phase", "layer"], strict=False)
@@ -232,7 +268,12 @@ def _check_route(trace: Any, rep: _Report) -> None:
             shown = ", ".join(str(x) for x in absent[:10]) + (", ..." if len(absent) > 10 else "")
             rep.add(ERROR, f"no '# layer=... expert_bytes=' line for routed layer(s) {shown}", 1)
     if isinstance(k, int) and len(cell) >= 4 and len(rows):
-        sizes_per_cell = rows.groupby(cell[:4], sort=False, observed=True).size()
+        key = _packed_key(rows, cell[:4])
+        if key is None:
+            sizes_per_cell = rows.groupby(cell[:4], sort=False, observed=True).size().to_numpy()
+        else:
+            sizes_per_cell = np.unique(key, return_counts=True)[1]
+        del key
         odd = int((sizes_per_cell != k).sum())
         if odd:
             rep.add(WARNING, f"{odd} cell(s) do not hold n_expert_used={k} rows")
