@@ -273,6 +273,8 @@ FILE_COMMANDS = {
     "compute": ["analyze", "decode", "compute", "{f}"],
     "io": ["analyze", "decode", "io", "{f}"],
     "export": ["export", "trace", "{f}", "-o", "{o}/t.json"],
+    "sweep": ["sweep", "{f}", "--dry-run"],
+    "run": ["run", "-m", "{f}", "-n", "1", "-p", "hi"],
 }
 #: The commands a file of each kind is meant for (every file also goes through the generic
 #: ones: info, validate, convert, report).
@@ -317,7 +319,9 @@ def run_in_process(args: list[str]) -> Result:
     """``bmoe ARGS`` through the CLI's main(), stdout and stderr captured."""
     from bmoe.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
+    # text streams with a binary buffer beneath, as the real ones (`bmoe run` writes bytes)
+    out, err = (io.TextIOWrapper(io.BytesIO(), "utf-8", "replace", write_through=True)
+                for _ in range(2))  # fmt: skip
     tb = None
     code: int | None = None
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -325,6 +329,7 @@ def run_in_process(args: list[str]) -> Result:
             code = main(args)
         except BaseException:  # what the audit counts
             tb = traceback.format_exc()
-    if tb is None and "Traceback (most recent call last)" in err.getvalue():
-        tb = err.getvalue()
-    return Result(code, out.getvalue(), err.getvalue(), tb)
+    out_text, err_text = (s.buffer.getvalue().decode("utf-8", "replace") for s in (out, err))
+    if tb is None and "Traceback (most recent call last)" in err_text:
+        tb = err_text
+    return Result(code, out_text, err_text, tb)

@@ -34,14 +34,16 @@ def _check(case: Case, name: str, args: list[str]) -> None:
 
 
 def _sample(cases: list[Case], n: int, seed: int) -> list[Case]:
-    """`n` cases with every kind of damage represented (the first of each `what` prefix)."""
-    seen: dict[tuple[str, str], Case] = {}
+    """`n` cases, one of each kind of damage first (a random one of each `what` prefix)."""
+    rng = random.Random(seed)
+    groups: dict[tuple[str, str], list[Case]] = {}
     for case in cases:
-        seen.setdefault((case.kind, case.what.split("-")[0]), case)
-    rest = [c for c in cases if c not in seen.values()]
-    picked = list(seen.values())
-    picked += random.Random(seed).sample(rest, max(0, min(len(rest), n - len(picked))))
-    return picked
+        groups.setdefault((case.kind, case.what.split("-")[0]), []).append(case)
+    picked = [rng.choice(group) for group in groups.values()]
+    rng.shuffle(picked)
+    picked = picked[:n]
+    rest = [c for c in cases if c not in picked]
+    return picked + rng.sample(rest, max(0, min(len(rest), n - len(picked))))
 
 
 def _run_all(cases: list[Case], tmp_path: Path, every: bool = False) -> int:
@@ -57,8 +59,8 @@ def _run_all(cases: list[Case], tmp_path: Path, every: bool = False) -> int:
 
 
 def test_every_command_on_damaged_files(corpus: Path, tmp_path: Path) -> None:
-    cases = _sample(file_cases(corpus, big_value=1 << 16), 40, seed=1)
-    assert _run_all(cases, tmp_path) >= 200
+    cases = _sample(file_cases(corpus, big_value=1 << 16), 30, seed=1)
+    assert _run_all(cases, tmp_path) >= 180
 
 
 def test_sweep_commands_on_damaged_folders(tmp_path: Path) -> None:
@@ -199,7 +201,8 @@ def test_special_files_are_refused_not_waited_on(tmp_path: Path) -> None:
             signal.alarm(10)
             result = run_in_process(argv(template, fifo, tmp_path))
             signal.alarm(0)
-            assert result.code == 2 and "FIFO" in result.err, (name, result.err)
+            assert result.code == 2, (name, result.err)
+            assert "FIFO" in result.err or name == "run", (name, result.err)  # run: no model
         result = run_in_process(["info", "/dev/zero"])
         assert result.code == 2 and "character device" in result.err
     finally:

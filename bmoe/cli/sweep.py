@@ -12,6 +12,7 @@ from rich.text import Text
 
 from bmoe.cli import analyze_app, app, console, err_console
 from bmoe.errors import BmoeError
+from bmoe.formats.inputs import regular_file
 from bmoe.render.messages import literal, printable
 from bmoe.render.tables import FORMATS, render
 
@@ -99,6 +100,8 @@ def sweep_command(
         folder = config
         config = config / CONFIG
         resume = True
+    if config.exists():  # a FIFO or a device would block or never end: named instead
+        regular_file(config)
     cfg = load_config(config)
     plan = make_plan(cfg)
     root = output or Path(cfg.settings.output)
