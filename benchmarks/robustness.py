@@ -208,13 +208,15 @@ def write_trace(path: Path, rows: int) -> None:
         for first in range(0, steps, block):
             n = min(block, steps - first) * layers * k
             cell = np.arange(n) // k
-            writer.write(
+            residency = rng.integers(0, 2, n)
+            writer.rows(
                 pd.DataFrame({
                     "turn": 0, "phase": 1, "step": 30 + first + cell // layers,
                     "layer": cell % layers, "slot": np.arange(n) % k,
                     "expert": rng.integers(0, n_expert, n),
-                    "weight": rng.random(n).astype(np.float32) / k,
-                    "residency": rng.integers(0, 2, n), "expert_bytes": 0, "dropped": 0,
+                    "weight": np.round(rng.random(n) / k, 6).astype(np.float32),
+                    "residency": residency,
+                    "expert_bytes": np.where(residency == 0, 4_336_640, 0), "dropped": 0,
                 })
             )  # fmt: skip
 
@@ -231,6 +233,7 @@ def memory(args: argparse.Namespace, folder: Path) -> None:
           f"its DataFrame {frame_mib:.0f} MiB")  # fmt: skip
     del frame
     runs = {
+        "info (the read)": ["info", str(path), "--format", "json"],
         "validate": ["validate", str(path)],
         "analyze route": ["analyze", "route", str(path), "--format", "json"],
         "analyze drop": ["analyze", "drop", str(path), "--format", "json"],

@@ -60,25 +60,57 @@ def _cell_ids(rows: pd.DataFrame) -> np.ndarray:
     if len(rows) and all(
         int(a.min()) >= -(2 ** (b - 1)) and int(a.max()) < 2 ** (b - 1) for a, b in bits
     ):  # one int64 key per row: (turn, step, layer) packed 16 / 32 / 16 bits
-        key = (turns.astype(np.int64) & 0xFFFF) << 48
-        key |= (step.astype(np.int64) & 0xFFFFFFFF) << 16
-        key |= layer.astype(np.int64) & 0xFFFF
-        ids = pd.factorize(key)[0]
+        key = np.zeros(len(rows), dtype=np.int64)
+        fields = ((turns, 0xFFFF, 48), (step, 0xFFFFFFFF, 16), (layer, 0xFFFF, 0))
+        for values, mask, shift in fields:
+            part = values.astype(np.int64)  # one temporary at a time, worked in place
+            part &= mask
+            part <<= shift
+            key |= part
+            del part
+        ids = _runs_or_factorized(key)
+        del key
     else:
         ids = pd.factorize(pd.MultiIndex.from_arrays([turns, step, layer]))[0]
     return ids.astype(np.int32) if len(ids) < 2**31 else ids
 
 
-def _miss_bytes(trace: RouteTrace, rows: pd.DataFrame, miss: np.ndarray) -> np.ndarray:
+def _runs_or_factorized(key: np.ndarray) -> np.ndarray:
+    """Ids of equal keys, numbered in order of first appearance. A trace writes each cell's
+    rows together, so a cell is one run of equal keys: when no key starts two runs, the run
+    number is the id (a bool and an int32 per row, where a hash table needs far more)."""
+    change = np.empty(len(key), dtype=bool)
+    change[:1] = True
+    np.not_equal(key[1:], key[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    if len(pd.unique(key[starts])) == len(starts):
+        ids = np.cumsum(change, dtype=np.int64 if len(key) >= 2**31 else np.int32)
+        ids -= 1
+        return ids
+    return pd.factorize(key)[0]
+
+
+def _read_bytes(trace: RouteTrace, rows: pd.DataFrame) -> np.ndarray:
+    """Bytes each row's routing reads on a miss: the row's ``expert_bytes`` (the frame's own
+    array, not a copy), or for older traces the layer's size from the preamble."""
     if "expert_bytes" in rows:
-        sizes = rows["expert_bytes"].to_numpy(dtype=np.float64)
-    else:  # older traces: price a miss at the layer's expert bytes from the preamble
-        per_layer = trace.expert_bytes()
-        sizes = rows["layer"].map(per_layer).to_numpy(dtype=np.float64)
-        if np.isnan(sizes).any():
-            raise BmoeError(f"{trace.path or 'trace'}: a layer has no expert_bytes")
-    sizes[~miss] = 0.0
+        return rows["expert_bytes"].to_numpy()
+    per_layer = trace.expert_bytes()
+    sizes = rows["layer"].map(per_layer).to_numpy(dtype=np.float64)
+    if np.isnan(sizes).any():
+        raise BmoeError(f"{trace.path or 'trace'}: a layer has no expert_bytes")
     return sizes
+
+
+def _top_slots(cid: np.ndarray, w: np.ndarray, n_cells: int) -> np.ndarray:
+    """Each cell's highest-weight row (the first of equal weights, in file order)."""
+    best = np.full(n_cells, -np.inf)
+    np.maximum.at(best, cid, w)
+    candidates = np.flatnonzero(w == best[cid])
+    _cells, first = np.unique(cid[candidates], return_index=True)
+    top = np.zeros(len(cid), dtype=bool)
+    top[candidates[first]] = True
+    return top
 
 
 def drop_phase(
@@ -102,7 +134,7 @@ def drop_phase(
     cell_id = _cell_ids(rows)
     weight = rows["weight"].to_numpy(dtype=np.float64)
     miss = rows["residency"].to_numpy() == 0
-    miss_bytes = _miss_bytes(trace, rows, miss)
+    sizes = _read_bytes(trace, rows)
     n_cells = int(cell_id.max()) + 1 if len(cell_id) else 0
     # The work is sized by the rows, not the preamble's k: no cell keeps more experts than it
     # routed, and keeping the first keep_k slots drops nothing once keep_k passes the last slot.
@@ -128,24 +160,20 @@ def drop_phase(
     # cells with known weights only
     unknown = np.zeros(n_cells, dtype=bool)
     unknown[cell_id[np.isnan(weight)]] = True
-    cid, w, m, mb = cell_id, weight, miss, miss_bytes
+    cid, w, m, size = cell_id, weight, miss, sizes
     slot = rows["slot"].to_numpy()
     if unknown.any():  # (copies only when some cell has an unknown weight)
         keep = ~unknown[cell_id]
-        cid, w, m, mb, slot = cid[keep], w[keep], m[keep], mb[keep], slot[keep]
-    del weight, miss_bytes
+        cid, w, m, size, slot = cid[keep], w[keep], m[keep], size[keep], slot[keep]
+    del weight, sizes
+
+    def miss_bytes(rows_dropped: np.ndarray) -> float:  # bytes the dropped misses would read
+        return float(size[rows_dropped & m].sum(dtype=np.float64))
+
     summary["cells_with_weights"] = int((~unknown).sum())
     total_w = w.sum()
-    total_mb = mb.sum()
-    # the cell's highest-weight slot (first on ties: lexsort is stable)
-    order = np.lexsort((-w, cid))
-    sorted_cells = cid[order]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = sorted_cells[1:] != sorted_cells[:-1]
-    del sorted_cells
-    top = np.zeros(len(cid), dtype=bool)
-    top[order[first]] = True
-    del order, first
+    total_mb = miss_bytes(np.ones(len(m), dtype=bool))
+    top = _top_slots(cid, w, n_cells)
     routed_known = routed if not unknown.any() else np.bincount(cid, minlength=n_cells)
 
     thr_rows, surv_rows = [], []
@@ -160,7 +188,7 @@ def drop_phase(
             {
                 "frac": frac,
                 "thr_pct": 100.0 * thr,
-                "io_saved_pct": float(_pct(mb[drop].sum(), total_mb)),
+                "io_saved_pct": float(_pct(miss_bytes(drop), total_mb)),
                 "mass_lost_pct": float(_pct(w[drop].sum(), total_w)),
                 "dropped": int(drop.sum()),
                 "surviving": survivors_text(counts),
@@ -173,7 +201,7 @@ def drop_phase(
         static_rows.append(
             {
                 "keep_k": keep_k,
-                "io_saved_pct": float(_pct(mb[drop].sum(), total_mb)),
+                "io_saved_pct": float(_pct(miss_bytes(drop), total_mb)),
                 "mass_lost_pct": float(_pct(w[drop].sum(), total_w)),
             }
         )

@@ -122,7 +122,11 @@ def _packed_key(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray | Non
         if shift + bits > 63:
             return None
         if bits:
-            key |= (values.astype(np.int64) - lo) << shift
+            part = values.astype(np.int64)  # the one temporary, worked on in place
+            part -= lo
+            part <<= shift
+            key |= part
+            del part
         shift += bits
     return key
 
@@ -141,7 +145,7 @@ def _repeats(key: np.ndarray) -> np.ndarray:
 def _step_goes_back(frame: pd.DataFrame, groups: Sequence[str], strict: bool) -> np.ndarray:
     """Rows whose ``step`` is below (or, `strict`, not above) the previous row of its group,
     groups being the rows sharing the values of `groups` (in file order within a group)."""
-    steps = frame["step"].to_numpy(dtype=np.int64)
+    steps = frame["step"].to_numpy()
     bad = np.zeros(len(frame), dtype=bool)
     if len(frame) < 2:
         return bad
@@ -154,9 +158,11 @@ def _step_goes_back(frame: pd.DataFrame, groups: Sequence[str], strict: bool) ->
     else:
         key = np.zeros(len(frame), dtype=np.int64)
         order = np.arange(len(frame))
-    k, s = key[order], steps[order]
-    diff = s[1:] - s[:-1]
-    back = (k[1:] == k[:-1]) & ((diff <= 0) if strict else (diff < 0))
+    k = key[order]
+    same = k[1:] == k[:-1]
+    del k, key
+    s = steps[order]  # compared, never subtracted: no overflow, no int64 copy
+    back = same & ((s[1:] <= s[:-1]) if strict else (s[1:] < s[:-1]))
     bad[order[1:][back]] = True
     return bad
 
