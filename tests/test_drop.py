@@ -68,3 +68,16 @@ def test_thresholds_and_static_k_by_hand() -> None:
 def test_drop_needs_the_residency_column() -> None:
     with pytest.raises(BmoeError, match="residency"):
         drop_replay(trace(with_residency=False))
+
+
+def test_cells_numbered_in_order_of_first_appearance() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from bmoe.analyze.drop import _runs_or_factorized
+
+    runs = np.array([5, 5, 7, 7, 9, 9], dtype=np.int64)  # each cell one run: run numbers
+    assert _runs_or_factorized(runs).tolist() == [0, 0, 1, 1, 2, 2]
+    split = np.array([5, 5, 7, 7, 5, 9], dtype=np.int64)  # cell 5 comes back: hashing
+    assert _runs_or_factorized(split).tolist() == pd.factorize(split)[0].tolist()
+    assert _runs_or_factorized(split).tolist() == [0, 0, 1, 1, 0, 2]

@@ -153,3 +153,28 @@ def test_unreadable_files_raise(tmp_path: Path) -> None:
     bad = "step,steps,wall_ms\n1,2,3.0\n2,2,x\n3,2,1.0\n"
     with pytest.raises(FormatError, match=r"b\.csv:3: column 'wall_ms': 'x' is not a number"):
         validate_file(_write(tmp_path, "b.csv", bad))
+
+
+def test_packed_keys_find_what_pandas_grouping_finds() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from bmoe.formats.validate import _packed_key
+
+    rng = np.random.default_rng(0)
+    n = 5000
+    frame = pd.DataFrame({
+        "turn": rng.integers(-2, 2, n).astype(np.int16),
+        "step": rng.integers(-5, 40, n).astype(np.int32),
+        "layer": rng.integers(0, 4, n).astype(np.int16),
+        "slot": rng.integers(0, 3, n).astype(np.int8),
+    })  # fmt: skip
+    key = _packed_key(frame, list(frame.columns))
+    assert key is not None
+    assert (pd.Series(key).duplicated().to_numpy() == frame.duplicated().to_numpy()).all()
+    groups = frame.groupby(["turn", "layer"]).ngroup().to_numpy()
+    packed = _packed_key(frame, ["turn", "layer"])
+    assert len(np.unique(packed)) == len(np.unique(groups))
+    assert (pd.factorize(packed)[0] == pd.factorize(groups)[0]).all()
+    wide = pd.DataFrame({"a": np.array([0, 2**40]), "b": np.array([0, 2**30])})
+    assert _packed_key(wide, ["a", "b"]) is None  # 41 + 31 bits: the grouping path

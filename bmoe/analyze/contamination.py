@@ -385,7 +385,8 @@ def cells_from_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
         sidecar = pressure_sidecar_for(path)
         pressure = read_pressure(sidecar) if sidecar else None
         record = run_summary(run, pressure)
-        record["cell"] = str(path.relative_to(root)) if root != path else path.name
+        where = path.resolve()  # the root is of resolved paths: a relative path is under it too
+        record["cell"] = str(where.relative_to(root)) if root != where else path.name
         for key, value in run.params.items():
             record.setdefault(key, value)
         record.update(_entry_state(path, pressure, read_state))
@@ -456,7 +457,11 @@ def cells_from_paths(paths: Iterable[str | Path]) -> pd.DataFrame:
     """
     given = [Path(p) for p in paths]
     if len(given) == 1 and given[0].is_dir() and (given[0] / "results.parquet").is_file():
-        return pd.read_parquet(given[0] / "results.parquet")
+        results = given[0] / "results.parquet"
+        try:
+            return pd.read_parquet(results)
+        except (OSError, ValueError) as exc:  # pyarrow's errors are ValueError / OSError
+            raise BmoeError(f"{results}: unreadable ({str(exc).splitlines()[0]})") from None
     files = find_metrics_files(given)
     if not files:
         raise BmoeError(f"no metrics files found in {', '.join(str(p) for p in paths)}")

@@ -37,25 +37,80 @@ def survivors_text(counts: pd.Series) -> str:
 
 
 def _phase_rows(trace: RouteTrace, phase: int, turn: int | None) -> pd.DataFrame:
+    """The rows of one phase (and turn); the frame itself, not a copy, when that is all."""
     rows = trace.rows
     if "phase" in rows:
-        rows = rows[rows["phase"] == phase]
+        chosen = rows["phase"].to_numpy() == phase
+        if not chosen.all():
+            rows = rows[chosen]
     elif phase != 1:
         rows = rows.iloc[:0]
     if turn is not None and "turn" in rows:
-        rows = rows[rows["turn"] == turn]
+        chosen = rows["turn"].to_numpy() == turn
+        if not chosen.all():
+            rows = rows[chosen]
     return rows
 
 
-def _miss_bytes(trace: RouteTrace, rows: pd.DataFrame, miss: np.ndarray) -> np.ndarray:
+def _cell_ids(rows: pd.DataFrame) -> np.ndarray:
+    """0-based id of each row's cell (turn, step, layer), in order of first appearance."""
+    turns = rows["turn"].to_numpy() if "turn" in rows else np.zeros(len(rows), np.int16)
+    step, layer = rows["step"].to_numpy(), rows["layer"].to_numpy()
+    bits = ((turns, 16), (step, 32), (layer, 16))
+    if len(rows) and all(
+        int(a.min()) >= -(2 ** (b - 1)) and int(a.max()) < 2 ** (b - 1) for a, b in bits
+    ):  # one int64 key per row: (turn, step, layer) packed 16 / 32 / 16 bits
+        key = np.zeros(len(rows), dtype=np.int64)
+        fields = ((turns, 0xFFFF, 48), (step, 0xFFFFFFFF, 16), (layer, 0xFFFF, 0))
+        for values, mask, shift in fields:
+            part = values.astype(np.int64)  # one temporary at a time, worked in place
+            part &= mask
+            part <<= shift
+            key |= part
+            del part
+        ids = _runs_or_factorized(key)
+        del key
+    else:
+        ids = pd.factorize(pd.MultiIndex.from_arrays([turns, step, layer]))[0]
+    return ids.astype(np.int32) if len(ids) < 2**31 else ids
+
+
+def _runs_or_factorized(key: np.ndarray) -> np.ndarray:
+    """Ids of equal keys, numbered in order of first appearance. A trace writes each cell's
+    rows together, so a cell is one run of equal keys: when no key starts two runs, the run
+    number is the id (a bool and an int32 per row, where a hash table needs far more)."""
+    change = np.empty(len(key), dtype=bool)
+    change[:1] = True
+    np.not_equal(key[1:], key[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    if len(pd.unique(key[starts])) == len(starts):
+        ids: np.ndarray = np.cumsum(change, dtype=np.int64 if len(key) >= 2**31 else np.int32)
+        np.subtract(ids, 1, out=ids)
+        return ids
+    return pd.factorize(key)[0]
+
+
+def _read_bytes(trace: RouteTrace, rows: pd.DataFrame) -> np.ndarray:
+    """Bytes each row's routing reads on a miss: the row's ``expert_bytes`` (the frame's own
+    array, not a copy), or for older traces the layer's size from the preamble."""
     if "expert_bytes" in rows:
-        sizes = rows["expert_bytes"].to_numpy(dtype=np.float64)
-    else:  # older traces: price a miss at the layer's expert bytes from the preamble
-        per_layer = trace.expert_bytes()
-        sizes = rows["layer"].map(per_layer).to_numpy(dtype=np.float64)
-        if np.isnan(sizes).any():
-            raise BmoeError(f"{trace.path or 'trace'}: a layer has no expert_bytes")
-    return np.where(miss, sizes, 0.0)
+        return rows["expert_bytes"].to_numpy()
+    per_layer = trace.expert_bytes()
+    sizes = rows["layer"].map(per_layer).to_numpy(dtype=np.float64)
+    if np.isnan(sizes).any():
+        raise BmoeError(f"{trace.path or 'trace'}: a layer has no expert_bytes")
+    return sizes
+
+
+def _top_slots(cid: np.ndarray, w: np.ndarray, n_cells: int) -> np.ndarray:
+    """Each cell's highest-weight row (the first of equal weights, in file order)."""
+    best = np.full(n_cells, -np.inf)
+    np.maximum.at(best, cid, w)
+    candidates = np.flatnonzero(w == best[cid])
+    _cells, first = np.unique(cid[candidates], return_index=True)
+    top = np.zeros(len(cid), dtype=bool)
+    top[candidates[first]] = True
+    return top
 
 
 def drop_phase(
@@ -68,19 +123,24 @@ def drop_phase(
     """The drop replay of one phase: ``summary`` (figures), ``threshold`` (one row per
     frac), ``static_k`` (one row per keep_k) and ``survivors`` (cells per survivor count,
     one row per frac)."""
-    if "residency" not in trace.rows:
+    missing = [c for c in ("residency", "slot", "weight") if c not in trace.rows]
+    if missing:
         raise BmoeError(
-            f"{trace.path or 'trace'}: drop replay needs the residency column (hit or miss)"
+            f"{trace.path or 'trace'}: drop replay needs the {', '.join(missing)} column(s) "
+            "(hit or miss, rank, gate weight)"
         )
     rows = _phase_rows(trace, PHASES[phase], turn)
     k = trace.n_expert_used or (int(rows["slot"].max()) + 1 if len(rows) else 0)
-    turns = rows["turn"] if "turn" in rows else pd.Series(0, index=rows.index)
-    cell = pd.MultiIndex.from_arrays([turns, rows["step"], rows["layer"]])
-    cell_id = pd.factorize(cell)[0]
+    cell_id = _cell_ids(rows)
     weight = rows["weight"].to_numpy(dtype=np.float64)
     miss = rows["residency"].to_numpy() == 0
-    miss_bytes = _miss_bytes(trace, rows, miss)
+    sizes = _read_bytes(trace, rows)
     n_cells = int(cell_id.max()) + 1 if len(cell_id) else 0
+    # The work is sized by the rows, not the preamble's k: no cell keeps more experts than it
+    # routed, and keeping the first keep_k slots drops nothing once keep_k passes the last slot.
+    routed = np.bincount(cell_id, minlength=n_cells)
+    widest = int(routed.max()) if n_cells else 0
+    slots = int(rows["slot"].max()) + 1 if len(rows) else 0
 
     summary: dict = {
         "phase": phase,
@@ -98,33 +158,37 @@ def drop_phase(
         summary["recorded_mass_pct"] = float(_pct(known_w[dropped].sum(), known_w.sum()))
 
     # cells with known weights only
-    unknown = np.bincount(cell_id, weights=np.isnan(weight), minlength=n_cells) > 0
-    keep = ~unknown[cell_id]
-    cid, w, m, mb = cell_id[keep], weight[keep], miss[keep], miss_bytes[keep]
-    slot = rows["slot"].to_numpy()[keep]
+    unknown = np.zeros(n_cells, dtype=bool)
+    unknown[cell_id[np.isnan(weight)]] = True
+    cid, w, m, size = cell_id, weight, miss, sizes
+    slot = rows["slot"].to_numpy()
+    if unknown.any():  # (copies only when some cell has an unknown weight)
+        keep = ~unknown[cell_id]
+        cid, w, m, size, slot = cid[keep], w[keep], m[keep], size[keep], slot[keep]
+    del weight, sizes
+
+    def miss_bytes(rows_dropped: np.ndarray) -> float:  # bytes the dropped misses would read
+        return float(size[rows_dropped & m].sum(dtype=np.float64))
+
     summary["cells_with_weights"] = int((~unknown).sum())
     total_w = w.sum()
-    total_mb = mb.sum()
-    # the cell's highest-weight slot (first on ties)
-    order = np.lexsort((np.arange(len(cid)), -w, cid))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = cid[order][1:] != cid[order][:-1]
-    top = np.zeros(len(cid), dtype=bool)
-    top[order[first]] = True
+    total_mb = miss_bytes(np.ones(len(m), dtype=bool))
+    top = _top_slots(cid, w, n_cells)
+    routed_known = routed if not unknown.any() else np.bincount(cid, minlength=n_cells)
 
     thr_rows, surv_rows = [], []
     cells_known = np.flatnonzero(~unknown)
     for frac in fracs:
         thr = frac / k if k else float("nan")
         drop = m & (w < thr) & ~top
-        surviving = np.bincount(cid, weights=~drop, minlength=n_cells)[cells_known]
+        surviving = (routed_known - np.bincount(cid[drop], minlength=n_cells))[cells_known]
         counts = pd.Series(surviving.astype(int)).value_counts().sort_index()
-        counts = counts.reindex(range(0, k + 1), fill_value=0)
+        counts = counts.reindex(range(0, min(k, widest) + 1), fill_value=0)
         thr_rows.append(
             {
                 "frac": frac,
                 "thr_pct": 100.0 * thr,
-                "io_saved_pct": float(_pct(mb[drop].sum(), total_mb)),
+                "io_saved_pct": float(_pct(miss_bytes(drop), total_mb)),
                 "mass_lost_pct": float(_pct(w[drop].sum(), total_w)),
                 "dropped": int(drop.sum()),
                 "surviving": survivors_text(counts),
@@ -132,12 +196,12 @@ def drop_phase(
         )
         surv_rows.append({"frac": frac, **{str(n): int(c) for n, c in counts.items()}})
     static_rows = []
-    for keep_k in range(k - 1, 0, -1):
+    for keep_k in range(min(k, max(slots, 1)) - 1, 0, -1):
         drop = slot >= keep_k
         static_rows.append(
             {
                 "keep_k": keep_k,
-                "io_saved_pct": float(_pct(mb[drop].sum(), total_mb)),
+                "io_saved_pct": float(_pct(miss_bytes(drop), total_mb)),
                 "mass_lost_pct": float(_pct(w[drop].sum(), total_w)),
             }
         )

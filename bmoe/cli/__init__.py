@@ -32,6 +32,7 @@ import typer
 from rich.console import Console
 
 from bmoe.errors import BmoeError
+from bmoe.render.messages import error_line, labelled, warning_line
 
 app = typer.Typer(
     name="bmoe",
@@ -99,8 +100,10 @@ LAZY_COMMANDS = {
     "export trace": "bmoe.cli.decode",
 }
 
-console = Console()
-err_console = Console(stderr=True)
+# Plain strings are never read as markup (they may quote a file); styled lines are built as
+# rich Text by bmoe.render.messages.
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 
 
 def modules_for(argv: Sequence[str] | None) -> list[str]:
@@ -130,13 +133,13 @@ def register(argv: Sequence[str] | None = None) -> None:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(error_line(message), highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one line on stderr (``warning: file:line: problem``), never a source dump."""
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(warning_line(message), highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BmoeError as exc:
-        err_console.print(
-            f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True, markup=True
-        )
+        err_console.print(error_line(exc), highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err_console.print("interrupted")
@@ -160,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("BMOE_DEBUG"):
             raise
         err_console.print(
-            f"[bold red]internal error:[/] {type(exc).__name__}: {exc} "
-            "(run with BMOE_DEBUG=1 for the traceback)",
+            labelled(
+                "internal error:",
+                "bold red",
+                f"{type(exc).__name__}: {exc} (run with BMOE_DEBUG=1 for the traceback)",
+            ),
             highlight=False,
             soft_wrap=True,
         )

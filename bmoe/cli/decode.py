@@ -11,7 +11,9 @@ import typer
 from bmoe.cli import analyze_app, console, err_console, export_app
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
+from bmoe.formats.outputs import check_output
 from bmoe.render.decode import COMPUTE_NOTE, DIGITS, IO_NOTE, STREAM_NOTE
+from bmoe.render.messages import literal
 from bmoe.render.tables import FORMATS, render
 
 decode_app = typer.Typer(
@@ -86,16 +88,18 @@ def _emit(
     views: dict, fmt: str, notes: list[str], header: str, per_token: tuple[str, ...] = ()
 ) -> None:
     if fmt == "table":
-        console.print(header, highlight=False, soft_wrap=True)
+        console.print(literal(header), highlight=False, soft_wrap=True)
         for note in notes:
-            console.print(f"[dim]note: {note}[/]", highlight=False)
+            console.print(literal(f"note: {note}", "dim"), highlight=False)
         if "per_token" in views:
             frame = views["per_token"]
             keep = [c for c in per_token if c in frame]
             if "turn" in frame and frame["turn"].nunique() <= 1:
                 keep = [c for c in keep if c != "turn"]
             views = {**views, "per_token": frame[keep]}
-            console.print("[dim]note: per_token shows every column with --format csv or json[/]")
+            console.print(
+                literal("note: per_token shows every column with --format csv or json", "dim")
+            )
     text = render(views, fmt, console, DIGITS)
     if text is not None:
         console.out(text, end="")
@@ -155,7 +159,7 @@ def compute(
     from bmoe.analyze import decode as dec
 
     _check_options(fmt, plot)
-    with err_console.status(f"reading {file}"):
+    with err_console.status(literal(f"reading {file}")):
         trace = _read_trace(file, "compute")
         run = _read_metrics(metrics)
     with err_console.status("analysing"):
@@ -176,7 +180,7 @@ def compute(
             fig = plots.segments_bar(views["segments"])
         else:
             fig = plots.class_by_layer(per_layer)
-        err_console.print(f"wrote {save_figure(fig, plot)}", highlight=False)
+        err_console.print(literal(f"wrote {save_figure(fig, plot)}"), highlight=False)
 
 
 @decode_app.command("io")
@@ -208,7 +212,7 @@ def io(
 
     _check_options(fmt, plot)
     window = parse_steps(steps)
-    with err_console.status(f"reading {file}"):
+    with err_console.status(literal(f"reading {file}")):
         trace = _read_trace(file, "io")
         run = _read_metrics(metrics)
     with err_console.status("analysing"):
@@ -221,13 +225,14 @@ def io(
         from bmoe.render.plots import save_figure
 
         cdf = plots.latency_cdf(dec.io_latency_cdf(trace), views["latency_us"])
-        err_console.print(f"wrote {save_figure(cdf, plot)}", highlight=False)
+        err_console.print(literal(f"wrote {save_figure(cdf, plot)}"), highlight=False)
         if window is None:
             first = dec.decode_rows(trace.rows)["step"].min()
             window = (int(first), int(first) + 3)
         timeline = build_timeline(None, trace, decode_only=True, steps=window)
         fig = plots.lane_timeline(timeline, f"Flash reads by lane, steps {window[0]}-{window[1]}")
-        err_console.print(f"wrote {save_figure(fig, _derived(plot, 'timeline'))}", highlight=False)
+        written = save_figure(fig, _derived(plot, "timeline"))
+        err_console.print(literal(f"wrote {written}"), highlight=False)
 
 
 @export_app.command("trace")
@@ -244,6 +249,7 @@ def export_trace(
     ),
     decode_only: bool = typer.Option(False, "--decode-only", help="Leave the prefill out."),
     steps: str | None = typer.Option(None, "--steps", help="Only trace steps A-B."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the output if it exists."),
 ) -> None:
     """Decode traces as a Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and
     chrome://tracing open: a track per io lane, a compute track, a step track.
@@ -259,6 +265,7 @@ def export_trace(
         raise BmoeError(f"--compute-detail {detail!r}: choose node or layer")
     if len(files) > 2:
         raise BmoeError("export trace takes at most two files (a compute and an io trace)")
+    check_output(out, files, force=force)
     compute = io_trace = None
     with err_console.status("reading"):
         for path in files:
@@ -281,13 +288,15 @@ def export_trace(
     source = compute if compute is not None else io_trace
     assert source is not None  # FILES has one file at least, and each is a trace
     meta = dict(source.meta)
-    with err_console.status(f"writing {out}"):
+    with err_console.status(literal(f"writing {out}")):
         write_chrome_trace(timeline, out, meta)
     slices = sum(len(f) for f in (timeline.io, timeline.compute) if f is not None)
     console.print(
-        f"wrote {out}: {slices} slices over {len(timeline.steps)} steps "
-        "(open in https://ui.perfetto.dev)",
+        literal(
+            f"wrote {out}: {slices} slices over {len(timeline.steps)} steps "
+            "(open in https://ui.perfetto.dev)"
+        ),
         highlight=False,
     )
     for note in timeline.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(literal(f"note: {note}"), highlight=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from bmoe.cli import app, console, err_console
@@ -226,7 +227,7 @@ def synth(
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task(f"writing {out.name}", total=total)
+        task = bar.add_task(escape(f"writing {out.name}"), total=total)  # read as markup
         path = synth_model(
             out,
             preset,

@@ -7,10 +7,12 @@ import warnings
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from bmoe.cli import app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
+from bmoe.render.messages import error_line, literal, printable
 from bmoe.render.outputs import FORMATS
 
 TARGETS = ("parquet", "csv")  # bmoe.formats.convert.TARGETS, named here for the help text
@@ -19,7 +21,7 @@ _FORMAT_HELP = f"Output format: {', '.join(FORMATS)}."
 
 
 def _error(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(error_line(message), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -91,8 +93,12 @@ def validate(
             for f in findings:
                 color = "red" if f.severity == "error" else "yellow"
                 console.print(
-                    f"{path}{':' + str(f.line) if f.line else ''}: "
-                    f"[{color}]{f.severity}[/]: {f.message}",
+                    Text.assemble(
+                        printable(f"{path}{':' + str(f.line) if f.line else ''}: "),
+                        (f.severity, color),
+                        ": ",
+                        printable(f.message),
+                    ),
                     highlight=False,
                     soft_wrap=True,
                 )
@@ -100,7 +106,7 @@ def validate(
             summary = (
                 f"{errors} error(s), {len(findings) - errors} warning(s)" if findings else "ok"
             )
-            console.print(f"{path}: {summary}", highlight=False, soft_wrap=True)
+            console.print(literal(f"{path}: {summary}"), highlight=False, soft_wrap=True)
     if fmt != "text":
         frame = pd.DataFrame.from_records(
             records, columns=["file", "line", "severity", "message"]
@@ -121,25 +127,32 @@ def convert(
     out_dir: Path | None = typer.Option(
         None, "--output-dir", "-o", help="Directory for the outputs (default: beside each file)."
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite outputs that exist already."),
 ) -> None:
     """Convert files to Parquet (preamble and summaries kept in the schema metadata) or back.
 
     Every reader accepts the Parquet file in place of the CSV; --to csv gives the original bytes.
+    An output that exists already is left alone unless --force; an input never is overwritten.
 
     Example: bmoe convert run.csv trace.route.csv --to parquet -o parquet/
     """
-    from bmoe.formats.convert import convert_file
+    from bmoe.formats.convert import convert_file, output_path
 
     if to not in TARGETS:
         raise BmoeError(f"cannot convert to {to!r} (choose {' or '.join(TARGETS)})")
     failed = False
+    written: dict[Path, Path] = {}  # output -> the input converted into it by this command
     for path in files:
         try:
-            dest = convert_file(path, to, out_dir)
+            dest = output_path(path, to, out_dir)
+            if dest in written:
+                raise BmoeError(f"{path}: would also be written to {dest} (from {written[dest]})")
+            dest = convert_file(path, to, out_dir, force=force, inputs=files)
+            written[dest] = path
         except BmoeError as exc:
             _error(str(exc))
             failed = True
             continue
-        console.print(f"{path} -> {dest}", highlight=False, soft_wrap=True)
+        console.print(literal(f"{path} -> {dest}"), highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(2)

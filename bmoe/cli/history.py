@@ -8,6 +8,7 @@ import typer
 
 from bmoe.cli import app, console, err_console
 from bmoe.errors import BmoeError
+from bmoe.render.messages import literal, note_line
 
 
 @app.command("history")
@@ -71,10 +72,9 @@ def history_command(
         from bmoe.render.plots import save_figure
         from bmoe.render.plots.sweep import trend_lines
 
-        err_console.print(f"wrote {save_figure(trend_lines(lined, outcome), plot)}")
+        err_console.print(literal(f"wrote {save_figure(trend_lines(lined, outcome), plot)}"))
     found = hist.regressions(hist.steps(lined, outcome, limit))
     for row in found.itertuples(index=False):
-        err_console.print(f"[bold yellow]REGRESSION[/] {row.sentence}", highlight=False,
-                          soft_wrap=True)  # fmt: skip
+        err_console.print(note_line(row.sentence, "REGRESSION"), highlight=False, soft_wrap=True)
     if gate is not None and len(found):
         raise typer.Exit(1)

@@ -13,6 +13,7 @@ import typer
 from bmoe.cli import app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
+from bmoe.render.messages import labelled, literal, note_line, warning_line
 from bmoe.render.outputs import FORMATS
 
 if TYPE_CHECKING:
@@ -134,10 +135,10 @@ def profile_command(
         _show({"flash": flash}, fmt)
         if out is not None:
             err_console.print(
-                "[yellow]note:[/] a probe alone measures flash only; give runs too to write a "
-                "profile",
+                labelled("note:", "yellow", "a probe alone measures flash only; give runs too "
+                         "to write a profile"),
                 highlight=False,
-            )
+            )  # fmt: skip
         return
     from bmoe.analyze.profile import build_profile, read_runs
     from bmoe.formats.profile import write_profile
@@ -147,17 +148,17 @@ def profile_command(
         runs = read_runs(paths)
         profile = build_profile(runs, allow_traced=allow_traced)
     for w in caught:
-        err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+        err_console.print(warning_line(w.message), highlight=False)
     if flash is not None:
         from bmoe.analyze.profile import with_probe
 
         profile = with_probe(profile, flash, f"{probe} ({probe_file})")
     _show(_profile_views(profile), fmt)
     for caveat in profile.caveats:
-        err_console.print(f"[yellow]caveat:[/] {caveat}", highlight=False)
+        err_console.print(labelled("caveat:", "yellow", caveat), highlight=False)
     if out is not None:
         write_profile(profile, out)
-        err_console.print(f"wrote {out} ({len(runs)} runs)", highlight=False)
+        err_console.print(literal(f"wrote {out} ({len(runs)} runs)"), highlight=False)
 
 
 def _profile_views(profile) -> dict:
@@ -228,13 +229,13 @@ def predict_command(
     cells = prediction.parse_grid(grid) if grid else None
     trace = read_trace(trace_path)
     for caveat in profile.caveats:
-        err_console.print(f"[yellow]caveat:[/] {caveat}", highlight=False)
+        err_console.print(labelled("caveat:", "yellow", caveat), highlight=False)
     if trace.recorded_with_dropping:
         err_console.print(
-            "[bold yellow]NOTE[/] this trace was recorded with expert dropping on: the "
-            "prediction reads every expert the router asked for, dropped ones included",
+            note_line("this trace was recorded with expert dropping on: the prediction reads "
+                      "every expert the router asked for, dropped ones included"),
             highlight=False,
-        )
+        )  # fmt: skip
     if against_dir is not None:
         from bmoe.sweep.archive import load_results
 

@@ -14,7 +14,9 @@ from bmoe.cache import POLICIES, REFERENCE_POLICIES
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
+from bmoe.formats.outputs import check_output
 from bmoe.formats.route import RouteTrace, read_route_trace
+from bmoe.render.messages import literal, note_line, warning_line
 from bmoe.render.tables import FORMATS, render
 
 
@@ -35,11 +37,14 @@ def parse_numbers(text: str, option: str) -> list[float]:
 
 
 def read_trace(path: Path) -> RouteTrace:
-    with warnings.catch_warnings(record=True) as caught, err_console.status("reading trace"):
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        err_console.status(literal("reading trace")),
+    ):
         warnings.simplefilter("always")
         trace = read_route_trace(path)
     for w in caught:
-        err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+        err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     return trace
 
 
@@ -113,6 +118,7 @@ def analyze_replay(
         min=1,
         help="Replays run at once (default: the CPUs); the figures do not depend on it.",
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --csv file that exists."),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
 
@@ -131,6 +137,11 @@ def analyze_replay(
 
         if plot.suffix.lower() not in SUFFIXES:
             raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
+    inputs = [trace_path] + ([metrics] if metrics is not None else [])
+    if csv_out is not None:
+        check_output(csv_out, inputs, force=force)
+    if plot is not None:
+        check_output(plot, inputs, force=True)
     trace = replay_analysis.replay_columns_only(read_trace(trace_path))
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
@@ -144,12 +155,11 @@ def analyze_replay(
         summary, params = run.summary, run.params
         if summary.get("cache_hit_pct") is None:
             err_console.print(
-                f"[yellow]warning:[/] {metrics}: no cache_hit_pct in its summary",
-                highlight=False,
+                warning_line(f"{metrics}: no cache_hit_pct in its summary"), highlight=False
             )
         if validate is None:
             err_console.print(
-                "[yellow]note:[/] --metrics is read for --validate MIB; pass the run's budget",
+                note_line("--metrics is read for --validate MIB; pass the run's budget", "note:"),
                 highlight=False,
             )
 
@@ -176,8 +186,10 @@ def analyze_replay(
         )
     if views["shape"].get("recorded_with_dropping"):
         err_console.print(
-            "[bold yellow]NOTE[/] this trace was recorded with expert dropping on: the replay "
-            "looks up every expert the router asked for, dropped ones included",
+            note_line(
+                "this trace was recorded with expert dropping on: the replay looks up every "
+                "expert the router asked for, dropped ones included"
+            ),
             highlight=False,
         )
     _print_replay(views, fmt, validate)
@@ -186,7 +198,7 @@ def analyze_replay(
 
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         csv_out.write_text(curve_csv(views["curve"]), encoding="utf-8")
-        err_console.print(f"wrote {csv_out}", highlight=False)
+        err_console.print(literal(f"wrote {csv_out}"), highlight=False)
     if plot is not None:
         _plot(views, plot, _recorded_point(views, validate, summary, params))
 
@@ -227,13 +239,13 @@ def _plot(views, plot: Path, recorded) -> None:
             views["curve"], t_mib=t_mib, recorded=recorded, mrc=views.get("mrc")
         )
         written = save_figure(fig, plot)
-        err_console.print(f"wrote replay plot to {written}", highlight=False)
+        err_console.print(literal(f"wrote replay plot to {written}"), highlight=False)
         if "mrc" in views:
             mrc_path = plot.with_name(f"{plot.stem}.mrc{plot.suffix}")
             written = save_figure(
                 plots.mrc_plot(views["mrc"], t_mib=t_mib, recorded=recorded), mrc_path
             )
-            err_console.print(f"wrote LRU miss-ratio plot to {written}", highlight=False)
+            err_console.print(literal(f"wrote LRU miss-ratio plot to {written}"), highlight=False)
 
 
 @analyze_app.command("drop")

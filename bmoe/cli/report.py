@@ -9,6 +9,7 @@ import typer
 
 from bmoe.cli import app, err_console
 from bmoe.errors import BmoeError
+from bmoe.render.messages import literal
 
 _KINDS = ("metrics", "route", "compute", "io")
 
@@ -48,7 +49,7 @@ def report_command(
         _history_pages(paths, out, outcome, title)
         return
     path = paths[0]
-    with err_console.status(f"reading {path}"):
+    with err_console.status(literal(f"reading {path}")):
         if path.is_dir():
             text = _sweep_page(path, runs, outcome, title)
         else:
@@ -57,7 +58,8 @@ def report_command(
             text = _file_page(path, metrics, title)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
-    err_console.print(f"wrote {out} ({len(text.encode('utf-8')) / 1024:.0f} KiB)", highlight=False)
+    size_kib = len(text.encode("utf-8")) / 1024
+    err_console.print(literal(f"wrote {out} ({size_kib:.0f} KiB)"), highlight=False)
 
 
 def _history_pages(paths: list[Path], out: Path, outcome: str, title: str | None) -> None:

@@ -12,6 +12,7 @@ from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.formats.route import read_route_trace
+from bmoe.render.messages import literal, note_line, warning_line
 from bmoe.render.tables import FORMATS, render
 
 PLOT_KINDS = ("auto", "reuse", "reuse-bytes", "heatmap", "heatmap-experts", "workset", "hot",
@@ -153,11 +154,14 @@ def analyze_route(
         raise BmoeError(f"unknown --cells {cells!r} (choose {', '.join(route.MATRIX_CELLS)})")
     names = parse_views(view)
     kind = choose_plot(plot_kind, names, view, cells) if plot else None
-    with warnings.catch_warnings(record=True) as caught, err_console.status("reading trace"):
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        err_console.status(literal("reading trace")),
+    ):
         warnings.simplefilter("always")
         trace = read_route_trace(trace_path)
     for w in caught:
-        err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+        err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     selected = route.select(
         trace,
         phase=phase,
@@ -184,9 +188,9 @@ def analyze_route(
     if plot is not None and kind is not None:
         from bmoe.render.plots import save_figure
 
-        with err_console.status(f"drawing {kind}"):
+        with err_console.status(literal(f"drawing {kind}")):
             written = save_figure(draw(kind, selected, budget_mib), plot)
-        err_console.print(f"wrote {kind} plot to {written}", highlight=False)
+        err_console.print(literal(f"wrote {kind} plot to {written}"), highlight=False)
 
 
 def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
@@ -221,6 +225,6 @@ def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
             text.print_views(console, views, notes, cells)
         return
     for c in said:
-        err_console.print(f"[bold yellow]NOTE[/] {c}", highlight=False)
+        err_console.print(note_line(c), highlight=False, soft_wrap=True)
     out = text.markdown_views(views, notes, []) if fmt == "markdown" else render(views, fmt)
     console.out(out or "", end="")

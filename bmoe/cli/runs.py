@@ -14,6 +14,7 @@ from bmoe.analyze.runfiles import load_run_files
 from bmoe.analyze.stall import memory_picture, stall_attribution
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format
+from bmoe.render.messages import literal, note_line
 from bmoe.render.runs import DIGITS
 from bmoe.render.tables import FORMATS, render, transposed
 
@@ -84,7 +85,7 @@ def stall_command(
         views["tokens"] = att.tokens
     _emit(views, fmt)
     if plot is not None and att.tokens.empty:
-        err_console.print(f"note: {file.name} has no token rows; no plot written")
+        err_console.print(literal(f"note: {file.name} has no token rows; no plot written"))
     elif plot is not None:
         from bmoe.render.plots import save_figure
         from bmoe.render.plots.runs import stall_figure
@@ -97,8 +98,8 @@ def stall_command(
             memory,
             title=f"{file.name}: stall attribution",
             compute_label=att.compute_source,
-        )
-        err_console.print(f"wrote {save_figure(fig, plot)}")
+        )  # fmt: skip
+        err_console.print(literal(f"wrote {save_figure(fig, plot)}"))
 
 
 @analyze_app.command("compare")
@@ -133,10 +134,9 @@ def compare_command(
         for row in comp.concerns.itertuples():
             level = "FORCED PAST A REFUSAL" if row.level == REFUSE else "WARNING"
             err_console.print(
-                f"[bold yellow]{level}[/] ({title}, {row.run}): {row.reason}",
-                highlight=False,
-                soft_wrap=True,
-            )
+                note_line(f"({title}, {row.run}): {row.reason}", level),
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
 
 
 @analyze_app.command("contamination")

@@ -8,10 +8,12 @@ import tomllib
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from bmoe.cli import analyze_app, app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
+from bmoe.render.messages import literal, printable
 from bmoe.render.outputs import FORMATS
 
 
@@ -30,24 +32,27 @@ def _dry_run(config, plan, archive_root: Path) -> None:
     repeats = f"{s.repeats}-{s.max_repeats} (auto)" if s.adaptive else str(s.repeats)
     warmup = f" + {s.warmup} warm-up" if s.warmup else ""
     console.print(
-        f"[bold]{config.settings.name}[/]: {len(plan.cells)} cells x {repeats} "
-        f"repeats{warmup} = {len(plan.runs)} runs, engine {config.settings.engine}, "
-        f"order {config.settings.order}; folder {archive_root}",
+        Text.assemble(
+            (printable(config.settings.name), "bold"),
+            printable(
+                f": {len(plan.cells)} cells x {repeats} repeats{warmup} = "
+                f"{len(plan.runs)} runs, engine {config.settings.engine}, "
+                f"order {config.settings.order}; folder {archive_root}"
+            ),
+        ),
         highlight=False,
     )
     if config.settings.executor == "ray":
         resources = ", ".join(f"{s.name} ({s.ray_resource})" for s in config.targets)
-        console.print(
-            f"on the Ray cluster at {config.settings.address}; targets: {resources}",
-            highlight=False,
-        )
+        console.print(literal(f"on the Ray cluster at {config.settings.address}; "
+                              f"targets: {resources}"), highlight=False)  # fmt: skip
     try:
         for run in plan.runs:
             target = targets[assigned[run.id]]
-            console.print(
-                f"[bold]{run.order + 1:>4}[/] {run.id}  [cyan]{target.name}[/]", highlight=False
-            )
-            console.file.write("      " + planned_command(run, target, ctx) + "\n")
+            console.print(Text.assemble((f"{run.order + 1:>4}", "bold"), " ", printable(run.id),
+                                        "  ", (printable(target.name), "cyan")),
+                          highlight=False)  # fmt: skip
+            console.file.write("      " + printable(planned_command(run, target, ctx)) + "\n")
             console.file.flush()
     finally:
         for target in targets.values():
@@ -138,6 +143,10 @@ def sweep_command(
         folder = config
         config = config / CONFIG
         resume = True
+    if config.exists():  # a FIFO or a device would block or never end: named instead
+        from bmoe.formats.inputs import regular_file
+
+        regular_file(config)
     cfg = load_config(config)
     plan = make_plan(cfg)
     root = output or Path(cfg.settings.output)
@@ -212,22 +221,24 @@ def _run_locked(
             raise
         _write_summary(archive.root)
     if interrupted:
-        err_console.print(f"interrupted; resume with: bmoe sweep {archive.root}", highlight=False)
+        err_console.print(literal(f"interrupted; resume with: bmoe sweep {archive.root}"))
         raise typer.Exit(130)
     assert outcome is not None
     failed = outcome.failed_runs
     not_run = outcome.not_run
     console.print(
-        f"{outcome.completed}/{outcome.total} runs complete ({outcome.skipped} from before), "
-        f"{len(failed)} failed"
-        + (f", {not_run} not run" if not_run else "")
-        + f" -> {archive.root}",
+        literal(
+            f"{outcome.completed}/{outcome.total} runs complete ({outcome.skipped} from before), "
+            f"{len(failed)} failed"
+            + (f", {not_run} not run" if not_run else "")
+            + f" -> {archive.root}"
+        ),
         highlight=False,
     )
     if failed:
-        err_console.print("failed: " + ", ".join(failed), highlight=False)
+        err_console.print(literal("failed: " + ", ".join(failed)), highlight=False)
     if not_run:
-        err_console.print(f"resume with: bmoe sweep {archive.root}", highlight=False)
+        err_console.print(literal(f"resume with: bmoe sweep {archive.root}"), highlight=False)
     if failed or not_run:
         raise typer.Exit(1)
 
@@ -323,4 +334,4 @@ def _answer_plots(results, outcome: str, folder: Path) -> None:
         figures = outcome_figures(ranked, sw.ok_attempts(results), outcome, x, by, rest)
     for name, fig in figures:
         path = save_figure(fig, folder / f"{name}.png")
-        err_console.print(f"wrote {path}", highlight=False)
+        err_console.print(literal(f"wrote {path}"), highlight=False)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from bmoe.errors import BmoeError
 from bmoe.formats.csvtable import PathLike
 from bmoe.formats.errors import FormatError
 from bmoe.formats.load import detect_kind, load_file, write_parquet
+from bmoe.formats.outputs import check_output, same_file
 
 TARGETS = ("parquet", "csv")
 
@@ -33,11 +35,19 @@ def output_path(source: PathLike, to: str, out_dir: PathLike | None = None) -> P
     return Path(out_dir or src.parent) / (src.stem + suffix)
 
 
-def convert_file(source: PathLike, to: str = "parquet", out_dir: PathLike | None = None) -> Path:
+def convert_file(
+    source: PathLike,
+    to: str = "parquet",
+    out_dir: PathLike | None = None,
+    *,
+    force: bool = True,
+    inputs: Sequence[PathLike] = (),
+) -> Path:
     """Write `source` (a metrics CSV or a route / compute / io trace, CSV or Parquet) as `to`.
 
     Returns the path written. Parquet keeps the preamble and summaries in the schema metadata,
-    so converting back to CSV gives the original bytes.
+    so converting back to CSV gives the original bytes. The output is never `source` or one of
+    `inputs` (the other files of the same command); without `force` it must not exist yet.
     """
     from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.metrics import MetricsRun
@@ -56,8 +66,9 @@ def convert_file(source: PathLike, to: str = "parquet", out_dir: PathLike | None
             str(source), None, f"is {what}; only metrics CSVs and route/compute/io traces convert"
         )
     dest = output_path(source, to, out_dir)
-    if dest.resolve() == Path(source).resolve():
+    if same_file(dest, source):
         raise FormatError(str(source), None, f"is already {to}; nothing to convert")
+    check_output(dest, [source, *inputs], force=force)
     try:
         if out_dir is not None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from bmoe.formats.errors import FormatError, warn
+from bmoe.formats.inputs import regular_file
 
 BOM = b"\xef\xbb\xbf"
 
@@ -121,7 +122,7 @@ class Sections:
 def read_bytes(source: PathLike | bytes) -> tuple[bytes, str | None]:
     if isinstance(source, bytes | bytearray | memoryview):
         return bytes(source), None
-    path = str(source)
+    path = regular_file(source)
     try:
         return Path(path).read_bytes(), path
     except FileNotFoundError:
@@ -421,7 +422,7 @@ def load_sections(source: PathLike | bytes, *, verify: bool = True) -> Sections:
     (a numeric first column makes such a line a parse error, and the careful path takes over);
     readers that need the trailer (the metrics summary) keep the default."""
     if not isinstance(source, bytes | bytearray | memoryview):
-        path = str(source)
+        path = regular_file(source)
         try:
             large = os.path.getsize(path) > STREAM_ABOVE
         except OSError:
@@ -456,6 +457,30 @@ def frame_or_empty(sec: Sections, types: dict[str, pa.DataType], required=()) ->
 
 def as_int_array(series: pd.Series) -> np.ndarray:
     return series.to_numpy(dtype=np.int64, copy=False)
+
+
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def check_int32(sec: Sections, frame: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    """FormatError at the first row whose id or index in `columns` does not fit 32 bits.
+
+    The compact types are widened for values that overflow them (see :func:`read_rows`);
+    ids, layers and steps past int32 are outside the contract, and every analysis that
+    builds keys from them would overflow. Only widened columns are scanned.
+    """
+    for column in columns:
+        if column not in frame or frame[column].dtype != np.int64:
+            continue
+        values = frame[column].to_numpy()
+        bad = (values < INT32[0]) | (values > INT32[1])
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise FormatError(
+                sec.path,
+                _line_of_row(sec, row),
+                f"{column}={values[row]} is beyond the 32-bit range of the contract",
+            )
 
 
 def row_lines(sec: Sections, rows: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from bmoe.formats import kv
-from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections
+from bmoe.formats.csvtable import PathLike, check_int32, frame_or_empty, load_sections
 from bmoe.formats.route import format_rows
 
 COMPUTE_COLUMNS = ("turn", "phase", "step", "seq", "layer", "op", "name", "wall_ns", "majflt")
@@ -80,13 +80,13 @@ class IoTrace:
 def _preamble(sec, tag: str) -> tuple[int, dict[str, Any]]:
     version = 0
     meta: dict[str, Any] = {}
-    for _line, text in sec.preamble():
+    for line, text in sec.preamble():
         if text.startswith(tag):
             parts = text.split()
             if len(parts) > 1 and parts[1][1:].isdigit():
                 version = int(parts[1][1:])
             continue
-        meta.update(kv.parse_tokens(text))
+        meta.update(kv.parse_checked(text, sec.path, line))
     return version, meta
 
 
@@ -98,7 +98,8 @@ def read_compute_trace(source: PathLike | bytes) -> ComputeTrace:
         return ComputeTrace(p.name, p.version, p.meta, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "compute_trace")
-    rows = frame_or_empty(sec, COMPUTE_TYPES, ("wall_ns",))
+    rows = frame_or_empty(sec, COMPUTE_TYPES, ("step", "wall_ns"))
+    check_int32(sec, rows, ("turn", "phase", "step", "seq", "layer"))
     return ComputeTrace(sec.path, version, meta, rows, sec.warnings)
 
 
@@ -110,7 +111,8 @@ def read_io_trace(source: PathLike | bytes) -> IoTrace:
         return IoTrace(p.name, p.version, p.meta, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "io_trace")
-    rows = frame_or_empty(sec, IO_TYPES, ("read_bytes", "latency_ns"))
+    rows = frame_or_empty(sec, IO_TYPES, ("step", "layer", "expert", "read_bytes", "latency_ns"))
+    check_int32(sec, rows, ("turn", "phase", "step", "layer", "expert", "proj", "lane", "spec"))
     return IoTrace(sec.path, version, meta, rows, sec.warnings)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bmoe.formats.csvtable import BOM, PathLike
+from bmoe.formats.inputs import regular_file
 
 #: Kinds :func:`detect` can return.
 KINDS = (
@@ -80,6 +81,6 @@ def detect_bytes(head: bytes) -> str | None:
 
 def detect(source: PathLike) -> str | None:
     """The kind of the file at `source` (see :data:`KINDS`), or None."""
-    with open(source, "rb") as fh:
+    with open(regular_file(source), "rb") as fh:
         head = fh.read(65536)
     return detect_bytes(head)

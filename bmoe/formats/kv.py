@@ -12,6 +12,8 @@ import math
 import re
 from typing import Any
 
+from bmoe.formats.errors import FormatError
+
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|nan|inf|-inf)$", re.I)
 
@@ -68,6 +70,54 @@ def parse_tokens(text: str) -> dict[str, Any]:
             continue
         out[key] = parse_value(key, value)
     return out
+
+
+#: Counts every consumer sizes things by: non-negative integers below 2**31.
+COUNT_KEYS = frozenset(
+    {"n_layer", "n_expert", "n_expert_used", "threads", "n_threads", "io_threads", "n_ctx",
+     "n_ubatch"}
+)  # fmt: skip
+#: Indices (a route trace's ``# layer=`` lines): non-negative integers below 2**31.
+INDEX_KEYS = frozenset({"layer"})
+#: Byte sizes: non-negative integers that fit an int64.
+SIZE_KEYS = frozenset({"expert_bytes", "dense_bytes"})
+_LIMITS = {
+    **dict.fromkeys(COUNT_KEYS | INDEX_KEYS, 2**31 - 1),
+    **dict.fromkeys(SIZE_KEYS, 2**63 - 1),
+}
+
+
+def quoted(text: Any, limit: int = 40) -> str:
+    """`text` quoted for a message, cut to `limit` characters."""
+    text = str(text)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def contract_problem(key: str, value: Any) -> str | None:
+    """Why `value` is not what the contract allows for `key` (None when it is, or when the key
+    has no numeric contract)."""
+    if key in FLOAT_KEYS:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return None
+        return f"{key}={quoted(value)} is not a number"
+    limit = _LIMITS.get(key)
+    if limit is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit:
+        return None
+    what = "a count" if key in COUNT_KEYS else "an index" if key in INDEX_KEYS else "a size"
+    return f"{key}={quoted(value)} is not {what} (an integer from 0 to {limit})"
+
+
+def parse_checked(text: str, path: str | None, line: int | None) -> dict[str, Any]:
+    """:func:`parse_tokens` of a preamble line, with counts and sizes outside the contract
+    (``n_expert=x``, ``n_layer=nan``, ``expert_bytes`` beyond int64) as a FormatError."""
+    values = parse_tokens(text)
+    for key, value in values.items():
+        problem = contract_problem(key, value)
+        if problem is not None:
+            raise FormatError(path, line, problem)
+    return values
 
 
 def format_value(key: str, value: Any, precision: dict[str, int] | None = None) -> str:

@@ -10,6 +10,7 @@ from bmoe.formats import parquet
 from bmoe.formats.csvtable import BOM, PathLike
 from bmoe.formats.detect import detect_bytes
 from bmoe.formats.errors import FormatError
+from bmoe.formats.inputs import regular_file
 
 if TYPE_CHECKING:
     from bmoe.formats.decode import ComputeTrace, IoTrace
@@ -107,7 +108,7 @@ def detect_kind(path: PathLike) -> str | None:
 
 def read_tail(path: PathLike, size: int = 16384) -> bytes:
     """The last `size` bytes of `path`, from a line start."""
-    with open(path, "rb") as fh:
+    with open(regular_file(path), "rb") as fh:
         fh.seek(0, 2)
         end = fh.tell()
         fh.seek(max(0, end - size))
@@ -119,7 +120,7 @@ def read_tail(path: PathLike, size: int = 16384) -> bytes:
 def read_head(path: PathLike, size: int = HEAD_BYTES) -> bytes:
     """The first `size` bytes of `path`, with missing files and directories as FormatError."""
     try:
-        with open(path, "rb") as fh:
+        with open(regular_file(path), "rb") as fh:
             return fh.read(size)
     except FileNotFoundError:
         raise FormatError(str(path), None, "no such file") from None

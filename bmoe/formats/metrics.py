@@ -173,8 +173,7 @@ def read_metrics(source: PathLike | bytes) -> MetricsRun:
         elif text.startswith("summary"):
             continue
         else:
-            params.update(kv.parse_tokens(text))
-        del line
+            params.update(kv.parse_checked(text, sec.path, line))
     trailer = sec.trailer()
     for n, (line, text, _rows) in enumerate(trailer):
         if text.startswith("summary"):

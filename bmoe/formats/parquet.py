@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bmoe.formats.errors import FormatError
+from bmoe.formats.inputs import is_regular_file, regular_file
 
 MAGIC = b"PAR1"
 #: Schema metadata keys (all values are UTF-8 JSON except kind and version).
@@ -42,6 +43,8 @@ def is_parquet(source: Any) -> bool:
     """Whether `source` (a path or bytes) starts like a Parquet file."""
     if isinstance(source, bytes | bytearray | memoryview):
         return bytes(source[:4]) == MAGIC
+    if not is_regular_file(source):
+        return False  # the reader it falls through to names the problem
     try:
         with open(source, "rb") as fh:
             return fh.read(4) == MAGIC
@@ -105,7 +108,7 @@ def write_table(obj: Any, kind: str, dest: str | os.PathLike) -> Path:
 
 def _open(source: Any) -> tuple[pa.Table, str | None]:
     name = None if isinstance(source, bytes | bytearray | memoryview) else str(source)
-    src = pa.BufferReader(bytes(source)) if name is None else name
+    src = pa.BufferReader(bytes(source)) if name is None else regular_file(name)
     try:
         return pq.read_table(src), name
     except (pa.ArrowException, OSError, ValueError) as exc:

@@ -14,7 +14,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from bmoe.formats import kv
-from bmoe.formats.csvtable import BLOCK_SIZE, PathLike, Sections, frame_or_empty, load_sections
+from bmoe.formats.csvtable import (
+    BLOCK_SIZE,
+    PathLike,
+    Sections,
+    check_int32,
+    frame_or_empty,
+    load_sections,
+)
 from bmoe.formats.errors import FormatError
 
 COLUMNS = (
@@ -82,7 +89,7 @@ def _parse_preamble(sec) -> tuple[int, dict[str, Any], pd.DataFrame]:
             if len(parts) > 1 and parts[1].startswith("v") and parts[1][1:].isdigit():
                 version = int(parts[1][1:])
             continue
-        values = kv.parse_tokens(text)
+        values = kv.parse_checked(text, sec.path, line)
         if "layer" in values:
             if not isinstance(values["layer"], int):
                 raise FormatError(sec.path, line, f"layer={values['layer']!r} is not an integer")
@@ -109,6 +116,7 @@ def read_route_trace(source: PathLike | bytes) -> RouteTrace:
     rows = _stream_rows(sec)
     if rows is None:
         rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
+    check_int32(sec, rows, ("turn", "phase", "step", "layer", "slot", "expert"))
     return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
 
 

@@ -16,6 +16,8 @@ from typing import Any, TextIO
 
 from bmoe.formats import kv
 from bmoe.formats.csvtable import BOM, PathLike, read_bytes
+from bmoe.formats.errors import FormatError
+from bmoe.formats.inputs import regular_file
 
 #: Keys the native benchmarking practice writes, in its order.
 PRESSURE_KEYS = (
@@ -56,7 +58,11 @@ def pressure_sidecar_for(csv_path: PathLike) -> Path | None:
     path = Path(csv_path).with_suffix(".metrics")
     if path == Path(csv_path) or not path.is_file():
         return None
-    head = path.read_bytes()[:4096].decode("utf-8", "replace")
+    try:
+        with open(regular_file(path), "rb") as fh:
+            head = fh.read(4096).decode("utf-8", "replace")
+    except (FormatError, OSError):
+        return None
     return path if "=" in head and "," not in head.splitlines()[0] else None
 
 

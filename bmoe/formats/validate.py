@@ -110,6 +110,31 @@ def _span(values: np.ndarray) -> int:
     return int(values.max()) - int(values.min()) + 1
 
 
+def _packed_key(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray | None:
+    """One int64 per row that is equal exactly where the rows agree on every one of the
+    integer `columns` (each shifted to its minimum and packed in the bits its range needs),
+    or None when their ranges do not fit 63 bits. A few bytes per row, where grouping by
+    several columns builds several label arrays."""
+    key = np.zeros(len(frame), dtype=np.int64)
+    shift = 0
+    for name in columns:
+        values = frame[name].to_numpy()
+        if values.dtype.kind not in "iu":
+            return None
+        lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+        bits = (hi - lo).bit_length()
+        if shift + bits > 63:
+            return None
+        if bits:
+            part = values.astype(np.int64)  # the one temporary, worked on in place
+            part -= lo
+            part <<= shift
+            key |= part
+            del part
+        shift += bits
+    return key
+
+
 def _packed(frame: pd.DataFrame, names: Sequence[str]) -> np.ndarray | None:
     """The columns `names` as one int64 per row ordered like the tuples of their values (a
     mixed radix over each column's range); None when the ranges do not fit in 63 bits."""
@@ -130,20 +155,24 @@ def _packed(frame: pd.DataFrame, names: Sequence[str]) -> np.ndarray | None:
 def _step_goes_back(frame: pd.DataFrame, groups: Sequence[str], strict: bool) -> np.ndarray:
     """Rows whose ``step`` is below (or, `strict`, not above) the previous row of its group,
     groups being the rows sharing the values of `groups` (in file order within a group)."""
-    steps = frame["step"].to_numpy(dtype=np.int64)
+    steps = frame["step"].to_numpy()
     bad = np.zeros(len(frame), dtype=bool)
     if len(frame) < 2:
         return bad
     present = [g for g in groups if g in frame.columns]
     if present:
-        key = frame.groupby(present, sort=False, observed=True).ngroup().to_numpy()
+        key = _packed_key(frame, present)
+        if key is None:
+            key = frame.groupby(present, sort=False, observed=True).ngroup().to_numpy()
         order = np.argsort(key, kind="stable")
     else:
         key = np.zeros(len(frame), dtype=np.int64)
         order = np.arange(len(frame))
-    k, s = key[order], steps[order]
-    diff = s[1:] - s[:-1]
-    back = (k[1:] == k[:-1]) & ((diff <= 0) if strict else (diff < 0))
+    k = key[order]
+    same = k[1:] == k[:-1]
+    del k, key
+    s = steps[order]  # compared, never subtracted: no overflow, no int64 copy
+    back = same & ((s[1:] <= s[:-1]) if strict else (s[1:] < s[:-1]))
     bad[order[1:][back]] = True
     return bad
 
@@ -170,9 +199,16 @@ def _check_metrics(run: Any, rep: _Report) -> None:
             ERROR,
             "cache_hit_pct outside [0, 100] and not -1",
         )
-    for name in ("wall_ms", "io_ms", "compute_ms", "stall_ms", "mgmt_ms", "cpu_ms", "read_bytes"):
+    if (wall := _col(rows, "wall_ms")) is not None:
+        wall = wall.astype(np.float64)
+        # every per-token rate divides by it: nan, inf and 0 are as wrong as negative
+        rep.rows(wall < 0, ERROR, "wall_ms is negative")
+        rep.rows(np.isnan(wall) | np.isinf(wall) | (wall == 0), ERROR, "wall_ms is nan, inf or 0")
+    for name in ("io_ms", "compute_ms", "stall_ms", "mgmt_ms", "cpu_ms", "read_bytes"):
         if (values := _col(rows, name)) is not None:
             rep.rows(values < 0, ERROR, f"{name} is negative")
+            if values.dtype.kind == "f":
+                rep.rows(np.isinf(values), ERROR, f"{name} is infinite")
     if (frac := _col(rows, "dense_resident_frac")) is not None:
         rep.rows(
             ~(((frac >= 0) & (frac <= 1)) | (frac == -1)),

@@ -22,6 +22,7 @@ import pandas as pd
 
 from bmoe.analyze.timeline import Timeline
 from bmoe.errors import BmoeError
+from bmoe.render.tables import plain
 
 PID = 1
 TID_STEPS = 1
@@ -177,7 +178,8 @@ def chrome_trace(timeline: Timeline, meta: Mapping[str, Any] | None = None) -> s
         else ("laid out" if timeline.compute is not None else "absent"),
         "notes": list(timeline.notes),
     }
-    other_json = json.dumps(other, default=str)
+    # a preamble value of nan/inf would be NaN/Infinity, which no JSON parser takes: null
+    other_json = json.dumps(plain(other), default=str, allow_nan=False)
     return (
         '{"traceEvents":'
         + head[:-1]

@@ -19,6 +19,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from bmoe.render.messages import literal, printable
+
 
 @dataclass
 class _Running:
@@ -103,7 +105,7 @@ class LiveProgress:
             if t.hosts:
                 parts = [f"{host} {done} done, {busy} running"
                          for host, (done, busy) in t.host_counts().items()]  # fmt: skip
-                lines.append(Text.assemble(("hosts ", "bold"), "  ·  ".join(parts)))
+                lines.append(Text.assemble(("hosts ", "bold"), printable("  ·  ".join(parts))))
             table = Table(box=None, header_style="bold", pad_edge=False)
             columns = ["target", *(["host"] if t.hosts else []), "done", "run", "tokens",
                        "tok/s", "time", "last"]  # fmt: skip
@@ -114,11 +116,11 @@ class LiveProgress:
                 where = [t.hosts.get(name, "")] if t.hosts else []
                 done = str(t.done_by_target.get(name, 0))
                 if cur is None:
-                    table.add_row(name, *where, done, "idle", "", "", "", t.last.get(name, ""))
+                    _add_row(table, name, *where, done, "idle", "", "", "", t.last.get(name, ""))
                     continue
                 steps = f"{cur.step}/{cur.steps}" if cur.steps else str(cur.step)
-                table.add_row(
-                    name, *where, done, f"{cur.run} (attempt {cur.attempt})", steps,
+                _add_row(
+                    table, name, *where, done, f"{cur.run} (attempt {cur.attempt})", steps,
                     _rate(cur.tok_s), _clock(time.monotonic() - cur.started),
                     t.last.get(name, ""),
                 )  # fmt: skip
@@ -149,8 +151,12 @@ class LiveProgress:
         _finish(self.tally, target, record)
 
     def message(self, text: str) -> None:
-        # Plain text: messages quote engine stderr and run ids, never markup.
-        self.console.print(text, highlight=False, markup=False)
+        self.console.print(literal(text), highlight=False)
+
+
+def _add_row(table: Table, *cells: str) -> None:
+    """A row of run ids, targets and engine errors: text from a config or an engine, literal."""
+    table.add_row(*(literal(c) for c in cells))
 
 
 def _finish(t: _Tally, target: str, record: dict[str, Any]) -> None:
@@ -187,7 +193,7 @@ class PlainProgress:
 
     def _line(self, text: str) -> None:
         with self._lock:
-            self.out.write(f"{time.strftime('%H:%M:%S')} {text}\n")
+            self.out.write(f"{time.strftime('%H:%M:%S')} {printable(text)}\n")
             self.out.flush()
 
     def sweep_started(self, total, done, targets):

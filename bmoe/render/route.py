@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from bmoe.render.tables import MISSING, cell_text, render, rich_tables
+from bmoe.render.messages import literal, note_line, printable
+from bmoe.render.tables import MISSING, cell_text, render, rich_tables, shown
 
 #: Display precision per column (the DataFrames keep full precision).
 DIGITS = {
@@ -136,10 +137,13 @@ def view_notes(
 
 def print_header(console: Console, facts: Mapping[str, Any], caveats: Sequence[str]) -> None:
     """Model facts on two lines, then every caveat, loudly."""
-    line = "   ".join(f"[bold]{k}[/] {v}" for k, v in facts.items() if v is not None)
-    console.print(line, highlight=False)
+    parts: list[Any] = []
+    for k, v in facts.items():
+        if v is not None:
+            parts += ["   " if parts else "", (k, "bold"), " ", shown(printable(v))]
+    console.print(Text.assemble(*parts), highlight=False)
     for text in caveats:
-        console.print(f"[bold yellow]NOTE[/] {text}", highlight=False)
+        console.print(note_line(text), highlight=False)
 
 
 def print_views(
@@ -153,13 +157,13 @@ def print_views(
         if name == "matrix":
             print_matrix(console, frame, cells)
         else:
-            console.print(f"[bold]=== {TITLES.get(name, name)} ===[/]", highlight=False)
+            console.print(literal(f"=== {TITLES.get(name, name)} ===", "bold"), highlight=False)
             shown = _figures(frame) if name == "sanity" and len(frame) == 1 else frame
             for table in rich_tables({name: shown}, DIGITS):
                 table.title = None
                 console.print(table)
         for text in notes.get(name, ()):
-            console.print(f"[dim]{text}[/]", highlight=False)
+            console.print(literal(text, "dim"), highlight=False)
 
 
 def markdown_views(
@@ -214,7 +218,7 @@ def print_matrix(console: Console, frame: pd.DataFrame, cells: str = "experts") 
     layer_cols = [c for c in frame.columns if str(c).startswith("L")]
     index_cols = [c for c in frame.columns if c not in layer_cols]
     if not len(frame):
-        console.print("[dim]matrix: nothing to show[/]")
+        console.print(Text("matrix: nothing to show", style="dim"))
         return
     widths = {
         c: max(len(c), int(frame[c].map(lambda v: len(str(v)) if v is not None else 1).max()))
@@ -227,13 +231,13 @@ def print_matrix(console: Console, frame: pd.DataFrame, cells: str = "experts") 
         title = f"=== {TITLES['matrix']} - cells: {cells}"
         if len(bands) > 1:
             title += f" ({band[0]}..{band[-1]})"
-        console.print(f"[bold]{title} ===[/]", highlight=False)
+        console.print(Text(f"{title} ===", style="bold"), highlight=False)
         table = Table(box=box.SIMPLE_HEAD, header_style="bold")
         for c in index_cols:
             table.add_column(str(c), justify="right", no_wrap=True)
         for c in band:
             table.add_column(c, no_wrap=True, min_width=widths[c])
         for rec in frame[index_cols + band].itertuples(index=False, name=None):
-            idx = [str(v) for v in rec[: len(index_cols)]]
+            idx = [literal(v) for v in rec[: len(index_cols)]]
             table.add_row(*idx, *(_styled(v, cells) for v in rec[len(index_cols) :]))
         console.print(table)

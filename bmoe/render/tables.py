@@ -18,9 +18,13 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from bmoe.render.messages import literal
 from bmoe.render.outputs import FORMATS
 
 MISSING = "—"
+#: Longest cell a terminal table shows; longer text (a runaway preamble value) is cut with a
+#: count, so that drawing a table stays linear in what it shows (csv/json keep every byte).
+CELL_CHARS = 400
 
 Result = pd.DataFrame | Mapping[str, Any]
 
@@ -73,6 +77,13 @@ def cell_text(value: Any, digits: int | None = None) -> str:
     return str(value)
 
 
+def shown(text: str, limit: int = CELL_CHARS) -> str:
+    """`text` cut to `limit` characters for a terminal, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 def _as_frame(result: Result) -> pd.DataFrame:
     if isinstance(result, pd.DataFrame):
         return result
@@ -93,17 +104,28 @@ def render_json(views: Mapping[str, Result]) -> str:
     return json.dumps(to_jsonable(views), indent=2, allow_nan=False) + "\n"
 
 
+_MARKDOWN_CELL = str.maketrans(
+    {"|": "\\|", "&": "&amp;", "<": "&lt;", ">": "&gt;", "\n": "<br>", "\r": ""}
+)
+
+
+def markdown_cell(text: str) -> str:
+    """`text` as one markdown table cell: a pipe or newline cannot end the cell or the row,
+    and HTML in a value (a prompt, a config string) is shown, not rendered."""
+    return text.translate(_MARKDOWN_CELL)
+
+
 def render_markdown(views: Mapping[str, Result], digits: Mapping[str, int] | None = None) -> str:
     out = []
     for name, result in views.items():
         frame = _as_frame(result)
-        out.append(f"### {name}\n")
+        out.append(f"### {markdown_cell(str(name))}\n")
         cols = [str(c) for c in frame.columns]
-        out.append("| " + " | ".join(cols) + " |")
+        out.append("| " + " | ".join(markdown_cell(c) for c in cols) + " |")
         out.append("|" + "|".join("---:" if _numeric(frame[c]) else "---" for c in frame) + "|")
         for row in frame.itertuples(index=False, name=None):
             cells = [
-                cell_text(v, (digits or {}).get(c)).replace("|", "\\|")
+                markdown_cell(cell_text(v, (digits or {}).get(c)))
                 for c, v in zip(cols, row, strict=True)
             ]
             out.append("| " + " | ".join(cells) + " |")
@@ -121,10 +143,10 @@ def rich_tables(
     tables = []
     for name, result in views.items():
         frame = _as_frame(result)
-        table = Table(title=name, title_justify="left", header_style="bold")
+        table = Table(title=literal(name), title_justify="left", header_style="bold")
         cols = [str(c) for c in frame.columns]
         text = [
-            [cell_text(v, (digits or {}).get(c)) for c, v in zip(cols, row, strict=True)]
+            [shown(cell_text(v, (digits or {}).get(c))) for c, v in zip(cols, row, strict=True)]
             for row in frame.itertuples(index=False, name=None)
         ]
         for i, col in enumerate(frame.columns):
@@ -132,13 +154,13 @@ def rich_tables(
             # Numbers are never cut: a narrow terminal folds headers and labels instead.
             widest = max((len(r[i]) for r in text), default=0) if numeric else None
             table.add_column(
-                str(col),
+                literal(shown(str(col))),
                 justify="right" if numeric else "left",
                 overflow="fold",
                 min_width=widest,
             )
         for row in text:
-            table.add_row(*row)
+            table.add_row(*(literal(cell) for cell in row))
         if not text:
             table.caption = "(none)"
         tables.append(table)
@@ -161,7 +183,7 @@ def render(
         return render_markdown(views, digits)
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
-    console = console or Console()
+    console = console or Console(markup=False)
     for table in rich_tables(views, digits):
         console.print(table)
     return None

@@ -377,16 +377,18 @@ def read_manifest(path: Path) -> list[dict[str, Any]]:
     """Manifest lines; a cut last line (a sweep killed mid-write) is skipped."""
     out: list[dict[str, Any]] = []
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return out
     for line in text.splitlines():
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             continue
+        if isinstance(record, dict):  # a damaged line may parse as a list or a number
+            out.append(record)
     return out
 
 
@@ -552,9 +554,13 @@ def load_results(root: Path) -> pd.DataFrame:
         raise BmoeError(f"{root}: no such folder")
     path = root / RESULTS
     if path.is_file():
-        table = pq.read_table(path)
-        frame = table.to_pandas()
-        meta = json.loads((table.schema.metadata or {}).get(b"bmoe_sweep", b"{}"))
+        try:
+            table = pq.read_table(path)
+            frame = table.to_pandas()
+            meta = json.loads((table.schema.metadata or {}).get(b"bmoe_sweep", b"{}"))
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise BmoeError(f"{path}: unreadable ({str(exc).splitlines()[0]})") from None
+        meta = meta if isinstance(meta, dict) else {}
         frame.attrs["axes"] = meta.get("axes", [])
         frame.attrs["params"] = meta.get("params", [])
         frame.attrs["name"] = meta.get("name")

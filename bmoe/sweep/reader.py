@@ -190,7 +190,12 @@ class Archive:
     @cached_property
     def config(self) -> dict[str, Any] | None:
         """The resolved ``sweep.toml`` as a dict (None for loose files)."""
-        return tomllib.loads(self.config_text) if self.config_text else None
+        if not self.config_text:
+            return None
+        try:
+            return tomllib.loads(self.config_text)
+        except tomllib.TOMLDecodeError as exc:
+            raise BmoeError(f"{self.root / CONFIG}: not valid TOML ({exc})") from None
 
     @cached_property
     def manifest(self) -> list[dict[str, Any]]:
@@ -287,7 +292,7 @@ def open_archive(path: str | Path) -> Archive:
 def _open_sweep(root: Path) -> Archive:
     cells = load_results(root)
     config = root / CONFIG
-    text = config.read_text(encoding="utf-8") if config.is_file() else None
+    text = config.read_text(encoding="utf-8", errors="replace") if config.is_file() else None
     runs: dict[str, ArchivedRun] = {}
     records = {_record_key(r): r for r in _records(root)}
     for row in cells.itertuples(index=False):

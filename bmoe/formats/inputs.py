@@ -1,0 +1,47 @@
+"""The one check before any input file is opened: it must be a regular file.
+
+Opening a FIFO blocks until someone writes to it, and a device such as ``/dev/zero`` never
+ends; both are refused up front with a ``file: problem`` error instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from bmoe.formats.errors import FormatError
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def regular_file(path: str | os.PathLike) -> str:
+    """`path` as a string when it names a regular file (symlinks followed); else FormatError
+    naming what it is."""
+    name = os.fspath(path)
+    name = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+    try:
+        mode = os.stat(name).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise FormatError(name, None, "no such file") from None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise FormatError(name, None, f"cannot read: {reason}") from None
+    if stat.S_ISDIR(mode):
+        raise FormatError(name, None, "is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        what = next((label for test, label in _KINDS if test(mode)), "not a regular file")
+        raise FormatError(name, None, f"is {what}, not a regular file")
+    return name
+
+
+def is_regular_file(path: str | os.PathLike) -> bool:
+    try:
+        regular_file(path)
+    except (FormatError, TypeError):
+        return False
+    return True
