@@ -4,6 +4,7 @@ caches, and what cache-aware expert dropping would have saved."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import typer
@@ -34,10 +35,11 @@ def parse_numbers(text: str, option: str) -> list[float]:
     return out
 
 
-def read_trace(path: Path) -> RouteTrace:
+def read_trace(path: Path, columns: Iterable[str] | None = None) -> RouteTrace:
+    """The trace at `path` (only `columns` of its rows, when given), warnings printed."""
     with warnings.catch_warnings(record=True) as caught, err_console.status("reading trace"):
         warnings.simplefilter("always")
-        trace = read_route_trace(path)
+        trace = read_route_trace(path, columns)
     for w in caught:
         err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
     return trace
@@ -131,7 +133,7 @@ def analyze_replay(
 
         if plot.suffix.lower() not in SUFFIXES:
             raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
-    trace = replay_analysis.replay_columns_only(read_trace(trace_path))
+    trace = read_trace(trace_path, replay_analysis.REPLAY_COLUMNS)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
     summary = params = None
@@ -161,6 +163,12 @@ def analyze_replay(
     ) as bar:  # fmt: skip
         runs = len(budget_list) * len(names) * (2 if prefetch is not None else 1)
         task = bar.add_task("replay", total=runs)
+        batches = replay_analysis.prepare_batches(trace, turn)
+        if prefetch is None:  # nothing reads the rows again: free them before the replays
+            from bmoe.formats.parquet import release_unused
+
+            trace = replay_analysis.without_rows(trace)
+            release_unused()
         views = replay_analysis.replay(
             trace,
             budget_list,
@@ -173,6 +181,7 @@ def analyze_replay(
             seed=seed,
             jobs=jobs,
             progress=lambda done, total: bar.update(task, completed=done),
+            batches=batches,
         )
     if views["shape"].get("recorded_with_dropping"):
         err_console.print(
