@@ -366,3 +366,16 @@ def test_replay_of_batches_cut_before_the_rows_were_freed_is_the_same(corpus) ->
     bare = rp.without_rows(drop)
     shape = rp.replay(bare, (1,), ["lru"], batches=rp.prepare_batches(drop))["shape"]
     assert shape["recorded_with_dropping"] is True
+
+
+def test_the_heap_trim_is_found_on_glibc_and_harmless() -> None:
+    import platform
+
+    from bmoe.cache import kernels
+
+    if platform.libc_ver()[0] == "glibc":
+        assert kernels._malloc_trim() is not None
+    kernels.release_heap()
+    batches = rp.prepare_batches(make_trace([(0, 1, s, 0, [s % 3, 1]) for s in range(9)]))
+    one = rp.replay_curve(batches, (1, 2), ["lru", "lfu"], jobs=1)
+    pd.testing.assert_frame_equal(rp.replay_curve(batches, (1, 2), ["lru", "lfu"], jobs=2), one)

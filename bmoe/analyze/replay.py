@@ -427,6 +427,8 @@ def replay_curve(
     hit_pct_decode, read_mib (the reference's CSV columns). `jobs` replays run at once
     (threads: the kernels release the GIL; default the CPUs), with the same figures as one
     at a time. `progress(done, total)` is called after each replay."""
+    from bmoe.cache import kernels
+
     batches = trace if isinstance(trace, ReplayBatches) else prepare_batches(trace, turn)
     names = check_policies(policies)
     budgets = check_budgets(budgets_mib)
@@ -440,7 +442,11 @@ def replay_curve(
     def one(cell: tuple[float, str]) -> dict[str, object]:
         budget, name = cell
         hits = simulate(batches, name, round(budget * MIB), seed=seed)
-        return {"budget_mib": budget, "policy": name, **summarize(batches, hits)}
+        row = {"budget_mib": budget, "policy": name, **summarize(batches, hits)}
+        del hits
+        if jobs > 1:
+            kernels.release_heap()  # each worker thread's heap would keep what it freed
+        return row
 
     out = []
     if jobs == 1 or len(cells) == 1:

@@ -19,6 +19,10 @@ run in threads. Compiled once and cached on disk by numba.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -958,3 +962,22 @@ def cut_batches(
     if m < n - n // 4:  # give back the room of the repeats
         return look[:m].copy(), rec[:m].copy(), first_row, bounds, repeated, recorded
     return look[:m], rec[:m], first_row, bounds, repeated, recorded
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+def release_heap() -> None:
+    """Give the C heap's free memory back to the system. The kernels allocate their state
+    and results with malloc; run from worker threads, glibc keeps what they freed in one
+    arena per thread, which on a 10 M-row curve holds ~100 MiB nobody uses."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
