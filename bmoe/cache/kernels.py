@@ -175,16 +175,33 @@ def lru(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity):
     Per part a recency list (head = least recent). A batch's keys end at the tail, so
     while more keys are resident in the part than the batch holds, the head is not the
     batch's."""
+    state = lru_state(n_parts, n_keys)
+    return lru_continue(bounds, look, rec, repeated, size, part, capacity, state)
+
+
+@njit(**_OPTS)
+def lru_state(n_parts, n_keys):
+    """An empty LRU cache of `n_keys` key ids in `n_parts` parts, for :func:`lru_continue`:
+    (nxt, prv, resident, ksize, head, tail, held, count)."""
+    return (
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int32),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.int64),
+        np.full(n_parts, -1, dtype=np.int32),
+        np.full(n_parts, -1, dtype=np.int32),
+        np.zeros(n_parts, dtype=np.int64),
+        np.zeros(n_parts, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def lru_continue(bounds, look, rec, repeated, size, part, capacity, state):
+    """:func:`lru` from the cache `state` (:func:`lru_state`, updated in place): batches
+    given chunk by chunk replay as if given at once."""
+    nxt, prv, resident, ksize, head, tail, held, count = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    nxt = np.full(n_keys, -1, dtype=np.int32)
-    prv = np.full(n_keys, -1, dtype=np.int32)
-    resident = np.zeros(n_keys, dtype=np.bool_)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    head = np.full(n_parts, -1, dtype=np.int32)
-    tail = np.full(n_parts, -1, dtype=np.int32)
-    held = np.zeros(n_parts, dtype=np.int64)
-    count = np.zeros(n_parts, dtype=np.int64)
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
