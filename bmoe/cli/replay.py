@@ -68,10 +68,11 @@ def analyze_replay(
         help="Cache budgets in MiB, comma-separated (default: fractions of the model's expert "
         "set and multiples of one token's experts, plus --validate's).",
     ),
-    policies: str = typer.Option(
-        ",".join(REFERENCE_POLICIES),
+    policies: str | None = typer.Option(
+        None,
         "--policies",
-        help=f"Policies, comma-separated, from: {', '.join(POLICIES)}.",
+        help=f"Policies, comma-separated, from: {', '.join(POLICIES)} (default: "
+        f"{','.join(REFERENCE_POLICIES)}; lru with --stream).",
     ),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
     validate: float | None = typer.Option(
@@ -115,6 +116,12 @@ def analyze_replay(
         min=1,
         help="Replays run at once (default: the CPUs); the figures do not depend on it.",
     ),
+    stream: bool = typer.Option(
+        False,
+        "--stream",
+        help="Read a CSV trace block by block in constant memory (traces larger than RAM): "
+        "the LRU curve only (no other policy, --turn, --validate, --mrc, --prefetch, --plot).",
+    ),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
 
@@ -122,12 +129,23 @@ def analyze_replay(
     Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv
     Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
     Example: bmoe analyze replay big.route.parquet --jobs 1
+    Example: bmoe analyze replay huge.route.csv --stream --budgets 1000,2000,4000
     """
     check_format(fmt)
     budget_list = (
         replay_analysis.check_budgets(parse_numbers(budgets, "--budgets")) if budgets else None
     )
+    if policies is None:
+        policies = "lru" if stream else ",".join(REFERENCE_POLICIES)
     names = replay_analysis.check_policies(policies.split(","))
+    if stream:
+        asked = {"--turn": turn is not None, "--validate": validate is not None, "--mrc": mrc}
+        asked |= {"--prefetch": prefetch is not None, "--plot": plot is not None}
+        if names != ["lru"] or any(asked.values()):
+            extra = [o for o, on in asked.items() if on] or ["--policies " + policies]
+            raise BmoeError(f"--stream replays the LRU curve only, not with {extra[0]}")
+        _stream_curve(trace_path, budget_list, fmt, csv_out)
+        return
     if plot is not None:
         from bmoe.render.plots import SUFFIXES
 
@@ -198,6 +216,29 @@ def analyze_replay(
         err_console.print(f"wrote {csv_out}", highlight=False)
     if plot is not None:
         _plot(views, plot, _recorded_point(views, validate, summary, params))
+
+
+def _stream_curve(
+    trace_path: Path, budget_list: list[float] | None, fmt: str, csv_out: Path | None
+) -> None:
+    from bmoe.analyze.replay_stream import stream_lru_curve
+    from bmoe.formats.parquet import is_parquet
+    from bmoe.formats.route import iter_route_rows, read_route_preamble
+    from bmoe.render import replay as text
+
+    if is_parquet(trace_path):
+        raise BmoeError(f"{trace_path}: --stream reads CSV traces (bmoe convert --to csv)")
+    preamble = read_route_preamble(trace_path)
+    if budget_list is None:
+        budget_list = replay_analysis.default_budgets(preamble)
+    with err_console.status("replaying block by block"):
+        curve = stream_lru_curve(preamble, iter_route_rows(trace_path), budget_list)
+    out = render({"curve": curve}, fmt, console, text.DIGITS)
+    console.out(out or "", end="")
+    if csv_out is not None:
+        csv_out.parent.mkdir(parents=True, exist_ok=True)
+        csv_out.write_text(text.curve_csv(curve), encoding="utf-8")
+        err_console.print(f"wrote {csv_out}", highlight=False)
 
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:
