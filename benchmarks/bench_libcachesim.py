@@ -53,7 +53,8 @@ VARIANTS = {
     "s3fifo": "bmoe's s3fifo is the original (an S key with >= 1 hit moves to M); "
     "libCacheSim's default asks for move_to_main_threshold=2",
     "random": "different generators draw different victims",
-    "arc, lfuda": "the request-by-request differences are not explained yet",
+    "arc, lfuda": "not batch semantics (one lookup per batch differs as much); the "
+    "policies differ: see the README's replay section",
 }
 
 ORACLE = np.dtype([("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])

@@ -38,7 +38,7 @@ from tiled_trace import tiled  # noqa: E402
 from bmoe.analyze import replay as rp  # noqa: E402
 from bmoe.cache import POLICIES, REFERENCE_POLICIES  # noqa: E402
 from bmoe.cache.naive import naive_replay  # noqa: E402
-from bmoe.formats.parquet import write_parquet  # noqa: E402
+from bmoe.formats.load import write_parquet  # noqa: E402
 from bmoe.formats.route import read_route_trace  # noqa: E402
 
 MIB = 1 << 20

@@ -1,6 +1,7 @@
 """Benchmark: command-line start-up. ``bmoe --help`` and ``bmoe info FILE`` (a small metrics
 CSV) in fresh interpreters, against the same command lines with every command module imported
-up front (what start-up cost before the lazy command index), measured interleaved in one run.
+up front (what start-up cost before the lazy command index), and ``bmoe info`` through the
+format's full reader (pandas, pyarrow), measured interleaved in one run.
 
     python benchmarks/bench_startup.py [--runs 15]
 
@@ -32,6 +33,12 @@ SMALL_METRICS = (
 )
 
 EAGER = "import sys; from bmoe import cli; cli.register(); sys.exit(cli.main(sys.argv[1:]))"
+#: ``bmoe info`` through the full reader of the format (pandas and pyarrow), as before the
+#: quick path for small metrics files
+FULL_READER = (
+    "import sys; from bmoe.formats import info; info.describe = info.describe_fully; "
+    "from bmoe import cli; sys.exit(cli.main(sys.argv[1:]))"
+)
 
 
 def timed(argv: list[str]) -> tuple[float, float]:
@@ -62,6 +69,7 @@ def main() -> None:
             "bmoe --help (eager)": [py, "-c", EAGER, "--help"],
             "bmoe info small.csv": [py, "-m", "bmoe", "info", str(small)],
             "bmoe info small.csv (eager)": [py, "-c", EAGER, "info", str(small)],
+            "bmoe info small.csv (full reader)": [py, "-c", FULL_READER, "info", str(small)],
         }
         for argv in lines.values():  # warm the file cache and the .pyc files
             timed(argv)
@@ -73,17 +81,24 @@ def main() -> None:
                 walls[name].append(wall)
                 cpus[name].append(cpu)
     print(f"{args.runs} runs each, interleaved; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'command line':30} {'best wall':>10} {'median wall':>12} {'median CPU':>11}")
+    print(f"{'command line':34} {'best wall':>10} {'median wall':>12} {'median CPU':>11}")
     for name in lines:
         best, median = 1000 * min(walls[name]), 1000 * statistics.median(walls[name])
         cpu = 1000 * statistics.median(cpus[name])
-        print(f"{name:30} {best:8.0f} ms {median:9.0f} ms {cpu:8.0f} ms")
+        print(f"{name:34} {best:8.0f} ms {median:9.0f} ms {cpu:8.0f} ms")
     print()
     for cmd in ("bmoe --help", "bmoe info small.csv"):
         eager = f"{cmd} (eager)"
         cpu_ratio = statistics.median(cpus[eager]) / statistics.median(cpus[cmd])
         wall_ratio = min(walls[eager]) / min(walls[cmd])
         print(f"{cmd}: eager / lazy = {cpu_ratio:.1f}x CPU, {wall_ratio:.1f}x best wall")
+    full = "bmoe info small.csv (full reader)"
+    cpu_ratio = statistics.median(cpus[full]) / statistics.median(cpus["bmoe info small.csv"])
+    wall_ratio = min(walls[full]) / min(walls["bmoe info small.csv"])
+    print(
+        f"bmoe info small.csv: full reader / quick = {cpu_ratio:.1f}x CPU, "
+        f"{wall_ratio:.1f}x best wall"
+    )
 
 
 if __name__ == "__main__":

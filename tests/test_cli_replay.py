@@ -157,3 +157,40 @@ def test_replay_refuses_expert_ids_outside_the_key(capsys, tmp_path: Path) -> No
     )
     code, out, err = run(capsys, "replay", path, "--budgets", "1")
     assert code == 2 and "expert id -1" in err and "100" not in out
+
+
+def test_stream_prints_the_lru_curve_of_the_whole_read(corpus: Path, capsys, tmp_path) -> None:
+    path = corpus / "route-trace/gemma.route.csv"
+    out_csv = tmp_path / "curve.csv"
+    code, out, _ = run(capsys, "replay", str(path), "--stream", "-f", "json")
+    assert code == 0
+    whole = rp.replay_curve(
+        read_route_trace(path), rp.default_budgets(read_route_trace(path)), ["lru"]
+    )
+    pd.testing.assert_frame_equal(pd.DataFrame(json.loads(out)["curve"]), whole, check_dtype=False)
+    code, _, _ = run(
+        capsys,
+        "replay",
+        str(path),
+        "--stream",
+        "--budgets",
+        "1000,2000",
+        "--csv",
+        str(out_csv),
+    )
+    assert code == 0
+    assert (
+        out_csv.read_text().splitlines()[0]
+        == "budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib"
+    )
+    assert len(out_csv.read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    "extra", [["--policies", "lru,arc"], ["--mrc"], ["--turn", "0"], ["--validate", "3"]]
+)
+def test_stream_refuses_what_it_cannot_do(corpus: Path, capsys, extra) -> None:
+    path = corpus / "route-trace/gemma.route.csv"
+    code, _, err = run(capsys, "replay", str(path), "--stream", *extra)
+    assert code == 2
+    assert "--stream replays the LRU curve only" in err

@@ -343,3 +343,39 @@ def test_preamble_counts_that_are_not_counts_are_ignored(key, value) -> None:
     curve = rp.replay_curve(batches, [0, 10], ["lru", "layer", "lfu"], jobs=1)
     assert curve["hit_pct_cum"].tolist() == [25.0, 25.0, 25.0] * 2
     assert rp.budgets_for(trace)
+
+
+def test_replay_of_batches_cut_before_the_rows_were_freed_is_the_same(corpus) -> None:
+    # drop.route.csv was recorded with dropping: the flag must survive the rows going
+    for name in ("native-tiny/drop.route.csv", TINY_PF):
+        trace = read_route_trace(corpus / name, rp.REPLAY_COLUMNS)
+        whole = rp.replay(trace, (1, 2, 4), mrc=True, validate_mib=2, jobs=1)
+        batches = rp.prepare_batches(trace)
+        bare = rp.without_rows(trace)
+        assert len(bare.rows) == 0 and bare.meta == trace.meta
+        freed = rp.replay(bare, (1, 2, 4), mrc=True, validate_mib=2, jobs=1, batches=batches)
+        assert freed.keys() == whole.keys()
+        for view, value in whole.items():
+            if isinstance(value, pd.DataFrame):
+                pd.testing.assert_frame_equal(freed[view], value)
+            else:
+                assert freed[view] == value, view
+    assert whole["shape"]["recorded_with_dropping"] is False
+    drop = read_route_trace(corpus / "native-tiny/drop.route.csv")
+    assert drop.recorded_with_dropping
+    bare = rp.without_rows(drop)
+    shape = rp.replay(bare, (1,), ["lru"], batches=rp.prepare_batches(drop))["shape"]
+    assert shape["recorded_with_dropping"] is True
+
+
+def test_the_heap_trim_is_found_on_glibc_and_harmless() -> None:
+    import platform
+
+    from bmoe.cache import kernels
+
+    if platform.libc_ver()[0] == "glibc":
+        assert kernels._malloc_trim() is not None
+    kernels.release_heap()
+    batches = rp.prepare_batches(make_trace([(0, 1, s, 0, [s % 3, 1]) for s in range(9)]))
+    one = rp.replay_curve(batches, (1, 2), ["lru", "lfu"], jobs=1)
+    pd.testing.assert_frame_equal(rp.replay_curve(batches, (1, 2), ["lru", "lfu"], jobs=2), one)

@@ -61,7 +61,7 @@ def test_streamed_rows_equal_the_careful_read(tmp_path: Path, monkeypatch) -> No
     write_trace(path)
     calls = []
     real = route_format._stream_rows
-    monkeypatch.setattr(route_format, "_stream_rows", lambda sec: calls.append(1) or real(sec))
+    monkeypatch.setattr(route_format, "_stream_rows", lambda *a: calls.append(1) or real(*a))
     careful, streamed = read_both(path, monkeypatch)
     assert calls == [1, 1]  # the second read took the batch path ...
     assert len(streamed.rows) == 900 * 6
@@ -149,3 +149,39 @@ def test_rows_in_blocks_are_the_rows(tmp_path: Path, monkeypatch) -> None:
     again = pd.concat(iter_route_rows(path, rows=1000), ignore_index=True)
     assert len(again) == len(whole)
     assert again["slot"].max() == 99999
+
+
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+def test_reading_some_columns_gives_those_columns_of_the_whole_read(
+    tmp_path: Path, read_mode: str, form: str
+) -> None:
+    from bmoe.analyze.replay import REPLAY_COLUMNS
+    from bmoe.formats.load import write_parquet
+
+    path = tmp_path / "t.route.csv"
+    write_trace(path)
+    if form == "parquet":
+        path = write_parquet(read_route_trace(path), tmp_path / "t.route.parquet")
+    whole = read_route_trace(path)
+    some = read_route_trace(path, columns=[*REPLAY_COLUMNS, "not_a_column"])
+    assert list(some.rows.columns) == [c for c in COLUMNS if c in REPLAY_COLUMNS]
+    pd.testing.assert_frame_equal(some.rows, whole.rows[list(some.rows.columns)])
+    assert some.meta == whole.meta
+    pd.testing.assert_frame_equal(some.layers, whole.layers)
+
+
+def test_streamed_read_of_some_columns_parses_only_those(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "t.route.csv"
+    write_trace(path)
+    monkeypatch.setattr(csvtable, "STREAM_ABOVE", -1)
+    asked = []
+    real = route_format._batches
+
+    def spy(*args):
+        asked.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(route_format, "_batches", spy)
+    rows = read_route_trace(path, columns=("step", "layer", "expert")).rows
+    assert asked == [["step", "layer", "expert"]]
+    assert list(rows.columns) == ["step", "layer", "expert"]

@@ -75,6 +75,7 @@ class ReplayBatches:
     n_expert: int | None
     k: int | None
     look_row: np.ndarray | None = None  # per lookup, its first row in the trace (on request)
+    recorded_with_dropping: bool = False  # the trace says it was recorded with dropping on
 
     def __len__(self) -> int:
         return len(self.layer)
@@ -154,6 +155,13 @@ def replay_columns_only(trace: RouteTrace) -> RouteTrace:
     if not unused:
         return trace
     return dataclasses.replace(trace, rows=trace.rows.drop(columns=unused))
+
+
+def without_rows(trace: RouteTrace) -> RouteTrace:
+    """`trace`'s run facts and layer sizes with no routing rows (an empty frame of its
+    columns): what a replay still reads once its batches are cut, so a large trace's rows
+    can be freed before the replays run."""
+    return dataclasses.replace(trace, rows=trace.rows.iloc[:0].copy())
 
 
 def turns_of(trace: RouteTrace) -> list[int]:
@@ -313,6 +321,7 @@ def prepare_batches(
         n_expert=_meta_int(meta, "n_expert"),
         k=_meta_int(meta, "n_expert_used"),
         look_row=look_row[: len(look)] if lookup_rows else None,
+        recorded_with_dropping=trace.recorded_with_dropping,
     )
 
 
@@ -418,6 +427,8 @@ def replay_curve(
     hit_pct_decode, read_mib (the reference's CSV columns). `jobs` replays run at once
     (threads: the kernels release the GIL; default the CPUs), with the same figures as one
     at a time. `progress(done, total)` is called after each replay."""
+    from bmoe.cache import kernels
+
     batches = trace if isinstance(trace, ReplayBatches) else prepare_batches(trace, turn)
     names = check_policies(policies)
     budgets = check_budgets(budgets_mib)
@@ -431,7 +442,11 @@ def replay_curve(
     def one(cell: tuple[float, str]) -> dict[str, object]:
         budget, name = cell
         hits = simulate(batches, name, round(budget * MIB), seed=seed)
-        return {"budget_mib": budget, "policy": name, **summarize(batches, hits)}
+        row = {"budget_mib": budget, "policy": name, **summarize(batches, hits)}
+        del hits
+        if jobs > 1:
+            kernels.release_heap()  # each worker thread's heap would keep what it freed
+        return row
 
     out = []
     if jobs == 1 or len(cells) == 1:
@@ -482,7 +497,7 @@ def model_shape(trace: RouteTrace, batches: ReplayBatches) -> dict[str, object]:
         "decode_batches": batches.n_decode,
         "lookups": int(batches.n_lookups.sum()),
         "t_mib": sum(sizes.values()) * k / MIB,
-        "recorded_with_dropping": trace.recorded_with_dropping,
+        "recorded_with_dropping": batches.recorded_with_dropping,
         **{f"recorded_{key}": value for key, value in (recorded_hit_rate(batches) or {}).items()},
     }
 
@@ -883,6 +898,7 @@ def replay(
     seed: int = 0,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    batches: ReplayBatches | None = None,
 ) -> dict[str, pd.DataFrame | dict]:
     """Everything ``bmoe analyze replay`` prints, as one mapping of views.
 
@@ -891,8 +907,13 @@ def replay(
     (the exact LRU curve, every step from 0 to the whole expert set) with ``mrc_budgets``
     (it at the chosen budgets), ``prefetch`` (the previous-token bet at depth `prefetch`,
     per budget x policy). `jobs` curve replays run at once (default the CPUs).
+
+    `batches`, when given, are ``prepare_batches(trace, turn)`` cut already: a caller that
+    holds them can let the trace's rows go (:func:`without_rows`) before the replays run,
+    unless `prefetch` is asked for (it reads the rows).
     """
-    batches = prepare_batches(trace, turn)
+    if batches is None:
+        batches = prepare_batches(trace, turn)
     names = check_policies(policies)
     budgets = check_budgets(budgets_mib)
     views: dict[str, pd.DataFrame | dict] = {"shape": model_shape(trace, batches)}

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from bmoe.formats.csvtable import BOM, PathLike
+import os
+
 from bmoe.formats.inputs import regular_file
+
+#: The UTF-8 byte order mark (``csvtable.BOM``; spelled here so detection imports no pandas).
+BOM = b"\xef\xbb\xbf"
+
+PathLike = str | os.PathLike
 
 #: Kinds :func:`detect` can return.
 KINDS = (

@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+from bmoe.formats.detect import PathLike
 
-from bmoe.formats import protocol
-from bmoe.formats.csvtable import PathLike
-from bmoe.formats.load import detect_kind, load_file
+if TYPE_CHECKING:
+    import pandas as pd
 
 _KEY_PARAMS = (
     "engine", "model", "arch", "n_layer", "n_expert", "n_expert_used", "threads", "moe_stream",
@@ -25,12 +24,23 @@ _DONE_COLUMNS = (
     "n_past",
 )  # fmt: skip
 
-Views = dict[str, dict[str, Any] | pd.DataFrame]
+Views = dict[str, "dict[str, Any] | pd.DataFrame"]
 
 
 def describe(path: PathLike) -> Views:
     """Named groups of figures describing the file at `path`."""
+    from bmoe.formats.quickinfo import describe_small_metrics
+
+    quick = describe_small_metrics(path, _KEY_PARAMS, _KEY_SUMMARY)
+    if quick is not None:
+        return quick
+    return describe_fully(path)
+
+
+def describe_fully(path: PathLike) -> Views:
+    """:func:`describe` through the full reader of the file's format (every file, any size)."""
     from bmoe.formats.decode import ComputeTrace, IoTrace
+    from bmoe.formats.load import detect_kind, load_file
     from bmoe.formats.metrics import MetricsRun
     from bmoe.formats.route import RouteTrace
     from bmoe.formats.runlog import RunOutput
@@ -80,6 +90,10 @@ def _with_warnings(views: Views, obj: Any) -> Views:
 
 
 def _describe_run_output(run: Any, head: dict[str, Any]) -> Views:
+    import pandas as pd
+
+    from bmoe.formats import protocol
+
     views: Views = {"file": head}
     if run.is_stream:
         counts = run.tag_counts()
@@ -120,6 +134,8 @@ def _describe_run_output(run: Any, head: dict[str, Any]) -> Views:
 def state_table(sections: dict[str, Any]) -> pd.DataFrame:
     """The figures that matter in a ``.state`` snapshot: one row per figure, one column per
     section (``before``, ``after``)."""
+    import pandas as pd
+
     columns: dict[str, dict[str, Any]] = {}
     for name, state in sections.items():
         col: dict[str, Any] = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -104,18 +104,24 @@ def _parse_preamble(sec) -> tuple[int, dict[str, Any], pd.DataFrame]:
     return version, meta, layers
 
 
-def read_route_trace(source: PathLike | bytes) -> RouteTrace:
-    """Read a route trace (CSV or its Parquet form)."""
+def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = None) -> RouteTrace:
+    """Read a route trace (CSV or its Parquet form).
+
+    With `columns`, the rows keep only those of them the file has (in file order): a large
+    file's other columns are never held in memory, e.g. a replay's 8 of 10 columns."""
     from bmoe.formats import parquet
 
+    keep = None if columns is None else frozenset(columns)
     if parquet.is_parquet(source):
-        p = parquet.read_parts(source, "route")
+        p = parquet.read_parts(source, "route", columns=keep)
         return RouteTrace(p.name, p.version, p.meta, p.layers, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
-    rows = _stream_rows(sec)
+    rows = _stream_rows(sec, keep)
     if rows is None:
         rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
+        if keep is not None:
+            rows = rows.drop(columns=[c for c in rows.columns if c not in keep])
     check_int32(sec, rows, ("turn", "phase", "step", "layer", "slot", "expert"))
     return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
 
@@ -173,7 +179,9 @@ def _streamable(sec: Sections) -> bool:
     )
 
 
-def _batches(path: str, start: int, types: dict[str, pa.DataType]) -> Iterator[pa.RecordBatch]:
+def _batches(
+    path: str, start: int, types: dict[str, pa.DataType], keep: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
     with pa.OSFile(path) as fh:
         fh.seek(start)
         reader = pacsv.open_csv(
@@ -181,18 +189,23 @@ def _batches(path: str, start: int, types: dict[str, pa.DataType]) -> Iterator[p
             read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE),
             parse_options=pacsv.ParseOptions(newlines_in_values=False),
             convert_options=pacsv.ConvertOptions(
-                column_types=types, null_values=[], strings_can_be_null=False
+                column_types=types,
+                null_values=[],
+                strings_can_be_null=False,
+                include_columns=keep,
             ),
             memory_pool=pa.system_memory_pool(),
         )
         yield from reader
 
 
-def _stream_rows(sec: Sections) -> pd.DataFrame | None:
+def _stream_rows(sec: Sections, keep: frozenset[str] | None = None) -> pd.DataFrame | None:
     """The rows of a large trace parsed batch by batch into columns allocated up front, so
     the peak is the frame plus one batch (parsing the whole file into Arrow and converting
     held every row twice). The columns are sized for the most rows the file can hold (each
     row takes at least two bytes per column); pages never written are never resident.
+
+    Only the columns in `keep` are parsed and held, when given.
 
     None when the careful path must read it instead: not a plain file streamed from disk, a
     header with unknown, duplicate or missing columns, or rows that do not parse.
@@ -204,10 +217,11 @@ def _stream_rows(sec: Sections) -> pd.DataFrame | None:
     start, end = sec.spans[0]
     types = {c: COLUMN_TYPES[c] for c in header}
     most = (end - start) // (2 * len(header)) + 1
-    columns = {c: np.empty(most, dtype=types[c].to_pandas_dtype()) for c in header}
+    wanted = [c for c in header if keep is None or c in keep]
+    columns = {c: np.empty(most, dtype=types[c].to_pandas_dtype()) for c in wanted}
     n = 0
     try:
-        for batch in _batches(sec.source, start, types):
+        for batch in _batches(sec.source, start, types, None if keep is None else wanted):
             m = batch.num_rows
             if n + m > most:
                 return None

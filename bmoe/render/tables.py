@@ -10,30 +10,38 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from bmoe.render.messages import literal
 from bmoe.render.outputs import FORMATS
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    Result = pd.DataFrame | Mapping[str, Any]
+
 MISSING = "—"
 #: Longest cell a terminal table shows; longer text (a runaway preamble value) is cut with a
 #: count, so that drawing a table stays linear in what it shows (csv/json keep every byte).
 CELL_CHARS = 400
 
-Result = pd.DataFrame | Mapping[str, Any]
-
 
 def plain(value: Any) -> Any:
     """A JSON-safe Python value (numpy scalars unwrapped, NaN/NA -> None)."""
-    if value is None or value is pd.NA or value is pd.NaT:
+    if value is None:
         return None
-    if isinstance(value, np.generic):
+    # pandas and numpy are imported only by what made pandas or numpy values: a table of plain
+    # figures (``bmoe info``) renders without either.
+    pd = sys.modules.get("pandas")
+    if pd is not None and (value is pd.NA or value is pd.NaT):
+        return None
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
@@ -55,7 +63,7 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def to_jsonable(views: Mapping[str, Result]) -> dict[str, Any]:
     return {
-        name: records(res) if isinstance(res, pd.DataFrame) else plain(res)
+        name: plain(res) if isinstance(res, Mapping) else records(res)
         for name, res in views.items()
     }
 
@@ -85,17 +93,21 @@ def shown(text: str, limit: int = CELL_CHARS) -> str:
 
 
 def _as_frame(result: Result) -> pd.DataFrame:
-    if isinstance(result, pd.DataFrame):
+    import pandas as pd
+
+    if not isinstance(result, Mapping):
         return result
     return pd.DataFrame({"figure": list(result.keys()), "value": list(result.values())})
 
 
 def render_csv(views: Mapping[str, Result]) -> str:
     """Each view as a CSV block headed by ``# view=<name>``."""
+    import pandas as pd
+
     out = io.StringIO()
     for name, result in views.items():
         out.write(f"# view={name}\n")
-        frame = result if isinstance(result, pd.DataFrame) else pd.DataFrame([plain(result)])
+        frame = pd.DataFrame([plain(result)]) if isinstance(result, Mapping) else result
         frame.to_csv(out, index=False, lineterminator="\n")
     return out.getvalue()
 
@@ -134,6 +146,8 @@ def render_markdown(views: Mapping[str, Result], digits: Mapping[str, int] | Non
 
 
 def _numeric(series: pd.Series) -> bool:
+    import pandas as pd
+
     return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
 
 
@@ -142,15 +156,17 @@ def rich_tables(
 ) -> list[Table]:
     tables = []
     for name, result in views.items():
-        frame = _as_frame(result)
+        columns = _figure_columns(result) if isinstance(result, Mapping) else None
+        if columns is None:
+            frame = _as_frame(result)
+            columns = [(col, _numeric(frame[col]), list(frame[col])) for col in frame.columns]
         table = Table(title=literal(name), title_justify="left", header_style="bold")
-        cols = [str(c) for c in frame.columns]
+        cols = [str(c) for c, _n, _v in columns]
         text = [
             [shown(cell_text(v, (digits or {}).get(c))) for c, v in zip(cols, row, strict=True)]
-            for row in frame.itertuples(index=False, name=None)
+            for row in zip(*(values for _c, _n, values in columns), strict=True)
         ]
-        for i, col in enumerate(frame.columns):
-            numeric = _numeric(frame[col])
+        for i, (col, numeric, _values) in enumerate(columns):
             # Numbers are never cut: a narrow terminal folds headers and labels instead.
             widest = max((len(r[i]) for r in text), default=0) if numeric else None
             table.add_column(
@@ -165,6 +181,31 @@ def rich_tables(
             table.caption = "(none)"
         tables.append(table)
     return tables
+
+
+def _figure_columns(figures: Mapping[str, Any]) -> list[tuple[str, bool, list]] | None:
+    """The ``figure`` and ``value`` columns of a group of figures as (name, numeric, values),
+    typed as pandas would type them, without pandas; None when a value is not a plain Python
+    scalar (the caller goes through pandas then)."""
+    keys, values = list(figures.keys()), list(figures.values())
+    out = []
+    for name, column in (("figure", keys), ("value", values)):
+        kinds = set()
+        for v in column:
+            if v is None or isinstance(v, bool | str):
+                kinds.add(type(v))
+            elif type(v) is int and -(1 << 63) <= v < (1 << 63):
+                kinds.add(int)
+            elif type(v) is float:
+                kinds.add(float)
+            else:
+                return None
+        # (an empty column is float64 to pandas: numeric too)
+        numeric = kinds <= {int, float, type(None)} and kinds != {type(None)}
+        if numeric and kinds != {int}:  # pandas makes it float64 (None -> NaN)
+            column = [None if v is None else float(v) for v in column]
+        out.append((name, numeric, column))
+    return out
 
 
 def render(
@@ -195,6 +236,8 @@ def transposed(
     """`frame` turned on its side for narrow terminals: one row per column of `frame` (named
     in ``figure``), one column per row (headed by its `label` value), cells as display text
     with each figure's own precision."""
+    import pandas as pd
+
     digits = digits or {}
     out = {"figure": [str(c) for c in frame.columns if c != label]}
     for _, row in frame.iterrows():
