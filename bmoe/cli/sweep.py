@@ -132,7 +132,7 @@ def sweep_command(
 
     Example: bmoe sweep sweeps/tiny-embedded.toml
     Resume after a crash or Ctrl-C: bmoe sweep sweeps/tiny-embedded.toml --resume
-    (or: bmoe sweep bench-data/2026-07-30-tiny-embedded)
+    (or: bmoe sweep bench-data/2026-12-01-tiny-embedded)
     """
     from bmoe.sweep.archive import CONFIG, find_latest, new_folder
     from bmoe.sweep.config import load_config, resolved_toml

@@ -4,7 +4,7 @@
 sweep's ``results.parquet`` columns: parameters, entry state, outcomes) and each run's files,
 read only when asked for, by cell or run id::
 
-    archive = bmoe.load_archive("bench-data/2026-07-30-tiny-cache-lanes")
+    archive = bmoe.load_archive("bench-data/2026-11-29-tiny-cache-lanes")
     archive.cells                          # DataFrame: cell, repeat, cache_mb, tok_s_mean, ...
     archive.metrics("cache_mb-2_io_threads-1-954da61e")        # MetricsRun (first repeat)
     archive.trace("cache_mb-2_io_threads-1-954da61e/r2", "route")  # RouteTrace of repeat 2
