@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from bmoe.analyze import replay
 from bmoe.analyze.predict import (
+    against,
     batch_flash_ms,
     cell_reads,
     parse_grid,
@@ -126,6 +127,74 @@ def test_more_lanes_measured_hand_worked():
     out = predict(make_trace(PREFILL, DECODE), prof, {"cache_mb": [0], "io_threads": [1, 2]})
     assert out["flash_ms"].tolist() == pytest.approx([8.0, 2 * (0.5 + 3.0)])
     assert out["token_ms"].tolist() == pytest.approx([21.0, 10 + 7 + 3])
+
+
+# three warm-up steps that each route two new experts per layer, then 37 steps of the prompt's
+WARM_DECODE = [[[2, 3], [2, 3]], [[4, 5], [4, 5]], [[6, 7], [6, 7]]] + [[[0, 1], [0, 1]]] * 37
+
+
+def test_steady_state_rate_hand_worked():
+    """A budget that holds everything: the 3 warm-up steps miss 4 experts each (21 ms, 4 MiB,
+    as in test_no_cache_hand_worked_time), the 37 others hit all (10 + 1 = 11 ms, 0 MiB).
+    The second-half median is 0 MiB, so warm-up ends at the first token reading 0 with
+    nothing read over its next 8: token 3. Whole decode: 40 tokens in 3 x 21 + 37 x 11 =
+    470 ms; steady state: 1000 / 11 tok/s, interval 1000 / (20 + 1) to 1000 / (8 + 1)."""
+    out = predict(make_trace(PREFILL, WARM_DECODE), round_profile(), {"cache_mb": [100]})
+    row = out.iloc[0]
+    assert row["tok_s"] == pytest.approx(40_000 / 470)
+    assert row["warmup_tokens"] == 3
+    assert row["steady_tok_s"] == pytest.approx(1000 / 11)
+    assert row["steady_tok_s_low"] == pytest.approx(1000 / 21)
+    assert row["steady_tok_s_high"] == pytest.approx(1000 / 9)
+    assert row["mib_per_token"] == pytest.approx(12 / 40)
+
+
+def test_steady_state_from_the_first_token_when_every_token_reads_alike():
+    """Budget 0 reads 4 MiB every token: the level is 4 MiB, every token is within it, so
+    the steady state starts at once and equals the whole-decode rate (1000 / 21)."""
+    row = predict(make_trace(PREFILL, WARM_DECODE), round_profile(), {"cache_mb": [0]}).iloc[0]
+    assert row["warmup_tokens"] == 0
+    assert row["steady_tok_s"] == pytest.approx(row["tok_s"]) == pytest.approx(1000 / 21)
+
+
+def test_short_decode_has_no_steady_state():
+    """3 decode tokens (< 32): no steady-state figure, the whole-decode rate still given."""
+    row = predict(make_trace(PREFILL, DECODE), round_profile(), {"cache_mb": [100]}).iloc[0]
+    assert np.isnan(row["steady_tok_s"])
+    assert np.isnan(row["steady_tok_s_low"]) and np.isnan(row["steady_tok_s_high"])
+    assert np.isnan(row["warmup_tokens"])
+    assert row["tok_s"] == pytest.approx(3000 / 43)
+
+
+def test_against_compares_steady_state_with_steady_state():
+    """Whole-run measured tok/s is compared with the whole-decode prediction, the runs'
+    steady-state tok/s with the steady-state prediction; a cell whose runs had no steady
+    state has no steady error and does not count in the steady summary."""
+    results = pd.DataFrame(
+        {
+            "status": ["ok", "ok", "ok", "failed"],
+            "cell": ["big", "big", "none", "none"],
+            "cache_mb": [100, 100, 0, 0],
+            "io_threads": [1, 1, 1, 1],
+            "tok_s_reported": [80.0, 90.0, 40.0, 1.0],
+            "steady_tok_s_mean": [100.0, 100.0, None, 1.0],
+            "read_mib_per_token": [0.3, 0.3, 4.0, 4.0],
+            "cache_hit_pct": [0.0, 0.0, 0.0, 0.0],
+        }
+    )
+    views = against(make_trace(PREFILL, WARM_DECODE), round_profile(), results)
+    cells = views["cells"].set_index("cell")
+    assert cells.loc["big", "tok_s"] == 85.0  # median of the two repeats
+    assert cells.loc["big", "tok_s_error_pct"] == pytest.approx(100 * (40_000 / 470 / 85 - 1))
+    assert cells.loc["big", "steady_tok_s_predicted"] == pytest.approx(1000 / 11)
+    assert cells.loc["big", "steady_tok_s_error_pct"] == pytest.approx(100 * (10 / 11 - 1))
+    assert np.isnan(cells.loc["none", "steady_tok_s_error_pct"])
+    assert cells.loc["none", "tok_s_error_pct"] == pytest.approx(100 * (1000 / 21 / 40 - 1))
+    summary = views["summary"]
+    assert summary["steady_cells"] == 1
+    assert summary["median_abs_steady_tok_s_error_pct"] == pytest.approx(100 / 11)
+    # 100 tok/s lies inside 1000/21 .. 1000/9
+    assert summary["steady_inside_interval"] == 1
 
 
 def test_overlap_profile_prices_the_stall_per_miss():

@@ -62,6 +62,9 @@ def test_predict_grid_csv(capsys, device: Path, tmp_path: Path) -> None:
         assert part["tok_s"].is_monotonic_increasing
     assert table.groupby("cache_mb")["mib_per_token"].first().is_monotonic_decreasing
     assert pd.read_csv(out_csv).shape == (4, table.shape[1])
+    # both rates are printed; these runs decode 12 tokens, too few for a steady state
+    assert {"tok_s", "steady_tok_s", "steady_tok_s_low", "steady_tok_s_high"} <= set(table)
+    assert table["steady_tok_s"].isna().all() and table["warmup_tokens"].isna().all()
 
 
 def test_predict_against_the_sweep(capsys, device: Path) -> None:
@@ -76,6 +79,9 @@ def test_predict_against_the_sweep(capsys, device: Path) -> None:
     assert cells["mib_per_token_error"].abs().max() < 0.01
     assert cells["hit_pct_error"].abs().max() < 0.051
     assert views["summary"]["cells"] == 4
+    # like with like: the archive's runs have no steady state (12 tokens), so no steady error
+    assert views["summary"]["steady_cells"] == 0
+    assert cells["steady_tok_s_error_pct"].isna().all()
 
 
 @pytest.mark.parametrize(

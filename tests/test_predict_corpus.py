@@ -6,8 +6,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from bmoe.analyze.metrics import run_summary
 from bmoe.analyze.predict import predict
 from bmoe.analyze.profile import build_profile, read_runs
 from bmoe.errors import BmoeError
@@ -47,6 +49,24 @@ def test_a_runs_own_profile_predicts_its_own_figures(corpus: Path, name, mode, m
     # times: the profile holds this run's own means, so the sum comes back (consistency)
     assert row["tok_s"] == pytest.approx(summary["tok/s"], rel=0.01)
     assert row["tok_s_low"] < row["tok_s"] < row["tok_s_high"]
+
+
+@pytest.mark.parametrize(
+    "name", ["route-trace/gemma.metrics", "native-tiny/run.csv", "native-tiny/pf.csv"]
+)
+def test_predicted_warm_up_is_the_run_analysis_one(corpus: Path, name):
+    """The steady-state rule on the predicted tokens finds the warm-up the run analysis finds
+    on the measured ones (none in a 24-token run), and the steady rates agree within 1 %."""
+    _, row, _ = own_prediction(corpus / name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        measured = run_summary(read_runs([corpus / name])[0].metrics)
+    if measured["warmup_tokens"] is None:
+        assert np.isnan(row["warmup_tokens"]) and np.isnan(row["steady_tok_s"])
+        return
+    assert row["warmup_tokens"] == measured["warmup_tokens"]
+    assert row["steady_tok_s"] == pytest.approx(measured["steady_tok_s_mean"], rel=0.01)
+    assert row["steady_tok_s_low"] < row["steady_tok_s"] < row["steady_tok_s_high"]
 
 
 def test_phone_metrics_without_a_route_trace_are_refused(corpus: Path):

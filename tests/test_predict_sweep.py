@@ -93,3 +93,87 @@ def test_report_shows_predicted_against_measured(tmp_path: Path) -> None:
         assert main(["report", str(root), "-o", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
     assert "Predicted against measured" in page
+    # the scatter is drawn: an inline figure right after the heading
+    section = page.split("Predicted against measured", 1)[1]
+    assert '<img alt="predicted against measured" src="data:image/png;base64,' in section
+
+
+def _sweep_with_predictions(tmp_path: Path) -> tuple[Path, list[str], list[float]]:
+    root = tmp_path / SMALL.name
+    shutil.copytree(SMALL, root)
+    import bmoe
+
+    cells = sorted(bmoe.load_archive(root).cells["cell"].unique())
+    predicted = [1.0 + i for i in range(len(cells))]
+    pd.DataFrame({"cell": cells, "tok_s": predicted}).to_csv(root / "predictions.csv", index=False)
+    return root, cells, predicted
+
+
+@pytest.mark.skipif(not SMALL.is_dir(), reason="bench-data small sweep absent")
+def test_analyze_sweep_shows_predicted_against_measured(tmp_path: Path, capsys) -> None:
+    """bmoe analyze sweep of a sweep with predictions.csv: the table of each cell's predicted
+    and measured tok/s with the error, and with --plots the scatter written as a PNG."""
+    import json
+
+    root, cells, predicted = _sweep_with_predictions(tmp_path)
+    plots = tmp_path / "plots"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(["analyze", "sweep", str(root), "-f", "json", "--plots", str(plots)])
+    captured = capsys.readouterr()
+    assert code == 0
+    views = json.loads(captured.out)
+    table = pd.DataFrame(views["predicted against measured"]).set_index("cell")
+    from bmoe.sweep.archive import load_results
+
+    measured = load_results(root).set_index("cell")["tok_s_reported"]
+    assert sorted(table.index) == cells
+    for cell, value in zip(cells, predicted, strict=True):
+        assert table.loc[cell, "tok_s_predicted"] == value
+        assert table.loc[cell, "error_pct"] == pytest.approx(100 * (value / measured[cell] - 1))
+    png = plots / "predicted.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not SMALL.is_dir(), reason="bench-data small sweep absent")
+def test_analyze_sweep_without_predictions_has_no_such_view(tmp_path: Path, capsys) -> None:
+    import json
+
+    root = tmp_path / SMALL.name
+    shutil.copytree(SMALL, root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["analyze", "sweep", str(root), "-f", "json"]) == 0
+    assert "predicted against measured" not in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.skipif(not SMALL.is_dir(), reason="bench-data small sweep absent")
+def test_analyze_sweep_refuses_a_predictions_file_without_tok_s(tmp_path: Path, capsys) -> None:
+    root, _, _ = _sweep_with_predictions(tmp_path)
+    (root / "predictions.csv").write_text("cell,rate\na,1\n")
+    assert main(["analyze", "sweep", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "predictions.csv: line 1: no tok_s column" in err.replace("\n", "")
+    assert "Traceback" not in err
+
+
+def test_scatter_has_the_identity_line_and_one_dot_per_cell() -> None:
+    from matplotlib.collections import PathCollection
+
+    from bmoe.render.plots.predict import predicted_vs_measured_plot
+
+    table = pd.DataFrame(
+        {
+            "cell": ["a", "b", "c"],
+            "tok_s_measured": [2.0, 4.0, 8.0],
+            "tok_s_predicted": [2.5, 4.0, 6.0],
+        }
+    )
+    ax = predicted_vs_measured_plot(table).axes[0]
+    lines = [line for line in ax.get_lines() if line.get_label() == "predicted = measured"]
+    assert len(lines) == 1
+    x, y = lines[0].get_data()
+    assert list(x) == list(y) and max(x) >= 8.0  # the identity spans every measured cell
+    dots = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(dots) == 1
+    assert dots[0].get_offsets().tolist() == [[2.0, 2.5], [4.0, 4.0], [8.0, 6.0]]

@@ -16,6 +16,12 @@ Latency for a lane count the profile lacks is interpolated per lane (throughput 
 past the largest measured count), and a batch's flash time is the best over any lane count up
 to the asked one: more lanes never predict slower flash. The interval comes from the profile's
 spread (10th and 90th percentiles of request latency and of compute per token).
+
+Two rates are given. ``tok_s`` is the whole decode's (tokens over decode time, what a sweep
+measures); ``steady_tok_s`` applies the run analysis's steady-state rule
+(:func:`bmoe.analyze.metrics.steady_state`) to the predicted per-token series: warm-up ends
+where the predicted flash MiB per token settles within 1.25x its second-half median, and a
+decode shorter than 32 tokens has no steady state (NaN).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze import replay
+from bmoe.analyze.metrics import steady_state
 from bmoe.cache import ExpertCache
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
@@ -43,6 +50,10 @@ PREDICT_COLUMNS = (
     "tok_s",
     "tok_s_low",
     "tok_s_high",
+    "steady_tok_s",
+    "steady_tok_s_low",
+    "steady_tok_s_high",
+    "warmup_tokens",
     "mib_per_token",
     "hit_pct",
     "hit_pct_decode",
@@ -428,15 +439,26 @@ def predict_cell(
     wall = float(mid["wall_ms"].sum())
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
+    moved_mib = np.bincount(reads.step, weights=moved, minlength=reads.n_tokens) / MIB
+    steady = steady_state(pd.DataFrame({"wall_ms": mid["wall_ms"], "read_mib": moved_mib}))
+    window = steady.mask()
 
-    def rate(frame: pd.DataFrame) -> float:
-        total = float(frame["wall_ms"].sum())
-        return 1000.0 * n / total if total > 0 else float("inf")
+    def rate(frame: pd.DataFrame, rows: np.ndarray | None = None) -> float:
+        wall_ms = frame["wall_ms"].to_numpy() if rows is None else frame["wall_ms"].to_numpy()[rows]
+        total = float(wall_ms.sum())
+        return 1000.0 * len(wall_ms) / total if total > 0 else float("inf")
+
+    def steady_rate(frame: pd.DataFrame) -> float:
+        return rate(frame, window) if steady.steady_tokens else float("nan")
 
     return {
         "tok_s": rate(mid),
         "tok_s_low": rate(slow),
         "tok_s_high": rate(fast),
+        "steady_tok_s": steady_rate(mid),
+        "steady_tok_s_low": steady_rate(slow),
+        "steady_tok_s_high": steady_rate(fast),
+        "warmup_tokens": float("nan") if steady.warmup_tokens is None else steady.warmup_tokens,
         "mib_per_token": float(np.sum(moved)) / n / MIB,
         "hit_pct": reads.hit_pct,
         "hit_pct_decode": reads.hit_pct_decode,
@@ -528,7 +550,8 @@ __all__ = [
 
 def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.DataFrame:
     """One row per sweep cell (ok attempts): its grid values and the median over repeats
-    of tok/s (tokens over decode time), MiB/token and hit %."""
+    of tok/s (tokens over decode time), steady-state tok/s (NaN where the runs had none),
+    MiB/token and hit %."""
     ok = results[results["status"] == "ok"] if "status" in results else results
     if not len(ok):
         raise BmoeError("the sweep has no successful run to compare with")
@@ -540,10 +563,12 @@ def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.D
         frame[axis] = pd.to_numeric(values, errors="coerce").fillna(defaults[axis]).to_numpy()
     rate = "tok_s_reported" if "tok_s_reported" in ok else "tok_s_mean"
     frame["tok_s"] = pd.to_numeric(ok[rate], errors="coerce").to_numpy()
+    steady = ok["steady_tok_s_mean"] if "steady_tok_s_mean" in ok else pd.Series(np.nan, ok.index)
+    frame["steady_tok_s"] = pd.to_numeric(steady, errors="coerce").to_numpy(np.float64)
     for out, col in (("mib_per_token", "read_mib_per_token"), ("hit_pct", "cache_hit_pct")):
         frame[out] = pd.to_numeric(ok[col], errors="coerce").to_numpy() if col in ok else np.nan
     grouped = frame.groupby(["cell", *GRID_AXES], sort=False, dropna=False)
-    cells = grouped[["tok_s", "mib_per_token", "hit_pct"]].median()
+    cells = grouped[["tok_s", "steady_tok_s", "mib_per_token", "hit_pct"]].median()
     cells["runs"] = grouped.size()
     cells = cells.reset_index()
     cells["io_threads"] = cells["io_threads"].astype(int)
@@ -562,28 +587,51 @@ def against(
 ) -> dict[str, pd.DataFrame | dict]:
     """Every measured cell of a sweep next to its prediction: ``cells`` (measured, predicted
     and the error of each figure) and ``summary`` (median and mean absolute tok/s error,
-    cells inside the interval, largest MiB/token and hit % gaps)."""
+    cells inside the interval, largest MiB/token and hit % gaps). Like is compared with like:
+    whole-run tok/s with the predicted whole-run rate, and the runs' steady-state tok/s (where
+    the archive has one) with the predicted steady-state rate."""
     defaults = {"cache_mb": 0, "io_threads": _default_lanes(profile), "prefetch": 0}
     measured = measured_cells(results, defaults)
     predicted = predict(
         trace, profile, measured[list(GRID_AXES)], policy=policy, seed=seed, drop=drop
     )
     cells = measured.copy()
-    for col in ("tok_s", "tok_s_low", "tok_s_high", "mib_per_token", "hit_pct"):
+    for col in (
+        "tok_s",
+        "tok_s_low",
+        "tok_s_high",
+        "steady_tok_s",
+        "steady_tok_s_low",
+        "steady_tok_s_high",
+        "mib_per_token",
+        "hit_pct",
+    ):
         cells[f"{col}_predicted"] = predicted[col].to_numpy()
     cells["tok_s_error_pct"] = 100.0 * (cells["tok_s_predicted"] - cells["tok_s"]) / cells["tok_s"]
+    cells["steady_tok_s_error_pct"] = (
+        100.0 * (cells["steady_tok_s_predicted"] - cells["steady_tok_s"]) / cells["steady_tok_s"]
+    )
     cells["mib_per_token_error"] = cells["mib_per_token_predicted"] - cells["mib_per_token"]
     cells["hit_pct_error"] = cells["hit_pct_predicted"] - cells["hit_pct"]
     inside = (cells["tok_s"] >= cells["tok_s_low_predicted"]) & (
         cells["tok_s"] <= cells["tok_s_high_predicted"]
     )
     err = cells["tok_s_error_pct"].abs()
+    steady_err = cells["steady_tok_s_error_pct"].abs().dropna()
+    steady_inside = (cells["steady_tok_s"] >= cells["steady_tok_s_low_predicted"]) & (
+        cells["steady_tok_s"] <= cells["steady_tok_s_high_predicted"]
+    )
     summary = {
         "cells": len(cells),
         "median_abs_tok_s_error_pct": float(err.median()),
         "mean_abs_tok_s_error_pct": float(err.mean()),
         "max_abs_tok_s_error_pct": float(err.max()),
         "inside_interval": int(inside.sum()),
+        "steady_cells": len(steady_err),
+        "median_abs_steady_tok_s_error_pct": float(steady_err.median())
+        if len(steady_err)
+        else float("nan"),
+        "steady_inside_interval": int(steady_inside.sum()),
         "max_abs_mib_per_token_error": float(cells["mib_per_token_error"].abs().max()),
         "max_abs_hit_pct_error": float(cells["hit_pct_error"].abs().max()),
     }

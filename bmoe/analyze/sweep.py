@@ -321,10 +321,12 @@ def analyze_sweep(
     *,
     stall: pd.DataFrame | None = None,
     traced: Sequence[str] = (),
+    predictions: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """Every view of ``bmoe analyze sweep``: the verdict first, then attempts, ranking,
-    neighbours compared, stability per cell, axes, drift with execution order and
-    contamination. Raises :class:`BmoeError` for an unknown `outcome`."""
+    neighbours compared, stability per cell, axes, predicted against measured tok/s (when
+    the sweep recorded `predictions`, its ``predictions.csv``), drift with execution order
+    and contamination. Raises :class:`BmoeError` for an unknown `outcome`."""
     check_outcome(results, outcome)
     flags = contamination(results)
     verdict = sweep_verdict(results, outcome, stall=stall, traced=traced,
@@ -342,6 +344,8 @@ def analyze_sweep(
     effects = axis_table(results, shown)
     if len(effects):
         views["outcomes by axis value (means)"] = effects
+    if predictions is not None:
+        views["predicted against measured"] = predicted_vs_measured(results, predictions)
     views["repeats against execution order"] = within_cell_drift(results, outcome)
     rounds = reversed_rounds(results, outcome)
     if not rounds.empty:

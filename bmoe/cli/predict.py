@@ -23,6 +23,10 @@ DIGITS = {
     "tok_s": 3,
     "tok_s_low": 3,
     "tok_s_high": 3,
+    "steady_tok_s": 3,
+    "steady_tok_s_low": 3,
+    "steady_tok_s_high": 3,
+    "warmup_tokens": 0,
     "mib_per_token": 3,
     "hit_pct": 2,
     "hit_pct_decode": 2,
@@ -43,6 +47,10 @@ DIGITS = {
     "tok_s_predicted": 3,
     "tok_s_low_predicted": 3,
     "tok_s_high_predicted": 3,
+    "steady_tok_s_predicted": 3,
+    "steady_tok_s_low_predicted": 3,
+    "steady_tok_s_high_predicted": 3,
+    "steady_tok_s_error_pct": 1,
     "mib_per_token_predicted": 3,
     "hit_pct_predicted": 2,
     "tok_s_error_pct": 1,
@@ -212,7 +220,9 @@ def predict_command(
 ) -> None:
     """Predict tok/s, MiB/token, hit % and the stall attribution (compute / flash wait /
     mgmt) of configurations from one run's routing and a device profile. MiB/token and hit %
-    come from the replay; tok/s has an interval from the profile's spread.
+    come from the replay; tok/s has an interval from the profile's spread. tok_s is the whole
+    decode's rate (what a sweep measures), steady_tok_s the rate after the warm-up (the run
+    analysis's steady-state rule on the predicted tokens; none under 32 tokens).
 
     Example: bmoe predict run.route.csv --profile device.json --grid cache_mb=64,256,1024
     Example: bmoe predict run.route.csv -p device.json -g cache_mb=128,256 -g io_threads=1,4

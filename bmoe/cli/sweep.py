@@ -279,7 +279,8 @@ def analyze_sweep_command(
         None,
         "--plots",
         help="Also write, in this folder, the outcome against the main axis (one line per "
-        "value of another axis, the spread across repeats shown).",
+        "value of another axis, the spread across repeats shown), and predicted against "
+        "measured tok/s when the sweep recorded predictions.",
     ),
 ) -> None:
     """Say whether the ranking of a sweep's cells is settled (and why not), compare
@@ -306,7 +307,8 @@ def analyze_sweep_command(
     results = load_results(folder)
     if results.empty:
         raise BmoeError(f"{folder}: no attempts recorded yet")
-    views = analyze_sweep(results, outcome=outcome)
+    predictions = _read_predictions(folder)
+    views = analyze_sweep(results, outcome=outcome, predictions=predictions)
     text = render(views, fmt, console)
     if text is not None:
         console.out(text, end="")
@@ -314,6 +316,30 @@ def analyze_sweep_command(
         console.print(views["verdict"]["verdict"], highlight=False, soft_wrap=True)
     if plots is not None:
         _answer_plots(results, outcome, plots)
+        compared = views.get("predicted against measured")
+        if compared is not None and len(compared):
+            from bmoe.render.plots import save_figure
+            from bmoe.render.plots.predict import predicted_vs_measured_plot
+
+            path = save_figure(predicted_vs_measured_plot(compared), plots / "predicted.png")
+            err_console.print(literal(f"wrote {path}"), highlight=False)
+
+
+def _read_predictions(folder: Path):
+    """The sweep's ``predictions.csv`` (the tok/s its profile predicted per cell), or None."""
+    path = folder / "predictions.csv"
+    if not path.is_file():
+        return None
+    import pandas as pd
+
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise BmoeError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    missing = {"cell", "tok_s"} - set(table.columns)
+    if missing:
+        raise BmoeError(f"{path}: line 1: no {', '.join(sorted(missing))} column")
+    return table
 
 
 def _answer_plots(results, outcome: str, folder: Path) -> None:
