@@ -13,7 +13,7 @@ from bmoe.analyze import drop as drop_analysis
 from bmoe.analyze import replay as replay_analysis
 from bmoe.cache import POLICIES, REFERENCE_POLICIES
 from bmoe.cli import analyze_app, console, err_console
-from bmoe.cli.options import check_format
+from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
 from bmoe.formats.route import RouteTrace, read_route_trace
@@ -121,7 +121,7 @@ def analyze_replay(
         min=1,
         help="Replays run at once (default: the CPUs); the figures do not depend on it.",
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite a --csv file that exists."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing --csv / --plot files."),
     stream: bool = typer.Option(
         False,
         "--stream",
@@ -152,16 +152,11 @@ def analyze_replay(
             raise BmoeError(f"--stream replays the LRU curve only, not with {extra[0]}")
         _stream_curve(trace_path, budget_list, fmt, csv_out)
         return
-    if plot is not None:
-        from bmoe.render.plots import SUFFIXES
-
-        if plot.suffix.lower() not in SUFFIXES:
-            raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
     inputs = [trace_path] + ([metrics] if metrics is not None else [])
+    also = (_mrc_path(plot),) if plot is not None and mrc else ()
+    check_plot(plot, inputs, force=force, also=also)
     if csv_out is not None:
         check_output(csv_out, inputs, force=force)
-    if plot is not None:
-        check_output(plot, inputs, force=True)
     trace = read_trace(trace_path, replay_analysis.REPLAY_COLUMNS)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
@@ -285,6 +280,11 @@ def _print_replay(views, fmt: str, validate: float | None) -> None:
         )
 
 
+def _mrc_path(plot: Path) -> Path:
+    """Where --mrc's LRU curve goes beside the --plot file."""
+    return plot.with_name(f"{plot.stem}.mrc{plot.suffix}")
+
+
 def _plot(views, plot: Path, recorded) -> None:
     from bmoe.render.plots import replay as plots
     from bmoe.render.plots import save_figure
@@ -297,7 +297,7 @@ def _plot(views, plot: Path, recorded) -> None:
         written = save_figure(fig, plot)
         err_console.print(literal(f"wrote replay plot to {written}"), highlight=False)
         if "mrc" in views:
-            mrc_path = plot.with_name(f"{plot.stem}.mrc{plot.suffix}")
+            mrc_path = _mrc_path(plot)
             written = save_figure(
                 plots.mrc_plot(views["mrc"], t_mib=t_mib, recorded=recorded), mrc_path
             )
