@@ -50,6 +50,14 @@ def read_trace(path: Path, columns: Iterable[str] | None = None) -> RouteTrace:
     return trace
 
 
+def _warn_ids(trace: RouteTrace) -> None:
+    """Warn about expert ids at or above the preamble's n_expert (validate calls them errors)."""
+    from bmoe.analyze.ids import experts_beyond_declared
+
+    if (said := experts_beyond_declared(trace)) is not None:
+        err_console.print(warning_line(said), highlight=False, soft_wrap=True)
+
+
 def _recorded_point(views, validate: float | None, metrics_summary, metrics_params):
     """(budget MiB, recorded decode hit %) for the plot: the residency column's hit rate at
     the run's budget (--validate, else the metrics file's), when both are known."""
@@ -158,6 +166,7 @@ def analyze_replay(
     if csv_out is not None:
         check_output(csv_out, inputs, force=force)
     trace = read_trace(trace_path, replay_analysis.REPLAY_COLUMNS)
+    _warn_ids(trace)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
     summary = params = None
@@ -324,6 +333,7 @@ def analyze_drop(
     check_format(fmt)
     frac_list = parse_numbers(fracs, "--fracs")
     trace = read_trace(trace_path)
+    _warn_ids(trace)
     result = drop_analysis.drop_replay(trace, frac_list, turn=turn)
     from bmoe.render import replay as text
 

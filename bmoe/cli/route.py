@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from bmoe.analyze import route
+from bmoe.analyze.ids import experts_beyond_declared
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
@@ -164,6 +165,8 @@ def analyze_route(
         trace = read_route_trace(trace_path)
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
+    if (said := experts_beyond_declared(trace)) is not None:
+        err_console.print(warning_line(said), highlight=False, soft_wrap=True)
     selected = route.select(
         trace,
         phase=phase,
