@@ -368,3 +368,19 @@ def test_plots_and_reports_never_overwrite_without_force(corpus: Path, tmp_path:
     result = run_in_process(["report", str(SWEEP), str(other), "-o", str(index)])
     assert result.code == 2 and "pass --force" in result.err and str(beside_page) in result.err
     assert beside_page.read_text() == "keep me" and not index.exists()
+
+
+def test_sweep_plots_never_overwrite_without_force(tmp_path: Path) -> None:
+    plots = tmp_path / "plots"
+    args = ["analyze", "sweep", str(SWEEP.parent / "2026-11-29-tiny-cache-lanes"), "-f", "json",
+            "--plots", str(plots)]  # fmt: skip
+    assert run_in_process(args).code == 0
+    drawn = sorted(plots.iterdir())
+    assert drawn
+    for path in drawn:
+        path.write_text("keep me")
+    result = run_in_process(args)
+    assert result.code == 2 and "pass --force" in result.err
+    assert all(path.read_text() == "keep me" for path in drawn)
+    assert run_in_process([*args, "--force"]).code == 0
+    assert all(path.read_bytes().startswith(b"\x89PNG") for path in drawn)
