@@ -205,7 +205,7 @@ def io(
         None, "--steps", help="Trace steps A-B the timeline shows (default: first 4 decodes)."
     ),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
-    force: bool = typer.Option(False, "--force", help="Overwrite --plot files that exists."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the --plot files if they exist."),
 ) -> None:
     """How the flash reads behaved: latency percentiles, bandwidth, alignment waste, request
     sizes, lanes, speculative share and the coalescing ceiling.
