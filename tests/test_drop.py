@@ -76,8 +76,17 @@ def test_cells_numbered_in_order_of_first_appearance() -> None:
 
     from bmoe.analyze.drop import _runs_or_factorized
 
-    runs = np.array([5, 5, 7, 7, 9, 9], dtype=np.int64)  # each cell one run: run numbers
+    def cells(steps: list[int], layers: list[int]) -> tuple[np.ndarray, ...]:
+        turn = np.zeros(len(steps), dtype=np.int16)
+        return turn, np.array(steps, dtype=np.int32), np.array(layers, dtype=np.int16)
+
+    runs = cells([5, 5, 7, 7, 7, 7], [0, 0, 0, 0, 1, 1])  # each cell one run: run numbers
     assert _runs_or_factorized(runs).tolist() == [0, 0, 1, 1, 2, 2]
-    split = np.array([5, 5, 7, 7, 5, 9], dtype=np.int64)  # cell 5 comes back: hashing
-    assert _runs_or_factorized(split).tolist() == pd.factorize(split)[0].tolist()
+    split = cells([5, 5, 7, 7, 5, 9], [0, 0, 0, 0, 0, 0])  # cell 5 comes back: hashing
+    keys = pd.MultiIndex.from_arrays(list(split))
+    assert _runs_or_factorized(split).tolist() == pd.factorize(keys)[0].tolist()
     assert _runs_or_factorized(split).tolist() == [0, 0, 1, 1, 0, 2]
+    # the same step at another layer, or the same layer at another turn, is another cell
+    turned = cells([5, 5, 5, 5], [3, 3, 3, 3])
+    turned[0][2:] = 1
+    assert _runs_or_factorized(turned).tolist() == [0, 0, 1, 1]

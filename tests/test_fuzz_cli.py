@@ -316,3 +316,71 @@ def test_contamination_of_a_relative_folder(corpus: Path, tmp_path: Path, monkey
     result = run_in_process(["analyze", "contamination", "runs"])
     assert result.code == 0, result.err
     assert "run.csv" in result.out and "pf.csv" in result.out  # the cells, named
+
+
+def test_plots_and_reports_never_overwrite_without_force(corpus: Path, tmp_path: Path) -> None:
+    tiny = corpus / "native-tiny"
+    plot = tmp_path / "p.png"
+    beside = {"timeline": tmp_path / "p.timeline.png", "mrc": tmp_path / "p.mrc.png"}
+    plot_commands = {
+        "compute": ["analyze", "decode", "compute", str(tiny / "ct.compute.csv")],
+        "io": ["analyze", "decode", "io", str(tiny / "run.io.csv")],
+        "replay": ["analyze", "replay", str(tiny / "run.route.csv"), "--budgets", "1", "--mrc"],
+        "route": ["analyze", "route", str(tiny / "run.route.csv")],
+        "stall": ["analyze", "stall", str(tiny / "run.csv")],
+        "history": ["history", str(SWEEP), str(SWEEP)],
+    }
+    for name, args in plot_commands.items():
+        plot.write_text("keep me")
+        result = run_in_process([*args, "--plot", str(plot)])
+        assert result.code == 2 and "pass --force" in result.err, (name, result.err)
+        assert plot.read_text() == "keep me", name
+        plot.unlink()
+    for name, derived in (("io", beside["timeline"]), ("replay", beside["mrc"])):
+        derived.write_text("keep me")  # the file drawn beside the plot is checked too
+        result = run_in_process([*plot_commands[name], "--plot", str(plot)])
+        assert result.code == 2 and str(derived) in result.err, (name, result.err)
+        assert derived.read_text() == "keep me" and not plot.exists(), name
+        derived.unlink()
+    plot.write_text("keep me")
+    result = run_in_process([*plot_commands["stall"], "--plot", str(plot), "--force"])
+    assert result.code == 0, result.err
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+    page = tmp_path / "r.html"
+    page.write_text("keep me")
+    report = ["report", str(tiny / "run.csv"), "-o", str(page)]
+    result = run_in_process(report)
+    assert result.code == 2 and "pass --force" in result.err and page.read_text() == "keep me"
+    result = run_in_process([*report, "--force"])
+    assert result.code == 0 and "<html" in page.read_text().lower()
+    # an input is never overwritten, --force or not (here through a link named .html)
+    link = tmp_path / "link.html"
+    link.symlink_to(tiny / "run.csv")
+    for force in ([], ["--force"]):
+        result = run_in_process(["report", str(link), "-o", str(link), *force])
+        assert result.code == 2 and "is also an input" in result.err, result.err
+    # several sweeps: the index and the page per sweep written beside it
+    other = SWEEP.parent / "2026-11-29-tiny-cache-lanes"
+    index = tmp_path / "h.html"
+    beside_page = tmp_path / f"h-{other.name}.html"
+    beside_page.write_text("keep me")
+    result = run_in_process(["report", str(SWEEP), str(other), "-o", str(index)])
+    assert result.code == 2 and "pass --force" in result.err and str(beside_page) in result.err
+    assert beside_page.read_text() == "keep me" and not index.exists()
+
+
+def test_sweep_plots_never_overwrite_without_force(tmp_path: Path) -> None:
+    plots = tmp_path / "plots"
+    args = ["analyze", "sweep", str(SWEEP.parent / "2026-11-29-tiny-cache-lanes"), "-f", "json",
+            "--plots", str(plots)]  # fmt: skip
+    assert run_in_process(args).code == 0
+    drawn = sorted(plots.iterdir())
+    assert drawn
+    for path in drawn:
+        path.write_text("keep me")
+    result = run_in_process(args)
+    assert result.code == 2 and "pass --force" in result.err
+    assert all(path.read_text() == "keep me" for path in drawn)
+    assert run_in_process([*args, "--force"]).code == 0
+    assert all(path.read_bytes().startswith(b"\x89PNG") for path in drawn)

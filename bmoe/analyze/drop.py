@@ -24,6 +24,8 @@ from bmoe.formats.route import RouteTrace
 
 DEFAULT_FRACS = (0.25, 0.5, 0.75, 1.0)
 PHASES = {"decode": 1, "prefill": 0}
+#: Rows per chunk of a row-sized temporary (its peak: a few MiB, not a copy of a column).
+_CHUNK = 1 << 20
 
 
 def _pct(part: float, whole: float) -> float:
@@ -56,38 +58,51 @@ def _cell_ids(rows: pd.DataFrame) -> np.ndarray:
     """0-based id of each row's cell (turn, step, layer), in order of first appearance."""
     turns = rows["turn"].to_numpy() if "turn" in rows else np.zeros(len(rows), np.int16)
     step, layer = rows["step"].to_numpy(), rows["layer"].to_numpy()
+    columns = (turns, step, layer)
     bits = ((turns, 16), (step, 32), (layer, 16))
     if len(rows) and all(
         int(a.min()) >= -(2 ** (b - 1)) and int(a.max()) < 2 ** (b - 1) for a, b in bits
-    ):  # one int64 key per row: (turn, step, layer) packed 16 / 32 / 16 bits
-        key = np.zeros(len(rows), dtype=np.int64)
-        fields = ((turns, 0xFFFF, 48), (step, 0xFFFFFFFF, 16), (layer, 0xFFFF, 0))
-        for values, mask, shift in fields:
-            part = values.astype(np.int64)  # one temporary at a time, worked in place
-            part &= mask
-            part <<= shift
-            key |= part
-            del part
-        ids = _runs_or_factorized(key)
-        del key
+    ):  # (turn, step, layer) packs into one int64 key: 16 / 32 / 16 bits
+        ids = _runs_or_factorized(columns)
     else:
-        ids = pd.factorize(pd.MultiIndex.from_arrays([turns, step, layer]))[0]
-    return ids.astype(np.int32) if len(ids) < 2**31 else ids
+        ids = pd.factorize(pd.MultiIndex.from_arrays(list(columns)))[0]
+    return ids.astype(np.int32, copy=False) if len(ids) < 2**31 else ids
 
 
-def _runs_or_factorized(key: np.ndarray) -> np.ndarray:
-    """Ids of equal keys, numbered in order of first appearance. A trace writes each cell's
-    rows together, so a cell is one run of equal keys: when no key starts two runs, the run
-    number is the id (a bool and an int32 per row, where a hash table needs far more)."""
-    change = np.empty(len(key), dtype=bool)
+def _packed_keys(columns: tuple[np.ndarray, ...], at: np.ndarray | None = None) -> np.ndarray:
+    """The int64 key (turn, step, layer) of every row, or of the rows `at`."""
+    n = len(columns[0]) if at is None else len(at)
+    key = np.zeros(n, dtype=np.int64)
+    fields = zip(columns, (0xFFFF, 0xFFFFFFFF, 0xFFFF), (48, 16, 0), strict=True)
+    for values, mask, shift in fields:
+        part = (values if at is None else values[at]).astype(np.int64)
+        part &= mask
+        part <<= shift
+        key |= part
+        del part
+    return key
+
+
+def _runs_or_factorized(columns: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Ids of equal (turn, step, layer), numbered in order of first appearance. A trace
+    writes each cell's rows together, so a cell is one run of equal rows: when no cell
+    starts two runs, the run number is the id (a bool and an int32 per row, and a key per
+    run, where a key and a hash table per row need far more)."""
+    n = len(columns[0])
+    change = np.zeros(n, dtype=bool)
     change[:1] = True
-    np.not_equal(key[1:], key[:-1], out=change[1:])
-    starts = np.flatnonzero(change)
-    if len(pd.unique(key[starts])) == len(starts):
-        ids: np.ndarray = np.cumsum(change, dtype=np.int64 if len(key) >= 2**31 else np.int32)
+    differs = np.empty(max(n - 1, 0), dtype=bool)
+    for values in columns:
+        np.not_equal(values[1:], values[:-1], out=differs)
+        change[1:] |= differs
+    del differs
+    firsts = np.sort(_packed_keys(columns, np.flatnonzero(change)))
+    if not (firsts[1:] == firsts[:-1]).any():
+        del firsts
+        ids: np.ndarray = np.cumsum(change, dtype=np.int64 if n >= 2**31 else np.int32)
         np.subtract(ids, 1, out=ids)
         return ids
-    return pd.factorize(key)[0]
+    return pd.factorize(_packed_keys(columns))[0]
 
 
 def _read_bytes(trace: RouteTrace, rows: pd.DataFrame) -> np.ndarray:
@@ -102,11 +117,22 @@ def _read_bytes(trace: RouteTrace, rows: pd.DataFrame) -> np.ndarray:
     return sizes
 
 
+def _sum64(values: np.ndarray) -> float:
+    """The float64 sum of `values` (widened first: the same sum as of a float64 array)."""
+    return values.astype(np.float64, copy=False).sum()
+
+
 def _top_slots(cid: np.ndarray, w: np.ndarray, n_cells: int) -> np.ndarray:
     """Each cell's highest-weight row (the first of equal weights, in file order)."""
     best = np.full(n_cells, -np.inf)
     np.maximum.at(best, cid, w)
-    candidates = np.flatnonzero(w == best[cid])
+    candidates = np.concatenate(  # by chunks: no row-sized copy of the cells' maxima
+        [
+            lo + np.flatnonzero(w[lo : lo + _CHUNK] == best[cid[lo : lo + _CHUNK]])
+            for lo in range(0, len(cid), _CHUNK)
+        ]
+        or [np.zeros(0, dtype=np.int64)]
+    )
     _cells, first = np.unique(cid[candidates], return_index=True)
     top = np.zeros(len(cid), dtype=bool)
     top[candidates[first]] = True
@@ -132,7 +158,9 @@ def drop_phase(
     rows = _phase_rows(trace, PHASES[phase], turn)
     k = trace.n_expert_used or (int(rows["slot"].max()) + 1 if len(rows) else 0)
     cell_id = _cell_ids(rows)
-    weight = rows["weight"].to_numpy(dtype=np.float64)
+    weight = rows["weight"].to_numpy()  # float32 as read: widened where it is summed
+    if weight.dtype not in (np.float32, np.float64):
+        weight = weight.astype(np.float64)
     miss = rows["residency"].to_numpy() == 0
     sizes = _read_bytes(trace, rows)
     n_cells = int(cell_id.max()) + 1 if len(cell_id) else 0
@@ -152,7 +180,7 @@ def drop_phase(
     }
     dropped = rows["dropped"].to_numpy() != 0 if "dropped" in rows else np.zeros(0, bool)
     if dropped.any():  # recorded with dropping on: what the run actually dropped
-        known_w = np.nan_to_num(weight)
+        known_w = np.nan_to_num(weight.astype(np.float64))
         summary["recorded_dropped"] = int(dropped.sum())
         summary["recorded_dropped_pct"] = _pct(int(dropped.sum()), len(rows))
         summary["recorded_mass_pct"] = float(_pct(known_w[dropped].sum(), known_w.sum()))
@@ -171,7 +199,7 @@ def drop_phase(
         return float(size[rows_dropped & m].sum(dtype=np.float64))
 
     summary["cells_with_weights"] = int((~unknown).sum())
-    total_w = w.sum()
+    total_w = _sum64(w)
     total_mb = miss_bytes(np.ones(len(m), dtype=bool))
     top = _top_slots(cid, w, n_cells)
     routed_known = routed if not unknown.any() else np.bincount(cid, minlength=n_cells)
@@ -180,7 +208,7 @@ def drop_phase(
     cells_known = np.flatnonzero(~unknown)
     for frac in fracs:
         thr = frac / k if k else float("nan")
-        drop = m & (w < thr) & ~top
+        drop = m & (w < np.float64(thr)) & ~top  # compared in float64
         surviving = (routed_known - np.bincount(cid[drop], minlength=n_cells))[cells_known]
         counts = pd.Series(surviving.astype(int)).value_counts().sort_index()
         counts = counts.reindex(range(0, min(k, widest) + 1), fill_value=0)
@@ -189,7 +217,7 @@ def drop_phase(
                 "frac": frac,
                 "thr_pct": 100.0 * thr,
                 "io_saved_pct": float(_pct(miss_bytes(drop), total_mb)),
-                "mass_lost_pct": float(_pct(w[drop].sum(), total_w)),
+                "mass_lost_pct": float(_pct(_sum64(w[drop]), total_w)),
                 "dropped": int(drop.sum()),
                 "surviving": survivors_text(counts),
             }
@@ -202,7 +230,7 @@ def drop_phase(
             {
                 "keep_k": keep_k,
                 "io_saved_pct": float(_pct(miss_bytes(drop), total_mb)),
-                "mass_lost_pct": float(_pct(w[drop].sum(), total_w)),
+                "mass_lost_pct": float(_pct(_sum64(w[drop]), total_w)),
             }
         )
     return {

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from bmoe.cli import analyze_app, console, err_console, export_app
-from bmoe.cli.options import check_format
+from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
 from bmoe.render.decode import COMPUTE_NOTE, DIGITS, IO_NOTE, STREAM_NOTE
@@ -23,13 +23,15 @@ decode_app = typer.Typer(
 analyze_app.add_typer(decode_app, name="decode")
 
 
-def _check_options(fmt: str, plot: Path | None = None) -> None:
+def _check_options(
+    fmt: str,
+    plot: Path | None = None,
+    inputs: tuple[Path | None, ...] = (),
+    force: bool = False,
+    also: tuple[Path, ...] = (),
+) -> None:
     check_format(fmt)
-    if plot is not None:
-        from bmoe.render.plots import SUFFIXES
-
-        if plot.suffix.lower() not in SUFFIXES:
-            raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
+    check_plot(plot, inputs, force=force, also=also)
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -150,6 +152,7 @@ def compute(
         help="Write time by op class per layer (or per segment) to this .png/.svg/.pdf.",
     ),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
 ) -> None:
     """Where a token's compute time went: by op, faults, by layer, by op class (per-node
     traces) or by segment (layer-granular traces).
@@ -158,7 +161,7 @@ def compute(
     """
     from bmoe.analyze import decode as dec
 
-    _check_options(fmt, plot)
+    _check_options(fmt, plot, (file, metrics), force)
     with err_console.status(literal(f"reading {file}")):
         trace = _read_trace(file, "compute")
         run = _read_metrics(metrics)
@@ -202,6 +205,7 @@ def io(
         None, "--steps", help="Trace steps A-B the timeline shows (default: first 4 decodes)."
     ),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the --plot files if they exist."),
 ) -> None:
     """How the flash reads behaved: latency percentiles, bandwidth, alignment waste, request
     sizes, lanes, speculative share and the coalescing ceiling.
@@ -210,7 +214,8 @@ def io(
     """
     from bmoe.analyze import decode as dec
 
-    _check_options(fmt, plot)
+    also = (_derived(plot, "timeline"),) if plot is not None else ()
+    _check_options(fmt, plot, (file, metrics), force, also)
     window = parse_steps(steps)
     with err_console.status(literal(f"reading {file}")):
         trace = _read_trace(file, "io")

@@ -29,6 +29,7 @@ def history_command(
     plot: Path | None = typer.Option(
         None, "--plot", help="Draw the outcome per cell across the sweeps (.png/.svg/.pdf)."
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json or markdown."),
 ) -> None:
     """Line up the same cells (by their axis values) across sweeps ordered by when they
@@ -40,11 +41,12 @@ def history_command(
     Example (CI): bmoe history bench-data/*-tiny-cache-lanes --fail-on-regression 5%
     """
     from bmoe.analyze import history as hist
-    from bmoe.cli.options import check_format
+    from bmoe.cli.options import check_format, check_plot
     from bmoe.render.tables import render
     from bmoe.sweep.archive import load_results
 
     check_format(fmt)
+    check_plot(plot, folders, force=force)
     limits = {}
     for name, text in (("--threshold", threshold), ("--fail-on-regression", fail_on_regression)):
         if text is None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from bmoe.errors import BmoeError
 
@@ -21,3 +22,24 @@ def check_format(fmt: str, allowed: Sequence[str] | None = None) -> None:
 
         allowed = FORMATS
     check_choice("--format", fmt, allowed)
+
+
+def check_plot(
+    plot: Path | None,
+    inputs: Iterable[Path | None] = (),
+    *,
+    force: bool = False,
+    also: Sequence[Path] = (),
+) -> None:
+    """The ``--plot FILE`` check: a plot suffix, never one of `inputs`, and not an existing
+    file unless `force`; `also` names the files written beside `plot` (checked the same)."""
+    if plot is None:
+        return
+    from bmoe.formats.outputs import check_output
+    from bmoe.render.plots import SUFFIXES
+
+    if plot.suffix.lower() not in SUFFIXES:
+        raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
+    sources = [p for p in inputs if p is not None]
+    for dest in (plot, *also):
+        check_output(dest, sources, force=force)

@@ -13,7 +13,7 @@ from bmoe.analyze import drop as drop_analysis
 from bmoe.analyze import replay as replay_analysis
 from bmoe.cache import POLICIES, REFERENCE_POLICIES
 from bmoe.cli import analyze_app, console, err_console
-from bmoe.cli.options import check_format
+from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
 from bmoe.formats.route import RouteTrace, read_route_trace
@@ -48,6 +48,14 @@ def read_trace(path: Path, columns: Iterable[str] | None = None) -> RouteTrace:
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     return trace
+
+
+def _warn_ids(trace: RouteTrace) -> None:
+    """Warn about expert ids at or above the preamble's n_expert (validate calls them errors)."""
+    from bmoe.analyze.ids import experts_beyond_declared
+
+    if (said := experts_beyond_declared(trace)) is not None:
+        err_console.print(warning_line(said), highlight=False, soft_wrap=True)
 
 
 def _recorded_point(views, validate: float | None, metrics_summary, metrics_params):
@@ -121,7 +129,7 @@ def analyze_replay(
         min=1,
         help="Replays run at once (default: the CPUs); the figures do not depend on it.",
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite a --csv file that exists."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing --csv / --plot files."),
     stream: bool = typer.Option(
         False,
         "--stream",
@@ -152,17 +160,13 @@ def analyze_replay(
             raise BmoeError(f"--stream replays the LRU curve only, not with {extra[0]}")
         _stream_curve(trace_path, budget_list, fmt, csv_out)
         return
-    if plot is not None:
-        from bmoe.render.plots import SUFFIXES
-
-        if plot.suffix.lower() not in SUFFIXES:
-            raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
     inputs = [trace_path] + ([metrics] if metrics is not None else [])
+    also = (_mrc_path(plot),) if plot is not None and mrc else ()
+    check_plot(plot, inputs, force=force, also=also)
     if csv_out is not None:
         check_output(csv_out, inputs, force=force)
-    if plot is not None:
-        check_output(plot, inputs, force=True)
     trace = read_trace(trace_path, replay_analysis.REPLAY_COLUMNS)
+    _warn_ids(trace)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
     summary = params = None
@@ -285,6 +289,11 @@ def _print_replay(views, fmt: str, validate: float | None) -> None:
         )
 
 
+def _mrc_path(plot: Path) -> Path:
+    """Where --mrc's LRU curve goes beside the --plot file."""
+    return plot.with_name(f"{plot.stem}.mrc{plot.suffix}")
+
+
 def _plot(views, plot: Path, recorded) -> None:
     from bmoe.render.plots import replay as plots
     from bmoe.render.plots import save_figure
@@ -297,7 +306,7 @@ def _plot(views, plot: Path, recorded) -> None:
         written = save_figure(fig, plot)
         err_console.print(literal(f"wrote replay plot to {written}"), highlight=False)
         if "mrc" in views:
-            mrc_path = plot.with_name(f"{plot.stem}.mrc{plot.suffix}")
+            mrc_path = _mrc_path(plot)
             written = save_figure(
                 plots.mrc_plot(views["mrc"], t_mib=t_mib, recorded=recorded), mrc_path
             )
@@ -324,6 +333,7 @@ def analyze_drop(
     check_format(fmt)
     frac_list = parse_numbers(fracs, "--fracs")
     trace = read_trace(trace_path)
+    _warn_ids(trace)
     result = drop_analysis.drop_replay(trace, frac_list, turn=turn)
     from bmoe.render import replay as text
 

@@ -9,6 +9,7 @@ import typer
 
 from bmoe.cli import app, err_console
 from bmoe.errors import BmoeError
+from bmoe.formats.outputs import check_output
 from bmoe.render.messages import literal
 
 _KINDS = ("metrics", "route", "compute", "io")
@@ -31,6 +32,7 @@ def report_command(
     ),
     outcome: str = typer.Option("tok_s_mean", "--outcome", help="Sweeps: rank cells by this."),
     title: str | None = typer.Option(None, "--title", help="The page title."),
+    force: bool = typer.Option(False, "--force", help="Overwrite HTML files that exist."),
 ) -> None:
     """Write a single HTML page that opens offline in any browser: run parameters, summary
     tables, stall attribution, plots, the routing matrix, cache replay and the caveats the
@@ -42,12 +44,17 @@ def report_command(
     Example: bmoe report run.csv -o run.html
     Example: bmoe report run.route.csv --metrics run.csv -o routing.html
     Example: bmoe report bench-data/*-tiny-cache-lanes -o history.html
+
+    An HTML file that exists already is left alone unless --force; an input never is
+    overwritten.
     """
     if out.suffix.lower() not in (".html", ".htm"):
         raise BmoeError(f"{out}: the report is HTML; name it .html")
+    inputs = [*paths, *([metrics] if metrics is not None else [])]
     if len(paths) > 1:
-        _history_pages(paths, out, outcome, title)
+        _history_pages(paths, out, outcome, title, inputs, force)
         return
+    check_output(out, inputs, force=force)
     path = paths[0]
     with err_console.status(literal(f"reading {path}")):
         if path.is_dir():
@@ -62,7 +69,9 @@ def report_command(
     err_console.print(literal(f"wrote {out} ({size_kib:.0f} KiB)"), highlight=False)
 
 
-def _history_pages(paths: list[Path], out: Path, outcome: str, title: str | None) -> None:
+def _history_pages(
+    paths: list[Path], out: Path, outcome: str, title: str | None, inputs: list[Path], force: bool
+) -> None:
     """The index page at `out` and one page per sweep beside it (``<out stem>-<folder>.html``)."""
     import bmoe
     from bmoe.render import report as page
@@ -78,6 +87,8 @@ def _history_pages(paths: list[Path], out: Path, outcome: str, title: str | None
             raise BmoeError(f"{path}: two sweep folders named {label}")
         archives[label] = bmoe.load_archive(path)
         links[label] = f"{out.stem}-{label}.html"
+    for dest in (out, *(out.parent / link for link in links.values())):
+        check_output(dest, inputs, force=force)
     out.parent.mkdir(parents=True, exist_ok=True)
     with err_console.status("analysing the sweeps"):
         for label, archive in archives.items():

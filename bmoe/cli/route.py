@@ -8,8 +8,9 @@ from pathlib import Path
 import typer
 
 from bmoe.analyze import route
+from bmoe.analyze.ids import experts_beyond_declared
 from bmoe.cli import analyze_app, console, err_console
-from bmoe.cli.options import check_format
+from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
 from bmoe.formats.route import read_route_trace
 from bmoe.render.messages import literal, note_line, warning_line
@@ -143,6 +144,7 @@ def analyze_route(
     budget_mib: float | None = typer.Option(
         None, "--budget-mib", help="Cache budget line on the workset and reuse-bytes plots."
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
 ) -> None:
     """Views of a routing trace: what the router asked for, layer by layer.
 
@@ -154,6 +156,7 @@ def analyze_route(
         raise BmoeError(f"unknown --cells {cells!r} (choose {', '.join(route.MATRIX_CELLS)})")
     names = parse_views(view)
     kind = choose_plot(plot_kind, names, view, cells) if plot else None
+    check_plot(plot, (trace_path,), force=force)
     with (
         warnings.catch_warnings(record=True) as caught,
         err_console.status(literal("reading trace")),
@@ -162,6 +165,8 @@ def analyze_route(
         trace = read_route_trace(trace_path)
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
+    if (beyond := experts_beyond_declared(trace)) is not None:
+        err_console.print(warning_line(beyond), highlight=False, soft_wrap=True)
     selected = route.select(
         trace,
         phase=phase,

@@ -13,7 +13,7 @@ from bmoe.analyze.metrics import STABLE_FIELDS, summarize_runs, summary_tables
 from bmoe.analyze.runfiles import load_run_files
 from bmoe.analyze.stall import memory_picture, stall_attribution
 from bmoe.cli import analyze_app, console, err_console
-from bmoe.cli.options import check_format
+from bmoe.cli.options import check_format, check_plot
 from bmoe.render.messages import literal, note_line
 from bmoe.render.runs import DIGITS
 from bmoe.render.tables import FORMATS, render, transposed
@@ -64,6 +64,7 @@ def stall_command(
         help="Override the overlap mode (default: preamble or inferred).",
     ),
     tokens: bool = typer.Option(False, "--tokens", help="Also print the per-token rows."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
 ) -> None:
     """Where each token's time went, in parts that add up to the wall time: flash wait (io_ms
@@ -75,6 +76,7 @@ def stall_command(
     Example: bmoe analyze stall run.csv --plot run-stall.png
     """
     check_format(fmt)
+    check_plot(plot, (file,), force=force)
     files = load_run_files(file)
     att = stall_attribution(files.run, threads=threads, overlap=overlap)
     run_figures = {"file": str(file), **att.figures()}

@@ -282,6 +282,7 @@ def analyze_sweep_command(
         "value of another axis, the spread across repeats shown), and predicted against "
         "measured tok/s when the sweep recorded predictions.",
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite --plots files that exist."),
 ) -> None:
     """Say whether the ranking of a sweep's cells is settled (and why not), compare
     neighbours in the ranking with intervals, show how stable each cell is, each outcome
@@ -315,12 +316,14 @@ def analyze_sweep_command(
     else:  # the terminal: the verdict again where the eye lands, after the tables
         console.print(views["verdict"]["verdict"], highlight=False, soft_wrap=True)
     if plots is not None:
-        _answer_plots(results, outcome, plots)
+        _answer_plots(results, outcome, plots, force)
         compared = views.get("predicted against measured")
         if compared is not None and len(compared):
+            from bmoe.formats.outputs import check_output
             from bmoe.render.plots import save_figure
             from bmoe.render.plots.predict import predicted_vs_measured_plot
 
+            check_output(plots / "predicted.png", force=force)
             path = save_figure(predicted_vs_measured_plot(compared), plots / "predicted.png")
             err_console.print(literal(f"wrote {path}"), highlight=False)
 
@@ -342,22 +345,32 @@ def _read_predictions(folder: Path):
     return table
 
 
-def _answer_plots(results, outcome: str, folder: Path) -> None:
+def _answer_plots(results, outcome: str, folder: Path, force: bool = False) -> None:
     """The outcome against the main axis, one line per value of another (one figure per
     combination of any further axes); by axis value when no axis is numeric."""
     from bmoe.analyze import sweep as sw
+    from bmoe.formats.outputs import check_output
     from bmoe.render.plots import save_figure
     from bmoe.render.plots.sweep import outcome_figures, plot_axis_effects
 
     main = sw.main_axes(results)
     if main is None:
         effects = sw.axis_effects(results, [outcome])
-        figures = plot_axis_effects(effects[effects["n"] > 0])
+        figures = list(plot_axis_effects(effects[effects["n"] > 0]))
     else:
         x, by = main
         rest = [a for a in sw.axes_of(results) if a not in (x, by)]
         ranked = sw.rank_cells(results, outcome)
-        figures = outcome_figures(ranked, sw.ok_attempts(results), outcome, x, by, rest)
+        figures = list(outcome_figures(ranked, sw.ok_attempts(results), outcome, x, by, rest))
+    try:  # every file checked before the first is written
+        for name, _ in figures:
+            check_output(folder / f"{name}.png", force=force)
+    except BmoeError:
+        import matplotlib.pyplot as plt
+
+        for _, fig in figures:
+            plt.close(fig)
+        raise
     for name, fig in figures:
         path = save_figure(fig, folder / f"{name}.png")
         err_console.print(literal(f"wrote {path}"), highlight=False)

@@ -123,6 +123,7 @@ def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = N
         if keep is not None:
             rows = rows.drop(columns=[c for c in rows.columns if c not in keep])
     check_int32(sec, rows, ("turn", "phase", "step", "layer", "slot", "expert"))
+    parquet.release_unused()  # the parse's buffers, freed into Arrow's pool, back to the system
     return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
 
 
