@@ -372,10 +372,14 @@ def next_uses(bounds, look, n_keys):
 def belady(bounds, look, size, next_use, n_keys, budget, shift):
     """``belady``: evict the furthest next use, ties to the earliest admitted (priority
     ``(batches - next use) << shift | admission``; a next use at or past the number of
-    batches means never)."""
+    batches means never).
+
+    A hit leaves its key in the heap with its old priority, whose next use is this batch:
+    higher than that of every key not looked up here (their next use is later), so the
+    eviction pass stops at the first such key at the top; the new priority is then put in
+    place with one sift (a remove and a push cost two)."""
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    far = np.zeros(n_keys, dtype=np.int64)  # the packed priority
     admitted = np.zeros(n_keys, dtype=np.int64)
     resident = np.zeros(n_keys, dtype=np.bool_)
     ksize = np.zeros(n_keys, dtype=np.int64)
@@ -394,21 +398,31 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
             k = look[i]
             if resident[k]:
                 h += 1
-                _heap_remove(k, 0, hv, hk, hpos, base, hcount)
             else:
                 resident[k] = True
                 ksize[k] = sz
                 held += sz
                 admissions += 1
                 admitted[k] = admissions
-            far[k] = ((n_b - min(np.int64(next_use[i]), n_b)) << shift) | admitted[k]
         hits[b] = h
-        while held > budget and hcount[0] > 0:
+        looked_up_here = np.int64(n_b - b) << shift  # the lowest priority of a hit
+        while held > budget and hcount[0] > 0 and hv[0] < looked_up_here:
             k = _heap_pop(0, hv, hk, hpos, base, hcount)
             resident[k] = False
             held -= ksize[k]
         for i in range(s, e):
-            _heap_push(look[i], far[look[i]], 0, hv, hk, hpos, base, hcount)
+            k = look[i]
+            v = ((n_b - min(np.int64(next_use[i]), n_b)) << shift) | admitted[k]
+            j = hpos[k]
+            if j < 0:
+                _heap_push(k, v, 0, hv, hk, hpos, base, hcount)
+            else:
+                old = hv[j]
+                hv[j] = v
+                if v < old:
+                    _sift_up(hv, hk, hpos, 0, j)
+                else:
+                    _sift_down(hv, hk, hpos, 0, hcount[0], j)
     return hits
 
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from bmoe.formats.errors import FormatError
 from bmoe.formats.inputs import is_regular_file, regular_file
@@ -98,6 +97,8 @@ def to_table(obj: Any, kind: str) -> pa.Table:
 
 def write_table(obj: Any, kind: str, dest: str | os.PathLike) -> Path:
     """Write a parsed file of `kind` as Parquet (zstd); returns the path written."""
+    import pyarrow.parquet as pq  # here: only Parquet input and output pay its import
+
     dest = Path(dest)
     pq.write_table(to_table(obj, kind), dest, compression="zstd")
     return dest
@@ -107,6 +108,8 @@ def write_table(obj: Any, kind: str, dest: str | os.PathLike) -> Path:
 
 
 def _open(source: Any, columns: frozenset[str] | None = None) -> tuple[pa.Table, str | None]:
+    import pyarrow.parquet as pq
+
     name = None if isinstance(source, bytes | bytearray | memoryview) else str(source)
     src = pa.BufferReader(bytes(source)) if name is None else regular_file(name)
     try:
@@ -200,6 +203,8 @@ def read_parts(
 
 def parquet_kind(source: Any) -> str | None:
     """The kind recorded in a Parquet file's metadata, without reading its rows."""
+    import pyarrow.parquet as pq
+
     try:
         schema = pq.read_schema(
             source if not isinstance(source, bytes) else pa.BufferReader(source)
