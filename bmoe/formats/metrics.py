@@ -21,6 +21,7 @@ import pyarrow as pa
 from bmoe.formats import kv
 from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections, split_sections
 from bmoe.formats.errors import FormatError, warn
+from bmoe.formats.metrics_columns import INT_COLUMN_BITS, ROW_PRECISION, SUMMARY_PRECISION
 
 #: v2 column order, as the native engine writes it.
 COLUMNS_V2 = [
@@ -57,38 +58,15 @@ COLUMNS_V2 = [
 #: v1 stops after swap_free_mib.
 COLUMNS_V1 = COLUMNS_V2[: COLUMNS_V2.index("swap_free_mib") + 1]
 
-#: Decimal places the native engine prints per column (absent = integer).
-ROW_PRECISION: dict[str, int] = {
-    "wall_ms": 3, "io_ms": 3, "compute_ms": 3, "cache_hit_pct": 2, "stall_ms": 3, "mgmt_ms": 3,
-    "cpu_ms": 3, "dense_resident_frac": 3, "majflt_mib": 2, "cache_budget_mib": 1, "rss_mib": 1,
-    "rss_anon_mib": 1, "rss_file_mib": 1, "swap_mib": 1, "mem_available_mib": 1,
-    "mem_free_mib": 1, "swap_free_mib": 1, "loop_overhead_ms": 3, "mtp_draft_ms": 3,
-    "drain_ms": 3, "adopt_ms": 3, "ra_issue_ms": 3, "ra_wd_ms": 3,
-}  # fmt: skip
-
 INT_COLUMNS: dict[str, pa.DataType] = {
-    "step": pa.int32(), "steps": pa.int32(), "read_bytes": pa.int64(), "majflt": pa.int64(),
-    "turn": pa.int16(), "mtp_batch": pa.int16(),
-}  # fmt: skip
+    name: getattr(pa, f"int{bits}")() for name, bits in INT_COLUMN_BITS.items()
+}
 
 #: Arrow types for known columns (metrics files are small: float64 keeps printed digits exact).
 COLUMN_TYPES: dict[str, pa.DataType] = {
     **INT_COLUMNS,
     **{name: pa.float64() for name in ROW_PRECISION},
 }
-
-#: Decimal places of the ``# summary`` keys the native engine prints (absent = integer or %g).
-SUMMARY_PRECISION: dict[str, int] = {
-    "s/tok": 3, "tok/s": 3, "read_MiB": 1, "io_s": 2, "compute_s/tok": 3, "io_s/tok": 3,
-    "cache_hit_pct": 1, "load_s": 3, "prefill_s": 3, "prefill_tps": 2, "stall_s/tok": 3,
-    "mgmt_s/tok": 3, "cache_resident_MiB": 1, "cache_budget_MiB": 1, "spec_recall_pct": 1,
-    "spec_read_MiB": 1, "majflt/tok": 2, "cpu_s/tok": 4, "token_demand_MiB": 1,
-    "layer_demand_MiB": 1, "loop_overhead_s/tok": 4, "mtp_draft_s/tok": 4, "ra_agree_pct": 1,
-    "ra_gemv_ms/tok": 2, "ra_issue_ms/tok": 2, "ra_wd_ms/tok": 2, "drain_s/tok": 3,
-    "adopt_s/tok": 3, "prefill_cpu_s": 3, "prefill_read_mib": 1, "prefill_io_s": 3,
-    "prefill_stall_s": 3, "prefill_mgmt_s": 3, "prefill_dev_read_mib": 1,
-    "prefill_dev_stall_s": 3, "row_table_MiB": 1, "row_resident_MiB": 1, "row_read_MiB": 1,
-}  # fmt: skip
 
 _SUMMARY_FLOAT_KEYS = frozenset(SUMMARY_PRECISION)
 #: Keys that open a new preamble line in the native engine's files.

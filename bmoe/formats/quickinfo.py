@@ -18,20 +18,14 @@ from typing import Any
 
 from bmoe.formats import kv
 from bmoe.formats.detect import BOM, PathLike, detect_bytes
+from bmoe.formats.metrics_columns import INT_COLUMN_BITS, ROW_PRECISION
 
 #: Files up to this size take the quick path (bytes); a metrics CSV is ~200 bytes a token.
 QUICK_LIMIT = 1 << 20
 
-#: The columns the metrics reader types (``metrics.COLUMN_TYPES``): integer ones and float ones.
-_INT_COLUMNS = frozenset({"step", "steps", "read_bytes", "majflt", "turn", "mtp_batch"})
-_FLOAT_COLUMNS = frozenset(
-    {
-        "wall_ms", "io_ms", "compute_ms", "cache_hit_pct", "stall_ms", "mgmt_ms", "cpu_ms",
-        "dense_resident_frac", "majflt_mib", "cache_budget_mib", "rss_mib", "rss_anon_mib",
-        "rss_file_mib", "swap_mib", "mem_available_mib", "mem_free_mib", "swap_free_mib",
-        "loop_overhead_ms", "mtp_draft_ms", "drain_ms", "adopt_ms", "ra_issue_ms", "ra_wd_ms",
-    }
-)  # fmt: skip
+#: The columns the metrics reader types: integer ones and float ones.
+_INT_COLUMNS = frozenset(INT_COLUMN_BITS)
+_FLOAT_COLUMNS = frozenset(ROW_PRECISION)
 #: ``# summary`` keys typed float even when spelled like an integer (``metrics.SUMMARY_PRECISION``
 #: among the keys ``bmoe info`` shows).
 _SUMMARY_FLOATS = frozenset(
