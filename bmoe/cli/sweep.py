@@ -61,7 +61,7 @@ def _dry_run(config, plan, archive_root: Path) -> None:
 
 
 def _print_predicted_duration(config, plan) -> None:
-    from bmoe.cli.predict import sweep_predictions
+    from bmoe.sweep.predictions import sweep_predictions
 
     predicted = sweep_predictions(config, plan)
     if predicted is None:
@@ -185,10 +185,10 @@ def sweep_command(
 def _run_locked(
     cfg, plan, folder: Path | None, root: Path, text: str, plain: bool, keep_going: bool
 ) -> None:
-    from bmoe.cli.predict import sweep_predictions
     from bmoe.render.progress import LiveProgress, PlainProgress
     from bmoe.sweep.archive import CONFIG, ArchiveWriter, write_atomic
     from bmoe.sweep.lock import folder_lock
+    from bmoe.sweep.predictions import sweep_predictions
     from bmoe.sweep.runner import run_sweep
 
     predicted = sweep_predictions(cfg, plan) if folder is None else None
