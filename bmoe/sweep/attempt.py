@@ -176,8 +176,8 @@ FAILED = ("crashed", "invalid", "error")
 
 
 def err_tail(path: Path, lines: int = ERR_TAIL_LINES) -> list[str]:
-    """The last non-empty lines of an engine's stderr (bounded read, control characters
-    and the stand-in's argv echo left out)."""
+    """The last non-empty lines of an engine's stderr (a bounded read of the file's end,
+    control characters blanked)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -190,7 +190,7 @@ def err_tail(path: Path, lines: int = ERR_TAIL_LINES) -> list[str]:
     kept = []
     for line in text.splitlines():
         line = "".join(ch if ch.isprintable() else " " for ch in line).strip()
-        if line and not line.startswith("FAKE_ARGV "):
+        if line:
             kept.append(line[:300])
     return kept[-lines:]
 
