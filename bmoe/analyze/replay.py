@@ -134,7 +134,7 @@ class ReplayBatches:
         return self._split(flat)
 
 
-def _column(rows: pd.DataFrame, name: str, default: int) -> np.ndarray:
+def column_or(rows: pd.DataFrame, name: str, default: int) -> np.ndarray:
     """A column as an integer array in its own dtype (no widening copy when it is one)."""
     if name in rows:
         values = rows[name].to_numpy()
@@ -146,15 +146,6 @@ def _column(rows: pd.DataFrame, name: str, default: int) -> np.ndarray:
 
 #: the route-trace columns a replay reads (the rest, weights and byte counts, it never uses)
 REPLAY_COLUMNS = ("turn", "phase", "step", "layer", "slot", "expert", "residency", "dropped")
-
-
-def replay_columns_only(trace: RouteTrace) -> RouteTrace:
-    """`trace` without the columns a replay never reads, so their memory can go back
-    before the batches are cut (a 10 M-row trace: ~80 MiB of weights and byte counts)."""
-    unused = [c for c in trace.rows.columns if c not in REPLAY_COLUMNS]
-    if not unused:
-        return trace
-    return dataclasses.replace(trace, rows=trace.rows.drop(columns=unused))
 
 
 def without_rows(trace: RouteTrace) -> RouteTrace:
@@ -170,7 +161,7 @@ def turns_of(trace: RouteTrace) -> list[int]:
     return sorted(int(t) for t in pd.unique(trace.rows["turn"]))
 
 
-def _meta_int(meta: dict, name: str) -> int | None:
+def preamble_count(meta: dict, name: str) -> int | None:
     """A preamble count as an int, None when absent or not a whole number >= 1."""
     try:
         value = int(meta.get(name))  # type: ignore[arg-type]
@@ -225,7 +216,7 @@ def prepare_batches(
     rows = trace.rows
     name = trace.path or "trace"
     for label in ("expert", "layer"):
-        values = _column(rows, label, 0)
+        values = column_or(rows, label, 0)
         lo, hi = _span(values)
         if lo < 0 or hi > EXPERT_MASK:
             bad = lo if lo < 0 else hi
@@ -234,7 +225,7 @@ def prepare_batches(
                 f"{name}: {label} id {bad} (routing row {at + 1}) is outside 0..{EXPERT_MASK}; "
                 "a replay needs real ids"
             )
-    turns = _column(rows, "turn", 0)
+    turns = column_or(rows, "turn", 0)
     if turn is not None:
         if turn not in set(pd.unique(turns).tolist()):
             raise BmoeError(
@@ -245,8 +236,8 @@ def prepare_batches(
         turns = turns[keep]
     if not len(rows):
         raise BmoeError(f"{name}: no routing rows to replay")
-    layer = _column(rows, "layer", 0)
-    expert = _column(rows, "expert", 0)
+    layer = column_or(rows, "layer", 0)
+    expert = column_or(rows, "expert", 0)
 
     sizes = trace.expert_bytes()
     present = np.unique(layer)
@@ -263,9 +254,9 @@ def prepare_batches(
                 "a replay can count in (0 .. 2^53)"
             )
 
-    phase = _column(rows, "phase", 1)
-    step = _column(rows, "step", 0)
-    order = _batch_order(turns, phase, step, layer, _column(rows, "slot", 0))
+    phase = column_or(rows, "phase", 1)
+    step = column_or(rows, "step", 0)
+    order = _batch_order(turns, phase, step, layer, column_or(rows, "slot", 0))
 
     # dense key ids: the layer's index among the trace's layers x experts + expert, or,
     # when few of those occur (large sparse ids), the keys that occur, numbered
@@ -317,9 +308,9 @@ def prepare_batches(
         key_code=key_code,
         key_part=key_part,
         recorded_hits=recorded if "residency" in rows else None,
-        n_layer=_meta_int(meta, "n_layer") or (int(present.max()) + 1),
-        n_expert=_meta_int(meta, "n_expert"),
-        k=_meta_int(meta, "n_expert_used"),
+        n_layer=preamble_count(meta, "n_layer") or (int(present.max()) + 1),
+        n_expert=preamble_count(meta, "n_expert"),
+        k=preamble_count(meta, "n_expert_used"),
         look_row=look_row[: len(look)] if lookup_rows else None,
         recorded_with_dropping=trace.recorded_with_dropping,
     )
@@ -695,13 +686,13 @@ def _previous_token_keys(
 ) -> dict[tuple[int, int, int], list[int]]:
     """(turn, step, layer) -> the distinct keys that cell routed, in slot order."""
     rows = trace.rows
-    turns = _column(rows, "turn", 0)
+    turns = column_or(rows, "turn", 0)
     keep = np.ones(len(rows), dtype=bool) if turn is None else turns == turn
     t = turns[keep]
-    step = _column(rows, "step", 0)[keep]
-    layer = _column(rows, "layer", 0)[keep]
-    slot = _column(rows, "slot", 0)[keep]
-    keys = (layer.astype(np.int64) << EXPERT_BITS) | _column(rows, "expert", 0)[keep]
+    step = column_or(rows, "step", 0)[keep]
+    layer = column_or(rows, "layer", 0)[keep]
+    slot = column_or(rows, "slot", 0)[keep]
+    keys = (layer.astype(np.int64) << EXPERT_BITS) | column_or(rows, "expert", 0)[keep]
     order = np.lexsort((slot, layer, step, t))
     t, step, layer, keys = t[order], step[order], layer[order], keys[order]
     cell = pd.MultiIndex.from_arrays([t, step, layer])
@@ -844,7 +835,7 @@ def budgets_for(trace: RouteTrace, extra: Iterable[float] = ()) -> list[float]:
     MiB, two significant digits below), plus `extra` (e.g. the budget the run recorded at),
     sorted and distinct."""
     sizes = trace.expert_bytes()
-    n_expert = _meta_int(trace.meta, "n_expert")
+    n_expert = preamble_count(trace.meta, "n_expert")
     if not n_expert and "expert" in trace.rows and len(trace.rows):
         n_expert = int(trace.rows["expert"].max()) + 1
     total = sum(sizes.values()) * int(n_expert or 0) / MIB

@@ -19,9 +19,9 @@ import pandas as pd
 from bmoe.analyze.replay import (
     CURVE_COLUMNS,
     MIB,
-    _column,
-    _meta_int,
     check_budgets,
+    column_or,
+    preamble_count,
     prepare_batches,
 )
 from bmoe.cache import EXPERT_BITS
@@ -33,9 +33,9 @@ from bmoe.formats.route import RouteTrace
 def _groups(rows: pd.DataFrame) -> np.ndarray:
     """Per row, its batch group packed in one int64 that grows in replay order: turn, then
     prefill (every step of it one group) before decode, then the decode step."""
-    turn = _column(rows, "turn", 0).astype(np.int64)
-    decode = (_column(rows, "phase", 1) != 0).astype(np.int64)
-    step = _column(rows, "step", 0).astype(np.int64)
+    turn = column_or(rows, "turn", 0).astype(np.int64)
+    decode = (column_or(rows, "phase", 1) != 0).astype(np.int64)
+    step = column_or(rows, "step", 0).astype(np.int64)
     return ((turn + (1 << 15)) << 41) | (decode << 40) | (decode * (step + (1 << 31)))
 
 
@@ -55,7 +55,7 @@ def stream_lru_curve(
     layers = np.array(sorted(sizes), dtype=np.int64)
     part_of = np.full(int(layers.max()) + 1, -1, dtype=np.int64)
     part_of[layers] = np.arange(len(layers))
-    n_e = _meta_int(trace.meta, "n_expert") or EXPERT_MASK + 1
+    n_e = preamble_count(trace.meta, "n_expert") or EXPERT_MASK + 1
     n_keys = len(layers) * n_e
     states = [kernels.lru_state(1, n_keys) for _ in budgets]
     capacity = [round(b * MIB) for b in budgets]

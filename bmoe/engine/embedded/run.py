@@ -83,7 +83,7 @@ def _sampler(cfg: EngineConfig) -> Callable[[np.ndarray], int]:
     return sample
 
 
-class _Sinks:
+class Sinks:
     """The optional output files, opened up front so a bad path fails before the model loads."""
 
     def __init__(self, cfg: EngineConfig):
@@ -113,7 +113,7 @@ class _Sinks:
                 fh.close()
 
 
-def _emit(out: BinaryIO | None, text: str | bytes) -> None:
+def emit(out: BinaryIO | None, text: str | bytes) -> None:
     if out is None:
         return
     out.write(text if isinstance(text, bytes) else protocol.to_bytes(text))
@@ -140,7 +140,7 @@ def run_engine(
     """
     cfg.check()
     origin_ns = time.monotonic_ns()
-    sinks = _Sinks(cfg)
+    sinks = Sinks(cfg)
     t_load = time.perf_counter()
     eng: EmbeddedEngine | None = None
     try:
@@ -192,7 +192,7 @@ class RouteRowBuffer:
 class Writers:
     """The trace and metrics writers of one engine process (a session appends to them)."""
 
-    def __init__(self, cfg: EngineConfig, eng: EmbeddedEngine, sinks: _Sinks, o_direct: bool):
+    def __init__(self, cfg: EngineConfig, eng: EmbeddedEngine, sinks: Sinks, o_direct: bool):
         lay = eng.layout
         self.params = telemetry.params(cfg, eng, o_direct)
         self.metrics = MetricsWriter(sinks.csv, self.params) if sinks.csv else None
@@ -245,7 +245,7 @@ class Turn:
 def _generate(
     cfg: EngineConfig,
     eng: EmbeddedEngine,
-    sinks: _Sinks,
+    sinks: Sinks,
     out: BinaryIO | None,
     load_s: float,
     keep_logits: bool,
@@ -263,7 +263,7 @@ def _generate(
             f"({model.n_ctx}); raise -c"
         )
     if not cfg.progress:
-        _emit(out, prompt)
+        emit(out, prompt)
     turn = run_turn(
         cfg,
         eng,
@@ -285,10 +285,10 @@ def _generate(
     if eng.predictor is not None and cfg.predict_log:
         lines += eng.predictor.lines()
     if cfg.progress:
-        _emit(out, b"=== answer ===\n" + turn.text + b"\n=== perf ===\n")
+        emit(out, b"=== answer ===\n" + turn.text + b"\n=== perf ===\n")
     else:
-        _emit(out, b"\n\n")
-    _emit(out, "".join(line + "\n" for line in lines))
+        emit(out, b"\n\n")
+    emit(out, "".join(line + "\n" for line in lines))
     mem = probes.memory()
     return RunResult(
         config=cfg,
@@ -540,10 +540,10 @@ def _decode_tokens(
         if progress:
             if read:
                 load = {"mb": read / MIB, "ms": row["io_ms"]}
-                _emit(out, protocol.format_event("LOAD", load) + "\n")
-            _emit(out, protocol.format_event("PROGRESS", telemetry.progress(row, piece)) + "\n")
+                emit(out, protocol.format_event("LOAD", load) + "\n")
+            emit(out, protocol.format_event("PROGRESS", telemetry.progress(row, piece)) + "\n")
         else:
-            _emit(out, piece)
+            emit(out, piece)
         gen.t_prev_end = time.perf_counter()
     return gen
 

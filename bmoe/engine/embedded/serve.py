@@ -28,7 +28,7 @@ from typing import IO, Any, BinaryIO
 
 from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.engine import EmbeddedEngine
-from bmoe.engine.embedded.run import Turn, Writers, _emit, _Sinks, run_turn
+from bmoe.engine.embedded.run import Sinks, Turn, Writers, emit, run_turn
 from bmoe.errors import BmoeError
 from bmoe.formats import protocol
 
@@ -166,7 +166,7 @@ def serve_session(
     """Load the model once and serve requests from `stdin` until ``close`` or its end."""
     cfg.check()
     origin_ns = time.monotonic_ns()
-    sinks = _Sinks(cfg)
+    sinks = Sinks(cfg)
     eng: EmbeddedEngine | None = None
     try:
         t_load = time.perf_counter()
@@ -254,7 +254,7 @@ def serve_session(
             for fh in sinks.files:
                 fh.flush()
             if predictor is not None:
-                _emit(out, "".join(line + "\n" for line in predictor.lines()))
+                emit(out, "".join(line + "\n" for line in predictor.lines()))
             _event(out, "DONE", done_payload(rid, turn, load_s))
             n_past = turn.n_past
             turn_no += 1
@@ -268,7 +268,7 @@ _NO_DECIDE = "decide needs --decide, which the embedded engine does not implemen
 
 
 def _event(out: BinaryIO, tag: str, data: dict[str, Any]) -> None:
-    _emit(out, protocol.format_event(tag, data) + "\n")
+    emit(out, protocol.format_event(tag, data) + "\n")
 
 
 __all__ = ["done_payload", "serve_session"]
