@@ -184,7 +184,6 @@ def preset_config(preset: str = "tiny", **overrides: Any) -> SynthConfig:
 def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape, storage type) of every tensor, in file order."""
     e, v, f, x = cfg.n_embd, cfg.vocab, cfg.n_ff_exp, cfg.experts
-    nq, nkv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     t = "f16" if cfg.type == "mxfp4" else cfg.type  # MXFP4 is for the experts only
     te = cfg.type
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), t)]
@@ -194,22 +193,11 @@ def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
     if cfg.arch == "gemma4":
         return out + _plan_gemma4(cfg, t) + tail
     if cfg.arch == "deepseek2":
-        return (
-            out
-            + _plan_deepseek2(cfg, t)
-            + [
-                ("output_norm.weight", (e,), "f32"),
-                ("output.weight", (v, e), t),
-            ]
-        )
+        return out + _plan_deepseek2(cfg, t) + tail
     for il in range(cfg.layers):
         b = f"blk.{il}."
         out += [
-            (b + "attn_norm.weight", (e,), "f32"),
-            (b + "attn_q.weight", (nq, e), t),
-            (b + "attn_k.weight", (nkv, e), t),
-            (b + "attn_v.weight", (nkv, e), t),
-            (b + "attn_output.weight", (e, nq), t),
+            *_attention(b, cfg, t),
         ]
         if cfg.arch == "qwen3moe":
             out += [
@@ -231,8 +219,19 @@ def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
                 (b + "ffn_up_shexp.weight", (fs, e), t),
                 (b + "ffn_down_shexp.weight", (e, fs), t),
             ]
-    out += [("output_norm.weight", (e,), "f32"), ("output.weight", (v, e), t)]
-    return out
+    return out + tail
+
+
+def _attention(b: str, cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
+    """Layer `b`'s attention norm and projections, as every family here lays them out."""
+    e, nq, nkv = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    return [
+        (b + "attn_norm.weight", (e,), "f32"),
+        (b + "attn_q.weight", (nq, e), t),
+        (b + "attn_k.weight", (nkv, e), t),
+        (b + "attn_v.weight", (nkv, e), t),
+        (b + "attn_output.weight", (e, nq), t),
+    ]
 
 
 def gemma4_moe_layer(il: int) -> bool:
@@ -242,17 +241,12 @@ def gemma4_moe_layer(il: int) -> bool:
 
 def _plan_gemma4(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
     e, f, x, hd = cfg.n_embd, cfg.n_ff_exp, cfg.experts, cfg.head_dim
-    nq, nkv = cfg.n_head * hd, cfg.n_head_kv * hd
     dense = f * cfg.top_k
     out: list[tuple[str, tuple[int, ...], str]] = [("rope_freqs.weight", (hd // 2,), "f32")]
     for il in range(cfg.layers):
         b = f"blk.{il}."
         out += [
-            (b + "attn_norm.weight", (e,), "f32"),
-            (b + "attn_q.weight", (nq, e), t),
-            (b + "attn_k.weight", (nkv, e), t),
-            (b + "attn_v.weight", (nkv, e), t),
-            (b + "attn_output.weight", (e, nq), t),
+            *_attention(b, cfg, t),
             (b + "attn_q_norm.weight", (hd,), "f32"),
             (b + "attn_k_norm.weight", (hd,), "f32"),
             (b + "post_attention_norm.weight", (e,), "f32"),
@@ -277,16 +271,11 @@ def _plan_gemma4(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], s
 
 def _plan_gpt_oss(cfg: SynthConfig, t: str) -> list[tuple[str, tuple[int, ...], str]]:
     e, f, x = cfg.n_embd, cfg.n_ff_exp, cfg.experts
-    nq, nkv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     out: list[tuple[str, tuple[int, ...], str]] = []
     for il in range(cfg.layers):
         b = f"blk.{il}."
         out += [
-            (b + "attn_norm.weight", (e,), "f32"),
-            (b + "attn_q.weight", (nq, e), t),
-            (b + "attn_k.weight", (nkv, e), t),
-            (b + "attn_v.weight", (nkv, e), t),
-            (b + "attn_output.weight", (e, nq), t),
+            *_attention(b, cfg, t),
             (b + "attn_output.bias", (e,), "f32"),
             (b + "attn_sinks.weight", (cfg.n_head,), "f32"),
             (b + "post_attention_norm.weight", (e,), "f32"),
