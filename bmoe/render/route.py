@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bmoe.render.messages import literal, note_line, printable
-from bmoe.render.tables import MISSING, cell_text, render, rich_tables, shown
+from bmoe.render.tables import MISSING, cell_text, print_table, render, shown, table_cells
 
 #: Display precision per column (the DataFrames keep full precision).
 DIGITS = {
@@ -159,9 +159,7 @@ def print_views(
         else:
             console.print(literal(f"=== {TITLES.get(name, name)} ===", "bold"), highlight=False)
             shown = _figures(frame) if name == "sanity" and len(frame) == 1 else frame
-            for table in rich_tables({name: shown}, DIGITS):
-                table.title = None
-                console.print(table)
+            print_table(console, table_cells(shown, DIGITS))
         for text in notes.get(name, ()):
             console.print(literal(text, "dim"), highlight=False)
 

@@ -11,7 +11,7 @@ import io
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -154,33 +154,116 @@ def _numeric(series: pd.Series) -> bool:
 def rich_tables(
     views: Mapping[str, Result], digits: Mapping[str, int] | None = None
 ) -> list[Table]:
-    tables = []
-    for name, result in views.items():
-        columns = _figure_columns(result) if isinstance(result, Mapping) else None
-        if columns is None:
-            frame = _as_frame(result)
-            columns = [(col, _numeric(frame[col]), list(frame[col])) for col in frame.columns]
-        table = Table(title=literal(name), title_justify="left", header_style="bold")
-        cols = [str(c) for c, _n, _v in columns]
-        text = [
-            [shown(cell_text(v, (digits or {}).get(c))) for c, v in zip(cols, row, strict=True)]
-            for row in zip(*(values for _c, _n, values in columns), strict=True)
+    """Each view as a rich Table titled with its name."""
+    return [rich_table(table_cells(result, digits), title=name) for name, result in views.items()]
+
+
+#: (header, numeric, cell texts) per column; numeric columns are right-justified.
+CellColumns = list[tuple[str, bool, list[str]]]
+
+
+def table_cells(result: Result, digits: Mapping[str, int] | None = None) -> CellColumns:
+    """The display text of a result's columns: each cell as :func:`cell_text` writes it with
+    its column's precision (from `digits`), cut by :func:`shown`."""
+    columns = _figure_columns(result) if isinstance(result, Mapping) else None
+    if columns is None:
+        frame = _as_frame(result)
+        columns = [(col, _numeric(frame[col]), list(frame[col])) for col in frame.columns]
+    return value_cells(columns, digits)
+
+
+def value_cells(
+    columns: Sequence[tuple[Any, bool, Sequence[Any]]], digits: Mapping[str, int] | None = None
+) -> CellColumns:
+    """(name, numeric, values) columns as display text: :func:`cell_text` with the column's
+    precision from `digits`, cut by :func:`shown`."""
+    out = []
+    for col, numeric, values in columns:
+        name = str(col)
+        places = (digits or {}).get(name)
+        out.append((name, numeric, [shown(cell_text(v, places)) for v in values]))
+    return out
+
+
+def rich_table(columns: CellColumns, title: Any = None) -> Table:
+    """A rich Table of display text (see :func:`table_cells`)."""
+    table = Table(
+        title=None if title is None else literal(title), title_justify="left", header_style="bold"
+    )
+    for header, numeric, cells in columns:
+        # Numbers are never cut: a narrow terminal folds headers and labels instead.
+        widest = max(map(len, cells), default=0) if numeric else None
+        table.add_column(
+            literal(shown(header)),
+            justify="right" if numeric else "left",
+            overflow="fold",
+            min_width=widest,
+        )
+    for row in zip(*(cells for _h, _n, cells in columns), strict=True):
+        table.add_row(*(literal(cell) for cell in row))
+    if not columns or not columns[0][2]:
+        table.caption = "(none)"
+    return table
+
+
+def plain_table(columns: CellColumns, width: int, title: Any = None) -> str | None:
+    """The characters rich prints for :func:`rich_table` on a console of `width` columns
+    that emits no styles (output to a file or a pipe), written directly: a few microseconds
+    per cell instead of rich's measuring and wrapping. None when the table needs rich's
+    layout (it is wider than `width`, or a text would be folded, wrapped or escaped)."""
+    headers = [shown(h) for h, _n, _c in columns]
+    title_text = None if title is None else str(title)
+    texts = [*headers, *(c for _h, _n, cells in columns for c in cells)]
+    if title_text is not None:
+        texts.append(title_text)
+    if not all(_plain_text(t) for t in texts):
+        return None
+    widths = [
+        max(len(h), max(map(len, cells), default=0)) + 2
+        for h, (_h, _n, cells) in zip(headers, columns, strict=True)
+    ]
+    total = sum(widths) + len(widths) + 1
+    n_rows = len(columns[0][2]) if columns else 0
+    if not columns or total > width or not n_rows:
+        return None
+    if title_text is not None and len(title_text) > total:
+        return None
+    inner = [w - 2 for w in widths]
+    right = [n for _h, n, _c in columns]
+
+    def line(cells: Sequence[str], edge: str, sep: str) -> str:
+        parts = [
+            (c.rjust(w) if r else c.ljust(w)) for c, w, r in zip(cells, inner, right, strict=True)
         ]
-        for i, (col, numeric, _values) in enumerate(columns):
-            # Numbers are never cut: a narrow terminal folds headers and labels instead.
-            widest = max((len(r[i]) for r in text), default=0) if numeric else None
-            table.add_column(
-                literal(shown(str(col))),
-                justify="right" if numeric else "left",
-                overflow="fold",
-                min_width=widest,
-            )
-        for row in text:
-            table.add_row(*(literal(cell) for cell in row))
-        if not text:
-            table.caption = "(none)"
-        tables.append(table)
-    return tables
+        return f"{edge} " + f" {sep} ".join(parts) + f" {edge}"
+
+    out = [] if title_text is None else [title_text.ljust(total)]
+    out.append("┏" + "┳".join("━" * w for w in widths) + "┓")
+    out.append(line(headers, "┃", "┃"))
+    out.append("┡" + "╇".join("━" * w for w in widths) + "┩")
+    for row in zip(*(cells for _h, _n, cells in columns), strict=True):
+        out.append(line(row, "│", "│"))
+    out.append("└" + "┴".join("─" * w for w in widths) + "┘")
+    return "\n".join(out) + "\n"
+
+
+def _plain_text(text: str) -> bool:
+    """`text` takes one terminal cell per character and prints as it is in a table cell:
+    printable ASCII and the missing mark, without leading or trailing blanks."""
+    if MISSING in text:
+        text = text.replace(MISSING, "-")
+    return text.isascii() and text.isprintable() and text == text.strip(" ")
+
+
+def print_table(console: Console, columns: CellColumns, title: Any = None) -> None:
+    """Print a table of display text: written directly where the console emits no styles
+    and the table fits (the same characters rich would print), else by rich."""
+    if console.color_system is None:
+        text = plain_table(columns, console.width, title)
+        if text is not None:
+            console.out(text, end="", highlight=False)
+            return
+    console.print(rich_table(columns, title))
 
 
 def _figure_columns(figures: Mapping[str, Any]) -> list[tuple[str, bool, list]] | None:
@@ -225,8 +308,8 @@ def render(
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     console = console or Console(markup=False)
-    for table in rich_tables(views, digits):
-        console.print(table)
+    for name, result in views.items():
+        print_table(console, table_cells(result, digits), title=name)
     return None
 
 
