@@ -60,8 +60,8 @@ def test_streamed_rows_equal_the_careful_read(tmp_path: Path, monkeypatch) -> No
     path = tmp_path / "t.route.csv"
     write_trace(path)
     calls = []
-    real = route_format._stream_rows
-    monkeypatch.setattr(route_format, "_stream_rows", lambda *a: calls.append(1) or real(*a))
+    real = route_format._stream_columns
+    monkeypatch.setattr(route_format, "_stream_columns", lambda *a: calls.append(1) or real(*a))
     careful, streamed = read_both(path, monkeypatch)
     assert calls == [1, 1]  # the second read took the batch path ...
     assert len(streamed.rows) == 900 * 6

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bmoe.formats.route import RouteTrace
+from bmoe.formats.route import RouteColumns, RouteTrace
 
 
-def declared_n_expert(trace: RouteTrace) -> int | None:
+def declared_n_expert(trace: RouteTrace | RouteColumns) -> int | None:
     """The preamble's ``n_expert`` when it is a positive integer, else None."""
     n = trace.meta.get("n_expert")
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n <= 0:
@@ -19,14 +19,14 @@ def declared_n_expert(trace: RouteTrace) -> int | None:
     return int(n)
 
 
-def experts_beyond_declared(trace: RouteTrace) -> str | None:
+def experts_beyond_declared(trace: RouteTrace | RouteColumns) -> str | None:
     """One sentence naming the file, the first routing row (1-based) whose expert id is
     outside 0 .. n_expert-1 (the preamble's ``n_expert``; below 0 when it is not declared),
     its value and how many rows are outside; None when every id is inside."""
-    if "expert" not in trace.rows or not len(trace.rows):
+    expert = trace.column("expert")
+    if expert is None or not len(expert):
         return None
     n_expert = declared_n_expert(trace)
-    expert = trace.rows["expert"].to_numpy()
     lo, hi = int(expert.min()), int(expert.max())  # the common case: no temporary
     if lo >= 0 and (n_expert is None or hi < n_expert):
         return None

@@ -17,6 +17,11 @@ sequence* is that layer's cells ordered by step. Every view here reads that sequ
 Figures match the established route analysis exactly (see the reference semantics): quantiles
 take the element at ``min(n-1, floor(q*n))`` of the sorted values, ties among equally hot
 experts go to the one routed first. Everything is vectorised; nothing loops over rows.
+
+Each view is computed once, as columns of numpy arrays (:func:`view_columns`, no pandas: what
+the command line prints); :func:`route_views` and the per-view functions give them as
+DataFrames (:func:`as_frame`). The trace may be a :class:`RouteTrace` (rows in a DataFrame), a
+:class:`RouteColumns` (rows as numpy columns) or a bare frame of rows.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
-import pandas as pd
 
 from bmoe.errors import BmoeError
-from bmoe.formats.route import RouteTrace
+from bmoe.formats.route import RouteColumns, RouteTrace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MIB = 1048576
 PHASES = {"prefill": 0, "decode": 1}
@@ -45,14 +52,53 @@ RESIDENCY_LETTERS = {0: "M", 1: "H", 2: "P"}
 MATRIX_STEPS = 20  # steps the matrix shows when no window was chosen
 ALL = "ALL"
 
-Trace: TypeAlias = RouteTrace | pd.DataFrame
+Trace: TypeAlias = "RouteTrace | RouteColumns | pd.DataFrame"
+#: Rows as name -> numpy array (all of one length).
+Columns: TypeAlias = dict[str, np.ndarray]
+#: A view as name -> numpy array, one entry per row of the view; a masked integer array holds
+#: integers with gaps (``Int64`` in the DataFrame), an object array mixes numbers and text.
+View: TypeAlias = dict[str, np.ndarray]
+
+
+def as_frame(view: View) -> pd.DataFrame:
+    """A view as a DataFrame (masked integers become ``Int64`` with missing values)."""
+    import pandas as pd
+
+    data: dict[str, Any] = {}
+    for name, values in view.items():
+        if isinstance(values, np.ma.MaskedArray):
+            data[name] = pd.arrays.IntegerArray(
+                np.asarray(values.data, dtype=np.int64), np.ma.getmaskarray(values).copy()
+            )
+        elif name == "layer" and values.dtype == object:  # numbers and ALL: stays mixed
+            data[name] = pd.Series(values, dtype=object)
+        else:
+            data[name] = values
+    return pd.DataFrame(data, copy=False)
+
+
+def _columns(rows: pd.DataFrame | Columns) -> Columns:
+    """Rows as columns (a frame's arrays, not copied)."""
+    if isinstance(rows, dict):
+        return rows
+    return {str(c): rows[c].to_numpy() for c in rows.columns}
+
+
+def _trace_columns(trace: Trace) -> Columns:
+    if isinstance(trace, RouteColumns):
+        return trace.columns
+    return _columns(trace.rows if isinstance(trace, RouteTrace) else trace)
+
+
+def _n_rows(cols: Columns) -> int:
+    return len(next(iter(cols.values()))) if cols else 0
 
 
 # ----------------------------------------------------------------------------- selection
 
 
 def select(
-    trace: RouteTrace,
+    trace: RouteTrace | RouteColumns,
     phase: str = "decode",
     turn: int | None = None,
     layers: Collection[int] | None = None,
@@ -60,56 +106,68 @@ def select(
     max_steps: int | None = None,
     *,
     consume: bool = False,
-) -> RouteTrace:
+) -> RouteTrace | RouteColumns:
     """The trace restricted to one phase (``decode``, ``prefill`` or ``all``), one turn,
     some layers, some steps (the ``step`` column's values) and at most the first
     `max_steps` steps; rows come back in step-sequence order (layer, turn, step, slot).
 
     ``consume=True`` moves the rows out of `trace` column by column as the selection is
     built (`trace` keeps its columns, with no rows, when the selection is not empty): the
-    peak is one frame instead of two, for callers done with the whole trace."""
-    rows = trace.rows
-    keep = _kept(rows, phase, turn, layers, steps)
+    peak is one frame instead of two, for callers done with the whole trace. The selection
+    has the trace's form: a RouteTrace gives a RouteTrace, RouteColumns give RouteColumns."""
+    frame = trace.rows if isinstance(trace, RouteTrace) else None
+    cols = _columns(frame) if frame is not None else trace.columns
+    if consume and frame is not None:
+        cols = dict(cols)  # its own dict, emptied as the selection is built
+    keep = _kept(cols, phase, turn, layers, steps)
     if max_steps is not None and keep.any():
         within = np.flatnonzero(keep)
-        code = _step_codes(_key_columns(rows, within))
+        code = _step_codes(_key_columns(cols, within))
         keep[within[~np.isin(code, np.unique(code)[:max_steps])]] = False
         del within, code
-    seq = _order(rows, keep, consume=consume)
-    if consume and len(seq.rows):
-        trace.rows = seq.rows.iloc[:0]
-    return dataclasses.replace(trace, rows=seq.rows)
+    if consume and keep.any():  # the trace keeps its columns, with no rows
+        if frame is not None:
+            trace.rows = frame.iloc[:0]
+            del frame
+        else:
+            trace.columns = {c: a[:0] for c, a in cols.items()}
+    seq = _order(cols, keep, consume=consume)
+    if isinstance(trace, RouteColumns):
+        return dataclasses.replace(trace, columns=seq.rows)
+    import pandas as pd
+
+    return dataclasses.replace(trace, rows=pd.DataFrame(seq.rows, copy=False))
 
 
 def _kept(
-    rows: pd.DataFrame,
+    rows: Columns,
     phase: str,
     turn: int | None,
     layers: Collection[int] | None,
     steps: Collection[int] | None,
 ) -> np.ndarray:
     """The rows of one phase (or all), one turn, some layers and some steps, as a mask."""
-    keep = np.ones(len(rows), dtype=bool)
+    keep = np.ones(_n_rows(rows), dtype=bool)
     if phase != "all":
         if phase not in PHASES:
             raise BmoeError(f"unknown phase {phase!r} (choose decode, prefill or all)")
         if "phase" in rows:
-            keep &= rows["phase"].to_numpy() == PHASES[phase]
+            keep &= rows["phase"] == PHASES[phase]
     if turn is not None and "turn" in rows:
-        keep &= rows["turn"].to_numpy() == turn
+        keep &= rows["turn"] == turn
     if layers is not None:
-        keep &= np.isin(rows["layer"].to_numpy(), np.fromiter(layers, dtype=np.int64))
+        keep &= np.isin(rows["layer"], np.fromiter(layers, dtype=np.int64))
     if steps is not None:
-        keep &= np.isin(rows["step"].to_numpy(), np.fromiter(steps, dtype=np.int64))
+        keep &= np.isin(rows["step"], np.fromiter(steps, dtype=np.int64))
     return keep
 
 
 _KEY_COLUMNS = ("turn", "phase", "step", "layer", "slot")
 
 
-def _key_columns(rows: pd.DataFrame, within: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def _key_columns(rows: Columns, within: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The columns that order rows (those present), restricted to the positions `within`."""
-    cols = {c: rows[c].to_numpy() for c in _KEY_COLUMNS if c in rows}
+    cols = {c: rows[c] for c in _KEY_COLUMNS if c in rows}
     return cols if within is None else {c: a[within] for c, a in cols.items()}
 
 
@@ -135,8 +193,8 @@ def _step_codes(cols: Mapping[str, Any]) -> np.ndarray:
 
 def count_steps(trace: Trace) -> int:
     """Distinct steps (token positions, per turn and phase) in the trace's rows."""
-    rows = trace.rows if isinstance(trace, RouteTrace) else trace
-    return _count_distinct(_step_codes(_key_columns(rows))) if len(rows) else 0
+    rows = _trace_columns(trace)
+    return _count_distinct(_step_codes(_key_columns(rows))) if _n_rows(rows) else 0
 
 
 def _count_distinct(values: np.ndarray) -> int:
@@ -150,41 +208,44 @@ def _count_distinct(values: np.ndarray) -> int:
 
 
 def caveats(
-    trace: RouteTrace, selected: RouteTrace | None = None, phase: str | None = None
+    trace: RouteTrace | RouteColumns,
+    selected: RouteTrace | RouteColumns | None = None,
+    phase: str | None = None,
 ) -> list[str]:
     """What a reader must know before trusting the figures of `selected` (default: `trace`):
     dropping was on, the preamble lacks sizes, or the selection left nothing."""
     selected = trace if selected is None else selected
-    rows = selected.rows
+    rows = _trace_columns(selected)
+    n = _n_rows(rows)
     notes: list[str] = []
-    if not len(rows):
-        all_rows = trace.rows
-        if not len(all_rows):
+    if not n:
+        all_rows = _trace_columns(trace)
+        if not _n_rows(all_rows):
             return ["the trace has no routing rows"]
-        in_phase = all_rows
+        steps, layer = all_rows["step"], all_rows["layer"]
         if phase and phase != "all" and "phase" in all_rows:
-            in_phase = all_rows[all_rows["phase"].to_numpy() == PHASES.get(phase, -1)]
-            if not len(in_phase):
-                counts = all_rows["phase"].value_counts()
+            in_phase = all_rows["phase"] == PHASES.get(phase, -1)
+            if not in_phase.any():
                 have = ", ".join(
-                    f"{int(counts.get(code, 0))} {name}" for name, code in PHASES.items()
+                    f"{int(np.count_nonzero(all_rows['phase'] == code))} {name}"
+                    for name, code in PHASES.items()
                 )
                 return [f"no {phase} rows in this trace ({have} rows); try --phase all"]
-        steps = in_phase["step"].to_numpy()
-        layers = np.unique(in_phase["layer"].to_numpy())
+            steps, layer = steps[in_phase], layer[in_phase]
+        layers = np.unique(layer)
         return [
             f"the selection (turn, layers, steps) leaves no rows; the {phase or 'trace'} rows "
             f"span steps {steps.min()}-{steps.max()} and layers {_ranges(list(map(int, layers)))}"
         ]
     if "dropped" in rows:
-        dropped = int((rows["dropped"].to_numpy() != 0).sum())
+        dropped = int(np.count_nonzero(rows["dropped"]))
         if dropped:
             notes.append(
-                f"cache-aware dropping was ON: {dropped} of {len(rows)} routings "
-                f"({100 * dropped / len(rows):.1f}%) were discarded and never read. The figures "
+                f"cache-aware dropping was ON: {dropped} of {n} routings "
+                f"({100 * dropped / n:.1f}%) were discarded and never read. The figures "
                 "describe what the ROUTER asked for; a drop replay shows what it cost."
             )
-    layers, _ = _small_unique(rows["layer"].to_numpy())
+    layers, _ = _small_unique(rows["layer"])
     sizes = trace.expert_bytes()
     missing = [int(x) for x in layers if int(x) not in sizes]
     if missing:
@@ -192,9 +253,9 @@ def caveats(
             f"the preamble has no expert_bytes for layer{'s' if len(missing) > 1 else ''} "
             f"{_ranges(missing)}: working-set bytes and expert MiB are unknown there"
         )
-    if phase and phase != "all" and "phase" not in trace.rows:
+    if phase and phase != "all" and "phase" not in _trace_columns(trace):
         notes.append("the trace has no phase column: every row is analysed as one phase")
-    if "weight" in rows and not np.isfinite(rows["weight"].to_numpy()).any():
+    if "weight" in rows and not np.isfinite(rows["weight"]).any():
         notes.append("no routing weights were recorded (all nan): entropy is unknown")
     if "residency" not in rows:
         notes.append("the trace has no residency column: cache outcomes are unknown")
@@ -223,7 +284,7 @@ def _ranges(values: Sequence[int]) -> str:
 class _Sequence:
     """Rows in step-sequence order with the cell structure precomputed once."""
 
-    rows: pd.DataFrame
+    rows: Columns
     layer: np.ndarray  # per row
     layer_idx: np.ndarray  # per row: index into `layers`
     layers: np.ndarray  # distinct layers, ascending
@@ -241,6 +302,10 @@ class _Sequence:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.expert)
 
     def layer_blocks(self) -> list[tuple[int, int]]:
         """(first row, end row) of each layer's rows, in layer order."""
@@ -276,19 +341,21 @@ class _Sequence:
         return self._by_key
 
 
-def _order(rows: pd.DataFrame, keep: np.ndarray | None = None, consume: bool = False) -> _Sequence:
+def _order(rows: Columns, keep: np.ndarray | None = None, consume: bool = False) -> _Sequence:
     """Sort rows layer-major: (layer, turn, step, phase, slot), file order breaking ties.
     `keep`: only the rows where this mask holds. The order is worked out on the whole
     frame's columns in place (a stable sort commutes with the selection), then each column is
-    copied once: the selection and the sort are one gather."""
+    copied once: the selection and the sort are one gather. `consume` takes each column out
+    of `rows` once copied."""
     if keep is not None and keep.all():
         keep = None
-    n = len(rows) if keep is None else int(np.count_nonzero(keep))
+    n_all = _n_rows(rows)
+    n = n_all if keep is None else int(np.count_nonzero(keep))
     if n == 0:
-        rows = rows.iloc[:0].reset_index(drop=True)
+        rows = {c: a[:0] for c, a in rows.items()}
         empty = np.zeros(0, dtype=np.int64)
         return _Sequence(
-            rows, rows["layer"].to_numpy(), empty, empty, rows["expert"].to_numpy(), 0, empty,
+            rows, rows["layer"], empty, empty, rows["expert"], 0, empty,
             empty, empty, empty, empty, empty, 0,
         )  # fmt: skip
     cols = _key_columns(rows)
@@ -302,14 +369,14 @@ def _order(rows: pd.DataFrame, keep: np.ndarray | None = None, consume: bool = F
         slot_lo = min(0, int(slot.min()))
         nslot = int(slot.max()) - slot_lo + 1
     else:
-        slot, slot_lo, nslot = np.zeros(len(rows), dtype=np.int8), 0, 1
+        slot, slot_lo, nslot = np.zeros(n_all, dtype=np.int8), 0, 1
     order = None
     size = len(layers) * span * nslot
     if size < 2**62:
         kind: type[np.signedinteger] = np.int32 if size < 2**31 else np.int64
         # built in place, one array at a time: these run over every row of large traces
         layer_major = (layers.size, span), (layer_idx, step_code)
-        if len(rows) > 1 and not _ascending(_sort_key(*layer_major, slot, slot_lo, nslot, kind)):
+        if n_all > 1 and not _ascending(_sort_key(*layer_major, slot, slot_lo, nslot, kind)):
             step_major = (span, layers.size), (step_code, layer_idx)
             if _ascending(_sort_key(*step_major, slot, slot_lo, nslot, kind)):
                 order = np.argsort(layer_idx, kind="stable")  # as engines write: radix by layer
@@ -336,8 +403,8 @@ def _order(rows: pd.DataFrame, keep: np.ndarray | None = None, consume: bool = F
         rows = _take(rows, take, consume)
         del take
     else:
-        rows = rows.reset_index(drop=True)
-    layer = rows["layer"].to_numpy()
+        rows = dict(rows)
+    layer = rows["layer"]
     if keep is not None:  # the layers of the selection, not of the whole frame
         layers, layer_idx = _small_unique(layer)
     new = np.empty(n, dtype=bool)
@@ -352,10 +419,10 @@ def _order(rows: pd.DataFrame, keep: np.ndarray | None = None, consume: bool = F
     cell_index = (np.arange(len(cell_start)) - layer_first_cell[cell_layer_idx]).astype(np.int32)
     cell_step_code = step_code[cell_start]
     del step_code
-    expert = rows["expert"].to_numpy()
+    expert = rows["expert"]
     n_expert = int(expert.max()) + 1 if n else 0
     if n and int(expert.min()) < 0:
-        raise BmoeError(f"{rows.attrs.get('path', 'trace')}: negative expert id {expert.min()}")
+        raise BmoeError(f"trace: negative expert id {expert.min()}")
     return _Sequence(
         rows=rows,
         layer=layer,
@@ -397,16 +464,15 @@ def _sort_key(
     return key
 
 
-def _take(rows: pd.DataFrame, order: np.ndarray, consume: bool = False) -> pd.DataFrame:
-    """Rows in `order`, column by column (faster than DataFrame.take on wide int frames);
-    `consume` deletes each column from `rows` once copied, so the two frames together never
-    hold much more than one."""
+def _take(rows: Columns, order: np.ndarray, consume: bool = False) -> Columns:
+    """Rows in `order`, column by column; `consume` deletes each column from `rows` once
+    copied, so the two together never hold much more than one set of rows."""
     out = {}
-    for c in list(rows.columns):
-        out[c] = rows[c].to_numpy()[order]
+    for c in list(rows):
+        out[c] = rows[c][order]
         if consume:
             del rows[c]
-    return pd.DataFrame(out, copy=False)
+    return out
 
 
 def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -422,20 +488,30 @@ def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (np.flatnonzero(present) + lo).astype(values.dtype), lut[shifted]
 
 
-def _sequence(trace: Trace) -> tuple[_Sequence, RouteTrace | None]:
-    if isinstance(trace, RouteTrace):
-        return _order(trace.rows), trace
-    return _order(trace), None
+Facts: TypeAlias = RouteTrace | RouteColumns  # a trace's preamble: meta and sizes
 
 
-def _layer_frame(seq: _Sequence, **columns: Any) -> pd.DataFrame:
-    return pd.DataFrame({"layer": seq.layers.astype(np.int64), **columns})
+def _sequence(trace: Trace) -> tuple[_Sequence, Facts | None]:
+    facts = trace if isinstance(trace, RouteTrace | RouteColumns) else None
+    return _order(_trace_columns(trace)), facts
 
 
-def _with_all_row(frame: pd.DataFrame, all_row: Mapping[str, Any]) -> pd.DataFrame:
+def _layer_view(seq: _Sequence, **columns: Any) -> View:
+    return {"layer": seq.layers.astype(np.int64), **columns}
+
+
+def _with_all_row(view: View, all_row: Mapping[str, Any]) -> View:
     """Append the pooled row; `layer` becomes text so ``ALL`` fits."""
-    frame = frame.astype({"layer": object})
-    return pd.concat([frame, pd.DataFrame([{"layer": ALL, **all_row}])], ignore_index=True)
+    out = {"layer": np.array([*view["layer"].tolist(), ALL], dtype=object)}
+    for name, values in view.items():
+        if name != "layer":
+            out[name] = np.append(values, all_row[name])
+    return out
+
+
+def _one_row(row: Mapping[str, Any]) -> View:
+    """A one-row view of plain values (None makes an object column, as pandas would)."""
+    return {k: np.array([v], dtype=object if v is None else None) for k, v in row.items()}
 
 
 # ----------------------------------------------------------------------------- sanity
@@ -446,17 +522,17 @@ def sanity(trace: Trace) -> pd.DataFrame:
     steps per layer (uneven in prefill: the last layer routes only the final prompt token),
     and the min/max per-cell weight sum over cells whose weights are all known."""
     seq, meta_trace = _sequence(trace)
-    return _sanity(seq, meta_trace)
+    return as_frame(_sanity(seq, meta_trace))
 
 
-def _sanity(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
+def _sanity(seq: _Sequence, trace: Facts | None) -> View:
     k = trace.n_expert_used if trace is not None else None
     n_cells = len(seq.cell_start)
-    sizes = np.diff(np.append(seq.cell_start, len(seq.rows)))
+    sizes = np.diff(np.append(seq.cell_start, seq.n_rows))
     wmin = wmax = np.nan
     weighed = 0
     if "weight" in seq.rows and n_cells:
-        weight = seq.rows["weight"].to_numpy()
+        weight = seq.rows["weight"]
         complete = np.empty(n_cells, dtype=bool)
         sums = np.empty(n_cells)
         for a, b, lo, hi in _cell_blocks(seq):  # cells are contiguous
@@ -470,7 +546,7 @@ def _sanity(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
             wmin, wmax = float(sums[complete].min()), float(sums[complete].max())
     per_layer = seq.cells_per_layer
     row = {
-        "rows": len(seq.rows),
+        "rows": seq.n_rows,
         "cells": n_cells,
         "steps": seq.n_steps,
         "layers": seq.n_layers,
@@ -482,7 +558,7 @@ def _sanity(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
         "weight_sum_min": wmin,
         "weight_sum_max": wmax,
     }
-    return pd.DataFrame([row])
+    return _one_row(row)
 
 
 # ----------------------------------------------------------------------------- hot
@@ -492,15 +568,28 @@ def expert_counts(trace: Trace) -> pd.DataFrame:
     """Per (layer, expert): activations, the share of the layer's activations, and the rank
     (hottest first; ties to the expert routed first). Long form, for plots and notebooks."""
     seq, _ = _sequence(trace)
-    return _expert_counts(seq)
+    return as_frame(_expert_counts(seq))
 
 
-def _expert_counts(seq: _Sequence) -> pd.DataFrame:
-    if not len(seq.rows):
-        return pd.DataFrame(
-            {c: pd.Series(dtype="int64") for c in ("layer", "expert", "activations", "rank")}
-            | {"share_pct": pd.Series(dtype="float64")}
-        )
+def _expert_counts(seq: _Sequence) -> View:
+    if not seq.n_rows:
+        none = np.zeros(0, dtype=np.int64)
+        return {c: none for c in ("layer", "expert", "activations", "rank")} | {
+            "share_pct": np.zeros(0)
+        }
+    layer_idx, expert, c, share, rank = _ranked(seq)
+    return {
+        "layer": seq.layers[layer_idx].astype(np.int64),
+        "expert": expert,
+        "activations": c,
+        "share_pct": share,
+        "rank": rank,
+    }
+
+
+def _ranked(seq: _Sequence) -> tuple[np.ndarray, ...]:
+    """Per (layer, expert), hottest first within each layer (layers in order): the layer
+    index, the expert, its activations, their share of the layer's (%) and the rank."""
     order, key = seq.by_key()
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     counts = np.diff(np.append(start, len(key)))
@@ -516,14 +605,12 @@ def _expert_counts(seq: _Sequence) -> pd.DataFrame:
     )
     totals = np.bincount(layer_idx, weights=counts, minlength=seq.n_layers)
     c = counts[rank_order]
-    return pd.DataFrame(
-        {
-            "layer": seq.layers[layer_sorted].astype(np.int64),
-            "expert": (ukey[rank_order] % seq.n_expert).astype(np.int64),
-            "activations": c.astype(np.int64),
-            "share_pct": 100.0 * c / totals[layer_sorted],
-            "rank": rank.astype(np.int64),
-        }
+    return (
+        layer_sorted,
+        (ukey[rank_order] % seq.n_expert).astype(np.int64),
+        c.astype(np.int64),
+        100.0 * c / totals[layer_sorted],
+        rank.astype(np.int64),
     )
 
 
@@ -531,24 +618,33 @@ def hot(trace: Trace, top: int = 8) -> pd.DataFrame:
     """Per layer: distinct experts routed, the share of activations carried by the top
     `top` experts (``coverage_pct``) and those experts as ``expert:count`` text."""
     seq, _ = _sequence(trace)
-    return _hot(seq, top)
+    return as_frame(_hot(seq, top))
 
 
-def _hot(seq: _Sequence, top: int) -> pd.DataFrame:
-    counts = _expert_counts(seq)
-    unique = counts.groupby("layer", sort=True).size()
-    head = counts[counts["rank"] < top]
-    coverage = head.groupby("layer", sort=True)["share_pct"].sum()
-    label = head["expert"].astype(str) + ":" + head["activations"].astype(str)
-    listing = label.groupby(head["layer"], sort=True).agg(" ".join)
-    return pd.DataFrame(
-        {
-            "layer": unique.index.to_numpy(np.int64),
-            "unique": unique.to_numpy(np.int64),
-            "coverage_pct": coverage.reindex(unique.index).to_numpy(np.float64),
-            "top": listing.reindex(unique.index).to_numpy(object),
-        }
+def _hot(seq: _Sequence, top: int) -> View:
+    if not seq.n_rows:
+        none = np.zeros(0, dtype=np.int64)
+        return {"layer": none, "unique": none, "coverage_pct": np.zeros(0),
+                "top": np.zeros(0, dtype=object)}  # fmt: skip
+    layer_idx, expert, count, _share, rank = _ranked(seq)
+    unique = np.bincount(layer_idx, minlength=seq.n_layers)
+    first = np.concatenate([[0], np.cumsum(unique)[:-1]])  # each layer's hottest
+    shown = np.minimum(unique, top)
+    # the top experts' activations over the layer's, from the integer counts: exact to the
+    # last bit (a sum of rounded shares is not)
+    head = np.bincount(layer_idx[rank < top], weights=count[rank < top], minlength=seq.n_layers)
+    total = 100.0 * head / np.bincount(layer_idx, weights=count, minlength=seq.n_layers)
+    labels = [f"{e}:{n}" for e, n in zip(expert.tolist(), count.tolist(), strict=True)]
+    listing = np.array(
+        [" ".join(labels[a : a + n]) for a, n in zip(first.tolist(), shown.tolist(), strict=True)],
+        dtype=object,
     )
+    return {
+        "layer": seq.layers.astype(np.int64),
+        "unique": unique.astype(np.int64),
+        "coverage_pct": total,
+        "top": listing,
+    }
 
 
 # ----------------------------------------------------------------------------- reuse
@@ -563,11 +659,11 @@ def reuse_distances(trace: Trace) -> pd.DataFrame:
     k = key[1:][same]
     n = max(seq.n_expert, 1)
     layer_idx, expert, rows = k // n, k % n, order[1:][same]
-    return pd.DataFrame(
+    return as_frame(
         {
             "layer": seq.layers[layer_idx].astype(np.int64),
             "expert": expert.astype(np.int64),
-            "step": seq.rows["step"].to_numpy()[rows].astype(np.int64),
+            "step": seq.rows["step"][rows].astype(np.int64),
             "distance": dist.astype(np.int64),
         }
     )
@@ -594,10 +690,10 @@ def reuse(trace: Trace) -> pd.DataFrame:
     """Per layer: the number of reuses, p50/p90/max reuse distance (in cells of the step
     sequence) and ``never_2nd``, the experts routed exactly once (cache pollution)."""
     seq, _ = _sequence(trace)
-    return _reuse(seq)
+    return as_frame(_reuse(seq))
 
 
-def _reuse(seq: _Sequence) -> pd.DataFrame:
+def _reuse(seq: _Sequence) -> View:
     """Layer by layer (the by-key order keeps each layer's rows together), so the scratch
     arrays are one layer's."""
     n_layers = seq.n_layers
@@ -624,10 +720,9 @@ def _reuse(seq: _Sequence) -> pd.DataFrame:
         figures[f"p{round(q * 100)}"] = quantiles[q]
     figures["max"] = longest
     figures["never_2nd"] = never
-    frame = _layer_frame(seq, **figures)
     for col in ("p50", "p90", "max"):  # no reuse at all: unknown, not zero
-        frame[col] = frame[col].astype("Int64").mask(frame["n_reuse"] == 0)
-    return frame
+        figures[col] = np.ma.masked_array(figures[col], mask=n_reuse == 0)
+    return _layer_view(seq, **figures)
 
 
 # ----------------------------------------------------------------------------- overlap
@@ -639,13 +734,13 @@ def overlap(trace: Trace, lags: Sequence[int] = OVERLAP_LAGS) -> pd.DataFrame:
     no cell i >= g (fewer than g+1 cells: in prefill the last layer often routes only the
     final prompt token) shows 0.0, as the established analysis prints its empty mean."""
     seq, _ = _sequence(trace)
-    return _overlap(seq, lags)
+    return as_frame(_overlap(seq, lags))
 
 
 def _cell_blocks(seq: _Sequence, block: int = 1 << 20) -> Iterable[tuple[int, int, int, int]]:
     """Consecutive blocks of whole cells of about `block` rows: (first cell, end cell, first
     row, end row). Per-cell work block by block keeps its scratch memory bounded."""
-    n_cells, n_rows = len(seq.cell_start), len(seq.expert)
+    n_cells, n_rows = len(seq.cell_start), seq.n_rows
     bounds = np.unique(np.searchsorted(seq.cell_start, np.arange(0, n_rows, block)))
     for a, b in itertools.pairwise([*bounds.tolist(), n_cells]):
         if a < b:
@@ -671,7 +766,7 @@ def _cell_sets(seq: _Sequence) -> np.ndarray:
     return masks
 
 
-def _overlap(seq: _Sequence, lags: Sequence[int]) -> pd.DataFrame:
+def _overlap(seq: _Sequence, lags: Sequence[int]) -> View:
     n_cells = len(seq.cell_start)
     masks = _cell_sets(seq)
     size = np.bitwise_count(masks).sum(axis=1, dtype=np.int64)
@@ -689,7 +784,7 @@ def _overlap(seq: _Sequence, lags: Sequence[int]) -> pd.DataFrame:
         n = np.bincount(seq.cell_layer_idx, weights=counted, minlength=seq.n_layers)
         cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
         pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else 0.0
-    return _with_all_row(_layer_frame(seq, **cols), pooled)
+    return _with_all_row(_layer_view(seq, **cols), pooled)
 
 
 # ----------------------------------------------------------------------------- workset
@@ -705,14 +800,14 @@ def workset(
     count itself), and ``union_mib``, the bytes of that union; the ``ALL`` row sums them."""
     seq, meta_trace = _sequence(trace)
     sizes = expert_bytes if expert_bytes is not None else _sizes(meta_trace)
-    return _workset(seq, marks, sizes, _n_expert(meta_trace, seq))
+    return as_frame(_workset(seq, marks, sizes, _n_expert(meta_trace, seq)))
 
 
-def _sizes(trace: RouteTrace | None) -> dict[int, int]:
+def _sizes(trace: Facts | None) -> dict[int, int]:
     return trace.expert_bytes() if trace is not None else {}
 
 
-def _n_expert(trace: RouteTrace | None, seq: _Sequence) -> int:
+def _n_expert(trace: Facts | None, seq: _Sequence) -> int:
     n = trace.meta.get("n_expert") if trace is not None else None
     return int(n) if isinstance(n, int) else seq.n_expert
 
@@ -729,9 +824,7 @@ def _first_cells(seq: _Sequence) -> tuple[np.ndarray, np.ndarray]:
     return key[start].astype(np.int64) // max(seq.n_expert, 1), seq.cell[order[start]]
 
 
-def _workset(
-    seq: _Sequence, marks: Sequence[int], sizes: Mapping[int, int], n_expert: int
-) -> pd.DataFrame:
+def _workset(seq: _Sequence, marks: Sequence[int], sizes: Mapping[int, int], n_expert: int) -> View:
     chosen = workset_marks(seq.n_steps, marks)
     layer_idx, first = _first_cells(seq)
     cols: dict[str, Any] = {"of": np.full(seq.n_layers, n_expert, dtype=np.int64)}
@@ -740,20 +833,22 @@ def _workset(
     distinct = np.bincount(layer_idx, minlength=seq.n_layers)
     one = np.array([sizes.get(int(x), np.nan) for x in seq.layers], dtype=np.float64)
     cols["union_mib"] = distinct * one / MIB
-    return _with_workset_totals(_layer_frame(seq, **cols))
+    return _with_workset_totals(_layer_view(seq, **cols))
 
 
-def _with_workset_totals(frame: pd.DataFrame) -> pd.DataFrame:
+def _with_workset_totals(view: View) -> View:
     totals: dict[str, float] = {
-        c: int(frame[c].sum()) for c in frame.columns if c not in ("layer", "union_mib")
+        c: int(v.sum()) for c, v in view.items() if c not in ("layer", "union_mib")
     }
-    totals["union_mib"] = float(frame["union_mib"].sum(skipna=False))
-    return _with_all_row(frame, totals)
+    totals["union_mib"] = float(np.sum(view["union_mib"]))
+    return _with_all_row(view, totals)
 
 
 def workset_curve(trace: Trace) -> pd.DataFrame:
     """Working-set growth for every m: layer, steps (m), distinct experts after m cells of
     the layer's sequence, and their bytes (MiB; nan where the preamble lacks the size)."""
+    import pandas as pd
+
     seq, meta_trace = _sequence(trace)
     sizes = _sizes(meta_trace)
     layer_idx, first = _first_cells(seq)
@@ -785,14 +880,19 @@ def cache(trace: Trace) -> pd.DataFrame:
     """Per layer and overall (``ALL``): the share of routings that missed (residency 0),
     hit (1) or hit a prefetched expert on its first touch (2), and the routing count."""
     seq, _ = _sequence(trace)
-    return _cache(seq)
+    return as_frame(_cache(seq))
 
 
-def _cache(seq: _Sequence) -> pd.DataFrame:
+def _no_rows(names: Iterable[str]) -> View:
+    """A view with these columns and no rows (untyped: object columns)."""
+    return {name: np.zeros(0, dtype=object) for name in names}
+
+
+def _cache(seq: _Sequence) -> View:
     cols = ("miss_pct", "hit_pct", "prefetch_pct")
     if "residency" not in seq.rows:
-        return pd.DataFrame(columns=["layer", *cols, "routings"])
-    res = seq.rows["residency"].to_numpy()
+        return _no_rows(["layer", *cols, "routings"])
+    res = seq.rows["residency"]
     counts = np.zeros((seq.n_layers, 3), dtype=np.int64)
     routings = np.zeros(seq.n_layers, dtype=np.int64)
     for a, b in seq.layer_blocks():  # one layer's rows at a time
@@ -801,7 +901,7 @@ def _cache(seq: _Sequence) -> pd.DataFrame:
         routings[i] = b - a
     with np.errstate(invalid="ignore", divide="ignore"):
         share = 100.0 * counts / routings[:, None]
-    frame = _layer_frame(seq, **{c: share[:, i] for i, c in enumerate(cols)})
+    frame = _layer_view(seq, **{c: share[:, i] for i, c in enumerate(cols)})
     frame["routings"] = routings.astype(np.int64)
     n = int(routings.sum())
     pooled = {c: 100.0 * counts[:, i].sum() / n if n else np.nan for i, c in enumerate(cols)}
@@ -811,25 +911,28 @@ def _cache(seq: _Sequence) -> pd.DataFrame:
 def prefetch_slots(trace: Trace) -> pd.DataFrame:
     """Prefetch hits (residency 2) by router slot: count, share of all prefetch hits and
     share of that slot's routings. Empty when no prefetch hit was recorded."""
-    rows = trace.rows if isinstance(trace, RouteTrace) else trace
+    return as_frame(prefetch_slot_columns(trace))
+
+
+def prefetch_slot_columns(trace: Trace) -> View:
+    """:func:`prefetch_slots` as columns."""
+    rows = _trace_columns(trace)
     columns = ["slot", "prefetch_hits", "share_pct", "of_slot_pct"]
     if "residency" not in rows or "slot" not in rows:
-        return pd.DataFrame(columns=columns)
-    slot = rows["slot"].to_numpy(np.int64)
-    hit = rows["residency"].to_numpy() == 2
+        return _no_rows(columns)
+    slot = rows["slot"].astype(np.int64)
+    hit = rows["residency"] == 2
     if not hit.any():
-        return pd.DataFrame(columns=columns)
+        return _no_rows(columns)
     n = int(slot.max()) + 1
     hits = np.bincount(slot[hit], minlength=n)
     routings = np.bincount(slot, minlength=n)
-    return pd.DataFrame(
-        {
-            "slot": np.arange(n, dtype=np.int64),
-            "prefetch_hits": hits.astype(np.int64),
-            "share_pct": 100.0 * hits / hits.sum(),
-            "of_slot_pct": 100.0 * hits / np.maximum(routings, 1),
-        }
-    )
+    return {
+        "slot": np.arange(n, dtype=np.int64),
+        "prefetch_hits": hits.astype(np.int64),
+        "share_pct": 100.0 * hits / hits.sum(),
+        "of_slot_pct": 100.0 * hits / np.maximum(routings, 1),
+    }
 
 
 # ----------------------------------------------------------------------------- entropy
@@ -840,16 +943,16 @@ def entropy(trace: Trace) -> pd.DataFrame:
     normalised by their sum, and the top-1 share (%). Cells with weight sum <= 0 are
     skipped; the maximum entropy is log2(k)."""
     seq, _ = _sequence(trace)
-    return _entropy(seq)
+    return as_frame(_entropy(seq))
 
 
-def _entropy(seq: _Sequence) -> pd.DataFrame:
+def _entropy(seq: _Sequence) -> View:
     n_cells = len(seq.cell_start)
     if "weight" not in seq.rows or not n_cells:
-        return _layer_frame(
+        return _layer_view(
             seq, entropy_bits=np.full(seq.n_layers, np.nan), top1_pct=np.full(seq.n_layers, np.nan)
         )
-    weight = seq.rows["weight"].to_numpy()
+    weight = seq.rows["weight"]
     total, acc, top = np.empty(n_cells), np.empty(n_cells), np.empty(n_cells)
     for a, b, lo, hi in _cell_blocks(seq):  # cells are contiguous
         w = weight[lo:hi].astype(np.float64)
@@ -876,7 +979,7 @@ def _entropy(seq: _Sequence) -> pd.DataFrame:
             np.bincount(seq.cell_layer_idx, weights=np.where(ok, share, 0), minlength=seq.n_layers)
             / n
         )
-    return _layer_frame(seq, entropy_bits=mean_bits, top1_pct=mean_top)
+    return _layer_view(seq, entropy_bits=mean_bits, top1_pct=mean_top)
 
 
 # ----------------------------------------------------------------------------- bytes
@@ -887,12 +990,12 @@ def bytes_read(trace: Trace) -> pd.DataFrame:
     and the dense weights' MiB (from the preamble) and read MiB per step; the ``ALL`` row
     holds the totals (``mib_per_step`` averages over distinct steps)."""
     seq, meta_trace = _sequence(trace)
-    return _bytes(seq, meta_trace)
+    return as_frame(_bytes(seq, meta_trace))
 
 
-def _bytes(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
+def _bytes(seq: _Sequence, trace: Facts | None) -> View:
     if "expert_bytes" in seq.rows:
-        values = seq.rows["expert_bytes"].to_numpy()
+        values = seq.rows["expert_bytes"]
         read = np.zeros(seq.n_layers)
         for a, b in seq.layer_blocks():  # exact integer sums, one layer's rows at a time
             read[int(seq.layer_idx[a])] = float(values[a:b].sum(dtype=np.int64))
@@ -901,7 +1004,7 @@ def _bytes(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
     one = _sizes(trace)
     dense = trace.dense_bytes() if trace is not None else {}
     steps = max(seq.n_steps, 1)
-    frame = _layer_frame(
+    frame = _layer_view(
         seq,
         read_mib=read / MIB,
         expert_mib=np.array([one.get(int(x), np.nan) for x in seq.layers], dtype=float) / MIB,
@@ -914,7 +1017,7 @@ def _bytes(seq: _Sequence, trace: RouteTrace | None) -> pd.DataFrame:
         {
             "read_mib": total,
             "expert_mib": np.nan,
-            "dense_mib": float(frame["dense_mib"].sum(skipna=False)),
+            "dense_mib": float(np.sum(frame["dense_mib"])),
             "mib_per_step": total / steps,
         },
     )
@@ -935,6 +1038,8 @@ def matrix(trace: Trace, cells: str = "experts", limit: int | None = MATRIX_STEP
 
 
 def _matrix(seq: _Sequence, cells: str, limit: int | None) -> pd.DataFrame:
+    import pandas as pd
+
     rows = seq.rows
     steps, step_row = np.unique(seq.cell_step_code, return_inverse=True)
     if limit is not None:
@@ -956,22 +1061,18 @@ def _matrix(seq: _Sequence, cells: str, limit: int | None) -> pd.DataFrame:
         sep = " "
     elif cells == "weights":
         text = (
-            np.char.mod("%.2f", rows["weight"].to_numpy(np.float64)[row_keep])
+            np.char.mod("%.2f", rows["weight"].astype(np.float64)[row_keep])
             if "weight" in rows
             else np.full(len(expert), "?")
         )
         sep = " "
     elif cells == "hit":
-        res = (
-            rows["residency"].to_numpy()[row_keep]
-            if "residency" in rows
-            else np.full(len(expert), -1)
-        )
+        res = rows["residency"][row_keep] if "residency" in rows else np.full(len(expert), -1)
         text = pd.Series(res).map(RESIDENCY_LETTERS).fillna("?").to_numpy(str)
         sep = ""
     else:  # mb: one figure per cell
         read = (
-            rows["expert_bytes"].to_numpy(np.float64)[row_keep]
+            rows["expert_bytes"].astype(np.float64)[row_keep]
             if "expert_bytes" in rows
             else np.zeros(len(expert))
         )
@@ -985,7 +1086,7 @@ def _matrix(seq: _Sequence, cells: str, limit: int | None) -> pd.DataFrame:
         cell_text = _join_by_group(pd.Series(text, dtype=object), cell_pos, len(kept_cells), sep)
     grid = np.full((n_rows, seq.n_layers), None, dtype=object)
     grid[step_row[kept_cells], seq.cell_layer_idx[kept_cells]] = cell_text.to_numpy(object)
-    step_of = rows["step"].to_numpy()[seq.cell_start]
+    step_of = rows["step"][seq.cell_start]
     first_cell_of_row = np.full(n_rows, -1, dtype=np.int64)
     first_cell_of_row[step_row[kept_cells][::-1]] = kept_cells[::-1]
     frame = (
@@ -993,10 +1094,8 @@ def _matrix(seq: _Sequence, cells: str, limit: int | None) -> pd.DataFrame:
         if n_rows
         else pd.DataFrame({"step": pd.Series(dtype="int64")})
     )
-    if "turn" in rows and len(np.unique(rows["turn"].to_numpy())) > 1:
-        frame.insert(
-            0, "turn", rows["turn"].to_numpy()[seq.cell_start][first_cell_of_row].astype(np.int64)
-        )
+    if "turn" in rows and len(np.unique(rows["turn"])) > 1:
+        frame.insert(0, "turn", rows["turn"][seq.cell_start][first_cell_of_row].astype(np.int64))
     for j, layer in enumerate(seq.layers):
         frame[f"L{int(layer)}"] = grid[:, j]
     return frame
@@ -1004,6 +1103,8 @@ def _matrix(seq: _Sequence, cells: str, limit: int | None) -> pd.DataFrame:
 
 def _join_by_group(text: pd.Series, group: np.ndarray, n_groups: int, sep: str) -> pd.Series:
     """Concatenate `text` per group (rows of a group are contiguous and in order)."""
+    import pandas as pd
+
     if not len(text):
         return pd.Series([""] * n_groups, dtype=object)
     start = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
@@ -1030,6 +1131,20 @@ def route_views(
     matrix_limit: int | None = MATRIX_STEPS,
 ) -> dict[str, pd.DataFrame]:
     """Several views at once, sharing one pass of ordering: name -> DataFrame."""
+    views = view_columns(trace, names, top=top, cells=cells, matrix_limit=matrix_limit)
+    return {name: v if name == "matrix" else as_frame(v) for name, v in views.items()}
+
+
+def view_columns(
+    trace: Trace,
+    names: Iterable[str] = DEFAULT_VIEWS,
+    *,
+    top: int = 8,
+    cells: str = "experts",
+    matrix_limit: int | None = MATRIX_STEPS,
+) -> dict[str, Any]:
+    """:func:`route_views` as columns, without pandas: name -> :data:`View` (the matrix, made
+    of text cells, is a DataFrame)."""
     names = list(names)
     unknown = [n for n in names if n not in VIEWS]
     if unknown:
@@ -1074,19 +1189,21 @@ def reuse_bytes_distances(trace: RouteTrace) -> pd.DataFrame:
 def routing_grid(trace: Trace, value: str = "residency") -> pd.DataFrame:
     """The step x (layer, slot) grid of one column (``residency`` or ``expert``): one row
     per step (index: step), columns a (layer, slot) MultiIndex, -1 where nothing was routed."""
+    import pandas as pd
+
     seq, _ = _sequence(trace)
     rows = seq.rows
     if value not in ("residency", "expert"):
         raise BmoeError(f"unknown grid value {value!r} (choose residency or expert)")
-    if value not in rows or not len(rows):
+    if value not in rows or not seq.n_rows:
         return pd.DataFrame()
-    slot = rows["slot"].to_numpy(np.int64) if "slot" in rows else seq.cell * 0
+    slot = rows["slot"].astype(np.int64) if "slot" in rows else seq.cell * 0
     k = int(slot.max()) + 1
     steps, step_row = np.unique(seq.cell_step_code, return_inverse=True)
     grid = np.full((len(steps), seq.n_layers * k), -1, dtype=np.int16)
-    grid[step_row[seq.gcell], seq.layer_idx * k + slot] = rows[value].to_numpy(np.int16)
+    grid[step_row[seq.gcell], seq.layer_idx * k + slot] = rows[value].astype(np.int16)
     step_of = np.zeros(len(steps), dtype=np.int64)
-    step_of[step_row] = rows["step"].to_numpy()[seq.cell_start]
+    step_of[step_row] = rows["step"][seq.cell_start]
     columns = pd.MultiIndex.from_product(
         [seq.layers.astype(np.int64), np.arange(k)], names=["layer", "slot"]
     )
@@ -1129,12 +1246,15 @@ def route_views_in_passes(
     empty: pd.DataFrame | None = None
     for block in blocks():
         empty = block.iloc[:0] if empty is None else empty
-        rows = block[_kept(block, phase, turn, layers, steps)]
-        ids, counts = np.unique(rows["layer"].to_numpy(), return_counts=True)
+        cols = _columns(block)
+        keep = _kept(cols, phase, turn, layers, steps)
+        ids, counts = np.unique(cols["layer"][keep], return_counts=True)
         for layer, count in zip(ids.tolist(), counts.tolist(), strict=True):
             per_layer[layer] = per_layer.get(layer, 0) + count
-        step_keys = np.union1d(step_keys, np.unique(_step_keys(rows)))
+        step_keys = np.union1d(step_keys, np.unique(_step_keys(cols, keep)))
     if not per_layer:
+        import pandas as pd
+
         none = empty if empty is not None else pd.DataFrame(columns=["step", "layer", "expert"])
         return route_views(dataclasses.replace(trace, rows=none), names, top=top)
     groups: list[list[int]] = [[]]
@@ -1150,17 +1270,17 @@ def route_views_in_passes(
         for group in groups
     ]
     joined = _join_groups(parts, len(step_keys))
-    return {name: joined[name] for name in names}
+    return {name: as_frame(joined[name]) for name in names}
 
 
-def _step_keys(rows: pd.DataFrame) -> np.ndarray:
-    """(turn, step, phase) as one int64 per row, the same for every block."""
-    key = rows["step"].to_numpy().astype(np.int64)
+def _step_keys(rows: Columns, keep: np.ndarray) -> np.ndarray:
+    """(turn, step, phase) as one int64 per kept row, the same for every block."""
+    key = rows["step"][keep].astype(np.int64)
     if "turn" in rows:
-        key += rows["turn"].to_numpy().astype(np.int64) << 32
+        key += rows["turn"][keep].astype(np.int64) << 32
     key <<= 1
     if "phase" in rows:
-        key += rows["phase"].to_numpy()
+        key += rows["phase"][keep]
     return key
 
 
@@ -1175,8 +1295,12 @@ def _group_views(
     top: int,
 ) -> dict[str, Any]:
     """One pass: the rows of the layers in `group`, and their views and counts."""
-    parts = [b[_kept(b, phase, turn, group, steps)] for b in blocks()]
-    rows = pd.concat(parts, ignore_index=True)
+    parts = []
+    for block in blocks():
+        cols = _columns(block)
+        keep = _kept(cols, phase, turn, group, steps)
+        parts.append({c: a[keep] for c, a in cols.items()})
+    rows = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
     del parts
     seq = dataclasses.replace(_order(rows), n_steps=n_steps)
     sizes = _sizes(trace)
@@ -1189,79 +1313,85 @@ def _group_views(
         "cache": _without_all(_cache(seq)),
         "entropy": _entropy(seq),
         "bytes": _without_all(_bytes(seq, trace)),
-        "cells": pd.Series(seq.cells_per_layer, index=seq.layers.astype(np.int64)),
+        "cells": seq.cells_per_layer,
     }
     return out
 
 
-def _without_all(frame: pd.DataFrame) -> pd.DataFrame:
-    if not len(frame) or "layer" not in frame:
-        return frame
-    return frame[frame["layer"] != ALL].astype({"layer": np.int64})
+def _without_all(view: View) -> View:
+    layer = view.get("layer")
+    if layer is None or not len(layer):
+        return view
+    keep = layer != ALL
+    out = {c: v[keep] for c, v in view.items()}
+    out["layer"] = out["layer"].astype(np.int64)
+    return out
 
 
-def _join_groups(parts: list[dict[str, Any]], n_steps: int) -> dict[str, pd.DataFrame]:
+def _concat(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    if any(isinstance(a, np.ma.MaskedArray) for a in arrays):
+        return np.ma.concatenate(arrays)
+    return np.concatenate(arrays)
+
+
+def _join_groups(parts: list[dict[str, Any]], n_steps: int) -> dict[str, View]:
     """The groups' per-layer rows one after the other, and the pooled rows recomputed."""
 
-    def cat(name: str) -> pd.DataFrame:
-        return pd.concat([p[name] for p in parts], ignore_index=True)
+    def cat(name: str) -> View:
+        return {c: _concat([p[name][c] for p in parts]) for c in parts[0][name]}
 
     out = {name: cat(name) for name in ("hot", "reuse", "entropy")}
-    cells = pd.concat([p["cells"] for p in parts])
+    cells = np.concatenate([p["cells"] for p in parts])  # per layer, in the views' order
     overlap = cat("overlap")
     pooled = {}
     for g in OVERLAP_LAGS:
-        counted = np.maximum(cells.reindex(overlap["layer"]).to_numpy() - g, 0)
-        total = float((overlap[f"lag_{g}"].to_numpy() * counted).sum())
+        counted = np.maximum(cells - g, 0)
+        total = float((overlap[f"lag_{g}"] * counted).sum())
         pooled[f"lag_{g}"] = total / counted.sum() if counted.sum() else 0.0
     out["overlap"] = _with_all_row(overlap, pooled)
     out["workset"] = _with_workset_totals(cat("workset"))
     cache = cat("cache")
-    if "routings" in cache and len(cache):
-        routings = cache["routings"].to_numpy()
+    if "routings" in cache and len(cache["routings"]):
+        routings = cache["routings"]
         n = int(routings.sum())
         share = {
-            c: 100.0 * float(np.round(cache[c].to_numpy() * routings / 100.0).sum()) / n
-            if n
-            else np.nan
+            c: 100.0 * float(np.round(cache[c] * routings / 100.0).sum()) / n if n else np.nan
             for c in ("miss_pct", "hit_pct", "prefetch_pct")
         }
         cache = _with_all_row(cache, {**share, "routings": n})
     out["cache"] = cache
     by = cat("bytes")
-    total = float(by["read_mib"].sum())
+    total = float(np.nansum(by["read_mib"]))
     out["bytes"] = _with_all_row(
         by,
         {
             "read_mib": total,
             "expert_mib": np.nan,
-            "dense_mib": float(by["dense_mib"].sum(skipna=False)),
+            "dense_mib": float(np.sum(by["dense_mib"])),
             "mib_per_step": total / max(n_steps, 1),
         },
     )
     san = cat("sanity")
-    k = san["k"].iloc[0]
-    out["sanity"] = pd.DataFrame(
-        [
-            {
-                "rows": int(san["rows"].sum()),
-                "cells": int(san["cells"].sum()),
-                "steps": n_steps,
-                "layers": int(san["layers"].sum()),
-                "k": k,
-                "cells_not_k": int(san["cells_not_k"].sum()) if k is not None else None,
-                "steps_per_layer_min": int(san["steps_per_layer_min"].min()),
-                "steps_per_layer_max": int(san["steps_per_layer_max"].max()),
-                "cells_weighed": int(san["cells_weighed"].sum()),
-                "weight_sum_min": _nan_extreme(san["weight_sum_min"], np.nanmin),
-                "weight_sum_max": _nan_extreme(san["weight_sum_max"], np.nanmax),
-            }
-        ]
+    k = san["k"][0]
+    out["sanity"] = _one_row(
+        {
+            "rows": int(san["rows"].sum()),
+            "cells": int(san["cells"].sum()),
+            "steps": n_steps,
+            "layers": int(san["layers"].sum()),
+            "k": k,
+            "cells_not_k": int(san["cells_not_k"].sum()) if k is not None else None,
+            "steps_per_layer_min": int(san["steps_per_layer_min"].min()),
+            "steps_per_layer_max": int(san["steps_per_layer_max"].max()),
+            "cells_weighed": int(san["cells_weighed"].sum()),
+            "weight_sum_min": _nan_extreme(san["weight_sum_min"], np.nanmin),
+            "weight_sum_max": _nan_extreme(san["weight_sum_max"], np.nanmax),
+        }
     )
     return out
 
 
-def _nan_extreme(values: pd.Series, pick: Callable[[np.ndarray], Any]) -> float:
-    known = values.to_numpy(np.float64)
+def _nan_extreme(values: np.ndarray, pick: Callable[[np.ndarray], Any]) -> float:
+    known = np.asarray(values, dtype=np.float64)
     known = known[~np.isnan(known)]
     return float(pick(known)) if len(known) else np.nan

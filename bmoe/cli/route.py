@@ -12,7 +12,7 @@ from bmoe.analyze.ids import experts_beyond_declared
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
-from bmoe.formats.route import read_route_trace
+from bmoe.formats.route import read_route_columns
 from bmoe.render.messages import literal, note_line, warning_line
 from bmoe.render.tables import FORMATS, render
 
@@ -162,7 +162,7 @@ def analyze_route(
         err_console.status(literal("reading trace")),
     ):
         warnings.simplefilter("always")
-        trace = read_route_trace(trace_path)
+        trace = read_route_columns(trace_path)  # numpy columns: no pandas on this path
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     if (beyond := experts_beyond_declared(trace)) is not None:
@@ -179,10 +179,10 @@ def analyze_route(
     said = route.caveats(trace, selected, phase)
     limit = None if (steps is not None or max_steps is not None) else route.MATRIX_STEPS
     with err_console.status("computing views"):
-        views = route.route_views(selected, names, top=top, cells=cells, matrix_limit=limit)
+        views = route.view_columns(selected, names, top=top, cells=cells, matrix_limit=limit)
     if "cache" in views:
-        slots = route.prefetch_slots(selected)
-        if len(slots):  # right after the cache view
+        slots = route.prefetch_slot_columns(selected)
+        if len(slots["slot"]):  # right after the cache view
             ordered = {}
             for name, frame in views.items():
                 ordered[name] = frame
@@ -194,7 +194,7 @@ def analyze_route(
         from bmoe.render.plots import save_figure
 
         with err_console.status(literal(f"drawing {kind}")):
-            written = save_figure(draw(kind, selected, budget_mib), plot)
+            written = save_figure(draw(kind, selected.to_trace(), budget_mib), plot)
         err_console.print(literal(f"wrote {kind} plot to {written}"), highlight=False)
 
 
@@ -209,7 +209,7 @@ def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
         cells=cells,
         matrix_limited=limited,
         total_steps=n_steps,
-        prefill="phase" in selected.rows and bool((selected.rows["phase"] == 0).any()),
+        prefill="phase" in selected.columns and bool((selected.columns["phase"] == 0).any()),
     )
     if fmt == "table":
         meta = trace.meta
@@ -222,14 +222,15 @@ def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
                 "n_expert": meta.get("n_expert"),
                 "n_expert_used": meta.get("n_expert_used"),
                 "phase": phase,
-                "rows": len(selected.rows),
+                "rows": selected.n_rows,
             },
             said,
         )
-        if len(selected.rows):
+        if selected.n_rows:
             text.print_views(console, views, notes, cells)
         return
     for c in said:
         err_console.print(note_line(c), highlight=False, soft_wrap=True)
-    out = text.markdown_views(views, notes, []) if fmt == "markdown" else render(views, fmt)
+    frames = {name: v if name == "matrix" else route.as_frame(v) for name, v in views.items()}
+    out = text.markdown_views(frames, notes, []) if fmt == "markdown" else render(frames, fmt)
     console.out(out or "", end="")

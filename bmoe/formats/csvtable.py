@@ -14,14 +14,17 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from bmoe.formats.errors import FormatError, warn
 from bmoe.formats.inputs import regular_file
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BOM = b"\xef\xbb\xbf"
 

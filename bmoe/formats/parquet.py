@@ -18,13 +18,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 
 from bmoe.formats.errors import FormatError
 from bmoe.formats.inputs import is_regular_file, regular_file
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MAGIC = b"PAR1"
 #: Schema metadata keys (all values are UTF-8 JSON except kind and version).
@@ -65,6 +67,8 @@ def _frame_json(frame: pd.DataFrame) -> str:
 
 
 def _frame_from_json(text: str) -> pd.DataFrame:
+    import pandas as pd
+
     columns = json.loads(text)
     return pd.DataFrame(
         {c["name"]: pd.Series(c["values"], dtype=c["dtype"]) for c in columns},

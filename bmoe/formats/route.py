@@ -1,16 +1,17 @@
-"""The routing trace (``route_trace v1``): one row per routed expert, sizes in the preamble."""
+"""The routing trace (``route_trace v1``): one row per routed expert, sizes in the preamble.
+
+:func:`read_route_trace` gives the rows as a DataFrame; :func:`read_route_columns` gives them
+as numpy columns without importing pandas (what a command that prints a few tables needs)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from bmoe.formats import kv
@@ -23,6 +24,9 @@ from bmoe.formats.csvtable import (
     load_sections,
 )
 from bmoe.formats.errors import FormatError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = (
     "turn", "phase", "step", "layer", "slot", "expert", "weight", "residency", "expert_bytes",
@@ -41,6 +45,8 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "expert_bytes": pa.int32(),
     "dropped": pa.int8(),
 }
+
+NUMPY_TYPES = {c: np.dtype(t.to_pandas_dtype()) for c, t in COLUMN_TYPES.items()}
 
 REQUIRED = ("step", "layer", "expert")
 
@@ -63,23 +69,97 @@ class RouteTrace:
 
     def expert_bytes(self) -> dict[int, int]:
         """Bytes of one expert per MoE layer, from the preamble (absent layers are absent)."""
-        if "expert_bytes" not in self.layers:
-            return {}
-        sizes = self.layers.dropna(subset=["expert_bytes"])
-        return dict(zip(sizes["layer"].astype(int), sizes["expert_bytes"].astype(int), strict=True))
+        return _layer_sizes(self.layers, "expert_bytes")
 
     def dense_bytes(self) -> dict[int, int]:
-        if "dense_bytes" not in self.layers:
-            return {}
-        sizes = self.layers.dropna(subset=["dense_bytes"])
-        return dict(zip(sizes["layer"].astype(int), sizes["dense_bytes"].astype(int), strict=True))
+        return _layer_sizes(self.layers, "dense_bytes")
+
+    def column(self, name: str) -> np.ndarray | None:
+        """One column of the rows as a numpy array; None when the trace has no such column."""
+        return self.rows[name].to_numpy() if name in self.rows else None
 
     @property
     def recorded_with_dropping(self) -> bool:
         return "dropped" in self.rows and bool((self.rows["dropped"] != 0).any())
 
 
-def _parse_preamble(sec) -> tuple[int, dict[str, Any], pd.DataFrame]:
+def _layer_sizes(layers: pd.DataFrame, name: str) -> dict[int, int]:
+    """layer -> `name` (a preamble size) for the layers that give it."""
+    if name not in layers:
+        return {}
+    sizes = layers.dropna(subset=[name])
+    return dict(zip(sizes["layer"].astype(int), sizes[name].astype(int), strict=True))
+
+
+@dataclass
+class RouteColumns:
+    """A routing trace with its rows as numpy columns (name -> array, all of one length) and
+    its per-layer preamble lines as records: :class:`RouteTrace` without pandas. The route
+    views take either; :meth:`to_trace` gives the DataFrame form."""
+
+    path: str | None
+    version: int
+    meta: dict[str, Any]
+    layers: list[dict[str, Any]]  # one record per `# layer=` line
+    columns: dict[str, np.ndarray]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def n_expert_used(self) -> int | None:
+        k = self.meta.get("n_expert_used")
+        return int(k) if k is not None else None
+
+    @property
+    def n_rows(self) -> int:
+        return len(next(iter(self.columns.values()))) if self.columns else 0
+
+    def expert_bytes(self) -> dict[int, int]:
+        """Bytes of one expert per MoE layer, from the preamble (absent layers are absent)."""
+        return _record_sizes(self.layers, "expert_bytes")
+
+    def dense_bytes(self) -> dict[int, int]:
+        return _record_sizes(self.layers, "dense_bytes")
+
+    def column(self, name: str) -> np.ndarray | None:
+        """One column of the rows; None when the trace has no such column."""
+        return self.columns.get(name)
+
+    def to_trace(self) -> RouteTrace:
+        """The same trace with its rows and layers as DataFrames."""
+        import pandas as pd
+
+        rows = pd.DataFrame(self.columns, copy=False)
+        return RouteTrace(
+            self.path, self.version, self.meta, _layers_frame(self.layers), rows, self.warnings
+        )
+
+    @classmethod
+    def of(cls, trace: RouteTrace) -> RouteColumns:
+        """`trace`'s rows as columns (no copy where the DataFrame holds numpy arrays)."""
+        columns = {str(c): trace.rows[c].to_numpy() for c in trace.rows.columns}
+        layers = trace.layers.to_dict("records")
+        return cls(trace.path, trace.version, trace.meta, layers, columns, trace.warnings)
+
+
+def _record_sizes(layers: list[dict[str, Any]], name: str) -> dict[int, int]:
+    """layer -> `name` from preamble records, as :func:`_layer_sizes` reads the frame."""
+    return {
+        int(rec["layer"]): int(rec[name])
+        for rec in layers
+        if rec.get(name) is not None and rec[name] == rec[name]  # NaN: not given
+    }
+
+
+def _layers_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """The per-layer preamble lines as a frame ordered by layer (typed empty without any)."""
+    import pandas as pd
+
+    if not records:
+        return pd.DataFrame({"layer": pd.Series([], dtype="int64")})
+    return pd.DataFrame(records).sort_values("layer", kind="stable").reset_index(drop=True)
+
+
+def _parse_preamble(sec) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
     version = 0
     meta: dict[str, Any] = {}
     layer_rows: list[dict[str, Any]] = []
@@ -96,12 +176,7 @@ def _parse_preamble(sec) -> tuple[int, dict[str, Any], pd.DataFrame]:
             layer_rows.append(values)
         else:
             meta.update(values)
-    layers = pd.DataFrame(layer_rows)
-    if len(layers):
-        layers = layers.sort_values("layer", kind="stable").reset_index(drop=True)
-    else:
-        layers = pd.DataFrame({"layer": pd.Series([], dtype="int64")})
-    return version, meta, layers
+    return version, meta, layer_rows
 
 
 def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = None) -> RouteTrace:
@@ -117,14 +192,35 @@ def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = N
         return RouteTrace(p.name, p.version, p.meta, p.layers, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
-    rows = _stream_rows(sec, keep)
-    if rows is None:
+    columns = _stream_columns(sec, keep)
+    if columns is None:
         rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
         if keep is not None:
             rows = rows.drop(columns=[c for c in rows.columns if c not in keep])
+    else:
+        import pandas as pd
+
+        rows = pd.DataFrame(columns, copy=False)
     check_int32(sec, rows, ("turn", "phase", "step", "layer", "slot", "expert"))
     parquet.release_unused()  # the parse's buffers, freed into Arrow's pool, back to the system
-    return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
+    return RouteTrace(sec.path, version, meta, _layers_frame(layers), rows, sec.warnings)
+
+
+def read_route_columns(source: PathLike | bytes) -> RouteColumns:
+    """Read a route trace as numpy columns. A plain CSV trace large enough to be streamed
+    from disk is parsed straight into columns, without pandas; any other file (Parquet, a
+    small file, a file that needs the careful reader) is read by :func:`read_route_trace` and
+    its frame's columns are taken: the same rows and the same errors either way."""
+    from bmoe.formats import parquet
+
+    if not parquet.is_parquet(source):
+        sec = load_sections(source, verify=False)
+        columns = _stream_columns(sec)
+        if columns is not None:
+            version, meta, layers = _parse_preamble(sec)
+            pa.default_memory_pool().release_unused()  # as parquet.release_unused
+            return RouteColumns(sec.path, version, meta, layers, columns, sec.warnings)
+    return RouteColumns.of(read_route_trace(source))
 
 
 def read_route_preamble(source: PathLike) -> RouteTrace:
@@ -134,7 +230,7 @@ def read_route_preamble(source: PathLike) -> RouteTrace:
     version, meta, layers = _parse_preamble(sec)
     types = {c: COLUMN_TYPES.get(c, pa.string()) for c in dict.fromkeys(sec.header)}
     rows = pa.schema(list(types.items())).empty_table().to_pandas()
-    return RouteTrace(sec.path, version, meta, layers, rows, sec.warnings)
+    return RouteTrace(sec.path, version, meta, _layers_frame(layers), rows, sec.warnings)
 
 
 def iter_route_rows(source: PathLike, rows: int = 1 << 20) -> Iterator[pd.DataFrame]:
@@ -142,6 +238,8 @@ def iter_route_rows(source: PathLike, rows: int = 1 << 20) -> Iterator[pd.DataFr
     used (a trace larger than memory can be walked this way, once per call). A file that
     cannot stream (not a plain trace, a row that does not parse) is read whole and given as
     one block; its errors are the reader's."""
+    import pandas as pd
+
     sec = load_sections(source, verify=False)
     if _streamable(sec):
         assert sec.source is not None
@@ -187,7 +285,9 @@ def _batches(
         fh.seek(start)
         reader = pacsv.open_csv(
             fh,
-            read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE),
+            # one thread: the blocks are small and decoded as they come, so threads only
+            # add their hand-over (about a third more CPU time for the same wall time)
+            read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE, use_threads=False),
             parse_options=pacsv.ParseOptions(newlines_in_values=False),
             convert_options=pacsv.ConvertOptions(
                 column_types=types,
@@ -200,9 +300,11 @@ def _batches(
         yield from reader
 
 
-def _stream_rows(sec: Sections, keep: frozenset[str] | None = None) -> pd.DataFrame | None:
+def _stream_columns(
+    sec: Sections, keep: frozenset[str] | None = None
+) -> dict[str, np.ndarray] | None:
     """The rows of a large trace parsed batch by batch into columns allocated up front, so
-    the peak is the frame plus one batch (parsing the whole file into Arrow and converting
+    the peak is the columns plus one batch (parsing the whole file into Arrow and converting
     held every row twice). The columns are sized for the most rows the file can hold (each
     row takes at least two bytes per column); pages never written are never resident.
 
@@ -219,7 +321,7 @@ def _stream_rows(sec: Sections, keep: frozenset[str] | None = None) -> pd.DataFr
     types = {c: COLUMN_TYPES[c] for c in header}
     most = (end - start) // (2 * len(header)) + 1
     wanted = [c for c in header if keep is None or c in keep]
-    columns = {c: np.empty(most, dtype=types[c].to_pandas_dtype()) for c in wanted}
+    columns = {c: np.empty(most, dtype=NUMPY_TYPES[c]) for c in wanted}
     n = 0
     try:
         for batch in _batches(sec.source, start, types, None if keep is None else wanted):
@@ -227,11 +329,21 @@ def _stream_rows(sec: Sections, keep: frozenset[str] | None = None) -> pd.DataFr
             if n + m > most:
                 return None
             for name, column in zip(batch.schema.names, batch.columns, strict=True):
-                columns[name][n : n + m] = column.to_numpy(zero_copy_only=False)
+                if column.null_count:
+                    return None
+                columns[name][n : n + m] = _values(column, columns[name].dtype)
             n += m
     except (pa.ArrowInvalid, OSError):
         return None
-    return pd.DataFrame({c: a[:n] for c, a in columns.items()}, copy=False)
+    return {c: a[:n] for c, a in columns.items()}
+
+
+def _values(column: pa.Array, dtype: np.dtype) -> np.ndarray:
+    """A primitive Arrow array without nulls as a numpy view of its buffer (pyarrow's own
+    conversion imports pandas to look for extension types)."""
+    return np.frombuffer(
+        column.buffers()[1], dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize
+    )
 
 
 # ----------------------------------------------------------------------------- writing
@@ -265,6 +377,9 @@ def format_rows(rows: pd.DataFrame) -> str:
     Each column becomes an Arrow string array and the rows are joined by Arrow, so the cost
     per row is a few hundred nanoseconds, almost all of it the ``%g`` of float columns.
     """
+    import pandas as pd
+    import pyarrow.compute as pc
+
     if not len(rows):
         return ""
     columns = []
@@ -284,6 +399,8 @@ def format_rows(rows: pd.DataFrame) -> str:
 
 
 def _is_int(series: pd.Series) -> bool:
+    import pandas as pd
+
     return pd.api.types.is_integer_dtype(series) or pd.api.types.is_bool_dtype(series)
 
 

@@ -4,17 +4,31 @@ bands that fit the terminal, and the caveats said before anything else."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from bmoe.render.messages import literal, note_line, printable
-from bmoe.render.tables import MISSING, cell_text, print_table, render, shown, table_cells
+from bmoe.render.tables import (
+    MISSING,
+    CellColumns,
+    cell_text,
+    print_table,
+    render,
+    shown,
+    table_cells,
+    value_cells,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    #: A view as a DataFrame or as columns of numpy arrays (:data:`bmoe.analyze.route.View`).
+    AnyView = pd.DataFrame | Mapping[str, np.ndarray]
 
 #: Display precision per column (the DataFrames keep full precision).
 DIGITS = {
@@ -55,8 +69,36 @@ TITLES = {
 LETTER_STYLES = {"H": "green", "M": "red", "P": "blue"}
 
 
+def _column(view: AnyView, name: str) -> np.ndarray:
+    """One column of a view (a DataFrame's or a numpy view's) as an array."""
+    values = view[name]
+    return values if isinstance(values, np.ndarray) else values.to_numpy()
+
+
+def _first(view: AnyView) -> dict[str, Any]:
+    """The first row of a view as name -> plain value (None where missing)."""
+    out = {}
+    for name in view:
+        value = _column(view, str(name))[0]
+        out[str(name)] = None if np.ma.is_masked(value) else _item(value)
+    return out
+
+
+def _item(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _known(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value))
+
+
+def _n_rows(view: AnyView) -> int:
+    names = list(view)
+    return len(_column(view, str(names[0]))) if names else 0
+
+
 def view_notes(
-    views: Mapping[str, pd.DataFrame],
+    views: Mapping[str, AnyView],
     *,
     k: int | None = None,
     cells: str = "experts",
@@ -67,8 +109,8 @@ def view_notes(
     """The sentences that go under each view: what a figure means, the totals the table's
     ALL row holds, what is absent."""
     notes: dict[str, list[str]] = {}
-    if "sanity" in views and len(views["sanity"]):
-        s = views["sanity"].to_dict("records")[0]
+    if "sanity" in views and _n_rows(views["sanity"]):
+        s = _first(views["sanity"])
         lines = [
             f"{s['cells']} cells (step, layer) over {s['steps']} steps x {s['layers']} MoE layers"
         ]
@@ -78,24 +120,24 @@ def view_notes(
                 f"{s['steps_per_layer_max']}): expected in prefill, where the last layer "
                 "routes only the final prompt token"
             )
-        if pd.notna(s["weight_sum_min"]):
+        if _known(s["weight_sum_min"]):
             lines.append("weight sum per cell about 1.0 means the gating normalises")
         notes["sanity"] = lines
     if "reuse" in views:
         notes["reuse"] = [
             "never_2nd = experts this layer routed exactly once (pure cache pollution under LRU)."
         ]
-    if "workset" in views and len(views["workset"]):
+    if "workset" in views and _n_rows(views["workset"]):
         ws = views["workset"]
-        marks = [c for c in ws.columns if c.startswith("s") and c[1:].isdigit()]
-        union = ws.loc[ws["layer"] == "ALL", "union_mib"]
-        if marks and len(union) and pd.notna(union.iloc[0]):
+        marks = [c for c in map(str, ws) if c.startswith("s") and c[1:].isdigit()]
+        union = _column(ws, "union_mib")[_column(ws, "layer") == "ALL"]
+        if marks and len(union) and _known(float(union[0])):
             notes["workset"] = [
-                f"At step {marks[-1][1:]} the union of routed experts is {union.iloc[0]:.1f} MiB "
+                f"At step {marks[-1][1:]} the union of routed experts is {union[0]:.1f} MiB "
                 "of expert weights across all layers: a working set that fits the cache is a "
                 "cache that stops missing."
             ]
-    if "cache" in views and len(views["cache"]):
+    if "cache" in views and _n_rows(views["cache"]):
         notes["cache"] = []
         if "prefetch_slots" not in views:
             notes["cache"].append(
@@ -109,9 +151,10 @@ def view_notes(
             )
     if "entropy" in views and k:
         notes["entropy"] = [f"max entropy = {np.log2(k):.2f} bits at k={k}"]
-    if "bytes" in views and len(views["bytes"]):
+    if "bytes" in views and _n_rows(views["bytes"]):
         by = views["bytes"]
-        total = by[by["layer"] == "ALL"].iloc[0]
+        at = int(np.flatnonzero(_column(by, "layer") == "ALL")[0])
+        total = {c: _column(by, c)[at] for c in ("read_mib", "mib_per_step", "dense_mib")}
         steps = f" over {total_steps} steps" if total_steps else ""
         notes["bytes"] = [
             f"total {total['read_mib']:.1f} MiB{steps} ({total['mib_per_step']:.2f} MiB/step "
@@ -129,7 +172,7 @@ def view_notes(
         lines = [f"cells: {cells} ({legend})"]
         if matrix_limited:
             lines.append(
-                f"showing the first {len(views['matrix'])} steps; use --steps to pick a window"
+                f"showing the first {_n_rows(views['matrix'])} steps; use --steps to pick a window"
             )
         notes["matrix"] = lines
     return notes
@@ -148,18 +191,22 @@ def print_header(console: Console, facts: Mapping[str, Any], caveats: Sequence[s
 
 def print_views(
     console: Console,
-    views: Mapping[str, pd.DataFrame],
+    views: Mapping[str, AnyView],
     notes: Mapping[str, Sequence[str]],
     cells: str = "experts",
 ) -> None:
+    """Each view under its title, then its notes. Views may be DataFrames or numpy columns
+    (the matrix: a DataFrame)."""
     for name, frame in views.items():
         console.print()
         if name == "matrix":
             print_matrix(console, frame, cells)
         else:
             console.print(literal(f"=== {TITLES.get(name, name)} ===", "bold"), highlight=False)
-            shown = _figures(frame) if name == "sanity" and len(frame) == 1 else frame
-            print_table(console, table_cells(shown, DIGITS))
+            if name == "sanity" and _n_rows(frame) == 1:
+                print_table(console, table_cells(_figures(frame), DIGITS))
+            else:
+                print_table(console, view_cells(frame))
         for text in notes.get(name, ()):
             console.print(literal(text, "dim"), highlight=False)
 
@@ -174,12 +221,21 @@ def markdown_views(
     return "\n".join(out)
 
 
-def _figures(frame: pd.DataFrame) -> dict[str, str]:
-    """A one-row frame as figure -> display text (its precision from DIGITS)."""
-    return {
-        name: cell_text(value, DIGITS.get(name))
-        for name, value in frame.to_dict("records")[0].items()
-    }
+def view_cells(view: AnyView) -> CellColumns:
+    """A view's display text, column by column, with the precision of DIGITS."""
+    if not isinstance(view, Mapping):
+        return table_cells(view, DIGITS)
+    columns = []
+    for name, values in view.items():
+        # numeric as pandas reads the dtype: integers (masked or not) and floats, not bools
+        numeric = values.dtype.kind in "iuf"
+        columns.append((name, numeric, values.tolist()))
+    return value_cells(columns, DIGITS)
+
+
+def _figures(view: AnyView) -> dict[str, str]:
+    """A one-row view as figure -> display text (its precision from DIGITS)."""
+    return {name: cell_text(value, DIGITS.get(name)) for name, value in _first(view).items()}
 
 
 def _styled(text: Any, cells: str) -> Text:
