@@ -209,42 +209,102 @@ def rich_table(columns: CellColumns, title: Any = None) -> Table:
 def plain_table(columns: CellColumns, width: int, title: Any = None) -> str | None:
     """The characters rich prints for :func:`rich_table` on a console of `width` columns
     that emits no styles (output to a file or a pipe), written directly: a few microseconds
-    per cell instead of rich's measuring and wrapping. None when the table needs rich's
-    layout (it is wider than `width`, or a text would be folded, wrapped or escaped)."""
+    per cell instead of rich's measuring and rendering of every cell. The layout is rich's
+    (its column widths, folded headers, wrapped text, lines cut at the console's edge); only
+    the cells too wide for their column are wrapped by rich's own text wrapping. None when
+    the table needs rich itself: no rows (a caption), a title wider than the table, or text
+    that is not plain (control characters, wide or combining characters, edge blanks)."""
     headers = [shown(h) for h, _n, _c in columns]
-    title_text = None if title is None else str(title)
-    texts = [*headers, *(c for _h, _n, cells in columns for c in cells)]
-    if title_text is not None:
-        texts.append(title_text)
-    if not all(_plain_text(t) for t in texts):
-        return None
-    widths = [
-        max(len(h), max(map(len, cells), default=0)) + 2
-        for h, (_h, _n, cells) in zip(headers, columns, strict=True)
-    ]
-    total = sum(widths) + len(widths) + 1
     n_rows = len(columns[0][2]) if columns else 0
-    if not columns or total > width or not n_rows:
+    if not n_rows:
         return None
-    if title_text is not None and len(title_text) > total:
+    texts = [[h, *cells] for h, (_h, _n, cells) in zip(headers, columns, strict=True)]
+    if not all(_plain_text(t) for column in texts for t in column):
+        return None
+    if title is not None and not _plain_text(str(title)):
+        return None
+    right = [n for _h, n, _c in columns]
+    fixed = [max(map(len, cells)) if n else None for _h, n, cells in columns]
+    room = width - len(columns) - 1
+    if room < 3:
+        return None
+    widths = _column_widths(texts, fixed, room)
+    total = sum(widths) + len(columns) + 1
+    if title is not None and len(str(title)) > total:
         return None
     inner = [w - 2 for w in widths]
-    right = [n for _h, n, _c in columns]
+    if min(inner) < 1:
+        return None
 
-    def line(cells: Sequence[str], edge: str, sep: str) -> str:
-        parts = [
-            (c.rjust(w) if r else c.ljust(w)) for c, w, r in zip(cells, inner, right, strict=True)
+    def cell_lines(text: str, w: int, justify_right: bool) -> list[str]:
+        if len(text) <= w:
+            return [text.rjust(w) if justify_right else text.ljust(w)]
+        return _wrapped(text, w, justify_right)
+
+    def row_lines(cells: Sequence[str], edge: str) -> list[str]:
+        parts = [cell_lines(c, w, r) for c, w, r in zip(cells, inner, right, strict=True)]
+        height = max(map(len, parts))
+        if height > 1:  # short cells get blank lines: below in rows, above in the header
+            header = edge == "┃"
+            parts = [
+                ([" " * w] * (height - len(p)) + p)
+                if header
+                else (p + [" " * w] * (height - len(p)))
+                for p, w in zip(parts, inner, strict=True)
+            ]
+        return [
+            f"{edge} " + f" {edge} ".join(line) + f" {edge}" for line in zip(*parts, strict=True)
         ]
-        return f"{edge} " + f" {sep} ".join(parts) + f" {edge}"
 
-    out = [] if title_text is None else [title_text.ljust(total)]
+    out = [] if title is None else [str(title).ljust(total)]
     out.append("┏" + "┳".join("━" * w for w in widths) + "┓")
-    out.append(line(headers, "┃", "┃"))
+    out += row_lines(headers, "┃")
     out.append("┡" + "╇".join("━" * w for w in widths) + "┩")
     for row in zip(*(cells for _h, _n, cells in columns), strict=True):
-        out.append(line(row, "│", "│"))
+        out += row_lines(row, "│")
     out.append("└" + "┴".join("─" * w for w in widths) + "┘")
+    if total > width:  # rich cuts every line at the console's edge
+        out = [line[:width] for line in out]
     return "\n".join(out) + "\n"
+
+
+def _column_widths(
+    texts: Sequence[Sequence[str]], fixed: Sequence[int | None], room: int
+) -> list[int]:
+    """Rich's column widths (padding included) for columns of plain text: each column its
+    widest text; when the sum exceeds `room`, the widest columns narrowed in turn
+    (Table._collapse_widths), then all evenly (ratio_reduce), and each column measured again
+    at its width, never below its `fixed` minimum (the widest number: numbers are not cut)."""
+    from rich._ratio import ratio_reduce
+
+    def measured(column: Sequence[str], most: int, floor: int | None) -> int:
+        if most < 3:  # no room for a character inside the padding
+            widest = max(most, 0)
+        else:
+            widest = min(max(map(len, column)), most - 2) + 2
+        return widest if floor is None else max(widest, floor + 2)
+
+    widths = [measured(t, room, f) or 1 for t, f in zip(texts, fixed, strict=True)]
+    if sum(widths) > room:
+        widths = Table._collapse_widths(widths, [True] * len(widths), room)
+        if sum(widths) > room:
+            widths = ratio_reduce(sum(widths) - room, [1] * len(widths), widths, widths)
+        widths = [measured(t, w, f) for t, w, f in zip(texts, widths, fixed, strict=True)]
+    return widths
+
+
+def _wrapped(text: str, width: int, justify_right: bool) -> list[str]:
+    """`text` wrapped by rich into lines of `width` (words kept whole where they fit, longer
+    ones folded), each justified to `width`."""
+    from rich.text import Text
+
+    lines = Text(text).wrap(
+        _MEASURE, width, justify="right" if justify_right else "left", overflow="fold"
+    )
+    return [line.plain.ljust(width)[:width] for line in lines]
+
+
+_MEASURE = Console(width=80, color_system=None, markup=False, file=io.StringIO())
 
 
 def _plain_text(text: str) -> bool:
