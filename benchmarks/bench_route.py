@@ -1,10 +1,12 @@
 """Benchmark: the default route views on a generated trace of about 1 million rows (48 layers,
 128 experts, top-6), against a straightforward pure-Python implementation of the same views
-(``naive_route.py``) measured in the same run: in process (read, select, views; CPU time) and
-end to end (``bmoe analyze route TRACE`` against ``python naive_route.py TRACE`` in fresh
-processes: CPU time including start-up and printing, and peak RSS).
+(``naive_route.py``) measured in the same run: in process (read, select, views; CPU time), for
+the DataFrame API and for the numpy columns the command line uses, and end to end
+(``bmoe analyze route TRACE`` against ``python naive_route.py TRACE`` in fresh processes, runs
+interleaved: CPU time including start-up and printing, and peak RSS; bmoe's output once to a
+pipe and once to a file, the script's to a pipe; the median of `--repeat` runs).
 
-    python benchmarks/bench_route.py [--steps 3440] [--keep PATH]
+    python benchmarks/bench_route.py [--steps 3440] [--keep PATH] [--repeat 3]
 
 The trace is written with the project's RouteTraceWriter from a skewed router: per-layer
 Zipf-like popularity plus a pull towards the previous step's experts (so reuse, overlap and
@@ -33,7 +35,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import naive_route  # noqa: E402
 
 from bmoe.analyze import route  # noqa: E402
-from bmoe.formats.route import COLUMNS, RouteTraceWriter, read_route_trace  # noqa: E402
+from bmoe.formats.route import (  # noqa: E402
+    COLUMNS,
+    RouteTraceWriter,
+    read_route_columns,
+    read_route_trace,
+)
 
 N_LAYER, N_EXPERT, K = 48, 128, 6
 EXPERT_BYTES = 3_538_944  # a 4-bit expert of a 30B-class model
@@ -127,16 +134,23 @@ else:
 """
 
 
-def child(argv: list[str]) -> tuple[float, float]:
+def child(argv: list[str], sink: str = "pipe") -> tuple[float, float]:
     """(CPU seconds, peak RSS MiB) of one fresh Python process running `argv` (a script and
-    its arguments, or ``-m module ...``), its output discarded."""
+    its arguments, or ``-m module ...``), its output written to a pipe this process drains
+    (``pipe``) or to a file (``file``)."""
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _MEASURED, *argv],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path),
-    )  # fmt: skip
-    err = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _MEASURED, *argv],
+            stdout=subprocess.PIPE if sink == "pipe" else out, stderr=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=path),
+        )  # fmt: skip
+        if sink == "pipe":
+            while proc.stdout.read(1 << 16):  # drained as `| cat` would (stderr stays small)
+                pass
+            proc.stdout.close()
+        err = proc.stderr.read().decode()
+        _, status, usage = os.wait4(proc.pid, 0)
     proc.stderr.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
@@ -149,6 +163,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3440, help="decode steps (3440 -> ~1M rows)")
     ap.add_argument("--keep", type=Path, help="write the trace here and keep it")
+    ap.add_argument("--repeat", type=int, default=3, help="end-to-end runs of each command")
     args = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory()
@@ -195,6 +210,21 @@ def main() -> None:
     print(f"  {'read + select + views':22} {ours:7.2f} s   {m_both:7.0f} MiB   {theirs:12.2f} s   "
           f"{theirs / ours:6.1f}x")  # fmt: skip
     print(f"  (arrow pool peak while reading: {arrow_peak:.0f} MiB)")
+    columns, t_cread = timed(lambda: read_route_columns(path))
+    m_cread = peak_mib(lambda: read_route_columns(path))
+    chosen, t_csel = timed(lambda: route.select(columns, "decode", consume=True))
+    _, t_cviews = timed(lambda: route.view_columns(chosen))
+    bytes_row = sum(a.dtype.itemsize for a in chosen.columns.values())
+    print(f"  numpy columns (the command line's path, no pandas; {bytes_row} bytes per row):")
+    for name, mine, base in (
+        ("read", t_cread, t_nread),
+        ("select + views", t_csel + t_cviews, t_nsel + t_nviews),
+        ("read + select + views", t_cread + t_csel + t_cviews, t_nread + t_nsel + t_nviews),
+    ):
+        print(f"    {name:20} {mine:7.2f} s                   {base:12.2f} s   "
+              f"{base / mine:6.1f}x")  # fmt: skip
+    print(f"  (peak traced while reading columns: {m_cread:.0f} MiB)")
+    columns = chosen = None
 
     # the two agree (a benchmark of wrong answers would be worthless)
     reuse = views["reuse"].set_index("layer")
@@ -206,13 +236,23 @@ def main() -> None:
     gc.collect()
 
     print()
-    print("end to end (fresh processes)            CPU     peak RSS")
-    ours_cpu, ours_rss = child(["-m", "bmoe", "analyze", "route", str(path)])
-    theirs_cpu, theirs_rss = child([str(ROOT / "benchmarks/naive_route.py"), str(path)])
-    print(f"  bmoe analyze route TRACE         {ours_cpu:7.2f} s  {ours_rss:7.0f} MiB")
-    print(f"  python naive_route.py TRACE      {theirs_cpu:7.2f} s  {theirs_rss:7.0f} MiB")
-    print(f"  pure Python / bmoe               {theirs_cpu / ours_cpu:7.1f}x  "
-          f"{theirs_rss / ours_rss:7.2f}x")  # fmt: skip
+    print(f"end to end (fresh processes, median of {args.repeat})        CPU     peak RSS")
+    ours = ["-m", "bmoe", "analyze", "route", str(path)]
+    script = [str(ROOT / "benchmarks/naive_route.py"), str(path)]
+    runs: dict[str, list[tuple[float, float]]] = {"pipe": [], "file": [], "script": []}
+    for _ in range(args.repeat):  # interleaved: a busy moment costs each side alike
+        runs["pipe"].append(child(ours, "pipe"))
+        runs["file"].append(child(ours, "file"))
+        runs["script"].append(child(script, "pipe"))
+    cpu = {k: float(np.median([c for c, _ in v])) for k, v in runs.items()}
+    rss = {k: max(r for _, r in v) for k, v in runs.items()}
+    print(f"  bmoe analyze route TRACE | cat       {cpu['pipe']:7.2f} s  {rss['pipe']:7.0f} MiB")
+    print(f"  bmoe analyze route TRACE > file      {cpu['file']:7.2f} s  {rss['file']:7.0f} MiB")
+    print(f"  python naive_route.py TRACE | cat    {cpu['script']:7.2f} s  "
+          f"{rss['script']:7.0f} MiB")  # fmt: skip
+    for sink in ("pipe", "file"):
+        print(f"  pure Python / bmoe ({sink:4})          {cpu['script'] / cpu[sink]:7.1f}x  "
+              f"{rss['script'] / rss[sink]:7.2f}x")  # fmt: skip
     tmp.cleanup()
 
 

@@ -131,12 +131,13 @@ def select(
             del frame
         else:
             trace.columns = {c: a[:0] for c, a in cols.items()}
-    seq = _order(cols, keep, consume=consume)
+    ordered = _sorted_rows(cols, keep, consume=consume)
+    rows = ordered[0] if ordered is not None else {c: a[:0] for c, a in cols.items()}
     if isinstance(trace, RouteColumns):
-        return dataclasses.replace(trace, columns=seq.rows)
+        return dataclasses.replace(trace, columns=rows)
     import pandas as pd
 
-    return dataclasses.replace(trace, rows=pd.DataFrame(seq.rows, copy=False))
+    return dataclasses.replace(trace, rows=pd.DataFrame(rows, copy=False))
 
 
 def _kept(
@@ -298,6 +299,7 @@ class _Sequence:
     cells_per_layer: np.ndarray  # per layer
     n_steps: int  # distinct steps over all layers
     _by_key: tuple[np.ndarray, np.ndarray] | None = None
+    _weights: tuple[np.ndarray, ...] | None = None
 
     @property
     def n_layers(self) -> int:
@@ -326,6 +328,37 @@ class _Sequence:
             self.layer_idx.astype(kind) * kind(self.n_expert) + self.expert.astype(kind)
         ).astype(kind, copy=False)
 
+    def cell_weights(self) -> tuple[np.ndarray, ...]:
+        """Per cell, from the ``weight`` column (made once, for sanity and entropy): whether
+        every weight is known, the sum of the known weights, the sum of w*log2(w) over the
+        positive ones, and the largest known weight (-inf for none)."""
+        if self._weights is None:
+            weight = self.rows["weight"]
+            n_cells = len(self.cell_start)
+            complete = np.empty(n_cells, dtype=bool)
+            total, acc, top = np.empty(n_cells), np.empty(n_cells), np.empty(n_cells)
+            for a, b, lo, hi in _cell_blocks(self):  # cells are contiguous
+                w = weight[lo:hi].astype(np.float64)
+                starts = self.cell_start[a:b] - lo
+                known = ~np.isnan(w)
+                if known.all():  # the usual trace: the masks change nothing
+                    complete[a:b] = True
+                    wk = known_w = w
+                else:
+                    complete[a:b] = np.logical_and.reduceat(known, starts)
+                    wk, known_w = np.where(known, w, 0.0), np.where(known, w, -np.inf)
+                total[a:b] = np.add.reduceat(wk, starts)
+                pos = wk > 0
+                if pos.all():
+                    wlogw = wk * np.log2(wk)
+                else:
+                    wlogw = np.zeros_like(wk)
+                    wlogw[pos] = wk[pos] * np.log2(wk[pos])
+                acc[a:b] = np.add.reduceat(wlogw, starts)
+                top[a:b] = np.maximum.reduceat(known_w, starts)
+            self._weights = (complete, total, acc, top)
+        return self._weights
+
     def by_key(self) -> tuple[np.ndarray, np.ndarray]:
         """Row order sorted by (layer, expert), stable (so cell order within); and the keys."""
         if self._by_key is None:
@@ -347,17 +380,64 @@ def _order(rows: Columns, keep: np.ndarray | None = None, consume: bool = False)
     frame's columns in place (a stable sort commutes with the selection), then each column is
     copied once: the selection and the sort are one gather. `consume` takes each column out
     of `rows` once copied."""
-    if keep is not None and keep.all():
-        keep = None
-    n_all = _n_rows(rows)
-    n = n_all if keep is None else int(np.count_nonzero(keep))
-    if n == 0:
+    ordered = _sorted_rows(rows, keep, consume)
+    if ordered is None:
         rows = {c: a[:0] for c, a in rows.items()}
         empty = np.zeros(0, dtype=np.int64)
         return _Sequence(
             rows, rows["layer"], empty, empty, rows["expert"], 0, empty,
             empty, empty, empty, empty, empty, 0,
         )  # fmt: skip
+    rows, layers, layer_idx, step_code = ordered
+    n = len(step_code)
+    layer = rows["layer"]
+    if layers is None:  # the layers of the selection, not of the whole frame
+        layers, layer_idx = _small_unique(layer)
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
+    cell_start = np.flatnonzero(new)
+    gcell = (np.cumsum(new, dtype=np.int32) - 1).astype(np.int32)
+    del new
+    cell_layer_idx = layer_idx[cell_start]
+    cells_per_layer = np.bincount(cell_layer_idx, minlength=len(layers))
+    layer_first_cell = np.concatenate([[0], np.cumsum(cells_per_layer)[:-1]])
+    cell_index = (np.arange(len(cell_start)) - layer_first_cell[cell_layer_idx]).astype(np.int32)
+    cell_step_code = step_code[cell_start]
+    del step_code
+    expert = rows["expert"]
+    n_expert = int(expert.max()) + 1 if n else 0
+    if n and int(expert.min()) < 0:
+        raise BmoeError(f"trace: negative expert id {expert.min()}")
+    return _Sequence(
+        rows=rows,
+        layer=layer,
+        layer_idx=layer_idx.astype(np.int32),
+        layers=layers,
+        expert=expert,
+        n_expert=n_expert,
+        gcell=gcell,
+        cell_start=cell_start,
+        cell_layer_idx=cell_layer_idx.astype(np.int32),
+        cell_index=cell_index,
+        cell_step_code=cell_step_code,
+        cells_per_layer=cells_per_layer,
+        n_steps=_count_distinct(cell_step_code),
+    )
+
+
+def _sorted_rows(
+    rows: Columns, keep: np.ndarray | None = None, consume: bool = False
+) -> tuple[Columns, np.ndarray | None, np.ndarray | None, np.ndarray] | None:
+    """The gather of :func:`_order`: the rows in layer-major order, with the distinct layers,
+    each row's layer index (None when `keep` selected rows: they are the selection's to
+    work out) and its step code; None when no row is kept."""
+    if keep is not None and keep.all():
+        keep = None
+    n_all = _n_rows(rows)
+    n = n_all if keep is None else int(np.count_nonzero(keep))
+    if n == 0:
+        return None
     cols = _key_columns(rows)
     layers, layer_idx = _small_unique(cols["layer"])
     step_code = _step_codes(cols)
@@ -404,40 +484,9 @@ def _order(rows: Columns, keep: np.ndarray | None = None, consume: bool = False)
         del take
     else:
         rows = dict(rows)
-    layer = rows["layer"]
-    if keep is not None:  # the layers of the selection, not of the whole frame
-        layers, layer_idx = _small_unique(layer)
-    new = np.empty(n, dtype=bool)
-    new[0] = True
-    new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
-    cell_start = np.flatnonzero(new)
-    gcell = (np.cumsum(new, dtype=np.int32) - 1).astype(np.int32)
-    del new
-    cell_layer_idx = layer_idx[cell_start]
-    cells_per_layer = np.bincount(cell_layer_idx, minlength=len(layers))
-    layer_first_cell = np.concatenate([[0], np.cumsum(cells_per_layer)[:-1]])
-    cell_index = (np.arange(len(cell_start)) - layer_first_cell[cell_layer_idx]).astype(np.int32)
-    cell_step_code = step_code[cell_start]
-    del step_code
-    expert = rows["expert"]
-    n_expert = int(expert.max()) + 1 if n else 0
-    if n and int(expert.min()) < 0:
-        raise BmoeError(f"trace: negative expert id {expert.min()}")
-    return _Sequence(
-        rows=rows,
-        layer=layer,
-        layer_idx=layer_idx.astype(np.int32),
-        layers=layers,
-        expert=expert,
-        n_expert=n_expert,
-        gcell=gcell,
-        cell_start=cell_start,
-        cell_layer_idx=cell_layer_idx.astype(np.int32),
-        cell_index=cell_index,
-        cell_step_code=cell_step_code,
-        cells_per_layer=cells_per_layer,
-        n_steps=_count_distinct(cell_step_code),
-    )
+    if keep is not None:
+        return rows, None, None, step_code
+    return rows, layers, layer_idx, step_code
 
 
 def _ascending(values: np.ndarray) -> bool:
@@ -532,15 +581,7 @@ def _sanity(seq: _Sequence, trace: Facts | None) -> View:
     wmin = wmax = np.nan
     weighed = 0
     if "weight" in seq.rows and n_cells:
-        weight = seq.rows["weight"]
-        complete = np.empty(n_cells, dtype=bool)
-        sums = np.empty(n_cells)
-        for a, b, lo, hi in _cell_blocks(seq):  # cells are contiguous
-            w = weight[lo:hi].astype(np.float64)
-            known = ~np.isnan(w)
-            starts = seq.cell_start[a:b] - lo
-            complete[a:b] = np.logical_and.reduceat(known, starts)
-            sums[a:b] = np.add.reduceat(np.where(known, w, 0.0), starts)
+        complete, sums, _, _ = seq.cell_weights()
         weighed = int(complete.sum())
         if weighed:
             wmin, wmax = float(sums[complete].min()), float(sums[complete].max())
@@ -952,19 +993,7 @@ def _entropy(seq: _Sequence) -> View:
         return _layer_view(
             seq, entropy_bits=np.full(seq.n_layers, np.nan), top1_pct=np.full(seq.n_layers, np.nan)
         )
-    weight = seq.rows["weight"]
-    total, acc, top = np.empty(n_cells), np.empty(n_cells), np.empty(n_cells)
-    for a, b, lo, hi in _cell_blocks(seq):  # cells are contiguous
-        w = weight[lo:hi].astype(np.float64)
-        known = ~np.isnan(w)
-        wk = np.where(known, w, 0.0)
-        starts = seq.cell_start[a:b] - lo
-        total[a:b] = np.add.reduceat(wk, starts)
-        pos = wk > 0
-        wlogw = np.zeros_like(wk)
-        wlogw[pos] = wk[pos] * np.log2(wk[pos])
-        acc[a:b] = np.add.reduceat(wlogw, starts)
-        top[a:b] = np.maximum.reduceat(np.where(known, w, -np.inf), starts)
+    _, total, acc, top = seq.cell_weights()
     ok = total > 0
     safe = np.where(ok, total, 1.0)
     bits = np.log2(safe) - acc / safe
