@@ -790,27 +790,37 @@ def _cell_blocks(seq: _Sequence, block: int = 1 << 20) -> Iterable[tuple[int, in
 
 
 def _cell_sets(seq: _Sequence) -> np.ndarray:
-    """Each cell's set of experts as a bitmask: (cells, words) uint64, expert e at bit e % 64
-    of word e // 64."""
+    """Each cell's set of experts as a bitmask: (words, cells) uint64, expert e at bit e % 64
+    of word e // 64 (a word's row contiguous: the lags compare whole rows)."""
     n_cells = len(seq.cell_start)
     words = max(1, (seq.n_expert + 63) // 64)
-    masks = np.zeros((n_cells, words), dtype=np.uint64)
-    one = np.uint64(1)
+    masks = np.zeros((words, n_cells), dtype=np.uint64)
+    ids = np.arange(words * 64, dtype=np.uint64)
+    # per word, each expert id's bit in that word (0 outside it): one small table lookup
+    in_word = ids // np.uint64(64) == np.arange(words, dtype=np.uint64)[:, None]
+    bits = np.where(in_word, np.left_shift(np.uint64(1), ids % np.uint64(64)), np.uint64(0))
     for a, b, lo, hi in _cell_blocks(seq):
         expert = seq.expert[lo:hi]
-        bit = np.left_shift(one, (expert & 63).astype(np.uint64))
-        word = expert >> 6
         starts = seq.cell_start[a:b] - lo
         for w in range(words):
-            part = bit if words == 1 else np.where(word == w, bit, np.uint64(0))
-            masks[a:b, w] = np.bitwise_or.reduceat(part, starts)
+            masks[w, a:b] = np.bitwise_or.reduceat(bits[w][expert], starts)
     return masks
+
+
+def _shared(masks: np.ndarray, lag: int) -> np.ndarray:
+    """Per cell c >= lag: the experts cell c shares with cell c - lag."""
+    count = np.bitwise_count(masks[0, lag:] & masks[0, :-lag]).astype(np.int64)
+    for w in range(1, len(masks)):
+        count += np.bitwise_count(masks[w, lag:] & masks[w, :-lag])
+    return count
 
 
 def _overlap(seq: _Sequence, lags: Sequence[int]) -> View:
     n_cells = len(seq.cell_start)
     masks = _cell_sets(seq)
-    size = np.bitwise_count(masks).sum(axis=1, dtype=np.int64)
+    size = np.bitwise_count(masks[0]).astype(np.int64)
+    for w in range(1, len(masks)):
+        size += np.bitwise_count(masks[w])
     cols: dict[str, Any] = {}
     pooled: dict[str, Any] = {}
     for g in lags:
@@ -818,7 +828,7 @@ def _overlap(seq: _Sequence, lags: Sequence[int]) -> View:
             raise BmoeError(f"overlap lag {g}: lags count cells back, from 1")
         inter = np.zeros(n_cells, dtype=np.int64)  # cell c against cell c-g (same layer where
         if g < n_cells:  # its index in the layer is >= g: layers are contiguous)
-            inter[g:] = np.bitwise_count(masks[g:] & masks[:-g]).sum(axis=1, dtype=np.int64)
+            inter[g:] = _shared(masks, g)
         counted = (seq.cell_index >= g) & (size > 0)
         pct = np.where(counted, 100.0 * inter / np.maximum(size, 1), 0.0)
         total = np.bincount(seq.cell_layer_idx, weights=pct, minlength=seq.n_layers)
