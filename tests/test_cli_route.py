@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +20,7 @@ from bmoe.formats.route import read_route_trace
 from bmoe.render import route as text
 from bmoe.render.plots import route as plots
 
+ROOT = Path(__file__).resolve().parent.parent
 DROP = "native-tiny/drop.route.csv"
 GEMMA = "route-trace/gemma.route.csv"
 
@@ -157,3 +161,27 @@ def test_prefill_cache_note(corpus: Path, capsys) -> None:
     assert "100.0" in out and "over-counts reads" in " ".join(out.split())
     code, out, _ = run(capsys, corpus / GEMMA, "--view", "cache")
     assert "over-counts" not in out
+
+
+_NO_PANDAS = """
+import contextlib, io, sys
+from bmoe.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main(sys.argv[1:])
+print(code, "pandas" in sys.modules, len(out.getvalue()))
+"""
+
+
+def test_table_output_does_not_import_pandas(corpus: Path, capsys) -> None:
+    """The command line's default views are numpy columns: pandas is imported only for the
+    matrix, the other formats or a file the careful reader must read; the text is the same."""
+    args = ["analyze", "route", str(corpus / GEMMA), "--phase", "all"]
+    fresh = subprocess.run(
+        [sys.executable, "-c", _NO_PANDAS, *args],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"},
+    ).stdout.split()  # fmt: skip
+    code, out, _ = run(capsys, *args[2:])
+    assert fresh == ["0", "False", str(len(out))]
+    assert code == 0

@@ -207,15 +207,16 @@ def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = N
 
 
 def read_route_columns(source: PathLike | bytes) -> RouteColumns:
-    """Read a route trace as numpy columns. A plain CSV trace large enough to be streamed
-    from disk is parsed straight into columns, without pandas; any other file (Parquet, a
-    small file, a file that needs the careful reader) is read by :func:`read_route_trace` and
-    its frame's columns are taken: the same rows and the same errors either way."""
+    """Read a route trace as numpy columns. A plain CSV trace (rows under one header, no
+    ``#`` line among them, every row parsing with the compact types) is parsed straight into
+    columns, without pandas; any other file (Parquet, a file that needs the careful reader)
+    is read by :func:`read_route_trace` and its frame's columns are taken: the same rows and
+    the same errors either way."""
     from bmoe.formats import parquet
 
     if not parquet.is_parquet(source):
         sec = load_sections(source, verify=False)
-        columns = _stream_columns(sec)
+        columns = _stream_columns(sec, in_memory=True)
         if columns is not None:
             version, meta, layers = _parse_preamble(sec)
             pa.default_memory_pool().release_unused()  # as parquet.release_unused
@@ -265,11 +266,14 @@ def iter_route_rows(source: PathLike, rows: int = 1 << 20) -> Iterator[pd.DataFr
     yield read_route_trace(source).rows
 
 
-def _streamable(sec: Sections) -> bool:
-    """The rows can be parsed straight from the file with the compact types."""
+def _streamable(sec: Sections, in_memory: bool = False) -> bool:
+    """The rows can be parsed straight from the file with the compact types (`in_memory`:
+    or from the file's bytes, when they were read whole and hold no ``#`` line among the
+    rows)."""
     header = sec.header
+    whole = sec.streamed() or (in_memory and sec.data is not None and len(sec.spans) == 1)
     return (
-        sec.streamed()
+        whole
         and not sec.cut
         and bool(sec.header_line)
         and all(c in COLUMN_TYPES for c in header)
@@ -279,9 +283,13 @@ def _streamable(sec: Sections) -> bool:
 
 
 def _batches(
-    path: str, start: int, types: dict[str, pa.DataType], keep: list[str] | None = None
+    source: str | pa.Buffer,
+    start: int,
+    types: dict[str, pa.DataType],
+    keep: list[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    with pa.OSFile(path) as fh:
+    """The rows of a file (a path, from byte `start`) or of bytes in memory, batch by batch."""
+    with pa.OSFile(source) if isinstance(source, str) else pa.BufferReader(source) as fh:
         fh.seek(start)
         reader = pacsv.open_csv(
             fh,
@@ -301,30 +309,37 @@ def _batches(
 
 
 def _stream_columns(
-    sec: Sections, keep: frozenset[str] | None = None
+    sec: Sections, keep: frozenset[str] | None = None, in_memory: bool = False
 ) -> dict[str, np.ndarray] | None:
     """The rows of a large trace parsed batch by batch into columns allocated up front, so
     the peak is the columns plus one batch (parsing the whole file into Arrow and converting
     held every row twice). The columns are sized for the most rows the file can hold (each
     row takes at least two bytes per column); pages never written are never resident.
 
-    Only the columns in `keep` are parsed and held, when given.
+    Only the columns in `keep` are parsed and held, when given. `in_memory`: a small file
+    read whole is parsed the same way from its bytes.
 
-    None when the careful path must read it instead: not a plain file streamed from disk, a
-    header with unknown, duplicate or missing columns, or rows that do not parse.
+    None when the careful path must read it instead: not a plain file streamed from disk (or
+    read whole, with `in_memory`), a header with unknown, duplicate or missing columns, or
+    rows that do not parse.
     """
     header = sec.header
-    if not _streamable(sec):
+    if not _streamable(sec, in_memory):
         return None
-    assert sec.source is not None
     start, end = sec.spans[0]
+    source: str | pa.Buffer
+    if sec.streamed():
+        assert sec.source is not None
+        source = sec.source
+    else:
+        source, start, end = sec.buffer(), 0, end - start
     types = {c: COLUMN_TYPES[c] for c in header}
     most = (end - start) // (2 * len(header)) + 1
     wanted = [c for c in header if keep is None or c in keep]
     columns = {c: np.empty(most, dtype=NUMPY_TYPES[c]) for c in wanted}
     n = 0
     try:
-        for batch in _batches(sec.source, start, types, None if keep is None else wanted):
+        for batch in _batches(source, start, types, None if keep is None else wanted):
             m = batch.num_rows
             if n + m > most:
                 return None
