@@ -311,8 +311,12 @@ class _Sequence:
 
     def layer_blocks(self) -> list[tuple[int, int]]:
         """(first row, end row) of each layer's rows, in layer order."""
-        bounds = np.r_[0, np.flatnonzero(np.diff(self.layer_idx)) + 1, len(self.layer_idx)]
-        return list(itertools.pairwise(bounds.tolist())) if len(self.layer_idx) else []
+        if not self.n_rows:
+            return []
+        # each layer starts at its first cell (every layer has one): no pass over the rows
+        first_cell = np.concatenate([[0], np.cumsum(self.cells_per_layer)[:-1]])
+        bounds = np.r_[self.cell_start[first_cell], self.n_rows]
+        return list(itertools.pairwise(bounds.tolist()))
 
     @property
     def cell(self) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -165,7 +166,7 @@ def analyze_route(
     check_plot(plot, (trace_path,), force=force)
     with (
         warnings.catch_warnings(record=True) as caught,
-        err_console.status(literal("reading trace")),
+        _busy(literal("reading trace")),
     ):
         warnings.simplefilter("always")
         trace = read_route_columns(trace_path)  # numpy columns: no pandas on this path
@@ -184,7 +185,7 @@ def analyze_route(
     )
     said = route.caveats(trace, selected, phase)
     limit = None if (steps is not None or max_steps is not None) else route.MATRIX_STEPS
-    with err_console.status("computing views"):
+    with _busy("computing views"):
         views = route.view_columns(selected, names, top=top, cells=cells, matrix_limit=limit)
     if "cache" in views:
         slots = route.prefetch_slot_columns(selected)
@@ -199,9 +200,15 @@ def analyze_route(
     if plot is not None and kind is not None:
         from bmoe.render.plots import save_figure
 
-        with err_console.status(literal(f"drawing {kind}")):
+        with _busy(literal(f"drawing {kind}")):
             written = save_figure(draw(kind, selected.to_trace(), budget_mib), plot)
         err_console.print(literal(f"wrote {kind} plot to {written}"), highlight=False)
+
+
+def _busy(what):
+    """A spinner on stderr while `what` runs, where stderr is a terminal (elsewhere rich's
+    status shows nothing, and would only start its refresh thread)."""
+    return err_console.status(what) if err_console.is_terminal else contextlib.nullcontext()
 
 
 def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
