@@ -85,10 +85,7 @@ class RouteTrace:
 
 def _layer_sizes(layers: pd.DataFrame, name: str) -> dict[int, int]:
     """layer -> `name` (a preamble size) for the layers that give it."""
-    if name not in layers:
-        return {}
-    sizes = layers.dropna(subset=[name])
-    return dict(zip(sizes["layer"].astype(int), sizes[name].astype(int), strict=True))
+    return _record_sizes(layers.to_dict("records"), name) if name in layers else {}
 
 
 @dataclass
@@ -142,7 +139,7 @@ class RouteColumns:
 
 
 def _record_sizes(layers: list[dict[str, Any]], name: str) -> dict[int, int]:
-    """layer -> `name` from preamble records, as :func:`_layer_sizes` reads the frame."""
+    """layer -> `name` from the per-layer preamble records, for the layers that give it."""
     return {
         int(rec["layer"]): int(rec[name])
         for rec in layers
@@ -216,9 +213,9 @@ def read_route_columns(source: PathLike | bytes) -> RouteColumns:
 
     if not parquet.is_parquet(source):
         sec = load_sections(source, verify=False)
+        version, meta, layers = _parse_preamble(sec)
         columns = _stream_columns(sec, in_memory=True)
         if columns is not None:
-            version, meta, layers = _parse_preamble(sec)
             pa.default_memory_pool().release_unused()  # as parquet.release_unused
             return RouteColumns(sec.path, version, meta, layers, columns, sec.warnings)
     return RouteColumns.of(read_route_trace(source))
