@@ -7,6 +7,7 @@ every format, so what the terminal shows is exactly what a script or notebook ge
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -299,12 +300,15 @@ def _wrapped(text: str, width: int, justify_right: bool) -> list[str]:
     from rich.text import Text
 
     lines = Text(text).wrap(
-        _MEASURE, width, justify="right" if justify_right else "left", overflow="fold"
+        _measuring_console(), width, justify="right" if justify_right else "left", overflow="fold"
     )
     return [line.plain.ljust(width)[:width] for line in lines]
 
 
-_MEASURE = Console(width=80, color_system=None, markup=False, file=io.StringIO())
+@functools.cache
+def _measuring_console() -> Console:
+    """A console for rich's text wrapping (it measures characters; nothing is printed)."""
+    return Console(width=80, color_system=None, markup=False, file=io.StringIO())
 
 
 def _plain_text(text: str) -> bool:
