@@ -271,15 +271,17 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
     tail of their new count's list afterwards (in touch order: theirs are the newest
     touches), so a list's head is its least recent key and the lowest non-empty list's
     head is the victim. Without `keep_counts` a victim's count restarts (``lfu-incache``)."""
-    n_b = len(bounds) - 1
-    n_parts = len(part_batches)
-    hits = np.zeros(n_b, dtype=np.int64)
-    counts = np.zeros(n_keys, dtype=np.int64)
-    resident = np.zeros(n_keys, dtype=np.bool_)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    inb = np.full(n_keys, -1, dtype=np.int64)  # the key's count list, -1 if in none
-    nxt = np.full(n_keys, -1, dtype=np.int32)
-    prv = np.full(n_keys, -1, dtype=np.int32)
+    state = lfu_state(part_batches + 1, n_keys)
+    return lfu_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts, state)
+
+
+@njit(**_OPTS)
+def lfu_state(levels, n_keys):
+    """An empty LFU cache of `n_keys` key ids whose part ``j`` has count lists for the
+    counts ``0 .. levels[j] - 1`` (a count is at most the part's batches so far), for
+    :func:`lfu_continue`: (counts, resident, ksize, inb, nxt, prv, cbase, wbase, n_words,
+    head, tail, bits, low, held). :func:`lfu_levels` gives more lists to a state."""
+    n_parts = len(levels)
     cbase = np.zeros(n_parts, dtype=np.int64)  # part j's count-c list is cbase[j] + c
     wbase = np.zeros(n_parts, dtype=np.int64)  # part j's bitmap words start here
     n_words = np.zeros(n_parts, dtype=np.int64)
@@ -287,15 +289,56 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
     total_words = 0
     for j in range(n_parts):
         cbase[j] = total_lists
-        total_lists += part_batches[j] + 1
+        total_lists += levels[j]
         wbase[j] = total_words
-        n_words[j] = (part_batches[j] + 1) // 63 + 1
+        n_words[j] = levels[j] // 63 + 1
         total_words += n_words[j]
-    head = np.full(total_lists, -1, dtype=np.int32)
-    tail = np.full(total_lists, -1, dtype=np.int32)
-    bits = np.zeros(total_words, dtype=np.int64)
-    low = np.zeros(n_parts, dtype=np.int64)  # no non-empty list of part j below low[j]
-    held = np.zeros(n_parts, dtype=np.int64)
+    return (
+        np.zeros(n_keys, dtype=np.int64),  # counts
+        np.zeros(n_keys, dtype=np.bool_),  # resident
+        np.zeros(n_keys, dtype=np.int64),  # ksize
+        np.full(n_keys, -1, dtype=np.int64),  # inb: the count of the key's list, -1 if in none
+        np.full(n_keys, -1, dtype=np.int32),  # nxt
+        np.full(n_keys, -1, dtype=np.int32),  # prv
+        cbase,
+        wbase,
+        n_words,
+        np.full(total_lists, -1, dtype=np.int32),  # head
+        np.full(total_lists, -1, dtype=np.int32),  # tail
+        np.zeros(total_words, dtype=np.int64),  # bits
+        np.zeros(n_parts, dtype=np.int64),  # low: no non-empty list of part j below low[j]
+        np.zeros(n_parts, dtype=np.int64),  # held
+    )
+
+
+@njit(**_OPTS)
+def lfu_levels(state, levels):
+    """`state` (:func:`lfu_state`) with count lists for the counts ``0 .. levels[j] - 1``
+    of each part ``j`` (at least as many as it has), its keys and lists kept."""
+    out = lfu_state(levels, len(state[0]))
+    cbase, wbase, n_words, head, tail, bits = state[6:12]
+    ncbase, nwbase, _, nhead, ntail, nbits = out[6:12]
+    n_parts = len(cbase)
+    for j in range(n_parts):
+        n = (cbase[j + 1] if j + 1 < n_parts else len(head)) - cbase[j]
+        for c in range(n):
+            nhead[ncbase[j] + c] = head[cbase[j] + c]
+            ntail[ncbase[j] + c] = tail[cbase[j] + c]
+        for w in range(n_words[j]):
+            nbits[nwbase[j] + w] = bits[wbase[j] + w]
+    return state[:6] + out[6:12] + state[12:]
+
+
+@njit(**_OPTS)
+def lfu_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts, state):
+    """:func:`lfu` from the cache `state` (:func:`lfu_state`, updated in place, with a
+    count list for every count these batches can reach): batches given chunk by chunk
+    replay as if given at once."""
+    counts, resident, ksize, inb, nxt, prv, cbase, wbase, n_words, head, tail, bits, low, held = (
+        state
+    )
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -306,11 +349,11 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
             counts[k] += 1
             if resident[k]:
                 h += 1
-                lst = inb[k]
+                c = inb[k]
+                lst = cbase[j] + c
                 _unlink(k, lst, head, tail, nxt, prv)
                 inb[k] = -1
                 if head[lst] < 0:
-                    c = lst - cbase[j]
                     bits[wbase[j] + c // 63] &= ~(np.int64(1) << (c % 63))
             else:
                 resident[k] = True
@@ -343,7 +386,7 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
             c = counts[k]
             lst = cbase[j] + c
             _append(k, lst, head, tail, nxt, prv)
-            inb[k] = lst
+            inb[k] = c
             bits[wbase[j] + c // 63] |= np.int64(1) << (c % 63)
             if c < low[j]:
                 low[j] = c
@@ -433,21 +476,63 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
 def lfuda(bounds, look, rec, repeated, size, n_keys, budget, shift):
     """``lfuda``: priority K = L + F (F lookups since admission, L the last victim's K),
     ties by least recent touch (heap priority ``K << shift | touch``)."""
+    return lfuda_continue(bounds, look, rec, repeated, size, budget, shift, lfuda_state(n_keys))
+
+
+@njit(**_OPTS)
+def lfuda_state(n_keys):
+    """An empty LFUDA cache of `n_keys` key ids, for :func:`lfuda_continue`: (freq, prio,
+    stamp, resident, ksize, hv, hk, hpos, base, hcount, scalars = [held, age, clock])."""
+    return (
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(3, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def lfuda_restamp(state, shift):
+    """Renumber the touch stamps of `state`'s resident keys 1..m in their order and pack
+    the heap priorities with `shift` (the heap's order is unchanged): between chunks, so
+    that the stamps, and the bits they need, stay bounded by the keys and the next chunk's
+    lookups instead of growing with the trace."""
+    prio, stamp, hv, hk, hcount, scalars = (
+        state[1],
+        state[2],
+        state[5],
+        state[6],
+        state[9],
+        state[10],
+    )
+    m = hcount[0]
+    keys = hk[:m].copy()
+    order = np.argsort(stamp[keys])
+    for r in range(m):
+        stamp[keys[order[r]]] = r + 1
+    for i in range(m):
+        k = hk[i]
+        hv[i] = (prio[k] << shift) | stamp[k]
+    scalars[2] = m
+
+
+@njit(**_OPTS)
+def lfuda_continue(bounds, look, rec, repeated, size, budget, shift, state):
+    """:func:`lfuda` from the cache `state` (:func:`lfuda_state`, updated in place; its
+    priorities packed with `shift`): batches given chunk by chunk replay as if given at once."""
+    freq, prio, stamp, resident, ksize, hv, hk, hpos, base, hcount, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    freq = np.zeros(n_keys, dtype=np.int64)
-    prio = np.zeros(n_keys, dtype=np.int64)
-    stamp = np.zeros(n_keys, dtype=np.int64)
-    resident = np.zeros(n_keys, dtype=np.bool_)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    hv = np.zeros(n_keys, dtype=np.int64)
-    hk = np.zeros(n_keys, dtype=np.int32)
-    hpos = np.full(n_keys, -1, dtype=np.int64)
-    base = np.zeros(1, dtype=np.int64)
-    hcount = np.zeros(1, dtype=np.int64)
-    held = 0
-    age = 0
-    clock = 0
+    held = scalars[0]
+    age = scalars[1]
+    clock = scalars[2]
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -477,6 +562,9 @@ def lfuda(bounds, look, rec, repeated, size, n_keys, budget, shift):
         for i in range(s, e):
             k = look[i]
             _heap_push(k, (prio[k] << shift) | stamp[k], 0, hv, hk, hpos, base, hcount)
+    scalars[0] = held
+    scalars[1] = age
+    scalars[2] = clock
     return hits
 
 
@@ -524,21 +612,43 @@ def mt_state(seed: int) -> tuple[np.ndarray, np.ndarray]:
 def randomized(bounds, look, size, n_keys, budget, mt, state):
     """``random``: evict a uniformly drawn resident key not touched by the batch (a draw
     on a batch key is redrawn), over a swap-remove list of the resident keys."""
+    return randomized_continue(bounds, look, size, budget, random_state(n_keys, mt, state))
+
+
+@njit(**_OPTS)
+def random_state(n_keys, mt, index):
+    """An empty random cache of `n_keys` key ids drawing from the generator (`mt`, `index`)
+    of :func:`mt_state`, for :func:`randomized_continue`: (pos, mark, ksize, lst, mt, index,
+    scalars = [resident keys, held, batches done])."""
+    return (
+        np.full(n_keys, -1, dtype=np.int64),
+        np.full(n_keys, -1, dtype=np.int64),  # mark: the last batch that touched the key
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        mt,
+        index,
+        np.zeros(3, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def randomized_continue(bounds, look, size, budget, state):
+    """:func:`randomized` from the cache `state` (:func:`random_state`, updated in place):
+    batches given chunk by chunk replay as if given at once."""
+    pos, mark, ksize, lst, mt, index, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    pos = np.full(n_keys, -1, dtype=np.int64)
-    mark = np.full(n_keys, -1, dtype=np.int64)  # the last batch that touched the key
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    lst = np.zeros(n_keys, dtype=np.int32)
-    n = 0
-    held = 0
+    n = scalars[0]
+    held = scalars[1]
+    done = scalars[2]
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
+        gb = done + b
         h = 0
         for i in range(s, e):
             k = look[i]
-            mark[k] = b
+            mark[k] = gb
             if pos[k] >= 0:
                 h += 1
             else:
@@ -551,9 +661,9 @@ def randomized(bounds, look, size, n_keys, budget, mt, state):
         if held > budget:
             evictable = n - (e - s)
             while held > budget and evictable > 0:
-                j = np.int64(draw(mt, state) * n)
+                j = np.int64(draw(mt, index) * n)
                 k = lst[j]
-                if mark[k] == b:
+                if mark[k] == gb:
                     continue
                 n -= 1
                 last = lst[n]
@@ -563,6 +673,9 @@ def randomized(bounds, look, size, n_keys, budget, mt, state):
                 pos[k] = -1
                 held -= ksize[k]
                 evictable -= 1
+    scalars[0] = n
+    scalars[1] = held
+    scalars[2] = done + n_b
     return hits
 
 
@@ -574,28 +687,49 @@ _T1, _T2, _B1, _B2 = 0, 1, 2, 3
 @njit(**_OPTS)
 def arc(bounds, look, rec, repeated, size, n_keys, budget):
     """``arc``: the batch form of :class:`bmoe.cache.policies.arc.ARC`, step for step."""
+    return arc_continue(bounds, look, rec, repeated, size, budget, arc_state(n_keys))
+
+
+@njit(**_OPTS)
+def arc_state(n_keys):
+    """An empty ARC cache of `n_keys` key ids, for :func:`arc_continue`: (nxt, prv, where,
+    mark, ksize, head, tail, scalars = [held, t1 bytes, b1 bytes, b2 bytes, batches done],
+    [p])."""
+    return (
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int8),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.full(4, -1, dtype=np.int32),
+        np.full(4, -1, dtype=np.int32),
+        np.zeros(5, dtype=np.int64),
+        np.zeros(1, dtype=np.float64),
+    )
+
+
+@njit(**_OPTS)
+def arc_continue(bounds, look, rec, repeated, size, budget, state):
+    """:func:`arc` from the cache `state` (:func:`arc_state`, updated in place): batches
+    given chunk by chunk replay as if given at once."""
+    nxt, prv, where, mark, ksize, head, tail, scalars, p_now = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    nxt = np.full(n_keys, -1, dtype=np.int32)
-    prv = np.full(n_keys, -1, dtype=np.int32)
-    where = np.full(n_keys, -1, dtype=np.int8)
-    mark = np.full(n_keys, -1, dtype=np.int64)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    head = np.full(4, -1, dtype=np.int32)
-    tail = np.full(4, -1, dtype=np.int32)
-    held = 0
-    t1_bytes = 0
-    b1_bytes = 0
-    b2_bytes = 0
-    p = 0.0
+    held = scalars[0]
+    t1_bytes = scalars[1]
+    b1_bytes = scalars[2]
+    b2_bytes = scalars[3]
+    done = scalars[4]
+    p = p_now[0]
     fbudget = float(budget)
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
+        gb = done + b
         sz = size[b]
         h = 0
         for i in range(s, e):
             k = look[i]
-            mark[k] = b
+            mark[k] = gb
             w = where[k]
             if w == _T1:
                 h += 1
@@ -646,7 +780,7 @@ def arc(bounds, look, rec, repeated, size, n_keys, budget):
             k1 = -1
             if not t1_done:
                 k1 = head[_T1]
-                while k1 >= 0 and mark[k1] == b:
+                while k1 >= 0 and mark[k1] == gb:
                     k1 = nxt[k1]
             t1_done = k1 < 0
             from_t1 = k1 >= 0 and t1_bytes > p
@@ -654,7 +788,7 @@ def arc(bounds, look, rec, repeated, size, n_keys, budget):
             if not from_t1:
                 if not t2_done:
                     k2 = head[_T2]
-                    while k2 >= 0 and mark[k2] == b:
+                    while k2 >= 0 and mark[k2] == gb:
                         k2 = nxt[k2]
                 t2_done = k2 < 0
                 if k2 < 0 and k1 < 0:
@@ -683,6 +817,12 @@ def arc(bounds, look, rec, repeated, size, n_keys, budget):
             _unlink(k, _B2, head, tail, nxt, prv)
             where[k] = -1
             b2_bytes -= ksize[k]
+    scalars[0] = held
+    scalars[1] = t1_bytes
+    scalars[2] = b1_bytes
+    scalars[3] = b2_bytes
+    scalars[4] = done + n_b
+    p_now[0] = p
     return hits
 
 
@@ -695,30 +835,50 @@ _SMALL, _MAIN, _GHOST = 0, 1, 2
 def s3fifo(bounds, look, size, n_keys, budget):
     """``s3fifo``: the batch form of :class:`bmoe.cache.policies.s3fifo.S3FIFO`, step for
     step (S a tenth of the budget, G at most the rest, 2-bit counters)."""
+    return s3fifo_continue(bounds, look, size, budget, s3fifo_state(n_keys))
+
+
+@njit(**_OPTS)
+def s3fifo_state(n_keys):
+    """An empty S3-FIFO cache of `n_keys` key ids, for :func:`s3fifo_continue`: (nxt, prv,
+    where, mark, freq, ksize, head, tail, stuck, scalars = [held, S bytes, G bytes, M keys,
+    batches done])."""
+    return (
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int8),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int8),
+        np.zeros(n_keys, dtype=np.int64),
+        np.full(3, -1, dtype=np.int32),
+        np.full(3, -1, dtype=np.int32),
+        np.zeros(n_keys, dtype=np.int32),
+        np.zeros(5, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def s3fifo_continue(bounds, look, size, budget, state):
+    """:func:`s3fifo` from the cache `state` (:func:`s3fifo_state`, updated in place):
+    batches given chunk by chunk replay as if given at once."""
+    nxt, prv, where, mark, freq, ksize, head, tail, stuck, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    nxt = np.full(n_keys, -1, dtype=np.int32)
-    prv = np.full(n_keys, -1, dtype=np.int32)
-    where = np.full(n_keys, -1, dtype=np.int8)
-    mark = np.full(n_keys, -1, dtype=np.int64)
-    freq = np.zeros(n_keys, dtype=np.int8)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    head = np.full(3, -1, dtype=np.int32)
-    tail = np.full(3, -1, dtype=np.int32)
-    stuck = np.zeros(n_keys, dtype=np.int32)
-    held = 0
-    small_bytes = 0
-    ghost_bytes = 0
-    main_len = 0
+    held = scalars[0]
+    small_bytes = scalars[1]
+    ghost_bytes = scalars[2]
+    main_len = scalars[3]
+    done = scalars[4]
     small_target = budget // 10
     ghost_limit = budget - small_target
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
+        gb = done + b
         sz = size[b]
         h = 0
         for i in range(s, e):
             k = look[i]
-            mark[k] = b
+            mark[k] = gb
             w = where[k]
             if 0 <= w <= _MAIN:  # resident: in S or M
                 h += 1
@@ -756,7 +916,7 @@ def s3fifo(bounds, look, size, n_keys, budget):
                     main_len += 1
                     main_skips = 0
                     continue
-                if mark[k] == b:
+                if mark[k] == gb:
                     where[k] = -1
                     stuck[n_stuck] = k
                     n_stuck += 1
@@ -772,7 +932,7 @@ def s3fifo(bounds, look, size, n_keys, budget):
                     _append(k, _MAIN, head, tail, nxt, prv)
                     main_skips = 0
                     continue
-                if mark[k] == b:
+                if mark[k] == gb:
                     _append(k, _MAIN, head, tail, nxt, prv)
                     main_skips += 1
                     continue
@@ -792,6 +952,11 @@ def s3fifo(bounds, look, size, n_keys, budget):
             _unlink(k, _GHOST, head, tail, nxt, prv)
             where[k] = -1
             ghost_bytes -= ksize[k]
+    scalars[0] = held
+    scalars[1] = small_bytes
+    scalars[2] = ghost_bytes
+    scalars[3] = main_len
+    scalars[4] = done + n_b
     return hits
 
 
@@ -810,21 +975,66 @@ def lru_byte_distances(bounds, look, rec, repeated, size, n_keys, batch_semantic
     budget). Without: every lookup touches its key at once, in lookup order, and the
     distance is the bytes of the distinct keys looked up since (the classic stack
     distance, the key itself not counted)."""
-    n = len(look)
-    tree = np.zeros(n + 1, dtype=np.int64)
-    last = np.zeros(n_keys, dtype=np.int64)  # last touch (1-based), 0 = never
-    prevb = np.full(n_keys, -1, dtype=np.int64)  # the last batch that looked the key up
-    out = np.full(n, np.inf)
-    total = 0
-    clock = 0
+    state = distances_state(n_keys, len(look))
+    return lru_byte_distances_continue(bounds, look, rec, repeated, size, batch_semantics, state)
+
+
+@njit(**_OPTS)
+def distances_state(n_keys, room):
+    """No key touched yet, a tree with room for `room` touches, for
+    :func:`lru_byte_distances_continue`: (tree, last, prevb, scalars = [bytes of the keys
+    touched, clock, batches done])."""
+    return (
+        np.zeros(room + 1, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),  # last touch (1-based), 0 = never
+        np.full(n_keys, -1, dtype=np.int64),  # the last batch that looked the key up
+        np.zeros(3, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def distances_restart(state, key_bytes, room):
+    """`state` (:func:`distances_state`) with its touched keys renumbered 1..m in touch
+    order and a new tree holding their `key_bytes` with room for `room` more touches:
+    between chunks, so the tree is bounded by the keys and a chunk, not the trace."""
+    _, last, prevb, scalars = state
+    live = np.flatnonzero(last > 0)
+    order = live[np.argsort(last[live])]
+    m = len(order)
+    n = m + room
+    new = np.zeros(n + 1, dtype=np.int64)
+    for r in range(m):
+        k = order[r]
+        last[k] = r + 1
+        new[r + 1] = key_bytes[k]
+    for i in range(1, n + 1):  # prefix sums to a Fenwick tree in place
+        j = i + (i & -i)
+        if j <= n:
+            new[j] += new[i]
+    scalars[1] = m
+    return new, last, prevb, scalars
+
+
+@njit(**_OPTS)
+def lru_byte_distances_continue(bounds, look, rec, repeated, size, batch_semantics, state):
+    """:func:`lru_byte_distances` from `state` (:func:`distances_state`, updated in place,
+    its tree with room for these lookups): batches given chunk by chunk give the distances
+    of a whole."""
+    tree, last, prevb, scalars = state
+    n = len(tree) - 1
+    out = np.full(len(look), np.inf)
+    total = scalars[0]
+    clock = scalars[1]
+    done = scalars[2]
     for b in range(len(bounds) - 1):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
+        gb = done + b
         for i in range(s, e):
             k = look[i]
             t = last[k]
             if t > 0:
-                if batch_semantics and prevb[k] == b - 1:
+                if batch_semantics and prevb[k] == gb - 1:
                     out[i] = 0.0
                 else:
                     acc = 0
@@ -845,7 +1055,10 @@ def lru_byte_distances(bounds, look, rec, repeated, size, n_keys, batch_semantic
                     total += sz
                 clock = _touch(tree, last, k, sz, clock, n)
             for i in range(s, e):
-                prevb[look[i]] = b
+                prevb[look[i]] = gb
+    scalars[0] = total
+    scalars[1] = clock
+    scalars[2] = done + len(bounds) - 1
     return out
 
 
