@@ -159,25 +159,19 @@ def test_replay_refuses_expert_ids_outside_the_key(capsys, tmp_path: Path) -> No
     assert code == 2 and "expert id -1" in err and "100" not in out
 
 
-def test_stream_prints_the_lru_curve_of_the_whole_read(corpus: Path, capsys, tmp_path) -> None:
+def test_stream_prints_the_curve_of_the_whole_read(corpus: Path, capsys, tmp_path) -> None:
     path = corpus / "route-trace/gemma.route.csv"
     out_csv = tmp_path / "curve.csv"
     code, out, _ = run(capsys, "replay", str(path), "--stream", "-f", "json")
     assert code == 0
-    whole = rp.replay_curve(
-        read_route_trace(path), rp.default_budgets(read_route_trace(path)), ["lru"]
-    )
+    trace = read_route_trace(path)
+    no_future = [p for p in rp.REFERENCE_POLICIES if p != "belady"]
+    whole = rp.replay_curve(trace, rp.default_budgets(trace), no_future)
     pd.testing.assert_frame_equal(pd.DataFrame(json.loads(out)["curve"]), whole, check_dtype=False)
     code, _, _ = run(
-        capsys,
-        "replay",
-        str(path),
-        "--stream",
-        "--budgets",
-        "1000,2000",
-        "--csv",
-        str(out_csv),
-    )
+        capsys, "replay", str(path), "--stream", "--policies", "lru", "--budgets", "1000,2000",
+        "--csv", str(out_csv),
+    )  # fmt: skip
     assert code == 0
     assert (
         out_csv.read_text().splitlines()[0]
@@ -186,11 +180,57 @@ def test_stream_prints_the_lru_curve_of_the_whole_read(corpus: Path, capsys, tmp
     assert len(out_csv.read_text().splitlines()) == 3
 
 
+def test_stream_of_the_parquet_form_gives_the_whole_replay_and_mrc(
+    corpus: Path, capsys, tmp_path
+) -> None:
+    from bmoe.formats.parquet import write_table
+
+    path = corpus / "route-trace/gemma.route.csv"
+    pq_path = write_table(read_route_trace(path), "route", tmp_path / "gemma.route.parquet")
+    asked = ["--policies", "lru,arc,s3fifo,lfuda", "--mrc", "--budgets", "100,400,1600", "-f"]
+    code, out, _ = run(capsys, "replay", str(pq_path), "--stream", *asked, "json")
+    assert code == 0
+    streamed = json.loads(out)
+    code, out, _ = run(capsys, "replay", str(path), *asked, "json")
+    assert code == 0
+    whole = json.loads(out)
+    for view in ("curve", "mrc_budgets", "mrc"):
+        assert streamed[view] == whole[view], view
+    assert len(streamed["mrc"]) > 10
+    code, out, _ = run(capsys, "replay", str(pq_path), "--stream", *asked, "table")
+    assert code == 0 and "exact LRU curve:" in out and "s3fifo" in out
+
+
+def test_stream_of_one_turn_is_that_turn(capsys, tmp_path: Path) -> None:
+    from bmoe.formats.route import write_route_trace
+    from tests.test_replay import make_trace
+
+    cells = [(t, 1, s, s % 2, [(s + t) % 5, 3 * s % 7]) for t in range(3) for s in range(9)]
+    path = tmp_path / "turns.route.csv"
+    write_route_trace(make_trace(cells, sizes={0: 1 << 20, 1: 1 << 21}), path)
+    asked = ["--turn", "1", "--policies", "lru,lfu", "--budgets", "1,3,6", "-f", "json"]
+    code, out, _ = run(capsys, "replay", str(path), "--stream", *asked)
+    assert code == 0
+    streamed = json.loads(out)["curve"]
+    code, out, _ = run(capsys, "replay", str(path), *asked)
+    assert streamed == json.loads(out)["curve"]
+    code, out, _ = run(capsys, "replay", str(path), "--stream", "--turn", "0", *asked[2:])
+    assert streamed != json.loads(out)["curve"]
+    code, _, err = run(capsys, "replay", str(path), "--stream", "--turn", "7")
+    assert code == 2 and "no turn 7" in err
+
+
 @pytest.mark.parametrize(
-    "extra", [["--policies", "lru,arc"], ["--mrc"], ["--turn", "0"], ["--validate", "3"]]
+    ("extra", "said"),
+    [
+        (["--policies", "lru,belady"], "--stream cannot replay belady"),
+        (["--validate", "3"], "--stream does not go with --validate"),
+        (["--prefetch", "1"], "--stream does not go with --prefetch"),
+        (["--plot", "x.png"], "--stream does not go with --plot"),
+    ],
 )
-def test_stream_refuses_what_it_cannot_do(corpus: Path, capsys, extra) -> None:
+def test_stream_refuses_what_it_cannot_do(corpus: Path, capsys, extra, said) -> None:
     path = corpus / "route-trace/gemma.route.csv"
     code, _, err = run(capsys, "replay", str(path), "--stream", *extra)
     assert code == 2
-    assert "--stream replays the LRU curve only" in err
+    assert said in err

@@ -1,6 +1,11 @@
-"""LRU replay of a trace larger than memory: the rows come block by block, each block is cut
-into batches as :func:`~bmoe.analyze.replay.prepare_batches` cuts a whole trace, and one
-cache per budget is carried from block to block, so memory stays that of one block.
+"""Replay of a trace larger than memory: the rows come block by block, each block is cut into
+batches as :func:`~bmoe.analyze.replay.prepare_batches` cuts a whole trace, and every cache
+(one per policy and budget) is carried from block to block by its kernel's state, so memory
+stays that of one block plus the caches' per-key state.
+
+Every policy that needs no future knowledge streams, with the whole-trace figures; so does
+the exact LRU curve (``mrc``): its stack distances are counted per distinct distance, never
+held per lookup. ``belady`` needs each key's next use, so it does not stream.
 
 A batch must not straddle two blocks: the rows of the last batch group of a block (a decode
 step, or a turn's whole prefill) wait for the next block. The rows must come in the order
@@ -11,7 +16,10 @@ would have put it earlier.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -19,8 +27,11 @@ import pandas as pd
 from bmoe.analyze.replay import (
     CURVE_COLUMNS,
     MIB,
+    ReplayBatches,
     check_budgets,
+    check_policies,
     column_or,
+    default_jobs,
     preamble_count,
     prepare_batches,
 )
@@ -28,6 +39,10 @@ from bmoe.cache import EXPERT_BITS
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+
+#: the policies a stream can replay (all but those that read the future)
+STREAM_POLICIES = ("lru", "lfu", "lfu-incache", "lfuda", "arc", "s3fifo", "layer", "layerlfu",
+                   "random")  # fmt: skip
 
 
 def _groups(rows: pd.DataFrame) -> np.ndarray:
@@ -39,35 +54,278 @@ def _groups(rows: pd.DataFrame) -> np.ndarray:
     return ((turn + (1 << 15)) << 41) | (decode << 40) | (decode * (step + (1 << 31)))
 
 
-def stream_lru_curve(
-    trace: RouteTrace, blocks: Iterable[pd.DataFrame], budgets_mib: Sequence[float]
-) -> pd.DataFrame:
-    """The ``lru`` rows of :func:`~bmoe.analyze.replay.replay_curve` (same columns, same
-    figures) for the trace whose preamble is `trace` (its rows are not read) and whose rows
-    are `blocks`, in file order (e.g. :func:`~bmoe.formats.route.iter_route_rows`)."""
+class _Chunk:
+    """A block's batches with key ids of the whole stream: ``expert * n_parts + part``
+    (`part` the layer's index among the preamble's layers), so that ids met later, even
+    beyond the declared experts, only add ids at the end."""
+
+    def __init__(self, b: ReplayBatches, part_of: np.ndarray, n_parts: int) -> None:
+        code = b.key_code
+        to_global = (code & EXPERT_MASK) * n_parts + part_of[code >> EXPERT_BITS]
+        self.batches = b
+        self.look = to_global[b.look].astype(np.int32)
+        self.rec = to_global[b.rec].astype(np.int32)
+        self.part = part_of[b.layer].astype(np.int64)
+        self.one_part = np.zeros(len(b), dtype=np.int64)
+        self.max_expert = int((code[b.look] & EXPERT_MASK).max(initial=0))
+
+
+def _grown(state: tuple, fresh: tuple, per_key: Sequence[int], old: int) -> tuple:
+    """`state` with its per-key arrays (at `per_key`) widened to those of `fresh`, the new
+    ids empty; the other arrays kept."""
+    out = list(state)
+    for i in per_key:
+        fresh[i][:old] = state[i]
+        out[i] = fresh[i]
+    return tuple(out)
+
+
+class _Replay:
+    """One policy at one budget, its cache carried from chunk to chunk."""
+
+    #: per kernel: the indices of its state's per-key arrays (widened when new ids appear)
+    PER_KEY: ClassVar[dict[str, tuple[int, ...]]] = {
+        "lru": (0, 1, 2, 3),
+        "lfu": (0, 1, 2, 3, 4, 5),
+        "lfuda": (0, 1, 2, 3, 4, 5, 6, 7),
+        "arc": (0, 1, 2, 3, 4),
+        "s3fifo": (0, 1, 2, 3, 4, 5, 8),
+        "random": (0, 1, 2, 3),
+    }
+
+    def __init__(
+        self, policy: str, budget: int, n_parts: int, n_layer: int, n_keys: int, seed: int
+    ) -> None:
+        from bmoe.cache import kernels
+
+        self.policy = policy
+        self.budget = budget
+        self.n_parts = n_parts
+        self.n_keys = n_keys
+        self.kind = {"layer": "lru", "layerlfu": "lfu", "lfu-incache": "lfu"}.get(policy, policy)
+        self.capacity = budget // n_layer if policy in ("layer", "layerlfu") else budget
+        self.parts = n_parts if policy in ("layer", "layerlfu") else 1
+        self.levels = np.ones(self.parts, dtype=np.int64)
+        if policy == "random":
+            self.mt = kernels.mt_state(seed)
+        self.state = self._fresh(n_keys)
+
+    def _fresh(self, n_keys: int) -> tuple:
+        from bmoe.cache import kernels
+
+        if self.kind == "lru":
+            return kernels.lru_state(self.parts, n_keys)
+        if self.kind == "lfu":
+            return kernels.lfu_state(self.levels, n_keys)
+        if self.kind == "random":
+            return kernels.random_state(n_keys, *self.mt)
+        return getattr(kernels, f"{self.kind}_state")(n_keys)
+
+    def grow(self, n_keys: int) -> None:
+        fresh = self._fresh(n_keys)
+        self.state = _grown(self.state, fresh, self.PER_KEY[self.kind], self.n_keys)
+        self.n_keys = n_keys
+
+    def _lfu_room(self, c: _Chunk) -> None:
+        """Count lists for every count this chunk can reach: a key's count grows by at most
+        one per batch of its layer."""
+        from bmoe.cache import kernels
+
+        counts = self.state[0].reshape(-1, self.n_parts).max(axis=0)
+        need = counts + np.bincount(c.part, minlength=self.n_parts) + 1
+        if self.parts == 1:
+            need = need.max(keepdims=True)
+        if (need > self.levels).any():
+            self.levels = np.where(
+                need > self.levels, np.maximum(need, 2 * self.levels), self.levels
+            )
+            self.state = kernels.lfu_levels(self.state, self.levels)
+
+    def feed(self, c: _Chunk) -> np.ndarray:
+        """Hits per batch of `c`, the cache left as after it."""
+        from bmoe.cache import kernels
+
+        b, st = c.batches, self.state
+        part = c.part if self.parts > 1 else c.one_part
+        if self.kind == "lru":
+            return kernels.lru_continue(
+                b.bounds, c.look, c.rec, b.repeated, b.size, part, self.capacity, st
+            )
+        if self.kind == "lfu":
+            self._lfu_room(c)
+            return kernels.lfu_continue(
+                b.bounds, c.look, c.rec, b.repeated, b.size, part, self.capacity,
+                self.policy != "lfu-incache", self.state,
+            )  # fmt: skip
+        if self.kind == "lfuda":
+            shift = kernels.counter_bits(int(st[9][0]) + len(c.look))
+            if int(st[1].max(initial=0)) + len(c.look) >= 1 << (62 - shift):
+                raise BmoeError("lfuda priorities outgrew 62 bits; replay fewer rows")
+            kernels.lfuda_restamp(st, shift)
+            return kernels.lfuda_continue(
+                b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, shift, st
+            )
+        if self.kind == "arc":
+            return kernels.arc_continue(
+                b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, st
+            )
+        if self.kind == "s3fifo":
+            return kernels.s3fifo_continue(b.bounds, c.look, b.size, self.budget, st)
+        return kernels.randomized_continue(b.bounds, c.look, b.size, self.budget, st)
+
+
+def _counted(values: np.ndarray, counts: np.ndarray, more: np.ndarray):
+    """(distinct values, their counts) of `values` x `counts` and the values `more`."""
+    found, times = np.unique(more, return_counts=True)
+    merged, at = np.unique(np.concatenate([values, found]), return_inverse=True)
+    total = np.zeros(len(merged), dtype=np.int64)
+    np.add.at(total, at, np.concatenate([counts, times]))
+    return merged, total
+
+
+class _Distances:
+    """The exact LRU curve's stack distances (see
+    :func:`~bmoe.analyze.replay.lru_stack_distances`), counted per distinct distance for
+    each (expert size, decode) as the chunks come: the tree is renumbered per chunk, the
+    counts are bounded by the distinct distances."""
+
+    def __init__(self, n_keys: int, key_size: Callable[[int], np.ndarray]) -> None:
+        from bmoe.cache import kernels
+
+        self.state = kernels.distances_state(n_keys, 0)
+        self.n_keys = n_keys
+        self.key_size = key_size
+        self.groups: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray]] = {}
+        self.lookups = self.decode_lookups = self.total_bytes = 0
+
+    def grow(self, n_keys: int) -> None:
+        from bmoe.cache import kernels
+
+        fresh = kernels.distances_state(n_keys, 0)
+        self.state = _grown(self.state, fresh, (1, 2), self.n_keys)
+        self.n_keys = n_keys
+
+    @property
+    def seen_bytes(self) -> int:
+        """The bytes of every key looked up so far."""
+        return int(self.state[3][0])
+
+    def feed(self, c: _Chunk) -> None:
+        from bmoe.cache import kernels
+
+        b = c.batches
+        self.state = kernels.distances_restart(self.state, self.key_size(self.n_keys), len(c.look))
+        dist = kernels.lru_byte_distances_continue(
+            b.bounds, c.look, c.rec, b.repeated, b.size, True, self.state
+        )
+        self.lookups += len(dist)
+        self.decode_lookups += int(b.n_lookups[b.decode].sum())
+        self.total_bytes += int((b.n_lookups * b.size).sum())
+        for size in np.unique(b.size).tolist():
+            for decode in (False, True):
+                pick = (b.size == size) & (b.decode == decode)
+                if not pick.any():
+                    continue
+                d = dist[np.repeat(pick, b.n_lookups)]
+                empty = (np.zeros(0), np.zeros(0, dtype=np.int64))
+                values, counts = self.groups.get((size, decode), empty)
+                self.groups[(size, decode)] = _counted(values, counts, d[np.isfinite(d)])
+
+    def at(self, budgets_mib: Sequence[float] | np.ndarray) -> pd.DataFrame:
+        """:func:`~bmoe.analyze.replay.mrc_at` from the counts (the same figures)."""
+        budget_list = list(budgets_mib)
+        points = np.asarray(budget_list, dtype=np.float64) * MIB
+        at_most = {}
+        for key, (values, counts) in self.groups.items():
+            cum = np.concatenate([[0], np.cumsum(counts)])
+            at_most[key] = cum[np.searchsorted(values, points, side="right")]
+        none = np.zeros(len(points), dtype=np.int64)
+        hits = sum(at_most.values(), none)
+        dec = sum((v for (_, d), v in at_most.items() if d), none)
+        hit_bytes = np.zeros(len(points), dtype=np.float64)
+        for size in sorted({s for s, _ in self.groups}):
+            hit_bytes += float(size) * sum((v for (s, _), v in at_most.items() if s == size), none)
+        n, n_dec = self.lookups, self.decode_lookups
+        return pd.DataFrame(
+            {
+                "budget_mib": budget_list,
+                "hit_pct_cum": 100.0 * hits / n if n else np.full(len(points), np.nan),
+                "hit_pct_decode": 100.0 * dec / n_dec if n_dec else np.full(len(points), np.nan),
+                "read_mib": (float(self.total_bytes) - hit_bytes) / MIB,
+            }
+        )
+
+    def steps(self, expert_set_bytes: int) -> pd.DataFrame:
+        """:func:`~bmoe.analyze.replay.lru_mrc` from the counts (the same figures)."""
+        finite = [values for values, _ in self.groups.values()]
+        points = np.concatenate([[0.0], *finite, [float(expert_set_bytes)]]) / MIB
+        frame = self.at(np.unique(points))
+        frame.insert(2, "miss_pct_cum", 100.0 - frame["hit_pct_cum"])
+        return frame
+
+
+def stream_replay(
+    trace: RouteTrace,
+    blocks: Iterable[pd.DataFrame],
+    budgets_mib: Sequence[float],
+    policies: Sequence[str] = ("lru",),
+    *,
+    mrc: bool = False,
+    seed: int = 0,
+    jobs: int | None = None,
+) -> dict[str, pd.DataFrame]:
+    """The replay views of a trace whose preamble is `trace` (its rows are not read) and
+    whose rows are `blocks`, in file order (e.g. :func:`~bmoe.formats.route.iter_route_rows`):
+    ``curve`` (:func:`~bmoe.analyze.replay.replay_curve`'s rows, same figures) and, with
+    `mrc`, ``mrc_budgets`` and ``mrc`` (:func:`~bmoe.analyze.replay.mrc_at` at the budgets
+    and :func:`~bmoe.analyze.replay.lru_mrc`). `jobs` replays run at once on each block.
+
+    ``layer`` and ``layerlfu`` split the budget by the preamble's ``n_layer`` (else the
+    highest layer with an expert size, plus one). Expert ids at or beyond the preamble's
+    ``n_expert`` are replayed and warned about once (:class:`UserWarning`)."""
     from bmoe.cache import kernels
 
     budgets = check_budgets(budgets_mib)
+    names = check_policies(policies)
+    future = [p for p in names if p not in STREAM_POLICIES]
+    if future:
+        raise BmoeError(f"policy {future[0]!r} needs the future of the trace and cannot stream")
     name = trace.path or "trace"
     sizes = trace.expert_bytes()
     if not sizes:
         raise BmoeError(f"{name}: no expert_bytes in the preamble (a replay cannot price misses)")
     layers = np.array(sorted(sizes), dtype=np.int64)
+    n_parts = len(layers)
     part_of = np.full(int(layers.max()) + 1, -1, dtype=np.int64)
-    part_of[layers] = np.arange(len(layers))
-    n_e = preamble_count(trace.meta, "n_expert") or EXPERT_MASK + 1
-    n_keys = len(layers) * n_e
-    states = [kernels.lru_state(1, n_keys) for _ in budgets]
-    capacity = [round(b * MIB) for b in budgets]
-    lookups = decode_lookups = 0
-    total_bytes = 0
-    hits = np.zeros(len(budgets), dtype=np.int64)
-    decode_hits = np.zeros(len(budgets), dtype=np.int64)
-    hit_bytes = np.zeros(len(budgets), dtype=np.int64)
+    part_of[layers] = np.arange(n_parts)
+    part_bytes = np.array([sizes[x] for x in layers.tolist()], dtype=np.int64)
+    n_declared = preamble_count(trace.meta, "n_expert")
+    n_e = n_declared or 1
+    n_layer = preamble_count(trace.meta, "n_layer") or int(layers.max()) + 1
+    jobs = default_jobs() if jobs is None else int(jobs)
+    if jobs < 1:
+        raise BmoeError(f"jobs must be >= 1, not {jobs}")
+
+    def key_size(n_keys: int) -> np.ndarray:
+        return np.tile(part_bytes, n_keys // n_parts)
+
+    cells = [(budget, p) for budget in budgets for p in names]
+    replays = [
+        _Replay(p, round(budget * MIB), n_parts, n_layer, n_e * n_parts, seed)
+        for budget, p in cells
+    ]
+    distances = _Distances(n_e * n_parts, key_size) if mrc else None
+    lookups = decode_lookups = total_bytes = 0
+    hits = np.zeros(len(cells), dtype=np.int64)
+    decode_hits = np.zeros(len(cells), dtype=np.int64)
+    hit_bytes = np.zeros(len(cells), dtype=np.int64)
+    seen_layers: set[int] = set()
     done = -1  # the last batch group replayed
+    warned = False
+    pool = ThreadPoolExecutor(max_workers=min(jobs, len(replays))) if jobs > 1 else None
 
     def run(rows: pd.DataFrame, groups: np.ndarray) -> None:
-        nonlocal lookups, decode_lookups, total_bytes, done
+        nonlocal lookups, decode_lookups, total_bytes, done, n_e, warned
         if not len(rows):
             return
         if int(groups.min()) <= done:
@@ -77,45 +335,76 @@ def stream_lru_curve(
             )
         done = int(groups.max())
         b = prepare_batches(RouteTrace(trace.path, trace.version, trace.meta, trace.layers, rows))
-        expert = b.key_code & EXPERT_MASK
-        if int(expert.max(initial=0)) >= n_e:
-            raise BmoeError(f"{name}: expert {int(expert.max())} but n_expert={n_e}")
-        to_global = part_of[b.key_code >> EXPERT_BITS] * n_e + expert
-        look = to_global[b.look].astype(np.int32)
-        rec = to_global[b.rec].astype(np.int32)
-        one_part = np.zeros(len(b), dtype=np.int64)
+        c = _Chunk(b, part_of, n_parts)
+        if c.max_expert >= n_e:
+            if n_declared and not warned:
+                warnings.warn(
+                    f"{name}: expert id {c.max_expert} is outside 0..{n_declared - 1} (the "
+                    f"preamble's n_expert={n_declared}); it is replayed, but figures against "
+                    "n_expert (shares of the expert set, its size) do not hold",
+                    stacklevel=3,
+                )
+                warned = True
+            n_e = max(c.max_expert + 1, 2 * n_e)
+            for r in replays:
+                r.grow(n_e * n_parts)
+            if distances is not None:
+                distances.grow(n_e * n_parts)
+        seen_layers.update(np.unique(b.layer).tolist())
         n = b.n_lookups
         lookups += int(n.sum())
         decode_lookups += int(n[b.decode].sum())
         total_bytes += int((n * b.size).sum())
-        for i, state in enumerate(states):
-            h = kernels.lru_continue(
-                b.bounds, look, rec, b.repeated, b.size, one_part, capacity[i], state
-            )
-            hits[i] += int(h.sum())
-            decode_hits[i] += int(h[b.decode].sum())
-            hit_bytes[i] += int((h * b.size).sum())
+        if distances is not None:
+            distances.feed(c)
 
-    carry: pd.DataFrame | None = None
-    for block in blocks:
-        rows = block if carry is None else pd.concat([carry, block], ignore_index=True)
-        if not len(rows):
-            continue
-        groups = _groups(rows)
-        last = groups == groups[-1]
-        run(rows[~last], groups[~last])
-        carry = rows[last]
-    if carry is not None:
-        run(carry, _groups(carry))
+        def one(i: int) -> tuple[int, int, int]:
+            h = replays[i].feed(c)
+            out = int(h.sum()), int(h[b.decode].sum()), int((h * b.size).sum())
+            if pool is not None:
+                kernels.release_heap()
+            return out
+
+        found = pool.map(one, range(len(replays))) if pool else map(one, range(len(replays)))
+        for i, (h, hd, hb) in enumerate(found):
+            hits[i] += h
+            decode_hits[i] += hd
+            hit_bytes[i] += hb
+
+    try:
+        carry: pd.DataFrame | None = None
+        for block in blocks:
+            rows = block if carry is None else pd.concat([carry, block], ignore_index=True)
+            if not len(rows):
+                continue
+            groups = _groups(rows)
+            last = groups == groups[-1]
+            run(rows[~last], groups[~last])
+            carry = rows[last]
+        if carry is not None:
+            run(carry, _groups(carry))
+    finally:
+        if pool is not None:
+            pool.shutdown()
     if not lookups:
         raise BmoeError(f"{name}: no routing rows to replay")
-    return pd.DataFrame(
-        {
-            "budget_mib": budgets,
-            "policy": "lru",
-            "hit_pct_cum": 100.0 * hits / lookups,
-            "hit_pct_decode": 100.0 * decode_hits / decode_lookups if decode_lookups else np.nan,
-            "read_mib": (total_bytes - hit_bytes) / MIB,
-        },
-        columns=list(CURVE_COLUMNS),
-    )
+    views = {
+        "curve": pd.DataFrame(
+            {
+                "budget_mib": [budget for budget, _ in cells],
+                "policy": [p for _, p in cells],
+                "hit_pct_cum": 100.0 * hits / lookups,
+                "hit_pct_decode": 100.0 * decode_hits / decode_lookups
+                if decode_lookups
+                else np.nan,
+                "read_mib": (total_bytes - hit_bytes) / MIB,
+            },
+            columns=list(CURVE_COLUMNS),
+        )
+    }
+    if distances is not None:
+        seen = distances.seen_bytes
+        expert_set = sum(sizes[x] for x in seen_layers) * n_declared if n_declared else seen
+        views["mrc_budgets"] = distances.at(budgets)
+        views["mrc"] = distances.steps(max(expert_set, seen))
+    return views

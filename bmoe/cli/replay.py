@@ -85,7 +85,7 @@ def analyze_replay(
         None,
         "--policies",
         help=f"Policies, comma-separated, from: {', '.join(POLICIES)} (default: "
-        f"{','.join(REFERENCE_POLICIES)}; lru with --stream).",
+        f"{','.join(REFERENCE_POLICIES)}; without belady with --stream).",
     ),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
     validate: float | None = typer.Option(
@@ -133,8 +133,9 @@ def analyze_replay(
     stream: bool = typer.Option(
         False,
         "--stream",
-        help="Read a CSV trace block by block in constant memory (traces larger than RAM): "
-        "the LRU curve only (no other policy, --turn, --validate, --mrc, --prefetch, --plot).",
+        help="Read the trace (CSV or Parquet) block by block in constant memory (traces larger "
+        "than RAM): every policy but belady (the default set without it), --mrc, --turn; not "
+        "--validate, --prefetch or --plot.",
     ),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
@@ -144,21 +145,25 @@ def analyze_replay(
     Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
     Example: bmoe analyze replay big.route.parquet --jobs 1
     Example: bmoe analyze replay huge.route.csv --stream --budgets 1000,2000,4000
+    Example: bmoe analyze replay huge.route.parquet --stream --policies lru,arc --mrc -f csv
     """
     check_format(fmt)
     budget_list = (
         replay_analysis.check_budgets(parse_numbers(budgets, "--budgets")) if budgets else None
     )
     if policies is None:
-        policies = "lru" if stream else ",".join(REFERENCE_POLICIES)
+        default = [p for p in REFERENCE_POLICIES if not stream or p != "belady"]
+        policies = ",".join(default)
     names = replay_analysis.check_policies(policies.split(","))
     if stream:
-        asked = {"--turn": turn is not None, "--validate": validate is not None, "--mrc": mrc}
-        asked |= {"--prefetch": prefetch is not None, "--plot": plot is not None}
-        if names != ["lru"] or any(asked.values()):
-            extra = [o for o, on in asked.items() if on] or ["--policies " + policies]
-            raise BmoeError(f"--stream replays the LRU curve only, not with {extra[0]}")
-        _stream_curve(trace_path, budget_list, fmt, csv_out)
+        asked = {"--validate": validate is not None, "--prefetch": prefetch is not None}
+        asked |= {"--plot": plot is not None, "--metrics": metrics is not None}
+        extra = [o for o, on in asked.items() if on]
+        if extra:
+            raise BmoeError(f"--stream does not go with {extra[0]} (it needs the whole trace)")
+        if csv_out is not None:
+            check_output(csv_out, [trace_path], force=force)
+        _stream_replay(trace_path, budget_list, names, turn, mrc, seed, jobs, fmt, csv_out)
         return
     inputs = [trace_path] + ([metrics] if metrics is not None else [])
     also = (_mrc_path(plot),) if plot is not None and mrc else ()
@@ -239,28 +244,64 @@ def analyze_replay(
 STREAM_BLOCK_ROWS = 1 << 18
 
 
-def _stream_curve(
-    trace_path: Path, budget_list: list[float] | None, fmt: str, csv_out: Path | None
+def _stream_replay(
+    trace_path: Path,
+    budget_list: list[float] | None,
+    names: list[str],
+    turn: int | None,
+    mrc: bool,
+    seed: int,
+    jobs: int | None,
+    fmt: str,
+    csv_out: Path | None,
 ) -> None:
-    from bmoe.analyze.replay_stream import stream_lru_curve
-    from bmoe.formats.parquet import is_parquet
+    from bmoe.analyze.replay_stream import STREAM_POLICIES, stream_replay
     from bmoe.formats.route import iter_route_rows, read_route_preamble
     from bmoe.render import replay as text
 
-    if is_parquet(trace_path):
-        raise BmoeError(f"{trace_path}: --stream reads CSV traces (bmoe convert --to csv)")
-    preamble = read_route_preamble(trace_path)
+    future = [p for p in names if p not in STREAM_POLICIES]
+    if future:
+        raise BmoeError(f"--stream cannot replay {future[0]} (it needs the trace's future)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        preamble = read_route_preamble(trace_path)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(preamble)
-    with err_console.status("replaying block by block"):
-        blocks = iter_route_rows(trace_path, STREAM_BLOCK_ROWS)
-        curve = stream_lru_curve(preamble, blocks, budget_list)
-    out = render({"curve": curve}, fmt, console, text.DIGITS)
-    console.out(out or "", end="")
+    blocks = iter_route_rows(trace_path, STREAM_BLOCK_ROWS, replay_analysis.REPLAY_COLUMNS)
+    if turn is not None:
+        blocks = (b[b["turn"] == turn] if "turn" in b else b.iloc[: len(b) * (turn == 0)]
+                  for b in blocks)  # fmt: skip
+    with (
+        warnings.catch_warnings(record=True) as also,
+        err_console.status(literal("replaying block by block")),
+    ):
+        warnings.simplefilter("always")
+        try:
+            views = stream_replay(
+                preamble, blocks, budget_list, names, mrc=mrc, seed=seed, jobs=jobs
+            )
+        except BmoeError as exc:
+            if turn is not None and "no routing rows" in str(exc):
+                raise BmoeError(f"{trace_path}: no turn {turn}") from None
+            raise
+    for w in [*caught, *also]:
+        err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
+    if fmt != "table":
+        console.out(render(views, fmt, console, text.DIGITS) or "", end="")
+    else:
+        shown = {k: v for k, v in views.items() if k != "mrc"}
+        console.out(render(shown, fmt, console, text.DIGITS) or "", end="")
+        if "mrc" in views:
+            console.out(
+                f"exact LRU curve: {len(views['mrc'])} budget steps from 0 to "
+                f"{views['mrc']['budget_mib'].iloc[-1]:.0f} MiB (the whole expert set); "
+                "--format csv/json lists them",
+                highlight=False,
+            )
     if csv_out is not None:
         csv_out.parent.mkdir(parents=True, exist_ok=True)
-        csv_out.write_text(text.curve_csv(curve), encoding="utf-8")
-        err_console.print(f"wrote {csv_out}", highlight=False)
+        csv_out.write_text(text.curve_csv(views["curve"]), encoding="utf-8")
+        err_console.print(literal(f"wrote {csv_out}"), highlight=False)
 
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:
