@@ -127,18 +127,17 @@ class _Replay:
         self.n_keys = n_keys
 
     def _lfu_room(self, c: _Chunk) -> None:
-        """Count lists for every count this chunk can reach: a key's count grows by at most
-        one per batch of its layer."""
+        """Count lists for every count this chunk can reach (a key's count grows by at most
+        one per batch of its layer): when some part lacks them, every part gets twice the
+        most any part needs, so the lists are laid out again only a logarithmic number of
+        times. They take 8 bytes per count and part: memory grows with the lookups of the
+        most looked-up expert (not constant, unlike every other policy)."""
         from bmoe.cache import kernels
 
         counts = self.state[0].reshape(-1, self.n_parts).max(axis=0)
-        need = counts + np.bincount(c.part, minlength=self.n_parts) + 1
-        if self.parts == 1:
-            need = need.max(keepdims=True)
-        if (need > self.levels).any():
-            self.levels = np.where(
-                need > self.levels, np.maximum(need, 2 * self.levels), self.levels
-            )
+        need = int((counts + np.bincount(c.part, minlength=self.n_parts)).max()) + 1
+        if need > int(self.levels[0]):
+            self.levels = np.full(self.parts, max(need, 2 * int(self.levels[0])), dtype=np.int64)
             self.state = kernels.lfu_levels(self.state, self.levels)
 
     def feed(self, c: _Chunk) -> np.ndarray:
