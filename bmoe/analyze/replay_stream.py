@@ -86,7 +86,7 @@ class _Replay:
     #: per kernel: the indices of its state's per-key arrays (widened when new ids appear)
     PER_KEY: ClassVar[dict[str, tuple[int, ...]]] = {
         "lru": (0, 1, 2, 3),
-        "lfu": (0, 1, 2, 3, 4, 5),
+        "lfu": (0, 1, 2, 3, 6),  # and its heaps, part by part
         "lfuda": (0, 1, 2, 3, 4, 5, 6, 7),
         "arc": (0, 1, 2, 3, 4),
         "s3fifo": (0, 1, 2, 3, 4, 5, 8),
@@ -105,7 +105,6 @@ class _Replay:
         self.kind = {"layer": "lru", "layerlfu": "lfu", "lfu-incache": "lfu"}.get(policy, policy)
         self.capacity = budget // n_layer if policy in ("layer", "layerlfu") else budget
         self.parts = n_parts if policy in ("layer", "layerlfu") else 1
-        self.levels = np.ones(self.parts, dtype=np.int64)
         if policy == "random":
             self.mt = kernels.mt_state(seed)
         self.state = self._fresh(n_keys)
@@ -116,29 +115,36 @@ class _Replay:
         if self.kind == "lru":
             return kernels.lru_state(self.parts, n_keys)
         if self.kind == "lfu":
-            return kernels.lfu_state(self.levels, n_keys)
+            return kernels.lfu_heap_state(self.parts, n_keys)
         if self.kind == "random":
             return kernels.random_state(n_keys, *self.mt)
         return getattr(kernels, f"{self.kind}_state")(n_keys)
 
     def grow(self, n_keys: int) -> None:
         fresh = self._fresh(n_keys)
-        self.state = _grown(self.state, fresh, self.PER_KEY[self.kind], self.n_keys)
+        old = self.state
+        self.state = _grown(old, fresh, self.PER_KEY[self.kind], self.n_keys)
+        if self.kind == "lfu":  # each part's heap moves to its new slots
+            hv, hk, base, count = old[4], old[5], old[7], old[8]
+            new_base = fresh[7]
+            for j in range(len(base)):
+                at, to, n = int(base[j]), int(new_base[j]), int(count[j])
+                fresh[4][to : to + n] = hv[at : at + n]
+                fresh[5][to : to + n] = hk[at : at + n]
+            self.state = (*self.state[:4], fresh[4], fresh[5], self.state[6], new_base,
+                          *self.state[8:])  # fmt: skip
         self.n_keys = n_keys
 
-    def _lfu_room(self, c: _Chunk) -> None:
-        """Count lists for every count this chunk can reach (a key's count grows by at most
-        one per batch of its layer): when some part lacks them, every part gets twice the
-        most any part needs, so the lists are laid out again only a logarithmic number of
-        times. They take 8 bytes per count and part: memory grows with the lookups of the
-        most looked-up expert (not constant, unlike every other policy)."""
+    def _restamp(self, held_keys: int, priority: np.ndarray, c: _Chunk, restamp) -> int:
+        """Renumber the touch stamps below the heap priorities for chunk `c`; the shift the
+        priorities are packed with: the bits of the keys held and the chunk's lookups."""
         from bmoe.cache import kernels
 
-        counts = self.state[0].reshape(-1, self.n_parts).max(axis=0)
-        need = int((counts + np.bincount(c.part, minlength=self.n_parts)).max()) + 1
-        if need > int(self.levels[0]):
-            self.levels = np.full(self.parts, max(need, 2 * int(self.levels[0])), dtype=np.int64)
-            self.state = kernels.lfu_levels(self.state, self.levels)
+        shift = kernels.counter_bits(held_keys + len(c.look))
+        if int(priority.max(initial=0)) + len(c.look) >= 1 << (62 - shift):
+            raise BmoeError(f"{self.policy} priorities outgrew 62 bits; replay fewer rows")
+        restamp(self.state, shift)
+        return shift
 
     def feed(self, c: _Chunk) -> np.ndarray:
         """Hits per batch of `c`, the cache left as after it."""
@@ -151,16 +157,13 @@ class _Replay:
                 b.bounds, c.look, c.rec, b.repeated, b.size, part, self.capacity, st
             )
         if self.kind == "lfu":
-            self._lfu_room(c)
-            return kernels.lfu_continue(
+            shift = self._restamp(int(st[8].sum()), st[0], c, kernels.lfu_heap_restamp)
+            return kernels.lfu_heap_continue(
                 b.bounds, c.look, c.rec, b.repeated, b.size, part, self.capacity,
-                self.policy != "lfu-incache", self.state,
+                self.policy != "lfu-incache", shift, st,
             )  # fmt: skip
         if self.kind == "lfuda":
-            shift = kernels.counter_bits(int(st[9][0]) + len(c.look))
-            if int(st[1].max(initial=0)) + len(c.look) >= 1 << (62 - shift):
-                raise BmoeError("lfuda priorities outgrew 62 bits; replay fewer rows")
-            kernels.lfuda_restamp(st, shift)
+            shift = self._restamp(int(st[9][0]), st[1], c, kernels.lfuda_restamp)
             return kernels.lfuda_continue(
                 b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, shift, st
             )

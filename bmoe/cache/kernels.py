@@ -271,17 +271,15 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
     tail of their new count's list afterwards (in touch order: theirs are the newest
     touches), so a list's head is its least recent key and the lowest non-empty list's
     head is the victim. Without `keep_counts` a victim's count restarts (``lfu-incache``)."""
-    state = lfu_state(part_batches + 1, n_keys)
-    return lfu_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts, state)
-
-
-@njit(**_OPTS)
-def lfu_state(levels, n_keys):
-    """An empty LFU cache of `n_keys` key ids whose part ``j`` has count lists for the
-    counts ``0 .. levels[j] - 1`` (a count is at most the part's batches so far), for
-    :func:`lfu_continue`: (counts, resident, ksize, inb, nxt, prv, cbase, wbase, n_words,
-    head, tail, bits, low, held). :func:`lfu_levels` gives more lists to a state."""
-    n_parts = len(levels)
+    n_b = len(bounds) - 1
+    n_parts = len(part_batches)
+    hits = np.zeros(n_b, dtype=np.int64)
+    counts = np.zeros(n_keys, dtype=np.int64)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    inb = np.full(n_keys, -1, dtype=np.int64)  # the key's count list, -1 if in none
+    nxt = np.full(n_keys, -1, dtype=np.int32)
+    prv = np.full(n_keys, -1, dtype=np.int32)
     cbase = np.zeros(n_parts, dtype=np.int64)  # part j's count-c list is cbase[j] + c
     wbase = np.zeros(n_parts, dtype=np.int64)  # part j's bitmap words start here
     n_words = np.zeros(n_parts, dtype=np.int64)
@@ -289,56 +287,15 @@ def lfu_state(levels, n_keys):
     total_words = 0
     for j in range(n_parts):
         cbase[j] = total_lists
-        total_lists += levels[j]
+        total_lists += part_batches[j] + 1
         wbase[j] = total_words
-        n_words[j] = levels[j] // 63 + 1
+        n_words[j] = (part_batches[j] + 1) // 63 + 1
         total_words += n_words[j]
-    return (
-        np.zeros(n_keys, dtype=np.int64),  # counts
-        np.zeros(n_keys, dtype=np.bool_),  # resident
-        np.zeros(n_keys, dtype=np.int64),  # ksize
-        np.full(n_keys, -1, dtype=np.int64),  # inb: the count of the key's list, -1 if in none
-        np.full(n_keys, -1, dtype=np.int32),  # nxt
-        np.full(n_keys, -1, dtype=np.int32),  # prv
-        cbase,
-        wbase,
-        n_words,
-        np.full(total_lists, -1, dtype=np.int32),  # head
-        np.full(total_lists, -1, dtype=np.int32),  # tail
-        np.zeros(total_words, dtype=np.int64),  # bits
-        np.zeros(n_parts, dtype=np.int64),  # low: no non-empty list of part j below low[j]
-        np.zeros(n_parts, dtype=np.int64),  # held
-    )
-
-
-@njit(**_OPTS)
-def lfu_levels(state, levels):
-    """`state` (:func:`lfu_state`) with count lists for the counts ``0 .. levels[j] - 1``
-    of each part ``j`` (at least as many as it has), its keys and lists kept."""
-    out = lfu_state(levels, len(state[0]))
-    cbase, wbase, n_words, head, tail, bits = state[6:12]
-    ncbase, nwbase, _, nhead, ntail, nbits = out[6:12]
-    n_parts = len(cbase)
-    for j in range(n_parts):
-        n = (cbase[j + 1] if j + 1 < n_parts else len(head)) - cbase[j]
-        for c in range(n):
-            nhead[ncbase[j] + c] = head[cbase[j] + c]
-            ntail[ncbase[j] + c] = tail[cbase[j] + c]
-        for w in range(n_words[j]):
-            nbits[nwbase[j] + w] = bits[wbase[j] + w]
-    return state[:6] + out[6:12] + state[12:]
-
-
-@njit(**_OPTS)
-def lfu_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts, state):
-    """:func:`lfu` from the cache `state` (:func:`lfu_state`, updated in place, with a
-    count list for every count these batches can reach): batches given chunk by chunk
-    replay as if given at once."""
-    counts, resident, ksize, inb, nxt, prv, cbase, wbase, n_words, head, tail, bits, low, held = (
-        state
-    )
-    n_b = len(bounds) - 1
-    hits = np.zeros(n_b, dtype=np.int64)
+    head = np.full(total_lists, -1, dtype=np.int32)
+    tail = np.full(total_lists, -1, dtype=np.int32)
+    bits = np.zeros(total_words, dtype=np.int64)
+    low = np.zeros(n_parts, dtype=np.int64)  # no non-empty list of part j below low[j]
+    held = np.zeros(n_parts, dtype=np.int64)
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -349,11 +306,11 @@ def lfu_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts,
             counts[k] += 1
             if resident[k]:
                 h += 1
-                c = inb[k]
-                lst = cbase[j] + c
+                lst = inb[k]
                 _unlink(k, lst, head, tail, nxt, prv)
                 inb[k] = -1
                 if head[lst] < 0:
+                    c = lst - cbase[j]
                     bits[wbase[j] + c // 63] &= ~(np.int64(1) << (c % 63))
             else:
                 resident[k] = True
@@ -386,11 +343,106 @@ def lfu_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts,
             c = counts[k]
             lst = cbase[j] + c
             _append(k, lst, head, tail, nxt, prv)
-            inb[k] = c
+            inb[k] = lst
             bits[wbase[j] + c // 63] |= np.int64(1) << (c % 63)
             if c < low[j]:
                 low[j] = c
     return hits
+
+
+@njit(**_OPTS)
+def lfu_heap_state(n_parts, n_keys):
+    """An empty LFU cache of `n_keys` key ids in `n_parts` parts (part ``j`` holds the ids
+    ``j, j + n_parts, ...``), for :func:`lfu_heap_continue`: (counts, resident, ksize, stamp,
+    hv, hk, hpos, base, hcount, held, scalars = [clock])."""
+    per_part = n_keys // n_parts
+    return (
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.arange(n_parts).astype(np.int64) * per_part,
+        np.zeros(n_parts, dtype=np.int64),
+        np.zeros(n_parts, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def lfu_heap_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts, shift, state):
+    """:func:`lfu` over a heap of (count, last touch) per part instead of count lists, from
+    `state` (:func:`lfu_heap_state`, updated in place, priorities packed with `shift`): the
+    same victims, in memory bounded by the keys whatever the counts reach, for replays that
+    go on chunk after chunk (the count lists take a slot per count)."""
+    counts, resident, ksize, stamp, hv, hk, hpos, base, hcount, held, scalars = state
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    clock = scalars[0]
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        j = part[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            counts[k] += 1
+            if resident[k]:
+                h += 1
+                _heap_remove(k, j, hv, hk, hpos, base, hcount)
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held[j] += sz
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            clock += 1
+            stamp[order[i]] = clock
+        hits[b] = h
+        while held[j] > capacity and hcount[j] > 0:
+            k = _heap_pop(j, hv, hk, hpos, base, hcount)
+            resident[k] = False
+            held[j] -= ksize[k]
+            if not keep_counts:
+                counts[k] = 0
+        for i in range(s, e):
+            k = look[i]
+            _heap_push(k, (counts[k] << shift) | stamp[k], j, hv, hk, hpos, base, hcount)
+    scalars[0] = clock
+    return hits
+
+
+@njit(**_OPTS)
+def lfu_heap_restamp(state, shift):
+    """Renumber the touch stamps of the keys in `state`'s heaps 1..m in their order and pack
+    the priorities with `shift` (each heap's order unchanged): between chunks, so the stamps
+    stay bounded by the keys and the next chunk's lookups."""
+    counts, stamp, hv, hk, base, hcount, scalars = (
+        state[0],
+        state[3],
+        state[4],
+        state[5],
+        state[7],
+        state[8],
+        state[10],
+    )
+    m = hcount.sum()
+    keys = np.empty(m, dtype=np.int64)
+    n = 0
+    for j in range(len(base)):
+        for i in range(hcount[j]):
+            keys[n] = hk[base[j] + i]
+            n += 1
+    order = np.argsort(stamp[keys])
+    for r in range(m):
+        stamp[keys[order[r]]] = r + 1
+    for j in range(len(base)):
+        for i in range(hcount[j]):
+            k = hk[base[j] + i]
+            hv[base[j] + i] = (counts[k] << shift) | stamp[k]
+    scalars[0] = m
 
 
 # ----------------------------------------------------------------------------- belady
