@@ -2,12 +2,13 @@
 ``--rows`` (default 5 M and 20 M rows) is written block by block as CSV (and with
 ``--parquet`` as Parquet), then ``bmoe analyze replay FILE --stream`` runs in a child process
 per policy (every policy that streams, ``--jobs 1``, at ``--budgets``) and once with
-``--mrc``: CPU per row, peak RSS, and the peak at the largest size over the peak at the
+``--mrc`` (with ``--route`` also ``bmoe analyze route FILE --stream``, the route views in
+passes): CPU per row, peak RSS, and the peak at the largest size over the peak at the
 smallest (flat = constant memory). First, at ``--check-rows`` (default 1 M), the streamed
 views are compared with the whole-trace replay's (curve and exact LRU curve, every policy)
 and both peaks are printed.
 
-    python benchmarks/bench_stream.py [--rows 5e6,20e6] [--parquet] [--policies lru,arc]
+    python benchmarks/bench_stream.py [--rows 5e6,20e6] [--parquet] [--route] [--policies lru,arc]
 
 Target: constant memory in the trace's length (the peak follows the block size), the same
 figures as the whole-trace replay.
@@ -121,6 +122,11 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(STREAM_POLICIES))
     ap.add_argument("--budgets", default="500,2000,6000", help="MiB, comma-separated")
     ap.add_argument("--parquet", action="store_true", help="also replay the Parquet form (lru)")
+    ap.add_argument(
+        "--route",
+        action="store_true",
+        help="also the route views in passes (analyze route --stream)",
+    )
     ap.add_argument("--check-rows", type=float, default=1e6, help="0: no check")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default a tmp dir)")
     args = ap.parse_args()
@@ -147,15 +153,24 @@ def main() -> None:
             todo = [("", label, extra) for label, extra in runs.items()]
             if pq_path:
                 todo.append(("parquet ", "lru", ["--policies", "lru"]))
+            if args.route:
+                todo += [(form, "route views", []) for form in inputs]
             for form, label, extra in todo:
-                argv = ["analyze", "replay", str(inputs[form]), "--stream", "--jobs", "1"]
-                wall, cpu, peak = child(*argv, "--budgets", args.budgets, *extra)
+                if label == "route views":
+                    wall, cpu, peak = child("analyze", "route", str(inputs[form]), "--stream")
+                else:
+                    argv = ["analyze", "replay", str(inputs[form]), "--stream", "--jobs", "1"]
+                    wall, cpu, peak = child(*argv, "--budgets", args.budgets, *extra)
                 peaks.setdefault(form + label, {})[rows] = peak
                 cpus.setdefault(form + label, {})[rows] = cpu
+                per_budget = (
+                    ""
+                    if label == "route views"
+                    else (f" ({1e9 * cpu / rows / n_budgets:4.0f} per row and budget)")
+                )
                 print(
-                    f"    {form + label:<14} {cpu:7.1f} CPU-s {wall:7.1f} s wall "
-                    f"{1e9 * cpu / rows:6.0f} ns/row ({1e9 * cpu / rows / n_budgets:4.0f} per "
-                    f"row and budget)  peak {peak:5.0f} MiB"
+                    f"    {form + label:<19} {cpu:7.1f} CPU-s {wall:7.1f} s wall "
+                    f"{1e9 * cpu / rows:6.0f} ns/row{per_budget}  peak {peak:5.0f} MiB"
                 )
             for p in inputs.values():
                 p.unlink()
@@ -168,7 +183,7 @@ def main() -> None:
         for label, by in peaks.items():
             per_row = 1e9 * (cpus[label][hi] - cpus[label][lo]) / (hi - lo)
             print(
-                f"    {label:<14} {by[hi] / by[lo]:.2f} ({by[lo]:.0f} -> {by[hi]:.0f} MiB)  "
+                f"    {label:<19} {by[hi] / by[lo]:.2f} ({by[lo]:.0f} -> {by[hi]:.0f} MiB)  "
                 f"{per_row:5.0f} ns/row"
             )
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")

@@ -289,9 +289,15 @@ def _stream_replay(
     if fmt != "table":
         console.out(render(views, fmt, console, text.DIGITS) or "", end="")
     else:
-        shown = {k: v for k, v in views.items() if k != "mrc"}
-        console.out(render(shown, fmt, console, text.DIGITS) or "", end="")
+        from bmoe.render.tables import rich_tables
+
+        k = preamble.n_expert_used
+        t_mib = sum(preamble.expert_bytes().values()) * k / replay_analysis.MIB if k else None
+        console.out(text.curve_table_text(views["curve"], t_mib), highlight=False, end="")
         if "mrc" in views:
+            said = "exact LRU (stack distances) at the chosen budgets"
+            for table in rich_tables({said: views["mrc_budgets"]}, text.DIGITS):
+                console.print(table)
             console.out(
                 f"exact LRU curve: {len(views['mrc'])} budget steps from 0 to "
                 f"{views['mrc']['budget_mib'].iloc[-1]:.0f} MiB (the whole expert set); "
