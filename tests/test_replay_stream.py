@@ -87,7 +87,6 @@ def test_random_traces_in_random_blocks_replay_as_a_whole(turn_list, lengths, se
     assert_same_views(streamed, whole_views(trace, budgets, STREAM_POLICIES, seed))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("block", [997, 1 << 30])
 def test_gemma_in_blocks_is_the_whole_replay(corpus: Path, block: int) -> None:
     trace = read_route_trace(corpus / "route-trace/gemma.route.csv")
