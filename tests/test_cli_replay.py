@@ -234,3 +234,21 @@ def test_stream_refuses_what_it_cannot_do(corpus: Path, capsys, extra, said) -> 
     code, _, err = run(capsys, "replay", str(path), "--stream", *extra)
     assert code == 2
     assert said in err
+
+
+def test_stream_warns_once_about_ids_beyond_n_expert(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "beyond.route.csv"
+    path.write_text(
+        "# route_trace v1\n# model=m n_layer=1 n_expert=4 n_expert_used=2\n"
+        "# layer=0 expert_bytes=1048576 dense_bytes=0\n"
+        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped\n"
+        "0,1,0,0,0,1,0.5,0,0,0\n0,1,0,0,1,6,0.5,0,0,0\n0,1,1,0,0,6,0.5,0,0,0\n"
+        "0,1,2,0,0,9,0.5,0,0,0\n0,1,3,0,0,1,0.5,0,0,0\n"
+    )
+    asked = ["--budgets", "1,2", "--policies", "lru,lfu", "-f", "json"]
+    code, out, err = run(capsys, "replay", path, "--stream", *asked)
+    assert code == 0
+    assert err.count("outside 0..3") == 1 and "expert id 6" in err
+    streamed = json.loads(out)["curve"]
+    code, out, _ = run(capsys, "replay", path, *asked)
+    assert streamed == json.loads(out)["curve"]

@@ -67,7 +67,8 @@ class _Chunk:
         self.rec = to_global[b.rec].astype(np.int32)
         self.part = part_of[b.layer].astype(np.int64)
         self.one_part = np.zeros(len(b), dtype=np.int64)
-        self.max_expert = int((code[b.look] & EXPERT_MASK).max(initial=0))
+        self.experts = code[b.look] & EXPERT_MASK  # per lookup, in replay order
+        self.max_expert = int(self.experts.max(initial=0))
 
 
 def _grown(state: tuple, fresh: tuple, per_key: Sequence[int], old: int) -> tuple:
@@ -340,8 +341,9 @@ def stream_replay(
         c = _Chunk(b, part_of, n_parts)
         if c.max_expert >= n_e:
             if n_declared and not warned:
+                first = int(c.experts[c.experts >= n_declared][0])
                 warnings.warn(
-                    f"{name}: expert id {c.max_expert} is outside 0..{n_declared - 1} (the "
+                    f"{name}: expert id {first} is outside 0..{n_declared - 1} (the "
                     f"preamble's n_expert={n_declared}); it is replayed, but figures against "
                     "n_expert (shares of the expert set, its size) do not hold",
                     stacklevel=3,
