@@ -226,7 +226,7 @@ def test_stream_of_one_turn_is_that_turn(capsys, tmp_path: Path) -> None:
         (["--policies", "lru,belady"], "--stream cannot replay belady"),
         (["--validate", "3"], "--stream does not go with --validate"),
         (["--prefetch", "1"], "--stream does not go with --prefetch"),
-        (["--plot", "x.png"], "--stream does not go with --plot"),
+        (["--metrics", "m.csv"], "--stream does not go with --metrics"),
     ],
 )
 def test_stream_refuses_what_it_cannot_do(corpus: Path, capsys, extra, said) -> None:
@@ -234,6 +234,19 @@ def test_stream_refuses_what_it_cannot_do(corpus: Path, capsys, extra, said) -> 
     code, _, err = run(capsys, "replay", str(path), "--stream", *extra)
     assert code == 2
     assert said in err
+
+
+def test_stream_draws_the_curve_and_the_exact_lru_curve(corpus: Path, capsys, tmp_path) -> None:
+    png = tmp_path / "curve.png"
+    code, _, err = run(
+        capsys, "replay", corpus / TINY_PF, "--stream", "--budgets", "1,2,3", "--policies",
+        "lru,lfu", "--mrc", "--plot", png,
+    )  # fmt: skip
+    assert code == 0, err
+    assert png.stat().st_size > 10_000
+    assert (tmp_path / "curve.mrc.png").stat().st_size > 10_000
+    code, _, err = run(capsys, "replay", corpus / TINY_PF, "--stream", "--mrc", "--plot", png)
+    assert code == 2 and "exists" in err
 
 
 def test_stream_warns_once_about_ids_beyond_n_expert(capsys, tmp_path: Path) -> None:

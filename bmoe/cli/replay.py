@@ -134,8 +134,8 @@ def analyze_replay(
         False,
         "--stream",
         help="Read the trace (CSV or Parquet) block by block in constant memory (traces larger "
-        "than RAM): every policy but belady (the default set without it), --mrc, --turn; not "
-        "--validate, --prefetch or --plot.",
+        "than RAM): every policy but belady (the default set without it), --mrc, --turn, --plot; "
+        "not --validate, --metrics or --prefetch.",
     ),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
@@ -157,13 +157,14 @@ def analyze_replay(
     names = replay_analysis.check_policies(policies.split(","))
     if stream:
         asked = {"--validate": validate is not None, "--prefetch": prefetch is not None}
-        asked |= {"--plot": plot is not None, "--metrics": metrics is not None}
+        asked |= {"--metrics": metrics is not None}
         extra = [o for o, on in asked.items() if on]
         if extra:
             raise BmoeError(f"--stream does not go with {extra[0]} (it needs the whole trace)")
+        check_plot(plot, [trace_path], force=force, also=(_mrc_path(plot),) if plot and mrc else ())
         if csv_out is not None:
             check_output(csv_out, [trace_path], force=force)
-        _stream_replay(trace_path, budget_list, names, turn, mrc, seed, jobs, fmt, csv_out)
+        _stream_replay(trace_path, budget_list, names, turn, mrc, seed, jobs, fmt, csv_out, plot)
         return
     inputs = [trace_path] + ([metrics] if metrics is not None else [])
     also = (_mrc_path(plot),) if plot is not None and mrc else ()
@@ -254,6 +255,7 @@ def _stream_replay(
     jobs: int | None,
     fmt: str,
     csv_out: Path | None,
+    plot: Path | None,
 ) -> None:
     from bmoe.analyze.replay_stream import STREAM_POLICIES, stream_replay
     from bmoe.formats.route import iter_route_rows, read_route_preamble
@@ -286,13 +288,13 @@ def _stream_replay(
             raise
     for w in [*caught, *also]:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
+    k = preamble.n_expert_used
+    t_mib = sum(preamble.expert_bytes().values()) * k / replay_analysis.MIB if k else None
     if fmt != "table":
         console.out(render(views, fmt, console, text.DIGITS) or "", end="")
     else:
         from bmoe.render.tables import rich_tables
 
-        k = preamble.n_expert_used
-        t_mib = sum(preamble.expert_bytes().values()) * k / replay_analysis.MIB if k else None
         console.out(text.curve_table_text(views["curve"], t_mib), highlight=False, end="")
         if "mrc" in views:
             said = "exact LRU (stack distances) at the chosen budgets"
@@ -308,6 +310,8 @@ def _stream_replay(
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         csv_out.write_text(text.curve_csv(views["curve"]), encoding="utf-8")
         err_console.print(literal(f"wrote {csv_out}"), highlight=False)
+    if plot is not None:
+        _plot({**views, "shape": {"t_mib": t_mib}}, plot, None)
 
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:
