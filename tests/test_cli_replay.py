@@ -165,8 +165,7 @@ def test_stream_prints_the_curve_of_the_whole_read(corpus: Path, capsys, tmp_pat
     code, out, _ = run(capsys, "replay", str(path), "--stream", "-f", "json")
     assert code == 0
     trace = read_route_trace(path)
-    no_future = [p for p in rp.REFERENCE_POLICIES if p != "belady"]
-    whole = rp.replay_curve(trace, rp.default_budgets(trace), no_future)
+    whole = rp.replay_curve(trace, rp.default_budgets(trace), rp.REFERENCE_POLICIES)
     pd.testing.assert_frame_equal(pd.DataFrame(json.loads(out)["curve"]), whole, check_dtype=False)
     code, _, _ = run(
         capsys, "replay", str(path), "--stream", "--policies", "lru", "--budgets", "1000,2000",
@@ -187,7 +186,7 @@ def test_stream_of_the_parquet_form_gives_the_whole_replay_and_mrc(
 
     path = corpus / "route-trace/gemma.route.csv"
     pq_path = write_table(read_route_trace(path), "route", tmp_path / "gemma.route.parquet")
-    asked = ["--policies", "lru,arc,s3fifo,lfuda", "--mrc", "--budgets", "100,400,1600", "-f"]
+    asked = ["--policies", "lru,arc,belady,lfuda", "--mrc", "--budgets", "100,400,1600", "-f"]
     code, out, _ = run(capsys, "replay", str(pq_path), "--stream", *asked, "json")
     assert code == 0
     streamed = json.loads(out)
@@ -198,7 +197,7 @@ def test_stream_of_the_parquet_form_gives_the_whole_replay_and_mrc(
         assert streamed[view] == whole[view], view
     assert len(streamed["mrc"]) > 10
     code, out, _ = run(capsys, "replay", str(pq_path), "--stream", *asked, "table")
-    assert code == 0 and "exact LRU curve:" in out and "s3fifo" in out
+    assert code == 0 and "exact LRU curve:" in out and "belady" in out
 
 
 def test_stream_of_one_turn_is_that_turn(capsys, tmp_path: Path) -> None:
@@ -223,7 +222,6 @@ def test_stream_of_one_turn_is_that_turn(capsys, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        (["--policies", "lru,belady"], "--stream cannot replay belady"),
         (["--validate", "3"], "--stream does not go with --validate"),
         (["--prefetch", "1"], "--stream does not go with --prefetch"),
         (["--metrics", "m.csv"], "--stream does not go with --metrics"),

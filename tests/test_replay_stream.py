@@ -1,6 +1,6 @@
-"""The block-by-block replay gives the whole-trace views exactly, for every policy that needs
-no future and for the exact LRU curve, whatever the blocks; it refuses belady and rows out of
-the engine's order."""
+"""The block-by-block replay gives the whole-trace views exactly, for every policy (belady in
+a second pass) and for the exact LRU curve, whatever the blocks; it refuses rows out of the
+engine's order."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ import pytest
 from hypothesis import given, settings
 
 from bmoe.analyze import replay as rp
-from bmoe.analyze.replay_stream import STREAM_POLICIES, stream_replay
+from bmoe.analyze.replay_stream import stream_replay
+from bmoe.cache import POLICIES
 from bmoe.errors import BmoeError
 from bmoe.formats.route import iter_route_rows, read_route_preamble, read_route_trace
 from tests.test_replay import make_trace
 
 MIB = 1 << 20
+ALL = tuple(POLICIES)
 SIZES = {0: MIB, 1: 2 * MIB, 2: 3 * MIB}
 
 
@@ -82,19 +84,17 @@ def test_random_traces_in_random_blocks_replay_as_a_whole(turn_list, lengths, se
     trace = make_trace(engine_cells(turn_list), sizes=SIZES, n_layer=3)
     budgets = [0, 1, 2.5, 4, 7, 12, 40]
     streamed = stream_replay(
-        trace, cut_at(trace.rows, lengths), budgets, STREAM_POLICIES, mrc=True, seed=seed, jobs=1
+        trace, cut_at(trace.rows, lengths), budgets, ALL, mrc=True, seed=seed, jobs=1
     )
-    assert_same_views(streamed, whole_views(trace, budgets, STREAM_POLICIES, seed))
+    assert_same_views(streamed, whole_views(trace, budgets, ALL, seed))
 
 
 @pytest.mark.parametrize("block", [997, 1 << 30])
 def test_gemma_in_blocks_is_the_whole_replay(corpus: Path, block: int) -> None:
     trace = read_route_trace(corpus / "route-trace/gemma.route.csv")
     budgets = rp.default_budgets(trace)
-    whole = whole_views(trace, budgets, STREAM_POLICIES)
-    streamed = stream_replay(
-        trace, blocks_of(trace.rows, block), budgets, STREAM_POLICIES, mrc=True, jobs=2
-    )
+    whole = whole_views(trace, budgets, ALL)
+    streamed = stream_replay(trace, blocks_of(trace.rows, block), budgets, ALL, mrc=True, jobs=2)
     assert_same_views(streamed, whole)
     curve = whole["curve"]
     assert curve["hit_pct_cum"].max() > 50  # the budgets reach the reuse
@@ -110,11 +110,9 @@ def test_turns_and_repeats_in_blocks_of_every_length() -> None:
     ]  # fmt: skip
     trace = make_trace(cells, k=2)
     budgets = [0, 1, 2, 3, 5, 8]
-    whole = whole_views(trace, budgets, STREAM_POLICIES)
+    whole = whole_views(trace, budgets, ALL)
     for n in range(1, len(trace.rows) + 1):
-        streamed = stream_replay(
-            trace, blocks_of(trace.rows, n), budgets, STREAM_POLICIES, mrc=True, jobs=1
-        )
+        streamed = stream_replay(trace, blocks_of(trace.rows, n), budgets, ALL, mrc=True, jobs=1)
         assert_same_views(streamed, whole)
 
 
@@ -123,11 +121,9 @@ def test_ids_beyond_n_expert_are_replayed_and_warned_about_once() -> None:
     trace = make_trace(cells, sizes={0: MIB, 1: 2 * MIB}, n_layer=2)  # n_expert=8
     budgets = [1, 4, 9]
     with pytest.warns(UserWarning, match="outside 0..7") as caught:
-        streamed = stream_replay(
-            trace, blocks_of(trace.rows, 7), budgets, STREAM_POLICIES, mrc=True, jobs=1
-        )
+        streamed = stream_replay(trace, blocks_of(trace.rows, 7), budgets, ALL, mrc=True, jobs=1)
     assert len(caught) == 1
-    assert_same_views(streamed, whole_views(trace, budgets, STREAM_POLICIES))
+    assert_same_views(streamed, whole_views(trace, budgets, ALL))
 
 
 def test_blocks_read_from_the_file(corpus: Path) -> None:
@@ -140,11 +136,33 @@ def test_blocks_read_from_the_file(corpus: Path) -> None:
     pd.testing.assert_frame_equal(streamed["curve"], whole)
 
 
-def test_belady_and_rows_out_of_order_are_errors() -> None:
+def test_belady_alone_leaves_no_spill_behind(tmp_path, monkeypatch) -> None:
+    import tempfile
+
+    from bmoe.analyze import replay_stream
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    spilled = []
+    add = replay_stream._Spill.add
+
+    def recorded(spill, chunk) -> None:
+        add(spill, chunk)
+        spilled.append(sum(f.stat().st_size for f in Path(spill.dir.name).iterdir()))
+
+    monkeypatch.setattr(replay_stream._Spill, "add", recorded)
+    cells = [(0, 1, s, s % 2, [s % 5, 3 * s % 7]) for s in range(30)]
+    trace = make_trace(cells, sizes={0: MIB, 1: 2 * MIB}, n_layer=2)
+    streamed = stream_replay(trace, blocks_of(trace.rows, 5), [2, 8], ["belady"])
+    whole = rp.replay_curve(trace, [2, 8], ["belady"], jobs=1)
+    pd.testing.assert_frame_equal(streamed["curve"], whole)
+    assert whole["hit_pct_cum"].iloc[-1] > whole["hit_pct_cum"].iloc[0]
+    assert len(spilled) > 3 and spilled[-1] > spilled[0] > 0  # on disk under tmp_path
+    assert not list(tmp_path.iterdir())  # and gone
+
+
+def test_rows_out_of_order_are_errors() -> None:
     trace = make_trace([(0, 1, 1, 0, [1]), (0, 1, 2, 0, [2]), (0, 1, 3, 0, [1])])
     rows = trace.rows
-    with pytest.raises(BmoeError, match="'belady' needs the future"):
-        stream_replay(trace, [rows], [1], ["lru", "belady"])
     shuffled = [rows.iloc[[1]], rows.iloc[[0]], rows.iloc[[2]]]
     with pytest.raises(BmoeError, match="out of the engine's order"):
         stream_replay(trace, shuffled, [1])

@@ -3,9 +3,10 @@ batches as :func:`~bmoe.analyze.replay.prepare_batches` cuts a whole trace, and 
 (one per policy and budget) is carried from block to block by its kernel's state, so memory
 stays that of one block plus the caches' per-key state.
 
-Every policy that needs no future knowledge streams, with the whole-trace figures; so does
-the exact LRU curve (``mrc``): its stack distances are counted per distinct distance, never
-held per lookup. ``belady`` needs each key's next use, so it does not stream.
+Every policy streams with the whole-trace figures; so does the exact LRU curve (``mrc``): its
+stack distances are counted per distinct distance, never held per lookup. ``belady`` needs
+each key's next use: its lookups go to temporary files on disk (~10 bytes a lookup), the next
+uses are found walking them back chunk by chunk, and a second pass replays them.
 
 A batch must not straddle two blocks: the rows of the last batch group of a block (a decode
 step, or a turn's whole prefill) wait for the next block. The rows must come in the order
@@ -40,7 +41,7 @@ from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 
-#: the policies a stream can replay (all but those that read the future)
+#: the policies a stream replays in one pass (belady, which reads the future, takes two)
 STREAM_POLICIES = ("lru", "lfu", "lfu-incache", "lfuda", "arc", "s3fifo", "layer", "layerlfu",
                    "random")  # fmt: skip
 
@@ -267,6 +268,80 @@ class _Distances:
         return frame
 
 
+class _Spill:
+    """``belady``'s chunks written to disk as they come (per lookup its key; per batch its
+    lookups, expert size and phase), then replayed in a second pass once the next uses are
+    known: found walking the chunks from the last to the first. Memory stays one chunk and
+    a table per key; the disk takes ~10 bytes a lookup."""
+
+    FILES: ClassVar[dict[str, type]] = {"look": np.int32, "count": np.int32, "size": np.int64,
+                                        "decode": np.bool_, "next": np.int32}  # fmt: skip
+
+    def __init__(self, budgets: Sequence[int]) -> None:
+        import tempfile
+
+        self.budgets = list(budgets)
+        self.dir = tempfile.TemporaryDirectory(prefix="bmoe-belady-")
+        self.chunks: list[tuple[int, int, int, int]] = []  # lookup and batch offset, counts
+        self.lookups = self.batches = 0
+
+    def path(self, name: str) -> str:
+        return f"{self.dir.name}/{name}"
+
+    def add(self, c: _Chunk) -> None:
+        b = c.batches
+        parts = {"look": c.look, "count": b.n_lookups.astype(np.int32), "size": b.size,
+                 "decode": b.decode}  # fmt: skip
+        try:
+            for name, values in parts.items():
+                with open(self.path(name), "ab") as fh:
+                    fh.write(np.ascontiguousarray(values, dtype=self.FILES[name]).tobytes())
+        except OSError as exc:
+            raise BmoeError(
+                f"belady's lookups cannot be written to {self.dir.name} ({exc.strerror}); "
+                "point TMPDIR at a larger disk or leave belady out"
+            ) from None
+        self.chunks.append((self.lookups, self.batches, len(c.look), len(b)))
+        self.lookups += len(c.look)
+        self.batches += len(b)
+
+    def _read(self, name: str, start: int, n: int) -> np.ndarray:
+        dtype = np.dtype(self.FILES[name])
+        return np.fromfile(self.path(name), dtype=dtype, count=n, offset=start * dtype.itemsize)
+
+    def replay(self, n_keys: int) -> list[tuple[int, int, int]]:
+        """Per budget: hits, decode hits and hit bytes of ``belady``."""
+        from bmoe.cache import kernels
+
+        shift = kernels.counter_bits(self.lookups)
+        if 2 * shift > 62:
+            raise BmoeError(f"{self.lookups:,} lookups are more than one replay can count")
+        nextb = np.full(n_keys, self.batches, dtype=np.int32)
+        with open(self.path("next"), "wb") as fh:
+            fh.truncate(self.lookups * 4)
+        with open(self.path("next"), "r+b") as fh:
+            for at, b0, n, n_b in reversed(self.chunks):
+                bounds = np.zeros(n_b + 1, dtype=np.int64)
+                np.cumsum(self._read("count", b0, n_b), out=bounds[1:])
+                nu = kernels.next_uses_continue(bounds, self._read("look", at, n), nextb, b0)
+                fh.seek(at * 4)
+                fh.write(nu.tobytes())
+        states = [kernels.belady_state(n_keys) for _ in self.budgets]
+        out = np.zeros((len(self.budgets), 3), dtype=np.int64)
+        for at, b0, n, n_b in self.chunks:
+            count = self._read("count", b0, n_b).astype(np.int64)
+            bounds = np.concatenate([[0], np.cumsum(count)])
+            look, nu = self._read("look", at, n), self._read("next", at, n)
+            size, decode = self._read("size", b0, n_b), self._read("decode", b0, n_b)
+            for i, budget in enumerate(self.budgets):
+                h = kernels.belady_continue(
+                    bounds, look, size, nu, self.batches, b0, budget, shift, states[i]
+                )
+                out[i] += (int(h.sum()), int(h[decode].sum()), int((h * size).sum()))
+        self.dir.cleanup()
+        return [tuple(row) for row in out.tolist()]
+
+
 def stream_replay(
     trace: RouteTrace,
     blocks: Iterable[pd.DataFrame],
@@ -282,6 +357,7 @@ def stream_replay(
     ``curve`` (:func:`~bmoe.analyze.replay.replay_curve`'s rows, same figures) and, with
     `mrc`, ``mrc_budgets`` and ``mrc`` (:func:`~bmoe.analyze.replay.mrc_at` at the budgets
     and :func:`~bmoe.analyze.replay.lru_mrc`). `jobs` replays run at once on each block.
+    ``belady`` spills its lookups to a temporary directory and replays them after the pass.
 
     ``layer`` and ``layerlfu`` split the budget by the preamble's ``n_layer`` (else the
     highest layer with an expert size, plus one). Expert ids at or beyond the preamble's
@@ -290,9 +366,6 @@ def stream_replay(
 
     budgets = check_budgets(budgets_mib)
     names = check_policies(policies)
-    future = [p for p in names if p not in STREAM_POLICIES]
-    if future:
-        raise BmoeError(f"policy {future[0]!r} needs the future of the trace and cannot stream")
     name = trace.path or "trace"
     sizes = trace.expert_bytes()
     if not sizes:
@@ -313,10 +386,13 @@ def stream_replay(
         return np.tile(part_bytes, n_keys // n_parts)
 
     cells = [(budget, p) for budget in budgets for p in names]
+    now = [i for i, (_, p) in enumerate(cells) if p != "belady"]  # the rest in a second pass
     replays = [
-        _Replay(p, round(budget * MIB), n_parts, n_layer, n_e * n_parts, seed)
-        for budget, p in cells
+        _Replay(cells[i][1], round(cells[i][0] * MIB), n_parts, n_layer, n_e * n_parts, seed)
+        for i in now
     ]
+    later = [i for i, (_, p) in enumerate(cells) if p == "belady"]
+    spill = _Spill([round(cells[i][0] * MIB) for i in later]) if later else None
     distances = _Distances(n_e * n_parts, key_size) if mrc else None
     lookups = decode_lookups = total_bytes = 0
     hits = np.zeros(len(cells), dtype=np.int64)
@@ -325,7 +401,7 @@ def stream_replay(
     seen_layers: set[int] = set()
     done = -1  # the last batch group replayed
     warned = False
-    pool = ThreadPoolExecutor(max_workers=min(jobs, len(replays))) if jobs > 1 else None
+    pool = ThreadPoolExecutor(max_workers=min(jobs, len(replays))) if jobs > 1 and replays else None
 
     def run(rows: pd.DataFrame, groups: np.ndarray) -> None:
         nonlocal lookups, decode_lookups, total_bytes, done, n_e, warned
@@ -361,6 +437,8 @@ def stream_replay(
         total_bytes += int((n * b.size).sum())
         if distances is not None:
             distances.feed(c)
+        if spill is not None:
+            spill.add(c)
 
         def one(i: int) -> tuple[int, int, int]:
             h = replays[i].feed(c)
@@ -370,7 +448,7 @@ def stream_replay(
             return out
 
         found = pool.map(one, range(len(replays))) if pool else map(one, range(len(replays)))
-        for i, (h, hd, hb) in enumerate(found):
+        for i, (h, hd, hb) in zip(now, found, strict=True):
             hits[i] += h
             decode_hits[i] += hd
             hit_bytes[i] += hb
@@ -387,7 +465,12 @@ def stream_replay(
             carry = rows[last]
         if carry is not None:
             run(carry, _groups(carry))
+        if spill is not None and lookups:
+            for i, (h, hd, hb) in zip(later, spill.replay(n_e * n_parts), strict=True):
+                hits[i], decode_hits[i], hit_bytes[i] = h, hd, hb
     finally:
+        if spill is not None:
+            spill.dir.cleanup()
         if pool is not None:
             pool.shutdown()
     if not lookups:

@@ -453,13 +453,21 @@ def next_uses(bounds, look, n_keys):
     """For each lookup, the next batch looking the same key up; the number of batches
     (one past the last) if none."""
     n_b = len(bounds) - 1
+    return next_uses_continue(bounds, look, np.full(n_keys, n_b, dtype=np.int32), 0)
+
+
+@njit(**_OPTS)
+def next_uses_continue(bounds, look, nextb, b0):
+    """:func:`next_uses` of the batches numbered from `b0` on, `nextb` (per key, the first
+    batch after them looking it up, updated in place) carried from the chunk after: chunks
+    given last to first give the next uses of a whole."""
+    n_b = len(bounds) - 1
     out = np.empty(len(look), dtype=np.int32)
-    nextb = np.full(n_keys, n_b, dtype=np.int32)
     for b in range(n_b - 1, -1, -1):
         for i in range(bounds[b], bounds[b + 1]):
             k = look[i]
             out[i] = nextb[k]
-            nextb[k] = b
+            nextb[k] = b0 + b
     return out
 
 
@@ -473,18 +481,38 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
     higher than that of every key not looked up here (their next use is later), so the
     eviction pass stops at the first such key at the top; the new priority is then put in
     place with one sift (a remove and a push cost two)."""
+    state = belady_state(n_keys)
+    n_b = len(bounds) - 1
+    return belady_continue(bounds, look, size, next_use, n_b, 0, budget, shift, state)
+
+
+@njit(**_OPTS)
+def belady_state(n_keys):
+    """An empty Belady cache of `n_keys` key ids, for :func:`belady_continue`: (admitted,
+    resident, ksize, hv, hk, hpos, base, hcount, scalars = [held, admissions])."""
+    return (
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(2, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, state):
+    """:func:`belady` of the batches numbered from `b0` on of a replay of `n_total`, their
+    next uses numbered so, from the cache `state` (:func:`belady_state`, updated in place):
+    batches given chunk by chunk replay as if given at once."""
+    admitted, resident, ksize, hv, hk, hpos, base, hcount, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    admitted = np.zeros(n_keys, dtype=np.int64)
-    resident = np.zeros(n_keys, dtype=np.bool_)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    hv = np.zeros(n_keys, dtype=np.int64)
-    hk = np.zeros(n_keys, dtype=np.int32)
-    hpos = np.full(n_keys, -1, dtype=np.int64)
-    base = np.zeros(1, dtype=np.int64)
-    hcount = np.zeros(1, dtype=np.int64)
-    held = 0
-    admissions = 0
+    held = scalars[0]
+    admissions = scalars[1]
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -500,14 +528,14 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
                 admissions += 1
                 admitted[k] = admissions
         hits[b] = h
-        looked_up_here = np.int64(n_b - b) << shift  # the lowest priority of a hit
+        looked_up_here = np.int64(n_total - b0 - b) << shift  # the lowest priority of a hit
         while held > budget and hcount[0] > 0 and hv[0] < looked_up_here:
             k = _heap_pop(0, hv, hk, hpos, base, hcount)
             resident[k] = False
             held -= ksize[k]
         for i in range(s, e):
             k = look[i]
-            v = ((n_b - min(np.int64(next_use[i]), n_b)) << shift) | admitted[k]
+            v = ((n_total - min(np.int64(next_use[i]), n_total)) << shift) | admitted[k]
             j = hpos[k]
             if j < 0:
                 _heap_push(k, v, 0, hv, hk, hpos, base, hcount)
@@ -518,6 +546,8 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
                     _sift_up(hv, hk, hpos, 0, j)
                 else:
                     _sift_down(hv, hk, hpos, 0, hcount[0], j)
+    scalars[0] = held
+    scalars[1] = admissions
     return hits
 
 

@@ -85,7 +85,7 @@ def analyze_replay(
         None,
         "--policies",
         help=f"Policies, comma-separated, from: {', '.join(POLICIES)} (default: "
-        f"{','.join(REFERENCE_POLICIES)}; without belady with --stream).",
+        f"{','.join(REFERENCE_POLICIES)}).",
     ),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
     validate: float | None = typer.Option(
@@ -134,8 +134,8 @@ def analyze_replay(
         False,
         "--stream",
         help="Read the trace (CSV or Parquet) block by block in constant memory (traces larger "
-        "than RAM): every policy but belady (the default set without it), --mrc, --turn, --plot; "
-        "not --validate, --metrics or --prefetch.",
+        "than RAM), with --mrc, --turn, --plot; not --validate, --metrics or --prefetch. belady "
+        "takes a second pass over its lookups spilled to $TMPDIR (~10 bytes a lookup).",
     ),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
@@ -152,8 +152,7 @@ def analyze_replay(
         replay_analysis.check_budgets(parse_numbers(budgets, "--budgets")) if budgets else None
     )
     if policies is None:
-        default = [p for p in REFERENCE_POLICIES if not stream or p != "belady"]
-        policies = ",".join(default)
+        policies = ",".join(REFERENCE_POLICIES)
     names = replay_analysis.check_policies(policies.split(","))
     if stream:
         asked = {"--validate": validate is not None, "--prefetch": prefetch is not None}
@@ -257,13 +256,10 @@ def _stream_replay(
     csv_out: Path | None,
     plot: Path | None,
 ) -> None:
-    from bmoe.analyze.replay_stream import STREAM_POLICIES, stream_replay
+    from bmoe.analyze.replay_stream import stream_replay
     from bmoe.formats.route import iter_route_rows, read_route_preamble
     from bmoe.render import replay as text
 
-    future = [p for p in names if p not in STREAM_POLICIES]
-    if future:
-        raise BmoeError(f"--stream cannot replay {future[0]} (it needs the trace's future)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         preamble = read_route_preamble(trace_path)
