@@ -102,14 +102,14 @@ def check(rows: int, tmp: Path, budgets: str) -> None:
     """The streamed views against the whole trace's, and both peaks, at `rows`."""
     path = tmp / "check.route.csv"
     write_tiled(rows, path)
-    asked = ("--policies", ",".join(tuple(POLICIES)), "--budgets", budgets, "--mrc")
+    asked = ("--policies", ",".join(POLICIES), "--budgets", budgets, "--mrc")
     streamed = views(path, "--stream", *asked)
     whole = views(path, *asked)
     same = all(streamed[v] == whole[v] for v in ("curve", "mrc_budgets", "mrc"))
     _, cpu_s, peak_s = child("analyze", "replay", str(path), "--stream", *asked)
     _, cpu_w, peak_w = child("analyze", "replay", str(path), *asked)
     print(
-        f"check at {rows:,} rows, {len(tuple(POLICIES))} policies x {budgets} MiB + --mrc: "
+        f"check at {rows:,} rows, {len(POLICIES)} policies x {budgets} MiB + --mrc: "
         f"same views as the whole trace: {'yes' if same else 'NO'}; --stream {cpu_s:.1f} CPU-s, "
         f"peak {peak_s:.0f} MiB; whole {cpu_w:.1f} CPU-s, peak {peak_w:.0f} MiB"
     )
@@ -119,7 +119,7 @@ def check(rows: int, tmp: Path, budgets: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="5e6,20e6", help="sizes of the tiled trace (rows)")
-    ap.add_argument("--policies", default=",".join(tuple(POLICIES)))
+    ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--budgets", default="500,2000,6000", help="MiB, comma-separated")
     ap.add_argument("--parquet", action="store_true", help="also replay the Parquet form (lru)")
     ap.add_argument(
