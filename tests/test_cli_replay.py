@@ -193,11 +193,24 @@ def test_stream_of_the_parquet_form_gives_the_whole_replay_and_mrc(
     code, out, _ = run(capsys, "replay", str(path), *asked, "json")
     assert code == 0
     whole = json.loads(out)
-    for view in ("curve", "mrc_budgets", "mrc"):
-        assert streamed[view] == whole[view], view
+    assert streamed == whole  # shape, curve, mrc_budgets, mrc
     assert len(streamed["mrc"]) > 10
     code, out, _ = run(capsys, "replay", str(pq_path), "--stream", *asked, "table")
-    assert code == 0 and "exact LRU curve:" in out and "belady" in out
+    assert code == 0
+    code, whole_text, _ = run(capsys, "replay", str(path), *asked, "table")
+    assert out == whole_text and "exact LRU curve:" in out and "belady" in out
+
+
+@pytest.mark.parametrize("trace", [TINY_PF, "native-tiny/drop.route.csv"])
+def test_stream_prints_what_the_whole_command_prints(corpus: Path, capsys, trace) -> None:
+    """Shape lines, the recorded hit rate, the budget x policy table, the exact LRU curve."""
+    asked = ["--mrc", "--budgets", "1,2,3,5"]
+    code, whole, whole_err = run(capsys, "replay", corpus / trace, *asked)
+    assert code == 0
+    code, streamed, err = run(capsys, "replay", corpus / trace, "--stream", *asked)
+    assert code == 0
+    assert streamed == whole and "batches" in whole
+    assert ("dropping on" in err) == ("dropping on" in whole_err)
 
 
 def test_stream_of_one_turn_is_that_turn(capsys, tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ def whole_views(trace, budgets, policies, seed=0) -> dict[str, pd.DataFrame]:
     batches = rp.prepare_batches(trace)
     dist = rp.lru_stack_distances(batches)
     return {
+        "shape": rp.model_shape(trace, batches),
         "curve": rp.replay_curve(batches, budgets, policies, seed=seed, jobs=1),
         "mrc_budgets": rp.mrc_at(dist, budgets),
         "mrc": rp.lru_mrc(dist),
@@ -54,7 +55,10 @@ def whole_views(trace, budgets, policies, seed=0) -> dict[str, pd.DataFrame]:
 def assert_same_views(streamed, whole) -> None:
     assert set(streamed) == set(whole)
     for name in whole:
-        pd.testing.assert_frame_equal(streamed[name], whole[name], obj=name)
+        if isinstance(whole[name], dict):  # NaN where a figure has nothing to count
+            assert pd.Series(streamed[name]).equals(pd.Series(whole[name])), name
+        else:
+            pd.testing.assert_frame_equal(streamed[name], whole[name], obj=name)
 
 
 experts = st.lists(st.integers(0, 7), min_size=1, max_size=4)  # repeats allowed

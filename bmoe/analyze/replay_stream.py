@@ -342,6 +342,46 @@ class _Spill:
         return [tuple(row) for row in out.tolist()]
 
 
+def _shape(
+    trace: RouteTrace,
+    counts: dict[str, int],
+    totals: dict[str, int],
+    top_layer: int,
+    residency: bool,
+) -> dict[str, object]:
+    """:func:`~bmoe.analyze.replay.model_shape` from the counts the blocks added up."""
+    sizes = trace.expert_bytes()
+    k = preamble_count(trace.meta, "n_expert_used") or counts["k"]
+    model = str(trace.meta.get("model", "")).replace("\\", "/").rsplit("/", 1)[-1]
+    per_expert = np.array(list(sizes.values()), dtype=np.float64) / MIB
+    n, n_dec = totals["lookups"], totals["decode_lookups"]
+    recorded = {}
+    if residency:
+        recorded = {
+            "recorded_hit_pct_cum": 100.0 * counts["recorded"] / n if n else float("nan"),
+            "recorded_hit_pct_decode": 100.0 * counts["recorded_decode"] / n_dec
+            if n_dec
+            else float("nan"),
+            "recorded_read_mib": (totals["bytes"] - counts["recorded_bytes"]) / MIB,
+        }
+    return {
+        "model": model or None,
+        "n_layer": preamble_count(trace.meta, "n_layer") or top_layer + 1,
+        "moe_layers": len(sizes),
+        "n_expert": preamble_count(trace.meta, "n_expert"),
+        "k": k,
+        "mib_per_expert": float(per_expert.max()) if len(per_expert) else None,
+        "mib_per_expert_min": float(per_expert.min()) if len(per_expert) else None,
+        "batches": counts["batches"],
+        "prefill_batches": counts["prefill"],
+        "decode_batches": counts["decode"],
+        "lookups": n,
+        "t_mib": sum(sizes.values()) * k / MIB,
+        "recorded_with_dropping": bool(counts["dropped"]),
+        **recorded,
+    }
+
+
 def stream_replay(
     trace: RouteTrace,
     blocks: Iterable[pd.DataFrame],
@@ -351,12 +391,13 @@ def stream_replay(
     mrc: bool = False,
     seed: int = 0,
     jobs: int | None = None,
-) -> dict[str, pd.DataFrame]:
+) -> dict[str, pd.DataFrame | dict]:
     """The replay views of a trace whose preamble is `trace` (its rows are not read) and
     whose rows are `blocks`, in file order (e.g. :func:`~bmoe.formats.route.iter_route_rows`):
-    ``curve`` (:func:`~bmoe.analyze.replay.replay_curve`'s rows, same figures) and, with
-    `mrc`, ``mrc_budgets`` and ``mrc`` (:func:`~bmoe.analyze.replay.mrc_at` at the budgets
-    and :func:`~bmoe.analyze.replay.lru_mrc`). `jobs` replays run at once on each block.
+    ``shape`` (:func:`~bmoe.analyze.replay.model_shape`'s figures), ``curve``
+    (:func:`~bmoe.analyze.replay.replay_curve`'s rows, same figures) and, with `mrc`,
+    ``mrc_budgets`` and ``mrc`` (:func:`~bmoe.analyze.replay.mrc_at` at the budgets and
+    :func:`~bmoe.analyze.replay.lru_mrc`). `jobs` replays run at once on each block.
     ``belady`` spills its lookups to a temporary directory and replays them after the pass.
 
     ``layer`` and ``layerlfu`` split the budget by the preamble's ``n_layer`` (else the
@@ -399,12 +440,15 @@ def stream_replay(
     decode_hits = np.zeros(len(cells), dtype=np.int64)
     hit_bytes = np.zeros(len(cells), dtype=np.int64)
     seen_layers: set[int] = set()
+    counts = dict.fromkeys(("batches", "prefill", "decode", "k", "recorded", "recorded_decode",
+                            "recorded_bytes", "dropped"), 0)  # fmt: skip
+    residency = True  # every block has the residency column
     done = -1  # the last batch group replayed
     warned = False
     pool = ThreadPoolExecutor(max_workers=min(jobs, len(replays))) if jobs > 1 and replays else None
 
     def run(rows: pd.DataFrame, groups: np.ndarray) -> None:
-        nonlocal lookups, decode_lookups, total_bytes, done, n_e, warned
+        nonlocal lookups, decode_lookups, total_bytes, done, n_e, warned, residency
         if not len(rows):
             return
         if int(groups.min()) <= done:
@@ -432,6 +476,17 @@ def stream_replay(
                 distances.grow(n_e * n_parts)
         seen_layers.update(np.unique(b.layer).tolist())
         n = b.n_lookups
+        counts["batches"] += len(b)
+        counts["prefill"] += b.n_prefill
+        counts["decode"] += b.n_decode
+        counts["k"] = max(counts["k"], int(n[b.decode].max(initial=0)))
+        counts["dropped"] |= "dropped" in rows and bool((rows["dropped"] != 0).any())
+        if b.recorded_hits is None:
+            residency = False
+        else:
+            counts["recorded"] += int(b.recorded_hits.sum())
+            counts["recorded_decode"] += int(b.recorded_hits[b.decode].sum())
+            counts["recorded_bytes"] += int((b.recorded_hits * b.size).sum())
         lookups += int(n.sum())
         decode_lookups += int(n[b.decode].sum())
         total_bytes += int((n * b.size).sum())
@@ -475,7 +530,10 @@ def stream_replay(
             pool.shutdown()
     if not lookups:
         raise BmoeError(f"{name}: no routing rows to replay")
-    views = {
+    totals = {"lookups": lookups, "decode_lookups": decode_lookups, "bytes": total_bytes}
+    shape = _shape(trace, counts, totals, max(seen_layers), residency)
+    views: dict[str, pd.DataFrame | dict] = {
+        "shape": shape,
         "curve": pd.DataFrame(
             {
                 "budget_mib": [budget for budget, _ in cells],
@@ -487,7 +545,7 @@ def stream_replay(
                 "read_mib": (total_bytes - hit_bytes) / MIB,
             },
             columns=list(CURVE_COLUMNS),
-        )
+        ),
     }
     if distances is not None:
         seen = distances.seen_bytes

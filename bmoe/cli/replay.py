@@ -72,6 +72,12 @@ def _recorded_point(views, validate: float | None, metrics_summary, metrics_para
     return (float(budget), float(hit))
 
 
+DROPPING_NOTE = (
+    "this trace was recorded with expert dropping on: the replay looks up every expert the "
+    "router asked for, dropped ones included"
+)
+
+
 @analyze_app.command("replay")
 def analyze_replay(
     trace_path: Path = typer.Argument(..., metavar="TRACE", help="A route trace (CSV or Parquet)."),
@@ -221,13 +227,7 @@ def analyze_replay(
             batches=batches,
         )
     if views["shape"].get("recorded_with_dropping"):
-        err_console.print(
-            note_line(
-                "this trace was recorded with expert dropping on: the replay looks up every "
-                "expert the router asked for, dropped ones included"
-            ),
-            highlight=False,
-        )
+        err_console.print(note_line(DROPPING_NOTE), highlight=False)
     _print_replay(views, fmt, validate)
     if csv_out is not None:
         from bmoe.render.replay import curve_csv
@@ -284,30 +284,15 @@ def _stream_replay(
             raise
     for w in [*caught, *also]:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
-    k = preamble.n_expert_used
-    t_mib = sum(preamble.expert_bytes().values()) * k / replay_analysis.MIB if k else None
-    if fmt != "table":
-        console.out(render(views, fmt, console, text.DIGITS) or "", end="")
-    else:
-        from bmoe.render.tables import rich_tables
-
-        console.out(text.curve_table_text(views["curve"], t_mib), highlight=False, end="")
-        if "mrc" in views:
-            said = "exact LRU (stack distances) at the chosen budgets"
-            for table in rich_tables({said: views["mrc_budgets"]}, text.DIGITS):
-                console.print(table)
-            console.out(
-                f"exact LRU curve: {len(views['mrc'])} budget steps from 0 to "
-                f"{views['mrc']['budget_mib'].iloc[-1]:.0f} MiB (the whole expert set); "
-                "--format csv/json lists them",
-                highlight=False,
-            )
+    if views["shape"].get("recorded_with_dropping"):
+        err_console.print(note_line(DROPPING_NOTE), highlight=False)
+    _print_replay(views, fmt, None)
     if csv_out is not None:
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         csv_out.write_text(text.curve_csv(views["curve"]), encoding="utf-8")
         err_console.print(literal(f"wrote {csv_out}"), highlight=False)
     if plot is not None:
-        _plot({**views, "shape": {"t_mib": t_mib}}, plot, None)
+        _plot(views, plot, None)
 
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:
