@@ -15,6 +15,12 @@ hashed keys, so every structure is an array indexed by key:
 
 Each kernel returns the hits per batch. They release the GIL, so budgets and policies can
 run in threads. Compiled once and cached on disk by numba.
+
+Each kernel is also a state and a continue step (``lru_state`` / ``lru_continue``, ...): the
+cache lives in the state, so batches given chunk by chunk replay as if given at once (the
+streamed replay of :mod:`bmoe.analyze.replay_stream`); the whole-trace function is the
+one-chunk call. ``lfu`` streams through ``lfu_heap_continue`` (the same victims from a heap,
+in memory bounded by the keys rather than by the counts).
 """
 
 from __future__ import annotations
