@@ -35,6 +35,7 @@ from bmoe.analyze.replay import (
     default_jobs,
     preamble_count,
     prepare_batches,
+    validation_table,
 )
 from bmoe.cache import EXPERT_BITS
 from bmoe.cache.expert_cache import EXPERT_MASK
@@ -389,6 +390,8 @@ def stream_replay(
     policies: Sequence[str] = ("lru",),
     *,
     mrc: bool = False,
+    validate_mib: float | None = None,
+    metrics_summary: dict | None = None,
     seed: int = 0,
     jobs: int | None = None,
 ) -> dict[str, pd.DataFrame | dict]:
@@ -397,7 +400,8 @@ def stream_replay(
     ``shape`` (:func:`~bmoe.analyze.replay.model_shape`'s figures), ``curve``
     (:func:`~bmoe.analyze.replay.replay_curve`'s rows, same figures) and, with `mrc`,
     ``mrc_budgets`` and ``mrc`` (:func:`~bmoe.analyze.replay.mrc_at` at the budgets and
-    :func:`~bmoe.analyze.replay.lru_mrc`). `jobs` replays run at once on each block.
+    :func:`~bmoe.analyze.replay.lru_mrc`); with `validate_mib`, ``validation``
+    (:func:`~bmoe.analyze.replay.validate`'s table). `jobs` replays run at once on each block.
     ``belady`` spills its lookups to a temporary directory and replays them after the pass.
 
     ``layer`` and ``layerlfu`` split the budget by the preamble's ``n_layer`` (else the
@@ -427,6 +431,8 @@ def stream_replay(
         return np.tile(part_bytes, n_keys // n_parts)
 
     cells = [(budget, p) for budget in budgets for p in names]
+    if validate_mib is not None:  # one more LRU replay, at the run's budget, off the curve
+        cells.append((validate_mib, "lru"))
     now = [i for i, (_, p) in enumerate(cells) if p != "belady"]  # the rest in a second pass
     replays = [
         _Replay(cells[i][1], round(cells[i][0] * MIB), n_parts, n_layer, n_e * n_parts, seed)
@@ -532,21 +538,28 @@ def stream_replay(
         raise BmoeError(f"{name}: no routing rows to replay")
     totals = {"lookups": lookups, "decode_lookups": decode_lookups, "bytes": total_bytes}
     shape = _shape(trace, counts, totals, max(seen_layers), residency)
-    views: dict[str, pd.DataFrame | dict] = {
-        "shape": shape,
-        "curve": pd.DataFrame(
-            {
-                "budget_mib": [budget for budget, _ in cells],
-                "policy": [p for _, p in cells],
-                "hit_pct_cum": 100.0 * hits / lookups,
-                "hit_pct_decode": 100.0 * decode_hits / decode_lookups
-                if decode_lookups
-                else np.nan,
-                "read_mib": (total_bytes - hit_bytes) / MIB,
-            },
-            columns=list(CURVE_COLUMNS),
-        ),
-    }
+    hit_pct = 100.0 * hits / lookups
+    decode_pct = (
+        100.0 * decode_hits / decode_lookups if decode_lookups else np.full(len(hits), np.nan)
+    )
+    views: dict[str, pd.DataFrame | dict] = {"shape": shape}
+    if validate_mib is not None:  # the last cell
+        lru = {"hit_pct_cum": hit_pct[-1], "hit_pct_decode": decode_pct[-1]}
+        recorded = None
+        if residency:
+            recorded = {k: shape[f"recorded_{k}"] for k in ("hit_pct_cum", "hit_pct_decode")}
+        views["validation"] = validation_table(lru, recorded, validate_mib, metrics_summary)
+    n = len(budgets) * len(names)
+    views["curve"] = pd.DataFrame(
+        {
+            "budget_mib": [budget for budget, _ in cells[:n]],
+            "policy": [p for _, p in cells[:n]],
+            "hit_pct_cum": hit_pct[:n],
+            "hit_pct_decode": decode_pct[:n],
+            "read_mib": (total_bytes - hit_bytes[:n]) / MIB,
+        },
+        columns=list(CURVE_COLUMNS),
+    )
     if distances is not None:
         seen = distances.seen_bytes
         expert_set = sum(sizes[x] for x in seen_layers) * n_declared if n_declared else seen

@@ -140,8 +140,8 @@ def analyze_replay(
         False,
         "--stream",
         help="Read the trace (CSV or Parquet) block by block in constant memory (traces larger "
-        "than RAM), with --mrc, --turn, --plot; not --validate, --metrics or --prefetch. belady "
-        "takes a second pass over its lookups spilled to $TMPDIR (~10 bytes a lookup).",
+        "than RAM); all but --prefetch. belady takes a second pass over its lookups spilled to "
+        "$TMPDIR (~10 bytes a lookup).",
     ),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
@@ -160,43 +160,24 @@ def analyze_replay(
     if policies is None:
         policies = ",".join(REFERENCE_POLICIES)
     names = replay_analysis.check_policies(policies.split(","))
-    if stream:
-        asked = {"--validate": validate is not None, "--prefetch": prefetch is not None}
-        asked |= {"--metrics": metrics is not None}
-        extra = [o for o, on in asked.items() if on]
-        if extra:
-            raise BmoeError(f"--stream does not go with {extra[0]} (it needs the whole trace)")
-        check_plot(plot, [trace_path], force=force, also=(_mrc_path(plot),) if plot and mrc else ())
-        if csv_out is not None:
-            check_output(csv_out, [trace_path], force=force)
-        _stream_replay(trace_path, budget_list, names, turn, mrc, seed, jobs, fmt, csv_out, plot)
-        return
+    if stream and prefetch is not None:
+        raise BmoeError("--stream does not go with --prefetch (it reads the rows again)")
     inputs = [trace_path] + ([metrics] if metrics is not None else [])
     also = (_mrc_path(plot),) if plot is not None and mrc else ()
     check_plot(plot, inputs, force=force, also=also)
     if csv_out is not None:
         check_output(csv_out, inputs, force=force)
+    if stream:
+        views, summary, params = _stream_views(
+            trace_path, budget_list, names, turn, mrc, validate, metrics, seed, jobs
+        )
+        _show(views, fmt, validate, csv_out, plot, summary, params)
+        return
     trace = read_trace(trace_path, replay_analysis.REPLAY_COLUMNS)
     _warn_ids(trace)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
-    summary = params = None
-    if metrics is not None:
-        from bmoe.formats.metrics import read_metrics
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run = read_metrics(metrics)
-        summary, params = run.summary, run.params
-        if summary.get("cache_hit_pct") is None:
-            err_console.print(
-                warning_line(f"{metrics}: no cache_hit_pct in its summary"), highlight=False
-            )
-        if validate is None:
-            err_console.print(
-                note_line("--metrics is read for --validate MIB; pass the run's budget", "note:"),
-                highlight=False,
-            )
+    summary, params = _read_summary(metrics, validate)
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -226,6 +207,32 @@ def analyze_replay(
             progress=lambda done, total: bar.update(task, completed=done),
             batches=batches,
         )
+    _show(views, fmt, validate, csv_out, plot, summary, params)
+
+
+def _read_summary(metrics: Path | None, validate: float | None):
+    """The summary and parameters of the run's metrics file (None, None without one)."""
+    if metrics is None:
+        return None, None
+    from bmoe.formats.metrics import read_metrics
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = read_metrics(metrics)
+    if run.summary.get("cache_hit_pct") is None:
+        err_console.print(
+            warning_line(f"{metrics}: no cache_hit_pct in its summary"), highlight=False
+        )
+    if validate is None:
+        err_console.print(
+            note_line("--metrics is read for --validate MIB; pass the run's budget", "note:"),
+            highlight=False,
+        )
+    return run.summary, run.params
+
+
+def _show(views, fmt: str, validate, csv_out: Path | None, plot: Path | None, summary, params):
+    """Print the views, write the --csv and --plot files."""
     if views["shape"].get("recorded_with_dropping"):
         err_console.print(note_line(DROPPING_NOTE), highlight=False)
     _print_replay(views, fmt, validate)
@@ -244,27 +251,28 @@ def analyze_replay(
 STREAM_BLOCK_ROWS = 1 << 18
 
 
-def _stream_replay(
+def _stream_views(
     trace_path: Path,
     budget_list: list[float] | None,
     names: list[str],
     turn: int | None,
     mrc: bool,
+    validate: float | None,
+    metrics: Path | None,
     seed: int,
     jobs: int | None,
-    fmt: str,
-    csv_out: Path | None,
-    plot: Path | None,
-) -> None:
+):
+    """The replay's views of the file read block by block, and the metrics summary and
+    parameters."""
     from bmoe.analyze.replay_stream import stream_replay
     from bmoe.formats.route import iter_route_rows, read_route_preamble
-    from bmoe.render import replay as text
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         preamble = read_route_preamble(trace_path)
     if budget_list is None:
-        budget_list = replay_analysis.default_budgets(preamble)
+        budget_list = replay_analysis.default_budgets(preamble, [validate] if validate else [])
+    summary, params = _read_summary(metrics, validate)
     blocks = iter_route_rows(trace_path, STREAM_BLOCK_ROWS, replay_analysis.REPLAY_COLUMNS)
     if turn is not None:
         blocks = (b[b["turn"] == turn] if "turn" in b else b.iloc[: len(b) * (turn == 0)]
@@ -276,23 +284,16 @@ def _stream_replay(
         warnings.simplefilter("always")
         try:
             views = stream_replay(
-                preamble, blocks, budget_list, names, mrc=mrc, seed=seed, jobs=jobs
-            )
+                preamble, blocks, budget_list, names, mrc=mrc, validate_mib=validate,
+                metrics_summary=summary, seed=seed, jobs=jobs,
+            )  # fmt: skip
         except BmoeError as exc:
             if turn is not None and "no routing rows" in str(exc):
                 raise BmoeError(f"{trace_path}: no turn {turn}") from None
             raise
     for w in [*caught, *also]:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
-    if views["shape"].get("recorded_with_dropping"):
-        err_console.print(note_line(DROPPING_NOTE), highlight=False)
-    _print_replay(views, fmt, None)
-    if csv_out is not None:
-        csv_out.parent.mkdir(parents=True, exist_ok=True)
-        csv_out.write_text(text.curve_csv(views["curve"]), encoding="utf-8")
-        err_console.print(literal(f"wrote {csv_out}"), highlight=False)
-    if plot is not None:
-        _plot(views, plot, None)
+    return views, summary, params
 
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:
