@@ -159,25 +159,18 @@ def test_replay_refuses_expert_ids_outside_the_key(capsys, tmp_path: Path) -> No
     assert code == 2 and "expert id -1" in err and "100" not in out
 
 
-def test_stream_prints_the_lru_curve_of_the_whole_read(corpus: Path, capsys, tmp_path) -> None:
+def test_stream_prints_the_curve_of_the_whole_read(corpus: Path, capsys, tmp_path) -> None:
     path = corpus / "route-trace/gemma.route.csv"
     out_csv = tmp_path / "curve.csv"
     code, out, _ = run(capsys, "replay", str(path), "--stream", "-f", "json")
     assert code == 0
-    whole = rp.replay_curve(
-        read_route_trace(path), rp.default_budgets(read_route_trace(path)), ["lru"]
-    )
+    trace = read_route_trace(path)
+    whole = rp.replay_curve(trace, rp.default_budgets(trace), rp.REFERENCE_POLICIES)
     pd.testing.assert_frame_equal(pd.DataFrame(json.loads(out)["curve"]), whole, check_dtype=False)
     code, _, _ = run(
-        capsys,
-        "replay",
-        str(path),
-        "--stream",
-        "--budgets",
-        "1000,2000",
-        "--csv",
-        str(out_csv),
-    )
+        capsys, "replay", str(path), "--stream", "--policies", "lru", "--budgets", "1000,2000",
+        "--csv", str(out_csv),
+    )  # fmt: skip
     assert code == 0
     assert (
         out_csv.read_text().splitlines()[0]
@@ -186,11 +179,102 @@ def test_stream_prints_the_lru_curve_of_the_whole_read(corpus: Path, capsys, tmp
     assert len(out_csv.read_text().splitlines()) == 3
 
 
-@pytest.mark.parametrize(
-    "extra", [["--policies", "lru,arc"], ["--mrc"], ["--turn", "0"], ["--validate", "3"]]
-)
-def test_stream_refuses_what_it_cannot_do(corpus: Path, capsys, extra) -> None:
+def test_stream_of_the_parquet_form_gives_the_whole_replay_and_mrc(
+    corpus: Path, capsys, tmp_path
+) -> None:
+    from bmoe.formats.parquet import write_table
+
     path = corpus / "route-trace/gemma.route.csv"
-    code, _, err = run(capsys, "replay", str(path), "--stream", *extra)
+    pq_path = write_table(read_route_trace(path), "route", tmp_path / "gemma.route.parquet")
+    asked = ["--policies", "lru,arc,belady,lfuda", "--mrc", "--budgets", "100,400,1600", "-f"]
+    code, out, _ = run(capsys, "replay", str(pq_path), "--stream", *asked, "json")
+    assert code == 0
+    streamed = json.loads(out)
+    code, out, _ = run(capsys, "replay", str(path), *asked, "json")
+    assert code == 0
+    whole = json.loads(out)
+    assert streamed == whole  # shape, curve, mrc_budgets, mrc
+    assert len(streamed["mrc"]) > 10
+    code, out, _ = run(capsys, "replay", str(pq_path), "--stream", *asked, "table")
+    assert code == 0
+    code, whole_text, _ = run(capsys, "replay", str(path), *asked, "table")
+    assert out == whole_text and "exact LRU curve:" in out and "belady" in out
+
+
+@pytest.mark.parametrize(
+    ("trace", "extra"),
+    [
+        (TINY_PF, ["--validate", "3", "--metrics", "native-tiny/pf.csv"]),
+        (TINY_PF, ["--validate", "2.5", "-f", "json"]),
+        ("native-tiny/drop.route.csv", []),
+    ],
+)
+def test_stream_prints_what_the_whole_command_prints(corpus: Path, capsys, trace, extra) -> None:
+    """Shape lines, the validation against the recorded run, the budget x policy table, the
+    exact LRU curve."""
+    extra = [str(corpus / e) if e.endswith(".csv") else e for e in extra]
+    asked = ["--mrc", "--budgets", "1,2,3,5", *extra]
+    code, whole, whole_err = run(capsys, "replay", corpus / trace, *asked)
+    assert code == 0
+    code, streamed, err = run(capsys, "replay", corpus / trace, "--stream", *asked)
+    assert code == 0
+    assert streamed == whole and "batches" in whole
+    assert ("dropping on" in err) == ("dropping on" in whole_err)
+    assert ("validation" in whole) == ("--validate" in extra)
+
+
+def test_stream_of_one_turn_is_that_turn(capsys, tmp_path: Path) -> None:
+    from bmoe.formats.route import write_route_trace
+    from tests.test_replay import make_trace
+
+    cells = [(t, 1, s, s % 2, [(s + t) % 5, 3 * s % 7]) for t in range(3) for s in range(9)]
+    path = tmp_path / "turns.route.csv"
+    write_route_trace(make_trace(cells, sizes={0: 1 << 20, 1: 1 << 21}), path)
+    asked = ["--turn", "1", "--policies", "lru,lfu", "--budgets", "1,3,6", "-f", "json"]
+    code, out, _ = run(capsys, "replay", str(path), "--stream", *asked)
+    assert code == 0
+    streamed = json.loads(out)["curve"]
+    code, out, _ = run(capsys, "replay", str(path), *asked)
+    assert streamed == json.loads(out)["curve"]
+    code, out, _ = run(capsys, "replay", str(path), "--stream", "--turn", "0", *asked[2:])
+    assert streamed != json.loads(out)["curve"]
+    code, _, err = run(capsys, "replay", str(path), "--stream", "--turn", "7")
+    assert code == 2 and "no turn 7" in err
+
+
+def test_stream_refuses_prefetch(corpus: Path, capsys) -> None:
+    path = corpus / "route-trace/gemma.route.csv"
+    code, _, err = run(capsys, "replay", str(path), "--stream", "--prefetch", "1")
     assert code == 2
-    assert "--stream replays the LRU curve only" in err
+    assert "--stream does not go with --prefetch" in err
+
+
+def test_stream_draws_the_curve_and_the_exact_lru_curve(corpus: Path, capsys, tmp_path) -> None:
+    png = tmp_path / "curve.png"
+    code, _, err = run(
+        capsys, "replay", corpus / TINY_PF, "--stream", "--budgets", "1,2,3", "--policies",
+        "lru,lfu", "--mrc", "--plot", png,
+    )  # fmt: skip
+    assert code == 0, err
+    assert png.stat().st_size > 10_000
+    assert (tmp_path / "curve.mrc.png").stat().st_size > 10_000
+    code, _, err = run(capsys, "replay", corpus / TINY_PF, "--stream", "--mrc", "--plot", png)
+    assert code == 2 and "exists" in err
+
+
+def test_stream_warns_once_about_ids_beyond_n_expert(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "beyond.route.csv"
+    path.write_text(
+        "# route_trace v1\n# model=m n_layer=1 n_expert=4 n_expert_used=2\n"
+        "# layer=0 expert_bytes=1048576 dense_bytes=0\n"
+        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped\n"
+        "0,1,0,0,0,1,0.5,0,0,0\n0,1,0,0,1,6,0.5,0,0,0\n0,1,1,0,0,6,0.5,0,0,0\n"
+        "0,1,2,0,0,9,0.5,0,0,0\n0,1,3,0,0,1,0.5,0,0,0\n"
+    )
+    asked = ["--budgets", "1,2", "--policies", "lru,lfu", "-f", "json"]
+    code, out, err = run(capsys, "replay", path, "--stream", *asked)
+    assert code == 0
+    assert err.count("outside 0..3") == 1 and "expert id 6" in err
+    streamed = json.loads(out)["curve"]
+    code, out, _ = run(capsys, "replay", path, *asked)
+    assert streamed == json.loads(out)["curve"]

@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 import os
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -522,6 +522,17 @@ def validate(
     """The LRU replay at the run's budget next to what the run recorded: the trace's
     residency column and, when given, the metrics summary's ``cache_hit_pct``."""
     lru = summarize(batches, simulate(batches, "lru", round(budget_mib * MIB), seed=seed))
+    return validation_table(lru, recorded_hit_rate(batches), budget_mib, metrics_summary)
+
+
+def validation_table(
+    lru: Mapping[str, float],
+    recorded: Mapping[str, float] | None,
+    budget_mib: float,
+    metrics_summary: dict | None = None,
+) -> pd.DataFrame:
+    """:func:`validate`'s table from the LRU replay's and the residency column's hit rates
+    (``hit_pct_cum``, ``hit_pct_decode``), however they were counted."""
     rows = [
         {
             "source": f"lru replay @ {budget_mib:g} MiB",
@@ -529,7 +540,6 @@ def validate(
             "hit_pct_decode": lru["hit_pct_decode"],
         }
     ]
-    recorded = recorded_hit_rate(batches)
     if recorded is not None:
         rows.append(
             {

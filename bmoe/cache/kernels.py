@@ -15,6 +15,12 @@ hashed keys, so every structure is an array indexed by key:
 
 Each kernel returns the hits per batch. They release the GIL, so budgets and policies can
 run in threads. Compiled once and cached on disk by numba.
+
+Each kernel is also a state and a continue step (``lru_state`` / ``lru_continue``, ...): the
+cache lives in the state, so batches given chunk by chunk replay as if given at once (the
+streamed replay of :mod:`bmoe.analyze.replay_stream`); the whole-trace function is the
+one-chunk call. ``lfu`` streams through ``lfu_heap_continue`` (the same victims from a heap,
+in memory bounded by the keys rather than by the counts).
 """
 
 from __future__ import annotations
@@ -350,6 +356,101 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
     return hits
 
 
+@njit(**_OPTS)
+def lfu_heap_state(n_parts, n_keys):
+    """An empty LFU cache of `n_keys` key ids in `n_parts` parts (part ``j`` holds the ids
+    ``j, j + n_parts, ...``), for :func:`lfu_heap_continue`: (counts, resident, ksize, stamp,
+    hv, hk, hpos, base, hcount, held, scalars = [clock])."""
+    per_part = n_keys // n_parts
+    return (
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.arange(n_parts).astype(np.int64) * per_part,
+        np.zeros(n_parts, dtype=np.int64),
+        np.zeros(n_parts, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def lfu_heap_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts, shift, state):
+    """:func:`lfu` over a heap of (count, last touch) per part instead of count lists, from
+    `state` (:func:`lfu_heap_state`, updated in place, priorities packed with `shift`): the
+    same victims, in memory bounded by the keys whatever the counts reach, for replays that
+    go on chunk after chunk (the count lists take a slot per count)."""
+    counts, resident, ksize, stamp, hv, hk, hpos, base, hcount, held, scalars = state
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    clock = scalars[0]
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        j = part[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            counts[k] += 1
+            if resident[k]:
+                h += 1
+                _heap_remove(k, j, hv, hk, hpos, base, hcount)
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held[j] += sz
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            clock += 1
+            stamp[order[i]] = clock
+        hits[b] = h
+        while held[j] > capacity and hcount[j] > 0:
+            k = _heap_pop(j, hv, hk, hpos, base, hcount)
+            resident[k] = False
+            held[j] -= ksize[k]
+            if not keep_counts:
+                counts[k] = 0
+        for i in range(s, e):
+            k = look[i]
+            _heap_push(k, (counts[k] << shift) | stamp[k], j, hv, hk, hpos, base, hcount)
+    scalars[0] = clock
+    return hits
+
+
+@njit(**_OPTS)
+def lfu_heap_restamp(state, shift):
+    """Renumber the touch stamps of the keys in `state`'s heaps 1..m in their order and pack
+    the priorities with `shift` (each heap's order unchanged): between chunks, so the stamps
+    stay bounded by the keys and the next chunk's lookups."""
+    counts, stamp, hv, hk, base, hcount, scalars = (
+        state[0],
+        state[3],
+        state[4],
+        state[5],
+        state[7],
+        state[8],
+        state[10],
+    )
+    m = hcount.sum()
+    keys = np.empty(m, dtype=np.int64)
+    n = 0
+    for j in range(len(base)):
+        for i in range(hcount[j]):
+            keys[n] = hk[base[j] + i]
+            n += 1
+    order = np.argsort(stamp[keys])
+    for r in range(m):
+        stamp[keys[order[r]]] = r + 1
+    for j in range(len(base)):
+        for i in range(hcount[j]):
+            k = hk[base[j] + i]
+            hv[base[j] + i] = (counts[k] << shift) | stamp[k]
+    scalars[0] = m
+
+
 # ----------------------------------------------------------------------------- belady
 
 
@@ -358,13 +459,21 @@ def next_uses(bounds, look, n_keys):
     """For each lookup, the next batch looking the same key up; the number of batches
     (one past the last) if none."""
     n_b = len(bounds) - 1
+    return next_uses_continue(bounds, look, np.full(n_keys, n_b, dtype=np.int32), 0)
+
+
+@njit(**_OPTS)
+def next_uses_continue(bounds, look, nextb, b0):
+    """:func:`next_uses` of the batches numbered from `b0` on, `nextb` (per key, the first
+    batch after them looking it up, updated in place) carried from the chunk after: chunks
+    given last to first give the next uses of a whole."""
+    n_b = len(bounds) - 1
     out = np.empty(len(look), dtype=np.int32)
-    nextb = np.full(n_keys, n_b, dtype=np.int32)
     for b in range(n_b - 1, -1, -1):
         for i in range(bounds[b], bounds[b + 1]):
             k = look[i]
             out[i] = nextb[k]
-            nextb[k] = b
+            nextb[k] = b0 + b
     return out
 
 
@@ -378,18 +487,38 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
     higher than that of every key not looked up here (their next use is later), so the
     eviction pass stops at the first such key at the top; the new priority is then put in
     place with one sift (a remove and a push cost two)."""
+    state = belady_state(n_keys)
+    n_b = len(bounds) - 1
+    return belady_continue(bounds, look, size, next_use, n_b, 0, budget, shift, state)
+
+
+@njit(**_OPTS)
+def belady_state(n_keys):
+    """An empty Belady cache of `n_keys` key ids, for :func:`belady_continue`: (admitted,
+    resident, ksize, hv, hk, hpos, base, hcount, scalars = [held, admissions])."""
+    return (
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(2, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, state):
+    """:func:`belady` of the batches numbered from `b0` on of a replay of `n_total`, their
+    next uses numbered so, from the cache `state` (:func:`belady_state`, updated in place):
+    batches given chunk by chunk replay as if given at once."""
+    admitted, resident, ksize, hv, hk, hpos, base, hcount, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    admitted = np.zeros(n_keys, dtype=np.int64)
-    resident = np.zeros(n_keys, dtype=np.bool_)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    hv = np.zeros(n_keys, dtype=np.int64)
-    hk = np.zeros(n_keys, dtype=np.int32)
-    hpos = np.full(n_keys, -1, dtype=np.int64)
-    base = np.zeros(1, dtype=np.int64)
-    hcount = np.zeros(1, dtype=np.int64)
-    held = 0
-    admissions = 0
+    held = scalars[0]
+    admissions = scalars[1]
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -405,14 +534,14 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
                 admissions += 1
                 admitted[k] = admissions
         hits[b] = h
-        looked_up_here = np.int64(n_b - b) << shift  # the lowest priority of a hit
+        looked_up_here = np.int64(n_total - b0 - b) << shift  # the lowest priority of a hit
         while held > budget and hcount[0] > 0 and hv[0] < looked_up_here:
             k = _heap_pop(0, hv, hk, hpos, base, hcount)
             resident[k] = False
             held -= ksize[k]
         for i in range(s, e):
             k = look[i]
-            v = ((n_b - min(np.int64(next_use[i]), n_b)) << shift) | admitted[k]
+            v = ((n_total - min(np.int64(next_use[i]), n_total)) << shift) | admitted[k]
             j = hpos[k]
             if j < 0:
                 _heap_push(k, v, 0, hv, hk, hpos, base, hcount)
@@ -423,6 +552,8 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
                     _sift_up(hv, hk, hpos, 0, j)
                 else:
                     _sift_down(hv, hk, hpos, 0, hcount[0], j)
+    scalars[0] = held
+    scalars[1] = admissions
     return hits
 
 
@@ -433,21 +564,63 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
 def lfuda(bounds, look, rec, repeated, size, n_keys, budget, shift):
     """``lfuda``: priority K = L + F (F lookups since admission, L the last victim's K),
     ties by least recent touch (heap priority ``K << shift | touch``)."""
+    return lfuda_continue(bounds, look, rec, repeated, size, budget, shift, lfuda_state(n_keys))
+
+
+@njit(**_OPTS)
+def lfuda_state(n_keys):
+    """An empty LFUDA cache of `n_keys` key ids, for :func:`lfuda_continue`: (freq, prio,
+    stamp, resident, ksize, hv, hk, hpos, base, hcount, scalars = [held, age, clock])."""
+    return (
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(3, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def lfuda_restamp(state, shift):
+    """Renumber the touch stamps of `state`'s resident keys 1..m in their order and pack
+    the heap priorities with `shift` (the heap's order is unchanged): between chunks, so
+    that the stamps, and the bits they need, stay bounded by the keys and the next chunk's
+    lookups instead of growing with the trace."""
+    prio, stamp, hv, hk, hcount, scalars = (
+        state[1],
+        state[2],
+        state[5],
+        state[6],
+        state[9],
+        state[10],
+    )
+    m = hcount[0]
+    keys = hk[:m].copy()
+    order = np.argsort(stamp[keys])
+    for r in range(m):
+        stamp[keys[order[r]]] = r + 1
+    for i in range(m):
+        k = hk[i]
+        hv[i] = (prio[k] << shift) | stamp[k]
+    scalars[2] = m
+
+
+@njit(**_OPTS)
+def lfuda_continue(bounds, look, rec, repeated, size, budget, shift, state):
+    """:func:`lfuda` from the cache `state` (:func:`lfuda_state`, updated in place; its
+    priorities packed with `shift`): batches given chunk by chunk replay as if given at once."""
+    freq, prio, stamp, resident, ksize, hv, hk, hpos, base, hcount, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    freq = np.zeros(n_keys, dtype=np.int64)
-    prio = np.zeros(n_keys, dtype=np.int64)
-    stamp = np.zeros(n_keys, dtype=np.int64)
-    resident = np.zeros(n_keys, dtype=np.bool_)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    hv = np.zeros(n_keys, dtype=np.int64)
-    hk = np.zeros(n_keys, dtype=np.int32)
-    hpos = np.full(n_keys, -1, dtype=np.int64)
-    base = np.zeros(1, dtype=np.int64)
-    hcount = np.zeros(1, dtype=np.int64)
-    held = 0
-    age = 0
-    clock = 0
+    held = scalars[0]
+    age = scalars[1]
+    clock = scalars[2]
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -477,6 +650,9 @@ def lfuda(bounds, look, rec, repeated, size, n_keys, budget, shift):
         for i in range(s, e):
             k = look[i]
             _heap_push(k, (prio[k] << shift) | stamp[k], 0, hv, hk, hpos, base, hcount)
+    scalars[0] = held
+    scalars[1] = age
+    scalars[2] = clock
     return hits
 
 
@@ -524,21 +700,43 @@ def mt_state(seed: int) -> tuple[np.ndarray, np.ndarray]:
 def randomized(bounds, look, size, n_keys, budget, mt, state):
     """``random``: evict a uniformly drawn resident key not touched by the batch (a draw
     on a batch key is redrawn), over a swap-remove list of the resident keys."""
+    return randomized_continue(bounds, look, size, budget, random_state(n_keys, mt, state))
+
+
+@njit(**_OPTS)
+def random_state(n_keys, mt, index):
+    """An empty random cache of `n_keys` key ids drawing from the generator (`mt`, `index`)
+    of :func:`mt_state`, for :func:`randomized_continue`: (pos, mark, ksize, lst, mt, index,
+    scalars = [resident keys, held, batches done])."""
+    return (
+        np.full(n_keys, -1, dtype=np.int64),
+        np.full(n_keys, -1, dtype=np.int64),  # mark: the last batch that touched the key
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        mt,
+        index,
+        np.zeros(3, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def randomized_continue(bounds, look, size, budget, state):
+    """:func:`randomized` from the cache `state` (:func:`random_state`, updated in place):
+    batches given chunk by chunk replay as if given at once."""
+    pos, mark, ksize, lst, mt, index, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    pos = np.full(n_keys, -1, dtype=np.int64)
-    mark = np.full(n_keys, -1, dtype=np.int64)  # the last batch that touched the key
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    lst = np.zeros(n_keys, dtype=np.int32)
-    n = 0
-    held = 0
+    n = scalars[0]
+    held = scalars[1]
+    done = scalars[2]
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
+        gb = done + b
         h = 0
         for i in range(s, e):
             k = look[i]
-            mark[k] = b
+            mark[k] = gb
             if pos[k] >= 0:
                 h += 1
             else:
@@ -551,9 +749,9 @@ def randomized(bounds, look, size, n_keys, budget, mt, state):
         if held > budget:
             evictable = n - (e - s)
             while held > budget and evictable > 0:
-                j = np.int64(draw(mt, state) * n)
+                j = np.int64(draw(mt, index) * n)
                 k = lst[j]
-                if mark[k] == b:
+                if mark[k] == gb:
                     continue
                 n -= 1
                 last = lst[n]
@@ -563,6 +761,9 @@ def randomized(bounds, look, size, n_keys, budget, mt, state):
                 pos[k] = -1
                 held -= ksize[k]
                 evictable -= 1
+    scalars[0] = n
+    scalars[1] = held
+    scalars[2] = done + n_b
     return hits
 
 
@@ -574,28 +775,49 @@ _T1, _T2, _B1, _B2 = 0, 1, 2, 3
 @njit(**_OPTS)
 def arc(bounds, look, rec, repeated, size, n_keys, budget):
     """``arc``: the batch form of :class:`bmoe.cache.policies.arc.ARC`, step for step."""
+    return arc_continue(bounds, look, rec, repeated, size, budget, arc_state(n_keys))
+
+
+@njit(**_OPTS)
+def arc_state(n_keys):
+    """An empty ARC cache of `n_keys` key ids, for :func:`arc_continue`: (nxt, prv, where,
+    mark, ksize, head, tail, scalars = [held, t1 bytes, b1 bytes, b2 bytes, batches done],
+    [p])."""
+    return (
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int8),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.full(4, -1, dtype=np.int32),
+        np.full(4, -1, dtype=np.int32),
+        np.zeros(5, dtype=np.int64),
+        np.zeros(1, dtype=np.float64),
+    )
+
+
+@njit(**_OPTS)
+def arc_continue(bounds, look, rec, repeated, size, budget, state):
+    """:func:`arc` from the cache `state` (:func:`arc_state`, updated in place): batches
+    given chunk by chunk replay as if given at once."""
+    nxt, prv, where, mark, ksize, head, tail, scalars, p_now = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    nxt = np.full(n_keys, -1, dtype=np.int32)
-    prv = np.full(n_keys, -1, dtype=np.int32)
-    where = np.full(n_keys, -1, dtype=np.int8)
-    mark = np.full(n_keys, -1, dtype=np.int64)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    head = np.full(4, -1, dtype=np.int32)
-    tail = np.full(4, -1, dtype=np.int32)
-    held = 0
-    t1_bytes = 0
-    b1_bytes = 0
-    b2_bytes = 0
-    p = 0.0
+    held = scalars[0]
+    t1_bytes = scalars[1]
+    b1_bytes = scalars[2]
+    b2_bytes = scalars[3]
+    done = scalars[4]
+    p = p_now[0]
     fbudget = float(budget)
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
+        gb = done + b
         sz = size[b]
         h = 0
         for i in range(s, e):
             k = look[i]
-            mark[k] = b
+            mark[k] = gb
             w = where[k]
             if w == _T1:
                 h += 1
@@ -646,7 +868,7 @@ def arc(bounds, look, rec, repeated, size, n_keys, budget):
             k1 = -1
             if not t1_done:
                 k1 = head[_T1]
-                while k1 >= 0 and mark[k1] == b:
+                while k1 >= 0 and mark[k1] == gb:
                     k1 = nxt[k1]
             t1_done = k1 < 0
             from_t1 = k1 >= 0 and t1_bytes > p
@@ -654,7 +876,7 @@ def arc(bounds, look, rec, repeated, size, n_keys, budget):
             if not from_t1:
                 if not t2_done:
                     k2 = head[_T2]
-                    while k2 >= 0 and mark[k2] == b:
+                    while k2 >= 0 and mark[k2] == gb:
                         k2 = nxt[k2]
                 t2_done = k2 < 0
                 if k2 < 0 and k1 < 0:
@@ -683,6 +905,12 @@ def arc(bounds, look, rec, repeated, size, n_keys, budget):
             _unlink(k, _B2, head, tail, nxt, prv)
             where[k] = -1
             b2_bytes -= ksize[k]
+    scalars[0] = held
+    scalars[1] = t1_bytes
+    scalars[2] = b1_bytes
+    scalars[3] = b2_bytes
+    scalars[4] = done + n_b
+    p_now[0] = p
     return hits
 
 
@@ -695,30 +923,50 @@ _SMALL, _MAIN, _GHOST = 0, 1, 2
 def s3fifo(bounds, look, size, n_keys, budget):
     """``s3fifo``: the batch form of :class:`bmoe.cache.policies.s3fifo.S3FIFO`, step for
     step (S a tenth of the budget, G at most the rest, 2-bit counters)."""
+    return s3fifo_continue(bounds, look, size, budget, s3fifo_state(n_keys))
+
+
+@njit(**_OPTS)
+def s3fifo_state(n_keys):
+    """An empty S3-FIFO cache of `n_keys` key ids, for :func:`s3fifo_continue`: (nxt, prv,
+    where, mark, freq, ksize, head, tail, stuck, scalars = [held, S bytes, G bytes, M keys,
+    batches done])."""
+    return (
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int8),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int8),
+        np.zeros(n_keys, dtype=np.int64),
+        np.full(3, -1, dtype=np.int32),
+        np.full(3, -1, dtype=np.int32),
+        np.zeros(n_keys, dtype=np.int32),
+        np.zeros(5, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def s3fifo_continue(bounds, look, size, budget, state):
+    """:func:`s3fifo` from the cache `state` (:func:`s3fifo_state`, updated in place):
+    batches given chunk by chunk replay as if given at once."""
+    nxt, prv, where, mark, freq, ksize, head, tail, stuck, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    nxt = np.full(n_keys, -1, dtype=np.int32)
-    prv = np.full(n_keys, -1, dtype=np.int32)
-    where = np.full(n_keys, -1, dtype=np.int8)
-    mark = np.full(n_keys, -1, dtype=np.int64)
-    freq = np.zeros(n_keys, dtype=np.int8)
-    ksize = np.zeros(n_keys, dtype=np.int64)
-    head = np.full(3, -1, dtype=np.int32)
-    tail = np.full(3, -1, dtype=np.int32)
-    stuck = np.zeros(n_keys, dtype=np.int32)
-    held = 0
-    small_bytes = 0
-    ghost_bytes = 0
-    main_len = 0
+    held = scalars[0]
+    small_bytes = scalars[1]
+    ghost_bytes = scalars[2]
+    main_len = scalars[3]
+    done = scalars[4]
     small_target = budget // 10
     ghost_limit = budget - small_target
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
+        gb = done + b
         sz = size[b]
         h = 0
         for i in range(s, e):
             k = look[i]
-            mark[k] = b
+            mark[k] = gb
             w = where[k]
             if 0 <= w <= _MAIN:  # resident: in S or M
                 h += 1
@@ -756,7 +1004,7 @@ def s3fifo(bounds, look, size, n_keys, budget):
                     main_len += 1
                     main_skips = 0
                     continue
-                if mark[k] == b:
+                if mark[k] == gb:
                     where[k] = -1
                     stuck[n_stuck] = k
                     n_stuck += 1
@@ -772,7 +1020,7 @@ def s3fifo(bounds, look, size, n_keys, budget):
                     _append(k, _MAIN, head, tail, nxt, prv)
                     main_skips = 0
                     continue
-                if mark[k] == b:
+                if mark[k] == gb:
                     _append(k, _MAIN, head, tail, nxt, prv)
                     main_skips += 1
                     continue
@@ -792,6 +1040,11 @@ def s3fifo(bounds, look, size, n_keys, budget):
             _unlink(k, _GHOST, head, tail, nxt, prv)
             where[k] = -1
             ghost_bytes -= ksize[k]
+    scalars[0] = held
+    scalars[1] = small_bytes
+    scalars[2] = ghost_bytes
+    scalars[3] = main_len
+    scalars[4] = done + n_b
     return hits
 
 
@@ -810,21 +1063,66 @@ def lru_byte_distances(bounds, look, rec, repeated, size, n_keys, batch_semantic
     budget). Without: every lookup touches its key at once, in lookup order, and the
     distance is the bytes of the distinct keys looked up since (the classic stack
     distance, the key itself not counted)."""
-    n = len(look)
-    tree = np.zeros(n + 1, dtype=np.int64)
-    last = np.zeros(n_keys, dtype=np.int64)  # last touch (1-based), 0 = never
-    prevb = np.full(n_keys, -1, dtype=np.int64)  # the last batch that looked the key up
-    out = np.full(n, np.inf)
-    total = 0
-    clock = 0
+    state = distances_state(n_keys, len(look))
+    return lru_byte_distances_continue(bounds, look, rec, repeated, size, batch_semantics, state)
+
+
+@njit(**_OPTS)
+def distances_state(n_keys, room):
+    """No key touched yet, a tree with room for `room` touches, for
+    :func:`lru_byte_distances_continue`: (tree, last, prevb, scalars = [bytes of the keys
+    touched, clock, batches done])."""
+    return (
+        np.zeros(room + 1, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),  # last touch (1-based), 0 = never
+        np.full(n_keys, -1, dtype=np.int64),  # the last batch that looked the key up
+        np.zeros(3, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def distances_restart(state, key_bytes, room):
+    """`state` (:func:`distances_state`) with its touched keys renumbered 1..m in touch
+    order and a new tree holding their `key_bytes` with room for `room` more touches:
+    between chunks, so the tree is bounded by the keys and a chunk, not the trace."""
+    _, last, prevb, scalars = state
+    live = np.flatnonzero(last > 0)
+    order = live[np.argsort(last[live])]
+    m = len(order)
+    n = m + room
+    new = np.zeros(n + 1, dtype=np.int64)
+    for r in range(m):
+        k = order[r]
+        last[k] = r + 1
+        new[r + 1] = key_bytes[k]
+    for i in range(1, n + 1):  # prefix sums to a Fenwick tree in place
+        j = i + (i & -i)
+        if j <= n:
+            new[j] += new[i]
+    scalars[1] = m
+    return new, last, prevb, scalars
+
+
+@njit(**_OPTS)
+def lru_byte_distances_continue(bounds, look, rec, repeated, size, batch_semantics, state):
+    """:func:`lru_byte_distances` from `state` (:func:`distances_state`, updated in place,
+    its tree with room for these lookups): batches given chunk by chunk give the distances
+    of a whole."""
+    tree, last, prevb, scalars = state
+    n = len(tree) - 1
+    out = np.full(len(look), np.inf)
+    total = scalars[0]
+    clock = scalars[1]
+    done = scalars[2]
     for b in range(len(bounds) - 1):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
+        gb = done + b
         for i in range(s, e):
             k = look[i]
             t = last[k]
             if t > 0:
-                if batch_semantics and prevb[k] == b - 1:
+                if batch_semantics and prevb[k] == gb - 1:
                     out[i] = 0.0
                 else:
                     acc = 0
@@ -845,7 +1143,10 @@ def lru_byte_distances(bounds, look, rec, repeated, size, n_keys, batch_semantic
                     total += sz
                 clock = _touch(tree, last, k, sz, clock, n)
             for i in range(s, e):
-                prevb[look[i]] = b
+                prevb[look[i]] = gb
+    scalars[0] = total
+    scalars[1] = clock
+    scalars[2] = done + len(bounds) - 1
     return out
 
 

@@ -72,6 +72,12 @@ def _recorded_point(views, validate: float | None, metrics_summary, metrics_para
     return (float(budget), float(hit))
 
 
+DROPPING_NOTE = (
+    "this trace was recorded with expert dropping on: the replay looks up every expert the "
+    "router asked for, dropped ones included"
+)
+
+
 @analyze_app.command("replay")
 def analyze_replay(
     trace_path: Path = typer.Argument(..., metavar="TRACE", help="A route trace (CSV or Parquet)."),
@@ -85,7 +91,7 @@ def analyze_replay(
         None,
         "--policies",
         help=f"Policies, comma-separated, from: {', '.join(POLICIES)} (default: "
-        f"{','.join(REFERENCE_POLICIES)}; lru with --stream).",
+        f"{','.join(REFERENCE_POLICIES)}).",
     ),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
     validate: float | None = typer.Option(
@@ -133,8 +139,9 @@ def analyze_replay(
     stream: bool = typer.Option(
         False,
         "--stream",
-        help="Read a CSV trace block by block in constant memory (traces larger than RAM): "
-        "the LRU curve only (no other policy, --turn, --validate, --mrc, --prefetch, --plot).",
+        help="Read the trace (CSV or Parquet) block by block in constant memory (traces larger "
+        "than RAM); all but --prefetch. belady takes a second pass over its lookups spilled to "
+        "$TMPDIR (~10 bytes a lookup).",
     ),
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
@@ -144,48 +151,33 @@ def analyze_replay(
     Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
     Example: bmoe analyze replay big.route.parquet --jobs 1
     Example: bmoe analyze replay huge.route.csv --stream --budgets 1000,2000,4000
+    Example: bmoe analyze replay huge.route.parquet --stream --policies lru,arc --mrc -f csv
     """
     check_format(fmt)
     budget_list = (
         replay_analysis.check_budgets(parse_numbers(budgets, "--budgets")) if budgets else None
     )
     if policies is None:
-        policies = "lru" if stream else ",".join(REFERENCE_POLICIES)
+        policies = ",".join(REFERENCE_POLICIES)
     names = replay_analysis.check_policies(policies.split(","))
-    if stream:
-        asked = {"--turn": turn is not None, "--validate": validate is not None, "--mrc": mrc}
-        asked |= {"--prefetch": prefetch is not None, "--plot": plot is not None}
-        if names != ["lru"] or any(asked.values()):
-            extra = [o for o, on in asked.items() if on] or ["--policies " + policies]
-            raise BmoeError(f"--stream replays the LRU curve only, not with {extra[0]}")
-        _stream_curve(trace_path, budget_list, fmt, csv_out)
-        return
+    if stream and prefetch is not None:
+        raise BmoeError("--stream does not go with --prefetch (it reads the rows again)")
     inputs = [trace_path] + ([metrics] if metrics is not None else [])
     also = (_mrc_path(plot),) if plot is not None and mrc else ()
     check_plot(plot, inputs, force=force, also=also)
     if csv_out is not None:
         check_output(csv_out, inputs, force=force)
+    if stream:
+        views, summary, params = _stream_views(
+            trace_path, budget_list, names, turn, mrc, validate, metrics, seed, jobs
+        )
+        _show(views, fmt, validate, csv_out, plot, summary, params)
+        return
     trace = read_trace(trace_path, replay_analysis.REPLAY_COLUMNS)
     _warn_ids(trace)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
-    summary = params = None
-    if metrics is not None:
-        from bmoe.formats.metrics import read_metrics
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run = read_metrics(metrics)
-        summary, params = run.summary, run.params
-        if summary.get("cache_hit_pct") is None:
-            err_console.print(
-                warning_line(f"{metrics}: no cache_hit_pct in its summary"), highlight=False
-            )
-        if validate is None:
-            err_console.print(
-                note_line("--metrics is read for --validate MIB; pass the run's budget", "note:"),
-                highlight=False,
-            )
+    summary, params = _read_summary(metrics, validate)
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -215,14 +207,34 @@ def analyze_replay(
             progress=lambda done, total: bar.update(task, completed=done),
             batches=batches,
         )
-    if views["shape"].get("recorded_with_dropping"):
+    _show(views, fmt, validate, csv_out, plot, summary, params)
+
+
+def _read_summary(metrics: Path | None, validate: float | None):
+    """The summary and parameters of the run's metrics file (None, None without one)."""
+    if metrics is None:
+        return None, None
+    from bmoe.formats.metrics import read_metrics
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = read_metrics(metrics)
+    if run.summary.get("cache_hit_pct") is None:
         err_console.print(
-            note_line(
-                "this trace was recorded with expert dropping on: the replay looks up every "
-                "expert the router asked for, dropped ones included"
-            ),
+            warning_line(f"{metrics}: no cache_hit_pct in its summary"), highlight=False
+        )
+    if validate is None:
+        err_console.print(
+            note_line("--metrics is read for --validate MIB; pass the run's budget", "note:"),
             highlight=False,
         )
+    return run.summary, run.params
+
+
+def _show(views, fmt: str, validate, csv_out: Path | None, plot: Path | None, summary, params):
+    """Print the views, write the --csv and --plot files."""
+    if views["shape"].get("recorded_with_dropping"):
+        err_console.print(note_line(DROPPING_NOTE), highlight=False)
     _print_replay(views, fmt, validate)
     if csv_out is not None:
         from bmoe.render.replay import curve_csv
@@ -239,28 +251,49 @@ def analyze_replay(
 STREAM_BLOCK_ROWS = 1 << 18
 
 
-def _stream_curve(
-    trace_path: Path, budget_list: list[float] | None, fmt: str, csv_out: Path | None
-) -> None:
-    from bmoe.analyze.replay_stream import stream_lru_curve
-    from bmoe.formats.parquet import is_parquet
+def _stream_views(
+    trace_path: Path,
+    budget_list: list[float] | None,
+    names: list[str],
+    turn: int | None,
+    mrc: bool,
+    validate: float | None,
+    metrics: Path | None,
+    seed: int,
+    jobs: int | None,
+):
+    """The replay's views of the file read block by block, and the metrics summary and
+    parameters."""
+    from bmoe.analyze.replay_stream import stream_replay
     from bmoe.formats.route import iter_route_rows, read_route_preamble
-    from bmoe.render import replay as text
 
-    if is_parquet(trace_path):
-        raise BmoeError(f"{trace_path}: --stream reads CSV traces (bmoe convert --to csv)")
-    preamble = read_route_preamble(trace_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        preamble = read_route_preamble(trace_path)
     if budget_list is None:
-        budget_list = replay_analysis.default_budgets(preamble)
-    with err_console.status("replaying block by block"):
-        blocks = iter_route_rows(trace_path, STREAM_BLOCK_ROWS)
-        curve = stream_lru_curve(preamble, blocks, budget_list)
-    out = render({"curve": curve}, fmt, console, text.DIGITS)
-    console.out(out or "", end="")
-    if csv_out is not None:
-        csv_out.parent.mkdir(parents=True, exist_ok=True)
-        csv_out.write_text(text.curve_csv(curve), encoding="utf-8")
-        err_console.print(f"wrote {csv_out}", highlight=False)
+        budget_list = replay_analysis.default_budgets(preamble, [validate] if validate else [])
+    summary, params = _read_summary(metrics, validate)
+    blocks = iter_route_rows(trace_path, STREAM_BLOCK_ROWS, replay_analysis.REPLAY_COLUMNS)
+    if turn is not None:
+        blocks = (b[b["turn"] == turn] if "turn" in b else b.iloc[: len(b) * (turn == 0)]
+                  for b in blocks)  # fmt: skip
+    with (
+        warnings.catch_warnings(record=True) as also,
+        err_console.status(literal("replaying block by block")),
+    ):
+        warnings.simplefilter("always")
+        try:
+            views = stream_replay(
+                preamble, blocks, budget_list, names, mrc=mrc, validate_mib=validate,
+                metrics_summary=summary, seed=seed, jobs=jobs,
+            )  # fmt: skip
+        except BmoeError as exc:
+            if turn is not None and "no routing rows" in str(exc):
+                raise BmoeError(f"{trace_path}: no turn {turn}") from None
+            raise
+    for w in [*caught, *also]:
+        err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
+    return views, summary, params
 
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:

@@ -152,16 +152,33 @@ def analyze_route(
         None, "--budget-mib", help="Cache budget line on the workset and reuse-bytes plots."
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
+    stream: bool = typer.Option(
+        False,
+        "--stream",
+        help="A trace larger than memory (CSV or Parquet): the views in passes over the file, "
+        "each holding whole layers of at most 10 M rows; not the matrix, --max-steps or --plot.",
+    ),
 ) -> None:
     """Views of a routing trace: what the router asked for, layer by layer.
 
     Example: bmoe analyze route trace.csv --view reuse,overlap --phase decode
     Example: bmoe analyze route trace.csv --view matrix --cells hit --steps 29-44 --layers 0-7
+    Example: bmoe analyze route huge.route.parquet --stream --view hot,reuse
     """  # fmt: skip
     check_format(fmt)
     if cells not in route.MATRIX_CELLS:
         raise BmoeError(f"unknown --cells {cells!r} (choose {', '.join(route.MATRIX_CELLS)})")
     names = parse_views(view)
+    if stream:
+        from bmoe.cli.route_passes import print_in_passes
+
+        if max_steps is not None or plot is not None:
+            raise BmoeError("--stream does not go with --max-steps or --plot")
+        print_in_passes(
+            trace_path, names, phase=phase, turn=turn, layers=parse_ints(layers, "layers"),
+            steps=parse_ints(steps, "steps"), top=top, fmt=fmt,
+        )  # fmt: skip
+        return
     kind = choose_plot(plot_kind, names, view, cells) if plot else None
     check_plot(plot, (trace_path,), force=force)
     with (

@@ -222,8 +222,13 @@ def read_route_columns(source: PathLike | bytes) -> RouteColumns:
 
 
 def read_route_preamble(source: PathLike) -> RouteTrace:
-    """A route trace CSV's run facts and per-layer sizes, its rows left on disk (an empty
-    frame of its columns): the preamble for :func:`iter_route_rows`' blocks."""
+    """A route trace's run facts and per-layer sizes (CSV or Parquet), its rows left on disk
+    (an empty frame of its columns): the preamble for :func:`iter_route_rows`' blocks."""
+    from bmoe.formats import parquet
+
+    if parquet.is_parquet(source):
+        p = parquet.read_meta(source, "route")
+        return RouteTrace(p.name, p.version, p.meta, p.layers, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
     types = {c: COLUMN_TYPES.get(c, pa.string()) for c in dict.fromkeys(sec.header)}
@@ -231,21 +236,30 @@ def read_route_preamble(source: PathLike) -> RouteTrace:
     return RouteTrace(sec.path, version, meta, _layers_frame(layers), rows, sec.warnings)
 
 
-def iter_route_rows(source: PathLike, rows: int = 1 << 20) -> Iterator[pd.DataFrame]:
-    """The rows of a route trace CSV in blocks of about `rows`, read from disk as they are
-    used (a trace larger than memory can be walked this way, once per call). A file that
-    cannot stream (not a plain trace, a row that does not parse) is read whole and given as
-    one block; its errors are the reader's."""
+def iter_route_rows(
+    source: PathLike, rows: int = 1 << 20, columns: Iterable[str] | None = None
+) -> Iterator[pd.DataFrame]:
+    """The rows of a route trace (CSV or Parquet) in blocks of about `rows` (only `columns`
+    of them, when given), read from disk as they are used (a trace larger than memory can
+    be walked this way, once per call). A CSV that cannot stream (not a plain trace, a row
+    that does not parse) is read whole and given as one block; its errors are the reader's."""
     import pandas as pd
 
+    from bmoe.formats import parquet
+
+    keep = None if columns is None else frozenset(columns)
+    if parquet.is_parquet(source):
+        yield from parquet.iter_rows(source, rows, keep)
+        return
     sec = load_sections(source, verify=False)
     if _streamable(sec):
         assert sec.source is not None
         types = {c: COLUMN_TYPES[c] for c in sec.header}
+        wanted = None if keep is None else [c for c in sec.header if c in keep]
         parts: list[pd.DataFrame] = []
         held = given = 0
         try:
-            for batch in _batches(sec.source, sec.spans[0][0], types):
+            for batch in _batches(sec.source, sec.spans[0][0], types, wanted):
                 parts.append(batch.to_pandas())
                 held += batch.num_rows
                 if held >= rows:
@@ -258,9 +272,9 @@ def iter_route_rows(source: PathLike, rows: int = 1 << 20) -> Iterator[pd.DataFr
             if parts:
                 yield pd.concat(parts, ignore_index=True)
             return
-        yield read_route_trace(source).rows.iloc[given:].reset_index(drop=True)
+        yield read_route_trace(source, keep).rows.iloc[given:].reset_index(drop=True)
         return
-    yield read_route_trace(source).rows
+    yield read_route_trace(source, keep).rows
 
 
 def _streamable(sec: Sections, in_memory: bool = False) -> bool:
