@@ -1012,3 +1012,113 @@ def release_heap() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+# ----------------------------------------------------------------------------- lfuda-libcachesim
+
+
+@njit(inline="always", **_OPTS)
+def _strand_below(age, shift, hv, hk, hpos, base, hcount, stranded):
+    """Take the keys whose priority fell below the age off the heap's top (stranded: never
+    a victim while a key at or above the age remains)."""
+    while hcount[0] > 0 and (hv[0] >> shift) < age:
+        stranded[_heap_pop(0, hv, hk, hpos, base, hcount)] = True
+
+
+@njit(inline="always", **_OPTS)
+def _lowest_at_or_above(age, shift, hv, hcount, look, prio, s, stop):
+    """The lowest priority >= `age` among resident keys: the heap's top (stranded keys
+    taken off first) and the batch's hits among ``look[s:stop]`` (off the heap while their
+    batch runs); -1 if there is none. Keys entering in this batch (priority -1) do not
+    count."""
+    low = (hv[0] >> shift) if hcount[0] > 0 else -1
+    for i in range(s, stop):
+        q = prio[look[i]]
+        if q >= age and q >= 0 and (low < 0 or q < low):
+            low = q
+    return low
+
+
+@njit(**_OPTS)
+def lfuda_libcachesim(bounds, look, rec, repeated, size, n_keys, budget, shift):
+    """``lfuda-libcachesim``: the batch form of
+    :class:`bmoe.cache.policies.lfuda.LibCacheSimLFUDA`, step for step. Returns the hits per
+    batch and whether every priority fitted above the touch counter (False: the replay is
+    too long for this policy's growing priorities)."""
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    prio = np.zeros(n_keys, dtype=np.int64)
+    stamp = np.zeros(n_keys, dtype=np.int64)
+    resident = np.zeros(n_keys, dtype=np.bool_)
+    stranded = np.zeros(n_keys, dtype=np.bool_)
+    ksize = np.zeros(n_keys, dtype=np.int64)
+    hv = np.zeros(n_keys, dtype=np.int64)
+    hk = np.zeros(n_keys, dtype=np.int32)
+    hpos = np.full(n_keys, -1, dtype=np.int64)
+    base = np.zeros(1, dtype=np.int64)
+    hcount = np.zeros(1, dtype=np.int64)
+    limit = np.int64(1) << (62 - shift)
+    held = 0
+    age = 0
+    clock = 0
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            if resident[k]:
+                h += 1
+                if stranded[k]:
+                    stranded[k] = False
+                else:
+                    _heap_remove(k, 0, hv, hk, hpos, base, hcount)
+                old = prio[k]
+                prio[k] = old + age
+                if old == age:  # k was at the bottom: the age rises to the lowest other key
+                    _strand_below(age, shift, hv, hk, hpos, base, hcount, stranded)
+                    low = _lowest_at_or_above(age, shift, hv, hcount, look, prio, s, i)
+                    if low >= 0:
+                        age = low
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held += sz
+                prio[k] = -1  # set after the batch's evictions
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            clock += 1
+            stamp[order[i]] = clock
+        hits[b] = h
+        evicted = False
+        while held > budget:
+            _strand_below(age, shift, hv, hk, hpos, base, hcount, stranded)
+            if hcount[0] > 0:
+                k = _heap_pop(0, hv, hk, hpos, base, hcount)
+                age = prio[k]
+            else:  # only stranded keys left: the lowest of them, the age unchanged
+                k = -1
+                for q in range(n_keys):
+                    if stranded[q] and (
+                        k < 0 or prio[q] < prio[k] or (prio[q] == prio[k] and stamp[q] < stamp[k])
+                    ):
+                        k = q
+                if k < 0:
+                    break
+                stranded[k] = False
+            resident[k] = False
+            held -= ksize[k]
+            evicted = True
+        if evicted:
+            _strand_below(age, shift, hv, hk, hpos, base, hcount, stranded)
+            low = _lowest_at_or_above(age, shift, hv, hcount, look, prio, s, e)
+            if low >= 0:
+                age = low
+        for i in range(s, e):
+            k = look[i]
+            if prio[k] < 0:
+                prio[k] = age + 1
+            if prio[k] >= limit:
+                return hits, False
+            _heap_push(k, (prio[k] << shift) | stamp[k], 0, hv, hk, hpos, base, hcount)
+    return hits, True
