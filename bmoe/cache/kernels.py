@@ -371,13 +371,17 @@ def next_uses(bounds, look, n_keys):
 @njit(**_OPTS)
 def belady(bounds, look, size, next_use, n_keys, budget, shift):
     """``belady``: evict the furthest next use, ties to the earliest admitted (priority
-    ``(batches - next use) << shift | admission``; a next use at or past the number of
-    batches means never).
+    ``(batches - next use) << shift | admission``, the lowest the victim; a next use at or
+    past the number of batches means never).
 
-    A hit leaves its key in the heap with its old priority, whose next use is this batch:
-    higher than that of every key not looked up here (their next use is later), so the
-    eviction pass stops at the first such key at the top; the new priority is then put in
-    place with one sift (a remove and a push cost two)."""
+    The keys a batch admits wait one batch in a small buffer before they enter the heap:
+    Belady often evicts a key it has just admitted (its next use is far), and a victim
+    taken from the buffer costs a scan of a few entries instead of a push and a pop. The
+    victim is the lowest priority of the heap's top and the buffer, so the order is the
+    heap's alone. A hit key still in the heap takes its new priority with one sift up (its
+    old next use was this batch, so the new priority is lower); a hit key in the buffer
+    stays there with its new priority. A key looked up here has priority at least
+    ``(batches - this batch) << shift``, above every other key's: eviction stops there."""
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
     admitted = np.zeros(n_keys, dtype=np.int64)
@@ -385,9 +389,11 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
     ksize = np.zeros(n_keys, dtype=np.int64)
     hv = np.zeros(n_keys, dtype=np.int64)
     hk = np.zeros(n_keys, dtype=np.int32)
-    hpos = np.full(n_keys, -1, dtype=np.int64)
-    base = np.zeros(1, dtype=np.int64)
-    hcount = np.zeros(1, dtype=np.int64)
+    hpos = np.full(n_keys, -1, dtype=np.int64)  # heap slot; -1 out of it (or in the buffer)
+    bk = np.zeros(n_keys, dtype=np.int32)  # the buffer: keys and priorities
+    bv = np.zeros(n_keys, dtype=np.int64)
+    n_buf = 0
+    n_heap = 0
     held = 0
     admissions = 0
     for b in range(n_b):
@@ -406,23 +412,49 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
                 admitted[k] = admissions
         hits[b] = h
         looked_up_here = np.int64(n_b - b) << shift  # the lowest priority of a hit
-        while held > budget and hcount[0] > 0 and hv[0] < looked_up_here:
-            k = _heap_pop(0, hv, hk, hpos, base, hcount)
+        while held > budget:
+            lowest = looked_up_here
+            at = -1
+            for x in range(n_buf):
+                if bv[x] < lowest:
+                    lowest = bv[x]
+                    at = x
+            if n_heap > 0 and hv[0] < lowest:
+                k = hk[0]
+                hpos[k] = -1
+                n_heap -= 1
+                if n_heap > 0:
+                    hv[0] = hv[n_heap]
+                    hk[0] = hk[n_heap]
+                    _sift_down(hv, hk, hpos, 0, n_heap, 0)
+            elif at >= 0:
+                k = bk[at]
+                n_buf -= 1
+                bk[at] = bk[n_buf]
+                bv[at] = bv[n_buf]
+            else:
+                break
             resident[k] = False
             held -= ksize[k]
+        # the buffer's keys not looked up here enter the heap; the others are refreshed below
+        for x in range(n_buf):
+            if bv[x] < looked_up_here:
+                hv[n_heap] = bv[x]
+                hk[n_heap] = bk[x]
+                n_heap += 1
+                _sift_up(hv, hk, hpos, 0, n_heap - 1)
+        n_buf = 0
         for i in range(s, e):
             k = look[i]
             v = ((n_b - min(np.int64(next_use[i]), n_b)) << shift) | admitted[k]
             j = hpos[k]
             if j < 0:
-                _heap_push(k, v, 0, hv, hk, hpos, base, hcount)
+                bk[n_buf] = k
+                bv[n_buf] = v
+                n_buf += 1
             else:
-                old = hv[j]
                 hv[j] = v
-                if v < old:
-                    _sift_up(hv, hk, hpos, 0, j)
-                else:
-                    _sift_down(hv, hk, hpos, 0, hcount[0], j)
+                _sift_up(hv, hk, hpos, 0, j)
     return hits
 
 
