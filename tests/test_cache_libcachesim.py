@@ -57,6 +57,35 @@ def test_lfuda_libcachesim_entering_keys_take_the_age_after_the_evictions() -> N
     assert [[e for _, e in r.evicted] for r in res] == [[], [], [2], [1]]
 
 
+def test_lfuda_libcachesim_strands_a_hit_key_below_the_age() -> None:
+    """Budget 2. b1 [1], b2 [2]: K = 1 each. b3 [3]: evict 1, L = 1, K3 = 2.
+    b4, b5 [3]: hits, K3 = 3, then 4. b6 [2]: hit, K2 = 1 + 1 = 2; 2 was alone at L = 1, so
+    L rises to the lowest other key, K3 = 4, above 2: key 2 is stranded.
+    b7 [4]: the victim is the lowest K at or above L: 3 (4), not 2 (2); K4 = 5.
+    b8 [5]: evict 4 (5). b9 [2]: the stranded key hits (``lfuda`` evicted it at b7).
+    The compiled replay gives the same hits (budget 6 at 3 bytes per expert)."""
+    seq = [1, 2, 3, 3, 3, 2, 4, 5, 2]
+    cache = ExpertCache(2, "lfuda-libcachesim")
+    res = run(cache, [[e] for e in seq])
+    assert [len(r.hits) for r in res] == [0, 0, 0, 1, 1, 1, 0, 0, 1]
+    assert [[e for _, e in r.evicted] for r in res] == [
+        [], [], [1], [], [], [], [3], [4], [],
+    ]  # fmt: skip
+    assert {k & 0xFFFF: v for k, v in cache._policy.priority.items()} == {2: 7, 5: 6}
+    assert run(ExpertCache(2, "lfuda"), [[e] for e in seq])[6].evicted == [(0, 2)]
+    replayed = rp.simulate(one_request_per_batch([(0, e) for e in seq]), "lfuda-libcachesim", 6)
+    assert replayed.tolist() == [len(r.hits) for r in res]
+
+
+def test_lfuda_libcachesim_evicts_a_stranded_key_when_nothing_else_may_go() -> None:
+    """As above to b6 (2 stranded at K 2, L = 4, K3 = 4). b7 [3]: hit, K3 = 8; no other
+    key at or above L, so L stays 4. b8 [3, 4]: 3 hits, 4 enters; the only key outside the
+    batch is the stranded 2 (libCacheSim, a request at a time, finds no victim at L and
+    fails): the lowest stranded key goes."""
+    res = run(ExpertCache(2, "lfuda-libcachesim"), [[1], [2], [3], [3], [3], [2], [3], [3, 4]])
+    assert [[e for _, e in r.evicted] for r in res] == [[], [], [1], [], [], [], [], [2]]
+
+
 SIZES = {0: 3, 1: 5, 2: 4}  # bytes of an expert per layer: two sizes and a third
 
 
