@@ -5,6 +5,9 @@ Each resident key has a priority K = L + F, where F counts its lookups since it 
 victim. A hit sets K = L + F with the current L, so keys that were popular long ago age out
 instead of squatting. Victim: lowest K, ties by least recent touch. A prefetched key enters
 with F = 0 (K = L). Min-heap with lazy deletion of packed ``K | touch | key`` integers.
+
+``lfuda-libcachesim`` (:class:`LibCacheSimLFUDA`) is libCacheSim's different reading of the
+policy, offered so that its figures can be reproduced.
 """
 
 from __future__ import annotations
