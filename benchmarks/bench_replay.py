@@ -207,7 +207,7 @@ def scale(trace, rows: int) -> None:
             rates.append(n / since(start)[1] / 1e6)
         target = 20 if policy in ("lru", "lfu", "s3fifo", "belady") else 5
         print(
-            f"  {policy:<12} {rates[0]:6.1f} M lookups/CPU-s at 1000 MiB, {rates[1]:6.1f} at "
+            f"  {policy:<17} {rates[0]:6.1f} M lookups/CPU-s at 1000 MiB, {rates[1]:6.1f} at "
             f"4000 MiB  (target {target}: {'met' if min(rates) >= target else 'MISSED'})"
         )
     start = clocks()

@@ -361,6 +361,13 @@ def simulate(
         return kernels.belady(b.bounds, b.look, b.size, b.next_use_flat, b.n_keys, budget, shift)
     if policy == "lfuda":
         return kernels.lfuda(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget, shift)
+    if policy == "lfuda-libcachesim":
+        hits, fitted = kernels.lfuda_libcachesim(
+            b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget, shift
+        )
+        if not fitted:
+            raise BmoeError(f"{policy}'s priorities outgrow 64 bits on {len(b.look):,} lookups")
+        return hits
     if policy == "arc":
         return kernels.arc(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget)
     if policy == "s3fifo":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -91,6 +91,7 @@ class _Replay:
         "lru": (0, 1, 2, 3),
         "lfu": (0, 1, 2, 3, 6),  # and its heaps, part by part
         "lfuda": (0, 1, 2, 3, 4, 5, 6, 7),
+        "lfuda_libcachesim": (0, 1, 2, 3, 4, 5, 6, 7),
         "arc": (0, 1, 2, 3, 4),
         "s3fifo": (0, 1, 2, 3, 4, 5, 8),
         "random": (0, 1, 2, 3),
@@ -105,7 +106,10 @@ class _Replay:
         self.budget = budget
         self.n_parts = n_parts
         self.n_keys = n_keys
-        self.kind = {"layer": "lru", "layerlfu": "lfu", "lfu-incache": "lfu"}.get(policy, policy)
+        self.kind = {
+            "layer": "lru", "layerlfu": "lfu", "lfu-incache": "lfu",
+            "lfuda-libcachesim": "lfuda_libcachesim",
+        }.get(policy, policy)  # fmt: skip
         self.capacity = budget // n_layer if policy in ("layer", "layerlfu") else budget
         self.parts = n_parts if policy in ("layer", "layerlfu") else 1
         if policy == "random":
@@ -170,6 +174,14 @@ class _Replay:
             return kernels.lfuda_continue(
                 b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, shift, st
             )
+        if self.kind == "lfuda_libcachesim":
+            shift = self._restamp(int(st[2].sum()), st[0], c, kernels.lfuda_libcachesim_restamp)
+            hits, fitted = kernels.lfuda_libcachesim_continue(
+                b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, shift, st
+            )
+            if not fitted:
+                raise BmoeError(f"{self.policy}'s priorities outgrew 62 bits; replay fewer rows")
+            return hits
         if self.kind == "arc":
             return kernels.arc_continue(
                 b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, st
@@ -340,7 +352,7 @@ class _Spill:
                 )
                 out[i] += (int(h.sum()), int(h[decode].sum()), int((h * size).sum()))
         self.dir.cleanup()
-        return [tuple(row) for row in out.tolist()]
+        return [(a, b, c) for a, b, c in out.tolist()]
 
 
 def _shape(
@@ -545,7 +557,7 @@ def stream_replay(
     views: dict[str, pd.DataFrame | dict] = {"shape": shape}
     if validate_mib is not None:  # the last cell
         lru = {"hit_pct_cum": hit_pct[-1], "hit_pct_decode": decode_pct[-1]}
-        recorded = None
+        recorded: dict[str, Any] | None = None
         if residency:
             recorded = {k: shape[f"recorded_{k}"] for k in ("hit_pct_cum", "hit_pct_decode")}
         views["validation"] = validation_table(lru, recorded, validate_mib, metrics_summary)

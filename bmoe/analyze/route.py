@@ -30,7 +30,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 import numpy as np
 
@@ -97,6 +97,32 @@ def _n_rows(cols: Columns) -> int:
 # ----------------------------------------------------------------------------- selection
 
 
+@overload
+def select(
+    trace: RouteTrace,
+    phase: str = "decode",
+    turn: int | None = None,
+    layers: Collection[int] | None = None,
+    steps: Collection[int] | None = None,
+    max_steps: int | None = None,
+    *,
+    consume: bool = False,
+) -> RouteTrace: ...
+
+
+@overload
+def select(
+    trace: RouteColumns,
+    phase: str = "decode",
+    turn: int | None = None,
+    layers: Collection[int] | None = None,
+    steps: Collection[int] | None = None,
+    max_steps: int | None = None,
+    *,
+    consume: bool = False,
+) -> RouteColumns: ...
+
+
 def select(
     trace: RouteTrace | RouteColumns,
     phase: str = "decode",
@@ -116,7 +142,7 @@ def select(
     peak is one frame instead of two, for callers done with the whole trace. The selection
     has the trace's form: a RouteTrace gives a RouteTrace, RouteColumns give RouteColumns."""
     frame = trace.rows if isinstance(trace, RouteTrace) else None
-    cols = _columns(frame) if frame is not None else trace.columns
+    cols = trace.columns if isinstance(trace, RouteColumns) else _columns(trace.rows)
     if consume and frame is not None:
         cols = dict(cols)  # its own dict, emptied as the selection is built
     keep = _kept(cols, phase, turn, layers, steps)
@@ -126,8 +152,8 @@ def select(
         keep[within[~np.isin(code, np.unique(code)[:max_steps])]] = False
         del within, code
     if consume and keep.any():  # the trace keeps its columns, with no rows
-        if frame is not None:
-            trace.rows = frame.iloc[:0]
+        if isinstance(trace, RouteTrace):
+            trace.rows = trace.rows.iloc[:0]
             del frame
         else:
             trace.columns = {c: a[:0] for c, a in cols.items()}
@@ -395,7 +421,7 @@ def _order(rows: Columns, keep: np.ndarray | None = None, consume: bool = False)
     rows, layers, layer_idx, step_code = ordered
     n = len(step_code)
     layer = rows["layer"]
-    if layers is None:  # the layers of the selection, not of the whole frame
+    if layers is None or layer_idx is None:  # the selection's layers, not the whole frame's
         layers, layer_idx = _small_unique(layer)
     new = np.empty(n, dtype=bool)
     new[0] = True

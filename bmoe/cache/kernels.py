@@ -480,13 +480,17 @@ def next_uses_continue(bounds, look, nextb, b0):
 @njit(**_OPTS)
 def belady(bounds, look, size, next_use, n_keys, budget, shift):
     """``belady``: evict the furthest next use, ties to the earliest admitted (priority
-    ``(batches - next use) << shift | admission``; a next use at or past the number of
-    batches means never).
+    ``(batches - next use) << shift | admission``, the lowest the victim; a next use at or
+    past the number of batches means never).
 
-    A hit leaves its key in the heap with its old priority, whose next use is this batch:
-    higher than that of every key not looked up here (their next use is later), so the
-    eviction pass stops at the first such key at the top; the new priority is then put in
-    place with one sift (a remove and a push cost two)."""
+    The keys a batch admits wait one batch in a small buffer before they enter the heap:
+    Belady often evicts a key it has just admitted (its next use is far), and a victim
+    taken from the buffer costs a scan of a few entries instead of a push and a pop. The
+    victim is the lowest priority of the heap's top and the buffer, so the order is the
+    heap's alone. A hit key still in the heap takes its new priority with one sift up (its
+    old next use was this batch, so the new priority is lower); a hit key in the buffer
+    stays there with its new priority. A key looked up here has priority at least
+    ``(batches - this batch) << shift``, above every other key's: eviction stops there."""
     state = belady_state(n_keys)
     n_b = len(bounds) - 1
     return belady_continue(bounds, look, size, next_use, n_b, 0, budget, shift, state)
@@ -495,7 +499,8 @@ def belady(bounds, look, size, next_use, n_keys, budget, shift):
 @njit(**_OPTS)
 def belady_state(n_keys):
     """An empty Belady cache of `n_keys` key ids, for :func:`belady_continue`: (admitted,
-    resident, ksize, hv, hk, hpos, base, hcount, scalars = [held, admissions])."""
+    resident, ksize, heap values, heap keys, heap slots (-1 out of the heap), buffer keys,
+    buffer values, scalars = [held, admissions, heap size, buffer size])."""
     return (
         np.zeros(n_keys, dtype=np.int64),
         np.zeros(n_keys, dtype=np.bool_),
@@ -503,9 +508,9 @@ def belady_state(n_keys):
         np.zeros(n_keys, dtype=np.int64),
         np.zeros(n_keys, dtype=np.int32),
         np.full(n_keys, -1, dtype=np.int64),
-        np.zeros(1, dtype=np.int64),
-        np.zeros(1, dtype=np.int64),
-        np.zeros(2, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(4, dtype=np.int64),
     )
 
 
@@ -514,11 +519,13 @@ def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, st
     """:func:`belady` of the batches numbered from `b0` on of a replay of `n_total`, their
     next uses numbered so, from the cache `state` (:func:`belady_state`, updated in place):
     batches given chunk by chunk replay as if given at once."""
-    admitted, resident, ksize, hv, hk, hpos, base, hcount, scalars = state
+    admitted, resident, ksize, hv, hk, hpos, bk, bv, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
     held = scalars[0]
     admissions = scalars[1]
+    n_heap = scalars[2]
+    n_buf = scalars[3]
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -535,25 +542,53 @@ def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, st
                 admitted[k] = admissions
         hits[b] = h
         looked_up_here = np.int64(n_total - b0 - b) << shift  # the lowest priority of a hit
-        while held > budget and hcount[0] > 0 and hv[0] < looked_up_here:
-            k = _heap_pop(0, hv, hk, hpos, base, hcount)
+        while held > budget:
+            lowest = looked_up_here
+            at = -1
+            for x in range(n_buf):
+                if bv[x] < lowest:
+                    lowest = bv[x]
+                    at = x
+            if n_heap > 0 and hv[0] < lowest:
+                k = hk[0]
+                hpos[k] = -1
+                n_heap -= 1
+                if n_heap > 0:
+                    hv[0] = hv[n_heap]
+                    hk[0] = hk[n_heap]
+                    _sift_down(hv, hk, hpos, 0, n_heap, 0)
+            elif at >= 0:
+                k = bk[at]
+                n_buf -= 1
+                bk[at] = bk[n_buf]
+                bv[at] = bv[n_buf]
+            else:
+                break
             resident[k] = False
             held -= ksize[k]
+        # the buffer's keys not looked up here enter the heap; the others are refreshed below
+        for x in range(n_buf):
+            if bv[x] < looked_up_here:
+                hv[n_heap] = bv[x]
+                hk[n_heap] = bk[x]
+                n_heap += 1
+                _sift_up(hv, hk, hpos, 0, n_heap - 1)
+        n_buf = 0
         for i in range(s, e):
             k = look[i]
             v = ((n_total - min(np.int64(next_use[i]), n_total)) << shift) | admitted[k]
             j = hpos[k]
             if j < 0:
-                _heap_push(k, v, 0, hv, hk, hpos, base, hcount)
+                bk[n_buf] = k
+                bv[n_buf] = v
+                n_buf += 1
             else:
-                old = hv[j]
                 hv[j] = v
-                if v < old:
-                    _sift_up(hv, hk, hpos, 0, j)
-                else:
-                    _sift_down(hv, hk, hpos, 0, hcount[0], j)
+                _sift_up(hv, hk, hpos, 0, j)
     scalars[0] = held
     scalars[1] = admissions
+    scalars[2] = n_heap
+    scalars[3] = n_buf
     return hits
 
 
@@ -1313,3 +1348,153 @@ def release_heap() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+# ----------------------------------------------------------------------------- lfuda-libcachesim
+
+
+@njit(inline="always", **_OPTS)
+def _strand_below(age, shift, hv, hk, hpos, base, hcount, stranded):
+    """Take the keys whose priority fell below the age off the heap's top (stranded: never
+    a victim while a key at or above the age remains)."""
+    while hcount[0] > 0 and (hv[0] >> shift) < age:
+        stranded[_heap_pop(0, hv, hk, hpos, base, hcount)] = True
+
+
+@njit(inline="always", **_OPTS)
+def _lowest_at_or_above(age, shift, hv, hcount, look, prio, s, stop):
+    """The lowest priority >= `age` among resident keys: the heap's top (stranded keys
+    taken off first) and the batch's hits among ``look[s:stop]`` (off the heap while their
+    batch runs); -1 if there is none. Keys entering in this batch (priority -1) do not
+    count."""
+    low = (hv[0] >> shift) if hcount[0] > 0 else -1
+    for i in range(s, stop):
+        q = prio[look[i]]
+        if q >= age and q >= 0 and (low < 0 or q < low):
+            low = q
+    return low
+
+
+@njit(**_OPTS)
+def lfuda_libcachesim(bounds, look, rec, repeated, size, n_keys, budget, shift):
+    """``lfuda-libcachesim``: the batch form of
+    :class:`bmoe.cache.policies.lfuda.LibCacheSimLFUDA`, step for step. Returns the hits per
+    batch and whether every priority fitted above the touch counter (False: the replay is
+    too long for this policy's growing priorities)."""
+    state = lfuda_libcachesim_state(n_keys)
+    return lfuda_libcachesim_continue(bounds, look, rec, repeated, size, budget, shift, state)
+
+
+@njit(**_OPTS)
+def lfuda_libcachesim_state(n_keys):
+    """An empty cache of `n_keys` key ids for :func:`lfuda_libcachesim_continue`: (prio,
+    stamp, resident, stranded, ksize, hv, hk, hpos, base, hcount, scalars = [held, age,
+    clock])."""
+    return (
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(3, dtype=np.int64),
+    )
+
+
+@njit(**_OPTS)
+def lfuda_libcachesim_restamp(state, shift):
+    """Renumber the touch stamps of the resident keys (in the heap or stranded) 1..m in
+    their order and pack the heap priorities with `shift`, as :func:`lfuda_restamp`."""
+    prio, stamp, resident, hv, hk, hcount, scalars = (
+        state[0], state[1], state[2], state[5], state[6], state[9], state[10],
+    )  # fmt: skip
+    keys = np.flatnonzero(resident)
+    order = np.argsort(stamp[keys], kind="stable")
+    for r in range(len(keys)):
+        stamp[keys[order[r]]] = r + 1
+    for i in range(hcount[0]):
+        k = hk[i]
+        hv[i] = (prio[k] << shift) | stamp[k]
+    scalars[2] = len(keys)
+
+
+@njit(**_OPTS)
+def lfuda_libcachesim_continue(bounds, look, rec, repeated, size, budget, shift, state):
+    """:func:`lfuda_libcachesim` from the cache `state` (:func:`lfuda_libcachesim_state`,
+    updated in place; its priorities packed with `shift`): batches given chunk by chunk
+    replay as if given at once."""
+    prio, stamp, resident, stranded, ksize, hv, hk, hpos, base, hcount, scalars = state
+    n_keys = len(prio)
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    limit = np.int64(1) << (62 - shift)
+    held = scalars[0]
+    age = scalars[1]
+    clock = scalars[2]
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        sz = size[b]
+        h = 0
+        for i in range(s, e):
+            k = look[i]
+            if resident[k]:
+                h += 1
+                if stranded[k]:
+                    stranded[k] = False
+                else:
+                    _heap_remove(k, 0, hv, hk, hpos, base, hcount)
+                old = prio[k]
+                prio[k] = old + age
+                if old == age:  # k was at the bottom: the age rises to the lowest other key
+                    _strand_below(age, shift, hv, hk, hpos, base, hcount, stranded)
+                    low = _lowest_at_or_above(age, shift, hv, hcount, look, prio, s, i)
+                    if low >= 0:
+                        age = low
+            else:
+                resident[k] = True
+                ksize[k] = sz
+                held += sz
+                prio[k] = -1  # set after the batch's evictions
+        order = rec if repeated[b] else look
+        for i in range(s, e):
+            clock += 1
+            stamp[order[i]] = clock
+        hits[b] = h
+        evicted = False
+        while held > budget:
+            _strand_below(age, shift, hv, hk, hpos, base, hcount, stranded)
+            if hcount[0] > 0:
+                k = _heap_pop(0, hv, hk, hpos, base, hcount)
+                age = prio[k]
+            else:  # only stranded keys left: the lowest of them, the age unchanged
+                k = -1
+                for q in range(n_keys):
+                    if stranded[q] and (
+                        k < 0 or prio[q] < prio[k] or (prio[q] == prio[k] and stamp[q] < stamp[k])
+                    ):
+                        k = q
+                if k < 0:
+                    break
+                stranded[k] = False
+            resident[k] = False
+            held -= ksize[k]
+            evicted = True
+        if evicted:
+            _strand_below(age, shift, hv, hk, hpos, base, hcount, stranded)
+            low = _lowest_at_or_above(age, shift, hv, hcount, look, prio, s, e)
+            if low >= 0:
+                age = low
+        for i in range(s, e):
+            k = look[i]
+            if prio[k] < 0:
+                prio[k] = age + 1
+            if prio[k] >= limit:
+                scalars[0], scalars[1], scalars[2] = held, age, clock
+                return hits, False
+            _heap_push(k, (prio[k] << shift) | stamp[k], 0, hv, hk, hpos, base, hcount)
+    scalars[0], scalars[1], scalars[2] = held, age, clock
+    return hits, True

@@ -54,11 +54,12 @@ def print_in_passes(
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     sanity = views.get("sanity")
-    has_sanity = sanity is not None and len(sanity) == 1
+    if sanity is not None and len(sanity) != 1:
+        sanity = None
     notes = text.view_notes(
         views,
         k=preamble.n_expert_used,
-        total_steps=int(sanity["steps"].iloc[0]) if has_sanity else None,
+        total_steps=int(sanity["steps"].iloc[0]) if sanity is not None else None,
         prefill=phase != "decode",
     )
     if fmt == "table":
@@ -67,7 +68,7 @@ def print_in_passes(
             key: meta.get(key) for key in ("model", "arch", "n_layer", "n_expert", "n_expert_used")
         }
         facts["phase"] = phase
-        if has_sanity:
+        if sanity is not None:
             facts["rows"] = int(sanity["rows"].iloc[0])
         text.print_header(console, facts, [])
         text.print_views(console, views, notes)

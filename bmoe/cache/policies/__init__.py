@@ -1,8 +1,8 @@
 """Eviction policies of the expert cache, by name.
 
 The first six are the reference's (their replay figures are the established ones); ``arc``,
-``s3fifo``, ``lfuda`` and ``lfu-incache`` are further policies with the same byte budget and
-batch semantics.
+``s3fifo``, ``lfuda``, ``lfu-incache`` and ``lfuda-libcachesim`` are further policies with the
+same byte budget and batch semantics.
 """
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ from bmoe.cache.policies.base import NEVER, Policy
 from bmoe.cache.policies.belady import Belady
 from bmoe.cache.policies.layered import LayerLFU, LayerLRU
 from bmoe.cache.policies.lfu import LFU, InCacheLFU
-from bmoe.cache.policies.lfuda import LFUDA
+from bmoe.cache.policies.lfuda import LFUDA, LibCacheSimLFUDA
 from bmoe.cache.policies.lru import LRU
 from bmoe.cache.policies.randomized import Random
 from bmoe.cache.policies.s3fifo import S3FIFO
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (Belady, LRU, LFU, Random, LayerLRU, LayerLFU, ARC, S3FIFO, LFUDA, InCacheLFU)
-}
+    for cls in (
+        Belady, LRU, LFU, Random, LayerLRU, LayerLFU, ARC, S3FIFO, LFUDA, InCacheLFU,
+        LibCacheSimLFUDA,
+    )
+}  # fmt: skip
 
 #: the policies of the reference curve, in its column order
 REFERENCE_POLICIES = ("belady", "lru", "lfu", "random", "layer", "layerlfu")
