@@ -265,6 +265,8 @@ FILE_COMMANDS = {
     "route": ["analyze", "route", "{f}", "--view", "all"],
     "route-json": ["analyze", "route", "{f}", "--format", "json"],
     "replay": ["analyze", "replay", "{f}", "--budgets", "1,4", "--policies", "lru"],
+    "replay-stream": ["analyze", "replay", "{f}", "--stream", "--policies", "lru,belady"],
+    "route-stream": ["analyze", "route", "{f}", "--stream"],
     "drop": ["analyze", "drop", "{f}"],
     "metrics": ["analyze", "metrics", "{f}"],
     "stall": ["analyze", "stall", "{f}"],
@@ -279,7 +281,7 @@ FILE_COMMANDS = {
 #: The commands a file of each kind is meant for (every file also goes through the generic
 #: ones: info, validate, convert, report).
 FOR_KIND = {
-    "route": ("route", "route-json", "replay", "drop"),
+    "route": ("route", "route-json", "replay", "replay-stream", "route-stream", "drop"),
     "metrics": ("metrics", "stall", "compare", "contamination"),
     "io": ("io", "export"),
     "compute": ("compute", "export"),
