@@ -75,10 +75,14 @@ class _Chunk:
 
 def _grown(state: tuple, fresh: tuple, per_key: Sequence[int], old: int) -> tuple:
     """`state` with its per-key arrays (at `per_key`) widened to those of `fresh`, the new
-    ids empty; the other arrays kept."""
+    ids empty; the other arrays kept. A linked list's node arrays hold a slot per key and
+    then one per list (its sentinel, addressed from the end): those stay at the end."""
     out = list(state)
     for i in per_key:
-        fresh[i][:old] = state[i]
+        fresh[i][:old] = state[i][:old]
+        extra = len(state[i]) - old
+        if extra:
+            fresh[i][-extra:] = state[i][old:]
         out[i] = fresh[i]
     return tuple(out)
 
@@ -93,7 +97,7 @@ class _Replay:
         "lfuda": (0, 1, 2, 3, 4, 5, 6, 7),
         "lfuda_libcachesim": (0, 1, 2, 3, 4, 5, 6, 7),
         "arc": (0, 1, 2, 3, 4),
-        "s3fifo": (0, 1, 2, 3, 4, 5, 8),
+        "s3fifo": (0, 1, 2, 3, 4, 5, 6),
         "random": (0, 1, 2, 3),
     }
 

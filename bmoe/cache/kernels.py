@@ -31,53 +31,52 @@ import functools
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 NEVER = 1 << 62
 _OPTS = {"cache": True, "nogil": True, "boundscheck": False}
 
 # ----------------------------------------------------------------------------- linked lists
-# Doubly linked lists over key ids: ``nxt``/``prv`` per key, ``head``/``tail`` per list, -1 for
-# none. A key is in at most one list at a time (``where`` names it, -1 for none).
+# Doubly linked lists over key ids, each circular through a sentinel node: ``nxt``/``prv`` hold
+# a slot per key (``0..n_keys-1``) and then a slot per list, list ``l``'s sentinel being node
+# ``-1 - l`` (numba wraps negative indices, so it is the arrays' ``l``-th slot from the end).
+# ``nxt[s]`` is list ``s``'s head and ``prv[s]`` its tail, the sentinel itself (negative) when
+# it is empty; walking ``nxt`` off a list's end meets a negative id. Every operation is free of
+# branches. A key is in at most one list at a time (``where`` names it, -1 for none).
 
 
 @njit(**_OPTS)
-def _unlink(k, lst, head, tail, nxt, prv):
+def _node_lists(n_keys, n_lists):
+    nxt = np.full(n_keys + n_lists, -1, dtype=np.int32)
+    for lst in range(n_lists):
+        nxt[n_keys + n_lists - 1 - lst] = -1 - lst
+    return nxt, nxt.copy()
+
+
+@njit(inline="always", **_OPTS)
+def _unlink(k, nxt, prv):
     p = prv[k]
     n = nxt[k]
-    if p >= 0:
-        nxt[p] = n
-    else:
-        head[lst] = n
-    if n >= 0:
-        prv[n] = p
-    else:
-        tail[lst] = p
-    nxt[k] = -1
-    prv[k] = -1
+    nxt[p] = n
+    prv[n] = p
 
 
-@njit(**_OPTS)
-def _append(k, lst, head, tail, nxt, prv):
-    t = tail[lst]
+@njit(inline="always", **_OPTS)
+def _append(k, s, nxt, prv):
+    t = prv[s]
+    nxt[t] = k
     prv[k] = t
-    nxt[k] = -1
-    if t >= 0:
-        nxt[t] = k
-    else:
-        head[lst] = k
-    tail[lst] = k
+    nxt[k] = s
+    prv[s] = k
 
 
-@njit(**_OPTS)
-def _prepend(k, lst, head, tail, nxt, prv):
-    h = head[lst]
+@njit(inline="always", **_OPTS)
+def _prepend(k, s, nxt, prv):
+    h = nxt[s]
+    prv[h] = k
     nxt[k] = h
-    prv[k] = -1
-    if h >= 0:
-        prv[h] = k
-    else:
-        tail[lst] = k
-    head[lst] = k
+    prv[k] = s
+    nxt[s] = k
 
 
 # ----------------------------------------------------------------------------- indexed heap
@@ -112,15 +111,27 @@ def _sift_down(hv, hk, hpos, base, n, i):
     k = hk[base + i]
     while True:
         first = 4 * i + 1
-        if first >= n:
+        if first + 3 < n:  # four children: the least of two pairs (ties to the first, as below)
+            v0 = hv[base + first]
+            v1 = hv[base + first + 1]
+            v2 = hv[base + first + 2]
+            v3 = hv[base + first + 3]
+            c01 = first if v0 <= v1 else first + 1
+            m01 = min(v0, v1)
+            c23 = first + 2 if v2 <= v3 else first + 3
+            m23 = min(v2, v3)
+            c = c01 if m01 <= m23 else c23
+            cv = min(m01, m23)
+        elif first < n:
+            c = first
+            cv = hv[base + c]
+            for x in range(first + 1, n):
+                xv = hv[base + x]
+                if xv < cv:
+                    c = x
+                    cv = xv
+        else:
             break
-        c = first
-        cv = hv[base + c]
-        for x in range(first + 1, min(first + 4, n)):
-            xv = hv[base + x]
-            if xv < cv:
-                c = x
-                cv = xv
         if v < cv:
             break
         q = hk[base + c]
@@ -188,14 +199,13 @@ def lru(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity):
 @njit(**_OPTS)
 def lru_state(n_parts, n_keys):
     """An empty LRU cache of `n_keys` key ids in `n_parts` parts, for :func:`lru_continue`:
-    (nxt, prv, resident, ksize, head, tail, held, count)."""
+    (nxt, prv, resident, ksize, held, count), a recency list per part."""
+    nxt, prv = _node_lists(n_keys, n_parts)
     return (
-        np.full(n_keys, -1, dtype=np.int32),
-        np.full(n_keys, -1, dtype=np.int32),
+        nxt,
+        prv,
         np.zeros(n_keys, dtype=np.bool_),
         np.zeros(n_keys, dtype=np.int64),
-        np.full(n_parts, -1, dtype=np.int32),
-        np.full(n_parts, -1, dtype=np.int32),
         np.zeros(n_parts, dtype=np.int64),
         np.zeros(n_parts, dtype=np.int64),
     )
@@ -205,35 +215,36 @@ def lru_state(n_parts, n_keys):
 def lru_continue(bounds, look, rec, repeated, size, part, capacity, state):
     """:func:`lru` from the cache `state` (:func:`lru_state`, updated in place): batches
     given chunk by chunk replay as if given at once."""
-    nxt, prv, resident, ksize, head, tail, held, count = state
+    nxt, prv, resident, ksize, held, count = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
         j = part[b]
+        lst = -1 - j
         h = 0
         for i in range(s, e):
             k = look[i]
             if resident[k]:
                 h += 1
-                _unlink(k, j, head, tail, nxt, prv)
+                _unlink(k, nxt, prv)
             else:
                 resident[k] = True
                 ksize[k] = sz
                 held[j] += sz
                 count[j] += 1
-            _append(k, j, head, tail, nxt, prv)
+            _append(k, lst, nxt, prv)
         if repeated[b]:
             for i in range(s, e):
                 k = rec[i]
-                _unlink(k, j, head, tail, nxt, prv)
-                _append(k, j, head, tail, nxt, prv)
+                _unlink(k, nxt, prv)
+                _append(k, lst, nxt, prv)
         hits[b] = h
         keep = e - s
         while held[j] > capacity and count[j] > keep:
-            k = head[j]
-            _unlink(k, j, head, tail, nxt, prv)
+            k = nxt[lst]
+            _unlink(k, nxt, prv)
             resident[k] = False
             held[j] -= ksize[k]
             count[j] -= 1
@@ -242,31 +253,9 @@ def lru_continue(bounds, look, rec, repeated, size, part, capacity, state):
 
 # ----------------------------------------------------------------------------- lfu / layerlfu
 # Count buckets: per part, a list per lookup count holding the part's evictable keys with that
-# count in touch order (head = least recent), and a bitmap of the non-empty lists (63 bits a
-# word, so every word stays a non-negative int64). A count is at most the part's batches.
-
-
-@njit(**_OPTS)
-def _lowest_bit(w):
-    t = 0
-    if (w & 0xFFFFFFFF) == 0:
-        w >>= 32
-        t += 32
-    if (w & 0xFFFF) == 0:
-        w >>= 16
-        t += 16
-    if (w & 0xFF) == 0:
-        w >>= 8
-        t += 8
-    if (w & 0xF) == 0:
-        w >>= 4
-        t += 4
-    if (w & 0x3) == 0:
-        w >>= 2
-        t += 2
-    if (w & 0x1) == 0:
-        t += 1
-    return t
+# count in touch order (head = least recent), and a bitmap of the non-empty lists, 64 to a
+# word (the top one is the sign bit: only ``&``, ``|``, ``== 0`` and the trailing zeros are
+# used). A count is at most the part's batches.
 
 
 @njit(**_OPTS)
@@ -283,25 +272,20 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
     counts = np.zeros(n_keys, dtype=np.int64)
     resident = np.zeros(n_keys, dtype=np.bool_)
     ksize = np.zeros(n_keys, dtype=np.int64)
-    inb = np.full(n_keys, -1, dtype=np.int64)  # the key's count list, -1 if in none
-    nxt = np.full(n_keys, -1, dtype=np.int32)
-    prv = np.full(n_keys, -1, dtype=np.int32)
     cbase = np.zeros(n_parts, dtype=np.int64)  # part j's count-c list is cbase[j] + c
     wbase = np.zeros(n_parts, dtype=np.int64)  # part j's bitmap words start here
-    n_words = np.zeros(n_parts, dtype=np.int64)
     total_lists = 0
     total_words = 0
     for j in range(n_parts):
         cbase[j] = total_lists
         total_lists += part_batches[j] + 1
         wbase[j] = total_words
-        n_words[j] = (part_batches[j] + 1) // 63 + 1
-        total_words += n_words[j]
-    head = np.full(total_lists, -1, dtype=np.int32)
-    tail = np.full(total_lists, -1, dtype=np.int32)
+        total_words += ((part_batches[j] + 1) >> 6) + 1
+    nxt, prv = _node_lists(n_keys, total_lists)
     bits = np.zeros(total_words, dtype=np.int64)
     low = np.zeros(n_parts, dtype=np.int64)  # no non-empty list of part j below low[j]
     held = np.zeros(n_parts, dtype=np.int64)
+    listed = np.zeros(n_parts, dtype=np.int64)  # part j's keys in its count lists
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
         sz = size[b]
@@ -309,36 +293,38 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
         h = 0
         for i in range(s, e):
             k = look[i]
-            counts[k] += 1
+            c = counts[k]
+            counts[k] = c + 1
             if resident[k]:
                 h += 1
-                lst = inb[k]
-                _unlink(k, lst, head, tail, nxt, prv)
-                inb[k] = -1
-                if head[lst] < 0:
-                    c = lst - cbase[j]
-                    bits[wbase[j] + c // 63] &= ~(np.int64(1) << (c % 63))
+                n = nxt[k]
+                p = prv[k]
+                nxt[p] = n
+                prv[n] = p
+                listed[j] -= 1
+                if n == p:  # both neighbours are the list's sentinel: it is empty now
+                    bits[wbase[j] + (c >> 6)] &= ~(np.int64(1) << (c & 63))
             else:
                 resident[k] = True
                 ksize[k] = sz
                 held[j] += sz
         hits[b] = h
-        while held[j] > capacity:
-            w = low[j] // 63
-            word = bits[wbase[j] + w] & ~((np.int64(1) << (low[j] % 63)) - 1)
-            while word == 0 and w + 1 < n_words[j]:
+        while held[j] > capacity and listed[j] > 0:
+            w = wbase[j] + (low[j] >> 6)
+            word = bits[w] & (np.int64(-1) << (low[j] & 63))
+            while word == 0:
                 w += 1
-                word = bits[wbase[j] + w]
-            if word == 0:
-                break  # nothing evictable
-            c = w * 63 + _lowest_bit(word)
+                word = bits[w]
+            c = ((w - wbase[j]) << 6) + trailing_zeros(word)
             low[j] = c
-            lst = cbase[j] + c
-            k = head[lst]
-            _unlink(k, lst, head, tail, nxt, prv)
-            inb[k] = -1
-            if head[lst] < 0:
-                bits[wbase[j] + w] &= ~(np.int64(1) << (c % 63))
+            lst = -1 - (cbase[j] + c)
+            k = nxt[lst]
+            n = nxt[k]
+            nxt[lst] = n
+            prv[n] = lst
+            listed[j] -= 1
+            if n == lst:
+                bits[w] &= ~(np.int64(1) << (c & 63))
             resident[k] = False
             held[j] -= ksize[k]
             if not keep_counts:
@@ -347,12 +333,11 @@ def lfu(bounds, look, rec, repeated, size, part, part_batches, n_keys, capacity,
         for i in range(s, e):
             k = order[i]
             c = counts[k]
-            lst = cbase[j] + c
-            _append(k, lst, head, tail, nxt, prv)
-            inb[k] = lst
-            bits[wbase[j] + c // 63] |= np.int64(1) << (c % 63)
+            _append(k, -1 - (cbase[j] + c), nxt, prv)
+            bits[wbase[j] + (c >> 6)] |= np.int64(1) << (c & 63)
             if c < low[j]:
                 low[j] = c
+        listed[j] += e - s
     return hits
 
 
@@ -816,16 +801,15 @@ def arc(bounds, look, rec, repeated, size, n_keys, budget):
 @njit(**_OPTS)
 def arc_state(n_keys):
     """An empty ARC cache of `n_keys` key ids, for :func:`arc_continue`: (nxt, prv, where,
-    mark, ksize, head, tail, scalars = [held, t1 bytes, b1 bytes, b2 bytes, batches done],
-    [p])."""
+    mark, ksize, scalars = [held, t1 bytes, b1 bytes, b2 bytes, batches done], [p]); the
+    lists T1, T2, B1, B2."""
+    nxt, prv = _node_lists(n_keys, 4)
     return (
-        np.full(n_keys, -1, dtype=np.int32),
-        np.full(n_keys, -1, dtype=np.int32),
+        nxt,
+        prv,
         np.full(n_keys, -1, dtype=np.int8),
         np.full(n_keys, -1, dtype=np.int64),
         np.zeros(n_keys, dtype=np.int64),
-        np.full(4, -1, dtype=np.int32),
-        np.full(4, -1, dtype=np.int32),
         np.zeros(5, dtype=np.int64),
         np.zeros(1, dtype=np.float64),
     )
@@ -835,7 +819,7 @@ def arc_state(n_keys):
 def arc_continue(bounds, look, rec, repeated, size, budget, state):
     """:func:`arc` from the cache `state` (:func:`arc_state`, updated in place): batches
     given chunk by chunk replay as if given at once."""
-    nxt, prv, where, mark, ksize, head, tail, scalars, p_now = state
+    nxt, prv, where, mark, ksize, scalars, p_now = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
     held = scalars[0]
@@ -857,35 +841,35 @@ def arc_continue(bounds, look, rec, repeated, size, budget, state):
             if w == _T1:
                 h += 1
                 t1_bytes -= ksize[k]
-                _unlink(k, _T1, head, tail, nxt, prv)
+                _unlink(k, nxt, prv)
                 ksize[k] = sz
-                _append(k, _T2, head, tail, nxt, prv)
+                _append(k, -1 - _T2, nxt, prv)
                 where[k] = _T2
             elif w == _T2:
                 h += 1
-                _unlink(k, _T2, head, tail, nxt, prv)
-                _append(k, _T2, head, tail, nxt, prv)
+                _unlink(k, nxt, prv)
+                _append(k, -1 - _T2, nxt, prv)
             else:
                 held += sz
                 if w == _B1:
                     delta = sz * max(1.0, b2_bytes / b1_bytes)
                     p = min(fbudget, p + delta)
                     b1_bytes -= ksize[k]
-                    _unlink(k, _B1, head, tail, nxt, prv)
+                    _unlink(k, nxt, prv)
                     ksize[k] = sz
-                    _append(k, _T2, head, tail, nxt, prv)
+                    _append(k, -1 - _T2, nxt, prv)
                     where[k] = _T2
                 elif w == _B2:
                     delta = sz * max(1.0, b1_bytes / b2_bytes)
                     p = max(0.0, p - delta)
                     b2_bytes -= ksize[k]
-                    _unlink(k, _B2, head, tail, nxt, prv)
+                    _unlink(k, nxt, prv)
                     ksize[k] = sz
-                    _append(k, _T2, head, tail, nxt, prv)
+                    _append(k, -1 - _T2, nxt, prv)
                     where[k] = _T2
                 else:
                     ksize[k] = sz
-                    _append(k, _T1, head, tail, nxt, prv)
+                    _append(k, -1 - _T1, nxt, prv)
                     where[k] = _T1
                     t1_bytes += sz
         hits[b] = h
@@ -893,8 +877,8 @@ def arc_continue(bounds, look, rec, repeated, size, budget, state):
             for i in range(s, e):
                 k = rec[i]
                 w = where[k]
-                _unlink(k, w, head, tail, nxt, prv)
-                _append(k, w, head, tail, nxt, prv)
+                _unlink(k, nxt, prv)
+                _append(k, -1 - w, nxt, prv)
         if held <= budget:
             continue
         t1_done = False
@@ -902,7 +886,7 @@ def arc_continue(bounds, look, rec, repeated, size, budget, state):
         while held > budget:
             k1 = -1
             if not t1_done:
-                k1 = head[_T1]
+                k1 = nxt[-1 - _T1]
                 while k1 >= 0 and mark[k1] == gb:
                     k1 = nxt[k1]
             t1_done = k1 < 0
@@ -910,7 +894,7 @@ def arc_continue(bounds, look, rec, repeated, size, budget, state):
             k2 = -1
             if not from_t1:
                 if not t2_done:
-                    k2 = head[_T2]
+                    k2 = nxt[-1 - _T2]
                     while k2 >= 0 and mark[k2] == gb:
                         k2 = nxt[k2]
                 t2_done = k2 < 0
@@ -918,26 +902,26 @@ def arc_continue(bounds, look, rec, repeated, size, budget, state):
                     break
                 from_t1 = k2 < 0
             if from_t1:
-                _unlink(k1, _T1, head, tail, nxt, prv)
+                _unlink(k1, nxt, prv)
                 t1_bytes -= ksize[k1]
-                _append(k1, _B1, head, tail, nxt, prv)
+                _append(k1, -1 - _B1, nxt, prv)
                 where[k1] = _B1
                 b1_bytes += ksize[k1]
                 held -= ksize[k1]
             else:
-                _unlink(k2, _T2, head, tail, nxt, prv)
-                _append(k2, _B2, head, tail, nxt, prv)
+                _unlink(k2, nxt, prv)
+                _append(k2, -1 - _B2, nxt, prv)
                 where[k2] = _B2
                 b2_bytes += ksize[k2]
                 held -= ksize[k2]
-        while head[_B1] >= 0 and t1_bytes + b1_bytes > budget:
-            k = head[_B1]
-            _unlink(k, _B1, head, tail, nxt, prv)
+        while nxt[-1 - _B1] >= 0 and t1_bytes + b1_bytes > budget:
+            k = nxt[-1 - _B1]
+            _unlink(k, nxt, prv)
             where[k] = -1
             b1_bytes -= ksize[k]
-        while head[_B2] >= 0 and held + b1_bytes + b2_bytes > 2 * budget:
-            k = head[_B2]
-            _unlink(k, _B2, head, tail, nxt, prv)
+        while nxt[-1 - _B2] >= 0 and held + b1_bytes + b2_bytes > 2 * budget:
+            k = nxt[-1 - _B2]
+            _unlink(k, nxt, prv)
             where[k] = -1
             b2_bytes -= ksize[k]
     scalars[0] = held
@@ -964,17 +948,16 @@ def s3fifo(bounds, look, size, n_keys, budget):
 @njit(**_OPTS)
 def s3fifo_state(n_keys):
     """An empty S3-FIFO cache of `n_keys` key ids, for :func:`s3fifo_continue`: (nxt, prv,
-    where, mark, freq, ksize, head, tail, stuck, scalars = [held, S bytes, G bytes, M keys,
-    batches done])."""
+    where, mark, freq, ksize, stuck, scalars = [held, S bytes, G bytes, M keys, batches
+    done]); the queues S, M and G."""
+    nxt, prv = _node_lists(n_keys, 3)
     return (
-        np.full(n_keys, -1, dtype=np.int32),
-        np.full(n_keys, -1, dtype=np.int32),
+        nxt,
+        prv,
         np.full(n_keys, -1, dtype=np.int8),
         np.full(n_keys, -1, dtype=np.int64),
         np.zeros(n_keys, dtype=np.int8),
         np.zeros(n_keys, dtype=np.int64),
-        np.full(3, -1, dtype=np.int32),
-        np.full(3, -1, dtype=np.int32),
         np.zeros(n_keys, dtype=np.int32),
         np.zeros(5, dtype=np.int64),
     )
@@ -984,7 +967,7 @@ def s3fifo_state(n_keys):
 def s3fifo_continue(bounds, look, size, budget, state):
     """:func:`s3fifo` from the cache `state` (:func:`s3fifo_state`, updated in place):
     batches given chunk by chunk replay as if given at once."""
-    nxt, prv, where, mark, freq, ksize, head, tail, stuck, scalars = state
+    nxt, prv, where, mark, freq, ksize, stuck, scalars = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
     held = scalars[0]
@@ -1012,14 +995,14 @@ def s3fifo_continue(bounds, look, size, budget, state):
             freq[k] = 0
             if w == _GHOST:
                 ghost_bytes -= ksize[k]
-                _unlink(k, _GHOST, head, tail, nxt, prv)
+                _unlink(k, nxt, prv)
                 ksize[k] = sz
-                _append(k, _MAIN, head, tail, nxt, prv)
+                _append(k, -1 - _MAIN, nxt, prv)
                 where[k] = _MAIN
                 main_len += 1
             else:
                 ksize[k] = sz
-                _append(k, _SMALL, head, tail, nxt, prv)
+                _append(k, -1 - _SMALL, nxt, prv)
                 where[k] = _SMALL
                 small_bytes += sz
         hits[b] = h
@@ -1029,12 +1012,12 @@ def s3fifo_continue(bounds, look, size, budget, state):
         main_skips = 0
         while held > budget:
             main_open = main_len > 0 and main_skips < main_len
-            if head[_SMALL] >= 0 and (small_bytes >= small_target or not main_open):
-                k = head[_SMALL]
-                _unlink(k, _SMALL, head, tail, nxt, prv)
+            if nxt[-1 - _SMALL] >= 0 and (small_bytes >= small_target or not main_open):
+                k = nxt[-1 - _SMALL]
+                _unlink(k, nxt, prv)
                 small_bytes -= ksize[k]
                 if freq[k] >= 1:
-                    _append(k, _MAIN, head, tail, nxt, prv)
+                    _append(k, -1 - _MAIN, nxt, prv)
                     where[k] = _MAIN
                     main_len += 1
                     main_skips = 0
@@ -1044,19 +1027,19 @@ def s3fifo_continue(bounds, look, size, budget, state):
                     stuck[n_stuck] = k
                     n_stuck += 1
                     continue
-                _append(k, _GHOST, head, tail, nxt, prv)
+                _append(k, -1 - _GHOST, nxt, prv)
                 where[k] = _GHOST
                 ghost_bytes += ksize[k]
             elif main_open:
-                k = head[_MAIN]
-                _unlink(k, _MAIN, head, tail, nxt, prv)
+                k = nxt[-1 - _MAIN]
+                _unlink(k, nxt, prv)
                 if freq[k] >= 1:
                     freq[k] -= 1
-                    _append(k, _MAIN, head, tail, nxt, prv)
+                    _append(k, -1 - _MAIN, nxt, prv)
                     main_skips = 0
                     continue
                 if mark[k] == gb:
-                    _append(k, _MAIN, head, tail, nxt, prv)
+                    _append(k, -1 - _MAIN, nxt, prv)
                     main_skips += 1
                     continue
                 where[k] = -1
@@ -1067,12 +1050,12 @@ def s3fifo_continue(bounds, look, size, budget, state):
             main_skips = 0
         for i in range(n_stuck - 1, -1, -1):  # back at the old end, in order
             k = stuck[i]
-            _prepend(k, _SMALL, head, tail, nxt, prv)
+            _prepend(k, -1 - _SMALL, nxt, prv)
             where[k] = _SMALL
             small_bytes += ksize[k]
-        while head[_GHOST] >= 0 and ghost_bytes > ghost_limit:
-            k = head[_GHOST]
-            _unlink(k, _GHOST, head, tail, nxt, prv)
+        while nxt[-1 - _GHOST] >= 0 and ghost_bytes > ghost_limit:
+            k = nxt[-1 - _GHOST]
+            _unlink(k, nxt, prv)
             where[k] = -1
             ghost_bytes -= ksize[k]
     scalars[0] = held
