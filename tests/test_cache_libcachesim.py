@@ -1,5 +1,6 @@
-"""``lfuda-libcachesim``: its rules worked by hand, and its replay against libCacheSim's own
-LFUDA (and the policies that already agree) request for request on a generated stream."""
+"""``lfuda-libcachesim`` and ``s3fifo-libcachesim``: their rules worked by hand, and their
+replays against libCacheSim's own LFUDA and S3FIFO (and the policies that already agree)
+request for request on a generated stream."""
 
 from __future__ import annotations
 
@@ -86,6 +87,39 @@ def test_lfuda_libcachesim_evicts_a_stranded_key_when_nothing_else_may_go() -> N
     assert [[e for _, e in r.evicted] for r in res] == [[], [], [1], [], [], [], [], [2]]
 
 
+def test_s3fifo_libcachesim_warm_up_fills_m_before_the_first_eviction() -> None:
+    """Budget 10, 1-byte experts: S is 1 byte, M 9, G 9.
+
+    b1 [1] enters S; until the first eviction S is full, so 2..10 enter M. b11 [11]: the
+    first eviction: M holds no more than its share, so S's 1 (no hit) goes to G; 11 enters
+    S. b12 [1]: from G, a miss; S's 11 goes to G, then 1 enters M. b13 [2]: a hit (M since
+    the warm-up). b14 [12]: M now holds 10 bytes, more than its share: 2 (a hit) goes round
+    with its count decremented, 3 is the victim. b15 [3]: S's 12 goes.
+
+    ``s3fifo`` puts 1..10 in S: 2 leaves for G at b12 and b13 misses."""
+    seq = [*range(1, 12), 1, 2, 12, 3]
+    res = run(ExpertCache(10, "s3fifo-libcachesim"), [[e] for e in seq])
+    assert [len(r.hits) for r in res] == [0] * 12 + [1, 0, 0]
+    assert [[e for _, e in r.evicted] for r in res][10:] == [[1], [11], [], [3], [12]]
+    original = run(ExpertCache(10, "s3fifo"), [[e] for e in seq])
+    assert [len(r.hits) for r in original][12] == 0
+    assert [[e for _, e in r.evicted] for r in original][10:13] == [[1], [2], [3]]
+    # the compiled replay, at 3 bytes per expert (S 3 bytes, M 27)
+    replayed = rp.simulate(one_request_per_batch([(0, e) for e in seq]), "s3fifo-libcachesim", 30)
+    assert replayed.tolist() == [len(r.hits) for r in res]
+
+
+def test_s3fifo_libcachesim_moves_an_s_key_to_m_after_two_hits() -> None:
+    """Budget 20, 1-byte experts: S 2 bytes, M 18. 1 and 2 enter S, 3..20 M (warm-up).
+    b21 [21]: 1 goes to G, 21 enters S. 21 hits twice, 2 once. b25 [22]: S's 2 has one hit,
+    fewer than two: to G. b26 [23]: S's 21 (two hits) moves to M with its count restarted,
+    then 22 goes to G. b27 [24]: M holds 19 bytes, more than its share: its oldest, 3, goes."""
+    seq = [*range(1, 22), 21, 21, 2, 22, 23, 24]
+    res = run(ExpertCache(20, "s3fifo-libcachesim"), [[e] for e in seq])
+    assert [len(r.hits) for r in res] == [0] * 21 + [1, 1, 1, 0, 0, 0]
+    assert [[e for _, e in r.evicted] for r in res][20:] == [[1], [], [], [], [2], [22], [3]]
+
+
 SIZES = {0: 3, 1: 5, 2: 4}  # bytes of an expert per layer: two sizes and a third
 
 
@@ -130,6 +164,26 @@ def test_replay_equals_libcachesim_request_for_request(policy, theirs, budget, n
         req.obj_size = SIZES[layer]
         expected.append(int(cache.get(req)))
     hits = rp.simulate(one_request_per_batch(requests), policy, budget)
+    assert 0 < sum(expected) < len(expected)
+    assert hits.tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("budget", "n", "seed"), [(60, 300, 0), (66, 500, 1), (75, 800, 2), (90, 800, 5)]
+)
+def test_s3fifo_libcachesim_equals_libcachesim_request_for_request(budget, n, seed) -> None:
+    """As above for S3-FIFO, with budgets whose S (a tenth) holds the largest expert
+    (libCacheSim admits nothing larger)."""
+    lcs = pytest.importorskip("libcachesim")
+    requests = skewed_requests(n, seed=seed)
+    cache = lcs.S3FIFO(budget)
+    req = lcs.Request()
+    expected = []
+    for layer, e in requests:
+        req.obj_id = (layer << 16) | e
+        req.obj_size = SIZES[layer]
+        expected.append(int(cache.get(req)))
+    hits = rp.simulate(one_request_per_batch(requests), "s3fifo-libcachesim", budget)
     assert 0 < sum(expected) < len(expected)
     assert hits.tolist() == expected
 

@@ -372,6 +372,8 @@ def simulate(
         return kernels.arc(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget)
     if policy == "s3fifo":
         return kernels.s3fifo(b.bounds, b.look, b.size, b.n_keys, budget)
+    if policy == "s3fifo-libcachesim":
+        return kernels.s3fifo_libcachesim(b.bounds, b.look, b.size, b.n_keys, budget)
     if policy == "random":
         mt, state = kernels.mt_state(seed)
         return kernels.randomized(b.bounds, b.look, b.size, b.n_keys, budget, mt, state)

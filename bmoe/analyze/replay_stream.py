@@ -43,8 +43,8 @@ from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 
 #: the policies a stream replays in one pass (belady, which reads the future, takes two)
-STREAM_POLICIES = ("lru", "lfu", "lfu-incache", "lfuda", "arc", "s3fifo", "layer", "layerlfu",
-                   "random")  # fmt: skip
+STREAM_POLICIES = ("lru", "lfu", "lfu-incache", "lfuda", "lfuda-libcachesim", "arc", "s3fifo",
+                   "s3fifo-libcachesim", "layer", "layerlfu", "random")  # fmt: skip
 
 
 def _groups(rows: pd.DataFrame) -> np.ndarray:
@@ -98,6 +98,7 @@ class _Replay:
         "lfuda_libcachesim": (0, 1, 2, 3, 4, 5, 6, 7),
         "arc": (0, 1, 2, 3, 4),
         "s3fifo": (0, 1, 2, 3, 4, 5, 6),
+        "s3fifo_libcachesim": (0, 1, 2, 3, 4, 5, 6, 7, 8),
         "random": (0, 1, 2, 3),
     }
 
@@ -112,7 +113,7 @@ class _Replay:
         self.n_keys = n_keys
         self.kind = {
             "layer": "lru", "layerlfu": "lfu", "lfu-incache": "lfu",
-            "lfuda-libcachesim": "lfuda_libcachesim",
+            "lfuda-libcachesim": "lfuda_libcachesim", "s3fifo-libcachesim": "s3fifo_libcachesim",
         }.get(policy, policy)  # fmt: skip
         self.capacity = budget // n_layer if policy in ("layer", "layerlfu") else budget
         self.parts = n_parts if policy in ("layer", "layerlfu") else 1
@@ -192,6 +193,8 @@ class _Replay:
             )
         if self.kind == "s3fifo":
             return kernels.s3fifo_continue(b.bounds, c.look, b.size, self.budget, st)
+        if self.kind == "s3fifo_libcachesim":
+            return kernels.s3fifo_libcachesim_continue(b.bounds, c.look, b.size, self.budget, st)
         return kernels.randomized_continue(b.bounds, c.look, b.size, self.budget, st)
 
 

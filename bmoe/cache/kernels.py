@@ -1066,6 +1066,195 @@ def s3fifo_continue(bounds, look, size, budget, state):
     return hits
 
 
+# ----------------------------------------------------------------------------- s3fifo-libcachesim
+
+
+@njit(**_OPTS)
+def s3fifo_libcachesim(bounds, look, size, n_keys, budget):
+    """``s3fifo-libcachesim``: the batch form of
+    :class:`bmoe.cache.policies.s3fifo.LibCacheSimS3FIFO`, step for step."""
+    state = s3fifo_libcachesim_state(n_keys)
+    return s3fifo_libcachesim_continue(bounds, look, size, budget, state)
+
+
+@njit(**_OPTS)
+def s3fifo_libcachesim_state(n_keys):
+    """An empty cache of `n_keys` key ids for :func:`s3fifo_libcachesim_continue`: (nxt,
+    prv, where, mark, freq, ksize, stuck, entering, from_ghost, scalars = [held, S bytes,
+    M bytes, G bytes, M keys, batches done, evicted yet]); the queues S, M and G."""
+    nxt, prv = _node_lists(n_keys, 3)
+    return (
+        nxt,
+        prv,
+        np.full(n_keys, -1, dtype=np.int8),
+        np.full(n_keys, -1, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int8),
+        np.zeros(n_keys, dtype=np.int64),
+        np.zeros(n_keys, dtype=np.int32),
+        np.zeros(n_keys, dtype=np.int32),
+        np.zeros(n_keys, dtype=np.bool_),
+        np.zeros(7, dtype=np.int64),
+    )
+
+
+@njit(inline="always", **_OPTS)
+def _step_main(nxt, prv, freq, mark, gb, main_len):
+    """One eviction step on M: keys with hits go round again (the counter decremented), the
+    batch's keys are passed over; the first other key is the victim (-1: none may go)."""
+    m_list = -1 - _MAIN
+    skips = 0
+    while skips < main_len:
+        k = nxt[m_list]
+        _unlink(k, nxt, prv)
+        _append(k, m_list, nxt, prv)
+        if freq[k] >= 1:
+            freq[k] -= 1
+            skips = 0
+        elif mark[k] == gb:
+            skips += 1
+        else:
+            _unlink(k, nxt, prv)
+            return k
+    return -1
+
+
+@njit(inline="always", **_OPTS)
+def _step_small(nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, moved):
+    """One eviction step on S: keys with two hits move to M (their bytes added to
+    ``moved[0]``, the keys to ``moved[1]``), the batch's other keys are set aside in `stuck`;
+    the first other key goes to G and is the victim (-1: S ran out). Returns (victim, keys
+    set aside)."""
+    s_list = -1 - _SMALL
+    while nxt[s_list] >= 0:
+        k = nxt[s_list]
+        _unlink(k, nxt, prv)
+        if freq[k] >= 2:
+            _append(k, -1 - _MAIN, nxt, prv)
+            where[k] = _MAIN
+            freq[k] = 0
+            moved[0] += ksize[k]
+            moved[1] += 1
+        elif mark[k] == gb:
+            where[k] = -1
+            stuck[n_stuck] = k
+            n_stuck += 1
+        else:
+            _append(k, -1 - _GHOST, nxt, prv)
+            where[k] = _GHOST
+            return k, n_stuck
+    return -1, n_stuck
+
+
+@njit(**_OPTS)
+def s3fifo_libcachesim_continue(bounds, look, size, budget, state):
+    """:func:`s3fifo_libcachesim` from the cache `state`
+    (:func:`s3fifo_libcachesim_state`, updated in place): batches given chunk by chunk
+    replay as if given at once."""
+    nxt, prv, where, mark, freq, ksize, stuck, entering, from_ghost, scalars = state
+    n_b = len(bounds) - 1
+    hits = np.zeros(n_b, dtype=np.int64)
+    held = scalars[0]
+    small_bytes = scalars[1]
+    main_bytes = scalars[2]
+    ghost_bytes = scalars[3]
+    main_len = scalars[4]
+    done = scalars[5]
+    has_evicted = scalars[6] != 0
+    small_size = np.int64(float(budget) * 0.1)
+    main_size = budget - small_size
+    ghost_limit = np.int64(float(budget) * 0.9)
+    s_list = -1 - _SMALL
+    moved = np.zeros(2, dtype=np.int64)
+    for b in range(n_b):
+        s, e = bounds[b], bounds[b + 1]
+        gb = done + b
+        sz = size[b]
+        h = 0
+        n_new = 0
+        for i in range(s, e):
+            k = look[i]
+            mark[k] = gb
+            w = where[k]
+            if 0 <= w <= _MAIN:
+                h += 1
+                if freq[k] < 3:
+                    freq[k] += 1
+                continue
+            held += sz
+            from_ghost[n_new] = w == _GHOST
+            if w == _GHOST:
+                ghost_bytes -= ksize[k]
+                _unlink(k, nxt, prv)
+                where[k] = -1
+            ksize[k] = sz
+            entering[n_new] = k
+            n_new += 1
+        hits[b] = h
+        n_stuck = 0
+        if held > budget:  # the evictions come before the new keys enter
+            has_evicted = True
+        while held > budget:
+            if main_bytes > main_size or nxt[s_list] < 0:
+                k = _step_main(nxt, prv, freq, mark, gb, main_len)
+                if k >= 0:
+                    main_bytes -= ksize[k]
+                    main_len -= 1
+                elif nxt[s_list] >= 0:
+                    k, n_stuck = _step_small(
+                        nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, moved
+                    )
+                    if k >= 0:
+                        ghost_bytes += ksize[k]
+                if k < 0:
+                    break
+            else:
+                k, n_stuck = _step_small(
+                    nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, moved
+                )
+                if k >= 0:
+                    ghost_bytes += ksize[k]
+            main_bytes += moved[0]
+            main_len += moved[1]
+            small_bytes -= moved[0]
+            moved[:] = 0
+            if k < 0:
+                continue  # S ran out: the next step takes M
+            if where[k] == _MAIN:
+                where[k] = -1
+            else:
+                small_bytes -= ksize[k]
+            held -= ksize[k]
+        for i in range(n_stuck - 1, -1, -1):  # back at the old end, in order
+            k = stuck[i]
+            _prepend(k, s_list, nxt, prv)
+            where[k] = _SMALL
+        for i in range(n_new):  # the new keys enter
+            k = entering[i]
+            freq[k] = 0
+            if from_ghost[i] or (not has_evicted and small_bytes >= small_size):
+                _append(k, -1 - _MAIN, nxt, prv)
+                where[k] = _MAIN
+                main_bytes += sz
+                main_len += 1
+            else:
+                _append(k, s_list, nxt, prv)
+                where[k] = _SMALL
+                small_bytes += sz
+        while nxt[-1 - _GHOST] >= 0 and ghost_bytes > ghost_limit:
+            k = nxt[-1 - _GHOST]
+            _unlink(k, nxt, prv)
+            where[k] = -1
+            ghost_bytes -= ksize[k]
+    scalars[0] = held
+    scalars[1] = small_bytes
+    scalars[2] = main_bytes
+    scalars[3] = ghost_bytes
+    scalars[4] = main_len
+    scalars[5] = done + n_b
+    scalars[6] = 1 if has_evicted else 0
+    return hits
+
+
 # ----------------------------------------------------------------------------- stack distances
 
 

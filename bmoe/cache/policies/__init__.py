@@ -1,8 +1,8 @@
 """Eviction policies of the expert cache, by name.
 
 The first six are the reference's (their replay figures are the established ones); ``arc``,
-``s3fifo``, ``lfuda``, ``lfu-incache`` and ``lfuda-libcachesim`` are further policies with the
-same byte budget and batch semantics.
+``s3fifo``, ``lfuda``, ``lfu-incache``, ``lfuda-libcachesim`` and ``s3fifo-libcachesim`` are
+further policies with the same byte budget and batch semantics.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from bmoe.cache.policies.lfu import LFU, InCacheLFU
 from bmoe.cache.policies.lfuda import LFUDA, LibCacheSimLFUDA
 from bmoe.cache.policies.lru import LRU
 from bmoe.cache.policies.randomized import Random
-from bmoe.cache.policies.s3fifo import S3FIFO
+from bmoe.cache.policies.s3fifo import S3FIFO, LibCacheSimS3FIFO
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
         Belady, LRU, LFU, Random, LayerLRU, LayerLFU, ARC, S3FIFO, LFUDA, InCacheLFU,
-        LibCacheSimLFUDA,
+        LibCacheSimLFUDA, LibCacheSimS3FIFO,
     )
 }  # fmt: skip
 
