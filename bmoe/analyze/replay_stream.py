@@ -42,10 +42,6 @@ from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 
-#: the policies a stream replays in one pass (belady, which reads the future, takes two)
-STREAM_POLICIES = ("lru", "lfu", "lfu-incache", "lfuda", "lfuda-libcachesim", "arc", "s3fifo",
-                   "s3fifo-libcachesim", "layer", "layerlfu", "random")  # fmt: skip
-
 
 def _groups(rows: pd.DataFrame) -> np.ndarray:
     """Per row, its batch group packed in one int64 that grows in replay order: turn, then

@@ -938,6 +938,17 @@ def arc_continue(bounds, look, rec, repeated, size, budget, state):
 _SMALL, _MAIN, _GHOST = 0, 1, 2
 
 
+@njit(inline="always", **_OPTS)
+def _trim_ghost(nxt, prv, where, ksize, ghost_bytes, ghost_limit):
+    """Drop G's oldest keys while it holds more than `ghost_limit` bytes; G's bytes left."""
+    while nxt[-1 - _GHOST] >= 0 and ghost_bytes > ghost_limit:
+        k = nxt[-1 - _GHOST]
+        _unlink(k, nxt, prv)
+        where[k] = -1
+        ghost_bytes -= ksize[k]
+    return ghost_bytes
+
+
 @njit(**_OPTS)
 def s3fifo(bounds, look, size, n_keys, budget):
     """``s3fifo``: the batch form of :class:`bmoe.cache.policies.s3fifo.S3FIFO`, step for
@@ -1053,11 +1064,7 @@ def s3fifo_continue(bounds, look, size, budget, state):
             _prepend(k, -1 - _SMALL, nxt, prv)
             where[k] = _SMALL
             small_bytes += ksize[k]
-        while nxt[-1 - _GHOST] >= 0 and ghost_bytes > ghost_limit:
-            k = nxt[-1 - _GHOST]
-            _unlink(k, nxt, prv)
-            where[k] = -1
-            ghost_bytes -= ksize[k]
+        ghost_bytes = _trim_ghost(nxt, prv, where, ksize, ghost_bytes, ghost_limit)
     scalars[0] = held
     scalars[1] = small_bytes
     scalars[2] = ghost_bytes
@@ -1077,10 +1084,14 @@ def s3fifo_libcachesim(bounds, look, size, n_keys, budget):
     return s3fifo_libcachesim_continue(bounds, look, size, budget, state)
 
 
+# the counters of an s3fifo-libcachesim state, kept in its last array
+_HELD, _S_BYTES, _M_BYTES, _G_BYTES, _M_KEYS, _DONE, _EVICTED = 0, 1, 2, 3, 4, 5, 6
+
+
 @njit(**_OPTS)
 def s3fifo_libcachesim_state(n_keys):
     """An empty cache of `n_keys` key ids for :func:`s3fifo_libcachesim_continue`: (nxt,
-    prv, where, mark, freq, ksize, stuck, entering, from_ghost, scalars = [held, S bytes,
+    prv, where, mark, freq, ksize, stuck, entering, from_ghost, counters = [held, S bytes,
     M bytes, G bytes, M keys, batches done, evicted yet]); the queues S, M and G."""
     nxt, prv = _node_lists(n_keys, 3)
     return (
@@ -1098,42 +1109,45 @@ def s3fifo_libcachesim_state(n_keys):
 
 
 @njit(inline="always", **_OPTS)
-def _step_main(nxt, prv, freq, mark, gb, main_len):
+def _step_main(nxt, prv, where, freq, mark, ksize, gb, counters):
     """One eviction step on M: keys with hits go round again (the counter decremented), the
-    batch's keys are passed over; the first other key is the victim (-1: none may go)."""
+    batch's keys are passed over, the first other key is evicted. False: none may go."""
     m_list = -1 - _MAIN
     skips = 0
-    while skips < main_len:
+    while skips < counters[_M_KEYS]:
         k = nxt[m_list]
         _unlink(k, nxt, prv)
-        _append(k, m_list, nxt, prv)
         if freq[k] >= 1:
             freq[k] -= 1
             skips = 0
         elif mark[k] == gb:
             skips += 1
         else:
-            _unlink(k, nxt, prv)
-            return k
-    return -1
+            where[k] = -1
+            counters[_M_BYTES] -= ksize[k]
+            counters[_M_KEYS] -= 1
+            counters[_HELD] -= ksize[k]
+            return True
+        _append(k, m_list, nxt, prv)
+    return False
 
 
 @njit(inline="always", **_OPTS)
-def _step_small(nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, moved):
-    """One eviction step on S: keys with two hits move to M (their bytes added to
-    ``moved[0]``, the keys to ``moved[1]``), the batch's other keys are set aside in `stuck`;
-    the first other key goes to G and is the victim (-1: S ran out). Returns (victim, keys
-    set aside)."""
+def _step_small(nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, counters):
+    """One eviction step on S: keys with two hits move to M (their counter restarting), the
+    batch's other keys are set aside in `stuck`, the first other key is evicted into G.
+    Returns (whether one was, the keys set aside so far)."""
     s_list = -1 - _SMALL
     while nxt[s_list] >= 0:
         k = nxt[s_list]
         _unlink(k, nxt, prv)
+        counters[_S_BYTES] -= ksize[k]
         if freq[k] >= 2:
             _append(k, -1 - _MAIN, nxt, prv)
             where[k] = _MAIN
             freq[k] = 0
-            moved[0] += ksize[k]
-            moved[1] += 1
+            counters[_M_BYTES] += ksize[k]
+            counters[_M_KEYS] += 1
         elif mark[k] == gb:
             where[k] = -1
             stuck[n_stuck] = k
@@ -1141,8 +1155,10 @@ def _step_small(nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, moved):
         else:
             _append(k, -1 - _GHOST, nxt, prv)
             where[k] = _GHOST
-            return k, n_stuck
-    return -1, n_stuck
+            counters[_G_BYTES] += ksize[k]
+            counters[_HELD] -= ksize[k]
+            return True, n_stuck
+    return False, n_stuck
 
 
 @njit(**_OPTS)
@@ -1150,24 +1166,16 @@ def s3fifo_libcachesim_continue(bounds, look, size, budget, state):
     """:func:`s3fifo_libcachesim` from the cache `state`
     (:func:`s3fifo_libcachesim_state`, updated in place): batches given chunk by chunk
     replay as if given at once."""
-    nxt, prv, where, mark, freq, ksize, stuck, entering, from_ghost, scalars = state
+    nxt, prv, where, mark, freq, ksize, stuck, entering, from_ghost, counters = state
     n_b = len(bounds) - 1
     hits = np.zeros(n_b, dtype=np.int64)
-    held = scalars[0]
-    small_bytes = scalars[1]
-    main_bytes = scalars[2]
-    ghost_bytes = scalars[3]
-    main_len = scalars[4]
-    done = scalars[5]
-    has_evicted = scalars[6] != 0
     small_size = np.int64(float(budget) * 0.1)
     main_size = budget - small_size
     ghost_limit = np.int64(float(budget) * 0.9)
     s_list = -1 - _SMALL
-    moved = np.zeros(2, dtype=np.int64)
     for b in range(n_b):
         s, e = bounds[b], bounds[b + 1]
-        gb = done + b
+        gb = counters[_DONE] + b
         sz = size[b]
         h = 0
         n_new = 0
@@ -1180,10 +1188,10 @@ def s3fifo_libcachesim_continue(bounds, look, size, budget, state):
                 if freq[k] < 3:
                     freq[k] += 1
                 continue
-            held += sz
+            counters[_HELD] += sz
             from_ghost[n_new] = w == _GHOST
             if w == _GHOST:
-                ghost_bytes -= ksize[k]
+                counters[_G_BYTES] -= ksize[k]
                 _unlink(k, nxt, prv)
                 where[k] = -1
             ksize[k] = sz
@@ -1191,67 +1199,42 @@ def s3fifo_libcachesim_continue(bounds, look, size, budget, state):
             n_new += 1
         hits[b] = h
         n_stuck = 0
-        if held > budget:  # the evictions come before the new keys enter
-            has_evicted = True
-        while held > budget:
-            if main_bytes > main_size or nxt[s_list] < 0:
-                k = _step_main(nxt, prv, freq, mark, gb, main_len)
-                if k >= 0:
-                    main_bytes -= ksize[k]
-                    main_len -= 1
-                elif nxt[s_list] >= 0:
-                    k, n_stuck = _step_small(
-                        nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, moved
-                    )
-                    if k >= 0:
-                        ghost_bytes += ksize[k]
-                if k < 0:
+        if counters[_HELD] > budget:  # the evictions come before the new keys enter
+            counters[_EVICTED] = 1
+        while counters[_HELD] > budget:
+            if counters[_M_BYTES] > main_size or nxt[s_list] < 0:
+                if _step_main(nxt, prv, where, freq, mark, ksize, gb, counters):
+                    continue
+                if nxt[s_list] < 0:
                     break
-            else:
-                k, n_stuck = _step_small(
-                    nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, moved
+                evicted, n_stuck = _step_small(
+                    nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, counters
                 )
-                if k >= 0:
-                    ghost_bytes += ksize[k]
-            main_bytes += moved[0]
-            main_len += moved[1]
-            small_bytes -= moved[0]
-            moved[:] = 0
-            if k < 0:
-                continue  # S ran out: the next step takes M
-            if where[k] == _MAIN:
-                where[k] = -1
-            else:
-                small_bytes -= ksize[k]
-            held -= ksize[k]
+                if not evicted:
+                    break
+            else:  # when S runs out, the next step takes M
+                _, n_stuck = _step_small(
+                    nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, counters
+                )
         for i in range(n_stuck - 1, -1, -1):  # back at the old end, in order
             k = stuck[i]
             _prepend(k, s_list, nxt, prv)
             where[k] = _SMALL
+            counters[_S_BYTES] += ksize[k]
         for i in range(n_new):  # the new keys enter
             k = entering[i]
             freq[k] = 0
-            if from_ghost[i] or (not has_evicted and small_bytes >= small_size):
+            if from_ghost[i] or (counters[_EVICTED] == 0 and counters[_S_BYTES] >= small_size):
                 _append(k, -1 - _MAIN, nxt, prv)
                 where[k] = _MAIN
-                main_bytes += sz
-                main_len += 1
+                counters[_M_BYTES] += sz
+                counters[_M_KEYS] += 1
             else:
                 _append(k, s_list, nxt, prv)
                 where[k] = _SMALL
-                small_bytes += sz
-        while nxt[-1 - _GHOST] >= 0 and ghost_bytes > ghost_limit:
-            k = nxt[-1 - _GHOST]
-            _unlink(k, nxt, prv)
-            where[k] = -1
-            ghost_bytes -= ksize[k]
-    scalars[0] = held
-    scalars[1] = small_bytes
-    scalars[2] = main_bytes
-    scalars[3] = ghost_bytes
-    scalars[4] = main_len
-    scalars[5] = done + n_b
-    scalars[6] = 1 if has_evicted else 0
+                counters[_S_BYTES] += sz
+        counters[_G_BYTES] = _trim_ghost(nxt, prv, where, ksize, counters[_G_BYTES], ghost_limit)
+    counters[_DONE] += n_b
     return hits
 
 

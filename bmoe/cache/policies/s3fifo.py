@@ -113,12 +113,16 @@ class S3FIFO(Policy):
             small[k] = size
             small.move_to_end(k, last=False)
             self.small_bytes += size
-        while ghost and self.ghost_bytes > self.ghost_limit:
-            self.ghost_bytes -= ghost.popitem(last=False)[1]
+        self._trim_ghost()
         return victims
 
+    def _trim_ghost(self) -> None:
+        """Drop G's oldest keys while it holds more than its limit."""
+        while self.ghost and self.ghost_bytes > self.ghost_limit:
+            self.ghost_bytes -= self.ghost.popitem(last=False)[1]
 
-class LibCacheSimS3FIFO(Policy):
+
+class LibCacheSimS3FIFO(S3FIFO):
     """``s3fifo-libcachesim``: S3-FIFO as libCacheSim (0.3) implements it, for comparing
     figures.
 
@@ -143,21 +147,15 @@ class LibCacheSimS3FIFO(Policy):
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)
-        self.small: OrderedDict[int, int] = OrderedDict()  # front = oldest
-        self.main: OrderedDict[int, int] = OrderedDict()
-        self.ghost: OrderedDict[int, int] = OrderedDict()
-        self.freq: dict[int, int] = {}
-        self.small_bytes = 0
-        self.main_bytes = 0
-        self.ghost_bytes = 0
-        self.small_size = int(budget * 0.1)
-        self.main_size = budget - self.small_size
+        self.small_target = int(budget * 0.1)  # S's size
+        self.main_size = budget - self.small_target
         self.ghost_limit = int(budget * 0.9)
+        self.main_bytes = 0
         self.has_evicted = False
         self.entering: list[tuple[int, int, bool]] = []  # (key, bytes, from G) of the batch
 
     def _enter(self, k: int, size: int, from_ghost: bool) -> None:
-        if from_ghost or (not self.has_evicted and self.small_bytes >= self.small_size):
+        if from_ghost or (not self.has_evicted and self.small_bytes >= self.small_target):
             self.main[k] = size
             self.main_bytes += size
         else:
@@ -273,6 +271,5 @@ class LibCacheSimS3FIFO(Policy):
         for k, size, from_ghost in self.entering:
             self._enter(k, size, from_ghost)
         self.entering = []
-        while self.ghost and self.ghost_bytes > self.ghost_limit:
-            self.ghost_bytes -= self.ghost.popitem(last=False)[1]
+        self._trim_ghost()
         return victims
