@@ -374,7 +374,7 @@ def test_the_heap_trim_is_found_on_glibc_and_harmless() -> None:
     from bmoe.cache import kernels
 
     if platform.libc_ver()[0] == "glibc":
-        assert kernels._malloc_trim() is not None
+        assert kernels.memory.malloc_trim() is not None
     kernels.release_heap()
     batches = rp.prepare_batches(make_trace([(0, 1, s, 0, [s % 3, 1]) for s in range(9)]))
     one = rp.replay_curve(batches, (1, 2), ["lru", "lfu"], jobs=1)

@@ -27,5 +27,7 @@ POLICIES: dict[str, type[Policy]] = {
 
 #: the policies of the reference curve, in its column order
 REFERENCE_POLICIES = ("belady", "lru", "lfu", "random", "layer", "layerlfu")
+#: the engine's policy: what a run's residency column records, so what validation replays
+DEFAULT_POLICY = LRU.name
 
-__all__ = ["NEVER", "POLICIES", "REFERENCE_POLICIES", "Policy"]
+__all__ = ["DEFAULT_POLICY", "NEVER", "POLICIES", "REFERENCE_POLICIES", "Policy"]
