@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 
 from bmoe.analyze import replay as rp
-from bmoe.cache.naive import naive_replay
 from bmoe.errors import BmoeError
 from bmoe.formats.metrics import read_metrics
 from bmoe.formats.route import RouteTrace, read_route_trace
 from bmoe.render.replay import curve_csv, shape_lines
+from tests.oracles.replay import naive_replay
 
 MIB = 1 << 20
 GEMMA = "route-trace/gemma.route.csv"

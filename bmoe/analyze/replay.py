@@ -28,7 +28,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.replay_run import CURVE_COLUMNS, MIB, Replays, Tally
+from bmoe.analyze.replay_run import MIB, Replays, Tally
 from bmoe.cache import (
     DEFAULT_POLICY,
     EXPERT_BITS,

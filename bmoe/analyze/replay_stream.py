@@ -87,8 +87,9 @@ class _Blocks:
         self.warned = False
         self.residency = True  # every block has the residency column
         self.seen_layers: set[int] = set()
-        self.counts = dict.fromkeys(("batches", "prefill", "decode", "k", "recorded",
-                                     "recorded_decode", "recorded_bytes", "dropped"), 0)  # fmt: skip
+        names = ("batches", "prefill", "decode", "k", "recorded", "recorded_decode",
+                 "recorded_bytes", "dropped")  # fmt: skip
+        self.counts = dict.fromkeys(names, 0)
 
     @property
     def n_keys(self) -> int:

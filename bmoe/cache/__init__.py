@@ -2,7 +2,8 @@
 
 ``ExpertCache`` is driven live by the engine (one ``stage`` per layer load) and defines the
 batch semantics; offline replay (``bmoe.analyze.replay``) runs them as compiled kernels
-(:mod:`bmoe.cache.kernels`, imported on demand: it loads numba) that are tested equal to staging batch by
+(:mod:`bmoe.cache.kernels`, imported on demand: it loads
+numba) that are tested equal to staging batch by
 batch, so a replayed LRU row is the engine's own accounting.
 """
 

@@ -37,8 +37,9 @@ class Chunk:
     same ids in last-touch order, read only where ``repeated[b]``), ``size`` (int64: the
     bytes of one expert of the batch's layer) and ``part`` (int64: the budget slice of the
     per-layer policies, the layer's index); ``decode`` (bool, what the tallies split by: the
-    kernels do not read it). ``first`` numbers the chunk's first batch in the replay. Policies that read the future also need ``next_use`` (per lookup, the number of
-    the next batch looking its key up, ``n_total`` when none), ``n_total`` and
+    kernels do not read it). ``first`` numbers the chunk's first batch in the replay.
+    Policies that read the future also need ``next_use`` (per lookup, the number of the
+    next batch looking its key up, ``n_total`` when none), ``n_total`` and
     ``total_lookups`` (the replay's batches and lookups)."""
 
     bounds: np.ndarray
@@ -179,4 +180,3 @@ class Replay:
             f"{self.name}'s priorities outgrow 64 bits on {len(chunk.look):,} lookups; "
             "replay fewer rows"
         )
-

@@ -137,7 +137,9 @@ def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, st
 def belady(bounds, look, size, next_use, n_keys, budget, shift):
     """The whole-trace call: :func:`belady_continue` of every batch from an empty cache."""
     n_b = len(bounds) - 1
-    return belady_continue(bounds, look, size, next_use, n_b, 0, budget, shift, belady_state(n_keys))
+    return belady_continue(
+        bounds, look, size, next_use, n_b, 0, budget, shift, belady_state(n_keys)
+    )
 
 
 def new(setup: Setup) -> BeladyState:

@@ -22,7 +22,7 @@ class LRUState(NamedTuple):
     resident: np.ndarray  # per key id
     ksize: np.ndarray  # per key id, its bytes while resident
     held: np.ndarray  # per slice, bytes held
-    count: np.ndarray  # per slice, keys held
+    n_held: np.ndarray  # per slice, keys held
 
 
 @njit(**OPTS)

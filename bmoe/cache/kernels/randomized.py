@@ -59,7 +59,7 @@ class RandomState(NamedTuple):
     ksize: np.ndarray
     lst: np.ndarray  # the resident keys
     mt: np.ndarray  # the generator's words
-    index: np.ndarray  # [the generator's index into them]
+    mt_at: np.ndarray  # [the generator's index into its words]
     scalars: np.ndarray  # [resident keys, held, batches done]
 
 

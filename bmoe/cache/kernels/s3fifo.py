@@ -351,8 +351,8 @@ def step_libcachesim(r: Replay, c: Chunk) -> np.ndarray:
 
 
 PER_KEY = ("nxt", "prv", "where", "mark", "freq", "ksize", "stuck")
+PER_KEY_LIBCACHESIM = (*PER_KEY, "entering", "from_ghost")
 SPECS = (
     KernelSpec(S3FIFO, new, step, PER_KEY),
-    KernelSpec(LibCacheSimS3FIFO, new_libcachesim, step_libcachesim,
-               (*PER_KEY, "entering", "from_ghost")),  # fmt: skip
+    KernelSpec(LibCacheSimS3FIFO, new_libcachesim, step_libcachesim, PER_KEY_LIBCACHESIM),
 )
