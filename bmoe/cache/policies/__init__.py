@@ -1,8 +1,9 @@
 """Eviction policies of the expert cache, by name.
 
-The first six are the reference's (their replay figures are the established ones); ``arc``,
-``s3fifo``, ``lfuda``, ``lfu-incache``, ``lfuda-libcachesim`` and ``s3fifo-libcachesim`` are
-further policies with the same byte budget and batch semantics.
+The reference's six (:data:`REFERENCE_POLICIES`: their replay figures are the established
+ones) come first; the others are further policies with the same byte budget and batch
+semantics. A class listed in :data:`POLICIES` is registered for the live cache and, through
+its kernel module of the same name, for replay (``docs/adding-a-policy.md``).
 """
 
 from __future__ import annotations
