@@ -17,12 +17,13 @@ from bmoe.cache.policies.lfuda import LFUDA, LibCacheSimLFUDA
 from bmoe.cache.policies.lru import LRU
 from bmoe.cache.policies.randomized import Random
 from bmoe.cache.policies.s3fifo import S3FIFO, LibCacheSimS3FIFO
+from bmoe.cache.policies.sieve import Sieve
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
         Belady, LRU, LFU, Random, LayerLRU, LayerLFU, ARC, S3FIFO, LFUDA, InCacheLFU,
-        LibCacheSimLFUDA, LibCacheSimS3FIFO,
+        LibCacheSimLFUDA, LibCacheSimS3FIFO, Sieve,
     )
 }  # fmt: skip
 
