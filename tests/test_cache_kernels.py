@@ -195,3 +195,29 @@ def test_the_analysis_names_no_policy() -> None:
             ):
                 found += [(path.name, node.lineno, "a comparison with a policy name")]
     assert not found
+
+
+def test_lfu_moves_to_its_heap_form_with_the_same_figures(monkeypatch) -> None:
+    """Past ``LIST_SLOTS`` count-list slots a stream's LFU caches move to a heap per slice;
+    the figures stay those of the count lists, new ids met after the move included."""
+    from bmoe.analyze.replay_stream import stream_replay
+    from bmoe.cache.kernels import lfu
+
+    rng = np.random.default_rng(3)
+    rows = [(0, 1, s, layer, slot, int(rng.integers(0, 4 if s < 30 else 9)))
+            for s in range(80) for layer in range(3) for slot in range(3)]  # fmt: skip
+    frame = pd.DataFrame(rows, columns=["turn", "phase", "step", "layer", "slot", "expert"])
+    table = pd.DataFrame({"layer": [0, 1, 2], "expert_bytes": [3, 5, 4]})
+    trace = RouteTrace(None, 1, {"n_layer": 3, "n_expert": 4, "n_expert_used": 3}, table, frame)
+    budgets, policies = [0, 10, 30, 60], ["lfu", "lfu-incache", "layerlfu"]
+    lists = rp.replay_curve(trace, budgets, policies, jobs=1)
+
+    monkeypatch.setattr(lfu, "LIST_SLOTS", 8)
+    blocks = [frame.iloc[i : i + 40] for i in range(0, len(frame), 40)]
+    with pytest.warns(UserWarning, match="outside 0..3"):
+        heaps = stream_replay(trace, blocks, budgets, policies, jobs=1)["curve"]
+    pd.testing.assert_frame_equal(heaps, lists)
+    b = rp.prepare_batches(trace)
+    cache = k.Replay(k.kernel_spec("lfu"), 30, k.Setup(b.n_keys, b.n_parts))
+    cache.feed(rp.whole_chunk(b))
+    assert isinstance(cache.state, lfu.LFUHeapState)

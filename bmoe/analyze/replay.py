@@ -334,8 +334,15 @@ def whole_chunk(batches: ReplayBatches, *, future: bool = False):
                  next_use=b.next_use_flat, n_total=len(b), total_lookups=len(b.look))  # fmt: skip
 
 
+def _part_keys(batches: ReplayBatches) -> int:
+    """The most key ids of one layer."""
+    return int(np.bincount(batches.key_part).max(initial=0)) if batches.n_keys else 0
+
+
 def _replays(batches: ReplayBatches, cells: list, seed: int, jobs: int = 1) -> Replays:
-    return Replays(cells, batches.n_keys, batches.n_parts, batches.n_layer, seed=seed, jobs=jobs)
+    b = batches
+    return Replays(cells, b.n_keys, b.n_parts, b.n_layer, part_keys=_part_keys(b), seed=seed,
+                   jobs=jobs)  # fmt: skip
 
 
 def simulate(
@@ -352,7 +359,7 @@ def simulate(
     if not len(batches):
         return np.zeros(0, dtype=np.int64)
     spec = kernels.kernel_spec(policy)
-    setup = kernels.Setup(batches.n_keys, batches.n_parts, seed)
+    setup = kernels.Setup(batches.n_keys, batches.n_parts, seed, _part_keys(batches))
     cache = kernels.Replay(spec, budget, setup, batches.n_layer)
     return cache.feed(whole_chunk(batches, future=spec.live.needs_future))
 

@@ -80,9 +80,10 @@ class Tally:
 
 class Replays:
     """The caches of `cells`, each a :class:`~bmoe.cache.kernels.Replay` of `n_keys` key ids
-    in `n_parts` layer slices (`n_layer` splits the per-layer policies' budgets), fed chunk
-    by chunk; `jobs` run at once in threads (the kernels release the GIL). With `deferred`,
-    the cells whose policy reads the future wait for :meth:`finish`."""
+    in `n_parts` layer slices of at most `part_keys` ids (`n_layer` splits the per-layer
+    policies' budgets), fed chunk by chunk; `jobs` run at once in threads (the kernels
+    release the GIL). With `deferred`, the cells whose policy reads the future wait for
+    :meth:`finish`."""
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class Replays:
         n_parts: int,
         n_layer: int | None,
         *,
+        part_keys: int = 0,
         seed: int = 0,
         jobs: int = 1,
         deferred: Deferred | None = None,
@@ -100,7 +102,7 @@ class Replays:
         self.kernels = kernels
         self.cells = list(cells)
         self.deferred = deferred
-        self.setup = kernels.Setup(n_keys, n_parts, seed)
+        self.setup = kernels.Setup(n_keys, n_parts, seed, part_keys)
         self.n_layer = n_layer
         waits = [deferred is not None and POLICIES[p].needs_future for _, p in self.cells]
         self.now = [i for i, w in enumerate(waits) if not w]
@@ -114,11 +116,11 @@ class Replays:
         spec = self.kernels.kernel_spec(policy)
         return self.kernels.Replay(spec, round(budget_mib * MIB), self.setup, self.n_layer)
 
-    def grow(self, n_keys: int) -> None:
-        """Make room in every cache for key ids up to `n_keys`."""
-        self.setup = self.kernels.Setup(n_keys, self.setup.n_parts, self.setup.seed)
+    def grow(self, n_keys: int, part_keys: int) -> None:
+        """Make room in every cache for key ids up to `n_keys`, `part_keys` in a slice."""
+        self.setup = self.kernels.Setup(n_keys, self.setup.n_parts, self.setup.seed, part_keys)
         for r in self.replays.values():
-            r.grow(n_keys)
+            r.grow(n_keys, part_keys)
 
     def feed(
         self,

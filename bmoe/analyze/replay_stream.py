@@ -399,7 +399,8 @@ def stream_replay(
         cells.append((validate_mib, DEFAULT_POLICY))
     cut = _Blocks(trace, part_of, n_declared)
     spill = _Spill() if any(POLICIES[p].needs_future for _, p in cells) else None
-    replays = Replays(cells, cut.n_keys, n_parts, n_layer, seed=seed, jobs=jobs, deferred=spill)
+    replays = Replays(cells, cut.n_keys, n_parts, n_layer, part_keys=cut.n_e, seed=seed,
+                      jobs=jobs, deferred=spill)  # fmt: skip
     distances = _Distances(cut.n_keys, key_size) if mrc else None
     tally = Tally(len(cells))
     try:
@@ -408,7 +409,7 @@ def stream_replay(
             if chunk is None:
                 continue
             if cut.n_keys > replays.setup.n_keys:
-                replays.grow(cut.n_keys)
+                replays.grow(cut.n_keys, cut.n_e)
                 if distances is not None:
                     distances.grow(cut.n_keys)
             tally.count(chunk)

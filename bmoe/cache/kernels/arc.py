@@ -12,7 +12,7 @@ from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.arc import ARC
 
-SHARED_STAMP = "cddfafd4bcf6"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 _T1, _T2, _B1, _B2 = 0, 1, 2, 3
 
@@ -27,7 +27,6 @@ class ARCState(NamedTuple):
     p_now: np.ndarray  # [p]
 
 
-@njit(**OPTS)
 def arc_state(n_keys):
     """An empty ARC cache of `n_keys` key ids."""
     nxt, prv = node_lists(n_keys, 4)
@@ -159,7 +158,6 @@ def arc_continue(bounds, look, rec, repeated, size, budget, state):
     return hits
 
 
-@njit(**OPTS)
 def arc(bounds, look, rec, repeated, size, n_keys, budget):
     """The whole-trace call: :func:`arc_continue` from an empty cache."""
     return arc_continue(bounds, look, rec, repeated, size, budget, arc_state(n_keys))

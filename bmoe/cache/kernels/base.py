@@ -70,6 +70,11 @@ class Setup:
     n_keys: int
     n_parts: int  # budget slices: 1, or the layers for per-layer policies
     seed: int = 0
+    part_keys: int = 0  # the most key ids one slice holds (0: all of them)
+
+    def __post_init__(self) -> None:
+        if not self.part_keys or self.n_parts == 1:
+            object.__setattr__(self, "part_keys", self.n_keys)
 
 
 @dataclass(frozen=True)
@@ -151,10 +156,11 @@ class Replay:
         """Per batch, the slice it stages into: its layer's, or 0 for the global policies."""
         return chunk.part if self.per_layer else np.zeros(len(chunk), dtype=np.int64)
 
-    def grow(self, n_keys: int) -> None:
-        """Make room for key ids up to `n_keys` (the cache unchanged)."""
+    def grow(self, n_keys: int, part_keys: int = 0) -> None:
+        """Make room for key ids up to `n_keys`, `part_keys` in one slice (the cache
+        unchanged)."""
         old = self.setup.n_keys
-        self.setup = Setup(n_keys, self.setup.n_parts, self.setup.seed)
+        self.setup = Setup(n_keys, self.setup.n_parts, self.setup.seed, part_keys)
         if self.spec.grow is not None:
             self.state = self.spec.grow(self.state, self.setup, old)
         else:

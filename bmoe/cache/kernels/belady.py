@@ -25,7 +25,7 @@ from bmoe.cache.kernels.shared import OPTS, sift_down, sift_up
 from bmoe.cache.policies.belady import Belady
 from bmoe.errors import BmoeError
 
-SHARED_STAMP = "cddfafd4bcf6"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 
 class BeladyState(NamedTuple):
@@ -40,7 +40,6 @@ class BeladyState(NamedTuple):
     scalars: np.ndarray  # [held, admissions, heap size, buffer size]
 
 
-@njit(**OPTS)
 def belady_state(n_keys):
     """An empty cache of `n_keys` key ids."""
     return BeladyState(
@@ -133,7 +132,6 @@ def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, st
     return hits
 
 
-@njit(**OPTS)
 def belady(bounds, look, size, next_use, n_keys, budget, shift):
     """The whole-trace call: :func:`belady_continue` of every batch from an empty cache."""
     n_b = len(bounds) - 1

@@ -12,7 +12,7 @@ from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.clock import Clock
 
-SHARED_STAMP = "cddfafd4bcf6"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 
 class ClockState(NamedTuple):
@@ -26,7 +26,6 @@ class ClockState(NamedTuple):
     scalars: np.ndarray  # [held, batches done, keys in the queue]
 
 
-@njit(**OPTS)
 def clock_state(n_keys):
     """An empty cache of `n_keys` key ids."""
     nxt, prv = node_lists(n_keys, 1)
@@ -93,7 +92,6 @@ def clock_continue(bounds, look, size, budget, state):
     return hits
 
 
-@njit(**OPTS)
 def clock(bounds, look, size, n_keys, budget):
     """The whole-trace call: :func:`clock_continue` from an empty cache."""
     return clock_continue(bounds, look, size, budget, clock_state(n_keys))

@@ -10,10 +10,9 @@ from numba import njit
 
 from bmoe.cache.kernels.shared import OPTS
 
-SHARED_STAMP = "cddfafd4bcf6"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 
-@njit(**OPTS)
 def lru_byte_distances(bounds, look, rec, repeated, size, n_keys, batch_semantics):
     """Per lookup, its LRU byte stack distance (inf for a first lookup), by a Fenwick tree
     over touch order that holds each key's bytes at its last touch.
@@ -41,7 +40,6 @@ class DistanceState(NamedTuple):
         return int(self.scalars[0])
 
 
-@njit(**OPTS)
 def distances_state(n_keys, room):
     """No key touched yet, a tree with room for `room` touches, for
     :func:`lru_byte_distances_continue`."""

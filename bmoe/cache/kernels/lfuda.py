@@ -27,7 +27,7 @@ from bmoe.cache.kernels.shared import (
 )
 from bmoe.cache.policies.lfuda import LFUDA, LibCacheSimLFUDA
 
-SHARED_STAMP = "cddfafd4bcf6"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 
 class LFUDAState(NamedTuple):
@@ -44,7 +44,6 @@ class LFUDAState(NamedTuple):
     scalars: np.ndarray  # [held, age, clock]
 
 
-@njit(**OPTS)
 def lfuda_state(n_keys):
     """An empty LFUDA cache of `n_keys` key ids."""
     return LFUDAState(
@@ -117,7 +116,6 @@ def lfuda_continue(bounds, look, rec, repeated, size, budget, shift, state):
     return hits
 
 
-@njit(**OPTS)
 def lfuda(bounds, look, rec, repeated, size, n_keys, budget, shift):
     """The whole-trace call: :func:`lfuda_continue` from an empty cache."""
     return lfuda_continue(bounds, look, rec, repeated, size, budget, shift, lfuda_state(n_keys))
@@ -173,7 +171,6 @@ def _lowest_at_or_above(age, shift, hv, hcount, look, prio, s, stop):
     return low
 
 
-@njit(**OPTS)
 def lfuda_libcachesim_state(n_keys):
     """An empty cache of `n_keys` key ids."""
     return LibCacheSimLFUDAState(
@@ -279,7 +276,6 @@ def lfuda_libcachesim_continue(bounds, look, rec, repeated, size, budget, shift,
     return hits, True
 
 
-@njit(**OPTS)
 def lfuda_libcachesim(bounds, look, rec, repeated, size, n_keys, budget, shift):
     """The whole-trace call: :func:`lfuda_libcachesim_continue` from an empty cache."""
     state = lfuda_libcachesim_state(n_keys)

@@ -13,7 +13,7 @@ from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.lru import LRU
 
-SHARED_STAMP = "cddfafd4bcf6"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 
 class LRUState(NamedTuple):
@@ -25,7 +25,6 @@ class LRUState(NamedTuple):
     n_held: np.ndarray  # per slice, keys held
 
 
-@njit(**OPTS)
 def lru_state(n_parts, n_keys):
     """An empty cache of `n_keys` key ids in `n_parts` slices."""
     nxt, prv = node_lists(n_keys, n_parts)
@@ -80,7 +79,6 @@ def lru_continue(bounds, look, rec, repeated, size, part, capacity, state):
     return hits
 
 
-@njit(**OPTS)
 def lru(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity):
     """The whole-trace call: :func:`lru_continue` from an empty cache."""
     state = lru_state(n_parts, n_keys)

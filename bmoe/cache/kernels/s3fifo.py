@@ -14,7 +14,7 @@ from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import INLINE, OPTS, append, node_lists, prepend, unlink
 from bmoe.cache.policies.s3fifo import S3FIFO, LibCacheSimS3FIFO
 
-SHARED_STAMP = "cddfafd4bcf6"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 _SMALL, _MAIN, _GHOST = 0, 1, 2
 
@@ -41,7 +41,6 @@ class S3FIFOState(NamedTuple):
     scalars: np.ndarray  # [held, S bytes, G bytes, M keys, batches done]
 
 
-@njit(**OPTS)
 def s3fifo_state(n_keys):
     """An empty S3-FIFO cache of `n_keys` key ids (S a tenth of the budget, G at most the
     rest)."""
@@ -156,7 +155,6 @@ def s3fifo_continue(bounds, look, size, budget, state):
     return hits
 
 
-@njit(**OPTS)
 def s3fifo(bounds, look, size, n_keys, budget):
     """The whole-trace call: :func:`s3fifo_continue` from an empty cache."""
     return s3fifo_continue(bounds, look, size, budget, s3fifo_state(n_keys))
@@ -189,7 +187,6 @@ class LibCacheSimS3FIFOState(NamedTuple):
     counters: np.ndarray  # [held, S bytes, M bytes, G bytes, M keys, batches done, evicted yet]
 
 
-@njit(**OPTS)
 def s3fifo_libcachesim_state(n_keys):
     """An empty cache of `n_keys` key ids."""
     nxt, prv = node_lists(n_keys, 3)
@@ -335,7 +332,6 @@ def s3fifo_libcachesim_continue(bounds, look, size, budget, state):
     return hits
 
 
-@njit(**OPTS)
 def s3fifo_libcachesim(bounds, look, size, n_keys, budget):
     """The whole-trace call: :func:`s3fifo_libcachesim_continue` from an empty cache."""
     state = s3fifo_libcachesim_state(n_keys)

@@ -25,12 +25,11 @@ INLINE = {**OPTS, "inline": "always"}
 # branches. A key is in at most one list at a time.
 
 
-@njit(**INLINE)
-def node_lists(n_keys, n_lists):
-    """``nxt, prv`` of `n_lists` empty lists over `n_keys` key ids."""
+def node_lists(n_keys: int, n_lists: int) -> tuple[np.ndarray, np.ndarray]:
+    """``nxt, prv`` of `n_lists` empty lists over `n_keys` key ids (plain numpy: the state
+    factories run in Python, which spares numba a compiled function to load each)."""
     nxt = np.full(n_keys + n_lists, -1, dtype=np.int32)
-    for lst in range(n_lists):
-        nxt[n_keys + n_lists - 1 - lst] = -1 - lst
+    nxt[n_keys:] = np.arange(-n_lists, 0, dtype=np.int32)
     return nxt, nxt.copy()
 
 

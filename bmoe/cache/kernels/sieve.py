@@ -13,7 +13,7 @@ from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.sieve import Sieve
 
-SHARED_STAMP = "cddfafd4bcf6"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 
 class SieveState(NamedTuple):
@@ -27,7 +27,6 @@ class SieveState(NamedTuple):
     scalars: np.ndarray  # [held, hand, batches done, keys in the queue]
 
 
-@njit(**OPTS)
 def sieve_state(n_keys):
     """An empty cache of `n_keys` key ids."""
     nxt, prv = node_lists(n_keys, 1)
@@ -101,7 +100,6 @@ def sieve_continue(bounds, look, size, budget, state):
     return hits
 
 
-@njit(**OPTS)
 def sieve(bounds, look, size, n_keys, budget):
     """The whole-trace call: :func:`sieve_continue` from an empty cache."""
     return sieve_continue(bounds, look, size, budget, sieve_state(n_keys))
