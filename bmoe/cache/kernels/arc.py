@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.arc import ARC
 
@@ -27,7 +27,7 @@ class ARCState(NamedTuple):
     p_now: np.ndarray  # [p]
 
 
-def arc_state(n_keys):
+def arc_state(n_keys: int) -> ARCState:
     """An empty ARC cache of `n_keys` key ids."""
     nxt, prv = node_lists(n_keys, 4)
     return ARCState(
@@ -158,7 +158,9 @@ def arc_continue(bounds, look, rec, repeated, size, budget, state):
     return hits
 
 
-def arc(bounds, look, rec, repeated, size, n_keys, budget):
+def arc(
+    bounds: Arr, look: Arr, rec: Arr, repeated: Arr, size: Arr, n_keys: int, budget: int
+) -> Arr:
     """The whole-trace call: :func:`arc_continue` from an empty cache."""
     return arc_continue(bounds, look, rec, repeated, size, budget, arc_state(n_keys))
 

@@ -21,6 +21,8 @@ from bmoe.errors import BmoeError
 
 #: a kernel's state: a NamedTuple of numpy arrays (scalars kept in small arrays)
 State = Any
+#: an array argument of a kernel
+Arr = np.ndarray
 
 
 def counter_bits(n: int) -> int:

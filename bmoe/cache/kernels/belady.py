@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup, counter_bits
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup, counter_bits
 from bmoe.cache.kernels.shared import OPTS, sift_down, sift_up
 from bmoe.cache.policies.belady import Belady
 from bmoe.errors import BmoeError
@@ -40,7 +40,7 @@ class BeladyState(NamedTuple):
     scalars: np.ndarray  # [held, admissions, heap size, buffer size]
 
 
-def belady_state(n_keys):
+def belady_state(n_keys: int) -> BeladyState:
     """An empty cache of `n_keys` key ids."""
     return BeladyState(
         np.zeros(n_keys, dtype=np.int64),
@@ -132,7 +132,9 @@ def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, st
     return hits
 
 
-def belady(bounds, look, size, next_use, n_keys, budget, shift):
+def belady(
+    bounds: Arr, look: Arr, size: Arr, next_use: Arr, n_keys: int, budget: int, shift: int
+) -> Arr:
     """The whole-trace call: :func:`belady_continue` of every batch from an empty cache."""
     n_b = len(bounds) - 1
     return belady_continue(

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.clock import Clock
 
@@ -26,7 +26,7 @@ class ClockState(NamedTuple):
     scalars: np.ndarray  # [held, batches done, keys in the queue]
 
 
-def clock_state(n_keys):
+def clock_state(n_keys: int) -> ClockState:
     """An empty cache of `n_keys` key ids."""
     nxt, prv = node_lists(n_keys, 1)
     return ClockState(
@@ -92,7 +92,7 @@ def clock_continue(bounds, look, size, budget, state):
     return hits
 
 
-def clock(bounds, look, size, n_keys, budget):
+def clock(bounds: Arr, look: Arr, size: Arr, n_keys: int, budget: int) -> Arr:
     """The whole-trace call: :func:`clock_continue` from an empty cache."""
     return clock_continue(bounds, look, size, budget, clock_state(n_keys))
 

@@ -8,12 +8,21 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from bmoe.cache.kernels.base import Arr
 from bmoe.cache.kernels.shared import OPTS
 
 SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
 
 
-def lru_byte_distances(bounds, look, rec, repeated, size, n_keys, batch_semantics):
+def lru_byte_distances(
+    bounds: Arr,
+    look: Arr,
+    rec: Arr,
+    repeated: Arr,
+    size: Arr,
+    n_keys: int,
+    batch_semantics: bool,
+) -> Arr:
     """Per lookup, its LRU byte stack distance (inf for a first lookup), by a Fenwick tree
     over touch order that holds each key's bytes at its last touch.
 
@@ -40,7 +49,7 @@ class DistanceState(NamedTuple):
         return int(self.scalars[0])
 
 
-def distances_state(n_keys, room):
+def distances_state(n_keys: int, room: int) -> DistanceState:
     """No key touched yet, a tree with room for `room` touches, for
     :func:`lru_byte_distances_continue`."""
     return DistanceState(

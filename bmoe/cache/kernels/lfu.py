@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup, counter_bits
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup, counter_bits
 from bmoe.cache.kernels.shared import (
     OPTS,
     append,
@@ -51,7 +51,7 @@ class LFUState(NamedTuple):
     room: np.ndarray  # [count lists per slice]
 
 
-def lfu_state(n_parts, n_keys, room):
+def lfu_state(n_parts: int, n_keys: int, room: int) -> LFUState:
     """An empty cache of `n_keys` key ids in `n_parts` slices of `room` count lists."""
     nxt, prv = node_lists(n_keys, n_parts * room)
     return LFUState(
@@ -170,7 +170,18 @@ def lfu_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts,
     return hits
 
 
-def lfu(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity, keep_counts):
+def lfu(
+    bounds: Arr,
+    look: Arr,
+    rec: Arr,
+    repeated: Arr,
+    size: Arr,
+    part: Arr,
+    n_parts: int,
+    n_keys: int,
+    capacity: int,
+    keep_counts: bool,
+) -> Arr:
     """The whole-trace call: :func:`lfu_continue` from an empty cache with a count list for
     every count the batches can reach."""
     most = int(np.bincount(part, minlength=n_parts).max()) if len(part) else 0

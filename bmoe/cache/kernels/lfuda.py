@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import (
     INLINE,
     OPTS,
@@ -44,7 +44,7 @@ class LFUDAState(NamedTuple):
     scalars: np.ndarray  # [held, age, clock]
 
 
-def lfuda_state(n_keys):
+def lfuda_state(n_keys: int) -> LFUDAState:
     """An empty LFUDA cache of `n_keys` key ids."""
     return LFUDAState(
         np.zeros(n_keys, dtype=np.int64),
@@ -116,7 +116,9 @@ def lfuda_continue(bounds, look, rec, repeated, size, budget, shift, state):
     return hits
 
 
-def lfuda(bounds, look, rec, repeated, size, n_keys, budget, shift):
+def lfuda(
+    bounds: Arr, look: Arr, rec: Arr, repeated: Arr, size: Arr, n_keys: int, budget: int, shift: int
+) -> Arr:
     """The whole-trace call: :func:`lfuda_continue` from an empty cache."""
     return lfuda_continue(bounds, look, rec, repeated, size, budget, shift, lfuda_state(n_keys))
 
@@ -171,7 +173,7 @@ def _lowest_at_or_above(age, shift, hv, hcount, look, prio, s, stop):
     return low
 
 
-def lfuda_libcachesim_state(n_keys):
+def lfuda_libcachesim_state(n_keys: int) -> LibCacheSimLFUDAState:
     """An empty cache of `n_keys` key ids."""
     return LibCacheSimLFUDAState(
         np.zeros(n_keys, dtype=np.int64),
@@ -276,7 +278,9 @@ def lfuda_libcachesim_continue(bounds, look, rec, repeated, size, budget, shift,
     return hits, True
 
 
-def lfuda_libcachesim(bounds, look, rec, repeated, size, n_keys, budget, shift):
+def lfuda_libcachesim(
+    bounds: Arr, look: Arr, rec: Arr, repeated: Arr, size: Arr, n_keys: int, budget: int, shift: int
+) -> tuple[Arr, bool]:
     """The whole-trace call: :func:`lfuda_libcachesim_continue` from an empty cache."""
     state = lfuda_libcachesim_state(n_keys)
     return lfuda_libcachesim_continue(bounds, look, rec, repeated, size, budget, shift, state)

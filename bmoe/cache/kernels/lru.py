@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.lru import LRU
 
@@ -25,7 +25,7 @@ class LRUState(NamedTuple):
     n_held: np.ndarray  # per slice, keys held
 
 
-def lru_state(n_parts, n_keys):
+def lru_state(n_parts: int, n_keys: int) -> LRUState:
     """An empty cache of `n_keys` key ids in `n_parts` slices."""
     nxt, prv = node_lists(n_keys, n_parts)
     return LRUState(
@@ -79,7 +79,17 @@ def lru_continue(bounds, look, rec, repeated, size, part, capacity, state):
     return hits
 
 
-def lru(bounds, look, rec, repeated, size, part, n_parts, n_keys, capacity):
+def lru(
+    bounds: Arr,
+    look: Arr,
+    rec: Arr,
+    repeated: Arr,
+    size: Arr,
+    part: Arr,
+    n_parts: int,
+    n_keys: int,
+    capacity: int,
+) -> Arr:
     """The whole-trace call: :func:`lru_continue` from an empty cache."""
     state = lru_state(n_parts, n_keys)
     return lru_continue(bounds, look, rec, repeated, size, part, capacity, state)

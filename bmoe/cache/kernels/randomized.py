@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS
 from bmoe.cache.policies.randomized import Random
 
@@ -63,7 +63,7 @@ class RandomState(NamedTuple):
     scalars: np.ndarray  # [resident keys, held, batches done]
 
 
-def random_state(n_keys, mt, index):
+def random_state(n_keys: int, mt: Arr, index: Arr) -> RandomState:
     """An empty cache of `n_keys` key ids drawing from the generator (`mt`, `index`) of
     :func:`mt_state`."""
     return RandomState(
@@ -124,7 +124,9 @@ def randomized_continue(bounds, look, size, budget, state):
     return hits
 
 
-def randomized(bounds, look, size, n_keys, budget, mt, index):
+def randomized(
+    bounds: Arr, look: Arr, size: Arr, n_keys: int, budget: int, mt: Arr, index: Arr
+) -> Arr:
     """The whole-trace call: :func:`randomized_continue` from an empty cache."""
     return randomized_continue(bounds, look, size, budget, random_state(n_keys, mt, index))
 

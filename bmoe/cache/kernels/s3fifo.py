@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import INLINE, OPTS, append, node_lists, prepend, unlink
 from bmoe.cache.policies.s3fifo import S3FIFO, LibCacheSimS3FIFO
 
@@ -41,7 +41,7 @@ class S3FIFOState(NamedTuple):
     scalars: np.ndarray  # [held, S bytes, G bytes, M keys, batches done]
 
 
-def s3fifo_state(n_keys):
+def s3fifo_state(n_keys: int) -> S3FIFOState:
     """An empty S3-FIFO cache of `n_keys` key ids (S a tenth of the budget, G at most the
     rest)."""
     nxt, prv = node_lists(n_keys, 3)
@@ -155,7 +155,7 @@ def s3fifo_continue(bounds, look, size, budget, state):
     return hits
 
 
-def s3fifo(bounds, look, size, n_keys, budget):
+def s3fifo(bounds: Arr, look: Arr, size: Arr, n_keys: int, budget: int) -> Arr:
     """The whole-trace call: :func:`s3fifo_continue` from an empty cache."""
     return s3fifo_continue(bounds, look, size, budget, s3fifo_state(n_keys))
 
@@ -187,7 +187,7 @@ class LibCacheSimS3FIFOState(NamedTuple):
     counters: np.ndarray  # [held, S bytes, M bytes, G bytes, M keys, batches done, evicted yet]
 
 
-def s3fifo_libcachesim_state(n_keys):
+def s3fifo_libcachesim_state(n_keys: int) -> LibCacheSimS3FIFOState:
     """An empty cache of `n_keys` key ids."""
     nxt, prv = node_lists(n_keys, 3)
     return LibCacheSimS3FIFOState(
@@ -332,7 +332,7 @@ def s3fifo_libcachesim_continue(bounds, look, size, budget, state):
     return hits
 
 
-def s3fifo_libcachesim(bounds, look, size, n_keys, budget):
+def s3fifo_libcachesim(bounds: Arr, look: Arr, size: Arr, n_keys: int, budget: int) -> Arr:
     """The whole-trace call: :func:`s3fifo_libcachesim_continue` from an empty cache."""
     state = s3fifo_libcachesim_state(n_keys)
     return s3fifo_libcachesim_continue(bounds, look, size, budget, state)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup
+from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.sieve import Sieve
 
@@ -27,7 +27,7 @@ class SieveState(NamedTuple):
     scalars: np.ndarray  # [held, hand, batches done, keys in the queue]
 
 
-def sieve_state(n_keys):
+def sieve_state(n_keys: int) -> SieveState:
     """An empty cache of `n_keys` key ids."""
     nxt, prv = node_lists(n_keys, 1)
     scalars = np.zeros(4, dtype=np.int64)
@@ -100,7 +100,7 @@ def sieve_continue(bounds, look, size, budget, state):
     return hits
 
 
-def sieve(bounds, look, size, n_keys, budget):
+def sieve(bounds: Arr, look: Arr, size: Arr, n_keys: int, budget: int) -> Arr:
     """The whole-trace call: :func:`sieve_continue` from an empty cache."""
     return sieve_continue(bounds, look, size, budget, sieve_state(n_keys))
 
