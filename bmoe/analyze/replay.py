@@ -24,6 +24,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,9 @@ from bmoe.cache import (
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+
+if TYPE_CHECKING:
+    from bmoe.cache.kernels import Chunk
 
 #: the reference's default budgets (MiB)
 DEFAULT_BUDGETS_MIB = (250, 500, 750, 1000, 1500, 2000, 3000, 4000, 6000)
@@ -322,7 +326,7 @@ def prepare_batches(
     )
 
 
-def whole_chunk(batches: ReplayBatches, *, future: bool = False):
+def whole_chunk(batches: ReplayBatches, *, future: bool = False) -> Chunk:
     """`batches` as one :class:`~bmoe.cache.kernels.Chunk` (with each lookup's next use when
     `future`: for the policies that read it)."""
     from bmoe.cache.kernels import Chunk
