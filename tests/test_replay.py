@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 
 from bmoe.analyze import replay as rp
-from bmoe.cache.naive import naive_replay
 from bmoe.errors import BmoeError
 from bmoe.formats.metrics import read_metrics
 from bmoe.formats.route import RouteTrace, read_route_trace
 from bmoe.render.replay import curve_csv, shape_lines
+from tests.oracles.replay import naive_replay
 
 MIB = 1 << 20
 GEMMA = "route-trace/gemma.route.csv"
@@ -374,7 +374,7 @@ def test_the_heap_trim_is_found_on_glibc_and_harmless() -> None:
     from bmoe.cache import kernels
 
     if platform.libc_ver()[0] == "glibc":
-        assert kernels._malloc_trim() is not None
+        assert kernels.memory.malloc_trim() is not None
     kernels.release_heap()
     batches = rp.prepare_batches(make_trace([(0, 1, s, 0, [s % 3, 1]) for s in range(9)]))
     one = rp.replay_curve(batches, (1, 2), ["lru", "lfu"], jobs=1)

@@ -35,7 +35,7 @@ import pandas as pd
 
 from bmoe.analyze import replay
 from bmoe.analyze.metrics import steady_state
-from bmoe.cache import ExpertCache
+from bmoe.cache import DEFAULT_POLICY, ExpertCache
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
 from bmoe.formats.route import RouteTrace
@@ -475,7 +475,7 @@ def predict(
     profile: DeviceProfile,
     grid: Mapping[str, Sequence[float]] | pd.DataFrame,
     *,
-    policy: str = "lru",
+    policy: str = DEFAULT_POLICY,
     seed: int = 0,
     drop: float | None = None,
 ) -> pd.DataFrame:
@@ -581,7 +581,7 @@ def against(
     profile: DeviceProfile,
     results: pd.DataFrame,
     *,
-    policy: str = "lru",
+    policy: str = DEFAULT_POLICY,
     seed: int = 0,
     drop: float | None = None,
 ) -> dict[str, pd.DataFrame | dict]:
@@ -646,7 +646,7 @@ def sweep_duration(
     profile: DeviceProfile,
     runs: pd.DataFrame,
     *,
-    policy: str = "lru",
+    policy: str = DEFAULT_POLICY,
 ) -> pd.DataFrame:
     """Predicted duration of each planned run (columns cache_mb, io_threads, prefetch,
     n_predict): model load + prefill + n_predict tokens at the predicted rate. Without a
