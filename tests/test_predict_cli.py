@@ -35,7 +35,7 @@ def device(tmp_path_factory) -> Path:
 
 def test_profile_writes_a_profile_with_its_caveat(device: Path) -> None:
     data = json.loads(device.read_text())
-    assert data["format"] == "bmoe_profile" and data["version"] == 1
+    assert data["format"] == "bmoe_profile" and data["version"] == 2
     assert sorted(row["lanes"] for row in data["flash"]) == [1, 4]
     assert data["model"]["slices_per_expert"] == 3
     assert any("compute-traced" in c for c in data["caveats"])

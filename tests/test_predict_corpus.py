@@ -11,7 +11,7 @@ import pytest
 
 from bmoe.analyze.metrics import run_summary
 from bmoe.analyze.predict import predict
-from bmoe.analyze.profile import build_profile, read_runs
+from bmoe.analyze.profile import build_profile, read_runs, run_config
 from bmoe.errors import BmoeError
 
 
@@ -20,12 +20,12 @@ def own_prediction(path: Path):
         warnings.simplefilter("ignore")
         runs = read_runs([path])
     run = runs[0]
-    params = run.metrics.params
+    config = run_config(run)
     profile = build_profile(runs)
     cell = {
-        "cache_mb": [params.get("cache_mb", run.metrics.summary.get("cache_budget_MiB"))],
-        "io_threads": [params.get("io_threads", 1)],
-        "prefetch": [params.get("prefetch", 0)],
+        "cache_mb": [config.cache_mb],
+        "io_threads": [config.io_threads],
+        "prefetch": [config.prefetch],
     }
     return profile, predict(run.route, profile, cell).iloc[0], run.metrics.summary
 
@@ -94,17 +94,15 @@ def test_first_half_profile_predicts_the_second_half(corpus: Path, name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = read_runs([corpus / name])[0]
-    params, rows = run.metrics.params, run.metrics.rows
+    rows = run.metrics.rows
+    config = run_config(run)
     half = len(rows) // 2
     first = replace(run, metrics=replace(run.metrics, rows=rows.iloc[:half].reset_index(drop=True)))
     profile = build_profile([first])
-    budget = params.get("cache_mb", run.metrics.summary.get("cache_budget_MiB"))
     reads = cell_reads(
-        run.route, replay.prepare_batches(run.route), "lru", budget, params.get("prefetch", 0)
+        run.route, replay.prepare_batches(run.route), "lru", config.cache_mb, config.prefetch
     )
-    times = token_times(
-        profile, reads, params.get("io_threads", 1), compute_ms=profile.compute["token_ms"]
-    )
+    times = token_times(profile, reads, config.io_threads, compute_ms=profile.compute["token_ms"])
     predicted = (len(rows) - half) / times["wall_ms"].iloc[half:].sum()
     measured = (len(rows) - half) / rows["wall_ms"].iloc[half:].sum()
     assert predicted == pytest.approx(measured, rel=0.15)
