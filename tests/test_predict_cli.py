@@ -116,9 +116,15 @@ def test_predict_refuses_another_models_profile(capsys, device: Path, tmp_path: 
     assert "its own model's expert reads" in err.replace("\n", " ")
 
 
-def test_profile_from_runs_without_a_route_trace_is_refused(capsys, tmp_path: Path) -> None:
+def test_profile_from_a_metrics_file_alone(capsys, tmp_path: Path) -> None:
+    """A run's metrics without its traces: the expert sizes from the preamble
+    (cache_cycle_mb), the same as the route trace's, so the trace can be predicted."""
     run_dir = next((SMALL / "cells").glob("cache_mb-64_io_threads-1*/r1"))
     shutil.copy(run_dir / "run.csv", tmp_path / "run.csv")
-    code, _, err = run(capsys, "profile", tmp_path / "run.csv")
-    assert code == 2
-    assert "no route trace" in err
+    out = tmp_path / "p.json"
+    code, _, err = run(capsys, "profile", tmp_path / "run.csv", "-o", out)
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert "cache_cycle_mb" in data["model"]["sizes_from"]
+    code, _, err = run(capsys, "predict", route_trace(), "-p", out, "-g", "cache_mb=64")
+    assert code == 0, err

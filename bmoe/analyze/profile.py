@@ -1601,6 +1601,11 @@ def against_files(
     )
 
     files = measured_files(runs, profile, trace)
+    if not profile.overlap:
+        need = files["comparable"].isna() & (files["overlap"] == 1)
+        files.loc[need, "comparable"] = (
+            "an --overlap run: the profile has no overlap term (none of its runs used --overlap)"
+        )
     by_name = {r.name: r for r in runs}
     predicted = {f: np.full(len(files), np.nan) for f in PREDICTED_FIGURES}
     comparable = files["comparable"].isna().to_numpy()

@@ -50,6 +50,11 @@ def _number(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
+def _text(value: Any) -> str | None:
+    """A label's text, or None for a missing one (None or NaN)."""
+    return value if isinstance(value, str) and value else None
+
+
 def cell_label(row: Mapping[str, Any]) -> str:
     """A short label of a configuration: ``<cache>M <lanes>L`` then ``p<k>`` with prefetch,
     ``ov`` under overlap and the policy when it is not LRU (``64M 4L p1 ov``)."""
@@ -117,10 +122,7 @@ def against_view(cells: pd.DataFrame) -> pd.DataFrame:
     width and whether it covers the measurement, and why a cell is out of the headline."""
     label = cells["cell"].astype(str) if "cell" in cells else pd.Series(_labels(cells))
     short = [c if len(c) <= 18 else c[:17] + "~" for c in label]
-    why = []
-    for row in cells.to_dict("records"):
-        text = row.get("comparable") or row.get("measurement")
-        why.append(None if text is None or (isinstance(text, float) and text != text) else text)
+    why = [left_out(row) for row in cells.to_dict("records")]
     return pd.DataFrame(
         {
             "cell": short,
@@ -133,6 +135,11 @@ def against_view(cells: pd.DataFrame) -> pd.DataFrame:
             "left out": why,
         }
     )
+
+
+def left_out(row: Mapping[str, Any]) -> str | None:
+    """Why a compared cell is out of the headline: not comparable, or its measurement."""
+    return _text(row.get("comparable")) or _text(row.get("measurement"))
 
 
 def against_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -228,6 +235,7 @@ __all__ = [
     "cache_view",
     "cell_label",
     "flash_view",
+    "left_out",
     "predict_views",
     "runs_view",
     "speed_view",
