@@ -128,3 +128,51 @@ def test_profile_from_a_metrics_file_alone(capsys, tmp_path: Path) -> None:
     assert "cache_cycle_mb" in data["model"]["sizes_from"]
     code, _, err = run(capsys, "predict", route_trace(), "-p", out, "-g", "cache_mb=64")
     assert code == 0, err
+
+
+def _lines(*args: object, columns: int) -> list[str]:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bmoe", *map(str, args)],
+        capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_predict_grid_reads_at_80_and_200_columns_in_a_pipe(device: Path, columns: int) -> None:
+    """Written to a pipe at 80 and at 200 columns: no line wider than the terminal, no escape
+    codes, two tables (speed apart from cache) whose headers and short cell labels are
+    whole on one line each, one row a cell."""
+    lines = _lines(
+        "predict", route_trace(), "-p", device, "-g", "cache_mb=64,256,1024",
+        "-g", "io_threads=1,4", "-g", "prefetch=0,1", columns=columns,
+    )  # fmt: skip
+    text = "\n".join(lines)
+    assert "\x1b" not in text
+    assert max(map(len, lines)) <= columns
+    speed = next(i for i, line in enumerate(lines) if line.startswith("speed"))
+    cache = next(i for i, line in enumerate(lines) if line.startswith("cache"))
+    assert speed < cache
+    header = lines[speed + 2]
+    for word in ("cell", "tok/s", "low", "high", "steady", "compute", "flash", "mgmt"):
+        assert word in header
+    assert all(w in lines[cache + 2] for w in ("MiB/tok", "hit %", "misses", "prefetch"))
+    for label in ("64M 1L", "1024M 4L p1", "256M 4L"):
+        rows = [line for line in lines[speed:cache] if f"│ {label} " in line
+                and line.split("│")[1].strip() == label]  # fmt: skip
+        assert len(rows) == 1, label
+    # 12 cells: one line each in both tables (3 header/rule lines, title, bottom rule)
+    assert cache - speed == 12 + 5
+
+
+def test_predict_against_reads_at_80_columns(device: Path) -> None:
+    lines = _lines("predict", route_trace(), "-p", device, "--against", SMALL, columns=80)
+    assert max(map(len, lines)) <= 80
+    assert any(line.startswith("summary") for line in lines)
+    assert any("coverage achieved" in line for line in lines)

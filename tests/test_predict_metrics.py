@@ -345,7 +345,7 @@ def test_prefetch_that_buys_no_hit_predicts_a_slowdown(mode):
         min_size=1,
         max_size=4,
         unique_by=lambda r: r[0],
-    ),  # fmt: skip
+    ),
     st.integers(1, 8),
 )
 def test_more_lanes_never_predict_more_stall(rows, measured_at):
@@ -354,7 +354,7 @@ def test_more_lanes_never_predict_more_stall(rows, measured_at):
         flash=[
             {"lanes": n, "req_bytes": MIB, "latency_ms": lat, "batch_overhead_ms": 0.0, "reads": 1}
             for n, lat in rows
-        ],  # fmt: skip
+        ],
         overlap={"stall_ms": 1.0, "stall_ms_per_miss": 2.0, "lanes": [measured_at]},
     )
     per = [stall_per_miss(prof, lanes) for lanes in range(1, 12)]
@@ -408,7 +408,7 @@ def test_a_trace_of_another_model_is_refused_naming_both(tmp_path):
         profile_of(path, trace=other)
     wider = make_trace(PREFILL, DECODE)
     wider.meta["n_expert_used"] = 3
-    with pytest.raises(BmoeError, match="routes top-3 but .*run.csv ran top-2"):
+    with pytest.raises(BmoeError, match=r"routes top-3 but .*run\.csv ran top-2"):
         profile_of(path, trace=wider)
 
 

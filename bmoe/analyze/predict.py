@@ -922,12 +922,13 @@ def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]
     )
     cells["interval_width_pct"] = width
     informative = width <= WIDEST_INTERVAL_PCT
-    cells["inside_interval"] = (
+    predicted = cells["tok_s_predicted"].notna()
+    covered = (
         (cells["tok_s"] >= cells["tok_s_low_predicted"])
         & (cells["tok_s"] <= cells["tok_s_high_predicted"])
         & informative
     )
-    predicted = cells["tok_s_predicted"].notna()
+    cells["inside_interval"] = covered.astype(object).where(predicted, None)
     firm = cells["measurement"].isna() & predicted
     err = cells.loc[firm, "tok_s_error_pct"].abs()
     every = cells.loc[predicted, "tok_s_error_pct"].abs()
@@ -937,7 +938,7 @@ def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]
         & (cells["steady_tok_s"] <= cells["steady_tok_s_high_predicted"])
         & informative
     )
-    inside = int(cells.loc[firm, "inside_interval"].sum())
+    inside = int(covered[firm].sum())
 
     def stat(series: pd.Series, how: str) -> float:
         return float(getattr(series, how)()) if len(series) else float("nan")

@@ -1500,6 +1500,16 @@ def measured_files(
                 if mine is not None and theirs is not None and mine != theirs:
                     why = f"another model ({key} {int(mine)}, the profile's {int(theirs)})"
                     break
+            file_knows = _number(params.get("n_layer")) is not None
+            profile_knows = _number(profile.model.get("n_layer")) is not None
+            if why is None and file_knows != profile_knows:
+                why = (
+                    f"a run of {params.get('model') or 'a named model'}; the profile's runs "
+                    "do not record their model: cannot tell it is the same"
+                    if file_knows
+                    else "its file does not record its model (v0): cannot tell it is the "
+                    f"profile's ({profile.model.get('name') or 'named'})"
+                )
         dense = params.get("dense_weights")
         profile_dense = {
             str(r["dense_weights"]) for r in profile.runs if r.get("dense_weights") is not None

@@ -421,8 +421,11 @@ def predict_command(
         views = _against(trace, profile, measured, policy, drop)
         table = views["cells"]
         if fmt in ("table", "markdown"):
-            shown = {"measured vs predicted": against_view(table),
-                     "summary": against_summary(views["summary"])}  # fmt: skip
+            compared, notes = against_view(table)
+            shown = {"measured vs predicted tok/s": compared}
+            if notes:
+                shown["left out of the headline"] = notes
+            shown["summary"] = against_summary(views["summary"])
         else:
             shown = views
     else:

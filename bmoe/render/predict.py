@@ -25,6 +25,10 @@ VIEW_DIGITS = {
     "mgmt": 1,
     "MiB/tok": 1,
     "hit %": 1,
+    "decode hit %": 1,
+    "meas.": 2,
+    "pred.": 2,
+    "err %": 1,
     "misses": 1,
     "prefetch": 1,
     "measured": 2,
@@ -117,24 +121,32 @@ def predict_views(table: pd.DataFrame, coverage: float) -> dict[str, pd.DataFram
     }
 
 
-def against_view(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per measured cell: its label, measured and predicted tok/s, the error, the interval's
-    width and whether it covers the measurement, and why a cell is out of the headline."""
-    label = cells["cell"].astype(str) if "cell" in cells else pd.Series(_labels(cells))
-    short = [c if len(c) <= 18 else c[:17] + "~" for c in label]
-    why = [left_out(row) for row in cells.to_dict("records")]
-    return pd.DataFrame(
-        {
-            "cell": short,
-            "config": _labels(cells),
-            "measured": cells["tok_s"].to_numpy(),
-            "predicted": cells["tok_s_predicted"].to_numpy(),
-            "error %": cells["tok_s_error_pct"].to_numpy(),
-            "width %": cells["interval_width_pct"].to_numpy(),
-            "inside": cells["inside_interval"].to_numpy(),
-            "left out": why,
-        }
-    )
+def against_view(cells: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Per measured cell: the file (loose files) and its configuration's label, measured and
+    predicted tok/s, the error, whether the interval covers the measurement, and a note
+    number for why it is out of the headline; with the notes' texts (number -> why)."""
+    notes: dict[str, str] = {}
+    marks = []
+    for row in cells.to_dict("records"):
+        why = left_out(row)
+        if why is None:
+            marks.append(None)
+            continue
+        key = next((k for k, v in notes.items() if v == why), None)
+        if key is None:
+            key = f"[{len(notes) + 1}]"
+            notes[key] = why
+        marks.append(key)
+    view = pd.DataFrame({"config": _labels(cells)})
+    if "file" in cells:
+        stems = cells["cell"].astype(str)
+        view.insert(0, "file", [c if len(c) <= 14 else c[:13] + "~" for c in stems])
+    view["meas."] = cells["tok_s"].to_numpy()
+    view["pred."] = cells["tok_s_predicted"].to_numpy()
+    view["err %"] = cells["tok_s_error_pct"].to_numpy()
+    view["in"] = cells["inside_interval"].to_numpy()
+    view["note"] = marks
+    return view, notes
 
 
 def left_out(row: Mapping[str, Any]) -> str | None:
