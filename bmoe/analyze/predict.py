@@ -1027,7 +1027,8 @@ def sweep_duration(
         frame["n_predict"] = 128
     cells = frame[list(GRID_AXES)].drop_duplicates(ignore_index=True)
     if trace is not None:
-        rates = predict(trace, profile, cells, policy=policy)[[*GRID_AXES, "tok_s"]]
+        columns = [*GRID_AXES, "tok_s", "tok_s_low", "tok_s_high"]
+        rates = predict(trace, profile, cells, policy=policy)[columns]
         bound = False
     else:
         rates = cells.assign(tok_s=[_all_miss_rate(profile, int(n)) for n in cells["io_threads"]])
