@@ -549,3 +549,37 @@ def test_the_profile_states_its_coverage_and_a_wider_one_widens_the_interval(tmp
     path = tmp_path / "p.json"
     write_profile(prof, path)
     assert read_profile(path).coverage == 0.95
+
+
+def test_a_profile_whose_compute_swings_is_unsettled_and_its_intervals_count_for_nothing(
+    tmp_path,
+):
+    """The symptom of a noisy machine: compute per token swinging between 16 and 1337 ms in
+    long stretches (p10 16, p90 1337). The profile says its compute is unsettled; the
+    interval it gives is wider than the prediction itself, so --against counts no cell as
+    covered however far off it is."""
+    rows = serial_rows(64)
+    for i, row in enumerate(rows):
+        swing = 1337.0 if (i // 8) % 3 == 0 else 16.0
+        row["wall_ms"] += swing - row["compute_ms"]
+        row["compute_ms"] = swing
+        row["cpu_ms"] = 2 * swing  # not starved: the CPU did the work
+    prof = profile_of(write(tmp_path / "noisy.csv", rows))
+    assert not prof.settled
+    assert any(u.startswith("compute: its mean is uncertain") for u in prof.unsettled)
+    trace = make_trace(PREFILL, DECODE)
+    predicted = predict(trace, prof, {"cache_mb": [0, 100]})
+    cells = predicted.rename(
+        columns={c: f"{c}_predicted" for c in ("tok_s", "tok_s_low", "tok_s_high",
+                                               "steady_tok_s", "steady_tok_s_low",
+                                               "steady_tok_s_high", "mib_per_token",
+                                               "hit_pct")}
+    )  # fmt: skip
+    cells["tok_s"] = cells["tok_s_predicted"] * 0.1  # measured: -90 %
+    cells["steady_tok_s"] = np.nan
+    cells["mib_per_token"] = cells["mib_per_token_predicted"]
+    cells["hit_pct"] = cells["hit_pct_predicted"]
+    summary = compare_cells(cells, prof)["summary"]
+    assert summary["inside_interval"] == 0
+    assert summary["intervals_too_wide"] == 2
+    assert summary["profile_settled"] is False
