@@ -4,7 +4,7 @@ spinning processes, predicting cells measured on the quiet machine, and the reve
 Each round runs, in each of two conditions (``quiet``: nothing started by the benchmark;
 ``busy``: one spinning process per CPU, started before the block and stopped after it),
 three profile runs of the embedded engine on the ``small`` model (generated, ~1 GB) -- one with
-a route trace (the routing) and two untraced ones at other budgets and lanes (the timing) --
+route and io traces (the routing, the reads' alignment) and two untraced ones at other budgets and lanes (the timing) --
 and six untraced cells no profile run used (``cache_mb`` x ``io_threads``). The order of the
 conditions is reversed every second round. Each condition's profile then predicts each
 condition's cells (``against_files`` with the traced run's routing): quiet->quiet,
@@ -13,7 +13,7 @@ cells whose measurement is firm (and over all), the interval's achieved coverage
 stated 80 %, its median width, whether the profile says it is settled, and the 1-minute load
 average the runs saw (min-max).
 
-Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 16] [--threads 2]
+Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 24] [--threads 2]
        [--spinners N] [--model PATH] [--out DIR [--again]]
 """
 
@@ -84,7 +84,7 @@ def _run(model: Path, folder: Path, name: str, cache_mb: int, lanes: int, traced
         "--cache-mb", str(cache_mb), "--io-threads", str(lanes), "--csv", f"{name}.csv",
     ]  # fmt: skip
     if traced:
-        argv += ["--route-trace", f"{name}.route.csv"]
+        argv += ["--route-trace", f"{name}.route.csv", "--io-trace", f"{name}.io.csv"]
     load = _load()
     done = subprocess.run(argv, cwd=folder, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
@@ -165,7 +165,7 @@ def analyze(out: Path) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--spinners", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--model", type=Path, default=None, help="the small model (generated)")

@@ -967,6 +967,16 @@ def build_profile(
     calibration = _cpu_calibration(
         [r for r in timing if not state[r.name]["starved"]], frames, configs
     )
+    starved_runs = [r for r in timing if state[r.name]["starved"]]
+    uncalibrated = calibration is None and bool(starved_runs)
+    if uncalibrated:  # CPU time one to one, less what grows with the reads (the lanes' CPU)
+        calibration = _cpu_io_share(starved_runs, frames, configs)
+        if calibration is not None:
+            unsettled.append(
+                "every run was starved of a core: compute is their CPU time per thread, "
+                "uncalibrated (no unstarved run to weigh it against; threads that spin while "
+                "they wait count as CPU time)"
+            )
     for run in timing:
         frame = frames[run.name]
         compute = frame["compute_ms"].to_numpy().copy()
@@ -987,14 +997,9 @@ def build_profile(
                     "time"
                 )
             else:
-                why = (
-                    "it recorded no CPU time"
-                    if not np.isfinite(cpu).any()
-                    else "no run of the profile was unstarved to calibrate CPU time against"
-                )
                 unsettled.append(
                     f"{run.name} was starved of a core ({state[run.name]['off_cpu_pct']:.0f} % "
-                    f"off-CPU) and its compute cannot be taken from CPU time: {why}"
+                    "off-CPU) and its compute cannot be taken from CPU time: it recorded none"
                 )
         per_run_compute[run.name] = np.maximum(compute, 0.0)
     spread = term_spread(per_run_compute)
@@ -1192,6 +1197,23 @@ def _cpu_calibration(runs, frames, configs) -> tuple[float, float] | None:
     if inv_scale <= 0:
         return None
     return 1.0 / inv_scale, per_mib
+
+
+def _cpu_io_share(runs, frames, configs) -> tuple[float, float] | None:
+    """Without an unstarved run: CPU time per thread taken one to one for compute, less the
+    part that grows with the MiB read (the lanes' CPU: the slope of CPU time per thread on
+    MiB read over the runs' tokens). None without CPU time."""
+    xs, ys = [], []
+    for run in runs:
+        frame = frames[run.name]
+        cpu = frame["cpu_ms"].to_numpy() / configs[run.name].threads
+        keep = np.isfinite(cpu)
+        xs.append(frame["read_mib"].to_numpy()[keep])
+        ys.append(cpu[keep])
+    if not xs or not sum(len(x) for x in xs):
+        return None
+    _base, per_mib = _fit_line(np.concatenate(xs), np.concatenate(ys))
+    return 1.0, per_mib
 
 
 def _memory_section(runs, frames, configs, terms, absent) -> tuple[dict[str, Any], float]:
