@@ -5,8 +5,8 @@ Each round runs, in each of two conditions (``quiet``: nothing started by the be
 ``busy``: one spinning process per CPU, started before the block and stopped after it),
 three profile runs of the embedded engine on the ``small`` model (generated, ~1 GB) -- one with
 route and io traces (the routing, the reads' alignment) and two untraced ones at other budgets
-and lanes (the timing) -- and six untraced cells no profile run used (``cache_mb`` x ``io_threads``). The order of the
-conditions is reversed every second round. Each condition's profile then predicts each
+and lanes (the timing) -- and six untraced cells no profile run used (``cache_mb`` x
+``io_threads``). The order of the conditions is reversed every second round. Each condition's profile then predicts each
 condition's cells (``against_files`` with the traced run's routing): quiet->quiet,
 busy->quiet, quiet->busy, busy->busy. Printed per pair: the median |tok/s error| over the
 cells whose measurement is firm (and over all), the interval's achieved coverage against its
