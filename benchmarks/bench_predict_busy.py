@@ -2,16 +2,16 @@
 spinning processes, predicting cells measured on the quiet machine, and the reverse.
 
 Each round runs, in each of two conditions (``quiet``: nothing started by the benchmark;
-``busy``: one spinning process per CPU, started before the block and stopped after it),
-three profile runs of the embedded engine on the ``small`` model (generated, ~1 GB) -- one with
-route and io traces (the routing, the reads' alignment) and two untraced ones at other budgets
-and lanes (the timing) -- and six untraced cells no profile run used (``cache_mb`` x
-``io_threads``). The order of the conditions is reversed every second round. Each condition's profile then predicts each
-condition's cells (``against_files`` with the traced run's routing): quiet->quiet,
-busy->quiet, quiet->busy, busy->busy. Printed per pair: the median |tok/s error| over the
-cells whose measurement is firm (and over all), the interval's achieved coverage against its
-stated 80 %, its median width, whether the profile says it is settled, and the 1-minute load
-average the runs saw (min-max).
+``busy``: one spinning process per CPU, started before the block and stopped after it), three
+profile runs of the embedded engine on the ``small`` model (generated, ~1 GB) -- one with route
+and io traces (the routing, the reads' alignment) and two untraced ones at other budgets and
+lanes (the timing) -- and six untraced cells no profile run used (``cache_mb`` x
+``io_threads``). The order of the conditions is reversed every second round. Each condition's
+profile then predicts each condition's cells (``against_files`` with the traced run's routing):
+quiet->quiet, busy->quiet, quiet->busy, busy->busy. Printed per pair: the median |tok/s error|
+over the cells whose measurement is firm (and over all), the interval's achieved coverage
+against its stated 80 %, its median width, whether the profile says it is settled, and the
+1-minute load average the runs saw (min-max).
 
 Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 24] [--threads 2]
        [--spinners N] [--model PATH] [--out DIR [--again]]
