@@ -585,3 +585,23 @@ def test_a_profile_whose_compute_swings_is_unsettled_and_its_intervals_count_for
     assert summary["inside_interval"] == 0
     assert summary["intervals_too_wide"] == 2
     assert summary["profile_settled"] is False
+
+
+def test_expert_sizes_from_the_model_file(tmp_path, capsys):
+    """--model GGUF: the expert sizes from its tensor table (the tiny synthetic model: 4
+    layers, each expert the sum of its gate, up and down slices)."""
+    pytest.importorskip("gguf", reason="the gguf package (engine extra) is not installed")
+    from bmoe.engine.embedded.layout import read_layout
+    from bmoe.engine.synth import synth_model
+
+    model = synth_model(tmp_path / "tiny.gguf", "tiny")
+    layout = read_layout(model)
+    path = write(tmp_path / "run.csv", serial_rows(), version=0)
+    out = tmp_path / "p.json"
+    assert main(["profile", str(path), "--model", str(model), "-o", str(out)]) == 0, (
+        capsys.readouterr().err
+    )
+    data = json.loads(out.read_text())
+    expected = {str(layer): layout.expert_bytes(layer) for layer in layout.moe_layers}
+    assert data["model"]["expert_bytes"] == expected
+    assert str(model) in data["model"]["sizes_from"]
