@@ -397,3 +397,23 @@ def test_archived_runs_reads_and_hits_are_the_replays():
             summary["read_MiB"] / summary["tokens"], abs=0.06 / summary["tokens"] + 1e-3
         )
         assert out["hit_pct"] == pytest.approx(summary["cache_hit_pct"], abs=0.051)
+
+
+def test_a_version_1_profile_still_reads_and_says_what_it_lacks(tmp_path):
+    """A profile written before terms and runs were recorded: read, upgraded in memory with a
+    caveat; its interval from its 10th-90th percentile spread (as it was written for)."""
+    data = round_profile().to_dict()
+    data["version"] = 1
+    for key in ("terms", "absent", "runs", "tracing", "coverage", "unsettled", "memory"):
+        data.pop(key)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = read_profile(path)
+    assert old.version == 1
+    assert any("version 1 profile" in c for c in old.caveats)
+    row = predict(make_trace(PREFILL, DECODE), old, {"cache_mb": [0]}).iloc[0]
+    assert row["token_ms"] == pytest.approx(21.0)
+    # compute 8..20 ms around 10: sd (20 - 8) / (2 x 1.2816) = 4.68 ms; flash 1..4 around 2
+    # a request: sd 0.585 of 1 relative to its latency, of 8 ms
+    sd = ((12 / (2 * Z80)) ** 2 + (3 / (2 * Z80) / 2 * 8) ** 2) ** 0.5
+    assert row["interval_pct"] == pytest.approx(100 * Z80 * sd / 21)
