@@ -190,7 +190,7 @@ def test_v0_file_without_sizes_prices_mib_and_says_so(tmp_path):
     assert prof.model["expert_bytes"] == {} and prof.model["sizes_from"] is None
     assert prof.read_unit_bytes == MIB
     assert any("expert sizes unknown" in c for c in prof.caveats)
-    assert any("io_threads not recorded: the engine's default 4" in c for c in prof.caveats)
+    assert "io_threads not recorded: the engine's default 4 (old.csv)" in prof.caveats
     with pytest.raises(BmoeError, match="does not know its model's expert sizes"):
         predict(make_trace(PREFILL, DECODE), prof, {"cache_mb": [0]})
     # given a trace of the model, the sizes come from it

@@ -885,10 +885,13 @@ def build_profile(
             "priced per MiB and a route trace cannot be predicted with this profile; give "
             "--trace ROUTE_TRACE of this model (or its GGUF) to price reads"
         )
+    assumed: dict[tuple[str, str], list[str]] = {}
     for name, config in configs.items():
         for key, how in config.assumed.items():
             if key in ("io_threads", "threads", "prefetch", "cache_mb"):
-                caveats.append(f"{name}: {key} {how}")
+                assumed.setdefault((key, how), []).append(Path(name).name)
+    for (key, how), names in assumed.items():
+        caveats.append(f"{key} {how} ({', '.join(names)})")
 
     # which runs measure which terms: compute and management from untraced runs if any
     compute_traced = [r for r in runs if r.compute_traced]

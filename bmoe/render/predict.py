@@ -212,7 +212,7 @@ def runs_view(profile: Any) -> pd.DataFrame:
             text = parts[-1].rsplit(".", 1)[0]
         rows.append(
             {
-                "run": text if len(text) <= 20 else text[:19] + "~",
+                "run": text if len(text) <= 14 else text[:13] + "~",
                 "config": cell_label(run),
                 "tok/s": run.get("tok_s"),
                 "cpu %": None if run.get("cpu_share") is None else 100.0 * run["cpu_share"],
