@@ -605,3 +605,23 @@ def test_expert_sizes_from_the_model_file(tmp_path, capsys):
     expected = {str(layer): layout.expert_bytes(layer) for layer in layout.moe_layers}
     assert data["model"]["expert_bytes"] == expected
     assert str(model) in data["model"]["sizes_from"]
+
+
+def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
+    """An io trace at one lane count and an untraced run at another: the table has both,
+    the second from the untraced run's io_ms."""
+    from bmoe.formats.route import read_route_trace
+
+    traced = write(tmp_path / "t.csv", serial_rows())
+    _write_trace(tmp_path / "t.route.csv")
+    io = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=1",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns",
+    ]
+    io += [f"0,1,{3 + i},0,{i % 8},0,0,0,0,1048576,1048576,2000000" for i in range(32)]
+    (tmp_path / "t.io.csv").write_text("\n".join(io) + "\n")
+    wide = write(tmp_path / "w.csv", serial_rows(latency=3.0), io_threads=4)
+    prof = profile_of(traced, wide, trace=read_route_trace(tmp_path / "t.route.csv"))
+    sources = prof.flash.set_index("lanes")["source"]
+    assert sources[1] == "io trace" and sources[4] == "io_ms"

@@ -1045,6 +1045,13 @@ def build_profile(
             )
         flash_runs = [r for r in serial if r.io is not None]
         flash_cols = ["io trace latency_ns", "io_ms"]
+        traced_lanes = set(table["lanes"])
+        rest = [r for r in serial if configs[r.name].io_threads not in traced_lanes]
+        more = _flash_from_metrics(rest, tokens, configs, slices, req)
+        if len(more):  # lane counts only untraced runs measured: from their io_ms
+            table = pd.concat([table, more], ignore_index=True)
+            flash_runs += [r for r in rest if frames[r.name]["io_ms"].notna().any()]
+            flash_cols.append("read_bytes")
     else:
         table = _flash_from_metrics(serial, tokens, configs, slices, req)
         flash_runs = [r for r in serial if frames[r.name]["io_ms"].notna().any()]
