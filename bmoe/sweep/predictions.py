@@ -42,7 +42,10 @@ def sweep_predictions(config: SweepConfig, plan: Plan) -> pd.DataFrame | None:
             {
                 "run": run.id,
                 "cell": run.cell.id,
-                **{k: run.cell.params.get(k) for k in ("cache_mb", "io_threads", "prefetch")},
+                **{
+                    k: run.cell.params.get(k)
+                    for k in ("cache_mb", "io_threads", "prefetch", "overlap")
+                },
                 "n_predict": run.cell.params.get("n_predict", 128),
             }
             for run in plan.runs
