@@ -27,8 +27,10 @@ decode shorter than 32 tokens has no steady state (NaN).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,12 +43,38 @@ from bmoe.formats.profile import DeviceProfile
 from bmoe.formats.route import RouteTrace
 
 MIB = 1 << 20
-GRID_AXES = ("cache_mb", "io_threads", "prefetch")
+GRID_AXES = ("cache_mb", "io_threads", "prefetch", "overlap")
+#: Names the engine gives its cache policies -> the replay's names.
+ENGINE_POLICIES = {
+    "lru": "lru",
+    "lfu": "lfu",
+    "layer": "layer",
+    "layer-lru": "layer",
+    "layerlru": "layer",
+    "layer-lfu": "layerlfu",
+    "layerlfu": "layerlfu",
+    "s3fifo": "s3fifo",
+    "s3-fifo": "s3fifo",
+    "arc": "arc",
+    "random": "random",
+    "belady": "belady",
+    "lfuda": "lfuda",
+}
+
+
+def engine_policy(name: str) -> str:
+    """The replay's name for a cache policy as the engine names it (``layer-lfu`` ->
+    ``layerlfu``); names the replay knows pass unchanged."""
+    key = str(name).strip().lower().replace("_", "-")
+    return ENGINE_POLICIES.get(key, ENGINE_POLICIES.get(key.replace("-", ""), key))
+
+
 PREDICT_COLUMNS = (
     "cache_mb",
     "io_threads",
     "prefetch",
     "policy",
+    "overlap",
     "tok_s",
     "tok_s_low",
     "tok_s_high",
@@ -66,6 +94,8 @@ PREDICT_COLUMNS = (
     "mgmt_pct",
     "misses_per_token",
     "prefetched_per_token",
+    "faults_per_token",
+    "interval_pct",
 )
 
 
@@ -299,23 +329,70 @@ def _prefetch_hits(trace, batches, policy, budget, depth, seed, bets):
 
 
 def check_model(trace: RouteTrace, profile: DeviceProfile) -> None:
-    """Refuse a profile measured on another model: its latencies price other expert sizes."""
+    """Refuse a profile measured on another model (its latencies price other expert sizes),
+    at another top-k (``--n-expert-used`` changes the routing), or one that does not know its
+    model's expert sizes."""
     mine = trace.expert_bytes()
     theirs = profile.expert_bytes()
+    where = trace.path or "the trace"
     if not mine:
         raise BmoeError(f"{trace.path or 'trace'}: no expert_bytes in the preamble")
-    differ = sorted(
-        layer for layer in set(mine) | set(theirs) if mine.get(layer) != theirs.get(layer)
-    )
+    if not theirs:
+        raise BmoeError(
+            f"{profile.path or 'the profile'} does not know its model's expert sizes (built "
+            "from metrics without a route trace, model file or preamble that says them): it "
+            f"cannot price {where}'s reads; rebuild it with bmoe profile RUNS --trace "
+            f"{where}, or predict the measured files themselves (--against FILES without a "
+            "trace)"
+        )
+    approximate = "preamble" in str(profile.model.get("sizes_from") or "")
+    if approximate:  # sizes the preamble implies: one mean size, summaries' rounding
+        ours, given = np.mean(list(theirs.values())), np.mean(list(mine.values()))
+        slack = 0.02 * given + 0.1 * MIB / max(len(mine), 1)
+        differ = (
+            []
+            if len(mine) == len(theirs) and abs(ours - given) <= slack
+            else [min(set(mine) ^ set(theirs) or set(mine))]
+        )
+    else:
+        differ = sorted(
+            layer for layer in set(mine) | set(theirs) if mine.get(layer) != theirs.get(layer)
+        )
     if differ:
         layer = differ[0]
         name = profile.model.get("name") or "another model"
         raise BmoeError(
             f"{profile.path or 'profile'} was measured on {name} (layer {layer}: "
-            f"{theirs.get(layer, 'no')} expert bytes) but {trace.path or 'the trace'} has "
+            f"{theirs.get(layer, 'no')} expert bytes) but {where} has "
             f"{mine.get(layer, 'no')} at layer {layer}: a profile prices its own model's "
             "expert reads only"
         )
+    k_trace = trace.meta.get("n_expert_used")
+    k_profile = profile.model.get("n_expert_used")
+    if k_trace and k_profile and int(k_trace) != int(k_profile):
+        raise BmoeError(
+            f"{where} was recorded at top-{int(k_trace)} but {profile.path or 'the profile'}'s "
+            f"runs ran top-{int(k_profile)} (--n-expert-used changes the routing): record a "
+            "trace at the top-k you predict"
+        )
+
+
+def check_settled(profile: DeviceProfile, strict: bool) -> list[str]:
+    """The profile's unsettled terms (a sentence each); with `strict`, a :class:`BmoeError`
+    when there are any."""
+    if strict and profile.unsettled:
+        raise BmoeError(
+            f"{profile.path or 'the profile'} is not settled (--strict): "
+            + "; ".join(profile.unsettled)
+        )
+    return list(profile.unsettled)
+
+
+def interval_z(coverage: float) -> float:
+    """The normal quantile of a two-sided interval of `coverage` (0.8 -> 1.2816)."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + coverage / 2.0)
 
 
 def _latency_column(flash: pd.DataFrame, column: str) -> pd.Series:
@@ -383,6 +460,71 @@ def batch_flash_ms(
     return np.where(requests > 0, best, 0.0)
 
 
+def _req_bytes(profile: DeviceProfile) -> float:
+    """Bytes of one flash request: an expert slice, or the profile's read unit when unsized."""
+    slices = int(profile.model["slices_per_expert"])
+    sizes = profile.expert_bytes()
+    if not sizes:
+        return profile.read_unit_bytes
+    return float(np.median(list(sizes.values()))) / slices
+
+
+def per_lane_ms(profile: DeviceProfile, lanes: int, latency: str = "latency_ms") -> float:
+    """Flash time per request when `lanes` lanes keep busy: the best over every lane count up
+    to `lanes` of latency / lanes (never more with more lanes)."""
+    curve = _lane_curve(profile.flash, _req_bytes(profile), latency)
+    return min(_at_lanes(curve, n)[0] / n for n in range(1, max(1, int(lanes)) + 1))
+
+
+def stall_per_miss(profile: DeviceProfile, lanes: int) -> float:
+    """The overlap's stall per missed read at `lanes` lanes: the measured one, scaled by how
+    much faster (or slower) the flash table says a request is per lane at `lanes` than at the
+    lanes the stall was measured with."""
+    per = float(profile.overlap.get("stall_ms_per_miss", 0.0))
+    measured: list[int] = list(profile.overlap.get("lanes") or [])
+    if not measured or not per:
+        return per
+    at = int(np.median(measured))
+    base = per_lane_ms(profile, at)
+    return per * per_lane_ms(profile, lanes) / base if base > 0 else per
+
+
+def memory_faults(profile: DeviceProfile, cache_mb: float) -> tuple[float, str | None]:
+    """Major faults per token a configuration of `cache_mb` is expected to take: the
+    profile's faults per token against the share of the available memory a run asked for
+    (its budget plus what else it kept resident), interpolated, non-decreasing in that
+    share; beyond the largest share measured the last segment's slope goes on (flat with
+    one point, and a note says so)."""
+    memory = profile.memory
+    points = memory.get("points") or []
+    if not points:
+        return 0.0, None
+    available = float(memory["available_mib"])
+    ratio = [p["asked_mib"] / p["available_mib"] for p in points]
+    faults = [p["faults_per_token"] for p in points]
+    order = np.argsort(ratio)
+    x = np.asarray(ratio, dtype=float)[order]
+    y = np.maximum.accumulate(np.asarray(faults, dtype=float)[order])
+    asked = (float(cache_mb) + float(memory["resident_mib"])) / available
+    note = None
+    if asked <= x[0]:
+        value = float(y[0])
+    elif asked <= x[-1]:
+        value = float(np.interp(asked, x, y))
+    else:
+        distinct = np.unique(x)
+        if len(distinct) >= 2 and x[-1] > x[-2]:
+            slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
+            value = float(y[-1] + slope * (asked - x[-1]))
+        else:
+            value = float(y[-1])
+        note = (
+            f"asks {100 * asked:.0f} % of the available memory, more than any profile run "
+            f"({100 * x[-1]:.0f} %): its major faults are extrapolated"
+        )
+    return max(value, 0.0), note
+
+
 def token_times(
     profile: DeviceProfile,
     reads: CellReads,
@@ -390,48 +532,100 @@ def token_times(
     *,
     compute_ms: float,
     latency: str = "latency_ms",
+    overlap: bool | None = None,
+    fault_ms: float = 0.0,
 ) -> pd.DataFrame:
-    """Per decode token: compute, flash wait, mgmt and wall milliseconds."""
+    """Per decode token: compute, flash wait, mgmt and wall milliseconds (see the module
+    docstring). `overlap` picks the overlap's stall (default: the profile's mode);
+    `fault_ms` is the major-fault time per token the configuration's memory costs."""
     slices = int(profile.model["slices_per_expert"])
-    sizes = profile.expert_bytes()
-    req = float(np.median([sizes[layer] for layer in sizes])) / slices
+    req = _req_bytes(profile)
     n_tok = reads.n_tokens
-    if profile.mode == "overlap":
-        per = float(profile.overlap["stall_ms_per_miss"])
-        flash = np.bincount(reads.step, weights=reads.misses * per, minlength=n_tok)
+    if overlap is None:
+        overlap = profile.mode == "overlap"
+    misses = np.bincount(reads.step, weights=reads.misses, minlength=n_tok)
+    spec = np.bincount(reads.step, weights=reads.prefetched * slices, minlength=n_tok)
+    compute = np.full(n_tok, compute_ms + fault_ms)
+    if overlap:
+        if not profile.overlap:
+            raise BmoeError(
+                f"{profile.path or 'the profile'} has no overlap term (no run used --overlap): "
+                "overlap configurations cannot be predicted with it"
+            )
+        base = float(profile.overlap.get("stall_ms", 0.0))
+        flash = base + stall_per_miss(profile, lanes) * misses
+        if spec.any():  # speculative reads on the same lanes: what compute no longer hides
+            per = per_lane_ms(profile, lanes, latency)
+            demand = misses * slices * per
+            flash = (
+                flash
+                + np.maximum(demand + spec * per - compute, 0.0)
+                - np.maximum(demand - compute, 0.0)
+            )
     else:
         per_batch = batch_flash_ms(profile.flash, reads.misses * slices, req, lanes, latency)
-        flash = np.bincount(reads.step, weights=per_batch, minlength=n_tok)
-        spec_requests = np.bincount(reads.step, weights=reads.prefetched * slices, minlength=n_tok)
-        if spec_requests.any():
-            spec_ms = batch_flash_ms(profile.flash, spec_requests, req, lanes, latency)
-            flash = flash + np.maximum(spec_ms - compute_ms, 0.0)
+        flash = np.bincount(reads.step, weights=per_batch, minlength=n_tok).astype(np.float64)
+        if spec.any():
+            spec_ms = batch_flash_ms(profile.flash, spec, req, lanes, latency)
+            flash = flash + np.maximum(spec_ms - compute, 0.0)
     admits = np.bincount(reads.step, weights=reads.misses + reads.prefetched, minlength=n_tok)
     mgmt = profile.mgmt["token_ms"] + profile.mgmt["per_admit_ms"] * admits
-    compute = np.full(n_tok, compute_ms)
     return pd.DataFrame(
         {
             "compute_ms": compute,
             "flash_ms": flash,
             "mgmt_ms": mgmt,
             "wall_ms": compute + flash + mgmt,
-            "misses": np.bincount(reads.step, weights=reads.misses, minlength=n_tok),
+            "misses": misses,
             "prefetched": np.bincount(reads.step, weights=reads.prefetched, minlength=n_tok),
         }
     )
 
 
+def _term_sd(profile: DeviceProfile, term: str) -> float:
+    """The relative standard deviation of a term's mean (how much a run's mean of it moves),
+    from the profile's record of the term; a version 1 profile's from its 10th-90th
+    percentile spread of compute and request latency."""
+    record = profile.terms.get(term)
+    if record is not None and record.get("sd_rel") is not None:
+        return float(record["sd_rel"])
+    if profile.version >= 2:
+        return 0.0
+    z = interval_z(0.8)
+    if term == "compute":
+        c = profile.compute
+        return (
+            (c["token_ms_p90"] - c["token_ms_p10"]) / (2 * z * c["token_ms"])
+            if c["token_ms"]
+            else 0.0
+        )
+    if term in ("flash", "stall"):
+        f = profile.flash
+        lat = f["latency_ms"].astype(float)
+        hi = f["latency_ms_p90"].astype(float).fillna(lat)
+        lo = f["latency_ms_p10"].astype(float).fillna(lat)
+        return float(((hi - lo) / (2 * z * lat)).median()) if len(f) else 0.0
+    return 0.0
+
+
 def predict_cell(
-    profile: DeviceProfile, reads: CellReads, lanes: int, read_bytes: Mapping[int, int]
+    profile: DeviceProfile,
+    reads: CellReads,
+    lanes: int,
+    read_bytes: Mapping[int, int],
+    *,
+    overlap: bool | None = None,
+    cache_mb: float | None = None,
 ) -> dict[str, float]:
-    """One configuration's predicted figures from its replayed reads."""
+    """One configuration's predicted figures from its replayed (or measured) reads, with an
+    interval of the profile's stated coverage."""
+    if overlap is None:
+        overlap = profile.mode == "overlap"
     c = profile.compute
-    mid = token_times(profile, reads, lanes, compute_ms=c["token_ms"])
-    slow = token_times(
-        profile, reads, lanes, compute_ms=c["token_ms_p90"], latency="latency_ms_p90"
-    )
-    fast = token_times(
-        profile, reads, lanes, compute_ms=c["token_ms_p10"], latency="latency_ms_p10"
+    faults, _note = memory_faults(profile, cache_mb) if cache_mb is not None else (0.0, None)
+    fault_ms = faults * float(profile.memory.get("ms_per_fault", 0.0))
+    mid = token_times(
+        profile, reads, lanes, compute_ms=c["token_ms"], overlap=overlap, fault_ms=fault_ms
     )
     n = max(reads.n_tokens, 1)
     per_expert = np.vectorize(lambda layer: read_bytes[int(layer)], otypes=[np.float64])
@@ -439,25 +633,37 @@ def predict_cell(
     wall = float(mid["wall_ms"].sum())
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
+    # the interval: each term's mean moves by its relative sd; independent terms add in
+    # quadrature, and the coverage sets how many sds each side
+    sd_ms = math.sqrt(
+        (_term_sd(profile, "compute") * parts["compute"]) ** 2
+        + (_term_sd(profile, "stall" if overlap else "flash") * parts["flash"]) ** 2
+        + (_term_sd(profile, "mgmt") * parts["mgmt"]) ** 2
+    )
+    rel = interval_z(profile.coverage) * sd_ms / token_ms if token_ms > 0 else 0.0
     moved_mib = np.bincount(reads.step, weights=moved, minlength=reads.n_tokens) / MIB
     steady = steady_state(pd.DataFrame({"wall_ms": mid["wall_ms"], "read_mib": moved_mib}))
     window = steady.mask()
 
-    def rate(frame: pd.DataFrame, rows: np.ndarray | None = None) -> float:
-        wall_ms = frame["wall_ms"].to_numpy() if rows is None else frame["wall_ms"].to_numpy()[rows]
-        total = float(wall_ms.sum())
+    def rate(scale: float, rows: np.ndarray | None = None) -> float:
+        wall_ms = mid["wall_ms"].to_numpy() if rows is None else mid["wall_ms"].to_numpy()[rows]
+        total = float(wall_ms.sum()) * scale
+        if scale <= 0:
+            return float("inf")
         return 1000.0 * len(wall_ms) / total if total > 0 else float("inf")
 
-    def steady_rate(frame: pd.DataFrame) -> float:
-        return rate(frame, window) if steady.steady_tokens else float("nan")
+    def steady_rate(scale: float) -> float:
+        return rate(scale, window) if steady.steady_tokens else float("nan")
 
+    low, high = 1.0 + rel, 1.0 - rel
     return {
-        "tok_s": rate(mid),
-        "tok_s_low": rate(slow),
-        "tok_s_high": rate(fast),
-        "steady_tok_s": steady_rate(mid),
-        "steady_tok_s_low": steady_rate(slow),
-        "steady_tok_s_high": steady_rate(fast),
+        "overlap": int(bool(overlap)),
+        "tok_s": rate(1.0),
+        "tok_s_low": rate(low),
+        "tok_s_high": rate(high),
+        "steady_tok_s": steady_rate(1.0),
+        "steady_tok_s_low": steady_rate(low),
+        "steady_tok_s_high": steady_rate(high),
         "warmup_tokens": float("nan") if steady.warmup_tokens is None else steady.warmup_tokens,
         "mib_per_token": float(np.sum(moved)) / n / MIB,
         "hit_pct": reads.hit_pct,
@@ -467,7 +673,23 @@ def predict_cell(
         **{f"{k}_pct": 100.0 * v / token_ms if token_ms else 0.0 for k, v in parts.items()},
         "misses_per_token": float(reads.misses.sum()) / n,
         "prefetched_per_token": float(reads.prefetched.sum()) / n,
+        "faults_per_token": faults,
+        "interval_pct": 100.0 * rel,
     }
+
+
+def _cells_frame(profile: DeviceProfile, grid) -> pd.DataFrame:
+    defaults = _defaults(profile)
+    if isinstance(grid, pd.DataFrame):
+        cells = grid.copy()
+        for axis, default in defaults.items():
+            if axis not in cells:
+                cells[axis] = default
+            cells[axis] = pd.to_numeric(cells[axis], errors="coerce").fillna(default)
+        for axis in ("io_threads", "prefetch", "overlap"):
+            cells[axis] = cells[axis].astype(int)
+        return cells
+    return grid_cells(grid, defaults)
 
 
 def predict(
@@ -479,31 +701,27 @@ def predict(
     seed: int = 0,
     drop: float | None = None,
 ) -> pd.DataFrame:
-    """Predict every configuration of `grid` (axes cache_mb, io_threads, prefetch; a
-    mapping of value lists or a DataFrame of cells) for the routing `trace` recorded: one row
-    per cell with tok/s (and its interval), MiB/token, hit %, and the stall attribution."""
+    """Predict every configuration of `grid` (axes cache_mb, io_threads, prefetch, overlap;
+    a mapping of value lists or a DataFrame of cells, which may also name each cell's
+    ``policy``) for the routing `trace` recorded: one row per cell with tok/s (and its
+    interval), MiB/token, hit %, and the stall attribution."""
     check_model(trace, profile)
-    replay.check_policies([policy])
-    if isinstance(grid, pd.DataFrame):
-        cells = grid.copy()
-        for axis, default in (("io_threads", 1), ("prefetch", 0)):
-            if axis not in cells:
-                cells[axis] = default
-    else:
-        cells = grid_cells(
-            grid, {"cache_mb": 0, "io_threads": _default_lanes(profile), "prefetch": 0}
-        )
+    cells = _cells_frame(profile, grid)
+    policies = cells["policy"].astype(str) if "policy" in cells else pd.Series(
+        policy, index=cells.index
+    )  # fmt: skip
+    replay.check_policies(sorted(set(policies)))
     batches = replay.prepare_batches(trace)
     if not batches.n_decode:
         raise BmoeError(f"{trace.path or 'trace'}: no decode steps to predict")
     read_bytes = profile.read_bytes_per_expert()
     bets = _last_token_keys(trace) if (cells["prefetch"] > 0).any() else None
     rows = []
-    for cell in cells.itertuples(index=False):
+    for cell, cell_policy in zip(cells.itertuples(index=False), policies, strict=True):
         reads = cell_reads(
             trace,
             batches,
-            policy,
+            cell_policy,
             float(cell.cache_mb),
             int(cell.prefetch),
             seed=seed,
@@ -515,11 +733,70 @@ def predict(
                 "cache_mb": cell.cache_mb,
                 "io_threads": int(cell.io_threads),
                 "prefetch": int(cell.prefetch),
-                "policy": policy,
-                **predict_cell(profile, reads, int(cell.io_threads), read_bytes),
+                "policy": cell_policy,
+                **predict_cell(
+                    profile,
+                    reads,
+                    int(cell.io_threads),
+                    read_bytes,
+                    overlap=bool(cell.overlap),
+                    cache_mb=float(cell.cache_mb),
+                ),
             }
         )
     return pd.DataFrame(rows, columns=list(PREDICT_COLUMNS))
+
+
+def measured_reads(
+    profile: DeviceProfile, tokens: pd.DataFrame, hit_pct: float = float("nan")
+) -> tuple[CellReads, dict[int, int]]:
+    """The reads a recorded run made, as a replay would give them, in the profile's units:
+    per decode token its demand ``read_mib`` and speculative ``spec_mib`` (columns of
+    `tokens`), split evenly over the profile's MoE layers (one batch a token when the
+    profile does not know them). With the bytes one read moves per batch index."""
+    unit = profile.read_unit_bytes
+    layers = sorted(profile.expert_bytes())
+    n = len(tokens)
+    demand = (
+        np.maximum(
+            tokens["read_mib"].to_numpy(np.float64) - tokens["spec_mib"].to_numpy(np.float64), 0.0
+        )
+        * MIB
+        / unit
+    )
+    spec = tokens["spec_mib"].to_numpy(np.float64) * MIB / unit
+    if layers:
+        k = len(layers)
+        whole = np.rint(demand)
+        base, extra = np.divmod(whole, k)
+        matrix = base[:, None] + (np.arange(k)[None, :] < extra[:, None])
+        spec_matrix = np.zeros_like(matrix, dtype=np.float64)
+        spec_matrix[:, 0] = spec
+    else:
+        k = 1
+        matrix = demand[:, None]
+        spec_matrix = spec[:, None]
+    step = np.repeat(np.arange(n), k)
+    layer = np.tile(np.arange(k), n)
+    reads = CellReads(
+        step=step.astype(np.int64),
+        layer=layer.astype(np.int64),
+        misses=matrix.ravel(),
+        prefetched=spec_matrix.ravel(),
+        n_tokens=n,
+        hit_pct=hit_pct,
+        hit_pct_decode=float("nan"),
+    )
+    return reads, {i: round(unit) for i in range(k)}
+
+
+def _defaults(profile: DeviceProfile) -> dict[str, float]:
+    return {
+        "cache_mb": 0,
+        "io_threads": _default_lanes(profile),
+        "prefetch": 0,
+        "overlap": 1 if profile.mode == "overlap" else 0,
+    }
 
 
 def _default_lanes(profile: DeviceProfile) -> int:
@@ -527,19 +804,30 @@ def _default_lanes(profile: DeviceProfile) -> int:
 
 
 __all__ = [
+    "ENGINE_POLICIES",
     "GRID_AXES",
+    "PREDICTED_FIGURES",
     "PREDICT_COLUMNS",
+    "WIDEST_INTERVAL_PCT",
     "CellReads",
     "against",
     "batch_flash_ms",
     "cell_reads",
     "check_model",
+    "check_settled",
+    "compare_cells",
+    "engine_policy",
     "grid_cells",
+    "interval_z",
     "measured_cells",
+    "measured_reads",
+    "memory_faults",
     "parse_grid",
+    "per_lane_ms",
     "predict",
     "predict_cell",
     "request_latency_ms",
+    "stall_per_miss",
     "sweep_duration",
     "token_times",
 ]
@@ -547,33 +835,150 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- against
 
+#: An interval wider than this (high - low, % of the prediction) predicts nothing: its cell is
+#: not counted as covered, whatever was measured.
+WIDEST_INTERVAL_PCT = 100.0
+
 
 def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.DataFrame:
-    """One row per sweep cell (ok attempts): its grid values and the median over repeats
-    of tok/s (tokens over decode time), steady-state tok/s (NaN where the runs had none),
-    MiB/token and hit %."""
+    """One row per sweep cell (ok attempts): its grid values (and ``policy`` where the runs
+    named a ``cache_policy``), the median over repeats of tok/s (tokens over decode time),
+    steady-state tok/s (NaN where the runs had none), MiB/token and hit %, and
+    ``measurement``: why the cell's own figure is not firm (the verdict's judgement of its
+    repeats: they disagree, the rounds differ, the engine was mostly off-CPU, a run was
+    traced; None when firm; a single run is not counted against it)."""
     ok = results[results["status"] == "ok"] if "status" in results else results
     if not len(ok):
         raise BmoeError("the sweep has no successful run to compare with")
     if "cache_mb" not in ok:
         raise BmoeError("the sweep's runs have no cache_mb: nothing to predict them from")
-    frame = pd.DataFrame({"cell": ok["cell"] if "cell" in ok else range(len(ok))})
+    frame = pd.DataFrame({"cell": (ok["cell"] if "cell" in ok else pd.Series(range(len(ok))))
+                          .astype(str).to_numpy()})  # fmt: skip
     for axis in GRID_AXES:
         values = ok[axis] if axis in ok else pd.Series(defaults[axis], index=ok.index)
+        if values.dtype == object:
+            values = values.map(lambda v: {"true": 1, "false": 0}.get(str(v).lower(), v))
         frame[axis] = pd.to_numeric(values, errors="coerce").fillna(defaults[axis]).to_numpy()
+    if "cache_policy" in ok:
+        frame["policy"] = [engine_policy(p) if isinstance(p, str) and p else "lru"
+                           for p in ok["cache_policy"]]  # fmt: skip
     rate = "tok_s_reported" if "tok_s_reported" in ok else "tok_s_mean"
     frame["tok_s"] = pd.to_numeric(ok[rate], errors="coerce").to_numpy()
     steady = ok["steady_tok_s_mean"] if "steady_tok_s_mean" in ok else pd.Series(np.nan, ok.index)
     frame["steady_tok_s"] = pd.to_numeric(steady, errors="coerce").to_numpy(np.float64)
     for out, col in (("mib_per_token", "read_mib_per_token"), ("hit_pct", "cache_hit_pct")):
         frame[out] = pd.to_numeric(ok[col], errors="coerce").to_numpy() if col in ok else np.nan
-    grouped = frame.groupby(["cell", *GRID_AXES], sort=False, dropna=False)
+    keys = ["cell", *GRID_AXES] + (["policy"] if "policy" in frame else [])
+    grouped = frame.groupby(keys, sort=False, dropna=False)
     cells = grouped[["tok_s", "steady_tok_s", "mib_per_token", "hit_pct"]].median()
     cells["runs"] = grouped.size()
     cells = cells.reset_index()
-    cells["io_threads"] = cells["io_threads"].astype(int)
-    cells["prefetch"] = cells["prefetch"].astype(int)
+    for axis in ("io_threads", "prefetch", "overlap"):
+        cells[axis] = cells[axis].astype(int)
+    cells["measurement"] = _measurement_labels(ok, cells["cell"])
     return cells
+
+
+def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
+    """Per cell, the verdict layer's reasons its figure is not firm (single runs aside)."""
+    from bmoe.analyze.sweep import rank_cells
+    from bmoe.analyze.verdict import cell_stability
+
+    attempts = ok.assign(cell=ok["cell"].astype(str)) if "cell" in ok else ok
+    outcome = "tok_s_mean" if "tok_s_mean" in attempts else None
+    if outcome is None or "cell" not in attempts:
+        return [None] * len(cells)
+    stability = cell_stability(rank_cells(attempts, outcome), attempts)
+    reasons = stability.set_index(stability["cell"].astype(str))["unstable"]
+    out = []
+    for cell in cells.astype(str):
+        why = reasons.get(cell)
+        parts = [p for p in str(why).split(", ") if p and p != "single run"] if why else []
+        out.append(", ".join(parts) or None)
+    return out
+
+
+def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]:
+    """Measured cells (``tok_s``, ``steady_tok_s``, ``mib_per_token``, ``hit_pct``, and a
+    ``measurement`` label: None when the cell's own figure is firm) beside their predictions
+    (the same names with ``_predicted``; ``tok_s_low_predicted`` / ``_high_`` the interval):
+    the error of each figure, whether the interval covers the measurement, its width, and a
+    summary. The headline error and the achieved coverage count only cells whose
+    measurement is firm and that were predicted; an interval wider than
+    :data:`WIDEST_INTERVAL_PCT` % of its prediction covers nothing."""
+    cells = cells.copy()
+    if "measurement" not in cells:
+        cells["measurement"] = None
+    cells["tok_s_error_pct"] = 100.0 * (cells["tok_s_predicted"] - cells["tok_s"]) / cells["tok_s"]
+    cells["steady_tok_s_error_pct"] = (
+        100.0 * (cells["steady_tok_s_predicted"] - cells["steady_tok_s"]) / cells["steady_tok_s"]
+    )
+    cells["mib_per_token_error"] = cells["mib_per_token_predicted"] - cells["mib_per_token"]
+    cells["hit_pct_error"] = cells["hit_pct_predicted"] - cells["hit_pct"]
+    width = (
+        100.0
+        * (cells["tok_s_high_predicted"] - cells["tok_s_low_predicted"])
+        / cells["tok_s_predicted"]
+    )
+    cells["interval_width_pct"] = width
+    informative = width <= WIDEST_INTERVAL_PCT
+    predicted = cells["tok_s_predicted"].notna()
+    covered = (
+        (cells["tok_s"] >= cells["tok_s_low_predicted"])
+        & (cells["tok_s"] <= cells["tok_s_high_predicted"])
+        & informative
+    )
+    cells["inside_interval"] = covered.astype(object).where(predicted, None)
+    firm = cells["measurement"].isna() & predicted
+    err = cells.loc[firm, "tok_s_error_pct"].abs()
+    every = cells.loc[predicted, "tok_s_error_pct"].abs()
+    steady_err = cells.loc[firm, "steady_tok_s_error_pct"].abs().dropna()
+    steady_inside = (
+        (cells["steady_tok_s"] >= cells["steady_tok_s_low_predicted"])
+        & (cells["steady_tok_s"] <= cells["steady_tok_s_high_predicted"])
+        & informative
+    )
+    inside = int(covered[firm].sum())
+
+    def stat(series: pd.Series, how: str) -> float:
+        return float(getattr(series, how)()) if len(series) else float("nan")
+
+    summary = {
+        "cells": len(cells),
+        "compared": int(firm.sum()),
+        "labelled": int((cells["measurement"].notna() & predicted).sum()),
+        "not_predicted": int((~predicted).sum()),
+        "median_abs_tok_s_error_pct": stat(err, "median"),
+        "mean_abs_tok_s_error_pct": stat(err, "mean"),
+        "max_abs_tok_s_error_pct": stat(err, "max"),
+        "median_abs_tok_s_error_pct_all": stat(every, "median"),
+        "coverage_stated_pct": 100.0 * profile.coverage,
+        "inside_interval": inside,
+        "coverage_pct": 100.0 * inside / int(firm.sum()) if firm.any() else float("nan"),
+        "median_interval_width_pct": stat(width[predicted], "median"),
+        "intervals_too_wide": int((~informative & predicted).sum()),
+        "steady_cells": len(steady_err),
+        "median_abs_steady_tok_s_error_pct": stat(steady_err, "median"),
+        "steady_inside_interval": int((steady_inside & firm).sum()),
+        "max_abs_mib_per_token_error": stat(cells["mib_per_token_error"].abs().dropna(), "max"),
+        "max_abs_hit_pct_error": stat(cells["hit_pct_error"].abs().dropna(), "max"),
+        "profile_settled": profile.settled,
+    }
+    return {"cells": cells, "summary": summary}
+
+
+PREDICTED_FIGURES = (
+    "tok_s",
+    "tok_s_low",
+    "tok_s_high",
+    "steady_tok_s",
+    "steady_tok_s_low",
+    "steady_tok_s_high",
+    "mib_per_token",
+    "hit_pct",
+    "interval_pct",
+    "faults_per_token",
+)
 
 
 def against(
@@ -586,56 +991,16 @@ def against(
     drop: float | None = None,
 ) -> dict[str, pd.DataFrame | dict]:
     """Every measured cell of a sweep next to its prediction: ``cells`` (measured, predicted
-    and the error of each figure) and ``summary`` (median and mean absolute tok/s error,
-    cells inside the interval, largest MiB/token and hit % gaps). Like is compared with like:
-    whole-run tok/s with the predicted whole-run rate, and the runs' steady-state tok/s (where
-    the archive has one) with the predicted steady-state rate."""
-    defaults = {"cache_mb": 0, "io_threads": _default_lanes(profile), "prefetch": 0}
-    measured = measured_cells(results, defaults)
-    predicted = predict(
-        trace, profile, measured[list(GRID_AXES)], policy=policy, seed=seed, drop=drop
-    )
+    and the error of each figure) and ``summary`` (see :func:`compare_cells`). Like is
+    compared with like: whole-run tok/s with the predicted whole-run rate, and the runs'
+    steady-state tok/s (where the archive has one) with the predicted steady-state rate."""
+    measured = measured_cells(results, _defaults(profile))
+    grid = measured[[*GRID_AXES] + (["policy"] if "policy" in measured else [])]
+    predicted = predict(trace, profile, grid, policy=policy, seed=seed, drop=drop)
     cells = measured.copy()
-    for col in (
-        "tok_s",
-        "tok_s_low",
-        "tok_s_high",
-        "steady_tok_s",
-        "steady_tok_s_low",
-        "steady_tok_s_high",
-        "mib_per_token",
-        "hit_pct",
-    ):
+    for col in PREDICTED_FIGURES:
         cells[f"{col}_predicted"] = predicted[col].to_numpy()
-    cells["tok_s_error_pct"] = 100.0 * (cells["tok_s_predicted"] - cells["tok_s"]) / cells["tok_s"]
-    cells["steady_tok_s_error_pct"] = (
-        100.0 * (cells["steady_tok_s_predicted"] - cells["steady_tok_s"]) / cells["steady_tok_s"]
-    )
-    cells["mib_per_token_error"] = cells["mib_per_token_predicted"] - cells["mib_per_token"]
-    cells["hit_pct_error"] = cells["hit_pct_predicted"] - cells["hit_pct"]
-    inside = (cells["tok_s"] >= cells["tok_s_low_predicted"]) & (
-        cells["tok_s"] <= cells["tok_s_high_predicted"]
-    )
-    err = cells["tok_s_error_pct"].abs()
-    steady_err = cells["steady_tok_s_error_pct"].abs().dropna()
-    steady_inside = (cells["steady_tok_s"] >= cells["steady_tok_s_low_predicted"]) & (
-        cells["steady_tok_s"] <= cells["steady_tok_s_high_predicted"]
-    )
-    summary = {
-        "cells": len(cells),
-        "median_abs_tok_s_error_pct": float(err.median()),
-        "mean_abs_tok_s_error_pct": float(err.mean()),
-        "max_abs_tok_s_error_pct": float(err.max()),
-        "inside_interval": int(inside.sum()),
-        "steady_cells": len(steady_err),
-        "median_abs_steady_tok_s_error_pct": float(steady_err.median())
-        if len(steady_err)
-        else float("nan"),
-        "steady_inside_interval": int(steady_inside.sum()),
-        "max_abs_mib_per_token_error": float(cells["mib_per_token_error"].abs().max()),
-        "max_abs_hit_pct_error": float(cells["hit_pct_error"].abs().max()),
-    }
-    return {"cells": cells, "summary": summary}
+    return compare_cells(cells, profile)
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -652,17 +1017,18 @@ def sweep_duration(
     n_predict): model load + prefill + n_predict tokens at the predicted rate. Without a
     trace every routed expert is priced as a miss (an upper bound, ``bound=True``)."""
     frame = runs.copy()
-    defaults = {"cache_mb": 0, "io_threads": _default_lanes(profile), "prefetch": 0}
+    defaults = _defaults(profile)
     for axis, default in defaults.items():
         values = frame[axis] if axis in frame else pd.Series(default, index=frame.index)
         frame[axis] = pd.to_numeric(values, errors="coerce").fillna(default)
-    frame["io_threads"] = frame["io_threads"].astype(int)
-    frame["prefetch"] = frame["prefetch"].astype(int)
+    for axis in ("io_threads", "prefetch", "overlap"):
+        frame[axis] = frame[axis].astype(int)
     if "n_predict" not in frame:
         frame["n_predict"] = 128
     cells = frame[list(GRID_AXES)].drop_duplicates(ignore_index=True)
     if trace is not None:
-        rates = predict(trace, profile, cells, policy=policy)[[*GRID_AXES, "tok_s"]]
+        columns = [*GRID_AXES, "tok_s", "tok_s_low", "tok_s_high"]
+        rates = predict(trace, profile, cells, policy=policy)[columns]
         bound = False
     else:
         rates = cells.assign(tok_s=[_all_miss_rate(profile, int(n)) for n in cells["io_threads"]])
@@ -681,7 +1047,8 @@ def _all_miss_rate(profile: DeviceProfile, lanes: int) -> float:
     slices = int(profile.model["slices_per_expert"])
     req = float(np.median(list(profile.expert_bytes().values()))) / slices
     if profile.mode == "overlap":
-        flash = len(layers) * k * float(profile.overlap["stall_ms_per_miss"])
+        per = stall_per_miss(profile, lanes)
+        flash = float(profile.overlap.get("stall_ms", 0.0)) + len(layers) * k * per
     else:
         flash = float(
             batch_flash_ms(profile.flash, np.full(len(layers), k * slices), req, lanes).sum()
