@@ -37,36 +37,13 @@ import pandas as pd
 
 from bmoe.analyze import replay
 from bmoe.analyze.metrics import steady_state
-from bmoe.cache import DEFAULT_POLICY, ExpertCache
+from bmoe.cache import DEFAULT_POLICY, ExpertCache, policy_name
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
 from bmoe.formats.route import RouteTrace
 
 MIB = 1 << 20
 GRID_AXES = ("cache_mb", "io_threads", "prefetch", "overlap")
-#: Names the engine gives its cache policies -> the replay's names.
-ENGINE_POLICIES = {
-    "lru": "lru",
-    "lfu": "lfu",
-    "layer": "layer",
-    "layer-lru": "layer",
-    "layerlru": "layer",
-    "layer-lfu": "layerlfu",
-    "layerlfu": "layerlfu",
-    "s3fifo": "s3fifo",
-    "s3-fifo": "s3fifo",
-    "arc": "arc",
-    "random": "random",
-    "belady": "belady",
-    "lfuda": "lfuda",
-}
-
-
-def engine_policy(name: str) -> str:
-    """The replay's name for a cache policy as the engine names it (``layer-lfu`` ->
-    ``layerlfu``); names the replay knows pass unchanged."""
-    key = str(name).strip().lower().replace("_", "-")
-    return ENGINE_POLICIES.get(key, ENGINE_POLICIES.get(key.replace("-", ""), key))
 
 
 PREDICT_COLUMNS = (
@@ -804,7 +781,6 @@ def _default_lanes(profile: DeviceProfile) -> int:
 
 
 __all__ = [
-    "ENGINE_POLICIES",
     "GRID_AXES",
     "PREDICTED_FIGURES",
     "PREDICT_COLUMNS",
@@ -816,7 +792,6 @@ __all__ = [
     "check_model",
     "check_settled",
     "compare_cells",
-    "engine_policy",
     "grid_cells",
     "interval_z",
     "measured_cells",
@@ -860,8 +835,10 @@ def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.D
             values = values.map(lambda v: {"true": 1, "false": 0}.get(str(v).lower(), v))
         frame[axis] = pd.to_numeric(values, errors="coerce").fillna(defaults[axis]).to_numpy()
     if "cache_policy" in ok:
-        frame["policy"] = [engine_policy(p) if isinstance(p, str) and p else "lru"
-                           for p in ok["cache_policy"]]  # fmt: skip
+        frame["policy"] = [
+            policy_name(p) if isinstance(p, str) and p else DEFAULT_POLICY
+            for p in ok["cache_policy"]
+        ]
     rate = "tok_s_reported" if "tok_s_reported" in ok else "tok_s_mean"
     frame["tok_s"] = pd.to_numeric(ok[rate], errors="coerce").to_numpy()
     steady = ok["steady_tok_s_mean"] if "steady_tok_s_mean" in ok else pd.Series(np.nan, ok.index)

@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.predict import ENGINE_POLICIES, MIB, batch_flash_ms, engine_policy
+from bmoe.analyze.predict import MIB, batch_flash_ms
 from bmoe.analyze.verdict import OFF_CPU_PCT, off_cpu_pct
+from bmoe.cache import DEFAULT_POLICY, policy_name
 from bmoe.errors import BmoeError
 from bmoe.formats.decode import ComputeTrace, IoTrace
 from bmoe.formats.metrics import MetricsRun
@@ -192,8 +193,8 @@ def run_config(run: ProfileRun) -> RunConfig:
         overlap = stalled or bool(_number(run.figure("stall_s/tok")))
         assumed["overlap"] = "from stall_ms (non-zero under --overlap only)"
 
-    policy_name = params.get("cache_policy")
-    policy = engine_policy(policy_name) if policy_name else "lru"
+    named = params.get("cache_policy")
+    policy = policy_name(named) if named else DEFAULT_POLICY
 
     threads = _number(params.get("threads")) or _number(run.figure("threads"))
     if not threads:
@@ -1691,13 +1692,11 @@ __all__ = [
     "BLOCK_TOKENS",
     "DEFAULT_LANES",
     "DEFAULT_THREADS",
-    "ENGINE_POLICIES",
     "ProfileRun",
     "RunConfig",
     "against_files",
     "build_profile",
     "decode_misses",
-    "engine_policy",
     "flash_table",
     "measured_files",
     "read_runs",

@@ -15,7 +15,13 @@ from bmoe.cache.expert_cache import (
     key_expert,
     key_layer,
 )
-from bmoe.cache.policies import DEFAULT_POLICY, NEVER, POLICIES, REFERENCE_POLICIES
+from bmoe.cache.policies import (
+    DEFAULT_POLICY,
+    NEVER,
+    POLICIES,
+    REFERENCE_POLICIES,
+    policy_name,
+)
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -28,4 +34,5 @@ __all__ = [
     "cache_key",
     "key_expert",
     "key_layer",
+    "policy_name",
 ]

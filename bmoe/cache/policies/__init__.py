@@ -33,4 +33,33 @@ REFERENCE_POLICIES = ("belady", "lru", "lfu", "random", "layer", "layerlfu")
 #: the engine's policy: what a run's residency column records, so what validation replays
 DEFAULT_POLICY = LRU.name
 
-__all__ = ["DEFAULT_POLICY", "NEVER", "POLICIES", "REFERENCE_POLICIES", "Policy"]
+
+def _spelling(name: str) -> str:
+    return str(name).strip().lower().replace("_", "-")
+
+
+#: every spelling (a policy's name, its engine names, each without hyphens) -> its name
+_SPELLINGS = {
+    spelling: cls.name
+    for cls in POLICIES.values()
+    for known in (cls.name, *cls.engine_names)
+    for spelling in (_spelling(known), _spelling(known).replace("-", ""))
+}
+
+
+def policy_name(name: str) -> str:
+    """The replay's name for a cache policy as a run names it (``layer-lfu`` -> ``layerlfu``,
+    ``S3-FIFO`` -> ``s3fifo``); a name no policy answers to is returned as given, for the
+    caller's own "unknown policy" error."""
+    key = _spelling(name)
+    return _SPELLINGS.get(key, _SPELLINGS.get(key.replace("-", ""), str(name)))
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "NEVER",
+    "POLICIES",
+    "REFERENCE_POLICIES",
+    "Policy",
+    "policy_name",
+]
