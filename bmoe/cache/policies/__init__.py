@@ -38,11 +38,11 @@ def _spelling(name: str) -> str:
     return str(name).strip().lower().replace("_", "-")
 
 
-#: every spelling (a policy's name, its engine names, each without hyphens) -> its name
+#: every spelling (a policy's name, its own engine names, each without hyphens) -> its name
 _SPELLINGS = {
     spelling: cls.name
     for cls in POLICIES.values()
-    for known in (cls.name, *cls.engine_names)
+    for known in (cls.name, *vars(cls).get("engine_names", ()))  # not a base class's
     for spelling in (_spelling(known), _spelling(known).replace("-", ""))
 }
 
