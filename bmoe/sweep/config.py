@@ -38,7 +38,9 @@ KILL_MODES = ("pidfile", "name", "off")
 
 #: Flags whose value is a file the engine writes: the sweep chooses the path (inside the sweep
 #: folder); the configuration only says whether to record it (``true``/``false``).
-OUTPUT_FLAGS = ("csv", "route_trace", "compute_trace", "compute_trace_layers", "io_trace")
+OUTPUT_FLAGS = (
+    "csv", "route_trace", "compute_trace", "compute_trace_layers", "io_trace", "fidelity_save",
+)  # fmt: skip
 #: Flags the driver owns; a configuration may not set them.
 DRIVER_FLAGS = ("progress", "session", "help", "version", "list_archs")
 #: Keys of [base] / [[cells]] that are not engine flags.
