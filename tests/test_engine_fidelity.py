@@ -117,11 +117,15 @@ def test_dropping_experts_moves_the_output(tiny_model, reference) -> None:
 def test_a_reference_of_another_prompt_or_too_short_is_refused(tiny_model, reference) -> None:
     path, _ = reference
     with pytest.raises(BmoeError, match="another prompt"):
-        run_engine(EngineConfig(model=str(tiny_model), prompt="other", n_predict=4,
-                                fidelity_ref=str(path)))  # fmt: skip
+        run_engine(
+            EngineConfig(model=str(tiny_model), prompt="other", n_predict=4, fidelity_ref=str(path))
+        )
     with pytest.raises(BmoeError, match="asks for more"):
-        run_engine(EngineConfig(model=str(tiny_model), prompt=PROMPT, n_predict=N + 1,
-                                fidelity_ref=str(path)))  # fmt: skip
+        run_engine(
+            EngineConfig(
+                model=str(tiny_model), prompt=PROMPT, n_predict=N + 1, fidelity_ref=str(path)
+            )
+        )
 
 
 def test_a_file_that_is_not_a_reference_is_one_error(tmp_path) -> None:

@@ -61,8 +61,12 @@ class Reference:
 
 def write_reference(path: str, ref: Reference) -> None:
     """Write `ref` as a compressed ``.npz`` (the header as JSON inside it)."""
-    header = {"format": REF_FORMAT, "version": REF_VERSION, "prompt": ref.prompt,
-              "model": os.path.basename(ref.model)}  # fmt: skip
+    header = {
+        "format": REF_FORMAT,
+        "version": REF_VERSION,
+        "prompt": ref.prompt,
+        "model": os.path.basename(ref.model),
+    }
     try:
         with open(path, "wb") as fh:
             np.savez_compressed(
@@ -110,8 +114,7 @@ class Recorder:
     def finish(self) -> dict[str, Any]:
         vocab = len(self.logits[0]) if self.logits else 0
         logits = np.stack(self.logits) if self.logits else np.zeros((0, vocab), np.float32)
-        ref = Reference(self.cfg.prompt, self.cfg.model, np.asarray(self.tokens, np.int32),
-                        logits)  # fmt: skip
+        ref = Reference(self.cfg.prompt, self.cfg.model, np.asarray(self.tokens, np.int32), logits)
         write_reference(self.cfg.fidelity_save, ref)
         return {}
 
