@@ -45,6 +45,13 @@ PROFILE_FILE = "profile.json"
 CALIBRATE = "calibrate"
 #: Axes the profile prices (the rest are corrected per group of their values).
 PRICED_AXES = ("cache_mb", "io_threads", "prefetch", "drop_cold_experts")
+#: The value of each lossy flag that leaves the output as the model makes it.
+LOSSLESS: dict[str, Any] = {
+    "drop_cold_experts": 0.0,
+    "n_expert_used": 0,
+    "drop_no_renorm": False,
+    "drop_in_prefill": False,
+}
 #: Flags that are not part of a recommendation (files and the fidelity reference).
 NOT_RECOMMENDED = (
     "fidelity_ref",
@@ -202,8 +209,11 @@ class Tuner:
                 params[axis] = min(numeric)
             elif axis == "io_threads" and numeric:
                 params[axis] = max(numeric)
-        for flag in LOSSY_FLAGS:
-            params.pop(flag, None)
+        for flag in LOSSY_FLAGS:  # the lossless value (an axis keeps a value in every cell)
+            if flag in self.sweep.grid:
+                params[flag] = LOSSLESS[flag]
+            else:
+                params.pop(flag, None)
         params.update(self.tune.reference)
         if self.tune.trace is None:
             params.update(route_trace=True, io_trace=True)

@@ -1,0 +1,375 @@
+"""``bmoe tune``: the configuration, the decisions, and whole tunes on the embedded engine.
+
+The decision layer is checked on hand-made tables (what it must choose follows from the
+rules in :mod:`bmoe.analyze.tune`, worked out here); whole tunes run the generated tiny model:
+the recommendation never breaks a constraint, the budget holds, a SIGKILL loses no finished
+run and repeats none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sweep_helpers import manifest, sweep_folder, write_config
+
+from bmoe.analyze.tune import (
+    Constraint,
+    decide,
+    estimates,
+    excluded_by_fidelity,
+    measured_cells,
+    ratio_at,
+    t_at,
+)
+from bmoe.analyze.verdict import _T975, ratio_interval
+from bmoe.errors import BmoeError
+from bmoe.sweep.config import parse_config
+from bmoe.sweep.plan import expand
+from bmoe.sweep.tune_config import load_tune_config, parse_tune_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BASE = """
+[sweep]
+name = "t"
+engine = "{engine}"
+
+[base]
+model = "m.gguf"
+n_predict = {n}
+moe_stream = true
+
+[grid]
+cache_mb = [1, 2]
+"""
+
+
+def _parse(tune: str, engine: str = "embedded", n: int = 64, grid: str = ""):
+    return parse_tune_config(
+        BASE.format(engine=engine, n=n) + grid + "\n[tune]\n" + tune, "tune.toml"
+    )
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def test_an_objective_the_engine_cannot_produce_is_refused() -> None:
+    with pytest.raises(BmoeError, match=r"tune.toml:\d+: tune.objective: 'tok_per_joule'"):
+        _parse('objective = "tok_per_joule"')
+    # a 16-token decode has no steady state (the run analysis needs 32 tokens)
+    with pytest.raises(BmoeError, match="steady_tok_s needs n_predict >= 32"):
+        _parse('objective = "steady_tok_s"', n=16)
+    assert _parse('objective = "steady_tok_s"', n=64).tune.objective == "steady_tok_s"
+    # fidelity is measured teacher-forced by the embedded engine only
+    with pytest.raises(BmoeError, match="the native engine does not record it"):
+        _parse("min_fidelity = 0.9", engine="native")
+
+
+def test_budgets_constraints_and_ranges_parse() -> None:
+    cfg = _parse(
+        'budget = "20 min"\nmax_rss_mb = 900\nmin_fidelity = 0.95\n'
+        "[tune.constraints]\nmax_fidelity_kl = 0.05\nmin_cache_hit_pct = 40"
+    )
+    assert cfg.tune.budget_s == 1200 and cfg.tune.budget_runs is None
+    assert {c.text() for c in cfg.tune.constraints} == {
+        "rss_mb <= 900",
+        "fidelity >= 0.95",
+        "fidelity_kl <= 0.05",
+        "cache_hit_pct >= 40",
+    }
+    assert _parse("budget = 14").tune.budget_runs == 14
+    assert _parse('budget = "9 runs"').tune.budget_runs == 9
+    for bad in ('budget = "fast"', "budget = 0", "confidence = 1.5", 'trace = "nope.csv"'):
+        with pytest.raises(BmoeError, match=r"tune.toml:\d+: tune\."):
+            _parse(bad)
+    with pytest.raises(BmoeError, match="'prompt' must be the same"):
+        _parse("", grid='prompt = ["a", "b"]')
+
+
+def test_a_numeric_range_axis_expands_like_the_list() -> None:
+    text = BASE.format(engine="embedded", n=8).replace(
+        "cache_mb = [1, 2]",
+        "cache_mb = { from = 1, to = 16, times = 2 }\nio_threads = { from = 1, to = 4, step = 1 }",
+    )
+    cfg = parse_config(text)
+    assert cfg.grid == {"cache_mb": [1, 2, 4, 8, 16], "io_threads": [1, 2, 3, 4]}
+    assert len(expand(cfg)) == 20
+    with pytest.raises(BmoeError, match="one of 'step' or 'times'"):
+        parse_config(text.replace("times = 2", "times = 2, step = 1"))
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_t_quantiles_match_the_verdict_layers_table() -> None:
+    for dof, expected in enumerate(_T975, start=1):
+        assert t_at(0.95, dof) == pytest.approx(expected, abs=5e-4)
+    assert t_at(0.99, 1) == pytest.approx(63.657, abs=1e-3)  # a textbook value
+    assert t_at(0.90, 10) == pytest.approx(1.812, abs=1e-3)
+
+
+def test_the_ratio_is_the_verdict_layers_at_95_and_wider_at_99() -> None:
+    args = (100.0, 5.0, 4, 90.0, 6.0, 5)
+    expected = tuple(float(x[0]) for x in ratio_interval(*([a] for a in args)))
+    assert ratio_at(0.95, *args) == pytest.approx(expected)
+    r, low, high = ratio_at(0.99, *args)
+    assert r == pytest.approx(expected[0]) and low < expected[1] and high > expected[2]
+
+
+# ----------------------------------------------------------------------------- decisions
+
+CON = (Constraint("fidelity", "min", 0.9),)
+
+
+def _results(rows: list[tuple[str, float, float]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"cell": c, "status": "ok", "tok_s_reported": v, "fidelity": f} for c, v, f in rows]
+    )
+
+
+def _candidates(cells: dict[str, tuple[float, float]], predicted: dict[str, float]):
+    return pd.DataFrame(
+        [
+            {
+                "cell": c,
+                "cache_mb": cache,
+                "drop_cold_experts": drop,
+                "predicted": predicted.get(c, np.nan),
+                "predicted_low": predicted.get(c, np.nan) * 0.9,
+                "predicted_high": predicted.get(c, np.nan) * 1.1,
+            }
+            for c, (cache, drop) in cells.items()
+        ]
+    )
+
+
+def test_the_fastest_cell_breaking_a_constraint_is_never_the_incumbent() -> None:
+    results = _results([("fast", 300, 0.5)] * 3 + [("ok", 200, 1.0)] * 3)
+    m = measured_cells(results, ["fast", "ok"], "tok_s_reported", False, CON)
+    feasible = dict(zip(m["cell"], m["feasible"], strict=True))
+    assert feasible == {"fast": False, "ok": True}
+    table = estimates(_candidates({"fast": (8, 1.0), "ok": (8, 0.0)}, {}), m, 0.95)
+    d = decide(table, feasible, {}, confidence=0.95, slots=2)
+    assert d.incumbent == "ok" and d.settled
+
+
+def test_a_constraint_column_never_measured_does_not_count_as_met() -> None:
+    results = _results([("a", 300, np.nan)] * 3)
+    m = measured_cells(results, ["a"], "tok_s_reported", False, CON)
+    assert not m["feasible"].iloc[0] and "not measured" in m["broken"].iloc[0]
+
+
+def test_the_worst_run_decides_feasibility() -> None:
+    results = _results([("a", 300, 0.95), ("a", 310, 0.85), ("a", 305, 0.99)])
+    m = measured_cells(results, ["a"], "tok_s_reported", False, CON)
+    assert not m["feasible"].iloc[0] and "0.85 breaks fidelity >= 0.9" in m["broken"].iloc[0]
+
+
+def test_a_lossier_cell_than_one_that_broke_fidelity_is_excluded() -> None:
+    cells = {
+        "c4d5": (4, 0.5),
+        "c4d1": (4, 1.0),
+        "c2d1": (2, 1.0),
+        "c8d1": (8, 1.0),
+        "c4d0": (4, 0.0),
+    }
+    m = measured_cells(_results([("c4d5", 100, 0.8)]), list(cells), "tok_s_reported", False, CON)
+    out = excluded_by_fidelity(_candidates(cells, {}), ["cache_mb", "drop_cold_experts"], m, CON)
+    # more dropping at the same or a smaller cache: excluded; a larger cache or less dropping
+    # may keep more of the output, so they stay
+    assert set(out) == {"c4d1", "c2d1"}
+
+
+def test_unmeasured_cells_whose_interval_reaches_the_best_are_run_first() -> None:
+    cells = {c: (v, 0.0) for c, v in {"best": 8, "near": 6, "far": 1}.items()}
+    predicted = {"best": 100.0, "near": 95.0, "far": 10.0}
+    results = _results([("best", 100.0, 1.0), ("best", 101.0, 1.0), ("best", 99.0, 1.0)])
+    m = measured_cells(results, list(cells), "tok_s_reported", False, CON)
+    table = estimates(_candidates(cells, predicted), m, 0.95)
+    d = decide(
+        table, dict(zip(m["cell"], m["feasible"], strict=True)), {}, confidence=0.95, slots=3
+    )
+    assert d.incumbent == "best" and not d.settled
+    assert [c for c, _ in d.chosen] == ["near"]  # "far" cannot reach it, "best" has 3 runs
+
+
+def test_settled_when_every_contender_is_measured_and_worse() -> None:
+    cells = {"a": (8, 0.0), "b": (6, 0.0)}
+    results = _results(
+        [("a", v, 1.0) for v in (100, 101, 99)] + [("b", v, 1.0) for v in (80, 81, 79)]
+    )
+    m = measured_cells(results, list(cells), "tok_s_reported", False, CON)
+    table = estimates(_candidates(cells, {"a": 100.0, "b": 95.0}), m, 0.95)
+    d = decide(
+        table, dict(zip(m["cell"], m["feasible"], strict=True)), {}, confidence=0.95, slots=3
+    )
+    assert d.settled and d.runner_up == "b" and d.distinguishable and not d.chosen
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(10, 1000), st.floats(0, 1), st.integers(0, 3)), min_size=1, max_size=8
+    )
+)
+def test_the_incumbent_is_never_a_cell_known_to_break_a_constraint(cells) -> None:
+    rows, names = [], []
+    for i, (speed, fid, n) in enumerate(cells):
+        names.append(f"c{i}")
+        rows += [(f"c{i}", speed * (1 + 0.01 * k), fid) for k in range(n)]
+    m = measured_cells(_results(rows), names, "tok_s_reported", False, CON)
+    spec = {c: (1.0 + i, 0.0) for i, c in enumerate(names)}
+    table = estimates(_candidates(spec, {c: 100.0 for c in names}), m, 0.95)
+    feasible = dict(zip(m["cell"], m["feasible"], strict=True)) if len(m) else {}
+    d = decide(table, feasible, {}, confidence=0.95, slots=3)
+    if any(feasible.values()):
+        assert feasible.get(d.incumbent) is True
+    if d.settled:
+        assert feasible.get(d.incumbent) is True
+    assert all(feasible.get(c) is not False for c, _ in d.chosen)
+
+
+# ----------------------------------------------------------------------------- whole tunes
+
+
+def _engine_missing() -> str | None:
+    for module in ("bmoe.engine.synth", "llama_cpp"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not available"
+    return None
+
+
+needs_engine = pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from bmoe.engine.synth import synth_model
+
+    return Path(synth_model(tmp_path_factory.mktemp("model") / "tiny.gguf", preset="tiny"))
+
+
+def _tune_config(tmp_path: Path, model: Path, tune: str, n_predict: int = 16) -> Path:
+    return write_config(
+        tmp_path,
+        f"""\
+        [sweep]
+        name = "tt"
+        engine = "embedded"
+        output = "{tmp_path / "out"}"
+        timeout_s = 300
+
+        [base]
+        model = "{model}"
+        n_predict = {n_predict}
+        threads = 1
+        moe_stream = true
+
+        [grid]
+        cache_mb = [1, 2, 8]
+        drop_cold_experts = [0.0, 1.0]
+
+        [tune]
+        {tune}
+        """,
+        name="tune.toml",
+    )
+
+
+def _tune(cfg: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bmoe", "tune", str(cfg), "--plain", *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+@pytest.mark.parametrize("budget", [5])
+def test_a_tune_keeps_its_budget_and_recommends_only_a_feasible_cell(tmp_path, tiny, budget):
+    cfg = _tune_config(tmp_path, tiny, f"budget = {budget}\nmin_fidelity = 0.99\nper_round = 2")
+    proc = _tune(cfg)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), err.decode()
+    root = sweep_folder(tmp_path / "out")
+    lines = manifest(root)
+    assert len(lines) <= budget  # the calibration run counts
+    state = json.loads((root / "tune.json").read_text())
+    assert state["result"]["used_runs"] == len(lines)
+    assert state["result"]["stop"]["reason"] in ("budget", "settled", "exhausted")
+    assert "stopped:" in out.decode()
+    best = state["result"]["best"]
+    if best is not None:  # every run of the recommended cell keeps the fidelity floor
+        from bmoe.sweep.archive import load_results
+
+        results = load_results(root)
+        mine = results[(results["cell"] == best["cell"]) & (results["status"] == "ok")]
+        assert len(mine) and (mine["fidelity"] >= 0.99).all()
+        assert "--cache-mb" in best["command"] and "[base]" in best["toml"]
+    # the folder is a sweep archive the analyses read
+    report = tmp_path / "tune.html"
+    for command in (["analyze", "sweep", str(root)], ["report", str(root), "-o", str(report)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "bmoe", *command], cwd=ROOT, capture_output=True, check=False
+        )
+        assert done.returncode == 0, done.stderr.decode()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_tune_killed_mid_run_resumes_without_repeating_a_finished_run(tmp_path, tiny):
+    cfg = _tune_config(tmp_path, tiny, "budget = 9\nper_round = 3", n_predict=48)
+    proc = _tune(cfg)
+    out = tmp_path / "out"
+    deadline = time.monotonic() + 600
+    root = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the tune ended before it could be killed: {proc.stderr.read()!r}")
+        if out.is_dir() and any(out.iterdir()):
+            root = sweep_folder(out)
+            ok = [r for r in manifest(root) if r["status"] == "ok"]
+            if len(ok) >= 3 and list((root / "cells").glob("*/.*.staging")):
+                break
+        time.sleep(0.05)
+    assert root is not None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = {r["run"]: r["started"] for r in manifest(root) if r["status"] == "ok"}
+    proc = _tune(root)
+    _out, err = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), err.decode()
+    lines = manifest(root)
+    ok = [r["run"] for r in lines if r["status"] == "ok"]
+    assert len(ok) == len(set(ok))  # no run completed twice
+    for run_id, started in before.items():  # a finished run was not run again
+        assert [r["started"] for r in lines if r["run"] == run_id and r["status"] == "ok"] == [
+            started
+        ]
+    assert [r["status"] for r in lines].count("killed") == 1
+    state = json.loads((root / "tune.json").read_text())
+    assert {r["run"] for r in state["runs"]} <= set(ok)
+    assert len(lines) <= 9 + 1  # the budget, and the attempt the kill cut short
+
+
+def test_load_tune_config_reads_the_example(tmp_path) -> None:
+    cfg = load_tune_config(ROOT / "sweeps" / "tiny-tune.toml")
+    assert len(expand(cfg.sweep)) == 48
+    assert cfg.tune.budget_runs == 14 and cfg.tune.constraints[0].text() == "fidelity >= 0.9"
+    assert math.isclose(cfg.tune.confidence, 0.95)
