@@ -36,8 +36,8 @@ def tune_command(
     spent. The folder is a sweep archive with tune.json (every round's decisions).
 
     Example: bmoe tune sweeps/tiny-tune.toml
-    Resume after a kill: bmoe tune bench-data/2026-12-01-tiny-tune
-    The full grid of the same file, for comparison: bmoe sweep sweeps/tiny-tune.toml
+    Example: bmoe tune bench-data/2026-12-01-tiny-tune   # resume after a kill
+    Example: bmoe sweep sweeps/tiny-tune.toml   # the full grid of the same file
     """
     from contextlib import ExitStack
 

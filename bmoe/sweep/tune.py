@@ -601,7 +601,7 @@ class Tuner:
             and best in set(measured["cell"])
             and bool(measured.set_index("cell").at[best, "feasible"])
         )
-        if good:
+        if good and best is not None:
             cell = by_id[best]
             n = int(t.at[best, "n"])
             mean, low, high = (self._value(t.at[best, k]) for k in ("mean", "low", "high"))
