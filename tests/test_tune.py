@@ -72,9 +72,10 @@ def test_an_objective_the_engine_cannot_produce_is_refused() -> None:
     with pytest.raises(BmoeError, match="steady_tok_s needs n_predict >= 32"):
         _parse('objective = "steady_tok_s"', n=16)
     assert _parse('objective = "steady_tok_s"', n=64).tune.objective == "steady_tok_s"
-    # fidelity is measured teacher-forced by the embedded engine only
-    with pytest.raises(BmoeError, match="the native engine does not record it"):
-        _parse("min_fidelity = 0.9", engine="native")
+    # the KL divergence is measured teacher-forced, by the embedded engine only
+    with pytest.raises(BmoeError, match="the native engine gives the identical-token share"):
+        _parse("[tune.constraints]\nmax_fidelity_kl = 0.1", engine="native")
+    assert _parse("min_fidelity = 0.9", engine="native").tune.needs_fidelity
 
 
 def test_budgets_constraints_and_ranges_parse() -> None:
@@ -373,3 +374,52 @@ def test_load_tune_config_reads_the_example(tmp_path) -> None:
     assert len(expand(cfg.sweep)) == 48
     assert cfg.tune.budget_runs == 14 and cfg.tune.constraints[0].text() == "fidelity >= 0.9"
     assert math.isclose(cfg.tune.confidence, 0.95)
+
+
+# ----------------------------------------------------------------------------- native fidelity
+
+
+def _run_out(path: Path, pieces: list[str]) -> None:
+    from bmoe.formats.protocol import format_event
+
+    lines = [
+        format_event(
+            "PROGRESS", {"step": i + 1, "steps": len(pieces), "wall_ms": 1.0, "delta_text": p}
+        )
+        for i, p in enumerate(pieces)
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("loading\n" + "\n".join(lines) + "\n=== perf ===\n", encoding="utf-8")
+
+
+def test_generated_tokens_against_the_reference_give_the_share_and_first_divergence(
+    tmp_path,
+) -> None:
+    from bmoe.analyze.fidelity import token_agreement
+    from bmoe.sweep.tune import native_fidelity, output_pieces
+
+    ref = ["The", " router", " picks", " two", " experts", "."]
+    _run_out(tmp_path / "ref" / "run.out", ref)
+    assert output_pieces(tmp_path / "ref" / "run.out") == ref
+    # 4 of 6 positions agree; the first difference is at step 3; a run cut short counts its
+    # missing steps as different
+    assert token_agreement(ref, ["The", " router", " chose", " two", " experts", "!"]) == {
+        "fidelity": 4 / 6,
+        "fidelity_first_miss": 3.0,
+        "fidelity_steps": 6.0,
+    }
+    assert token_agreement(ref, ref)["fidelity"] == 1.0
+    assert token_agreement(ref, ref)["fidelity_first_miss"] == 0.0
+    assert token_agreement(ref, ref[:3])["fidelity"] == 0.5
+    _run_out(tmp_path / "cells" / "a" / "r1" / "run.out", [*ref[:5], "?"])
+    results = pd.DataFrame(
+        [
+            {"run": "a/r1", "cell": "a", "status": "ok", "dir": "cells/a/r1"},
+            {"run": "b/r1", "cell": "b", "status": "crashed", "dir": None},
+        ]
+    )
+    out = native_fidelity(
+        results, tmp_path, {"reference_output": str(tmp_path / "ref" / "run.out")}
+    )
+    assert out.at[0, "fidelity"] == pytest.approx(5 / 6) and out.at[0, "fidelity_first_miss"] == 6
+    assert np.isnan(out.at[1, "fidelity"])

@@ -139,9 +139,10 @@ class Tuner:
         self.column, self.lower, self.predicted_column = column, lower, predicted
         self.grid_cells = expand(self.sweep)
         self.axes = list(self.sweep.grid)
-        self.fidelity = self.sweep.settings.engine == "embedded" and (
-            self.tune.needs_fidelity or any(a in LOSSY_FLAGS for a in self.axes)
-        )
+        # fidelity: teacher-forced on the embedded engine (a results column), else generated
+        # tokens against the reference run's (the native engine; see native_fidelity)
+        self.fidelity = self.tune.needs_fidelity or any(a in LOSSY_FLAGS for a in self.axes)
+        self.teacher_forced = self.fidelity and self.sweep.settings.engine == "embedded"
         self.state: dict[str, Any] = read_state(self.root) or {
             "format": "bmoe_tune",
             "version": 1,
@@ -168,7 +169,7 @@ class Tuner:
         tuner.config, tuner.sweep, tuner.tune = config, config.sweep, config.tune
         tuner.grid_cells = expand(config.sweep)
         tuner.axes = list(config.sweep.grid)
-        tuner.fidelity = False
+        tuner.fidelity = tuner.teacher_forced = False
         return [*tuner.grid_cells, tuner.reference_cell()]
 
     # ------------------------------------------------------------------------- running
@@ -217,7 +218,7 @@ class Tuner:
         params.update(self.tune.reference)
         if self.tune.trace is None:
             params.update(route_trace=True, io_trace=True)
-        if self.fidelity and not self.tune.fidelity_ref:
+        if self.teacher_forced and not self.tune.fidelity_ref:
             params["fidelity_save"] = True
         axes = {a: params[a] for a in self.axes if a in params}
         return Cell(
@@ -241,6 +242,7 @@ class Tuner:
         fidelity reference every candidate compares itself with."""
         tune = self.tune
         need_run = tune.trace is None or (self.fidelity and not tune.fidelity_ref)
+        need_run = need_run or (self.fidelity and not self.teacher_forced)
         ref_cell = self.reference_cell()
         calib = self.state.setdefault("calibration", {})
         if need_run:
@@ -261,8 +263,10 @@ class Tuner:
         else:
             calib.update(trace=str(folder / "run.route.csv"))
         fidelity_ref = tune.fidelity_ref
-        if self.fidelity and not fidelity_ref:
+        if self.teacher_forced and not fidelity_ref:
             fidelity_ref = str(folder / "run.fidelity.npz")
+        if self.fidelity and not self.teacher_forced:
+            calib["reference_output"] = str(folder / "run.out")
         calib["fidelity_ref"] = fidelity_ref
         self._load_model_of_device(folder if tune.trace is None else None)
         return fidelity_ref
@@ -455,6 +459,8 @@ class Tuner:
         tune stops (settled, budget, nothing left)."""
         tune = self.tune
         results = results_frame(self.root)
+        if self.fidelity and not self.teacher_forced:
+            results = native_fidelity(results, self.root, self.state["calibration"])
         ids = [c.id for c in self.current_cells]
         measured = decide_mod.measured_cells(
             results, ids, self.column, self.lower, tune.constraints
@@ -654,6 +660,40 @@ class Tuner:
             "grid_runs": len(self.grid_cells) * repeats,
             "grid_predicted_device_s": round(seconds, 1),
         }
+
+
+def output_pieces(path: Path) -> list[str]:
+    """The answer text of each generated token of a run (its ``BMOE_PROGRESS`` deltas)."""
+    from bmoe.formats.protocol import iter_events
+
+    try:
+        with open(path, "rb") as fh:
+            return [
+                str(e.data.get("delta_text", "")) for e in iter_events(fh) if e.tag == "PROGRESS"
+            ]
+    except (OSError, BmoeError):
+        return []
+
+
+def native_fidelity(results: pd.DataFrame, root: Path, calibration: dict[str, Any]) -> pd.DataFrame:
+    """`results` with the fidelity columns of every completed run that has none, from its
+    generated tokens against the unmodified reference run's
+    (:func:`bmoe.analyze.fidelity.token_agreement`): the identical-token share and the first
+    step where they differ."""
+    from bmoe.analyze.fidelity import token_agreement
+
+    reference = output_pieces(Path(calibration.get("reference_output", "")))
+    if not reference or results.empty or "dir" not in results:
+        return results
+    out = results.copy()
+    for column in ("fidelity", "fidelity_first_miss", "fidelity_steps"):
+        if column not in out:
+            out[column] = np.nan
+    for index in out.index[(out["status"] == "ok") & out["fidelity"].isna()]:
+        pieces = output_pieces(root / str(out.at[index, "dir"]) / "run.out")
+        for key, value in token_agreement(reference, pieces).items():
+            out.at[index, key] = value
+    return out
 
 
 def _error(candidates: pd.DataFrame, measured: pd.DataFrame) -> float | None:
