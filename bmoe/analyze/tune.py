@@ -11,6 +11,10 @@ Each candidate cell has an estimate and an interval at the tune's confidence:
 * measured at least twice: the mean of its runs and the Student t interval of the mean;
 * measured once: that run, with the spread the repeated cells show (pooled coefficient of
   variation), or 10 % before any cell was repeated;
+* measured, and priced by the profile too: the estimate that ranks it is the measured mean
+  and the corrected prediction weighted by their precision (the runs' relative variance over
+  their number against the predictions' scatter), so one lucky run does not crown a cell the
+  model of the device says is slower; its interval stays the measurement's;
 * not measured: the profile's prediction, corrected by how the measured cells compared with
   theirs (the median ratio, per group of the axes the profile cannot price), its interval the
   profile's spread widened by the scatter of those ratios;
@@ -23,8 +27,9 @@ cell is ever recommended. A cell is *excluded* when a measured cell that is no l
 a fidelity constraint (more dropping, a smaller cache, fewer experts; the read lanes do not
 change the output).
 
-The best measured feasible cell is settled when every cell that could still beat it (its
-interval reaches the best's) has been measured at least ``min_repeats`` times and the verdict
+The best measured feasible cell (by that estimate) is settled when every cell that could
+still beat it (its interval reaches the best's) has been measured at least ``min_repeats``
+times and the verdict
 layer's ratio interval (:func:`bmoe.analyze.verdict.ratio_interval`, Welch's t on the log
 scale) says it is worse, or when the cells left are at their repeat bound and still not
 distinguishable (then equivalent within the noise, and said so).
@@ -328,6 +333,19 @@ def estimates(
     lo = lo.where(~many, table["mean"] - half)
     hi = hi.where(~many, table["mean"] + half)
     source = source.where(~many, "measured")
+    # a measured cell's estimate leans on its prediction as much as the two are precise: the
+    # measurement's relative variance cv^2 / n against the prediction's scatter^2 (log scale)
+    blend = table["n"].ge(1) & priced & (table["mean"] > 0)
+    w_run = table["n"] / max(cv, 0.02) ** 2
+    w_pred = 1.0 / spread**2
+    mixed = np.exp(
+        (
+            np.log(table["mean"].where(blend, 1.0)) * w_run
+            + np.log(corrected.where(blend, 1.0)) * w_pred
+        )
+        / (w_run + w_pred)
+    )
+    est = est.where(~blend, mixed)
     table["estimate"], table["low"], table["high"], table["source"] = est, lo, hi, source
     table["correction"] = np.exp(correction)
     table.attrs["scatter"] = scatter
@@ -421,7 +439,7 @@ def decide(
     if not alive:
         return Decision(None, [], [], False, "every cell breaks a constraint", table=table)
     if good:
-        incumbent = max(good, key=lambda c: (t.at[c, "mean"], t.at[c, "n"]))
+        incumbent = max(good, key=lambda c: (_num(t.at[c, "estimate"]), t.at[c, "n"]))
     else:  # the best estimate among the cells not known to break a constraint
         incumbent = max(alive, key=lambda c: (_num(t.at[c, "estimate"]), -int(t.at[c, "n"])))
     inc_low = _num(t.at[incumbent, "low"]) if t.at[incumbent, "n"] else 0.0
