@@ -89,7 +89,15 @@ def main() -> int:
     ap.add_argument("--floor", type=float, default=0.9)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument(
+        "--reuse",
+        type=Path,
+        help="a folder kept by an earlier run (--keep): its "
+        "model and grid passes are the ground truth again, only the tunes run",
+    )
     args = ap.parse_args()
+    if args.reuse:
+        return reuse(args)
     tmp = Path(tempfile.mkdtemp(prefix="bmoe-bench-tune-"))
     model = tmp / "bench.gguf"
     made = bmoe(
@@ -185,6 +193,43 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         print(f"kept: {tmp}")
+    return 0 if figures["success"] else 1
+
+
+def reuse(args: argparse.Namespace) -> int:
+    """Tunes against the grid passes of an earlier run (not interleaved with them)."""
+    tmp = args.reuse
+    grids = sorted((tmp / "out").glob("*-grid*"))
+    if not grids:
+        print(f"{tmp}: no grid pass to reuse")
+        return 1
+    model, ref = tmp / "bench.gguf", tmp / "ref.npz"
+    tunes, loads = [], []
+    start = len(list((tmp / "out").glob("*-tune*")))
+    for i in range(start, start + args.tunes):
+        path = tmp / f"tune-{i}.toml"
+        text = CONFIG.format(
+            name=f"tune{i}",
+            order="as-written",
+            output=tmp / "out",
+            model=model,
+            tokens=args.tokens,
+            ref=ref,
+        )
+        text = text.replace(f'fidelity_ref = "{ref}"\n', "")
+        path.write_text(text + TUNE.format(budget=int(0.3 * 48), floor=args.floor))
+        before, t0 = load(), time.monotonic()
+        done = bmoe("tune", str(path), "--plain")
+        tunes.append(_latest(tmp / "out", f"tune{i}"))
+        loads.append((f"tune {i + 1}", before, load(), time.monotonic() - t0))
+        print(
+            f"tune {i + 1}: exit {done.returncode}, {loads[-1][3]:.0f} s, load "
+            f"{before:.1f} -> {loads[-1][2]:.1f}",
+            flush=True,
+        )
+    figures = report(grids, tunes, args.floor, loads)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1, default=str) + "\n")
     return 0 if figures["success"] else 1
 
 
