@@ -423,3 +423,15 @@ def test_generated_tokens_against_the_reference_give_the_share_and_first_diverge
     )
     assert out.at[0, "fidelity"] == pytest.approx(5 / 6) and out.at[0, "fidelity_first_miss"] == 6
     assert np.isnan(out.at[1, "fidelity"])
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_constraint_on_a_column_the_engine_does_not_produce_is_refused(tmp_path, tiny):
+    cfg = _tune_config(tmp_path, tiny, "budget = 3\n[tune.constraints]\nmin_tok_per_joule = 3")
+    proc = _tune(cfg)
+    _out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2
+    assert "min_tok_per_joule: the runs have no column 'tok_per_joule'" in err.decode()
+    assert "tok_s_reported" in err.decode()  # the columns it could constrain are named

@@ -271,6 +271,23 @@ class Tuner:
         self._load_model_of_device(folder if tune.trace is None else None)
         return fidelity_ref
 
+    def check_columns(self) -> None:
+        """Refuse a constraint on a column the calibration run's results do not have (the
+        engine does not produce it), naming those it does."""
+        from bmoe.analyze.verdict import outcome_columns
+
+        results = results_frame(self.root)
+        if results.empty:
+            return
+        have = set(decide_mod.derived_columns(results).columns)
+        for con in self.tune.constraints:
+            if con.column not in have and not con.column.startswith("fidelity"):
+                known = ", ".join(outcome_columns(results)[:40])
+                raise BmoeError(
+                    f"[tune] {con.name}: the runs have no column {con.column!r} "
+                    f"(columns: rss_mb, mem_available_mb, {known})"
+                )
+
     def _load_model_of_device(self, calib_folder: Path | None) -> None:
         from bmoe.formats.profile import read_profile, write_profile
         from bmoe.formats.route import read_route_trace
@@ -412,6 +429,7 @@ class Tuner:
         """Calibrate (or resume), then rounds until settled or out of budget."""
         self.state["stop"] = None
         fidelity_ref = self.calibrate()
+        self.check_columns()
         self.current_cells = self.candidates(fidelity_ref)
         by_id = {c.id: c for c in self.current_cells}
         for planned in self.state["runs"]:  # a resumed tune: its runs planned so far
