@@ -435,3 +435,18 @@ def test_a_constraint_on_a_column_the_engine_does_not_produce_is_refused(tmp_pat
     assert proc.returncode == 2
     assert "min_tok_per_joule: the runs have no column 'tok_per_joule'" in err.decode()
     assert "tok_s_reported" in err.decode()  # the columns it could constrain are named
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_device_time_budget_is_kept(tmp_path, tiny):
+    cfg = _tune_config(tmp_path, tiny, 'budget = "12 s"\nper_round = 2')
+    proc = _tune(cfg)
+    _out, err = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), err.decode()
+    state = json.loads((sweep_folder(tmp_path / "out") / "tune.json").read_text())
+    used = sum(r.get("duration_s") or 0 for r in manifest(sweep_folder(tmp_path / "out")))
+    assert state["result"]["used_device_s"] == pytest.approx(used, abs=0.1)
+    assert used <= 12.0
+    assert state["result"]["stop"]["reason"] in ("budget", "settled", "exhausted")

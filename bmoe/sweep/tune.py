@@ -574,8 +574,9 @@ class Tuner:
         if tune.budget_s is not None:
             t = table.set_index("cell")
             kept, total = [], used_s
+            results = results_frame(self.root)
             for cell, why in out:
-                need = self.run_seconds(t.at[cell, "estimate"])
+                need = self.run_seconds(t.at[cell, "estimate"], results)
                 if total + need > tune.budget_s:
                     break
                 kept.append((cell, why))
@@ -583,26 +584,34 @@ class Tuner:
             out = kept
         return out
 
-    def run_seconds(self, score: Any) -> float:
+    def run_seconds(
+        self, score: Any, results: pd.DataFrame | None = None, worst: bool = True
+    ) -> float:
         """A run's predicted device time: the fixed part the runs so far took (start, load,
-        prefill) plus the decode at the estimated rate."""
-        records = [r for r in self.archive.manifest() if r.get("status") == "ok"]
-        durations = [float(r.get("duration_s") or 0.0) for r in records]
-        if not durations:
+        prefill; the longest with `worst`, to keep a time budget, else the median) plus the
+        decode at the estimated rate; a whole run so far when the rate is not the objective."""
+        pick = np.max if worst else np.median
+        results = results_frame(self.root) if results is None else results
+        if results.empty or "duration_s" not in results:
+            return 0.0
+        ok = results[results["status"] == "ok"]
+        durations = pd.to_numeric(ok["duration_s"], errors="coerce").dropna()
+        if durations.empty:
             return 0.0
         n_predict = float(self.sweep.base.get("n_predict", 128))
-        rate = _finite(self._value(score)) if self.column != "ttft_s" else None
-        results = results_frame(self.root)
-        fixed = []
-        if "tok_s_mean" in results and "duration_s" in results:
-            ok = results[results["status"] == "ok"]
-            rates = pd.to_numeric(ok["tok_s_mean"], errors="coerce")
-            fixed = list(
-                (pd.to_numeric(ok["duration_s"], errors="coerce") - n_predict / rates).dropna()
-            )
-        if rate and self.column in ("tok_s_mean", "steady_tok_s_mean") and fixed:
-            return max(float(np.median(fixed)) + n_predict / rate, 0.0)
-        return float(np.median(durations))
+        rate = _finite(self._value(score))
+        if (
+            rate
+            and self.column in ("tok_s_reported", "steady_tok_s_mean")
+            and "tok_s_reported" in ok
+        ):
+            measured = pd.to_numeric(ok["tok_s_reported"], errors="coerce")
+            fixed = (
+                pd.to_numeric(ok["duration_s"], errors="coerce") - n_predict / measured
+            ).dropna()
+            if len(fixed):
+                return max(float(pick(fixed)) + n_predict / rate, 0.0)
+        return float(pick(durations))
 
     # ------------------------------------------------------------------------- the answer
 
@@ -673,7 +682,9 @@ class Tuner:
     def _grid_time(self, table: pd.DataFrame) -> dict[str, Any]:
         """The full grid's predicted device time (every cell, ``[sweep] repeats`` times)."""
         repeats = self.sweep.settings.repeats
-        seconds = sum(self.run_seconds(s) for s in table["estimate"]) * repeats
+        results = results_frame(self.root)
+        seconds = sum(self.run_seconds(s, results, worst=False) for s in table["estimate"])
+        seconds *= repeats
         return {
             "grid_runs": len(self.grid_cells) * repeats,
             "grid_predicted_device_s": round(seconds, 1),
