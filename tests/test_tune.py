@@ -97,6 +97,12 @@ def test_budgets_constraints_and_ranges_parse() -> None:
             _parse(bad)
     with pytest.raises(BmoeError, match="'prompt' must be the same"):
         _parse("", grid='prompt = ["a", "b"]')
+    quantised = BASE.format(engine="embedded", n=64).replace('model = "m.gguf"\n', "")
+    quantised += 'model = ["q4.gguf", "f16.gguf"]\n[tune]\nmin_fidelity = 0.9\n'
+    with pytest.raises(BmoeError, match=r"grid.model: .*\[tune.reference\] model"):
+        parse_tune_config(quantised)
+    cfg = parse_tune_config(quantised + '[tune.reference]\nmodel = "f16.gguf"\n')
+    assert cfg.tune.reference == {"model": "f16.gguf"}
 
 
 def test_a_numeric_range_axis_expands_like_the_list() -> None:

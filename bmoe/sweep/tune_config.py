@@ -229,6 +229,13 @@ def _check_sweep(check: Checker, sweep: SweepConfig, tune: TuneSettings) -> None
                 f"{con.text()}: the KL divergence is measured teacher-forced by "
                 "the embedded engine; the native engine gives the identical-token share (fidelity)",
             )
+    lossy = tune.needs_fidelity or any(a in LOSSY_FLAGS for a in sweep.grid)
+    if "model" in sweep.grid and lossy and "model" not in tune.reference and not tune.fidelity_ref:
+        raise check.fail(
+            ("grid", "model"),
+            "with the model as an axis, name the unmodified one "
+            'the fidelity is measured against: [tune.reference] model = "..."',
+        )
     if any(k in sweep.base for k in ("fidelity_save", "fidelity_ref")):
         raise check.fail(
             ("base",),
