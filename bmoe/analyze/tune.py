@@ -424,11 +424,15 @@ def decide(
     min_repeats: int = 3,
     max_repeats: int = 5,
     labels: Mapping[str, str] | None = None,
+    lossless: Sequence[str] = (),
 ) -> Decision:
     """Read `table` (:func:`estimates`): the incumbent (the best measured feasible cell by
     its mean score), the contenders (cells neither infeasible nor excluded whose interval
     reaches the incumbent's low end), whether the incumbent is settled against them, and up
-    to `slots` runs (one per cell) that can still change the answer."""
+    to `slots` runs (one per cell) that can still change the answer. Until a cell is known
+    to meet every constraint, the best of the `lossless` cells (those whose output is the
+    unmodified model's, so a fidelity floor cannot fail them) is run beside the best
+    estimate."""
     labels = labels or {}
     name = lambda c: labels.get(c, c)  # noqa: E731
     t = table.set_index("cell")
@@ -481,6 +485,12 @@ def decide(
         if n_inc < min_repeats or (not good):
             why = "the best so far, repeated" if n_inc else "the predicted best"
             chosen.append((incumbent, why))
+        safe = [c for c in alive if c in set(lossless) and c != incumbent]
+        if not good and safe:
+            best_safe = max(safe, key=lambda c: (_num(t.at[c, "estimate"]), -int(t.at[c, "n"])))
+            if t.at[best_safe, "n"] < min_repeats:
+                chosen.append((best_safe, "the best cell that leaves the output unchanged"))
+                pending = [c for c in pending if c != best_safe]
         for c in pending:
             if len(chosen) >= slots:
                 break

@@ -499,6 +499,7 @@ class Tuner:
         )
         slots = max(tune.per_round, len(self.sweep.targets))
         labels = {c.id: _label(c, self.axes) for c in self.current_cells}
+        lossless = [c.id for c in self.current_cells if self._lossless(c)]
         decision = decide_mod.decide(
             table,
             feasible,
@@ -508,6 +509,7 @@ class Tuner:
             min_repeats=tune.min_repeats,
             max_repeats=tune.max_repeats,
             labels=labels,
+            lossless=lossless,
         )
         used_runs, used_s = self.used()
         chosen = self._within_budget(decision.chosen, table, measured, used_runs, used_s)
@@ -552,6 +554,14 @@ class Tuner:
             return None, table
         decision.chosen = chosen
         return decision, table
+
+    def _lossless(self, cell: Cell) -> bool:
+        """Whether `cell` leaves the output as the reference run makes it."""
+        for flag, value in LOSSLESS.items():
+            if cell.params.get(flag, value) != value:
+                return False
+        model = self.tune.reference.get("model")
+        return model is None or cell.params.get("model") == model
 
     def _new_since_refit(self) -> bool:
         done = len(self._ok_dirs())
