@@ -456,3 +456,13 @@ def test_a_device_time_budget_is_kept(tmp_path, tiny):
     assert state["result"]["used_device_s"] == pytest.approx(used, abs=0.1)
     assert used <= 12.0
     assert state["result"]["stop"]["reason"] in ("budget", "settled", "exhausted")
+
+
+def test_before_any_cell_is_known_feasible_the_best_lossless_cell_runs_too() -> None:
+    cells = {"drop": (8, 1.0), "drop2": (6, 1.0), "keep": (8, 0.0), "keep_small": (2, 0.0)}
+    predicted = {"drop": 300.0, "drop2": 290.0, "keep": 200.0, "keep_small": 50.0}
+    m = measured_cells(_results([]), list(cells), "tok_s_reported", False, CON)
+    table = estimates(_candidates(cells, predicted), m, 0.95)
+    d = decide(table, {}, {}, confidence=0.95, slots=2, lossless=["keep", "keep_small"])
+    # the predicted best, then the best cell a fidelity floor cannot fail
+    assert [c for c, _ in d.chosen] == ["drop", "keep"]
