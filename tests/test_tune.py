@@ -466,3 +466,30 @@ def test_before_any_cell_is_known_feasible_the_best_lossless_cell_runs_too() -> 
     d = decide(table, {}, {}, confidence=0.95, slots=2, lossless=["keep", "keep_small"])
     # the predicted best, then the best cell a fidelity floor cannot fail
     assert [c for c, _ in d.chosen] == ["drop", "keep"]
+
+
+def test_speed_against_fidelity_marks_the_cells_no_other_beats_on_both() -> None:
+    from bmoe.analyze.fidelity import speed_fidelity
+
+    results = pd.DataFrame(
+        [
+            {"cell": c, "status": "ok", "tok_s_mean": v, "fidelity": f, "fidelity_kl": k}
+            for c, v, f, k in [
+                ("exact", 100, 1.0, 0.0),
+                ("exact", 110, 1.0, 0.0),
+                ("drop", 200, 0.7, 0.5),
+                ("both_worse", 90, 0.6, 0.9),
+                ("mid", 150, 0.9, 0.1),
+                ("mid", 150, 0.8, 0.2),
+            ]
+        ]
+    )
+    table = speed_fidelity(results).set_index("cell")
+    assert table.loc["exact", "tok_s_mean"] == 105 and table.loc["mid", "fidelity"] == 0.8
+    assert table.loc["mid", "fidelity_kl"] == 0.2  # the worst run
+    assert table["frontier"].to_dict() == {
+        "drop": True,
+        "mid": True,
+        "exact": True,
+        "both_worse": False,
+    }

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 #: The results columns fidelity adds (None where a run did not measure it).
 FIDELITY_COLUMNS = ("fidelity", "fidelity_kl", "fidelity_steps", "fidelity_first_miss")
@@ -55,3 +56,33 @@ def token_agreement(reference: Sequence[Any], run: Sequence[Any]) -> dict[str, f
         "fidelity_first_miss": float(differ[0] + 1) if len(differ) else 0.0,
         "fidelity_steps": float(n),
     }
+
+
+def speed_fidelity(results: pd.DataFrame, outcome: str = "tok_s_mean") -> pd.DataFrame:
+    """Per cell of a sweep with the fidelity column: the mean `outcome` over its completed
+    runs, the worst ``fidelity`` (and ``fidelity_kl``) of any of them, and ``frontier``: no
+    other cell is both at least as fast and at least as faithful (and better in one)."""
+    cols = ["cell", outcome, "fidelity", "fidelity_kl", "runs", "frontier"]
+    if results.empty or "fidelity" not in results or outcome not in results:
+        return pd.DataFrame(columns=cols)
+    ok = results[results["status"] == "ok"] if "status" in results else results
+    frame = pd.DataFrame({
+        "cell": ok["cell"].astype(str),
+        outcome: pd.to_numeric(ok[outcome], errors="coerce"),
+        "fidelity": pd.to_numeric(ok["fidelity"], errors="coerce"),
+        "fidelity_kl": pd.to_numeric(ok["fidelity_kl"], errors="coerce")
+        if "fidelity_kl" in ok else np.nan,
+    })  # fmt: skip
+    frame = frame[frame["fidelity"].notna()]
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    cells = frame.groupby("cell", sort=False).agg(
+        **{outcome: (outcome, "mean")}, fidelity=("fidelity", "min"),
+        fidelity_kl=("fidelity_kl", "max"), runs=(outcome, "count"),
+    ).reset_index()  # fmt: skip
+    speed = cells[outcome].to_numpy(float)
+    fid = cells["fidelity"].to_numpy(float)
+    no_worse = (speed[None, :] >= speed[:, None]) & (fid[None, :] >= fid[:, None])
+    better = (speed[None, :] > speed[:, None]) | (fid[None, :] > fid[:, None])
+    cells["frontier"] = ~(no_worse & better).any(axis=1)
+    return cells.sort_values(outcome, ascending=False, ignore_index=True)[cols]
