@@ -83,9 +83,15 @@ def load() -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid-repeats", type=int, default=3)
+    ap.add_argument("--grid-repeats", type=int, default=4)
     ap.add_argument("--tunes", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=20,
+        help="rounds of the paired confirmation of each pick against the grid's best",
+    )
     ap.add_argument("--floor", type=float, default=0.9)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -185,6 +191,7 @@ def main() -> int:
             if done.returncode not in (0, 1):
                 print(done.stdout[-3000:], done.stderr[-3000:])
     figures = report(grids, tunes, args.floor, loads)
+    figures["confirmed"] = confirm(tmp, figures, args)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1, default=str) + "\n")
     if not args.keep:
@@ -206,6 +213,8 @@ def reuse(args: argparse.Namespace) -> int:
     model, ref = tmp / "bench.gguf", tmp / "ref.npz"
     tunes, loads = [], []
     start = len(list((tmp / "out").glob("*-tune*")))
+    if not args.tunes:  # only the report (and the paired confirmation) of the tunes there
+        tunes = sorted((tmp / "out").glob("*-tune*"))
     for i in range(start, start + args.tunes):
         path = tmp / f"tune-{i}.toml"
         text = CONFIG.format(
@@ -228,45 +237,144 @@ def reuse(args: argparse.Namespace) -> int:
             flush=True,
         )
     figures = report(grids, tunes, args.floor, loads)
+    figures["confirmed"] = confirm(tmp, figures, args)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1, default=str) + "\n")
     return 0 if figures["success"] else 1
+
+
+def confirm(tmp: Path, figures: dict, args: argparse.Namespace) -> list[dict]:
+    """Each distinct pick against the grid's best feasible cell, run back to back for
+    ``--pairs`` rounds (every second round in the other order): the mean of the rounds'
+    log ratios removes the machine's drift, and its t interval says whether the pick is
+    within 5 % of the best."""
+    from bmoe.analyze.tune import t_at
+    from bmoe.sweep.archive import load_results
+
+    best = figures["truth_best"]
+    picks = sorted({r["pick"] for r in figures["tunes"] if r.get("pick") and r["pick"] != best})
+    out = []
+    for k, pick in enumerate(picks):
+        cells = "".join(
+            "\n[[cells]]\n"
+            + "".join(
+                f"{a} = {float(v) if a == 'drop_cold_experts' else int(float(v))}\n"
+                for a, v in zip(AXES, key.split(), strict=True)
+            )
+            for key in (best, pick)
+        )
+        text = CONFIG.format(
+            name=f"pair{k}",
+            order="alternate",
+            output=tmp / "out",
+            model=tmp / "bench.gguf",
+            tokens=args.tokens,
+            ref=tmp / "ref.npz",
+        )
+        text = text.split("[grid]")[0].replace("repeats = 1", f"repeats = {args.pairs}")
+        path = tmp / f"pair-{k}.toml"
+        path.write_text(text + cells)
+        before = load()
+        done = bmoe("sweep", str(path), "--plain")
+        results = load_results(_latest(tmp / "out", f"pair{k}"))
+        results = results[results["status"] == "ok"]
+        results["key"] = _axes(results)
+        wide = results.pivot_table(index="round", columns="key", values="tok_s_reported")
+        ratio = np.log(wide[best] / wide[pick]).dropna()
+        n = len(ratio)
+        half = t_at(0.95, n - 1) * ratio.std() / np.sqrt(n)
+        gap = 100 * (1 - np.exp(-ratio.mean()))
+        low, high = (
+            100 * (1 - np.exp(-(ratio.mean() - half))),
+            100 * (1 - np.exp(-(ratio.mean() + half))),
+        )
+        word = (
+            "within 5 %"
+            if high <= 5
+            else "more than 5 % below"
+            if low > 5
+            else "not decided at 5 %"
+        )
+        print(
+            f"paired: {pick} against {best}, {n} rounds (exit {done.returncode}, load "
+            f"{before:.1f} -> {load():.1f}): {gap:.1f} % below (95 %: {low:.1f} to {high:.1f} "
+            f"%): {word}"
+        )
+        out.append(
+            {
+                "pick": pick,
+                "best": best,
+                "rounds": n,
+                "gap_pct": gap,
+                "low_pct": low,
+                "high_pct": high,
+                "verdict": word,
+            }
+        )
+    if not picks:
+        print("paired: every tune picked the grid's best feasible cell")
+    return out
 
 
 def _latest(out: Path, name: str) -> Path:
     return sorted(out.glob(f"*-{name}*"))[-1]
 
 
+AXES = ("cache_mb", "io_threads", "prefetch", "drop_cold_experts")
+
+
 def _axes(frame: pd.DataFrame) -> pd.Series:
-    cols = ["cache_mb", "io_threads", "prefetch", "drop_cold_experts"]
-    return frame[cols].astype(float).astype(str).agg(" ".join, axis=1)
+    return frame[list(AXES)].astype(float).astype(str).agg(" ".join, axis=1)
+
+
+def two_way(runs: pd.DataFrame) -> tuple[pd.Series, pd.Series, float, int]:
+    """log tok/s = cell + pass (+ noise), fitted by alternating means: each cell's effect with
+    the load of each grid pass taken out. Returns the cells' and passes' effects (log), the
+    residual standard deviation and its degrees of freedom."""
+    y = np.log(runs["tok_s_reported"].to_numpy(float))
+    cell, grid = runs["key"].to_numpy(), runs["grid"].to_numpy()
+    passes = pd.Series(0.0, index=np.unique(grid))
+    for _ in range(100):
+        cells = pd.Series(y - passes.reindex(grid).to_numpy()).groupby(cell).mean()
+        passes = pd.Series(y - cells.reindex(cell).to_numpy()).groupby(grid).mean()
+        passes -= passes.mean()
+    resid = y - cells.reindex(cell).to_numpy() - passes.reindex(grid).to_numpy()
+    dof = len(y) - len(cells) - len(passes) + 1
+    return cells, passes, float(np.sqrt((resid**2).sum() / max(dof, 1))), dof
 
 
 def report(grids, tunes, floor: float, loads) -> dict:
-    from bmoe.analyze.verdict import ratio_interval
+    from bmoe.analyze.tune import t_at
     from bmoe.sweep.archive import load_results
 
     runs = pd.concat([load_results(g).assign(grid=i) for i, g in enumerate(grids)])
     runs = runs[runs["status"] == "ok"]
     runs["key"] = _axes(runs)
     truth = runs.groupby("key").agg(
-        mean=("tok_s_reported", "mean"),
+        raw=("tok_s_reported", "mean"),
         sd=("tok_s_reported", "std"),
         n=("tok_s_reported", "count"),
         fidelity=("fidelity", "min"),
     )
+    cells, passes, resid, dof = two_way(runs)
+    truth["mean"] = np.exp(cells.reindex(truth.index))
     truth["feasible"] = truth["fidelity"] >= floor
     feasible = truth[truth["feasible"]]
     best_key = feasible["mean"].idxmax()
     best = feasible.loc[best_key]
     fastest = truth["mean"].idxmax()
     grid_time = [float(load_results(g)["duration_s"].sum()) for g in grids]
-    cv = (truth["sd"] / truth["mean"]).median() * 100
+    cv = (truth["sd"] / truth["raw"]).median() * 100
+    # the gap between two cells' effects: each a mean over the passes (balanced design)
+    half = t_at(0.95, dof) * resid * np.sqrt(2.0 / len(grids))
     print()
     print(
         f"ground truth: {len(truth)} cells x {len(grids)} grid passes; median repeat CV "
-        f"{cv:.1f} %; one grid pass {np.mean(grid_time):.0f} s of device time "
-        f"(min {min(grid_time):.0f}, max {max(grid_time):.0f})"
+        f"{cv:.1f} %; the passes' load effects "
+        + ", ".join(f"{np.exp(v):.2f}x" for v in passes)
+        + f"; residual sd {100 * resid:.1f} % (a gap between two cells known to +-"
+        f"{100 * (np.exp(half) - 1):.1f} % at 95 %); one grid pass {np.mean(grid_time):.0f} s "
+        f"of device time (min {min(grid_time):.0f}, max {max(grid_time):.0f})"
     )
     verdict = "feasible" if truth.at[fastest, "feasible"] else "breaks the floor"
     print(
@@ -275,8 +383,10 @@ def report(grids, tunes, floor: float, loads) -> dict:
     )
     print(
         f"  best feasible (fidelity >= {floor}): {best_key}: {best['mean']:.1f} tok/s "
-        f"(sd {best['sd']:.1f}, n {int(best['n'])})"
+        f"(pass-adjusted; raw mean {best['raw']:.1f}, sd {best['sd']:.1f}, n {int(best['n'])})"
     )
+    top = feasible.sort_values("mean", ascending=False).head(6)
+    print("  the feasible top: " + "; ".join(f"{k} {v:.0f}" for k, v in top["mean"].items()))
     rows = []
     for i, folder in enumerate(tunes):
         state = json.loads((folder / "tune.json").read_text())
@@ -286,49 +396,40 @@ def report(grids, tunes, floor: float, loads) -> dict:
             "tune": i + 1,
             "runs": result["used_runs"],
             "device_s": result["used_device_s"],
+            "grid_predicted_s": result.get("grid_predicted_device_s"),
             "stop": result["stop"]["reason"],
         }
         if pick:
-            params = {
-                k: float(v)
-                for k, v in pick["flags"].items()
-                if k in ("cache_mb", "io_threads", "prefetch", "drop_cold_experts")
-            }
-            key = " ".join(
-                str(params.get(a, 0.0))
-                for a in ("cache_mb", "io_threads", "prefetch", "drop_cold_experts")
-            )
+            params = {k: float(v) for k, v in pick["flags"].items() if k in AXES}
+            key = " ".join(str(params.get(a, 0.0)) for a in AXES)
             t = truth.loc[key]
-            ratio, low, high = (
-                float(x[0])
-                for x in ratio_interval(
-                    [best["mean"]], [best["sd"]], [best["n"]], [t["mean"]], [t["sd"]], [t["n"]]
-                )
-            )
+            gap = np.log(best["mean"] / t["mean"])
             row.update(
                 pick=key,
                 tune_measured=pick["objective"],
-                true_mean=t["mean"],
+                true_mean=float(t["mean"]),
                 gap_pct=100 * (1 - t["mean"] / best["mean"]),
+                gap_low_pct=100 * (1 - np.exp(-(gap - half))),
+                gap_high_pct=100 * (1 - np.exp(-(gap + half))),
                 feasible=bool(t["feasible"]),
-                indistinguishable=not (low > 1.0),
-                ratio=(ratio, low, high),
+                indistinguishable=bool(gap - half <= 0),
             )
         rows.append(row)
-    table = pd.DataFrame(rows)
-    share = table["runs"] / 48 * 100
-    saved = 100 * (1 - table["device_s"] / np.mean(grid_time))
     print()
-    for r, s, sv in zip(rows, share, saved, strict=True):
+    for r in rows:
+        share = 100 * r["runs"] / 48
+        saved = 100 * (1 - r["device_s"] / np.mean(grid_time))
         if "pick" not in r:
             print(f"tune {r['tune']}: no recommendation ({r['stop']}), {r['runs']} runs")
             continue
         print(
-            f"tune {r['tune']}: {r['pick']}: true {r['true_mean']:.1f} tok/s, "
-            f"{r['gap_pct']:+.1f} % below the best (ratio {r['ratio'][0]:.3f}, 95 % "
-            f"{r['ratio'][1]:.3f}-{r['ratio'][2]:.3f}); feasible {r['feasible']}; "
-            f"{r['runs']} runs = {s:.0f} % of 48; {r['device_s']:.0f} s device time, "
-            f"{sv:.0f} % less than a grid pass; stopped: {r['stop']}"
+            f"tune {r['tune']}: {r['pick']}: {r['true_mean']:.1f} tok/s in the grid, "
+            f"{r['gap_pct']:.1f} % below the best feasible (95 %: {r['gap_low_pct']:.1f} to "
+            f"{r['gap_high_pct']:.1f} %; distinguishable from it: "
+            f"{'no' if r['indistinguishable'] else 'yes'}); "
+            f"feasible {r['feasible']}; {r['runs']} runs = {share:.0f} % of 48; "
+            f"{r['device_s']:.0f} s of device time, {saved:.0f} % less than a grid pass "
+            f"(the tune predicted {r['grid_predicted_s']:.0f} s for the grid); stopped: {r['stop']}"
         )
     print()
     for name, before, after, seconds in loads:
@@ -337,13 +438,18 @@ def report(grids, tunes, floor: float, loads) -> dict:
         "pick" in r and r["feasible"] and r["gap_pct"] <= 5.0 and r["runs"] <= 0.3 * 48
         for r in rows
     ]
+    tied = ["pick" in r and r["feasible"] and r["indistinguishable"] for r in rows]
     print(
-        f"\nwithin 5 % of the best feasible with <= 30 % of the runs: {sum(ok)} of {len(ok)} tunes"
+        f"\nwithin 5 % of the best feasible (pass-adjusted means) with <= 30 % of the runs: "
+        f"{sum(ok)} of {len(ok)} tunes; not distinguishable from it at 95 %: {sum(tied)} of "
+        f"{len(tied)}; a pick under the fidelity floor: "
+        f"{sum(1 for r in rows if 'pick' in r and not r['feasible'])}"
     )
     return {
         "truth_best": best_key,
         "truth_best_mean": float(best["mean"]),
         "cv_pct": cv,
+        "residual_sd_pct": 100 * resid,
         "grid_device_s": grid_time,
         "tunes": rows,
         "loads": loads,
