@@ -23,10 +23,11 @@ def tune_report(state: Mapping[str, Any]) -> str:
     best = result.get("best")
     if best:
         level = round(100 * float(best.get("confidence", 0.95)))
+        half = (best["high"] - best["low"]) / 2 if best["high"] is not None else None
         lines += [
             f"best: {best['label']}",
-            f"  {objective} {_num(best['objective'])} ({level} % interval "
-            f"{_num(best['low'])}-{_num(best['high'])}, {best['runs']} runs)",
+            f"  {objective} {_num(best['objective'])} ± {_num(half)} ({level} % interval of the "
+            f"mean of {best['runs']} runs)",
         ]
         worst = [f"{k[6:]} {_num(v)}" for k, v in best.items() if k.startswith("worst_")]
         if worst:
@@ -37,27 +38,22 @@ def tune_report(state: Mapping[str, Any]) -> str:
         lines.append("no cell was measured that satisfies every constraint")
     runner = result.get("runner_up")
     if best and runner:
+        span = f"{_num(runner['ratio_low'])} to {_num(runner['ratio_high'])}"
         if runner.get("distinguishable"):
-            how = (
-                f"{_num(runner['ratio'])}x ({_num(runner['ratio_low'])}-"
-                f"{_num(runner['ratio_high'])}) behind: distinguishable"
-            )
+            how = f"the best is {_num(runner['ratio'])}x ({span}) better: distinguishable"
         elif runner.get("ratio_low") is None:
             how = "not distinguishable (a single run)"
         else:
-            how = (
-                f"not distinguishable ({_num(runner['ratio'])}x, interval "
-                f"{_num(runner['ratio_low'])}-{_num(runner['ratio_high'])} includes 1)"
-            )
+            how = f"not distinguishable ({_num(runner['ratio'])}x, {span} includes 1)"
         lines.append(
             f"runner-up: {runner['label']}: {objective} {_num(runner['objective'])}, {how}"
         )
     grid_s = result.get("grid_predicted_device_s")
     used_s = result.get("used_device_s")
-    share = f" ({100 * used_s / grid_s:.0f} %)" if grid_s and used_s is not None else ""
+    share = f": {100 * used_s / grid_s:.0f} % of it" if grid_s and used_s is not None else ""
     lines.append(
-        f"device time: {_num(used_s, 1)} s in {result.get('used_runs')} runs{share}; the full "
-        f"grid: {result.get('grid_runs')} runs, predicted {_num(grid_s, 1)} s"
+        f"device time: {_num(used_s, 1)} s in {result.get('used_runs')} runs; the full grid: "
+        f"{result.get('grid_runs')} runs, predicted {_num(grid_s, 1)} s{share}"
     )
     runs = state.get("runs") or []
     if runs:
