@@ -335,6 +335,7 @@ def test_a_tune_keeps_its_budget_and_recommends_only_a_feasible_cell(tmp_path, t
             [sys.executable, "-m", "bmoe", *command], cwd=ROOT, capture_output=True, check=False
         )
         assert done.returncode == 0, done.stderr.decode()
+    assert "Speed against fidelity" in report.read_text(encoding="utf-8")  # the report plots it
 
 
 @pytest.mark.engine
