@@ -248,7 +248,8 @@ class Tuner:
         if need_run:
             run = Run(ref_cell, 1, 0, False, 0)
             if not self.archive.validate_run(run.id)[0]:
-                self.say(f"calibrating: a traced run of the reference cell ({run.id})")
+                what = "a traced run" if tune.trace is None else "the fidelity reference run"
+                self.say(f"calibrating: {what} of the reference cell ({run.id})")
             self._run([run])
             ok, why = self.archive.validate_run(run.id)
             if not ok:
