@@ -494,3 +494,51 @@ def test_speed_against_fidelity_marks_the_cells_no_other_beats_on_both() -> None
         "exact": True,
         "both_worse": False,
     }
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_given_trace_and_profile_replace_the_calibration_run(tmp_path, tiny):
+    from bmoe.analyze.profile import build_profile, read_runs
+    from bmoe.engine.embedded.config import EngineConfig
+    from bmoe.engine.embedded.run import run_engine
+    from bmoe.formats.profile import write_profile
+
+    made = tmp_path / "made"
+    made.mkdir()
+    run_engine(EngineConfig(model=str(tiny), n_predict=16, threads=1, moe_stream=True,
+                            cache_mb=1, csv=str(made / "run.csv"),
+                            route_trace=str(made / "run.route.csv"),
+                            io_trace=str(made / "run.io.csv")))  # fmt: skip
+    write_profile(build_profile(read_runs([made])), tmp_path / "device.json")
+    cfg = write_config(tmp_path, f"""\
+        [sweep]
+        name = "given"
+        engine = "embedded"
+        output = "{tmp_path / "out"}"
+
+        [base]
+        model = "{tiny}"
+        n_predict = 16
+        threads = 1
+        moe_stream = true
+
+        [grid]
+        cache_mb = [1, 2, 8]
+
+        [tune]
+        budget = 3
+        trace = "{made / "run.route.csv"}"
+        profile = "{tmp_path / "device.json"}"
+        """, name="tune.toml")  # fmt: skip
+    proc = _tune(cfg)
+    _out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()
+    root = sweep_folder(tmp_path / "out")
+    assert not [r for r in manifest(root) if r["cell"].startswith("calibrate")]
+    state = json.loads((root / "tune.json").read_text())
+    assert state["calibration"]["trace"] == str(made / "run.route.csv")
+    assert len(manifest(root)) <= 3 and state["result"]["best"] is not None
+    # every run the tune chose was predicted from the given profile
+    assert all(r["predicted"] is not None for r in state["runs"])
