@@ -17,7 +17,7 @@ from bmoe.render.messages import literal
 def tune_command(
     config: Path = typer.Argument(
         ...,
-        help="Tune configuration (a sweep's TOML with a [tune] table), or a tune folder to resume.",
+        help="Tune configuration (a sweep's TOML with a tune table), or a tune folder to resume.",
     ),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Output root (default: the config's output, else bench-data/)."
@@ -29,7 +29,7 @@ def tune_command(
         "stdout is not a terminal).",
     ),
 ) -> None:
-    """Search the [grid] of a sweep configuration for the best cell by [tune] objective,
+    """Search a sweep configuration's grid for the best cell by the tune table's objective,
     running only the cells that can still change the answer: a traced calibration run, then
     rounds of predict (the device profile), run (the sweep's runner and archive), refit,
     until the best cell is settled against the cells that could reach it or the budget is
