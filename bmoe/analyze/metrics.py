@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bmoe.analyze.fidelity import fidelity_figures
 from bmoe.formats.metrics import MetricsRun
 
 MIB = 1048576.0
@@ -439,6 +440,7 @@ def run_summary(run: MetricsRun, pressure: Mapping[str, Any] | None = None) -> d
             "steady_tok_s_median": steady_rates.get("tok_s_median"),
             "steady_read_mib_per_token": steady_read,
             **cache_figures(run),
+            **fidelity_figures(s),
             **pressure_part,
             **_row_memory(rows),
         }

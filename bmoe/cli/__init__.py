@@ -84,6 +84,7 @@ COMMAND_MODULES = (
     "bmoe.cli.report",
     "bmoe.cli.history",
     "bmoe.cli.predict",
+    "bmoe.cli.tune",
 )
 
 #: Commands whose module is imported only when the command line names them (or their group):

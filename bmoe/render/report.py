@@ -704,6 +704,8 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
         if len(compared):
             report.figure(predicted_vs_measured_plot(compared), "predicted against measured")
 
+    _fidelity_section(report, results, outcome)
+
     report.heading("Order and contamination")
     report.text(ORDER_CHECKS)
     report.figures(views["repeats against execution order"], "repeats against execution order",
@@ -792,6 +794,20 @@ def trace_report(trace, kind: str, title: str | None = None, run=None) -> str:
     else:
         raise ValueError(f"no report for {kind!r} files")
     return report.html()
+
+
+def _fidelity_section(report: Report, results: pd.DataFrame, outcome: str) -> None:
+    """Speed against fidelity, when the runs measured it (lossy levers)."""
+    from bmoe.analyze.fidelity import speed_fidelity
+    from bmoe.render.plots.fidelity import speed_against_fidelity_plot
+    from bmoe.render.runs import DIGITS
+
+    table = speed_fidelity(results, outcome)
+    if table.empty:
+        return
+    report.heading("Speed against fidelity")
+    report.table(table, "each cell's mean and its worst fidelity", DIGITS, view="fidelity")
+    report.figure(speed_against_fidelity_plot(table, outcome), "speed against fidelity")
 
 
 def sweep_report(
