@@ -101,7 +101,7 @@ class _ProgressView:
         wall = max(float(data.get("wall_ms", 0.0)), 1e-6)
         info = (
             f"{1e3 / wall:6.1f} tok/s  hit {float(data.get('cache_hit_pct', -1)):5.1f} %  "
-            f"read {float(data.get('read_mb', 0.0)):6.2f} MB"
+            f"read {float(data.get('read_mb', 0.0)):6.2f} MiB"
         )
         self._progress.update(self._task, completed=data["step"], info=info)
 
