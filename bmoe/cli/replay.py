@@ -146,6 +146,23 @@ def analyze_replay(
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
 
+    The policies (each evicts, after a batch, until the cache fits its budget; never an expert
+    of the current batch):
+
+    - belady: the expert used again furthest in the future (it knows the future: the bound).
+    - lru: the least recently used expert.
+    - lfu: the least often used, counting every lookup since the start (perfect LFU).
+    - random: one at random (--seed).
+    - layer: each layer gets budget / layers and evicts its own least recently used; it keeps
+    its current batch whatever the budget, so below T it holds more than the budget.
+    - layerlfu: layer with the least often used in place of the least recently used.
+    - arc: ARC, recency and frequency lists with ghosts, sizes in bytes.
+    - s3fifo: S3-FIFO, a small FIFO (a tenth of the budget) in front of a main FIFO, with ghosts.
+    - lfuda: LFU with dynamic aging (priority = lookups since admission + the age).
+    - lfu-incache: LFU counting only while an expert is cached.
+    - lfuda-libcachesim: libCacheSim's LFUDA, rule for rule (its hit adds the age).
+    - s3fifo-libcachesim: libCacheSim's S3FIFO, rule for rule (two hits to move to main).
+
     Example: bmoe analyze replay trace.route.csv
     Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv
     Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
@@ -304,7 +321,7 @@ def _print_replay(views, fmt: str, validate: float | None) -> None:
         out = render(views, fmt, console, text.DIGITS)
         console.out(out or "", end="")
         return
-    console.out(text.replay_text(views, validate), highlight=False, end="")
+    console.out(text.replay_text(views, validate, console.width), highlight=False, end="")
     extra = {}
     if "mrc_budgets" in views:
         extra["exact LRU (stack distances) at the chosen budgets"] = views["mrc_budgets"]

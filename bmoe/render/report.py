@@ -496,7 +496,8 @@ def replay_sections(report: Report, trace, *, budget_mib: float | None = None, r
     report.figures(shape, None, text.DIGITS, view="replay shape")
     report.table(
         rp.decode_pivot(views["curve"]), None, text.DIGITS, view="replay curve",
-        notes=["decode-only hit % per budget (MiB) and policy"],
+        notes=["decode-only hit % per budget (MiB) and policy",
+               *text.budget_notes(views["curve"], shape.get("t_mib"))],
     )  # fmt: skip
     if "validation" in views:
         report.table(views["validation"], None, text.DIGITS, view="replay validation",
