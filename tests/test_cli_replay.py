@@ -30,10 +30,20 @@ def run(capsys, *args) -> tuple[int, str, str]:
         ("native-tiny/drop.route.csv", "reference/native-tiny.drop.route-drop-replay.txt"),
     ],
 )
-def test_drop_prints_the_reference_text(corpus: Path, capsys, trace, reference) -> None:
+def test_drop_prints_the_reference_text(
+    corpus: Path, capsys, monkeypatch, trace, reference
+) -> None:
+    from bmoe.cli import console
+
+    monkeypatch.setattr(console, "_width", 120)  # the reference's lines, unwrapped
     code, out, _ = run(capsys, "drop", corpus / trace)
     assert code == 0
     assert out == (corpus / reference).read_text(encoding="utf-8")
+    # at 80 columns the same text, its longer lines wrapped under their columns
+    monkeypatch.setattr(console, "_width", 80)
+    code, narrow, _ = run(capsys, "drop", corpus / trace)
+    assert code == 0 and max(map(len, narrow.splitlines())) <= 80
+    assert narrow.split() == out.split()
 
 
 def test_drop_json_has_every_phase(corpus: Path, capsys) -> None:

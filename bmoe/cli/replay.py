@@ -315,7 +315,7 @@ def _stream_views(
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:
     from bmoe.render import replay as text
-    from bmoe.render.tables import rich_tables
+    from bmoe.render.tables import print_table, table_cells
 
     if fmt != "table":
         out = render(views, fmt, console, text.DIGITS)
@@ -328,15 +328,15 @@ def _print_replay(views, fmt: str, validate: float | None) -> None:
     if "prefetch" in views:
         depth = int(views["prefetch"]["depth"].iloc[0]) if len(views["prefetch"]) else 0
         extra[f"previous-token prefetch, depth {depth}"] = text.prefetch_display(views["prefetch"])
-    for table in rich_tables(extra, text.DIGITS):
-        console.print(table)
+    for title, table in extra.items():  # laid out for the console's width
+        print_table(console, table_cells(table, text.DIGITS), title)
     if "mrc" in views:
-        console.out(
+        console.print(
             f"exact LRU curve: {len(views['mrc'])} budget steps from 0 to "
             f"{views['mrc']['budget_mib'].iloc[-1]:.0f} MiB (the whole expert set); "
             "--format csv/json lists them, --plot draws them",
             highlight=False,
-        )
+        )  # wrapped at the console's width
 
 
 def _mrc_path(plot: Path) -> Path:
@@ -396,4 +396,4 @@ def analyze_drop(
     lines = [*text.drop_header(name, trace.meta, k), ""]
     console.out("\n".join(lines) + "\n", highlight=False, end="")
     for part in result.values():
-        console.out(text.drop_phase_text(part), highlight=False, end="")
+        console.out(text.drop_phase_text(part, console.width), highlight=False, end="")

@@ -320,7 +320,7 @@ def analyze_sweep_command(
     if text is not None:
         console.out(text, end="")
     else:  # the terminal: the verdict again where the eye lands, after the tables
-        console.print(views["verdict"]["verdict"], highlight=False, soft_wrap=True)
+        console.print(views["verdict"]["verdict"], highlight=False)
     if plots is not None:
         _answer_plots(results, outcome, plots, force)
         compared = views.get("predicted against measured")

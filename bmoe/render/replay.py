@@ -113,19 +113,30 @@ def validation_lines(validation: pd.DataFrame, budget_mib: float) -> list[str]:
 def curve_table_text(curve: pd.DataFrame, t_mib: float | None = None, width: int = 80) -> str:
     """The reference's table: budgets down, policies across, decode-only hit % (1 decimal),
     with a rule where the budgets cross T (one token cycle), and the notes of
-    :func:`budget_notes` wrapped to `width`."""
+    :func:`budget_notes` wrapped to `width`. Policies that do not fit `width` go on to a
+    second table (and a third ...) with the budgets again."""
     policies = list(dict.fromkeys(curve["policy"]))
     pivot = curve.pivot(index="budget_mib", columns="policy", values="hit_pct_decode")
-    col = max(10, *(len(p) + 2 for p in policies))
-    head1 = "budget  " + "".join(f"{p:>{col}}" for p in policies)
-    head2 = "(MiB)   " + "".join(f"{'hit%':>{col}}" for _ in policies)
-    lines = [head1, head2]
-    below = False
-    for budget, row in pivot.iterrows():
-        if t_mib is not None and below and budget >= t_mib:
-            lines.append(f"{'-- T = ' + t_text(t_mib) + ' MiB --':-<{len(head1)}}")
-        below = t_mib is not None and budget < t_mib
-        lines.append(f"{fmt_mib(budget):<8}" + "".join(f"{row[p]:>{col}.1f}" for p in policies))
+    cols = {p: max(10, len(p) + 2) for p in policies}
+    groups: list[list[str]] = [[]]
+    for p in policies:
+        if groups[-1] and 8 + sum(cols[q] for q in groups[-1]) + cols[p] > width:
+            groups.append([])
+        groups[-1].append(p)
+    lines: list[str] = []
+    for group in groups:
+        if lines:
+            lines.append("")
+        head1 = "budget  " + "".join(f"{p:>{cols[p]}}" for p in group)
+        lines += [head1, "(MiB)   " + "".join(f"{'hit%':>{cols[p]}}" for p in group)]
+        below = False
+        for budget, row in pivot.iterrows():
+            if t_mib is not None and below and budget >= t_mib:
+                lines.append(f"{'-- T = ' + t_text(t_mib) + ' MiB --':-<{len(head1)}}")
+            below = t_mib is not None and budget < t_mib
+            lines.append(
+                f"{fmt_mib(budget):<8}" + "".join(f"{row[p]:>{cols[p]}.1f}" for p in group)
+            )
     lines.append("")
     lines.append("(decode-only hit%; C=T boundary is where a budget stops holding one token cycle)")
     for note in budget_notes(curve, t_mib):
@@ -221,19 +232,34 @@ def drop_views(result: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return views
 
 
-def drop_phase_text(result: Mapping[str, Any]) -> str:
-    """One phase of the drop replay in the reference's layout."""
-    lines = drop_phase_lines(result)
-    lines.append("    frac       thr   io_saved   mass_lost   surviving experts per cell")
-    for row in result["threshold"].itertuples(index=False):
-        lines.append(
-            f"    {row.frac:4.2f}  {row.thr_pct:7.2f}%  {row.io_saved_pct:8.1f}%  "
-            f"{row.mass_lost_pct:9.2f}%   {row.surviving}"
+def drop_phase_text(result: Mapping[str, Any], width: int = 80) -> str:
+    """One phase of the drop replay in the reference's layout; the surviving-experts lists
+    and the longer lines wrapped to `width`."""
+    lines = []
+    for line in drop_phase_lines(result):
+        indent = " " * (len(line) - len(line.lstrip()))
+        if len(line) <= width:
+            lines.append(line)
+            continue
+        lines += textwrap.wrap(
+            line.lstrip(), max(width, 40), initial_indent=indent, subsequent_indent=indent + "  "
         )
+    head = "    frac       thr   io_saved   mass_lost   "
+    lines.append(head + "surviving experts per cell")
+    for row in result["threshold"].itertuples(index=False):
+        first = (
+            f"    {row.frac:4.2f}  {row.thr_pct:7.2f}%  {row.io_saved_pct:8.1f}%  "
+            f"{row.mass_lost_pct:9.2f}%   "
+        )
+        lines += textwrap.wrap(
+            str(row.surviving), max(width, len(head) + 20), initial_indent=first,
+            subsequent_indent=" " * len(first), break_on_hyphens=False,
+        ) or [first.rstrip()]  # fmt: skip
     lines.append("")
-    lines.append(
-        "  static-k baseline (--n-expert-used), same rows, for comparison at equal io_saved"
-    )
+    lines += textwrap.wrap(
+        "static-k baseline (--n-expert-used), same rows, for comparison at equal io_saved",
+        max(width, 40), initial_indent="  ", subsequent_indent="    ",
+    )  # fmt: skip
     lines.append("  keep_k   io_saved   mass_lost")
     for row in result["static_k"].itertuples(index=False):
         lines.append(f"  {row.keep_k:6d}  {row.io_saved_pct:8.1f}%  {row.mass_lost_pct:9.2f}%")

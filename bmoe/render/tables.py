@@ -284,7 +284,8 @@ def layout(
     repeating the first `keys` columns (the row's name) and titled "..., continued"."""
     headers = [shown(h) for h, _n, _c in columns]
     cols = [(h, n, c) for h, (_h, n, c) in zip(headers, columns, strict=True)]
-    natural = [max(len(h), *map(len, c)) if c else len(h) for h, _n, c in cols]
+    cells = [max(map(len, c), default=0) for _h, _n, c in cols]
+    natural = [max(len(h), w) for (h, _n, _c), w in zip(cols, cells, strict=True)]
     least = [
         min(nat, max(_header_narrowest(h), max((_narrowest(t, n) for t in c), default=0), 1))
         for (h, n, c), nat in zip(cols, natural, strict=True)
@@ -309,7 +310,10 @@ def layout(
             groups = whole_groups
     parts = []
     for n, group in enumerate(groups):
-        widths = _fit([natural[i] for i in group], [least[i] for i in group], room(len(group)))
+        widths = _fit(
+            [natural[i] for i in group], [least[i] for i in group], room(len(group)),
+            [cells[i] for i in group],
+        )  # fmt: skip
         label = title if n == 0 or title is None else f"{title}, continued"
         parts.append(TablePart(label, [cols[i] for i in group], widths))
     return parts
@@ -339,10 +343,22 @@ def _key_columns(columns: CellColumns) -> int:
     return 1
 
 
-def _fit(natural: list[int], least: list[int], room: int) -> list[int]:
-    """Column widths summing to at most `room`: the natural ones, the widest narrowed first
-    (never below `least`; a single column wider than the console is cut to it)."""
+def _fit(natural: list[int], least: list[int], room: int, cells: list[int]) -> list[int]:
+    """Column widths summing to at most `room`: the natural ones; then headers wider than
+    their column's cells broken first (a line or two more in the header), then the widest
+    columns narrowed (more lines in every row), never below `least` (a single column wider
+    than the console is cut to it)."""
     widths = list(natural)
+    for floor in ([max(f, c) for f, c in zip(least, cells, strict=True)], least):
+        widths = _narrowed(widths, floor, room)
+    if sum(widths) > room and len(widths) == 1:
+        widths[0] = max(1, room)
+    return widths
+
+
+def _narrowed(widths: list[int], least: list[int], room: int) -> list[int]:
+    """`widths` narrowed, the widest first, until they sum to `room` or reach `least`."""
+    widths = list(widths)
     excess = sum(widths) - room
     while excess > 0:
         slack = [i for i, w in enumerate(widths) if w > least[i]]
@@ -359,8 +375,6 @@ def _fit(natural: list[int], least: list[int], room: int) -> list[int]:
             cut = min(step, widths[i] - least[i], excess)
             widths[i] -= cut
             excess -= cut
-    if excess > 0 and len(widths) == 1:
-        widths[0] = max(1, room)
     return widths
 
 
