@@ -29,8 +29,8 @@ import re
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
-import click
 import typer
 from rich.console import Console
 
@@ -164,18 +164,18 @@ def reflowed(text: str | None) -> str | None:
     return "\n\n".join(paragraphs)
 
 
-def cli_command() -> click.Command:
-    """The click command of :data:`app` (with the commands registered so far), every help
-    text :func:`reflowed`."""
+def cli_command() -> Any:
+    """The click command of :data:`app` (typer's own click; with the commands registered so
+    far), every help text :func:`reflowed`."""
     command = typer.main.get_command(app)
 
-    def walk(cmd: click.Command) -> None:
+    def walk(cmd: Any) -> None:
         cmd.help = reflowed(cmd.help)
         if cmd.help and not cmd.short_help:  # a group's listing: the first sentence
             first = cmd.help.split("\n\n", 1)[0].split("\n", 1)[0]
             cmd.short_help = re.split(r"(?<=\.) (?=[A-Z])", first, maxsplit=1)[0]
         for param in cmd.params:
-            if isinstance(param, click.Option):
+            if getattr(param, "help", None):  # options (arguments have no help here)
                 param.help = reflowed(param.help)
         for sub in getattr(cmd, "commands", {}).values():
             walk(sub)
