@@ -350,7 +350,9 @@ def test_the_docs_command_the_readme_gives_writes_the_reference(tmp_path: Path) 
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_the_quick_start_and_the_engine_commands_run(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_the_quick_start_and_the_engine_commands_run(
+    tmp_path: Path, capsysbinary, monkeypatch
+) -> None:
     """The quick start as written (model, sweep, analysis; then --resume finds nothing to
     run), and the engine lines with the tiny model standing for small.gguf: a streamed run
     with its traces, the plain baseline, a split model, and the profile of the streamed run."""
@@ -362,9 +364,9 @@ def test_the_quick_start_and_the_engine_commands_run(tmp_path: Path, capsys, mon
 
     def run(argv: list[str]) -> str:
         code = main(argv)
-        out = capsys.readouterr()
-        assert code == 0, f"bmoe {shlex.join(argv)}: exit {code}\n{out.err}"
-        return out.out
+        out, err = (b.decode("utf-8", "replace") for b in capsysbinary.readouterr())
+        assert code == 0, f"bmoe {shlex.join(argv)}: exit {code}\n{err}"
+        return out  # (a generated model's answer is any bytes)
 
     text = README.read_text(encoding="utf-8")
     quick = _shell_lines(_blocks(text)[0][1])
