@@ -244,17 +244,11 @@ def _break(word: str, width: int) -> int:
 
 
 def _narrowest(text: str, numeric: bool) -> int:
-    """The narrowest a cell lets its column be: a number whole; text its longest word, or
-    for words longer than WORD_WIDTH, their longest piece (at least WORD_WIDTH)."""
+    """The narrowest a cell lets its column be: a number whole; text its longest word, at
+    most WORD_WIDTH (a longer word, a path, breaks after one of BREAK_AFTER)."""
     if numeric:
         return len(text)
-    widest = 0
-    for word in text.split():
-        if len(word) > WORD_WIDTH:
-            widest = max(widest, WORD_WIDTH, *(min(len(p), WORD_WIDTH) for p in _pieces(word)))
-        else:
-            widest = max(widest, len(word))
-    return widest
+    return min(max(map(len, text.split()), default=0), WORD_WIDTH)
 
 
 def _header_narrowest(header: str) -> int:
@@ -269,9 +263,6 @@ class TablePart:
     title: Any
     columns: CellColumns
     widths: list[int]
-
-    def header_lines(self) -> list[list[str]]:
-        return [wrap_text(h, w) for (h, _n, _c), w in zip(self.columns, self.widths, strict=True)]
 
 
 def layout(
