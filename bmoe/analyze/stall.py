@@ -75,7 +75,8 @@ def decide_overlap(run: MetricsRun, overlap: bool | None = None) -> tuple[bool, 
         return bool(overlap), "given"
     if "overlap" in run.params:
         value = run.params["overlap"]
-        said = int(value) if isinstance(value, bool | int | float) else value
+        whole = isinstance(value, bool) or (isinstance(value, float) and value.is_integer())
+        said = int(value) if whole else value  # overlap=1, not True or 1.0; inf stays inf
         return bool(value), f"the preamble's overlap={said}"
     rows = run.rows
     if "stall_ms" in rows and bool((rows["stall_ms"] > 0).any()):
