@@ -112,7 +112,11 @@ def test_tiny_prefetch_trace_matches_its_reference_and_validates(corpus):
     rnd = both[both["policy"] == "random"]
     assert (rnd["hit_pct_cum"] - rnd["hit_pct_cum_ref"]).abs().max() < 5  # 410 lookups
     shape_ref = (corpus / "reference/native-tiny.pf.replay.txt").read_text().splitlines()
-    assert shape_lines(rp.model_shape(trace, batches)) == shape_ref[:4]
+    ours = shape_lines(rp.model_shape(trace, batches))
+    assert ours[:3] == shape_ref[:3]
+    # T is 1.5 MiB (4 layers x top-2 x 0.1875 MiB): the reference rounds it to 2, bmoe writes
+    # it as its table's rule and its plot do
+    assert ours[3] == shape_ref[3].replace(" 2 MiB", " 1.5 MiB")
 
     summary = read_metrics(corpus / "native-tiny/pf.csv").summary
     check = rp.validate(batches, 3, summary)

@@ -511,12 +511,16 @@ SPECULATION_COLUMNS = (
 
 
 def run_label(path: str | None, all_paths: Iterable[str | None]) -> str:
-    """A short name for a run: the file name, or parent/name when names collide."""
+    """A short name for a run: the file name, or as many of its last folders as it takes to
+    tell it from the other runs (``cell-a/r1/run.csv``, ``cell-b/r1/run.csv``)."""
     if path is None:
         return "<input>"
-    p = Path(path)
-    same = [q for q in all_paths if q is not None and Path(q).name == p.name]
-    return p.name if len(same) <= 1 else f"{p.parent.name}/{p.name}"
+    parts = Path(path).parts
+    others = [Path(q).parts for q in all_paths if q is not None and q != path]
+    for k in range(1, len(parts) + 1):
+        if not any(q[-k:] == parts[-k:] for q in others):
+            return "/".join(parts[-k:])
+    return str(path)
 
 
 def summary_tables(summaries: pd.DataFrame) -> dict[str, pd.DataFrame]:
