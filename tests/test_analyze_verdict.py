@@ -324,3 +324,22 @@ def test_a_two_repeat_sweep_writes_the_too_few_sentence(tmp_path: Path, capsys) 
         "cache_mb=0 and cache_mb=8: too few repeats (n = 2)" in summary
     )
     assert "±" not in summary
+
+
+def test_the_quick_start_sweep_can_be_settled() -> None:
+    # the README's quick start: timed runs only, and enough repeats for every comparison; the
+    # traced variant is the same grid with routing recorded (never settled)
+    from bmoe.analyze.history import PROBE_PARAMS
+    from bmoe.analyze.verdict import MIN_REPEATS
+    from bmoe.sweep.config import load_config
+
+    sweeps = Path(__file__).resolve().parent.parent / "sweeps"
+    quick = load_config(sweeps / "tiny-embedded.toml")
+    traced = load_config(sweeps / "tiny-embedded-traced.toml")
+    assert not [p for p in PROBE_PARAMS if quick.base.get(p)]
+    for cell in quick.cells:
+        assert not [p for p in PROBE_PARAMS if cell.get(p)]
+    assert quick.settings.repeats >= MIN_REPEATS
+    assert traced.base.get("route_trace") is True
+    assert {k: v for k, v in traced.base.items() if k != "route_trace"} == quick.base
+    assert traced.grid == quick.grid
