@@ -179,9 +179,9 @@ def cell_stability(
     traced: Iterable[str] = (),
 ) -> pd.DataFrame:
     """Per ranked cell: its repeats (n), mean, 95 % interval of the mean (``ci_pct``, half-width
-    in % of the mean), coefficient of variation, forward-vs-reversed difference, off-CPU share,
-    the engine's CPU share, instrumented runs, and ``unstable``: why its figure is not firm
-    (None when it is).
+    in % of the mean; NaN below :data:`MIN_REPEATS` runs), coefficient of variation,
+    forward-vs-reversed difference, off-CPU share, the engine's CPU share, instrumented runs,
+    and ``unstable``: why its figure is not firm (None when it is).
 
     `ranked` is :func:`bmoe.analyze.sweep.rank_cells`; `attempts` the completed attempts;
     `rounds` :func:`bmoe.analyze.sweep.reversed_rounds`; `stall` a per-cell attribution
@@ -192,7 +192,9 @@ def cell_stability(
     if ranked.empty:
         return pd.DataFrame(columns=cols)
     table = ranked[["rank", "cell", "n", "mean", "cv_pct"]].copy()
-    table["ci_pct"] = mean_interval_pct(ranked["mean"], ranked["sd"], ranked["n"])
+    # below three runs the interval is what t = 12.7 (n = 2) makes of one sd: blank instead
+    interval = mean_interval_pct(ranked["mean"], ranked["sd"], ranked["n"])
+    table["ci_pct"] = interval.where(pd.to_numeric(ranked["n"], errors="coerce") >= MIN_REPEATS)
     keyed = attempts.assign(
         _off=off_cpu_pct(attempts), _cpu=cpu_share_pct(attempts),
         _traced=instrumented(attempts, traced),
