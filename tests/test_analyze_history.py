@@ -178,6 +178,13 @@ def test_sweeps_that_measured_different_things_are_not_comparable(tmp_path: Path
     # the terminal table says it too
     code, out, _ = run_cli(capsys, "history", old, new, "--fail-on-regression", "5%")
     assert code == 0 and "comparable" in out and "REGRESSION" not in out
+    # and the index page of both
+    page = tmp_path / "pages" / "history.html"
+    code, _, err = run_cli(capsys, "report", old, new, "-o", page)
+    assert code == 0, err
+    index = page.read_text()
+    assert 'data-view="differences"' in index and "regression:" not in index
+    assert "are not comparable (n_predict 32 vs 16; tracing none vs route_trace)" in index
 
 
 def test_a_version_change_is_listed_and_a_regression_still_fails(tmp_path: Path, capsys) -> None:
