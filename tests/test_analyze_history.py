@@ -324,3 +324,27 @@ def test_the_trend_plot_tells_fifteen_cells_apart() -> None:
         assert len(set(colour_of.values())) == 3
     finally:
         plt.close(fig)
+
+
+def test_the_readme_history_of_the_shipped_tiny_sweeps(capsys) -> None:
+    # bmoe history bench-data/*-tiny-cache-lanes --fail-on-regression 5%: two recordings of
+    # one configuration (sweeps/bench-tiny-cache-lanes.toml), the newer on a busy machine
+    bench = Path(__file__).resolve().parent.parent / "bench-data"
+    folders = sorted(bench.glob("*-tiny-cache-lanes"))
+    if len(folders) < 2:
+        pytest.skip("fewer than two tiny-cache-lanes sweeps in bench-data/")
+    code, out, err = run_cli(capsys, "history", *folders, "--fail-on-regression", "5%",
+                             "-f", "json")  # fmt: skip
+    views = json.loads(out)
+    effects = {d["what"]: d["effect"] for d in views["differences between sweeps"]}
+    assert "not comparable" not in effects.values(), effects  # like with like
+    newest = views["sweeps"][-1]
+    # the newest sweep's own summary.md, written when it was recorded, gives its ranking
+    summary = (bench / newest["sweep"] / "summary.md").read_text()
+    settled = "| ranking | settled |" in summary
+    assert newest["ranking"] == ("settled" if settled else "not settled")
+    if not settled:  # then no step into it is judged, and CI passes
+        assert code == 0 and "is not settled" in err
+        verdicts = {s["verdict"] for s in views["steps between sweeps"]}
+        assert all(v == "not settled" or v.startswith(("not measurable", "too few"))
+                   for v in verdicts), verdicts  # fmt: skip

@@ -11,9 +11,9 @@ not comparable
     only or a different tracing, a different model (SHA-256 where both recorded it, else
     file name and shape), a different engine;
 listed
-    a different engine version or bmoe version (what a history is there to follow), another
-    host, CPU, device or kernel (each where both sweeps recorded it), a model SHA-256 recorded
-    on one side only.
+    a different engine version, bmoe version or commit (what a history is there to follow),
+    another host, CPU, device or kernel (each where both sweeps recorded it), a model SHA-256
+    recorded on one side only.
 
 A step from one sweep to the next is then, in this order: *not comparable* (no change or
 ratio given), *too few repeats (n = 2)* or *not measurable* (fewer than three runs a side, or
@@ -145,8 +145,8 @@ def _on(value: Any) -> bool:
 def sweep_facts(results: pd.DataFrame) -> dict[str, str | None]:
     """What a sweep measured with, one text per fact (None: not recorded): each base flag
     (``base <flag>``, the parameters that are not axes), its tracing, the model's SHA-256,
-    file name and shape, the engine and its version, the bmoe version and the machine (host,
-    CPU, device, kernel)."""
+    file name and shape, the engine and its version, the bmoe version, the commit of the
+    configuration's repository, and the machine (host, CPU, device, kernel)."""
     ok = ok_attempts(results)
     runs = ok if len(ok) else results
     axes = set(axes_of(results))
@@ -173,6 +173,7 @@ def sweep_facts(results: pd.DataFrame) -> dict[str, str | None]:
         runs, "machine_engine_build"
     )
     facts["bmoe version"] = _values(runs, "bmoe_version")
+    facts["commit"] = _values(runs, "config_commit")
     facts["host"] = _values(runs, "host")
     facts["cpu"] = _values(runs, "machine_cpu_model")
     facts["device"] = _values(runs, "machine_device")
@@ -182,7 +183,7 @@ def sweep_facts(results: pd.DataFrame) -> dict[str, str | None]:
 
 #: Facts that only describe where and with which version a sweep ran: listed, never a reason
 #: to refuse the comparison (a history follows exactly these).
-LISTED_FACTS = ("engine version", "bmoe version", "host", "cpu", "device", "kernel")
+LISTED_FACTS = ("engine version", "bmoe version", "commit", "host", "cpu", "device", "kernel")
 
 
 def sweep_differences(
