@@ -252,8 +252,9 @@ def compare_runs(
     }
     if len(wall_a) and len(wall_b):
         few = min(len(wall_a), len(wall_b))
+        ci: dict[str, tuple[float | None, float | None]]
         if few >= MIN_REPEATS:
-            ci = bootstrap_rates(wall_a, wall_b, n_boot, seed, confidence)
+            ci = dict(bootstrap_rates(wall_a, wall_b, n_boot, seed, confidence))
         else:  # two tokens resample into a handful of values: no interval, and said why
             ci = {"mean": (None, None), "median": (None, None)}
             method["interval"] = f"none: too few tokens (n = {few})"
