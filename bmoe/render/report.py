@@ -851,8 +851,8 @@ def history_report(
     report.table(
         views["differences between sweeps"], "differences between sweeps", view="differences",
         notes=["'not comparable': the sweeps measured different things (base flags, tracing, "
-               "model or engine) and no step between them is judged; 'listed': engine "
-               "version, machine or kernel, shown for the reader"],
+               "model or engine) and no step between them is judged; 'listed': an engine or "
+               "bmoe version, commit, host, CPU or kernel, shown for the reader"],
     )  # fmt: skip
     report.heading("Trends")
     if len(lined):
