@@ -697,7 +697,9 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
                                                               "ratio_high": 3},
             view="neighbours",
             notes=["ratio of the two means with its 95 % interval (Welch, log scale); "
-                   "'not distinguishable' when the interval includes 1"],
+                   "'not distinguishable' when the interval includes 1; no bounds, and 'too "
+                   "few repeats' below three runs a cell or 'not measurable' where the "
+                   "interval is wider than the ratio"],
         )  # fmt: skip
     report.table(
         verdict.stability, "stability per cell", {c: 1 for c in ("ci_pct", "cv_pct",
@@ -898,34 +900,38 @@ def history_report(
     across the sweeps as a trend plot and a table, and the steps between consecutive sweeps
     with the regressions into the newest one."""
     from bmoe.analyze import history as hist
-    from bmoe.analyze import sweep as sw
     from bmoe.render.plots.sweep import trend_lines
     from bmoe.render.runs import DIGITS
 
     sweeps = {label: archive.cells for label, archive in archives.items()}
     report = Report(title or f"Sweep history: {len(sweeps)} sweeps", ", ".join(sweeps))
-    views = hist.history(sweeps, outcome, threshold_pct)
-    lined = hist.line_up(sweeps, outcome)
-    step_table = hist.steps(lined, outcome, threshold_pct)
-    found = hist.regressions(step_table)
+    found = hist.history_of(sweeps, outcome, threshold_pct)
+    views = found.views()
+    lined = found.lined
 
     report.heading("Regressions")
-    report.caveats([f"regression: {s}" for s in found["sentence"]],
+    report.caveats([f"regression: {s}" for s in found.regressions()["sentence"]],
                    f"Beyond {threshold_pct:g} % into the newest sweep")  # fmt: skip
+    report.caveats(found.notes(), "What was not judged")
     report.heading("Sweeps")
     table = views["sweeps"].copy()
-    table["verdict"] = [sw.sweep_verdict(sweeps[label], outcome).sentence
-                        for label in table["sweep"]]  # fmt: skip
+    table["verdict"] = [found.verdicts[label].sentence for label in table["sweep"]]
     report.table(table, None, view="sweeps")
     for label in table["sweep"]:
         if links and label in links:
             report.parts.append(
                 f'<p><a href="{_esc(links[label])}">{_esc(label)}: the full report</a></p>'
             )
+    report.table(
+        views["differences between sweeps"], "differences between sweeps", view="differences",
+        notes=["'not comparable': the sweeps measured different things (base flags, tracing, "
+               "model or engine) and no step between them is judged; 'listed': an engine or "
+               "bmoe version, commit, host, CPU or kernel, shown for the reader"],
+    )  # fmt: skip
     report.heading("Trends")
     if len(lined):
         caption = f"{outcome} per cell across the sweeps: mean, min-max over repeats"
-        report.figure(trend_lines(lined, outcome), caption)
+        report.figure(trend_lines(lined, outcome, breaks=found.not_comparable), caption)
     report.table(views[f"{outcome} per cell and sweep"], f"{outcome} per cell and sweep",
                  DIGITS, view="trend")  # fmt: skip
     report.table(
@@ -933,7 +939,9 @@ def history_report(
         {"change_pct": 1, "ratio": 3, "ratio_low": 3, "ratio_high": 3}, view="steps",
         notes=["ratio: after / before in the better direction (above 1 is better), with its "
                "95 % interval; a regression is worse than the threshold with the interval "
-               "below 1 (or, for single runs, worse than the threshold)"],
+               "below 1, between comparable sweeps whose rankings are settled; 'too few "
+               "repeats' below three runs a side and 'not measurable' where the interval is "
+               "wider than the ratio give no bounds"],
     )  # fmt: skip
     return report.html()
 
