@@ -1,0 +1,266 @@
+"""Loose metrics files (the shape of an archived phone matrix) matched to configurations by
+their preamble and put next to what a profile predicts for each."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bmoe.analyze.profile.runs import ProfileRun, RunConfig, number, run_config
+from bmoe.analyze.profile.state import run_state
+from bmoe.analyze.profile.tokens import token_frame, token_reads
+from bmoe.errors import BmoeError
+from bmoe.formats.profile import DeviceProfile
+from bmoe.formats.route import RouteTrace
+
+
+def short_labels(names: Sequence[str]) -> list[str]:
+    """File stems, with the parent folder added where two stems are the same."""
+    stems = [Path(n).stem for n in names]
+    out = []
+    for name, stem in zip(names, stems, strict=True):
+        if stems.count(stem) > 1:
+            stem = f"{Path(name).parent.name}/{stem}"
+        out.append(stem)
+    return out
+
+
+def _same_model(params: dict, profile: DeviceProfile) -> str | None:
+    """Why a file is not of the profile's model (None: it is, as far as both say)."""
+    for key in ("n_layer", "n_expert"):
+        mine = number(params.get(key))
+        theirs = number(profile.model.get(key))
+        if mine is not None and theirs is not None and mine != theirs:
+            return f"another model ({key} {int(mine)}, the profile's {int(theirs)})"
+    file_knows = number(params.get("n_layer")) is not None
+    profile_knows = number(profile.model.get("n_layer")) is not None
+    if file_knows == profile_knows:
+        return None
+    if file_knows:
+        return (
+            f"a run of {params.get('model') or 'a named model'}; the profile's runs do not "
+            "record their model: cannot tell it is the same"
+        )
+    return (
+        "its file does not record its model (v0): cannot tell it is the profile's "
+        f"({profile.model.get('name') or 'named'})"
+    )
+
+
+def not_comparable(
+    run: ProfileRun, config: RunConfig, profile: DeviceProfile, k_trace: float | None
+) -> str | None:
+    """Why no prediction of `run` can be compared with it (None: it can): no expert
+    streaming, another top-k than the trace's or the profile's, another model, other dense
+    weights than the profile's runs."""
+    params = run.metrics.params
+    k_profile = number(profile.model.get("n_expert_used"))
+    k = config.n_expert_used
+    if not config.streaming:
+        return "no expert streaming (plain mmap): nothing the profile prices"
+    if k and k_trace and k != k_trace:
+        return f"top-{k}, the trace top-{int(k_trace)} (--n-expert-used changes the routing)"
+    if k and k_profile and k != k_profile:
+        return f"top-{k}, the profile's runs top-{int(k_profile)}"
+    why = _same_model(params, profile)
+    if why is not None:
+        return why
+    dense = params.get("dense_weights")
+    profile_dense = {
+        str(r["dense_weights"]) for r in profile.runs if r.get("dense_weights") is not None
+    }
+    if dense is not None and profile_dense and dense not in profile_dense:
+        return (
+            f"dense weights {dense}, the profile's runs {', '.join(sorted(profile_dense))}: "
+            "not a configuration the profile prices"
+        )
+    return None
+
+
+def _notes(run: ProfileRun, config: RunConfig) -> str | None:
+    """What was assumed of a file, whether it is partial, how hot the CPU ran."""
+    notes = [f"{k} {v}" for k, v in config.assumed.items()]
+    if run.metrics.partial:
+        notes.append(f"partial: {len(run.metrics.rows)} of {run.metrics.steps} tokens")
+    temp = run.pressure.get("cpu_temp_max_mC")
+    if temp:
+        notes.append(f"CPU up to {float(temp) / 1000:.1f} °C")
+    return "; ".join(notes) or None
+
+
+def _mean(values: pd.Series, scale: float = 1.0) -> float:
+    return float(np.nanmean(values)) / scale if values.notna().any() else 0.0
+
+
+def _attempt(label: str, run: ProfileRun, config: RunConfig, frame, tok_s: float) -> dict:
+    """The file as one attempt of a sweep cell, for the verdict's judgement of it."""
+    return {
+        "cell": label,
+        "tok_s_mean": tok_s,
+        "cpu_s_per_token": _mean(frame["cpu_ms"], 1000.0) if frame["cpu_ms"].notna().any()
+        else np.nan,
+        "threads": config.threads,
+        "stall_ms_per_token": float(np.nanmean(frame["stall_ms"])) if config.overlap else 0.0,
+        "io_s_per_token": _mean(frame["io_ms"], 1000.0),
+        "mgmt_ms_per_token": _mean(frame["mgmt_ms"]),
+        "route_trace": run.traced,
+    }  # fmt: skip
+
+
+def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict]:
+    """One file's row of :func:`measured_files` and its attempt."""
+    from bmoe.analyze.metrics import run_summary
+
+    config = run_config(run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        summary = run_summary(run.metrics)
+    frame = token_frame(run, profile.read_unit_bytes, None).frame
+    tokens = len(frame)
+    wall = float(frame["wall_ms"].sum())
+    row = {
+        "cell": label,
+        "file": run.name,
+        **config.axes(),
+        "version": run.metrics.version,
+        "tokens": tokens,
+        "tok_s": 1000.0 * tokens / wall if wall > 0 else float("nan"),
+        "steady_tok_s": summary.get("steady_tok_s_mean"),
+        "mib_per_token": float(frame["read_mib"].mean()) if tokens else float("nan"),
+        "hit_pct": number(run.figure("cache_hit_pct")),
+        "off_cpu_pct": run_state(run, frame, config)["off_cpu_pct"],
+        "comparable": not_comparable(run, config, profile, k_trace),
+        "notes": _notes(run, config),
+    }
+    return row, _attempt(label, run, config, frame, row["tok_s"])
+
+
+def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile) -> list:
+    """Per file, why its own figure is not firm: the verdict's reasons (single runs aside),
+    after "a profile run (in sample)" where the profile was built from it."""
+    from bmoe.analyze.verdict import cell_stability
+
+    ranked = pd.DataFrame(
+        {
+            "rank": np.arange(1, len(table) + 1),
+            "cell": table["cell"],
+            "n": 1,
+            "mean": table["tok_s"],
+            "sd": np.nan,
+            "cv_pct": np.nan,
+        }
+    )
+    stability = cell_stability(ranked, attempts).set_index("cell")["unstable"]
+    sources = {str(Path(s).resolve()) for s in profile.sources}
+    judged: list[str | None] = []
+    for cell, file in zip(table["cell"], table["file"], strict=True):
+        parts = [p for p in str(stability.get(cell) or "").split(", ") if p and p != "single run"]
+        if str(Path(file).resolve()) in sources:
+            parts.insert(0, "a profile run (in sample)")
+        judged.append(", ".join(parts) or None)
+    return judged
+
+
+def measured_files(
+    runs: Sequence[ProfileRun], profile: DeviceProfile, trace: RouteTrace | None = None
+) -> pd.DataFrame:
+    """One row per loose metrics file: its configuration (from its preamble; what a file does
+    not say is inferred as :func:`run_config` explains, in ``assumed``), what it measured
+    (tok/s over its tokens, steady-state tok/s, MiB/token, hit %), ``comparable`` (None, or
+    why no prediction of it can be compared: no expert streaming, another top-k or model),
+    ``measurement`` (the verdict's reasons its figure is not firm: mostly off-CPU, traced)
+    and ``notes`` (partial runs, CPU temperature)."""
+    labels = short_labels([r.name for r in runs])
+    k_trace = number(trace.meta.get("n_expert_used")) if trace is not None else None
+    pairs = [
+        _file_row(label, run, profile, k_trace) for label, run in zip(labels, runs, strict=True)
+    ]
+    table = pd.DataFrame([row for row, _ in pairs])
+    attempts = pd.DataFrame([attempt for _, attempt in pairs])
+    table["measurement"] = _judged(table, attempts, profile)
+    return table
+
+
+def _measured_predictions(files: pd.DataFrame, profile, runs, comparable) -> dict:
+    """Each comparable file predicted from the reads it recorded itself."""
+    from bmoe.analyze.predict import PREDICTED_FIGURES, measured_reads, predict_cell
+
+    by_name = {r.name: r for r in runs}
+    predicted = {f: np.full(len(files), np.nan) for f in PREDICTED_FIGURES}
+    for i in np.flatnonzero(comparable):
+        row = files.iloc[i]
+        tokens, _ = token_reads(by_name[row["file"]], profile.read_unit_bytes, None)
+        cell, read_bytes = measured_reads(profile, tokens, float(row["hit_pct"] or np.nan))
+        figures = predict_cell(
+            profile,
+            cell,
+            int(row["io_threads"]),
+            read_bytes,
+            overlap=bool(row["overlap"]),
+            cache_mb=None if pd.isna(row["cache_mb"]) else float(row["cache_mb"]),
+        )
+        for f in PREDICTED_FIGURES:
+            predicted[f][i] = figures[f]
+    return predicted
+
+
+def _replayed_predictions(files, trace, profile, comparable, seed, drop) -> dict:
+    """Each comparable file predicted from the replay of `trace` through its configuration."""
+    from bmoe.analyze.predict import PREDICTED_FIGURES, predict
+
+    predicted = {f: np.full(len(files), np.nan) for f in PREDICTED_FIGURES}
+    grid = files.loc[comparable, ["cache_mb", "io_threads", "prefetch", "overlap", "policy"]]
+    missing = grid["cache_mb"].isna()
+    if missing.any():
+        names = ", ".join(files.loc[comparable].loc[missing, "cell"])
+        raise BmoeError(f"no cache budget recorded for {names}: cannot replay it")
+    out = predict(trace, profile, grid.reset_index(drop=True), seed=seed, drop=drop)
+    for f in PREDICTED_FIGURES:
+        predicted[f][comparable] = out[f].to_numpy()
+    return predicted
+
+
+def against_files(
+    trace: RouteTrace | None,
+    profile: DeviceProfile,
+    runs: Sequence[ProfileRun],
+    *,
+    seed: int = 0,
+    drop: float | None = None,
+) -> dict[str, Any]:
+    """Loose metrics files (the shape of an archived phone matrix) each predicted with its
+    own configuration and compared with what it measured (see
+    :func:`bmoe.analyze.predict.compare_cells`). With `trace`, each file's reads are the
+    replay of that routing through its configuration; without, they are the reads the file
+    itself recorded (``reads`` says which: the time model is then what is checked, given
+    the reads a replay would have given)."""
+    from bmoe.analyze.predict import PREDICTED_FIGURES, compare_cells
+
+    files = measured_files(runs, profile, trace)
+    if not profile.overlap:
+        need = files["comparable"].isna() & (files["overlap"] == 1)
+        files.loc[need, "comparable"] = (
+            "an --overlap run: the profile has no overlap term (none of its runs used --overlap)"
+        )
+    comparable = files["comparable"].isna().to_numpy()
+    if trace is not None and comparable.any():
+        predicted = _replayed_predictions(files, trace, profile, comparable, seed, drop)
+        reads = "replay"
+    else:
+        predicted = _measured_predictions(files, profile, runs, comparable)
+        reads = "measured"
+    cells = files.copy()
+    for f in PREDICTED_FIGURES:
+        cells[f"{f}_predicted"] = predicted[f]
+    cells["reads"] = [reads if ok else None for ok in comparable]
+    out = compare_cells(cells, profile)
+    out["summary"]["reads"] = reads
+    return out
+
+
+__all__ = ["against_files", "measured_files", "not_comparable", "short_labels"]
