@@ -14,8 +14,14 @@ DeviceProfile` then turns those misses into time, token by token:
 
 Latency for a lane count the profile lacks is interpolated per lane (throughput saturates
 past the largest measured count), and a batch's flash time is the best over any lane count up
-to the asked one: more lanes never predict slower flash. The interval comes from the profile's
-spread (10th and 90th percentiles of request latency and of compute per token).
+to the asked one: more lanes never predict slower flash. A serial configuration predicted from
+a profile whose flash rows all come from ``--overlap`` runs is marked ``unpriced``: the lanes'
+busy time does not say how long a serial batch waits for its slowest lane.
+
+The interval (:mod:`bmoe.analyze.predict.interval`) adds in quadrature the terms' spread (how
+much a run's mean of each term moves) and the model's own error (the profile's runs held out
+one configuration at a time and predicted from the others), at the profile's stated coverage;
+without a measured model error it is the spread's alone and says so.
 
 Two rates are given. ``tok_s`` is the whole decode's (tokens over decode time, what a sweep
 measures); ``steady_tok_s`` applies the run analysis's steady-state rule
@@ -24,9 +30,10 @@ where the predicted flash MiB per token settles within 1.25x its second-half med
 decode shorter than 32 tokens has no steady state (NaN).
 
 The modules, from the bottom up: ``grid`` (the axes and ``--grid``), ``lanes`` (flash time
-from the flash table), ``reads`` (the replay of one configuration), ``timing`` (time per token
-and the interval), ``checks`` (refusals), ``cells`` (:func:`predict`), ``compare`` (measured
-next to predicted) and ``sweeps`` (a planned sweep's duration).
+from the flash table), ``reads`` (the replay of one configuration), ``interval`` (how wide
+an interval is), ``timing`` (time per token), ``checks`` (refusals), ``cells``
+(:func:`predict`), ``compare`` (measured next to predicted) and ``sweeps`` (a planned
+sweep's duration).
 """
 
 from __future__ import annotations
@@ -34,30 +41,45 @@ from __future__ import annotations
 from bmoe.analyze.predict.cells import PREDICT_COLUMNS, measured_reads, predict
 from bmoe.analyze.predict.checks import check_model, check_settled
 from bmoe.analyze.predict.compare import (
+    IN_SAMPLE,
     PREDICTED_FIGURES,
     WIDEST_INTERVAL_PCT,
     against,
     compare_cells,
+    in_sample_cells,
+    interval_kind,
     measured_cells,
 )
 from bmoe.analyze.predict.grid import GRID_AXES, MIB, grid_cells, parse_grid
+from bmoe.analyze.predict.interval import (
+    ModelError,
+    half_width,
+    interval_z,
+    model_error,
+    t_quantile,
+)
 from bmoe.analyze.predict.lanes import (
+    OVERLAP_SOURCE,
     batch_flash_ms,
     per_lane_ms,
     request_latency_ms,
     stall_per_miss,
+    unpriced,
 )
 from bmoe.analyze.predict.reads import CellReads, cell_reads
 from bmoe.analyze.predict.sweeps import sweep_duration
-from bmoe.analyze.predict.timing import interval_z, memory_faults, predict_cell, token_times
+from bmoe.analyze.predict.timing import memory_faults, predict_cell, token_times
 
 __all__ = [
     "GRID_AXES",
+    "IN_SAMPLE",
     "MIB",
+    "OVERLAP_SOURCE",
     "PREDICTED_FIGURES",
     "PREDICT_COLUMNS",
     "WIDEST_INTERVAL_PCT",
     "CellReads",
+    "ModelError",
     "against",
     "batch_flash_ms",
     "cell_reads",
@@ -65,10 +87,14 @@ __all__ = [
     "check_settled",
     "compare_cells",
     "grid_cells",
+    "half_width",
+    "in_sample_cells",
+    "interval_kind",
     "interval_z",
     "measured_cells",
     "measured_reads",
     "memory_faults",
+    "model_error",
     "parse_grid",
     "per_lane_ms",
     "predict",
@@ -76,5 +102,7 @@ __all__ = [
     "request_latency_ms",
     "stall_per_miss",
     "sweep_duration",
+    "t_quantile",
     "token_times",
+    "unpriced",
 ]

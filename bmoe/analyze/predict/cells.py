@@ -45,6 +45,8 @@ PREDICT_COLUMNS = (
     "prefetched_per_token",
     "faults_per_token",
     "interval_pct",
+    "spread_pct",
+    "unpriced",
 )
 
 

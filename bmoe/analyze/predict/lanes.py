@@ -104,4 +104,33 @@ def stall_per_miss(profile: DeviceProfile, lanes: int) -> float:
     return per * per_lane_ms(profile, lanes) / base if base > 0 else per
 
 
-__all__ = ["batch_flash_ms", "per_lane_ms", "request_bytes", "request_latency_ms", "stall_per_miss"]
+#: The flash table's source of rows measured from ``--overlap`` runs (the lanes' busy time).
+OVERLAP_SOURCE = "io_ms under --overlap (lane busy time)"
+
+
+def unpriced(profile: DeviceProfile, overlap: bool) -> str | None:
+    """Why a configuration's flash wait is not priced by what the profile measured (None
+    when it is): a serial configuration from a profile whose every flash row came from
+    ``--overlap`` runs. Their lanes' busy time gives a request's service time, not how long
+    a serial read batch waits for its slowest lane nor the batch's own overhead, so the
+    prediction takes the lanes as never waiting for each other (tok/s too high)."""
+    flash = profile.flash
+    if overlap or "source" not in flash or not len(flash):
+        return None
+    if not (flash["source"].astype(str) == OVERLAP_SOURCE).all():
+        return None
+    return (
+        "serial reads priced from --overlap runs only (lane busy time, not a serial "
+        "batch's wait): too fast"
+    )
+
+
+__all__ = [
+    "OVERLAP_SOURCE",
+    "batch_flash_ms",
+    "per_lane_ms",
+    "request_bytes",
+    "request_latency_ms",
+    "stall_per_miss",
+    "unpriced",
+]

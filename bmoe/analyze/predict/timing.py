@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from bmoe.analyze.metrics import steady_state
 from bmoe.analyze.predict.grid import MIB
-from bmoe.analyze.predict.lanes import batch_flash_ms, per_lane_ms, request_bytes, stall_per_miss
+from bmoe.analyze.predict.interval import half_width, interval_z, model_error
+from bmoe.analyze.predict.lanes import (
+    batch_flash_ms,
+    per_lane_ms,
+    request_bytes,
+    stall_per_miss,
+    unpriced,
+)
 from bmoe.analyze.predict.reads import CellReads
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
-
-
-def interval_z(coverage: float) -> float:
-    """The normal quantile of a two-sided interval of `coverage` (0.8 -> 1.2816)."""
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(0.5 + coverage / 2.0)
 
 
 def memory_faults(profile: DeviceProfile, cache_mb: float) -> tuple[float, str | None]:
@@ -150,9 +151,12 @@ def predict_cell(
     *,
     overlap: bool | None = None,
     cache_mb: float | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """One configuration's predicted figures from its replayed (or measured) reads, with an
-    interval of the profile's stated coverage."""
+    interval of the profile's stated coverage (see :mod:`bmoe.analyze.predict.interval`):
+    ``interval_pct`` its half-width (% of the token time), ``spread_pct`` the part the terms'
+    spread alone gives; ``unpriced`` says why part of the time is not priced by what the
+    profile measured (None when it all is)."""
     if overlap is None:
         overlap = profile.mode == "overlap"
     c = profile.compute
@@ -168,13 +172,14 @@ def predict_cell(
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
     # the interval: each term's mean moves by its relative sd; independent terms add in
-    # quadrature, and the coverage sets how many sds each side
+    # quadrature, and so does the model's own error
     sd_ms = math.sqrt(
         (_term_sd(profile, "compute") * parts["compute"]) ** 2
         + (_term_sd(profile, "stall" if overlap else "flash") * parts["flash"]) ** 2
         + (_term_sd(profile, "mgmt") * parts["mgmt"]) ** 2
     )
-    rel = interval_z(profile.coverage) * sd_ms / token_ms if token_ms > 0 else 0.0
+    spread = sd_ms / token_ms if token_ms > 0 else 0.0
+    rel, _q = half_width(profile.coverage, spread, model_error(profile))
     moved_mib = np.bincount(reads.step, weights=moved, minlength=reads.n_tokens) / MIB
     steady = steady_state(pd.DataFrame({"wall_ms": mid["wall_ms"], "read_mib": moved_mib}))
     window = steady.mask()
@@ -209,7 +214,9 @@ def predict_cell(
         "prefetched_per_token": float(reads.prefetched.sum()) / n,
         "faults_per_token": faults,
         "interval_pct": 100.0 * rel,
+        "spread_pct": 100.0 * interval_z(profile.coverage) * spread,
+        "unpriced": unpriced(profile, bool(overlap)),
     }
 
 
-__all__ = ["interval_z", "memory_faults", "predict_cell", "token_times"]
+__all__ = ["memory_faults", "predict_cell", "token_times"]

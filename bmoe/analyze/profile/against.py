@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bmoe.analyze.predict import IN_SAMPLE
+from bmoe.analyze.profile.matching import not_comparable
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig, number, run_config
 from bmoe.analyze.profile.state import run_state
 from bmoe.analyze.profile.tokens import token_frame, token_reads
@@ -20,66 +22,24 @@ from bmoe.formats.route import RouteTrace
 
 
 def short_labels(names: Sequence[str]) -> list[str]:
-    """File stems, with the parent folder added where two stems are the same."""
-    stems = [Path(n).stem for n in names]
-    out = []
-    for name, stem in zip(names, stems, strict=True):
-        if stems.count(stem) > 1:
-            stem = f"{Path(name).parent.name}/{stem}"
-        out.append(stem)
+    """File stems, with as many parent folders before them as it takes to tell apart files
+        whose stems are the same (``r1/run`` beside ``r2/run``; ``cell-a/r1/run``...); a file
+    given twice is numbered."""
+    paths = [Path(n) for n in names]
+    out = [p.stem for p in paths]
+    for depth in range(1, max((len(p.parts) for p in paths), default=1)):
+        clash = {label for label in out if out.count(label) > 1}
+        if not clash:
+            break
+        for i, p in enumerate(paths):
+            if out[i] in clash:
+                out[i] = "/".join([*p.parent.parts[-depth:], p.stem])
+    seen: dict[str, int] = {}
+    for i, label in enumerate(out):  # the same file given twice: numbered
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            out[i] = f"{label} ({seen[label]})"
     return out
-
-
-def _same_model(params: dict, profile: DeviceProfile) -> str | None:
-    """Why a file is not of the profile's model (None: it is, as far as both say)."""
-    for key in ("n_layer", "n_expert"):
-        mine = number(params.get(key))
-        theirs = number(profile.model.get(key))
-        if mine is not None and theirs is not None and mine != theirs:
-            return f"another model ({key} {int(mine)}, the profile's {int(theirs)})"
-    file_knows = number(params.get("n_layer")) is not None
-    profile_knows = number(profile.model.get("n_layer")) is not None
-    if file_knows == profile_knows:
-        return None
-    if file_knows:
-        return (
-            f"a run of {params.get('model') or 'a named model'}; the profile's runs do not "
-            "record their model: cannot tell it is the same"
-        )
-    return (
-        "its file does not record its model (v0): cannot tell it is the profile's "
-        f"({profile.model.get('name') or 'named'})"
-    )
-
-
-def not_comparable(
-    run: ProfileRun, config: RunConfig, profile: DeviceProfile, k_trace: float | None
-) -> str | None:
-    """Why no prediction of `run` can be compared with it (None: it can): no expert
-    streaming, another top-k than the trace's or the profile's, another model, other dense
-    weights than the profile's runs."""
-    params = run.metrics.params
-    k_profile = number(profile.model.get("n_expert_used"))
-    k = config.n_expert_used
-    if not config.streaming:
-        return "no expert streaming (plain mmap): nothing the profile prices"
-    if k and k_trace and k != k_trace:
-        return f"top-{k}, the trace top-{int(k_trace)} (--n-expert-used changes the routing)"
-    if k and k_profile and k != k_profile:
-        return f"top-{k}, the profile's runs top-{int(k_profile)}"
-    why = _same_model(params, profile)
-    if why is not None:
-        return why
-    dense = params.get("dense_weights")
-    profile_dense = {
-        str(r["dense_weights"]) for r in profile.runs if r.get("dense_weights") is not None
-    }
-    if dense is not None and profile_dense and dense not in profile_dense:
-        return (
-            f"dense weights {dense}, the profile's runs {', '.join(sorted(profile_dense))}: "
-            "not a configuration the profile prices"
-        )
-    return None
 
 
 def _notes(run: ProfileRun, config: RunConfig) -> str | None:
@@ -161,7 +121,7 @@ def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile)
     for cell, file in zip(table["cell"], table["file"], strict=True):
         parts = [p for p in str(stability.get(cell) or "").split(", ") if p and p != "single run"]
         if str(Path(file).resolve()) in sources:
-            parts.insert(0, "a profile run (in sample)")
+            parts.insert(0, IN_SAMPLE)
         judged.append(", ".join(parts) or None)
     return judged
 
@@ -186,12 +146,21 @@ def measured_files(
     return table
 
 
+def _empty(n: int) -> dict[str, np.ndarray]:
+    """Room for `n` files' predicted figures (NaN) and why each is unpriced (None)."""
+    from bmoe.analyze.predict import PREDICTED_FIGURES
+
+    out = {f: np.full(n, np.nan) for f in PREDICTED_FIGURES}
+    out["unpriced"] = np.full(n, None, dtype=object)
+    return out
+
+
 def _measured_predictions(files: pd.DataFrame, profile, runs, comparable) -> dict:
     """Each comparable file predicted from the reads it recorded itself."""
-    from bmoe.analyze.predict import PREDICTED_FIGURES, measured_reads, predict_cell
+    from bmoe.analyze.predict import measured_reads, predict_cell
 
     by_name = {r.name: r for r in runs}
-    predicted = {f: np.full(len(files), np.nan) for f in PREDICTED_FIGURES}
+    predicted = _empty(len(files))
     for i in np.flatnonzero(comparable):
         row = files.iloc[i]
         tokens, _ = token_reads(by_name[row["file"]], profile.read_unit_bytes, None)
@@ -204,23 +173,23 @@ def _measured_predictions(files: pd.DataFrame, profile, runs, comparable) -> dic
             overlap=bool(row["overlap"]),
             cache_mb=None if pd.isna(row["cache_mb"]) else float(row["cache_mb"]),
         )
-        for f in PREDICTED_FIGURES:
+        for f in predicted:
             predicted[f][i] = figures[f]
     return predicted
 
 
 def _replayed_predictions(files, trace, profile, comparable, seed, drop) -> dict:
     """Each comparable file predicted from the replay of `trace` through its configuration."""
-    from bmoe.analyze.predict import PREDICTED_FIGURES, predict
+    from bmoe.analyze.predict import predict
 
-    predicted = {f: np.full(len(files), np.nan) for f in PREDICTED_FIGURES}
+    predicted = _empty(len(files))
     grid = files.loc[comparable, ["cache_mb", "io_threads", "prefetch", "overlap", "policy"]]
     missing = grid["cache_mb"].isna()
     if missing.any():
         names = ", ".join(files.loc[comparable].loc[missing, "cell"])
         raise BmoeError(f"no cache budget recorded for {names}: cannot replay it")
     out = predict(trace, profile, grid.reset_index(drop=True), seed=seed, drop=drop)
-    for f in PREDICTED_FIGURES:
+    for f in predicted:
         predicted[f][comparable] = out[f].to_numpy()
     return predicted
 
@@ -257,10 +226,11 @@ def against_files(
     cells = files.copy()
     for f in PREDICTED_FIGURES:
         cells[f"{f}_predicted"] = predicted[f]
+    cells["unpriced"] = predicted["unpriced"]
     cells["reads"] = [reads if ok else None for ok in comparable]
     out = compare_cells(cells, profile)
     out["summary"]["reads"] = reads
     return out
 
 
-__all__ = ["against_files", "measured_files", "not_comparable", "short_labels"]
+__all__ = ["against_files", "measured_files", "short_labels"]

@@ -12,19 +12,12 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.predict import request_latency_ms
-from bmoe.analyze.profile.compute import compute_section
 from bmoe.analyze.profile.evidence import Evidence
-from bmoe.analyze.profile.flash import flash_section
+from bmoe.analyze.profile.holdout import model_error_section
 from bmoe.analyze.profile.model import model_section
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig, run_config
-from bmoe.analyze.profile.spread import BLOCK_TOKENS
-from bmoe.analyze.profile.state import run_state, tracing_section
-from bmoe.analyze.profile.terms import (
-    memory_section,
-    mgmt_section,
-    prefill_section,
-    stall_section,
-)
+from bmoe.analyze.profile.sections import measure
+from bmoe.analyze.profile.state import run_state
 from bmoe.analyze.profile.tokens import token_frame
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DEFAULT_COVERAGE, DeviceProfile, profile_from_dict
@@ -94,57 +87,6 @@ def _input_caveats(ev: Evidence, sized: bool) -> None:
         ev.caveats.append(f"{key} {how} ({', '.join(names)})")
 
 
-def _timing_runs(ev: Evidence, allow_traced: bool) -> dict[str, Any]:
-    """Which runs compute, management and the stall come from (untraced ones where there
-    are any; never compute-traced ones unless allowed); the profile's tracing section."""
-    runs = ev.runs
-    ev.untraced = [r for r in runs if not r.traced]
-    eligible = [r for r in runs if not r.compute_traced]
-    if not eligible:
-        if not allow_traced:
-            raise BmoeError(
-                "every run was compute-traced (per-node timing synchronises each graph node): "
-                "their compute time is not a benchmark figure; add an untraced run, or allow "
-                "traced runs (--allow-traced) and the profile will say so"
-            )
-        eligible = list(runs)
-        ev.caveats.append(
-            "compute time from compute-traced runs: instrumented, expect predictions too slow"
-        )
-    ev.timing = ev.untraced or eligible
-    tracing = tracing_section(runs, ev.untraced, ev.timing, ev.frames, ev.configs)
-    if tracing["how"] == "not removed":
-        ev.unsettled.append(
-            "compute and management come from traced runs only (tracing slows them): "
-            "untraced configurations will be predicted slow; add one untraced run"
-        )
-    elif tracing["how"] != "no traced runs":
-        ev.caveats.append(f"tracing: {tracing['how']}")
-    return tracing
-
-
-def _closing_notes(ev: Evidence) -> None:
-    """Unsettled terms, a run too short to tell spread, and the runs' system warnings."""
-    for term, record in ev.terms.items():
-        if not record["settled"]:
-            ev.unsettled.append(f"{term}: {record['why']}")
-    runs = ev.runs
-    if len(runs) == 1 and len(ev.frame(runs[0])) < 2 * BLOCK_TOKENS:
-        ev.unsettled.append(
-            f"one run of {len(ev.frame(runs[0]))} tokens: too few to tell a term's spread"
-        )
-    for state in ev.states:
-        if state["system_warnings"]:
-            ev.caveats.append(
-                f"{state['name']}: system warnings: {'; '.join(state['system_warnings'])}"
-            )
-
-
-def _mode(ev: Evidence) -> str:
-    modes = {c.overlap for c in ev.configs.values()}
-    return "mixed" if len(modes) > 1 else ("overlap" if modes.pop() else "serial")
-
-
 def build_profile(
     runs: Sequence[ProfileRun],
     *,
@@ -153,43 +95,20 @@ def build_profile(
     expert_sizes: Mapping[int, int] | None = None,
     sizes_from: str | None = None,
     coverage: float = DEFAULT_COVERAGE,
+    model_meta: Mapping[str, Any] | None = None,
 ) -> DeviceProfile:
     """The device profile these runs measure (see the package docstring). `trace` is a route
     trace of the same model (its expert sizes); `expert_sizes` sizes read from the model
-    file (`sizes_from` says which); `coverage` the coverage the prediction intervals of the
-    profile are to have."""
+    file (`sizes_from` says which; `model_meta` its ``n_layer`` and ``n_expert``, refused
+    when a run's differ); `coverage` the coverage the prediction intervals of the profile
+    are to have. The profile's ``model_error`` is measured by holding out each configuration
+    its runs measured (see :mod:`bmoe.analyze.profile.holdout`)."""
     configs = _configs(runs)
-    model = model_section(runs, trace, expert_sizes, sizes_from)
+    model = model_section(runs, trace, expert_sizes, sizes_from, model_meta)
     ev = _evidence(runs, configs, model)
     _input_caveats(ev, bool(model["expert_bytes"]))
-    tracing = _timing_runs(ev, allow_traced)
-    mgmt, mgmt_fitted = mgmt_section(ev)
-    memory, fault_ms = memory_section(ev)
-    compute = compute_section(ev, mgmt if mgmt_fitted else None, fault_ms)
-    flash = flash_section(ev)
-    overlap = stall_section(ev)
-    prefill = prefill_section(runs)
-    if not prefill:
-        ev.absent["prefill"] = "no run's summary has its prefill time"
-    _closing_notes(ev)
-    profile = DeviceProfile(
-        mode=_mode(ev),
-        model=model,
-        flash=flash,
-        compute=compute,
-        mgmt=mgmt,
-        prefill=prefill,
-        overlap=overlap,
-        sources=[r.name for r in runs],
-        caveats=ev.caveats,
-        memory=memory,
-        terms=ev.terms,
-        absent=ev.absent,
-        runs=ev.states,
-        tracing=tracing,
-        coverage=coverage,
-        unsettled=ev.unsettled,
-    )
+    profile = measure(ev, model, allow_traced=allow_traced, coverage=coverage)
+    profile.model_error = model_error_section(ev, model, allow_traced=allow_traced)
     return profile_from_dict(json.loads(json.dumps(profile.to_dict())))  # validated
 
 

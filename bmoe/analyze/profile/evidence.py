@@ -32,6 +32,18 @@ class Evidence:
     absent: dict[str, str] = field(default_factory=dict)
     terms: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def subset(self, runs: list[ProfileRun]) -> Evidence:
+        """The evidence of `runs` alone (what the sections found so far left behind)."""
+        names = {r.name for r in runs}
+        return Evidence(
+            runs=list(runs),
+            configs={n: c for n, c in self.configs.items() if n in names},
+            tokens={n: t for n, t in self.tokens.items() if n in names},
+            states=[s for s in self.states if s["name"] in names],
+            slices=self.slices,
+            req=self.req,
+        )
+
     @property
     def state(self) -> dict[str, dict[str, Any]]:
         """Each run's system state by name."""

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.predict import MIB, batch_flash_ms, request_latency_ms
+from bmoe.analyze.predict import MIB, OVERLAP_SOURCE, batch_flash_ms, request_latency_ms
 from bmoe.analyze.profile.evidence import Evidence
 from bmoe.analyze.profile.fits import fit_two
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
@@ -159,7 +159,7 @@ def flash_from_overlap(runs, tokens, configs, slices, req) -> pd.DataFrame:
                 "batch_overhead_ms": 0.0,
                 "mib_s": lanes * req / MIB / (latency / 1e3) if latency > 0 else None,
                 "reads": int(n.sum()),
-                "source": "io_ms under --overlap (lane busy time)",
+                "source": OVERLAP_SOURCE,
             }
         )
     return pd.DataFrame(out) if out else pd.DataFrame(columns=_EMPTY)

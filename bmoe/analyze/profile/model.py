@@ -38,10 +38,9 @@ def summary_sizes(run: ProfileRun) -> tuple[dict[int, int], str] | None:
     return None
 
 
-def _check_sizes(trace: RouteTrace, where: str, run: ProfileRun) -> None:
-    """Refuse a trace whose mean expert size is not the one `run`'s summary implies."""
+def _check_sizes(sizes: Mapping[int, int], where: str, run: ProfileRun) -> None:
+    """Refuse expert sizes whose mean is not the one `run`'s summary implies."""
     implied = summary_sizes(run)
-    sizes = trace.expert_bytes()
     if implied and sizes:
         theirs_mean = float(np.mean(list(implied[0].values())))
         mine_mean = float(np.mean(list(sizes.values())))
@@ -55,6 +54,34 @@ def _check_sizes(trace: RouteTrace, where: str, run: ProfileRun) -> None:
             )
 
 
+def _check_shape(meta: Mapping[str, Any], where: str, run: ProfileRun) -> None:
+    """Refuse a model (its ``n_layer`` / ``n_expert``) that is not the one `run` ran."""
+    params = run.metrics.params
+    for key in ("n_layer", "n_expert"):
+        mine, theirs = number(meta.get(key)), number(params.get(key))
+        if mine is not None and theirs is not None and mine != theirs:
+            raise BmoeError(
+                f"{where} ({key}={int(mine)}) and {run.name} ({key}={int(theirs)}) are "
+                "runs of different models: a profile describes one model"
+            )
+
+
+def check_model_file(
+    meta: Mapping[str, Any], sizes: Mapping[int, int], runs: Sequence[ProfileRun], where: str
+) -> bool:
+    """Refuse expert sizes read from a model file (`where`) of another model than the runs'
+    (their preamble's ``n_layer``, ``n_expert``, or the expert sizes their summaries imply);
+    whether any run said enough to check it."""
+    checked = False
+    for run in runs:
+        _check_shape(meta, where, run)
+        _check_sizes(sizes, where, run)
+        params = run.metrics.params
+        checked = checked or any(number(params.get(k)) is not None for k in ("n_layer", "n_expert"))
+        checked = checked or summary_sizes(run) is not None
+    return checked
+
+
 def check_against_runs(trace: RouteTrace, runs: Sequence[ProfileRun]) -> None:
     """Refuse a route trace of another model than the runs' (their preamble's n_layer,
     n_expert, top-k, or the expert sizes their summaries imply), naming both files."""
@@ -62,20 +89,14 @@ def check_against_runs(trace: RouteTrace, runs: Sequence[ProfileRun]) -> None:
     where = trace.path or "the route trace"
     for run in runs:
         params = run.metrics.params
-        for key in ("n_layer", "n_expert"):
-            mine, theirs = number(meta.get(key)), number(params.get(key))
-            if mine is not None and theirs is not None and mine != theirs:
-                raise BmoeError(
-                    f"{where} ({key}={int(mine)}) and {run.name} ({key}={int(theirs)}) are "
-                    "runs of different models: a profile describes one model"
-                )
+        _check_shape(meta, where, run)
         mine_k, theirs_k = number(meta.get("n_expert_used")), number(params.get("n_expert_used"))
         if mine_k is not None and theirs_k is not None and mine_k != theirs_k:
             raise BmoeError(
                 f"{where} routes top-{int(mine_k)} but {run.name} ran top-{int(theirs_k)} "
                 "(--n-expert-used changes the routing): give a trace recorded at the same top-k"
             )
-        _check_sizes(trace, where, run)
+        _check_sizes(trace.expert_bytes(), where, run)
 
 
 def _named_traces(
@@ -96,6 +117,7 @@ def _sizes(
     named: list[tuple[str, RouteTrace]],
     expert_sizes: Mapping[int, int] | None,
     sizes_from: str | None,
+    model_meta: Mapping[str, Any] | None,
 ) -> tuple[dict[int, int], str | None, dict[str, Any]]:
     """Expert sizes, where they came from, and the route trace's preamble (if any)."""
     if named:
@@ -113,7 +135,10 @@ def _sizes(
         return sizes, f"route trace {first.path or first_name}", first.meta
     if expert_sizes:
         sizes = {int(k): int(v) for k, v in expert_sizes.items()}
-        return sizes, sizes_from or "the model file", {}
+        where = sizes_from or "the model file"
+        if model_meta is not None and not check_model_file(model_meta, sizes, runs, where):
+            where += " (not checked: no run records its model)"
+        return sizes, where, {}
     for run in runs:
         implied = summary_sizes(run)
         if implied:
@@ -141,10 +166,13 @@ def model_section(
     trace: RouteTrace | None,
     expert_sizes: Mapping[int, int] | None,
     sizes_from: str | None,
+    model_meta: Mapping[str, Any] | None = None,
 ) -> dict:
-    """The profile's ``model`` section (see :mod:`bmoe.formats.profile`)."""
+    """The profile's ``model`` section (see :mod:`bmoe.formats.profile`). `model_meta` is
+    what the model file the sizes were read from says of its shape (``n_layer``,
+    ``n_expert``): checked against the runs."""
     named = _named_traces(runs, trace)
-    sizes, source, meta = _sizes(runs, named, expert_sizes, sizes_from)
+    sizes, source, meta = _sizes(runs, named, expert_sizes, sizes_from, model_meta)
     params = next((r.metrics.params for r in runs if r.metrics.params), {})
     slices, read_per = _read_per_expert(runs, sizes)
     route_path = named[0][1].path if named else None
@@ -166,4 +194,4 @@ def model_section(
     }
 
 
-__all__ = ["check_against_runs", "model_section", "summary_sizes"]
+__all__ = ["check_against_runs", "check_model_file", "model_section", "summary_sizes"]
