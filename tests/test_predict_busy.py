@@ -1,7 +1,8 @@
 """A profile recorded while the machine is busy says so: a short embedded run with spinning
 processes taking every core (eight a core, for a few seconds: with one or three a core the
-engine still got a third to a half of a core on this shared machine, not starved), then ``bmoe profile`` of it marks the run starved of a core,
-takes compute from its CPU time, calls the profile unsettled, and ``--strict`` refuses it.
+engine still got a third to a half of a core on this shared machine, not starved), then
+``bmoe profile`` of it marks the run starved of a core, takes compute from its CPU time, calls
+the profile unsettled, and ``--strict`` refuses it.
 
 The model is a synthetic one with a few milliseconds of compute a token on one thread (the
 ``tiny`` preset's third of a millisecond is shorter than a scheduler's time slice, so the time
