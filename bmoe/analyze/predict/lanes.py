@@ -10,27 +10,33 @@ import pandas as pd
 from bmoe.formats.profile import DeviceProfile
 
 
-def _latency_column(flash: pd.DataFrame, column: str) -> pd.Series:
-    values = flash[column].astype(float)
-    return values.fillna(flash["latency_ms"].astype(float))
+def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
+    return pd.to_numeric(frame[column], errors="coerce").to_numpy(np.float64)
 
 
 def _lane_curve(
     flash: pd.DataFrame, req_bytes: float, column: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per measured lane count: the latency of a `req_bytes` request and the batch overhead."""
+    """Per measured lane count: the latency of a `req_bytes` request (the `column` latency,
+    ``latency_ms`` where it has none) and the median batch overhead."""
+    lanes = _numbers(flash, "lanes")
+    sizes_all = _numbers(flash, "req_bytes")
+    lat_all = _numbers(flash, column)
+    lat_all = np.where(np.isnan(lat_all), _numbers(flash, "latency_ms"), lat_all)
+    over_all = _numbers(flash, "batch_overhead_ms")
     per_lanes = []
-    for n_lanes, rows in flash.groupby("lanes"):
-        rows = rows.sort_values("req_bytes")
-        sizes = rows["req_bytes"].to_numpy(np.float64)
-        lat = _latency_column(rows, column).to_numpy(np.float64)
+    for n_lanes in np.unique(lanes):
+        at = np.flatnonzero(lanes == n_lanes)
+        at = at[np.argsort(sizes_all[at], kind="stable")]
+        sizes, lat = sizes_all[at], lat_all[at]
         if req_bytes <= sizes[0]:
             value = lat[0]  # smaller requests: no cheaper than the smallest measured
         elif req_bytes > sizes[-1]:
             value = lat[-1] * req_bytes / sizes[-1]
         else:
             value = float(np.interp(req_bytes, sizes, lat))
-        overhead = float(rows["batch_overhead_ms"].astype(float).median())
+        over = over_all[at][~np.isnan(over_all[at])]
+        overhead = float(np.median(over)) if len(over) else float("nan")
         per_lanes.append((int(n_lanes), value, overhead))
     arrays = np.array(per_lanes, dtype=np.float64).T
     return arrays[0], arrays[1], arrays[2]

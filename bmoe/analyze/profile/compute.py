@@ -108,19 +108,18 @@ def _run_compute(
 ) -> np.ndarray:
     """Per token of one timing run, its compute (see the module docstring). `mgmt` is the
     management fit to take out of a run that did not record ``mgmt_ms`` (None: no fit)."""
-    frame = ev.frame(run)
-    compute = frame["compute_ms"].to_numpy().copy()
-    if frame["mgmt_ms"].isna().all() and mgmt is not None:
+    compute = ev.values(run, "compute_ms").copy()
+    if not ev.measured(run, "mgmt_ms") and mgmt is not None:
         compute = compute - (mgmt["token_ms"] + mgmt["per_admit_ms"] * ev.admits(run))
-    if fault_ms and frame["majflt"].notna().any():
-        compute = compute - fault_ms * np.nan_to_num(frame["majflt"].to_numpy())
+    if fault_ms and ev.measured(run, "majflt"):
+        compute = compute - fault_ms * np.nan_to_num(ev.values(run, "majflt"))
     if ev.starved(run):
         off = ev.state[run.name]["off_cpu_pct"]
-        cpu = frame["cpu_ms"].to_numpy()
+        cpu = ev.values(run, "cpu_ms")
         if np.isfinite(cpu).any() and calibration is not None:
             scale, per_mib = calibration
             threads = ev.configs[run.name].threads
-            from_cpu = scale * (cpu / threads - per_mib * frame["read_mib"].to_numpy())
+            from_cpu = scale * (cpu / threads - per_mib * ev.values(run, "read_mib"))
             compute = np.where(np.isfinite(from_cpu), np.maximum(from_cpu, 0.0), compute)
             notes.append(
                 f"{run.name}: the engine was starved of a core ({off:.0f} % off-CPU): compute "

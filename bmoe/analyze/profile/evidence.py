@@ -31,6 +31,9 @@ class Evidence:
     unsettled: list[str] = field(default_factory=list)
     absent: dict[str, str] = field(default_factory=dict)
     terms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Figures of one run that do not depend on which runs are beside it, made once and
+    #: shared with every subset (see :meth:`subset`).
+    per_run: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     def subset(self, runs: list[ProfileRun]) -> Evidence:
         """The evidence of `runs` alone (what the sections found so far left behind)."""
@@ -42,6 +45,7 @@ class Evidence:
             states=[s for s in self.states if s["name"] in names],
             slices=self.slices,
             req=self.req,
+            per_run=self.per_run,
         )
 
     @property
@@ -57,16 +61,16 @@ class Evidence:
         return self.tokens[run.name].frame
 
     def values(self, run: ProfileRun, column: str) -> np.ndarray:
-        return self.tokens[run.name].frame[column].to_numpy()
+        """A column of the run's tokens (read-only)."""
+        return self.tokens[run.name].values(column)
 
     def admits(self, run: ProfileRun) -> np.ndarray:
         """Per token, the experts the run admitted (demand misses and prefetched)."""
-        frame = self.frame(run)
-        return (frame["misses"] + frame["prefetched"]).to_numpy()
+        return self.values(run, "misses") + self.values(run, "prefetched")
 
     def measured(self, run: ProfileRun, column: str) -> bool:
         """Whether the run recorded `column` for any token."""
-        return bool(self.frame(run)[column].notna().any())
+        return bool((~np.isnan(self.values(run, column))).any())
 
     def starved(self, run: ProfileRun) -> bool:
         return bool(self.state[run.name]["starved"])

@@ -73,7 +73,7 @@ def _batch_overhead(table, runs, tokens, lanes, slices, req) -> float:
     spent = predicted = batches = 0.0
     for run in runs:
         t = tokens[run.name]
-        io = t.frame["io_ms"].to_numpy()
+        io = t.values("io_ms")
         if not np.isfinite(io).any():
             continue
         requests = t.batches * slices
@@ -93,7 +93,7 @@ def _metrics_row(runs, tokens, lanes: int, slices: int, req: float) -> dict | No
         t = tokens[run.name]
         w = waves(t.batches, slices, lanes)
         b = (t.batches > 0).sum(axis=1).astype(float)
-        y = t.frame["io_ms"].to_numpy()
+        y = t.values("io_ms")
         keep = np.isfinite(y) & (w > 0)
         io.append(y[keep])
         batches.append(b[keep])
@@ -138,9 +138,9 @@ def flash_from_overlap(runs, tokens, configs, slices, req) -> pd.DataFrame:
     for lanes in sorted({configs[r.name].io_threads for r in runs}):
         busy, requests = [], []
         for run in (r for r in runs if configs[r.name].io_threads == lanes):
-            frame = tokens[run.name].frame
-            y = frame["io_ms"].to_numpy()
-            n = ((frame["misses"] + frame["prefetched"]) * slices).to_numpy()
+            t = tokens[run.name]
+            y = t.values("io_ms")
+            n = (t.values("misses") + t.values("prefetched")) * slices
             keep = np.isfinite(y) & (n > 0)
             busy.append(y[keep])
             requests.append(n[keep])
@@ -171,11 +171,31 @@ def flash_fitted(table, tokens: Tokens, config: RunConfig, slices: int, req: flo
     lanes = config.io_threads
     if config.overlap:
         latency, _ = request_latency_ms(table, req, lanes)
-        frame = tokens.frame
-        return latency * ((frame["misses"] + frame["prefetched"]) * slices).to_numpy()
+        return latency * ((tokens.values("misses") + tokens.values("prefetched")) * slices)
     requests = tokens.batches * slices
     per = batch_flash_ms(table, requests.ravel(), req, lanes).reshape(requests.shape)
     return per.sum(axis=1)
+
+
+def _fitted(ev: Evidence, table: pd.DataFrame, runs: Sequence[ProfileRun]) -> dict[str, np.ndarray]:
+    """:func:`flash_fitted` of every run, the serial runs of one lane count priced in one
+    call (the same figures, the lane curve interpolated once)."""
+    out: dict[str, np.ndarray] = {}
+    serial: dict[int, list[ProfileRun]] = {}
+    for run in runs:
+        config = ev.configs[run.name]
+        if config.overlap:
+            out[run.name] = flash_fitted(table, ev.tokens[run.name], config, ev.slices, ev.req)
+        else:
+            serial.setdefault(config.io_threads, []).append(run)
+    for lanes, group in serial.items():
+        requests = [ev.tokens[r.name].batches * ev.slices for r in group]
+        flat = np.concatenate([r.ravel() for r in requests])
+        per = batch_flash_ms(table, flat, ev.req, lanes)
+        parts = np.split(per, np.cumsum([r.size for r in requests])[:-1])
+        for run, shape, part in zip(group, requests, parts, strict=True):
+            out[run.name] = part.reshape(shape.shape).sum(axis=1)
+    return {r.name: out[r.name] for r in runs}
 
 
 def _from_io_traces(ev: Evidence, serial: Sequence[ProfileRun]):
@@ -237,14 +257,10 @@ def flash_section(ev: Evidence) -> pd.DataFrame:
             "with an io_ms column"
         )
     measured = {r.name: ev.values(r, "io_ms") for r in flash_runs}
-    fitted = {
-        r.name: flash_fitted(table, ev.tokens[r.name], configs[r.name], ev.slices, ev.req)
-        for r in flash_runs
-    }
     ev.terms["flash"] = provenance(
         [r.name for r in flash_runs],
         flash_cols,
-        term_spread(measured, fitted),
+        term_spread(measured, _fitted(ev, table, flash_runs)),
         note=_lane_note(table),
     )
     return table

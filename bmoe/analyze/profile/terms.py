@@ -99,7 +99,13 @@ def memory_section(ev: Evidence) -> tuple[dict[str, Any], float]:
         ev.absent["memory"] = "no run recorded majflt (major faults): memory pressure not priced"
         return {}, 0.0
     fault_ms, how = _fault_cost(ev, faulting)
-    points = [p for p in (_memory_point(ev, r) for r in faulting) if p is not None]
+    points = []
+    for run in faulting:
+        key = ("memory_point", run.name)
+        if key not in ev.per_run:
+            ev.per_run[key] = _memory_point(ev, run)
+        if ev.per_run[key] is not None:
+            points.append(dict(ev.per_run[key]))
     if not points:
         ev.absent["memory"] = (
             "the runs recorded majflt but not their memory (rss_mib, mem_available_mib or a "

@@ -3,7 +3,7 @@ the reads it made (demand misses per read batch, speculative reads)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -41,6 +41,16 @@ class Tokens:
 
     frame: pd.DataFrame
     batches: np.ndarray  # float64, tokens x layers (one column when the layers are unknown)
+    _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def values(self, column: str) -> np.ndarray:
+        """A column of `frame` as a float64 array, made once (read-only: callers copy)."""
+        out = self._arrays.get(column)
+        if out is None:
+            out = self.frame[column].to_numpy(np.float64)
+            out.flags.writeable = False
+            self._arrays[column] = out
+        return out
 
 
 def column(rows: pd.DataFrame, name: str, default: float = np.nan) -> np.ndarray:
