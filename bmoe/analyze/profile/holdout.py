@@ -90,7 +90,8 @@ def _fold(
     ev: Evidence, group: list[ProfileRun], model: dict, allow_traced: bool
 ) -> list[dict[str, Any]]:
     """The held-out records of one configuration's runs."""
-    rest = [r for r in ev.runs if r not in group]
+    held = {id(r) for r in group}
+    rest = [r for r in ev.runs if id(r) not in held]
     try:
         others = measure(
             ev.subset(rest), model, allow_traced=allow_traced, coverage=DEFAULT_COVERAGE
