@@ -143,6 +143,20 @@ def _term_sd(profile: DeviceProfile, term: str) -> float:
     return 0.0
 
 
+def _spread(
+    profile: DeviceProfile, parts: Mapping[str, float], overlap: bool, token_ms: float
+) -> float:
+    """The relative sd of a token's time from its terms' spread: each term's mean moves by
+    its relative sd, independent terms add in quadrature (the model's own error is added to
+    this in :func:`bmoe.analyze.predict.interval.half_width`)."""
+    sd_ms = math.sqrt(
+        (_term_sd(profile, "compute") * parts["compute"]) ** 2
+        + (_term_sd(profile, "stall" if overlap else "flash") * parts["flash"]) ** 2
+        + (_term_sd(profile, "mgmt") * parts["mgmt"]) ** 2
+    )
+    return sd_ms / token_ms if token_ms > 0 else 0.0
+
+
 def predict_cell(
     profile: DeviceProfile,
     reads: CellReads,
@@ -171,14 +185,7 @@ def predict_cell(
     wall = float(mid["wall_ms"].sum())
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
-    # the interval: each term's mean moves by its relative sd; independent terms add in
-    # quadrature, and so does the model's own error
-    sd_ms = math.sqrt(
-        (_term_sd(profile, "compute") * parts["compute"]) ** 2
-        + (_term_sd(profile, "stall" if overlap else "flash") * parts["flash"]) ** 2
-        + (_term_sd(profile, "mgmt") * parts["mgmt"]) ** 2
-    )
-    spread = sd_ms / token_ms if token_ms > 0 else 0.0
+    spread = _spread(profile, parts, bool(overlap), token_ms)
     rel, _q = half_width(profile.coverage, spread, model_error(profile))
     moved_mib = np.bincount(reads.step, weights=moved, minlength=reads.n_tokens) / MIB
     steady = steady_state(pd.DataFrame({"wall_ms": mid["wall_ms"], "read_mib": moved_mib}))
