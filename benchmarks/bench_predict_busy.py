@@ -10,8 +10,10 @@ lanes (the timing) -- and six untraced cells no profile run used (``cache_mb`` x
 profile then predicts each condition's cells (``against_files`` with the traced run's routing):
 quiet->quiet, busy->quiet, quiet->busy, busy->busy. Printed per pair: the median |tok/s error|
 over the cells whose measurement is firm (and over all), the interval's achieved coverage
-against its stated 80 %, its median width, whether the profile says it is settled, and the
-1-minute load average the runs saw (min-max).
+against its stated 80 % (the share within its bounds apart from intervals too wide to count,
+and what the interval is made of: the profile's two configurations held out in turn give its
+model error), its median width, whether the profile says it is settled, and the 1-minute load
+average the runs saw (min-max).
 
 Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 24] [--threads 2]
        [--spinners N] [--model PATH] [--out DIR [--again]]
@@ -145,6 +147,8 @@ def analyze(out: Path) -> pd.DataFrame:
                     "signed_median": float(table["tok_s_error_pct"].median()),
                     "coverage_firm": summary["coverage_pct"],
                     "coverage_all": 100.0 * float(table["inside_interval"].astype(bool).mean()),
+                    "within_firm": summary["within_bounds_pct"],
+                    "claimed": summary["coverage_claimed"],
                     "width": summary["median_interval_width_pct"],
                     "settled": profile.settled,
                     "profile_compute_ms": profile.compute["token_ms"],
@@ -157,6 +161,7 @@ def analyze(out: Path) -> pd.DataFrame:
                             "inside_interval", "measurement", "off_cpu_pct"]]  # fmt: skip
             print(f"\n{round_dir.name}: profile {p_cond} -> cells {c_cond}")
             print(detail.round(2).to_string(index=False))
+            print(f"  intervals: {summary['interval']}")
             if not profile.settled:
                 print("  profile unsettled: " + "; ".join(profile.unsettled))
     return pd.DataFrame(rows)

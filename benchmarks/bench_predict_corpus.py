@@ -12,11 +12,20 @@ priced, so what is checked is the time model given the reads; the replay's reads
 on the traced runs, where they agree to 0.5 %). Printed per (profile, file): measured and
 predicted decode tok/s, the error, the interval and whether it covers the measurement, and
 why a file is out of the headline. Then the headline: the median |error| over every
-out-of-sample prediction of a firm measurement, per profile size.
+out-of-sample prediction of a firm measurement, per profile size and interval kind (the terms'
+spread and the model's own error, measured by holding out each configuration of the profile's
+runs: the interval claims its stated 80 %; or the spread only, when the profile could not
+measure its error), with how many measurements the interval covers (one over 100 % wide covers
+nothing), how many lie within its bounds all the same, and its median width; beside them the
+same for the spread-only interval on the same cells (the interval before the model error was
+added). Serial files predicted from overlap-only profiles are listed apart (unpriced).
 
-Two checks with route traces close the output: the gemma phone run's first half of tokens
-profiling its second half (replay of its own trace), and the native-tiny host runs (profile
-from ``run`` and ``pf``, the others predicted from the ``pf`` routing).
+Three checks close the output: the gemma phone run's first half of tokens profiling its second
+half (replay of its own trace); the native-tiny host runs (profile from ``run`` and ``pf``, the
+others predicted from the ``pf`` routing); and, as a second data set for the interval, the
+archived host sweep ``bench-data/2026-11-29-tiny-cache-lanes`` (15 configurations x 3 repeats
+of 32 tokens): profiles of every seventh pair of configurations (all their repeats) predicting
+the other configurations' files the same way.
 
 Usage: python benchmarks/bench_predict_corpus.py [--corpus DIR] [--csv OUT]
 """
@@ -37,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 from bmoe.analyze import replay  # noqa: E402
-from bmoe.analyze.predict import cell_reads, token_times  # noqa: E402
+from bmoe.analyze.predict import WIDEST_INTERVAL_PCT, cell_reads, interval_kind, token_times  # noqa: E402  # noqa: E402
 from bmoe.analyze.profile import (  # noqa: E402
     ProfileRun,
     against_files,
@@ -96,26 +105,51 @@ def phone_table(corpus: Path, max_runs: int = 2) -> pd.DataFrame:
                                  "left out": f"no profile: {exc}"})  # fmt: skip
                     continue
                 cells = _quiet(against_files, None, profile, runs)["cells"]
+                claimed = interval_kind(profile)[1]
                 for cell in cells.to_dict("records"):
-                    rows.append(
-                        {
-                            "group": group,
-                            "runs": size,
-                            "profile": _names(chosen),
-                            "profile_settled": profile.settled,
-                            "file": cell["cell"],
-                            "config": _config(cell),
-                            "measured": cell["tok_s"],
-                            "predicted": cell["tok_s_predicted"],
-                            "low": cell["tok_s_low_predicted"],
-                            "high": cell["tok_s_high_predicted"],
-                            "error_pct": cell["tok_s_error_pct"],
-                            "inside": bool(cell["inside_interval"]),
-                            "left out": left_out(cell),
-                            "notes": cell["notes"],
-                        }
-                    )
+                    rows.append(_row(group, size, chosen, profile, claimed, cell))
     return pd.DataFrame(rows)
+
+
+def _spread_only(cell: dict) -> tuple[float, bool, bool]:
+    """The width (%) of the interval the spread alone gives (the interval before the model
+    error was added), whether it covers the measurement (a too wide one never does) and
+    whether the measurement lies within its bounds."""
+    rel = cell["spread_pct_predicted"] / 100.0
+    rate = cell["tok_s_predicted"]
+    low = rate / (1 + rel)
+    high = rate / (1 - rel) if rel < 1 else float("inf")
+    width = 100.0 * (high - low) / rate
+    within = bool(low <= cell["tok_s"] <= high)
+    return width, within and width <= WIDEST_INTERVAL_PCT, within
+
+
+def _row(group, size, chosen, profile, claimed: bool, cell: dict) -> dict:
+    spread_width, spread_inside, spread_within = _spread_only(cell)
+    return {
+        "group": group,
+        "runs": size,
+        "profile": _names(chosen),
+        "profile_settled": profile.settled,
+        "model_error_pct": None if not claimed else 100 * profile.model_error["sd_rel"],
+        "claimed": claimed,
+        "file": cell["cell"],
+        "config": _config(cell),
+        "measured": cell["tok_s"],
+        "predicted": cell["tok_s_predicted"],
+        "low": cell["tok_s_low_predicted"],
+        "high": cell["tok_s_high_predicted"],
+        "error_pct": cell["tok_s_error_pct"],
+        "inside": bool(cell["inside_interval"]),
+        "within": _within(cell),
+        "width_pct": cell["interval_width_pct"],
+        "spread_inside": spread_inside,
+        "spread_within": spread_within,
+        "spread_width_pct": spread_width,
+        "left out": left_out(cell),
+        "unpriced": cell.get("unpriced"),
+        "notes": cell["notes"],
+    }
 
 
 def _names(runs) -> str:
@@ -126,25 +160,46 @@ def _config(cell: dict) -> str:
     return cell_label(cell)
 
 
+def _within(cell: dict) -> bool:
+    return bool(cell["tok_s_low_predicted"] <= cell["tok_s"] <= cell["tok_s_high_predicted"])
+
+
 def headline(table: pd.DataFrame) -> pd.DataFrame:
-    """Per group and profile size: the out-of-sample predictions of firm measurements, their
-    median |error|, coverage and the number of profiles."""
+    """Per group, profile size and interval kind (claiming its coverage: the model error was
+    measured; or the spread only): the out-of-sample predictions of firm measurements, their
+    median |error|, how many the interval covers and its median width, beside the same for
+    the spread-only interval (the one before the model error was added) on the same cells."""
     firm = table[table["left out"].isna() & table["predicted"].notna()]
     out = []
-    for (group, size), part in firm.groupby(["group", "runs"]):
+    keys = ["group", "runs", "claimed"] if "runs" in firm else ["group", "claimed"]
+    for key, part in firm.groupby(keys):
+        group, size, claimed = key if len(key) == 3 else (key[0], 2, key[1])
         err = part["error_pct"].abs()
+        n = len(part)
         out.append(
             {
                 "group": group,
-                "profile runs": int(size),
+                "runs": int(size),
+                "interval": "spread+model" if claimed else "spread only",
                 "profiles": part["profile"].nunique(),
-                "predictions": len(part),
-                "median |error| %": float(err.median()),
-                "max |error| %": float(err.max()),
-                "inside 80 %": f"{int(part['inside'].sum())} of {len(part)}",
+                "predictions": n,
+                "median |err| %": float(err.median()),
+                "max |err| %": float(err.max()),
+                "inside": f"{int(part['inside'].sum())} of {n}",
+                "within": int(part["within"].sum()),
+                "median width %": float(part["width_pct"].median()),
+                "spread-only inside": f"{int(part['spread_inside'].sum())} of {n}",
+                "spread-only within": int(part["spread_within"].sum()),
+                "spread-only width %": float(part["spread_width_pct"].median()),
             }
         )
     return pd.DataFrame(out)
+
+
+def unpriced_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """The predictions left out because the profile does not price them, with their error."""
+    part = table[table["unpriced"].notna() & table["left out"].eq(table["unpriced"])]
+    return part[["runs", "profile", "file", "measured", "predicted", "error_pct"]]
 
 
 def gemma_halves(corpus: Path) -> dict:
@@ -171,7 +226,7 @@ def gemma_halves(corpus: Path) -> dict:
 def native_tiny(corpus: Path) -> pd.DataFrame:
     """The native-tiny host runs: a profile of ``run`` and ``pf`` predicting the others from
     the ``pf`` routing (same prompt as ``ct``, ``ctl``; ``drop`` replayed with --drop 1.0
-    through its own trace)."""
+    through its own trace); what its intervals are made of in ``attrs["interval"]``."""
     tiny = corpus / "native-tiny"
     profile = _quiet(build_profile, _quiet(read_runs, [tiny / "run.csv", tiny / "pf.csv"]))
     others = _quiet(read_runs, [tiny / n for n in ("ct.csv", "ctl.csv", "mmap.csv")])
@@ -180,8 +235,39 @@ def native_tiny(corpus: Path) -> pd.DataFrame:
     drop = _quiet(read_runs, [tiny / "drop.csv"])[0]
     parts.append(_quiet(against_files, drop.route, profile, [drop], drop=1.0)["cells"])
     cells = pd.concat(parts, ignore_index=True)
-    return cells[["cell", "tok_s", "tok_s_predicted", "tok_s_error_pct", "mib_per_token",
-                  "mib_per_token_predicted", "comparable", "measurement"]]  # fmt: skip
+    columns = ["cell", "tok_s", "tok_s_predicted", "tok_s_low_predicted",
+               "tok_s_high_predicted", "tok_s_error_pct", "inside_interval", "mib_per_token",
+               "mib_per_token_predicted", "comparable", "measurement"]  # fmt: skip
+    out = cells[columns]
+    out.attrs["interval"] = interval_kind(profile)[0]
+    return out
+
+
+TINY_SWEEP = ROOT / "bench-data" / "2026-11-29-tiny-cache-lanes"
+
+
+def host_table(folder: Path = TINY_SWEEP, every: int = 7) -> pd.DataFrame:
+    """The archived host sweep's files as loose files: a profile of every `every`-th pair of
+    its configurations (all their repeats) predicting the other configurations' files from
+    their own reads; one row per (profile, file)."""
+    runs = _quiet(read_runs, [folder / "cells"])
+    by_config: dict[tuple, list[ProfileRun]] = {}
+    for run in runs:
+        config = run_config(run)
+        by_config.setdefault((config.cache_mb, config.io_threads), []).append(run)
+    configs = sorted(by_config)
+    rows = []
+    for a, b in list(itertools.combinations(configs, 2))[::every]:
+        chosen = by_config[a] + by_config[b]
+        profile = _quiet(build_profile, chosen)
+        claimed = interval_kind(profile)[1]
+        rest = [r for c in configs if c not in (a, b) for r in by_config[c]]
+        cells = _quiet(against_files, None, profile, rest)["cells"]
+        for cell in cells.to_dict("records"):
+            row = _row("tiny-cache-lanes", 2, chosen, profile, claimed, cell)
+            row["profile"] = f"{a[0]:g}M {a[1]}L + {b[0]:g}M {b[1]}L"
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def main() -> None:
@@ -215,14 +301,23 @@ def main() -> None:
         print(show.round(2).to_string(index=False))
         print()
         print(headline(table).round(1).to_string(index=False))
+        unpriced = unpriced_cells(table)
+        if len(unpriced):
+            print("\nleft out as unpriced (serial files from overlap-only profiles):")
+            print(unpriced.round(2).to_string(index=False))
     g = gemma_halves(corpus)
     print(
         f"\ngemma phone run, first half profiling the second: measured {g['measured']:.3f} "
         f"tok/s, predicted {g['predicted']:.3f} ({g['error_pct']:+.1f} %)"
     )
-    print("\nnative-tiny (profile of run + pf):")
-    with pd.option_context("display.width", 220, "display.max_colwidth", 50):
-        print(native_tiny(corpus).round(3).to_string(index=False))
+    tiny = native_tiny(corpus)
+    print(f"\nnative-tiny (profile of run + pf; intervals: {tiny.attrs['interval']}):")
+    with pd.option_context("display.width", 240, "display.max_colwidth", 40):
+        print(tiny.round(3).to_string(index=False))
+    host = host_table()
+    print(f"\nhost sweep {TINY_SWEEP.name}: profiles of two configurations (3 repeats each)")
+    with pd.option_context("display.width", 220, "display.max_columns", 20):
+        print(headline(host).round(1).to_string(index=False))
     firm = table[table["left out"].isna() & table["predicted"].notna()]
     two = firm[firm["runs"] == 2]["error_pct"].abs()
     print(

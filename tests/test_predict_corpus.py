@@ -176,3 +176,28 @@ def test_drop_replay_reproduces_the_dropping_runs_hit_rate(corpus: Path):
     plain = predict(run.route, profile, cell).iloc[0]
     assert dropped["hit_pct"] == pytest.approx(summary["cache_hit_pct"], abs=0.051)
     assert abs(plain["hit_pct"] - summary["cache_hit_pct"]) > 10
+
+
+def test_phone_profile_of_two_configurations_measures_its_error(corpus: Path):
+    """Two --overlap phone files of different configurations: each, held out, is predicted
+    from the other, so the profile knows its model error (from 2 configurations) and its
+    intervals claim their coverage, never narrower than the spread alone; the serial file is
+    predicted but unpriced (its flash wait is not what lane busy time measures)."""
+    from bmoe.analyze.predict import interval_kind
+    from bmoe.analyze.profile import against_files
+
+    metrics = corpus / "metrics"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pair = read_runs([metrics / "2026-07-12-pr23/qwen_pf2.csv",
+                          metrics / "2026-07-13/qwen_auto_ov.csv"])  # fmt: skip
+        files = read_runs(sorted(metrics.glob("2026-07-1[24]*/*.csv")))
+        profile = build_profile(pair)
+        cells = against_files(None, profile, files)["cells"].set_index("cell")
+    error = profile.model_error
+    assert error["configurations"] == 2 and error["sd_rel"] is not None
+    assert all("error_pct" in r for r in error["held_out"])
+    assert interval_kind(profile)[1]
+    priced = cells[cells["tok_s_predicted"].notna()]
+    assert (priced["interval_pct_predicted"] >= priced["spread_pct_predicted"] - 1e-9).all()
+    assert "--overlap runs only" in cells.loc["qwen_c4000_l4", "unpriced"]

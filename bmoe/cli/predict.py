@@ -105,7 +105,9 @@ def profile_command(
         "--model",
         "-m",
         metavar="GGUF",
-        help="The model file: the expert sizes from its tensor table.",
+        help="The model file: the expert sizes from its tensor table (refused when its "
+        "n_layer or n_expert, or the expert sizes the runs' summaries imply, disagree with "
+        "the runs').",
     ),
     allow_traced: bool = typer.Option(
         False,
@@ -139,7 +141,9 @@ def profile_command(
     cache-management and overlap-stall time per token, memory pressure (major faults against
     the memory a configuration asks for), the prefill rate, the model's expert sizes. Each
     term says which runs and columns it came from and whether it is settled; a term no run
-    measured is named absent.
+    measured is named absent. The model's own error is measured by holding out each
+    configuration the runs measured and predicting it from the others (unknown, and the
+    intervals the spread's only, with one configuration).
 
     Example: bmoe profile runs/ -o device.json
     Example: bmoe profile phone/*.csv --trace gemma.route.csv -o phone.json
@@ -184,7 +188,7 @@ def profile_command(
     from bmoe.analyze.profile import build_profile, read_runs
     from bmoe.formats.profile import write_profile
 
-    sizes_given, sizes_from = _model_sizes(model_path)
+    sizes_given, sizes_from, model_meta = _model_sizes(model_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         runs = read_runs(paths)
@@ -196,6 +200,7 @@ def profile_command(
             expert_sizes=sizes_given,
             sizes_from=sizes_from,
             coverage=coverage,
+            model_meta=model_meta,
         )
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False)
@@ -211,16 +216,18 @@ def profile_command(
 
 
 def _model_sizes(path: Path | None):
-    """Expert sizes per MoE layer from a GGUF's tensor table (None without a model)."""
+    """Expert sizes per MoE layer from a GGUF's tensor table, where they came from, and the
+    model's shape (n_layer, n_expert) to check the runs against (None without a model)."""
     if path is None:
-        return None, None
+        return None, None, None
     from bmoe.engine.embedded.layout import read_layout
 
     layout = read_layout(path)
     sizes = {layer: layout.expert_bytes(layer) for layer in layout.moe_layers}
     if not sizes:
         raise BmoeError(f"{path}: no expert tensors (not a mixture-of-experts model)")
-    return sizes, f"the model file {path}"
+    meta = {"n_layer": layout.n_layer, "n_expert": layout.n_expert}
+    return sizes, f"the model file {path}", meta
 
 
 def _read_route(path: Path):
@@ -232,7 +239,13 @@ def _read_route(path: Path):
 def _show_profile(profile, fmt: str) -> None:
     """The profile: its figures, terms, runs and flash table (narrow views in a terminal,
     everything in JSON/CSV); caveats, absent terms and unsettled terms on stderr."""
-    from bmoe.render.predict import flash_view, runs_view, terms_view
+    from bmoe.render.predict import (
+        flash_view,
+        held_out_view,
+        model_error_figure,
+        runs_view,
+        terms_view,
+    )
 
     if fmt in ("json", "csv"):
         _show(_profile_views(profile), fmt)
@@ -245,15 +258,17 @@ def _show_profile(profile, fmt: str) -> None:
             "compute ms/token": profile.compute["token_ms"],
             "compute from": profile.compute.get("source"),
             "interval coverage": profile.coverage,
+            "model error": model_error_figure(profile),
             "runs": len(profile.sources),
             "settled": "yes" if profile.settled else "no",
             "tracing": profile.tracing.get("how"),
         }
-        _show(
-            {"profile": figures, "terms": terms_view(profile), "runs": runs_view(profile),
-             "flash": flash_view(profile)},
-            fmt,
-        )  # fmt: skip
+        views = {"profile": figures, "terms": terms_view(profile), "runs": runs_view(profile),
+                 "flash": flash_view(profile)}  # fmt: skip
+        held = held_out_view(profile)
+        if len(held):
+            views["held out (each configuration predicted from the others)"] = held
+        _show(views, fmt)
     for name, term in profile.terms.items():
         if term.get("note"):
             err_console.print(labelled(f"{name}:", "cyan", term["note"]), highlight=False)
@@ -281,6 +296,11 @@ def _profile_views(profile) -> dict:
         **{f"prefill_{k}": v for k, v in profile.prefill.items()},
         **{f"overlap_{k}": v for k, v in profile.overlap.items() if k != "lanes"},
         "coverage": profile.coverage,
+        "model_error_pct": None
+        if profile.model_error.get("sd_rel") is None
+        else 100.0 * profile.model_error["sd_rel"],
+        "model_error_configurations": profile.model_error.get("configurations"),
+        "model_error_why_unknown": profile.model_error.get("why"),
         "runs": len(profile.sources),
         "settled": profile.settled,
         "unsettled": "; ".join(profile.unsettled) or None,
@@ -298,12 +318,15 @@ def _profile_views(profile) -> dict:
               "; ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()}
          for r in data["runs"]]
     )  # fmt: skip
+    from bmoe.render.predict import held_out_view
+
     return {
         "profile": figures,
         "flash": profile.flash,
         "terms": terms,
         "absent": dict(profile.absent),
         "runs": runs,
+        "held_out": held_out_view(profile),
     }
 
 
@@ -367,7 +390,8 @@ def predict_command(
         "--against",
         help="Put every measured cell of the sweep folder or metrics files given next to its "
         "prediction (each file matched to its configuration by its preamble), with the "
-        "error, the interval's coverage and width. Without a route trace, each file's own "
+        "error, the interval's coverage and width. Cells a profile run measured are labelled "
+        "in sample and left out of the headline. Without a route trace, each file's own "
         "reads are priced (the time model checked, given the reads).",
     ),
     strict: bool = typer.Option(
@@ -380,7 +404,10 @@ def predict_command(
 ) -> None:
     """Predict tok/s, MiB/token, hit % and the stall attribution (compute / flash wait /
     mgmt) of configurations from one run's routing and a device profile. MiB/token and hit %
-    come from the replay; tok/s has an interval of the profile's stated coverage. tok_s is
+    come from the replay; tok/s has an interval of the profile's stated coverage (the terms'
+    spread and the model's own error; the spread's only, and said so, when the profile could
+    not measure its error). A serial cell from a profile of --overlap runs only is marked
+    unpriced. tok_s is
     the whole decode's rate (what a sweep measures), steady_tok_s the rate after the warm-up
     (the run analysis's steady-state rule on the predicted tokens; none under 32 tokens).
 
@@ -415,7 +442,12 @@ def predict_command(
                       "every expert the router asked for, dropped ones included"),
             highlight=False,
         )  # fmt: skip
-    from bmoe.render.predict import against_summary, against_view, predict_views
+    from bmoe.analyze.predict import interval_kind
+    from bmoe.render.predict import (
+        against_summary,
+        against_view,
+        predict_views,
+    )
 
     if against_flag:
         views = _against(trace, profile, measured, policy, drop)
@@ -432,10 +464,12 @@ def predict_command(
         assert trace is not None and cells is not None  # checked above
         table = prediction.predict(trace, profile, cells, policy=policy, drop=drop)
         if fmt in ("table", "markdown"):
-            shown = predict_views(table, profile.coverage)
+            shown = predict_views(table, profile.coverage, interval_kind(profile)[1])
         else:
             shown = {"predicted": table}
     _show(shown, fmt)
+    if fmt == "table":
+        _interval_notes(profile, table if not against_flag else None)
     if profile.unsettled and fmt == "table":
         err_console.print(
             labelled("unsettled:", "red", f"{profile.path}: {len(profile.unsettled)} term(s) "
@@ -448,6 +482,22 @@ def predict_command(
 
         csv_out.write_text(pd.DataFrame(table).to_csv(index=False), encoding="utf-8")
         err_console.print(f"wrote {csv_out}", highlight=False)
+
+
+def _interval_notes(profile, table) -> None:
+    """What the intervals are made of, and the cells whose time the profile does not price."""
+    from bmoe.analyze.predict import interval_kind
+    from bmoe.render.predict import unpriced_notes
+
+    kind, claimed = interval_kind(profile)
+    if not claimed:
+        err_console.print(
+            note_line(f"intervals: {kind}; they do not claim {100 * profile.coverage:.0f} % "
+                      "coverage (give the profile runs of two configurations or more)"),
+            highlight=False,
+        )  # fmt: skip
+    for line in unpriced_notes(table) if table is not None else []:
+        err_console.print(labelled("unpriced:", "yellow", line), highlight=False)
 
 
 def _against(trace, profile, measured: list[Path], policy: str, drop: float | None) -> dict:
@@ -465,7 +515,7 @@ def _against(trace, profile, measured: list[Path], policy: str, drop: float | No
         from bmoe.sweep.archive import load_results
 
         return prediction.against(trace, profile, load_results(sweeps[0]), policy=policy,
-                                  drop=drop)  # fmt: skip
+                                  drop=drop, sweep_dir=sweeps[0])  # fmt: skip
     from bmoe.analyze.profile import against_files, read_runs
 
     with warnings.catch_warnings(record=True) as caught:

@@ -27,6 +27,8 @@ Layout (``version`` 2)::
      "absent": {"<term>": why no run measured it},
      "runs": [{"name", "lanes", "overlap", "traced", "cpu_share", "off_cpu_pct", ...}],
      "tracing": {"how", ...}, "coverage": 0.8, "unsettled": [...],
+     "model_error": {"method", "sd_rel", "configurations", "rms_pct", "held_out": [...], "why"}
+                    (the runs held out and predicted from the others; none for one run),
      "sources": [...], "caveats": [...]}
 
 Version 1 files (no ``terms``/``runs``/``memory``; every term implicitly measured) still read:
@@ -94,6 +96,7 @@ class DeviceProfile:
     tracing: dict[str, Any] = field(default_factory=dict)
     coverage: float = DEFAULT_COVERAGE
     unsettled: list[str] = field(default_factory=list)
+    model_error: dict[str, Any] = field(default_factory=dict)
     version: int = PROFILE_VERSION  # of the file it was read from
 
     def expert_bytes(self) -> dict[int, int]:
@@ -148,6 +151,7 @@ class DeviceProfile:
             "tracing": _jsonable(self.tracing),
             "coverage": self.coverage,
             "unsettled": list(self.unsettled),
+            "model_error": _jsonable(self.model_error),
             "sources": list(self.sources),
             "caveats": list(self.caveats),
         }
@@ -250,6 +254,7 @@ def profile_from_dict(data: Any, path: str | None = None) -> DeviceProfile:
             ("runs", list),
             ("tracing", dict),
             ("unsettled", list),
+            ("model_error", dict),
         )
     }
     memory = sections["memory"]
@@ -263,6 +268,10 @@ def profile_from_dict(data: Any, path: str | None = None) -> DeviceProfile:
                 raise BmoeError(f"{where}: memory.points[{i}] is not an object")
             for key in ("asked_mib", "available_mib", "faults_per_token"):
                 _number(f"{where}: memory.points[{i}]", point, key)
+    error = sections["model_error"]
+    for key in ("sd_rel", "configurations"):
+        if error.get(key) is not None:
+            _number(f"{where}: model_error", error, key)
     coverage = data.get("coverage", DEFAULT_COVERAGE)
     if (
         isinstance(coverage, bool)
@@ -298,6 +307,7 @@ def profile_from_dict(data: Any, path: str | None = None) -> DeviceProfile:
         tracing=dict(sections["tracing"]),
         coverage=float(coverage),
         unsettled=[str(s) for s in sections["unsettled"]],
+        model_error=dict(sections["model_error"]),
         version=int(version),
     )
 

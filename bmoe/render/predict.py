@@ -113,12 +113,66 @@ def cache_view(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def predict_views(table: pd.DataFrame, coverage: float) -> dict[str, pd.DataFrame]:
-    """The terminal's views of a prediction: speed (ms per token) and cache."""
+def predict_views(
+    table: pd.DataFrame, coverage: float, claimed: bool = True
+) -> dict[str, pd.DataFrame]:
+    """The terminal's views of a prediction: speed (ms per token) and cache. `claimed`: the
+    interval claims its coverage (the model's own error was measured); else it is the terms'
+    spread only and the heading says so."""
+    interval = f"{100 * coverage:.0f} % interval" if claimed else "spread-only interval"
     return {
-        f"speed (tok/s, {100 * coverage:.0f} % interval low-high; ms per token)": speed_view(table),
+        f"speed (tok/s, {interval} low-high; ms per token)": speed_view(table),
         "cache (replayed)": cache_view(table),
     }
+
+
+def unpriced_notes(table: pd.DataFrame) -> list[str]:
+    """One line per reason some cells' time is not priced by the profile, naming the cells."""
+    if "unpriced" not in table:
+        return []
+    groups: dict[str, list[str]] = {}
+    for row in table.to_dict("records"):
+        why = _text(row.get("unpriced"))
+        if why is not None:
+            groups.setdefault(why, []).append(cell_label(row))
+    return [f"{', '.join(cells)}: {why}" for why, cells in groups.items()]
+
+
+def model_error_figure(profile: Any) -> str:
+    """The profile's model error in a few words: its size and what it was measured from, or
+    why it is unknown."""
+    error = profile.model_error or {}
+    sd = error.get("sd_rel")
+    k = int(error.get("configurations") or 0)
+    if sd is None or k < 1:
+        return f"unknown ({error.get('why') or 'not measured'}): intervals are spread only"
+    plural = "s" if k != 1 else ""
+    return f"{100 * sd:.1f} % ({k} held-out configuration{plural})"
+
+
+def held_out_view(profile: Any) -> pd.DataFrame:
+    """Per run held out when the profile measured its own error: measured and predicted
+    tok/s (from the other configurations' runs), the error and the spread the prediction
+    stated, or why it could not be predicted."""
+    rows = []
+    configs = {str(r.get("name")): cell_label(r) for r in profile.runs}
+    for record in (profile.model_error or {}).get("held_out") or []:
+        name = str(record.get("run", ""))
+        rows.append(
+            {
+                "run": run_label(name),
+                "config": configs.get(name),
+                "measured": record.get("measured_tok_s"),
+                "predicted": record.get("predicted_tok_s"),
+                "error %": record.get("error_pct"),
+                "spread %": record.get("spread_pct"),
+                "why not": record.get("why"),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=["run", "config", "measured", "predicted", "error %", "spread %", "why not"],
+    )
 
 
 def against_view(cells: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -150,8 +204,11 @@ def against_view(cells: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
 
 
 def left_out(row: Mapping[str, Any]) -> str | None:
-    """Why a compared cell is out of the headline: not comparable, or its measurement."""
-    return _text(row.get("comparable")) or _text(row.get("measurement"))
+    """Why a compared cell is out of the headline: not comparable, its measurement, or a
+    prediction the profile does not price."""
+    return (
+        _text(row.get("comparable")) or _text(row.get("measurement")) or _text(row.get("unpriced"))
+    )
 
 
 def against_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,9 +222,13 @@ def against_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
         "not comparable": summary.get("not_predicted"),
         "median |error| % (compared)": summary.get("median_abs_tok_s_error_pct"),
         "median |error| % (all predicted)": summary.get("median_abs_tok_s_error_pct_all"),
-        "interval coverage stated %": summary.get("coverage_stated_pct"),
+        "interval": summary.get("interval"),
+        "interval coverage stated %": summary.get("coverage_stated_pct")
+        if summary.get("coverage_claimed", True)
+        else "none (spread only)",
         "interval coverage achieved %": summary.get("coverage_pct"),
         "inside the interval": f"{summary.get('inside_interval', 0)} of {compared}",
+        "within its bounds (too wide or not)": f"{summary.get('within_bounds', 0)} of {compared}",
         "median interval width %": summary.get("median_interval_width_pct"),
         "intervals too wide to count": summary.get("intervals_too_wide"),
         "reads": summary.get("reads", "replay"),
@@ -199,20 +260,25 @@ def terms_view(profile: Any) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["term", "value", "spread %", "se %", "settled", "runs"])
 
 
+def run_label(name: str) -> str:
+    """A run's short name: its file's stem, or a sweep run's repeat folder (``r2``), cut to
+    14 characters."""
+    parts = name.replace("\\", "/").split("/")
+    if parts[-1] == "run.csv" and len(parts) >= 2:  # a sweep's run: its repeat (the
+        text = parts[-2]  # config column says which cell)
+    else:
+        text = parts[-1].rsplit(".", 1)[0]
+    return text if len(text) <= 14 else text[:13] + "~"
+
+
 def runs_view(profile: Any) -> pd.DataFrame:
     """Per run of a profile: its configuration label, tok/s, the engine's CPU share, its
     off-CPU share, whether it was traced or starved of a core."""
     rows = []
-    names = [str(r.get("name", "")) for r in profile.runs]
-    for run, name in zip(profile.runs, names, strict=True):
-        parts = name.replace("\\", "/").split("/")
-        if parts[-1] == "run.csv" and len(parts) >= 2:  # a sweep's run: its repeat (the
-            text = parts[-2]  # config column says which cell)
-        else:
-            text = parts[-1].rsplit(".", 1)[0]
+    for run in profile.runs:
         rows.append(
             {
-                "run": text if len(text) <= 14 else text[:13] + "~",
+                "run": run_label(str(run.get("name", ""))),
                 "config": cell_label(run),
                 "tok/s": run.get("tok_s"),
                 "cpu %": None if run.get("cpu_share") is None else 100.0 * run["cpu_share"],
@@ -247,9 +313,13 @@ __all__ = [
     "cache_view",
     "cell_label",
     "flash_view",
+    "held_out_view",
     "left_out",
+    "model_error_figure",
     "predict_views",
+    "run_label",
     "runs_view",
     "speed_view",
     "terms_view",
+    "unpriced_notes",
 ]
