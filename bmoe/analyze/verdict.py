@@ -51,6 +51,8 @@ LEVEL = 0.95
 #: Fewest runs per side for a ratio with an interval (two runs give an interval that spans
 #: orders of magnitude: t = 12.7 at one degree of freedom).
 MIN_REPEATS = 3
+#: the stability reason for fewer than MIN_REPEATS runs (callers judging single runs drop it)
+FEW_REPEATS = "too few repeats"
 
 #: Parameter names that turn on tracing (traced timings are not benchmark figures).
 TRACE_PARAMS = ("route_trace", "compute_trace", "compute_trace_layers", "io_trace")
@@ -214,7 +216,7 @@ def cell_stability(
     table["traced"] = table["traced"].fillna(0).astype(int)
     reasons = pd.DataFrame(
         {
-            "too few repeats": table["n"] < MIN_REPEATS,
+            FEW_REPEATS: table["n"] < MIN_REPEATS,
             "repeats disagree": table["cv_pct"] > NOISY_CV_PCT,
             "rounds differ": table["drift_pct"].abs() > DRIFT_PCT,
             "mostly off-CPU": table["off_cpu_pct"] > OFF_CPU_PCT,
@@ -570,6 +572,7 @@ def verdict_frame(verdict: Verdict) -> pd.DataFrame:
 
 __all__ = [
     "DRIFT_PCT",
+    "FEW_REPEATS",
     "MIN_REPEATS",
     "NOISY_CV_PCT",
     "OFF_CPU_PCT",

@@ -46,7 +46,7 @@ def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.D
     steady-state tok/s (NaN where the runs had none), MiB/token and hit %, and
     ``measurement``: why the cell's own figure is not firm (the verdict's judgement of its
     repeats: they disagree, the rounds differ, the engine was mostly off-CPU, a run was
-    traced; None when firm; a single run is not counted against it)."""
+    traced; None when firm; too few repeats are not counted against it)."""
     ok = results[results["status"] == "ok"] if "status" in results else results
     if not len(ok):
         raise BmoeError("the sweep has no successful run to compare with")
@@ -82,9 +82,9 @@ def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.D
 
 
 def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
-    """Per cell, the verdict layer's reasons its figure is not firm (single runs aside)."""
+    """Per cell, the verdict layer's reasons its figure is not firm (the repeat count aside)."""
     from bmoe.analyze.sweep import rank_cells
-    from bmoe.analyze.verdict import cell_stability
+    from bmoe.analyze.verdict import FEW_REPEATS, cell_stability
 
     attempts = ok.assign(cell=ok["cell"].astype(str)) if "cell" in ok else ok
     outcome = "tok_s_mean" if "tok_s_mean" in attempts else None
@@ -95,7 +95,7 @@ def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
     out = []
     for cell in cells.astype(str):
         why = reasons.get(cell)
-        parts = [p for p in str(why).split(", ") if p and p != "single run"] if why else []
+        parts = [p for p in str(why).split(", ") if p and p != FEW_REPEATS] if why else []
         out.append(", ".join(parts) or None)
     return out
 

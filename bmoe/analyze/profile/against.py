@@ -101,9 +101,9 @@ def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict
 
 
 def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile) -> list:
-    """Per file, why its own figure is not firm: the verdict's reasons (single runs aside),
+    """Per file, why its own figure is not firm: the verdict's reasons (the repeat count aside),
     after "a profile run (in sample)" where the profile was built from it."""
-    from bmoe.analyze.verdict import cell_stability
+    from bmoe.analyze.verdict import FEW_REPEATS, cell_stability
 
     ranked = pd.DataFrame(
         {
@@ -119,7 +119,7 @@ def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile)
     sources = {str(Path(s).resolve()) for s in profile.sources}
     judged: list[str | None] = []
     for cell, file in zip(table["cell"], table["file"], strict=True):
-        parts = [p for p in str(stability.get(cell) or "").split(", ") if p and p != "single run"]
+        parts = [p for p in str(stability.get(cell) or "").split(", ") if p and p != FEW_REPEATS]
         if str(Path(file).resolve()) in sources:
             parts.insert(0, IN_SAMPLE)
         judged.append(", ".join(parts) or None)
