@@ -13,7 +13,12 @@ import pandas as pd
 import pytest
 
 from bmoe.analyze.sweep import analyze_sweep, rank_cells, sweep_verdict
-from bmoe.analyze.verdict import compare_neighbours, mean_interval_pct, t_quantile
+from bmoe.analyze.verdict import (
+    cell_labels,
+    compare_neighbours,
+    mean_interval_pct,
+    t_quantile,
+)
 from bmoe.cli import main
 from bmoe.errors import BmoeError
 from bmoe.sweep.archive import write_results
@@ -346,3 +351,8 @@ def test_the_quick_start_sweep_can_be_settled() -> None:
     assert traced.base.get("route_trace") is True
     assert {k: v for k, v in traced.base.items() if k != "route_trace"} == quick.base
     assert traced.grid == quick.grid
+
+
+def test_cell_labels_leave_out_an_axis_a_cell_has_no_value_for() -> None:
+    ranked = pd.DataFrame({"cell": ["a", "b"], "cache_mb": [8.0, None], "tag": ["x", None]})
+    assert cell_labels(ranked, ["cache_mb", "tag"]) == ["cache_mb=8.0 tag=x", "b"]

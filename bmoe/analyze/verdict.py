@@ -365,13 +365,14 @@ def _ratio_text(ratio: float, low: float, high: float) -> str:
 
 
 def cell_labels(ranked: pd.DataFrame, axes: Sequence[str]) -> list[str]:
-    """Short names for ranked cells: their axis values (``cache_mb=8 io_threads=4``), else the
-    cell id."""
+    """Short names for ranked cells: their axis values (``cache_mb=8 io_threads=4``; an axis a
+    cell has no value for is left out of its name), else the cell id."""
     axes = [a for a in axes if a in ranked]
     if not axes:
         return ranked["cell"].astype(str).tolist()
-    parts = [ranked[a].astype(str).radd(f"{a}=") for a in axes]
-    return [" ".join(row) for row in zip(*parts, strict=True)]
+    parts = [ranked[a].astype(str).radd(f"{a}=").where(ranked[a].notna(), "") for a in axes]
+    named = [" ".join(p for p in row if p) for row in zip(*parts, strict=True)]
+    return [name or str(cell) for name, cell in zip(named, ranked["cell"], strict=True)]
 
 
 # ----------------------------------------------------------------------------- the verdict
