@@ -163,3 +163,17 @@ def test_print_table_uses_rich_for_styled_consoles() -> None:
     assert "\x1b[" in styled.file.getvalue()  # bold header, italic title: rich drew it
     unstyled = re.sub(r"\x1b\[[0-9;]*m", "", styled.file.getvalue())
     assert unstyled == plain.file.getvalue()
+
+
+def test_json_values_from_times_are_plain_text_and_seconds() -> None:
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {"start": [pd.Timestamp("2026-12-02 10:00:01")], "took": [pd.Timedelta(seconds=3)]}
+    )
+    text = json.dumps(tables.records(frame))
+    assert json.loads(text) == [{"start": "2026-12-02T10:00:01", "took": 3.0}]
+    assert tables.plain(np.datetime64("2026-01-01T00:00:00")) == "2026-01-01T00:00:00"

@@ -7,6 +7,7 @@ every format, so what the terminal shows is exactly what a script or notebook ge
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import math
@@ -51,6 +52,10 @@ def plain(value: Any) -> Any:
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
+    if isinstance(value, datetime.date | datetime.time):  # pandas' Timestamp among them
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
     return value
 
 
