@@ -162,6 +162,8 @@ def analyze_replay(
     - lfu-incache: LFU counting only while an expert is cached.
     - lfuda-libcachesim: libCacheSim's LFUDA, rule for rule (its hit adds the age).
     - s3fifo-libcachesim: libCacheSim's S3FIFO, rule for rule (two hits to move to main).
+    - sieve: SIEVE, a FIFO with a visited bit and a hand that passes over visited keys.
+    - clock: CLOCK, a FIFO whose oldest key goes back in once if it was hit (second chance).
 
     Example: bmoe analyze replay trace.route.csv
     Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv
