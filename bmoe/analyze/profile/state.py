@@ -12,38 +12,38 @@ from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.verdict import OFF_CPU_PCT, off_cpu_pct
 
 
-def _mean_or(values: pd.Series, default: float = 0.0) -> float:
-    return float(np.nanmean(values)) if values.notna().any() else default
-
-
-def _off_cpu(tokens: pd.DataFrame, config: RunConfig, cpu: float | None, wall: float) -> float:
-    """The verdict's off-CPU share of a run's tokens (NaN when it cannot tell)."""
-    n = max(len(tokens), 1)
+def _off_cpu(tokens: pd.DataFrame, config: RunConfig) -> float:
+    """The verdict's off-CPU share, token by token, and its median over the run's tokens (NaN
+    when it cannot tell): one token that waited a second for flash while starved (a cold
+    first token) would otherwise count as a measured wait for the whole run."""
+    wall = pd.to_numeric(tokens["wall_ms"], errors="coerce").astype(float)
+    cpu = pd.to_numeric(tokens["cpu_ms"], errors="coerce").astype(float)
+    stall = tokens["stall_ms"] if config.overlap else pd.Series(0.0, index=tokens.index)
     frame = pd.DataFrame(
         {
-            "tok_s_mean": [1000.0 * n / wall if wall > 0 else np.nan],
-            "cpu_s_per_token": [cpu / n / 1000.0 if cpu else np.nan],
-            "threads": [config.threads],
-            "stall_ms_per_token": [float(np.nanmean(tokens["stall_ms"])) if config.overlap
-                                   else 0.0],
-            "io_s_per_token": [_mean_or(tokens["io_ms"]) / 1000.0],
-            "mgmt_ms_per_token": [_mean_or(tokens["mgmt_ms"])],
+            "tok_s_mean": 1000.0 / wall.where(wall > 0),
+            "cpu_s_per_token": cpu / 1000.0,
+            "threads": config.threads,
+            "stall_ms_per_token": pd.to_numeric(stall, errors="coerce").astype(float),
+            "io_s_per_token": pd.to_numeric(tokens["io_ms"], errors="coerce") / 1000.0,
+            "mgmt_ms_per_token": pd.to_numeric(tokens["mgmt_ms"], errors="coerce"),
         }
-    )  # fmt: skip
-    return float(off_cpu_pct(frame).iloc[0])
+    )
+    off = off_cpu_pct(frame)
+    return float(off.median()) if off.notna().any() else float("nan")
 
 
 def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[str, Any]:
     """The system state a run was measured in: its sweep record's system warnings and entry
     load (where it ran in a sweep), the engine's CPU share (CPU time over wall time), and its
     off-CPU share (the verdict's measure: wall time that was neither CPU time per thread nor
-    a measured wait), and whether it was starved of a core."""
+    a measured wait; the median over its tokens), and whether it was starved of a core."""
     record = run.record or {}
     entry = record.get("entry") if isinstance(record.get("entry"), dict) else {}
     wall = float(np.nansum(tokens["wall_ms"]))
     cpu = float(np.nansum(tokens["cpu_ms"])) if tokens["cpu_ms"].notna().any() else None
     n = max(len(tokens), 1)
-    off = _off_cpu(tokens, config, cpu, wall)
+    off = _off_cpu(tokens, config)
     warnings_ = record.get("system_warnings") or []
     share = record.get("engine_cpu_share")
     if share is None and cpu and wall > 0:
