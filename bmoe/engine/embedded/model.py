@@ -139,8 +139,11 @@ class LlamaModel:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     # -- decoding ---------------------------------------------------------------------------
-    def decode(self, tokens: list[int], start_pos: int, logits_last: bool = True) -> None:
-        """Decode `tokens` at positions start_pos.. (sequence 0); logits for the last one."""
+    def decode(
+        self, tokens: list[int], start_pos: int, logits_last: bool = True, logits_all: bool = False
+    ) -> None:
+        """Decode `tokens` at positions start_pos.. (sequence 0); logits for the last one (for
+        every one with `logits_all`, as a verify decode needs)."""
         lc = self.lc
         n = len(tokens)
         if n > self._batch_cap:
@@ -155,18 +158,19 @@ class LlamaModel:
             b.pos[i] = start_pos + i
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
-            b.logits[i] = 0
+            b.logits[i] = int(logits_all)
         if logits_last and n:
             b.logits[n - 1] = 1
         rc = lc.llama_decode(self.ctx, b)
         if rc != 0:
             raise BmoeError(f"llama_decode failed ({rc}): {last_log()}")
 
-    def logits(self) -> np.ndarray:
-        """The last output's logits (a view; copy it to keep it)."""
-        ptr = self.lc.llama_get_logits_ith(self.ctx, -1)
+    def logits(self, row: int = -1) -> np.ndarray:
+        """The logits of batch position `row` (the last output by default; a view: copy it
+        to keep it)."""
+        ptr = self.lc.llama_get_logits_ith(self.ctx, row)
         if not ptr:
-            raise BmoeError("no logits after decode")
+            raise BmoeError(f"no logits at batch position {row} after decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def forget_from(self, pos: int) -> None:
