@@ -110,6 +110,7 @@ class EmbeddedEngine:
                 lay.moe_layers,
                 self.n_expert_used or lay.n_expert_used,
                 ahead=cfg.route_ahead,
+                n_layer=lay.n_layer,
             )
             self.hook.predictor = self.predictor
             if cfg.predict_prefetch:

@@ -13,8 +13,8 @@ not implemented). ``cancel`` ends the turn in flight after its current token; ``
 end of stdin ends the session.
 
 With ``--predict-log`` each turn ends, right before its ``BMOE_DONE``, with the ``moe-predict:``
-lines and per-layer table of a one-shot run, scored over that turn's generated tokens (the
-previous-token bet of a continued conversation starts from the last token already decoded).
+lines and per-layer table of a one-shot run; as in the native engine the scores are the
+session's totals so far (every turn's routings are samples of the same accuracy).
 """
 
 from __future__ import annotations
@@ -234,8 +234,6 @@ def serve_session(
                 model.clear_memory()
             seq = request.seq
             predictor = eng.predictor if cfg.predict_log else None
-            if predictor is not None:
-                predictor.reset_scores()
             turn = run_turn(
                 cfg,
                 eng,
