@@ -108,16 +108,36 @@ class LlamaModel:
         self._piece = ctypes.create_string_buffer(256)
 
     # -- text -------------------------------------------------------------------------------
-    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: bytes, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
+        """`text` as tokens (`add_special`: with the model's BOS; `parse_special`: special
+        tokens written in the text are read as such, as a rendered chat prompt needs)."""
         lc = self.lc
         cap = len(text) + 16
         buf = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, False)
+        n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             buf = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, False)
+            n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, parse_special)
         return list(buf[:n])
+
+    def chat_template(self) -> str | None:
+        """The model's own chat template (``tokenizer.chat_template``), None without one."""
+        raw = self.lc.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        """A special token's text (BOS, EOS) as a template spells it; empty for none."""
+        if token < 0:
+            return ""
+        raw = self.lc.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    @property
+    def eos(self) -> int:
+        return int(self.lc.llama_vocab_eos(self.vocab))
 
     def piece(self, token: int) -> bytes:
         n = self.lc.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, False)
@@ -173,9 +193,10 @@ class LlamaModel:
             raise BmoeError(f"no logits at batch position {row} after decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def forget_from(self, pos: int) -> None:
-        """Drop the KV cache from position `pos` on (to decode it again)."""
-        self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, pos, -1)
+    def forget_from(self, pos: int) -> bool:
+        """Drop the KV cache from position `pos` on (to decode it again); False when the
+        memory cannot drop a tail (a sliding window may refuse)."""
+        return bool(self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, pos, -1))
 
     def clear_memory(self) -> None:
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)

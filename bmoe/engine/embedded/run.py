@@ -20,6 +20,12 @@ import numpy as np
 import pandas as pd
 
 from bmoe.engine.embedded import probes, telemetry
+from bmoe.engine.embedded.chat import (
+    TextSplit,
+    model_template,
+    opens_reasoning,
+    split_reasoning,
+)
 from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.engine import EmbeddedEngine
 from bmoe.engine.embedded.hook import EvalHook, GraphChanged
@@ -239,6 +245,8 @@ class Turn:
     n_prompt: int  # tokens prefilled this turn
     n_past: int  # context length after it
     cancelled: bool = False
+    reasoning: bytes = b""  # with a chat template: the reasoning span of `text`
+    answer: bytes = b""  # and the rest (without one: `text`)
     logits: list[np.ndarray] = field(default_factory=list)
     hook_ns: list[int] = field(default_factory=list)
     hook_calls: list[int] = field(default_factory=list)
@@ -258,7 +266,14 @@ def _generate(
     o_direct = bool(eng.reader and eng.reader.o_direct)
     writers = Writers(cfg, eng, sinks, o_direct)
     prompt = cfg.prompt.encode("utf-8", "surrogateescape")
-    tokens = model.tokenize(prompt, add_special=True) or [max(model.bos, 0)]
+    chat = None
+    if cfg.chatml:  # the prompt as the user's message, in the model's template
+        message = {"role": "user", "content": cfg.prompt}
+        text = model_template(model).render([message], think=cfg.think)
+        tokens = model.tokenize(text.encode("utf-8", "surrogateescape"), True, parse_special=True)
+        chat = TextSplit(opened=opens_reasoning(text))
+    else:
+        tokens = model.tokenize(prompt, add_special=True) or [max(model.bos, 0)]
     if len(tokens) + cfg.n_predict > model.n_ctx:
         raise BmoeError(
             f"prompt ({len(tokens)} tokens) + -n {cfg.n_predict} exceeds the context "
@@ -278,6 +293,7 @@ def _generate(
         progress=cfg.progress,
         keep_logits=keep_logits,
         profile_hook=profile_hook,
+        chat=chat,
     )
     summary = turn.summary
     figures = telemetry.figures(cfg, eng, summary)
@@ -287,7 +303,7 @@ def _generate(
     if eng.predictor is not None and cfg.predict_log:
         lines += eng.predictor.lines()
     if cfg.progress:
-        emit(out, b"=== answer ===\n" + turn.text + b"\n=== perf ===\n")
+        emit(out, b"=== answer ===\n" + turn.answer + b"\n=== perf ===\n")
     else:
         emit(out, b"\n\n")
     emit(out, "".join(line + "\n" for line in lines))
@@ -327,11 +343,13 @@ def run_turn(
     keep_logits: bool = False,
     profile_hook: bool = False,
     cancelled: Callable[[], bool] | None = None,
+    chat: TextSplit | None = None,
 ) -> Turn:
     """Prefill `tokens` at positions `start_pos`.. and generate up to `n_predict` tokens,
     writing the per-token rows and trace rows stamped `turn`; the generated text goes to
     `out` (``BMOE_LOAD``/``BMOE_PROGRESS`` lines with `progress`). `cancelled` is asked
-    before each token; a true answer ends the turn there."""
+    before each token; a true answer ends the turn there. With `chat` (a rendered chat
+    prompt) the progress lines carry the answer and the reasoning apart."""
     ra = eng.predictor
     ra_start = (ra.committed, ra.passthrough, ra.agree_slots) if ra is not None else (0, 0, 0)
     n_prompt = len(tokens)
@@ -350,6 +368,7 @@ def run_turn(
         profile_hook=profile_hook,
         cancelled=cancelled,
         prompt=tokens,
+        chat=chat,
     )
     n_past = start_pos + n_prompt + len(gen.tokens)
     spec_read = pre.spec_read + gen.spec_read
@@ -384,7 +403,10 @@ def run_turn(
         _route_ahead(eng, ra_start),
         gen.spec,
     )
+    reasoning, answer = split_reasoning(bytes(gen.text), chat.opened) if chat else (b"", b"")
     return Turn(
+        reasoning=reasoning,
+        answer=answer if chat else bytes(gen.text),
         tokens=gen.tokens,
         text=bytes(gen.text),
         rows=gen.rows,
@@ -521,6 +543,7 @@ def _decode_tokens(
     profile_hook: bool,
     cancelled: Callable[[], bool] | None,
     prompt: list[int] | None = None,
+    chat: TextSplit | None = None,
 ) -> _Generation:
     """Generate up to `steps` tokens from position `first_pos` (phase 1), one decode at a
     time, measuring each into metrics rows and writing its text or progress.
@@ -604,6 +627,7 @@ def _decode_tokens(
             turn=turn,
             progress=progress,
             keep_logits=keep_logits,
+            chat=chat,
         )
         if drafter is not None:
             drafter.confirm(confirmed)
@@ -631,6 +655,7 @@ def _emit_group(
     turn: int,
     progress: bool,
     keep_logits: bool,
+    chat: TextSplit | None = None,
 ) -> None:
     """The rows (and text or progress lines) of the tokens one decode confirmed: the first
     carries the decode's whole cost, the others zeros, all of them the group's size."""
@@ -649,7 +674,9 @@ def _emit_group(
             if row["read_bytes"]:
                 load = {"mb": row["read_bytes"] / MIB, "ms": row["io_ms"]}
                 emit(out, protocol.format_event("LOAD", load) + "\n")
-            emit(out, protocol.format_event("PROGRESS", telemetry.progress(row, piece)) + "\n")
+            reasoning, answer, reset = chat.update(bytes(gen.text)) if chat else (b"", piece, False)
+            payload = telemetry.progress(row, answer, reasoning, reset)
+            emit(out, protocol.format_event("PROGRESS", payload) + "\n")
         else:
             emit(out, piece)
 

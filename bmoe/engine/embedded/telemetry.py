@@ -212,9 +212,12 @@ def compute_frame(rows: list[TraceRow], phase: int, step: int, turn: int = 0) ->
     )
 
 
-def progress(row: dict[str, Any], piece: bytes) -> dict[str, Any]:
-    """The ``BMOE_PROGRESS`` payload of one metrics row."""
-    return {
+def progress(
+    row: dict[str, Any], piece: bytes, reasoning: bytes = b"", reset: bool = False
+) -> dict[str, Any]:
+    """The ``BMOE_PROGRESS`` payload of one metrics row: `piece` is the answer's new text,
+    `reasoning` the reasoning span's (`reset`: both are whole snapshots that replace them)."""
+    out = {
         "step": row["step"],
         "steps": row["steps"],
         "wall_ms": row["wall_ms"],
@@ -227,9 +230,13 @@ def progress(row: dict[str, Any], piece: bytes) -> dict[str, Any]:
         "majflt": row["majflt"],
         "cpu_ms": row["cpu_ms"],
         "dense_resident_frac": row["dense_resident_frac"],
-        "delta_reasoning": "",
+        "delta_reasoning": protocol.to_text(reasoning),
         "delta_text": protocol.to_text(piece),
     }
+    if reset:  # the native key order: "reset" right before the deltas
+        out = {**{k: v for k, v in out.items() if not k.startswith("delta_")}, "reset": 1}
+        out.update(delta_reasoning=protocol.to_text(reasoning), delta_text=protocol.to_text(piece))
+    return out
 
 
 def summary(
