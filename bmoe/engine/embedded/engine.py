@@ -17,11 +17,12 @@ from bmoe.cache import ExpertCache
 from bmoe.engine.embedded import ggml, libc, probes
 from bmoe.engine.embedded.arena import ExpertArena
 from bmoe.engine.embedded.config import EngineConfig
+from bmoe.engine.embedded.creader import make_reader
 from bmoe.engine.embedded.hook import EvalHook
 from bmoe.engine.embedded.layout import ModelLayout, read_layout
 from bmoe.engine.embedded.model import LlamaModel
 from bmoe.engine.embedded.predict import RoutePredictor, read_routers
-from bmoe.engine.embedded.reader import ExpertReader, ReadJob
+from bmoe.engine.embedded.reader import Reader, ReadJob
 from bmoe.engine.embedded.streamer import ExpertStreamer
 from bmoe.errors import BmoeError
 
@@ -117,7 +118,7 @@ class EmbeddedEngine:
                 self.hook.predict_spec_max = cfg.predict_spec_max or self.n_expert_used
         self.warnings: list[str] = []
         self.arena: ExpertArena | None = None
-        self.reader: ExpertReader | None = None
+        self.reader: Reader | None = None
         self.cache: ExpertCache | None = None
         self.streamer: ExpertStreamer | None = None
         self.budget_bytes = 0
@@ -174,7 +175,7 @@ class EmbeddedEngine:
             self.arena.bind(name, node)
         self.arena.release_original()
         model.clear_memory()
-        self.reader = ExpertReader(
+        self.reader = make_reader(
             lay.shards,
             cfg.io_threads,
             o_direct=cfg.o_direct,

@@ -224,6 +224,8 @@ class Writers:
             }
             self.route = RouteRowBuffer(RouteTraceWriter(sinks.route, meta, layers))
             sinks.before_close.append(self.route.flush)
+        if eng.reader is not None:
+            eng.reader.trace = bool(sinks.io)  # per-read records only for the io trace
         if sinks.io:
             self.io = IoTraceWriter(
                 sinks.io, telemetry.trace_meta(cfg, eng, o_direct), IO_TRACE_COLUMNS
@@ -432,13 +434,10 @@ def _trace_rows(
     hook, streamer = eng.hook, eng.streamer
     read = spec = 0
     if eng.reader is not None:
-        records = eng.reader.drain()
-        for r in records:
-            read += r.read_bytes
-            if r.spec:
-                spec += r.read_bytes
-        if writers.io and records:
-            writers.io.rows(telemetry.io_frame(records, phase, step, turn))
+        done = eng.reader.drain()
+        read, spec = done.read_bytes, done.spec_bytes
+        if writers.io and done.records:
+            writers.io.rows(telemetry.io_frame(done.records, phase, step, turn))
     if reads_only:
         return read, spec
     if writers.route and streamer is not None:
