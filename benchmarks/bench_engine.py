@@ -25,8 +25,9 @@ Three measurements, each against a baseline taken in the same run:
   and interleaved (the order alternates each round), each run a fresh process: a budget that
   holds every expert and one that evicts (about 30 % of them), on a quiet machine and with a
   fixed background load (``--spinners`` busy processes); decode tok/s, and the user and
-  system CPU seconds of each process. Without ``--native`` the native pairing is skipped, and
-  says so.
+  system CPU seconds of each process. The embedded engine also runs with libgomp's own
+  spin-wait (``BMOE_OMP_WAIT=default``), which is what its passive wait replaced. Without
+  ``--native`` the native pairing is skipped, and says so.
 
 Usage: python benchmarks/bench_engine.py
        [--section speed|memory|budgets|families|features|pair|all] [--tokens 64]
@@ -324,9 +325,9 @@ print(json.dumps({{"tok_s": len(run.rows) / wall}}))
 """
 
 
-def _child_run(argv: list[str]) -> tuple[str, float, float]:
+def _child_run(argv: list[str], env: dict | None = None) -> tuple[str, float, float]:
     """Run `argv` as a child and return (stdout, user s, system s) of it (wait4)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stderr is not None
     out = proc.stdout.read()
     err = proc.stderr.read()
@@ -337,11 +338,12 @@ def _child_run(argv: list[str]) -> tuple[str, float, float]:
     return out.decode(), usage.ru_utime, usage.ru_stime
 
 
-def _embedded_run(model: Path, args: argparse.Namespace, **kw) -> dict:
+def _embedded_run(model: Path, args: argparse.Namespace, omp: str = "", **kw) -> dict:
     cfg = {"model": str(model), "prompt": PROMPT, "n_predict": args.tokens,
            "threads": args.threads, **kw}  # fmt: skip
     code = _PAIR_CHILD.format(root=str(ROOT))
-    out, user, sys_s = _child_run([sys.executable, "-c", code, json.dumps(cfg)])
+    env = {**os.environ, "BMOE_OMP_WAIT": omp} if omp else None
+    out, user, sys_s = _child_run([sys.executable, "-c", code, json.dumps(cfg)], env)
     return {**json.loads(out.strip().splitlines()[-1]), "user": user, "sys": sys_s}
 
 
@@ -402,20 +404,26 @@ def pair(model: Path, tmp: Path, args: argparse.Namespace) -> None:
         (f"{args.spinners} spinning processes", args.spinners),
     ):
         for budget_name, mb in budgets:
-            runs: dict[str, list[dict]] = {"plain": [], "embedded": [], "native": []}
+            runs: dict[str, list[dict]] = {
+                "plain": [],
+                "embedded": [],
+                "spinning": [],
+                "native": [],
+            }
             loads = []
             with _Spinners(spinners):
                 for i in range(args.repeats):
-                    order = ["plain", "embedded"] + (["native"] if native else [])
+                    order = ["plain", "embedded", "spinning"] + (["native"] if native else [])
                     if i % 2:
                         order.reverse()
                     for who in order:
                         if who == "plain":
                             runs[who].append(_embedded_run(model, args))
-                        elif who == "embedded":
+                        elif who in ("embedded", "spinning"):
+                            omp = "default" if who == "spinning" else ""
                             runs[who].append(
                                 _embedded_run(
-                                    model, args, moe_stream=True, cache_mb=mb, o_direct=False
+                                    model, args, omp, moe_stream=True, cache_mb=mb, o_direct=False
                                 )
                             )
                         else:
@@ -424,16 +432,24 @@ def pair(model: Path, tmp: Path, args: argparse.Namespace) -> None:
             emb, plain = runs["embedded"], runs["plain"]
             print(f"  {load_name}, cache {budget_name} ({mb:.0f} MiB), load average "
                   f"{min(loads):.1f}-{max(loads):.1f}:")  # fmt: skip
-            for who in ("plain", "embedded", "native"):
+            names = {
+                "plain": "plain llama-cpp-python",
+                "embedded": "embedded",
+                "spinning": "embedded, libgomp's own spin-wait",
+                "native": "native bmoe-cli",
+            }
+            for who in ("plain", "embedded", "spinning", "native"):
                 if runs[who]:
                     r = runs[who]
                     print(
-                        f"    {who:9s} tok/s {_spread([x['tok_s'] for x in r])}  user "
+                        f"    {names[who]:34s} tok/s {_spread([x['tok_s'] for x in r])}  user "
                         f"{_spread([x['user'] for x in r])} s  system "
                         f"{_spread([x['sys'] for x in r])} s"
                     )
             ratios = [e["tok_s"] / p["tok_s"] for e, p in zip(emb, plain, strict=True)]
             print(f"    embedded / plain llama-cpp-python, paired: {_spread(ratios)}")
+            spin = [e["tok_s"] / p["tok_s"] for e, p in zip(emb, runs["spinning"], strict=True)]
+            print(f"    embedded / embedded with libgomp's spin-wait, paired: {_spread(spin)}")
             if runs["native"]:
                 nat = [e["tok_s"] / n["tok_s"] for e, n in zip(emb, runs["native"], strict=True)]
                 print(f"    embedded / native bmoe-cli, paired: {_spread(nat)} (target >= 0.95)")

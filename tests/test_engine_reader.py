@@ -87,3 +87,26 @@ def test_a_read_past_the_end_of_the_file_fails(model_file, kind) -> None:
     finally:
         reader.close()
         libc.unmap(base, 4 * SLICE)
+
+
+def test_the_openmp_wait_is_set_before_llama_cpp_loads_unless_the_user_chose(monkeypatch):
+    import sys
+
+    from bmoe.engine.embedded.model import prepare_openmp
+    from bmoe.errors import BmoeError
+
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    env: dict[str, str] = {}
+    assert prepare_openmp(False, env) is None and env == {}  # plain llama.cpp is left alone
+    assert prepare_openmp(True, env) == "OMP_WAIT_POLICY=PASSIVE"
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    mine = {"GOMP_SPINCOUNT": "300"}
+    assert prepare_openmp(True, mine) is None and mine == {"GOMP_SPINCOUNT": "300"}
+    spin = {"BMOE_OMP_WAIT": "1000"}
+    assert prepare_openmp(True, spin) == "GOMP_SPINCOUNT=1000"
+    assert prepare_openmp(True, {"BMOE_OMP_WAIT": "default"}) is None
+    with pytest.raises(BmoeError, match="BMOE_OMP_WAIT"):
+        prepare_openmp(True, {"BMOE_OMP_WAIT": "fast"})
+    monkeypatch.setitem(sys.modules, "llama_cpp", object())
+    late: dict[str, str] = {}
+    assert prepare_openmp(True, late) is None and late == {}  # libgomp already read its env

@@ -20,7 +20,7 @@ from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.creader import make_reader
 from bmoe.engine.embedded.hook import EvalHook
 from bmoe.engine.embedded.layout import ModelLayout, read_layout
-from bmoe.engine.embedded.model import LlamaModel
+from bmoe.engine.embedded.model import LlamaModel, prepare_openmp
 from bmoe.engine.embedded.predict import RoutePredictor, read_routers
 from bmoe.engine.embedded.reader import Reader, ReadJob
 from bmoe.engine.embedded.streamer import ExpertStreamer
@@ -70,6 +70,7 @@ class EmbeddedEngine:
         profile_hook: bool = False,
     ):
         self.cfg = cfg
+        self.omp_wait = prepare_openmp(cfg.moe_stream)  # before llama.cpp is loaded
         self.layout = read_layout(cfg.model)
         lay = self.layout
         if cfg.moe_stream and not lay.by_layer:

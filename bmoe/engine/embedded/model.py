@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,42 @@ import numpy as np
 from bmoe.errors import BmoeError
 
 _LOG: collections.deque[str] = collections.deque(maxlen=200)
+
+
+#: How the OpenMP threads of llama.cpp's CPU backend wait, for a streamed run (``BMOE_OMP_WAIT``:
+#: ``passive``, ``default``, or a spin count). See :func:`prepare_openmp`.
+OMP_WAIT_DEFAULT = "passive"
+
+
+def prepare_openmp(streaming: bool, env: dict[str, str] | None = None) -> str | None:
+    """Set how llama.cpp's OpenMP threads wait, before llama.cpp is loaded; returns what was
+    set (None: left alone).
+
+    The CPU backend runs each graph as OpenMP parallel regions, and libgomp's threads spin
+    for a long while (hundreds of thousands of pause loops, tens of milliseconds) before they
+    sleep, at every barrier and between regions. A streamed decode is many regions per token
+    (the graph splits at each routing node) with the eval callback and the expert reads
+    between them, so the idle threads spin through every read; on cores shared with other
+    work the spinning thread takes the core the reads, the callback or its own partner needs,
+    and a token can take ten times as long. A passive wait (``OMP_WAIT_POLICY=PASSIVE``)
+    sleeps instead. It applies only where the user set neither ``OMP_WAIT_POLICY`` nor
+    ``GOMP_SPINCOUNT``, and only before libgomp is loaded (the first model of the process);
+    ``BMOE_OMP_WAIT=default`` leaves libgomp as it is, a number sets ``GOMP_SPINCOUNT``."""
+    env = os.environ if env is None else env
+    if not streaming or "llama_cpp" in sys.modules:
+        return None
+    if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
+        return None
+    choice = env.get("BMOE_OMP_WAIT", OMP_WAIT_DEFAULT).strip().lower()
+    if choice in ("", "default"):
+        return None
+    if choice == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        return "OMP_WAIT_POLICY=PASSIVE"
+    if choice.isdigit():
+        env["GOMP_SPINCOUNT"] = choice
+        return f"GOMP_SPINCOUNT={choice}"
+    raise BmoeError(f"BMOE_OMP_WAIT={choice!r}: passive, default or a spin count")
 
 
 @functools.cache
