@@ -25,8 +25,9 @@ Three measurements, each against a baseline taken in the same run:
   and interleaved (the order alternates each round), each run a fresh process: a budget that
   holds every expert and one that evicts (about 30 % of them), on a quiet machine and with a
   fixed background load (``--spinners`` busy processes); decode tok/s, and the user and
-  system CPU seconds of each process. The embedded engine also runs with libgomp's own
-  spin-wait (``BMOE_OMP_WAIT=default``), which is what its passive wait replaced. Without
+  system CPU seconds of each process. Plain runs wait passively as streamed ones do; both
+  also run with libgomp's own spin-wait (what the passive wait replaced), and with a budget
+  that holds everything the engine also runs on 4 KiB pages (``BMOE_HUGE_PAGES=0``). Without
   ``--native`` the native pairing is skipped, and says so.
 
 Usage: python benchmarks/bench_engine.py
@@ -338,13 +339,23 @@ def _child_run(argv: list[str], env: dict | None = None) -> tuple[str, float, fl
     return out.decode(), usage.ru_utime, usage.ru_stime
 
 
-def _embedded_run(model: Path, args: argparse.Namespace, omp: str = "", **kw) -> dict:
+def _embedded_run(model: Path, args: argparse.Namespace, env: dict, **kw) -> dict:
     cfg = {"model": str(model), "prompt": PROMPT, "n_predict": args.tokens,
            "threads": args.threads, **kw}  # fmt: skip
     code = _PAIR_CHILD.format(root=str(ROOT))
-    env = {**os.environ, "BMOE_OMP_WAIT": omp} if omp else None
-    out, user, sys_s = _child_run([sys.executable, "-c", code, json.dumps(cfg)], env)
+    clean = {k: v for k, v in os.environ.items() if k not in _OMP_KEYS}
+    out, user, sys_s = _child_run([sys.executable, "-c", code, json.dumps(cfg)], {**clean, **env})
     return {**json.loads(out.strip().splitlines()[-1]), "user": user, "sys": sys_s}
+
+
+_OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "BMOE_OMP_WAIT", "BMOE_HUGE_PAGES")
+#: The runs of one round of the pair section: (name, streamed, environment).
+_VARIANTS = (
+    ("plain llama-cpp-python", False, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("embedded", True, {}),
+    ("plain, libgomp's spin-wait", False, {}),
+    ("embedded, libgomp's spin-wait", True, {"BMOE_OMP_WAIT": "default"}),
+)
 
 
 def _native_run(native: Path, model: Path, args: argparse.Namespace, tmp: Path, cache_mb: float):
@@ -394,65 +405,57 @@ def pair(model: Path, tmp: Path, args: argparse.Namespace) -> None:
     native = args.native
     print(
         f"pair ({args.tokens} tokens, {args.threads} threads, --no-odirect, {args.repeats} "
-        f"rounds, order alternating; experts {total:.0f} MiB):"
+        f"rounds, order alternating; experts {total:.0f} MiB; a plain run waits as the "
+        "engine's streamed runs do, passively, unless it says spin-wait):"
     )
     if native is None:
         print("  native bmoe-cli: skipped (no --native PATH given); pairing with plain "
               "llama-cpp-python only")  # fmt: skip
-    for load_name, spinners in (
-        ("quiet", 0),
-        (f"{args.spinners} spinning processes", args.spinners),
-    ):
+    loads_to_run = (("quiet", 0), (f"{args.spinners} spinning processes", args.spinners))
+    for load_name, spinners in loads_to_run:
         for budget_name, mb in budgets:
-            runs: dict[str, list[dict]] = {
-                "plain": [],
-                "embedded": [],
-                "spinning": [],
-                "native": [],
-            }
+            variants = list(_VARIANTS)
+            if mb > total:  # the huge pages a budget that holds everything gets, and without
+                variants.append(("embedded, 4 KiB pages", True, {"BMOE_HUGE_PAGES": "0"}))
+            runs: dict[str, list[dict]] = {name: [] for name, _s, _e in variants}
+            runs["native bmoe-cli"] = []
             loads = []
             with _Spinners(spinners):
                 for i in range(args.repeats):
-                    order = ["plain", "embedded", "spinning"] + (["native"] if native else [])
+                    order = list(variants) + ([("native bmoe-cli", True, {})] if native else [])
                     if i % 2:
                         order.reverse()
-                    for who in order:
-                        if who == "plain":
-                            runs[who].append(_embedded_run(model, args))
-                        elif who in ("embedded", "spinning"):
-                            omp = "default" if who == "spinning" else ""
-                            runs[who].append(
-                                _embedded_run(
-                                    model, args, omp, moe_stream=True, cache_mb=mb, o_direct=False
-                                )
-                            )
-                        else:
-                            runs[who].append(_native_run(native, model, args, tmp, mb))
+                    for name, streamed, env in order:
+                        if name == "native bmoe-cli":
+                            assert native is not None
+                            runs[name].append(_native_run(native, model, args, tmp, mb))
+                            continue
+                        kw = {"moe_stream": True, "cache_mb": mb, "o_direct": False}
+                        kw = kw if streamed else {}
+                        runs[name].append(_embedded_run(model, args, env, **kw))
                     loads.append(os.getloadavg()[0])
-            emb, plain = runs["embedded"], runs["plain"]
             print(f"  {load_name}, cache {budget_name} ({mb:.0f} MiB), load average "
                   f"{min(loads):.1f}-{max(loads):.1f}:")  # fmt: skip
-            names = {
-                "plain": "plain llama-cpp-python",
-                "embedded": "embedded",
-                "spinning": "embedded, libgomp's own spin-wait",
-                "native": "native bmoe-cli",
-            }
-            for who in ("plain", "embedded", "spinning", "native"):
-                if runs[who]:
-                    r = runs[who]
+            for name, r in runs.items():
+                if r:
                     print(
-                        f"    {names[who]:34s} tok/s {_spread([x['tok_s'] for x in r])}  user "
+                        f"    {name:30s} tok/s {_spread([x['tok_s'] for x in r])}  user "
                         f"{_spread([x['user'] for x in r])} s  system "
                         f"{_spread([x['sys'] for x in r])} s"
                     )
-            ratios = [e["tok_s"] / p["tok_s"] for e, p in zip(emb, plain, strict=True)]
-            print(f"    embedded / plain llama-cpp-python, paired: {_spread(ratios)}")
-            spin = [e["tok_s"] / p["tok_s"] for e, p in zip(emb, runs["spinning"], strict=True)]
-            print(f"    embedded / embedded with libgomp's spin-wait, paired: {_spread(spin)}")
-            if runs["native"]:
-                nat = [e["tok_s"] / n["tok_s"] for e, n in zip(emb, runs["native"], strict=True)]
-                print(f"    embedded / native bmoe-cli, paired: {_spread(nat)} (target >= 0.95)")
+
+            def ratio(a: str, b: str, runs: dict[str, list[dict]] = runs) -> str:
+                pairs = zip(runs[a], runs[b], strict=True)
+                return _spread([x["tok_s"] / y["tok_s"] for x, y in pairs])
+
+            print(f"    embedded / plain, paired: {ratio('embedded', 'plain llama-cpp-python')}")
+            spun = ratio("embedded, libgomp's spin-wait", "plain, libgomp's spin-wait")
+            print(f"    both with libgomp's spin-wait, paired: {spun}")
+            if runs["native bmoe-cli"]:
+                print(
+                    f"    embedded / native bmoe-cli, paired: "
+                    f"{ratio('embedded', 'native bmoe-cli')} (target >= 0.95)"
+                )
 
 
 def main() -> None:

@@ -141,20 +141,9 @@ static int64_t read_slice(reader_t *r, const block_t *b, int expert) {
     return got;
 }
 
-static void *lane_main(void *p) {
-    lane_arg_t *arg = p;
-    reader_t *r = arg->r;
-    int lane = arg->lane;
-    free(arg);
-    pthread_mutex_lock(&r->mu);
-    for (;;) {
-        while (!r->stop && r->demand.head == r->demand.tail && r->spec.head == r->spec.tail)
-            pthread_cond_wait(&r->work, &r->mu);
-        if (r->stop) break;
-        queue_t *q = r->demand.head != r->demand.tail ? &r->demand : &r->spec;
-        job_t j = q->jobs[q->head % q->cap];
-        q->head++;
-        pthread_mutex_unlock(&r->mu);
+/* read job `j` (taken off its queue, lock not held) and account it (returns with the lock) */
+static void run_job(reader_t *r, job_t j, int lane) {
+    {
         const block_t *b = &r->blocks[j.block];
         int64_t t0 = now_ns();
         int64_t got = read_slice(r, b, j.expert);
@@ -183,6 +172,24 @@ static void *lane_main(void *p) {
             }
         }
         if (--r->remaining[slot] == 0) pthread_cond_broadcast(&r->done);
+    }
+}
+
+static void *lane_main(void *p) {
+    lane_arg_t *arg = p;
+    reader_t *r = arg->r;
+    int lane = arg->lane;
+    free(arg);
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->stop && r->demand.head == r->demand.tail && r->spec.head == r->spec.tail)
+            pthread_cond_wait(&r->work, &r->mu);
+        if (r->stop) break;
+        queue_t *q = r->demand.head != r->demand.tail ? &r->demand : &r->spec;
+        job_t j = q->jobs[q->head % q->cap];
+        q->head++;
+        pthread_mutex_unlock(&r->mu);
+        run_job(r, j, lane);
     }
     pthread_mutex_unlock(&r->mu);
     return NULL;
@@ -244,8 +251,9 @@ int64_t bmoe_reader_submit(reader_t *r, int layer, const int32_t *experts, int n
             job_t j = {r->first[layer] + k, experts[i], layer, spec, ticket};
             if (push(q, j)) { r->error[slot] = ENOMEM; r->remaining[slot]--; }
         }
-    if (r->remaining[slot]) pthread_cond_broadcast(&r->work);
-    else pthread_cond_broadcast(&r->done);
+    if (!r->remaining[slot]) pthread_cond_broadcast(&r->done);
+    else if (r->remaining[slot] >= r->lanes) pthread_cond_broadcast(&r->work);
+    else for (int i = 0; i < r->remaining[slot]; i++) pthread_cond_signal(&r->work);
     pthread_mutex_unlock(&r->mu);
     return ticket;
 }

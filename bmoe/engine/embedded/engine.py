@@ -9,6 +9,7 @@ cleared, and the read lanes, the cache and the streamer are created.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -44,6 +45,15 @@ def resolve_cache_bytes(cfg: EngineConfig, layout: ModelLayout) -> int:
     if cfg.cache_ceil_mb:
         budget = min(budget, cfg.cache_ceil_mb * MIB)
     return int(min(budget, layout.total_expert_bytes))
+
+
+def use_huge_pages(whole: bool, env: dict[str, str] | None = None) -> bool:
+    """Whether the arena asks for transparent huge pages: when the budget holds every expert
+    (`whole`: nothing is ever released), unless ``BMOE_HUGE_PAGES=0``."""
+    choice = (os.environ if env is None else env).get("BMOE_HUGE_PAGES", "auto").lower()
+    if choice in ("0", "no", "off"):
+        return False
+    return whole
 
 
 def _merged(ranges: list[tuple[int, int]], gap: int = libc.PAGE) -> list[tuple[int, int]]:
@@ -169,9 +179,8 @@ class EmbeddedEngine:
             )
         if not cfg.load_all:
             self.budget_bytes = resolve_cache_bytes(cfg, lay)
-        # nothing is ever released when the budget holds every expert: huge pages then
         whole = cfg.load_all or self.budget_bytes >= lay.total_expert_bytes
-        self.arena = ExpertArena(lay, huge_pages=whole)
+        self.arena = ExpertArena(lay, huge_pages=use_huge_pages(whole))
         for name, node in found.items():
             self.arena.bind(name, node)
         self.arena.release_original()
