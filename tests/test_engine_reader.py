@@ -112,9 +112,9 @@ def test_the_openmp_wait_is_set_before_llama_cpp_loads_unless_the_user_chose(mon
     assert prepare_openmp(True, late) is None and late == {}  # libgomp already read its env
 
 
-def test_huge_pages_only_where_nothing_is_released_and_not_when_refused() -> None:
+def test_huge_pages_only_when_asked_and_where_nothing_is_released() -> None:
     from bmoe.engine.embedded.engine import use_huge_pages
 
-    assert use_huge_pages(True, {}) and not use_huge_pages(False, {})
-    assert not use_huge_pages(True, {"BMOE_HUGE_PAGES": "0"})
-    assert not use_huge_pages(False, {"BMOE_HUGE_PAGES": "auto"})
+    assert not use_huge_pages(True, {}) and not use_huge_pages(False, {})
+    assert use_huge_pages(True, {"BMOE_HUGE_PAGES": "1"})
+    assert not use_huge_pages(False, {"BMOE_HUGE_PAGES": "1"})

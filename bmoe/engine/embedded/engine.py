@@ -48,12 +48,16 @@ def resolve_cache_bytes(cfg: EngineConfig, layout: ModelLayout) -> int:
 
 
 def use_huge_pages(whole: bool, env: dict[str, str] | None = None) -> bool:
-    """Whether the arena asks for transparent huge pages: when the budget holds every expert
-    (`whole`: nothing is ever released), unless ``BMOE_HUGE_PAGES=0``."""
-    choice = (os.environ if env is None else env).get("BMOE_HUGE_PAGES", "auto").lower()
-    if choice in ("0", "no", "off"):
-        return False
-    return whole
+    """Whether the arena asks for transparent huge pages: only with ``BMOE_HUGE_PAGES=1``, and
+    only when the budget holds every expert (`whole`: nothing is ever released).
+
+    Huge pages make the expert matmuls miss the TLB less (on the small model, 14 % faster
+    decoding once every expert is resident), but the kernel clears a whole 2 MiB page at the
+    first read into it: on the same run 3.7 s of system time and a 3.5 s prompt against
+    0.6 s and 0.5 s on 4 KiB pages, which only pays back after about a thousand tokens. The
+    native engine's arena is on 4 KiB pages too."""
+    choice = (os.environ if env is None else env).get("BMOE_HUGE_PAGES", "0").lower()
+    return whole and choice in ("1", "yes", "on")
 
 
 def _merged(ranges: list[tuple[int, int]], gap: int = libc.PAGE) -> list[tuple[int, int]]:
