@@ -20,9 +20,19 @@ Three measurements, each against a baseline taken in the same run:
   trace), in process CPU time per steady-state token (us and ratio, the figure to read on a
   loaded machine) and in wall time.
 
+- pair: the embedded engine against plain llama-cpp-python and, with ``--native PATH``,
+  against the native ``bmoe-cli`` with the same flags (``--moe-stream --no-odirect``), paired
+  and interleaved (the order alternates each round), each run a fresh process: a budget that
+  holds every expert and one that evicts (about 30 % of them), on a quiet machine and with a
+  fixed background load (``--spinners`` busy processes); decode tok/s, and the user and
+  system CPU seconds of each process. Plain runs wait passively as streamed ones do; both
+  also run with libgomp's own spin-wait (what the passive wait replaced), and with a budget
+  that holds everything the engine also runs on huge pages (``BMOE_HUGE_PAGES=1``). Without
+  ``--native`` the native pairing is skipped, and says so.
+
 Usage: python benchmarks/bench_engine.py
-       [--section speed|memory|budgets|families|features|all] [--tokens 64]
-       [--repeats 3] [--threads 1] [--model PATH] [--keep]
+       [--section speed|memory|budgets|families|features|pair|all] [--tokens 64]
+       [--repeats 3] [--threads 1] [--model PATH] [--native PATH] [--spinners 2] [--keep]
 """
 
 from __future__ import annotations
@@ -305,18 +315,163 @@ def features(tmp: Path, args: argparse.Namespace) -> None:
         p.unlink()
 
 
+_PAIR_CHILD = r"""
+import json, sys
+sys.path.insert(0, {root!r})
+from bmoe.engine.embedded.config import EngineConfig
+from bmoe.engine.embedded.run import run_engine
+run = run_engine(EngineConfig(**json.loads(sys.argv[1])))
+wall = sum(r["wall_ms"] for r in run.rows) / 1e3
+print(json.dumps({{"tok_s": len(run.rows) / wall}}))
+"""
+
+
+def _child_run(argv: list[str], env: dict | None = None) -> tuple[str, float, float]:
+    """Run `argv` as a child and return (stdout, user s, system s) of it (wait4)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{argv[0]} failed: {err.decode(errors='replace')[-400:]}")
+    return out.decode(), usage.ru_utime, usage.ru_stime
+
+
+def _embedded_run(model: Path, args: argparse.Namespace, env: dict, **kw) -> dict:
+    cfg = {"model": str(model), "prompt": PROMPT, "n_predict": args.tokens,
+           "threads": args.threads, **kw}  # fmt: skip
+    code = _PAIR_CHILD.format(root=str(ROOT))
+    clean = {k: v for k, v in os.environ.items() if k not in _OMP_KEYS}
+    out, user, sys_s = _child_run([sys.executable, "-c", code, json.dumps(cfg)], {**clean, **env})
+    return {**json.loads(out.strip().splitlines()[-1]), "user": user, "sys": sys_s}
+
+
+_OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "BMOE_OMP_WAIT", "BMOE_HUGE_PAGES")
+#: The runs of one round of the pair section: (name, streamed, environment).
+_VARIANTS = (
+    ("plain llama-cpp-python", False, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("embedded", True, {}),
+    ("plain, libgomp's spin-wait", False, {}),
+    ("embedded, libgomp's spin-wait", True, {"BMOE_OMP_WAIT": "default"}),
+)
+
+
+def _native_run(native: Path, model: Path, args: argparse.Namespace, tmp: Path, cache_mb: float):
+    from bmoe.formats.metrics import read_metrics
+
+    csv = tmp / "native.csv"
+    argv = [str(native), "-m", str(model), "-p", PROMPT, "-n", str(args.tokens),
+            "-t", str(args.threads), "--moe-stream", "--no-odirect",
+            "--cache-mb", str(int(cache_mb)), "--csv", str(csv)]  # fmt: skip
+    _out, user, sys_s = _child_run(argv)
+    summary = read_metrics(csv).summary
+    return {"tok_s": float(summary["tok/s"]), "user": user, "sys": sys_s}
+
+
+class _Spinners:
+    """`n` processes that only spin, for as long as the block runs (a fixed background load)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> _Spinners:
+        code = "while True: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n)]
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+
+
+def _spread(values: list[float]) -> str:
+    return (
+        f"{statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f})"
+        if values
+        else "-"
+    )
+
+
+def pair(model: Path, tmp: Path, args: argparse.Namespace) -> None:
+    layout = read_layout(model)
+    total = layout.total_expert_bytes / MIB
+    budgets = (("holds every expert", total + 1), ("evicts", round(total * 0.3)))
+    native = args.native
+    print(
+        f"pair ({args.tokens} tokens, {args.threads} threads, --no-odirect, {args.repeats} "
+        f"rounds, order alternating; experts {total:.0f} MiB; a plain run waits as the "
+        "engine's streamed runs do, passively, unless it says spin-wait):"
+    )
+    if native is None:
+        print("  native bmoe-cli: skipped (no --native PATH given); pairing with plain "
+              "llama-cpp-python only")  # fmt: skip
+    loads_to_run = (("quiet", 0), (f"{args.spinners} spinning processes", args.spinners))
+    for load_name, spinners in loads_to_run:
+        for budget_name, mb in budgets:
+            variants = list(_VARIANTS)
+            if mb > total:  # the huge pages a budget that holds everything may ask for
+                variants.append(("embedded, huge pages", True, {"BMOE_HUGE_PAGES": "1"}))
+            runs: dict[str, list[dict]] = {name: [] for name, _s, _e in variants}
+            runs["native bmoe-cli"] = []
+            loads = []
+            with _Spinners(spinners):
+                for i in range(args.repeats):
+                    order = list(variants) + ([("native bmoe-cli", True, {})] if native else [])
+                    if i % 2:
+                        order.reverse()
+                    for name, streamed, env in order:
+                        if name == "native bmoe-cli":
+                            assert native is not None
+                            runs[name].append(_native_run(native, model, args, tmp, mb))
+                            continue
+                        kw = {"moe_stream": True, "cache_mb": mb, "o_direct": False}
+                        kw = kw if streamed else {}
+                        runs[name].append(_embedded_run(model, args, env, **kw))
+                    loads.append(os.getloadavg()[0])
+            print(f"  {load_name}, cache {budget_name} ({mb:.0f} MiB), load average "
+                  f"{min(loads):.1f}-{max(loads):.1f}:")  # fmt: skip
+            for name, r in runs.items():
+                if r:
+                    print(
+                        f"    {name:30s} tok/s {_spread([x['tok_s'] for x in r])}  user "
+                        f"{_spread([x['user'] for x in r])} s  system "
+                        f"{_spread([x['sys'] for x in r])} s"
+                    )
+
+            def ratio(a: str, b: str, runs: dict[str, list[dict]] = runs) -> str:
+                pairs = zip(runs[a], runs[b], strict=True)
+                return _spread([x["tok_s"] / y["tok_s"] for x, y in pairs])
+
+            print(f"    embedded / plain, paired: {ratio('embedded', 'plain llama-cpp-python')}")
+            spun = ratio("embedded, libgomp's spin-wait", "plain, libgomp's spin-wait")
+            print(f"    both with libgomp's spin-wait, paired: {spun}")
+            if runs["native bmoe-cli"]:
+                print(
+                    f"    embedded / native bmoe-cli, paired: "
+                    f"{ratio('embedded', 'native bmoe-cli')} (target >= 0.95)"
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--section",
         default="all",
-        choices=["speed", "memory", "budgets", "families", "features", "all"],
+        choices=["speed", "memory", "budgets", "families", "features", "pair", "all"],
     )
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", type=Path, help="an existing GGUF (default: make the small preset)")
     ap.add_argument("--keep", action="store_true", help="keep the generated model")
+    ap.add_argument("--native", type=Path, help="a native bmoe-cli to pair with (pair section)")
+    ap.add_argument("--spinners", type=int, default=2, help="background load of the pair section")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bmoe-bench-engine-"))
     model = args.model
@@ -337,6 +492,8 @@ def main() -> None:
         for name, fn in (("speed", speed), ("memory", memory), ("budgets", budgets)):
             if args.section in (name, "all"):
                 fn(model, args)
+        if args.section in ("pair", "all"):
+            pair(model, tmp, args)
     finally:
         if args.keep:
             print(f"kept {tmp}")

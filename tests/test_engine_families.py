@@ -91,7 +91,7 @@ def test_the_file_is_the_family_asked_for(family) -> None:
 @pytest.mark.parametrize(
     "settings",
     [{"cache_mb": 1}, {"cache_mb": 0}, {"cache_mb": 1, "prefetch": 1}, {"cache_mb": 100}],
-    ids=["evicting", "no-cache", "prefetch", "holds-all"],  # holds-all: a huge-page arena
+    ids=["evicting", "no-cache", "prefetch", "holds-all"],
 )
 def test_streamed_equals_resident(family, settings) -> None:
     model, plain, _arch, _fused = family

@@ -142,3 +142,13 @@ def test_the_flags_parse() -> None:
     assert cfg.fidelity_ref == "r.npz"
     cfg, _ = parse_args(["-m", "x.gguf", "--fidelity-save", "r.npz"])
     assert cfg.fidelity_save == "r.npz"
+
+
+def test_speculation_is_refused_with_a_fidelity_measure() -> None:
+    """--ngram confirms drafted tokens without sampling them, so a token-by-token measure
+    would skip them: the two are refused together, naming both."""
+    for flag in ("--fidelity-ref", "--fidelity-save"):
+        with pytest.raises(BmoeError, match="--ngram.*--fidelity"):
+            parse_args(["-m", "x.gguf", "--ngram", flag, "r.npz"])
+    cfg, _ = parse_args(["-m", "x.gguf", "--ngram"])
+    assert cfg.spec == "ngram"

@@ -62,7 +62,7 @@ def _identical(a: RunResult, b: RunResult) -> bool:
         {"cache_mb": 0},  # no cache: every routed expert read every time
         {"cache_mb": 1, "prefetch": 1},
         {"cache_mb": 2, "no_odirect": True, "io_threads": 1},
-        {"cache_mb": 100},  # holds every expert: the arena on huge pages
+        {"cache_mb": 100},  # holds every expert
     ],
     ids=["evicting", "no-cache", "prefetch", "buffered", "holds-all"],
 )
@@ -203,18 +203,27 @@ def test_memory_follows_the_budget(tiny_model) -> None:
 
 
 @pytest.mark.parametrize(
-    ("settings", "huge"),
-    [({"cache_mb": 100}, True), ({"load_all": True}, True), ({"cache_mb": 1}, False)],
-    ids=["holds-all", "load-all", "evicting"],
+    ("settings", "asked", "huge"),
+    [
+        ({"cache_mb": 100}, "1", True),
+        ({"load_all": True}, "1", True),
+        ({"cache_mb": 1}, "1", False),
+        ({"cache_mb": 100}, None, False),
+    ],
+    ids=["holds-all", "load-all", "evicting", "not-asked"],
 )
-def test_the_arena_uses_huge_pages_only_when_nothing_is_released(
-    tiny_model, settings, huge
+def test_the_arena_uses_huge_pages_when_asked_and_nothing_is_released(
+    tiny_model, settings, asked, huge, monkeypatch
 ) -> None:
     import time
 
     from bmoe.engine.embedded import libc
     from bmoe.engine.embedded.engine import EmbeddedEngine
 
+    if asked is None:
+        monkeypatch.delenv("BMOE_HUGE_PAGES", raising=False)
+    else:
+        monkeypatch.setenv("BMOE_HUGE_PAGES", asked)
     cfg = EngineConfig(model=str(tiny_model), prompt=PROMPT, threads=1, moe_stream=True, **settings)
     eng = EmbeddedEngine(cfg, origin_ns=time.monotonic_ns())
     try:

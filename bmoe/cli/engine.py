@@ -184,6 +184,11 @@ def synth(
         "--no-tensor-first-split",
         help="With --split-max-tensors: the first shard holds the metadata only.",
     ),
+    chat_template: str | None = typer.Option(
+        None,
+        "--chat-template",
+        help="Write a chat template: chatml, or think (ChatML reading enable_thinking).",
+    ),
 ) -> None:
     """Write a synthetic mixture-of-experts GGUF model that llama.cpp loads.
 
@@ -217,6 +222,7 @@ def synth(
         "fused_gate_up": fused_gate_up or None,
         "seed": seed,
         "skew": skew,
+        "chat_template": chat_template,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     total = estimate_bytes(preset_config(preset, **overrides))

@@ -57,6 +57,22 @@ _BLOCK = 32
 #: ``general.file_type`` of each weight type (llama.cpp's ``LLAMA_FTYPE_*``).
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q5_0": 8, "mxfp4": 38}
 
+#: Chat templates `synth` can write (``tokenizer.chat_template``): ChatML, and ChatML whose
+#: generation prompt reads ``enable_thinking`` as Qwen3's does (a closed, empty reasoning span
+#: when thinking is off).
+CHAT_TEMPLATES = {
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "think": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+        "{% endif %}{% endif %}"
+    ),
+}
+
 #: The constant carried by the routing bias channel (embedding dimension 0).
 _BIAS_CHANNEL = 4.0
 
@@ -88,6 +104,7 @@ class SynthConfig:
     router_scale: float = 1.0
     expert_scale: float = 2.0
     ctx: int = 4096
+    chat_template: str = ""  # "" (none), a name in CHAT_TEMPLATES, or a Jinja template
 
     def check(self) -> None:
         """Raise :class:`BmoeError` for a shape llama.cpp would refuse."""
@@ -599,7 +616,11 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
     w.add_add_space_prefix(False)
+    if cfg.chat_template:
+        w.add_chat_template(CHAT_TEMPLATES.get(cfg.chat_template, cfg.chat_template))
     for key, value in asdict(cfg).items():
+        if key == "chat_template":
+            continue
         if isinstance(value, str):
             w.add_string(f"bmoe.synth.{key}", value)
         elif isinstance(value, bool):
@@ -612,6 +633,7 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
 
 __all__ = [
     "ARCHS",
+    "CHAT_TEMPLATES",
     "PRESETS",
     "TYPES",
     "SynthConfig",

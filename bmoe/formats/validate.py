@@ -152,6 +152,21 @@ def _packed(frame: pd.DataFrame, names: Sequence[str]) -> np.ndarray | None:
     return packed
 
 
+def _speculated(meta: dict[str, Any]) -> bool:
+    """The file says a draft source speculated (``spec=ngram|mtp`` in its preamble)."""
+    return str(meta.get("spec", "off")) not in ("off", "")
+
+
+def _group_tail_ok(wall: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    """Rows that are the later tokens of a speculated group: after a row with a positive
+    ``wall_ms`` (the decode) and within its ``mtp_batch``, with the same ``mtp_batch``
+    (a verify decode charges its whole cost to the group's first row, zeros to the rest)."""
+    index = np.arange(len(wall))
+    start = np.maximum.accumulate(np.where(wall > 0, index, -1))
+    first = np.maximum(start, 0)
+    return (start >= 0) & (index - start < batch[first]) & (batch == batch[first]) & (batch > 1)
+
+
 def _step_goes_back(frame: pd.DataFrame, groups: Sequence[str], strict: bool) -> np.ndarray:
     """Rows whose ``step`` is below (or, `strict`, not above) the previous row of its group,
     groups being the rows sharing the values of `groups` (in file order within a group)."""
@@ -203,7 +218,10 @@ def _check_metrics(run: Any, rep: _Report) -> None:
         wall = wall.astype(np.float64)
         # every per-token rate divides by it: nan, inf and 0 are as wrong as negative
         rep.rows(wall < 0, ERROR, "wall_ms is negative")
-        rep.rows(np.isnan(wall) | np.isinf(wall) | (wall == 0), ERROR, "wall_ms is nan, inf or 0")
+        bad = np.isnan(wall) | np.isinf(wall) | (wall == 0)
+        if (batch := _col(rows, "mtp_batch")) is not None and bad.any():
+            bad &= ~_group_tail_ok(wall, batch.astype(np.int64))
+        rep.rows(bad, ERROR, "wall_ms is nan, inf or 0")
     for name in ("io_ms", "compute_ms", "stall_ms", "mgmt_ms", "cpu_ms", "read_bytes"):
         if (values := _col(rows, name)) is not None:
             rep.rows(values < 0, ERROR, f"{name} is negative")
@@ -267,11 +285,16 @@ def _check_route(trace: Any, rep: _Report) -> None:
         rep.rows(eb < 0, ERROR, "expert_bytes is negative")
         if res is not None:
             rep.rows((eb > 0) & (res != 0), ERROR, "expert_bytes on a hit (only misses read)")
+    # Under speculation a verify decode routes its drafts' positions and a rejected one is
+    # routed again by the next decode: in the decode phase a position may repeat (a cell
+    # holds k rows per routing of it), so uniqueness and order are checked on prefill rows.
+    spec = _speculated(meta) and phase is not None
+    repeatable = (phase == 1) if spec and phase is not None else np.zeros(len(rows), bool)
     cell = [c for c in ("turn", "phase", "step", "layer", "slot") if c in rows.columns]
     # a trace in the order engines write it, (turn, step, phase, layer, slot) ascending,
     # answers the three order checks in one pass; any other order takes the general ones
     engine_order = ["turn", "step", "phase", "layer", "slot"]
-    packed = _packed(rows, engine_order) if len(cell) == 5 and len(rows) else None
+    packed = _packed(rows, engine_order) if len(cell) == 5 and len(rows) and not spec else None
     in_order = packed is not None and bool((packed[1:] >= packed[:-1]).all())
     if len(cell) == 5 and len(rows):
         if in_order:
@@ -279,11 +302,11 @@ def _check_route(trace: Any, rep: _Report) -> None:
             dup = np.zeros(len(rows), dtype=bool)
             dup[1:] = packed[1:] == packed[:-1]
         else:
-            dup = rows.duplicated(subset=cell, keep="first").to_numpy()
+            dup = rows.duplicated(subset=cell, keep="first").to_numpy() & ~repeatable
         rep.rows(dup, ERROR, "(turn, phase, step, layer, slot) repeats an earlier row")
         del dup
     if "step" in rows and len(rows) and not in_order:
-        back = _step_goes_back(rows, ["turn", "phase", "layer"], strict=False)
+        back = _step_goes_back(rows, ["turn", "phase", "layer"], strict=False) & ~repeatable
         rep.rows(back, ERROR, "step goes back within its turn, phase and layer")
     if "layer" in rows and "layer" not in missing and len(rows):
         sizes = trace.expert_bytes()
@@ -300,7 +323,7 @@ def _check_route(trace: Any, rep: _Report) -> None:
             sizes_per_cell = np.diff(np.append(starts, len(packed)))
         else:
             sizes_per_cell = rows.groupby(cell[:4], sort=False, observed=True).size().to_numpy()
-        odd = int((sizes_per_cell != k).sum())
+        odd = int(((sizes_per_cell % k != 0) if spec else (sizes_per_cell != k)).sum())
         if odd:
             rep.add(WARNING, f"{odd} cell(s) do not hold n_expert_used={k} rows")
 
@@ -317,11 +340,13 @@ def _check_compute(trace: Any, rep: _Report) -> None:
         rep.rows(layer < -1, ERROR, "layer below -1")
     if (phase := _col(rows, "phase")) is not None:
         rep.rows(_not_in(phase, (0, 1)), ERROR, "phase not 0 (prefill) or 1 (decode)")
-    if "step" in rows and len(rows):
+    if "step" in rows and len(rows) and not _speculated(trace.meta):
         back = _step_goes_back(rows, ["turn", "phase"], strict=False)
         rep.rows(back, ERROR, "step goes back within its turn and phase")
     if {"turn", "phase", "step", "seq"} <= set(rows.columns) and len(rows):
-        dup = rows.duplicated(subset=["turn", "phase", "step", "seq"]).to_numpy()
+        dup = rows.duplicated(subset=["turn", "phase", "step", "seq"]).to_numpy().copy()
+        if _speculated(trace.meta):  # two decodes can end on one position (a rejected draft)
+            dup &= rows["phase"].to_numpy() == 0
         rep.rows(dup, ERROR, "(turn, phase, step, seq) repeats an earlier row")
 
 
@@ -340,7 +365,9 @@ def _check_io(trace: Any, rep: _Report) -> None:
         rep.rows(_not_in(spec, (0, 1)), ERROR, "spec not 0 or 1")
     if (phase := _col(rows, "phase")) is not None:
         rep.rows(_not_in(phase, (0, 1)), ERROR, "phase not 0 (prefill) or 1 (decode)")
-    if "step" in rows and len(rows):
+    if "step" in rows and len(rows) and not _speculated(trace.meta):
+        # under speculation a decode is stamped with its last position, and after a rejected
+        # draft the next decode's last position can be lower
         back = _step_goes_back(rows, ["turn", "phase"], strict=False)
         rep.rows(back, ERROR, "step goes back within its turn and phase")
 

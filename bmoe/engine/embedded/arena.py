@@ -7,9 +7,9 @@ window around any expert slice lands in place. Releasing an expert returns the w
 inside its slices to the OS, which is what makes RSS follow the cache budget.
 
 When nothing will ever be released (a budget that holds every expert, ``--load-all``) the
-reservations use transparent huge pages, as the kernel's page cache does for the file mapping
-plain llama.cpp computes over: on 4 KiB pages the expert matmuls miss the TLB enough to cost
-a tenth of a token or more.
+reservations can use transparent huge pages (``BMOE_HUGE_PAGES=1``, see
+:func:`bmoe.engine.embedded.engine.use_huge_pages`): the expert matmuls miss the TLB less,
+at the price of clearing a whole 2 MiB page at the first read into it.
 """
 
 from __future__ import annotations

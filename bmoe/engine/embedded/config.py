@@ -14,6 +14,10 @@ from dataclasses import dataclass, fields, replace
 
 from bmoe.errors import BmoeError
 
+#: Bounds of the speculation flags (the native engine's).
+DRAFT_MAX = 8
+NGRAM_MATCH_MAX = 64
+
 DEFAULT_PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
 
 
@@ -58,6 +62,12 @@ class EngineConfig:
     route_ahead: int = 0  # --route-ahead N
     fidelity_save: str | None = None  # --fidelity-save REF (engine/embedded/fidelity.py)
     fidelity_ref: str | None = None  # --fidelity-ref REF
+    spec: str = "off"  # --ngram ("ngram"); --mtp is refused
+    draft: int = 3  # --draft N: tokens drafted per verify decode
+    ngram_min_match: int = 3  # --ngram-min-match N: shortest match allowed to draft
+    ngram_max_match: int = 12  # the longest suffix the n-gram source considers (a scan bound)
+    chatml: bool = False  # --chatml: render the prompt with the model's chat template
+    think: bool = True  # --no-think: render it with reasoning disabled
 
     def check(self) -> None:
         """Raise :class:`BmoeError` naming the flag for a configuration that cannot run."""
@@ -89,6 +99,21 @@ class EngineConfig:
             raise BmoeError("--drop-cold-experts must be >= 0")
         if self.drop_cold_frac and self.load_all:
             raise BmoeError("--drop-cold-experts drops misses of a cache: not with --load-all")
+        if self.spec not in ("off", "ngram"):
+            raise BmoeError(f"unknown draft source {self.spec!r} (off or ngram)")
+        if not 1 <= self.draft <= DRAFT_MAX:
+            raise BmoeError(f"--draft must be between 1 and {DRAFT_MAX}")
+        if not 1 <= self.ngram_min_match <= NGRAM_MATCH_MAX:
+            raise BmoeError(f"--ngram-min-match must be between 1 and {NGRAM_MATCH_MAX}")
+        if self.spec != "off" and (self.fidelity_save or self.fidelity_ref):
+            raise BmoeError(
+                "--ngram confirms drafts without sampling them: not with --fidelity-save or "
+                "--fidelity-ref (their measure is token by token)"
+            )
+        if self.spec != "off" and self.temp > 0:
+            raise BmoeError(
+                "--ngram verifies drafts against the greedy choice: not with --temp > 0"
+            )
         if not self.moe_stream:
             for flag, value in (
                 ("--route-trace", self.route_trace),
@@ -139,6 +164,8 @@ _VALUE = {
     "--route-ahead": "route_ahead",
     "--fidelity-save": "fidelity_save",
     "--fidelity-ref": "fidelity_ref",
+    "--draft": "draft",
+    "--ngram-min-match": "ngram_min_match",
 }
 _SWITCH = {
     "--progress": ("progress", True),
@@ -151,16 +178,14 @@ _SWITCH = {
     "--drop-in-prefill": ("drop_prefill", True),
     "--predict-log": ("predict_log", True),
     "--predict-prefetch": ("predict_prefetch", True),
+    "--ngram": ("spec", "ngram"),
+    "--chatml": ("chatml", True),
+    "--no-think": ("think", False),
 }
 #: Native flags the embedded engine does not implement (with whether they take a value).
 NOT_IMPLEMENTED = {
-    "--chatml": False,
-    "--no-think": False,
     "--mtp": False,
-    "--ngram": False,
-    "--draft": True,
     "--mtp-p-min": True,
-    "--ngram-min-match": True,
     "--overlap": False,
     "--io-two-wave": False,
     "--list-archs": False,
@@ -175,10 +200,19 @@ _NO_OVERLAP = (
     "be resident before MUL_MAT_ID starts (--predict-prefetch overlaps reads with the layer "
     "before instead)"
 )
+_NO_MTP = (
+    "the bundled llama.cpp builds an MTP draft graph only for the qwen35, qwen35moe, qwen3next "
+    "and step35 families, whose trained nextn block `bmoe model synth` does not write, and the "
+    "loop that drives that second context (common_speculative) is in llama.cpp's common "
+    "library, which llama-cpp-python does not ship; --ngram drafts from the text instead and "
+    "runs on any model"
+)
 #: Why a native flag is refused, where it is a limit of the mechanism rather than unwritten.
 WHY_NOT = {
     "--overlap": _NO_OVERLAP,
     "--io-two-wave": _NO_OVERLAP,
+    "--mtp": _NO_MTP,
+    "--mtp-p-min": _NO_MTP,
 }
 #: Environment overrides of the native engine: variable -> config field.
 ENV = {
@@ -227,6 +261,11 @@ FLAG_HELP: tuple[tuple[str, str, str], ...] = (
     ("--route-ahead", "N", "commit each layer's experts N layers early (changes the output)"),
     ("--fidelity-save", "PATH", "keep this run's tokens and distributions as a reference"),
     ("--fidelity-ref", "PATH", "feed a reference's tokens; record agreement and KL"),
+    ("--ngram", "", "speculate: draft from the token history, verify in one decode"),
+    ("--draft", "N", "tokens drafted per verify decode (3, at most 8)"),
+    ("--ngram-min-match", "N", "shortest matching run allowed to draft (3)"),
+    ("--chatml", "", "wrap the prompt in the model's chat template (ChatML without one)"),
+    ("--no-think", "", "render the chat template with reasoning disabled"),
     ("--version", "", "print the engine version"),
     ("-h, --help", "", "this table"),
 )

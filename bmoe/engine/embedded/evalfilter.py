@@ -82,24 +82,22 @@ def _cache_dir() -> Path:
     return Path(base) / "bmoe"
 
 
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The compiled filter library, or None (no compiler, or ``BMOE_EVAL_FILTER=0``)."""
-    if os.environ.get("BMOE_EVAL_FILTER", "1") in ("0", "", "off", "no"):
-        return None
-    digest = hashlib.sha256(_SOURCE.encode()).hexdigest()[:16]
+def build_library(stem: str, source: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """`source` compiled once with the system C compiler into the user's cache folder (the
+    file named by its hash, so an edited source compiles anew), loaded; None without one."""
+    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:16]
     try:
         folder = _cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        lib = folder / f"evalfilter-{digest}.so"
+        lib = folder / f"{stem}-{digest}.so"
         if not lib.is_file():
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                src = Path(tmp) / "evalfilter.c"
-                src.write_text(_SOURCE)
+                src = Path(tmp) / f"{stem}.c"
+                src.write_text(source)
                 out = Path(tmp) / lib.name
                 cc = os.environ.get("CC", "cc")
                 subprocess.run(
-                    [cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)],
+                    [cc, "-O2", "-shared", "-fPIC", *flags, "-o", str(out), str(src)],
                     check=True,
                     capture_output=True,
                     timeout=60,
@@ -108,3 +106,11 @@ def load() -> ctypes.CDLL | None:
         return ctypes.CDLL(str(lib))
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The compiled filter library, or None (no compiler, or ``BMOE_EVAL_FILTER=0``)."""
+    if os.environ.get("BMOE_EVAL_FILTER", "1") in ("0", "", "off", "no"):
+        return None
+    return build_library("evalfilter", _SOURCE)

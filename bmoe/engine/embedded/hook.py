@@ -168,8 +168,8 @@ class EvalHook:
         self._dropping = bool(
             self.streamer is not None and self.streamer.dropping and self.final_weights
         )
-        if self.predictor is not None:
-            self.predictor.active = generating and len(positions) == 1
+        if self.predictor is not None:  # a verify decode is scored on its last token
+            self.predictor.active = generating
         self._remember = (
             len(positions) == 1
             and not self.trace
@@ -365,13 +365,14 @@ class EvalHook:
             self._ub_n = n
         if n == 0:
             return
-        if self.predictor is not None and n == 1:
-            chosen = self.predictor.take_commitment(layer, ids[0])
-            if chosen is not None:  # --route-ahead: the committed selection replaces it
-                ids = chosen.astype(np.int32).reshape(1, -1)
-                data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
-                ctypes.memmove(data, ids.ctypes.data, ids.nbytes)
-            self.predictor.routed(layer, ids[0])
+        if self.predictor is not None:
+            if n == 1:
+                chosen = self.predictor.take_commitment(layer, ids[0])
+                if chosen is not None:  # --route-ahead: the committed selection replaces it
+                    ids = chosen.astype(np.int32).reshape(1, -1)
+                    data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
+                    ctypes.memmove(data, ids.ctypes.data, ids.nbytes)
+            self.predictor.routed(layer, ids[-1])  # the batch's last token
         if self._dropping:  # routed once the weights are known
             self._pending[layer] = (ids, self._positions_for(n))
             return
@@ -402,7 +403,8 @@ class EvalHook:
         src = ggml.tensor(t).src[1]
         if not src:
             return
-        predictor.gate_input(layer, np.array(ggml.as_array(src, np.float32)))
+        x = ggml.as_array(src, np.float32)
+        predictor.gate_input(layer, np.array(x[-1] if x.ndim > 1 else x))  # the last token
         if self.predict_spec_max and self.streamer is not None:
             nxt = predictor.next_layer(layer)
             pick = predictor.stale(nxt) if nxt is not None else None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,42 @@ import numpy as np
 from bmoe.errors import BmoeError
 
 _LOG: collections.deque[str] = collections.deque(maxlen=200)
+
+
+#: How the OpenMP threads of llama.cpp's CPU backend wait, for a streamed run (``BMOE_OMP_WAIT``:
+#: ``passive``, ``default``, or a spin count). See :func:`prepare_openmp`.
+OMP_WAIT_DEFAULT = "passive"
+
+
+def prepare_openmp(streaming: bool, env: dict[str, str] | None = None) -> str | None:
+    """Set how llama.cpp's OpenMP threads wait, before llama.cpp is loaded; returns what was
+    set (None: left alone).
+
+    The CPU backend runs each graph as OpenMP parallel regions, and libgomp's threads spin
+    for a long while (hundreds of thousands of pause loops, tens of milliseconds) before they
+    sleep, at every barrier and between regions. A streamed decode is many regions per token
+    (the graph splits at each routing node) with the eval callback and the expert reads
+    between them, so the idle threads spin through every read; on cores shared with other
+    work the spinning thread takes the core the reads, the callback or its own partner needs,
+    and a token can take ten times as long. A passive wait (``OMP_WAIT_POLICY=PASSIVE``)
+    sleeps instead. It applies only where the user set neither ``OMP_WAIT_POLICY`` nor
+    ``GOMP_SPINCOUNT``, and only before libgomp is loaded (the first model of the process);
+    ``BMOE_OMP_WAIT=default`` leaves libgomp as it is, a number sets ``GOMP_SPINCOUNT``."""
+    env = os.environ if env is None else env
+    if not streaming or "llama_cpp" in sys.modules:
+        return None
+    if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
+        return None
+    choice = env.get("BMOE_OMP_WAIT", OMP_WAIT_DEFAULT).strip().lower()
+    if choice in ("", "default"):
+        return None
+    if choice == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        return "OMP_WAIT_POLICY=PASSIVE"
+    if choice.isdigit():
+        env["GOMP_SPINCOUNT"] = choice
+        return f"GOMP_SPINCOUNT={choice}"
+    raise BmoeError(f"BMOE_OMP_WAIT={choice!r}: passive, default or a spin count")
 
 
 @functools.cache
@@ -108,16 +146,36 @@ class LlamaModel:
         self._piece = ctypes.create_string_buffer(256)
 
     # -- text -------------------------------------------------------------------------------
-    def tokenize(self, text: bytes, add_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: bytes, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
+        """`text` as tokens (`add_special`: with the model's BOS; `parse_special`: special
+        tokens written in the text are read as such, as a rendered chat prompt needs)."""
         lc = self.lc
         cap = len(text) + 16
         buf = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, False)
+        n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             buf = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, False)
+            n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, parse_special)
         return list(buf[:n])
+
+    def chat_template(self) -> str | None:
+        """The model's own chat template (``tokenizer.chat_template``), None without one."""
+        raw = self.lc.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        """A special token's text (BOS, EOS) as a template spells it; empty for none."""
+        if token < 0:
+            return ""
+        raw = self.lc.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    @property
+    def eos(self) -> int:
+        return int(self.lc.llama_vocab_eos(self.vocab))
 
     def piece(self, token: int) -> bytes:
         n = self.lc.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, False)
@@ -139,8 +197,11 @@ class LlamaModel:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     # -- decoding ---------------------------------------------------------------------------
-    def decode(self, tokens: list[int], start_pos: int, logits_last: bool = True) -> None:
-        """Decode `tokens` at positions start_pos.. (sequence 0); logits for the last one."""
+    def decode(
+        self, tokens: list[int], start_pos: int, logits_last: bool = True, logits_all: bool = False
+    ) -> None:
+        """Decode `tokens` at positions start_pos.. (sequence 0); logits for the last one (for
+        every one with `logits_all`, as a verify decode needs)."""
         lc = self.lc
         n = len(tokens)
         if n > self._batch_cap:
@@ -155,23 +216,25 @@ class LlamaModel:
             b.pos[i] = start_pos + i
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
-            b.logits[i] = 0
+            b.logits[i] = int(logits_all)
         if logits_last and n:
             b.logits[n - 1] = 1
         rc = lc.llama_decode(self.ctx, b)
         if rc != 0:
             raise BmoeError(f"llama_decode failed ({rc}): {last_log()}")
 
-    def logits(self) -> np.ndarray:
-        """The last output's logits (a view; copy it to keep it)."""
-        ptr = self.lc.llama_get_logits_ith(self.ctx, -1)
+    def logits(self, row: int = -1) -> np.ndarray:
+        """The logits of batch position `row` (the last output by default; a view: copy it
+        to keep it)."""
+        ptr = self.lc.llama_get_logits_ith(self.ctx, row)
         if not ptr:
-            raise BmoeError("no logits after decode")
+            raise BmoeError(f"no logits at batch position {row} after decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def forget_from(self, pos: int) -> None:
-        """Drop the KV cache from position `pos` on (to decode it again)."""
-        self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, pos, -1)
+    def forget_from(self, pos: int) -> bool:
+        """Drop the KV cache from position `pos` on (to decode it again); False when the
+        memory cannot drop a tail (a sliding window may refuse)."""
+        return bool(self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, pos, -1))
 
     def clear_memory(self) -> None:
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)

@@ -1,15 +1,26 @@
-"""``--predict-log``: how well the next layer's routing can be known before it happens.
+"""``--predict-log``: how well a layer's routing can be known before it happens.
 
-Three predictors are scored against the routing the router actually produced, per MoE layer,
-over the generated tokens (telemetry.md, ``moe-predict:``):
+Scored as the native engine scores it (telemetry.md, ``moe-predict:``), so the two engines print
+the same counts on the same routing. In every decode of generated tokens (a verify decode
+included), at each MoE layer ``l`` and for the batch's last token:
 
-- **stale gate**: layer ``l+1``'s router applied to layer ``l``'s gate input, i.e. a layer
-  early (what a read issued one layer ahead could use);
-- **previous token**: layer ``l``'s routing of the previous token (the ``--prefetch`` bet);
-- **fresh-gate control**: the same arithmetic on layer ``l``'s own gate input, which must
-  agree with the router (a check of the arithmetic, not a predictor).
+- **stale gate**: layer ``l + 1``'s router applied to layer ``l``'s gate input, a layer early;
+- **stale-2**: layer ``l + 2``'s router on the same input, two layers early (aggregate only);
+- **previous token**: what layer ``l`` routed for the previous token (the ``--prefetch`` bet;
+  after a prompt, its last token's routing);
+- **fresh-gate control**: layer ``l``'s own router on its own input, which must agree with the
+  router wherever the model selects by ranking the raw router logits (a check of the
+  arithmetic, not a predictor; a router bias or a selection bias puts it below 100 %).
 
-With ``--predict-prefetch`` the stale gate's pick for the next layer (its best
+Layers are counted as the model numbers them: a dense layer has no router, so the layer after
+it has no stale-gate prediction. A router is known once a scored decode has reached it, so the
+first decode of a process cannot rank ahead at all: each of its routings counts among the ones
+the stale gate could not rank, as the first MoE layer's do in every decode. Rankings are the raw
+logits, best first, ties to the lower expert id; only the first ``k`` of a ranking count.
+Routings wider than 32 experts are declined (counted, not scored). The scores add up over the
+whole process: in a session each turn prints the totals so far.
+
+With ``--predict-prefetch`` the stale gate's pick for the next MoE layer (its best
 ``--predict-spec-max`` experts) is read ahead on idle lanes as soon as the current layer's
 gate input exists, so those reads overlap the current layer's expert compute.
 
@@ -19,8 +30,9 @@ ids at ``ffn_moe_topk-<l>`` before the weights chain and the expert matmul read 
 first N MoE layers pass the router's choice through. It changes what is computed, by design.
 
 The gate input is the second source of the ``ffn_moe_logits-<il>`` node; the routers are read
-from the GGUF (dequantized once). Selection follows llama.cpp: top-k of the softmax of the
-logits, plus the per-expert selection bias (``exp_probs_b``) where the model has one.
+from the GGUF (dequantized once). The picks ``--predict-prefetch`` and ``--route-ahead`` act on
+follow llama.cpp's selection: top-k of the softmax of the logits, plus the router bias and the
+per-expert selection bias (``exp_probs_b``) where the model has them.
 """
 
 from __future__ import annotations
@@ -34,6 +46,8 @@ import pandas as pd
 from bmoe.engine.embedded.layout import ModelLayout
 
 PREDICTORS = ("stale", "prev", "ctrl")
+#: Routings wider than this are declined by the probe (the native engine ranks 32 at most).
+MAX_RANKED = 32
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -64,6 +78,12 @@ class Router:
     weight: np.ndarray  # (n_expert, n_embd) float32
     bias: np.ndarray | None = None
     select_bias: np.ndarray | None = None
+
+    def ranking(self, x: np.ndarray, k: int) -> np.ndarray:
+        """The `k` best experts by raw logit (``weight @ x``), best first, ties to the lower
+        id: the probe's ranking, which sees neither bias."""
+        logits = self.weight @ x
+        return np.argsort(-logits, kind="stable")[:k]
 
     def top_k(self, x: np.ndarray, k: int) -> np.ndarray:
         logits = self.weight @ x
@@ -112,49 +132,59 @@ def _flat(a: np.ndarray | None) -> np.ndarray | None:
 
 @dataclass
 class RoutePredictor:
-    """Scores the three predictors token by token (decode only)."""
+    """Scores the predictors routing by routing (see the module docstring), and holds the
+    picks ``--predict-prefetch`` and ``--route-ahead`` act on."""
 
     routers: dict[int, Router]
     moe_layers: list[int]
     k: int
     ahead: int = 0  # --route-ahead N (0 = off)
+    n_layer: int = 0  # the model's layers (0 = up to the last MoE layer)
     tallies: dict[str, dict[int, _Tally]] = field(default_factory=dict)
-    unranked: int = 0  # routings the stale gate could not rank (first MoE layer)
+    stale2: _Tally = field(default_factory=_Tally)  # two layers early, aggregate only
+    unranked: int = 0  # routings the stale gate could not rank (or declined)
     committed: int = 0  # --route-ahead: routings replaced by the committed selection
     passthrough: int = 0  # and routings left to the router (the first N layers)
     agree_slots: int = 0  # committed slots the router also chose
 
     def __post_init__(self) -> None:
         self.tallies = {p: {il: _Tally() for il in self.moe_layers} for p in PREDICTORS}
+        if not self.n_layer:
+            self.n_layer = max(self.moe_layers, default=-1) + 1
         self._next = dict(zip(self.moe_layers, self.moe_layers[1:], strict=False))
+        self._seen: set[int] = set()  # routers a scored decode has reached
         self._stale: dict[int, np.ndarray] = {}
+        self._stale2: dict[int, np.ndarray] = {}
         self._ctrl: dict[int, np.ndarray] = {}
         self._prev: dict[int, np.ndarray] = {}
+        self._pick: dict[int, np.ndarray] = {}  # --predict-prefetch: the next MoE layer's
         self._commit: dict[int, np.ndarray] = {}
         self._ahead = (
             dict(zip(self.moe_layers, self.moe_layers[self.ahead :], strict=False))
             if self.ahead
             else {}
         )
-        self.active = False  # set per decode: only generated tokens are scored
-
-    def reset_scores(self) -> None:
-        """Start the scores over (a session turn is scored on its own); the predictors'
-        state (the previous token's routing) is kept."""
-        self.tallies = {p: {il: _Tally() for il in self.moe_layers} for p in PREDICTORS}
-        self.unranked = 0
+        self.active = False  # set per decode: only decodes of generated tokens are scored
 
     def gate_input(self, layer: int, x: np.ndarray) -> None:
-        """Layer `layer`'s router is about to run on `x` (one token's gate input)."""
+        """Layer `layer`'s router is about to run on `x` (the gate input of the batch's last
+        token)."""
         if not self.active:
             return
         x = np.asarray(x, dtype=np.float32).reshape(-1)
+        self._seen.add(layer)
+        k = min(self.k, MAX_RANKED)
         router = self.routers.get(layer)
         if router is not None:
-            self._ctrl[layer] = router.top_k(x, self.k)
+            self._ctrl[layer] = router.ranking(x, k)
+        for ahead, store in ((1, self._stale), (2, self._stale2)):
+            target = layer + ahead
+            store.pop(target, None)
+            if target < self.n_layer and target in self._seen and target in self.routers:
+                store[target] = self.routers[target].ranking(x, k)
         nxt = self._next.get(layer)
         if nxt is not None and nxt in self.routers:
-            self._stale[nxt] = self.routers[nxt].top_k(x, self.k)
+            self._pick[nxt] = self.routers[nxt].top_k(x, self.k)
         target = self._ahead.get(layer)
         if target is not None and target in self.routers:
             self._commit[target] = self.routers[target].top_k(x, self.k)
@@ -185,30 +215,40 @@ class RoutePredictor:
         return 100.0 * self.agree_slots / (self.committed * self.k) if self.committed else 0.0
 
     def stale(self, layer: int) -> np.ndarray | None:
-        """The stale gate's pick for `layer` (best first), once the layer before ran."""
-        return self._stale.get(layer)
+        """``--predict-prefetch``'s pick for `layer` (best first), once the MoE layer before
+        it ran."""
+        return self._pick.get(layer)
 
     def next_layer(self, layer: int) -> int | None:
         return self._next.get(layer)
 
     def routed(self, layer: int, ids: np.ndarray) -> None:
-        """The router of `layer` chose `ids` (one token)."""
+        """The router of `layer` chose `ids` for the batch's last token (any batch: a prompt's
+        last token is the previous token of the first one generated)."""
         actual = np.asarray(ids).reshape(-1)
-        if not self.active:
-            self._prev[layer] = actual
-            return
+        if self.active:
+            self._score(layer, actual)
+        self._prev[layer] = actual
+
+    def _score(self, layer: int, actual: np.ndarray) -> None:
         stale = self._stale.pop(layer, None)
+        ctrl = self._ctrl.pop(layer, None)
+        stale2 = self._stale2.pop(layer, None)
+        if not 0 < len(actual) <= MAX_RANKED:
+            self.unranked += 1  # declined, not missed
+            return
+        tallies = self.tallies
         if stale is None:
             self.unranked += 1
         else:
-            self.tallies["stale"][layer].add(stale, actual)
-        ctrl = self._ctrl.pop(layer, None)
+            tallies["stale"][layer].add(stale, actual)
         if ctrl is not None:
-            self.tallies["ctrl"][layer].add(ctrl, actual)
+            tallies["ctrl"][layer].add(ctrl, actual)
         prev = self._prev.get(layer)
         if prev is not None:
-            self.tallies["prev"][layer].add(prev, actual)
-        self._prev[layer] = actual
+            tallies["prev"][layer].add(prev[: len(actual)], actual)
+        if stale2 is not None:
+            self.stale2.add(stale2, actual)
 
     def table(self) -> pd.DataFrame:
         """Per layer and predictor: routings scored, % of slots and % of whole routings."""
@@ -236,30 +276,48 @@ class RoutePredictor:
         return out
 
     def lines(self) -> list[str]:
-        """The end-of-run ``moe-predict:`` lines and the per-layer table."""
+        """The end-of-run ``moe-predict:`` lines and the per-layer table, as the native engine
+        prints them (an empty predictor reads 0.0 % in the headline, ``-`` in the table)."""
         tot = self.totals()
 
-        def pct(hit: int, total: int) -> str:
-            return f"{100.0 * hit / total:.1f}%" if total else "-"
-
         def both(t: _Tally) -> tuple[str, str]:
-            return pct(t.slots_hit, t.slots), pct(t.whole_hit, t.routings)
+            slot = 100.0 * t.slots_hit / t.slots if t.slots else 0.0
+            whole = 100.0 * t.whole_hit / t.routings if t.routings else 0.0
+            return f"{slot:.1f}%", f"{whole:.1f}%"
 
         s, p, c = tot["stale"], tot["prev"], tot["ctrl"]
         (s1, s2), (p1, p2), (c1, c2) = both(s), both(p), both(c)
         out = [
             f"moe-predict: stale-gate {s1} of routed slots ({s2} whole routings) | "
-            f"prev-token {p1} ({p2}) | fresh-gate control {c1} ({c2})",
+            f"prev-token {p1} ({p2}) | fresh-gate control {c1} ({c2})"
+        ]
+        if self.stale2.routings:
+            t1, t2 = both(self.stale2)
+            out.append(
+                f"moe-predict: stale-2 (two layers early) {t1} of routed slots "
+                f"({t2} whole routings)"
+            )
+        out.append(
             f"moe-predict: scored — stale-gate {s.routings} routings/{s.slots} slots, "
             f"prev-token {p.routings}/{p.slots}, control {c.routings}/{c.slots}; "
-            f"{self.unranked} routings the stale-gate could not rank",
-            "  layer   stale    prev   ctrl   routings",
-        ]
+            f"{self.unranked} routings the stale-gate could not rank"
+        )
+        if c.routings and c.slots_hit < 0.999 * c.slots:
+            out += [
+                "moe-predict: the control is below 100%, so this model's expert selection is "
+                "not raw-logit",
+                "             ranking (an added selection bias, or group-limited routing). "
+                "The stale-gate",
+                "             figure understates the method by about the control's own gap.",
+            ]
+        out.append("  layer   stale    prev   ctrl   routings")
         for il in self.moe_layers:
             cells = []
             for name in PREDICTORS:
                 t = self.tallies[name][il]
-                cells.append(f"{100.0 * t.slots_hit / t.slots:.1f}" if t.slots else "-")
-            routings = max(self.tallies[name][il].routings for name in PREDICTORS)
-            out.append(f"  {il:5d} {cells[0]:>7} {cells[1]:>7} {cells[2]:>6} {routings:>10}")
+                cells.append(f"{100.0 * t.slots_hit / t.slots:6.1f}" if t.routings else "-")
+            if not any(self.tallies[name][il].routings for name in PREDICTORS):
+                continue  # a layer nothing scored (the native table skips it)
+            routings = self.tallies["stale"][il].routings
+            out.append(f"  {il:5d}  {cells[0]:>6}  {cells[1]:>6} {cells[2]:>6}     {routings:6d}")
         return out

@@ -19,12 +19,26 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from bmoe.engine.embedded import libc
 
 ALIGN = 4096
+
+
+@dataclass(frozen=True)
+class SliceTable:
+    """Where one projection tensor of a layer reads from and to: expert 0's slice (expert
+    ``e`` adds ``e * slice_bytes`` to the file offset and to the arena address)."""
+
+    layer: int
+    proj: int
+    shard: int
+    offset: int
+    slice_bytes: int
+    data: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,16 @@ class ReadRecord:
     read_bytes: int
     latency_ns: int
     start_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatch:
+    """What the lanes did since the last drain: the bytes read (all of them, and of which
+    speculative) and the per-read records (every read; only when tracing in C)."""
+
+    records: list[ReadRecord]
+    read_bytes: int
+    spec_bytes: int
 
 
 class Ticket:
@@ -88,6 +112,32 @@ class Ticket:
             raise self.error
 
 
+class Completion(Protocol):
+    """A submission's reads: done or not, and a wait that raises a failed read's error."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    def wait(self) -> None: ...
+
+
+class Reader(Protocol):
+    """What the streamer needs of read lanes (the Python ones here, or the C ones)."""
+
+    o_direct: Any
+    trace: bool
+
+    def set_slices(self, tables: Sequence[SliceTable]) -> None: ...
+
+    def submit_experts(
+        self, layer: int, experts: list[int], *, spec: bool = False
+    ) -> Completion: ...
+
+    def drain(self) -> ReadBatch: ...
+
+    def close(self) -> None: ...
+
+
 class ExpertReader:
     """``lanes`` reader threads over one model's files; jobs in, :class:`ReadRecord` out."""
 
@@ -106,7 +156,7 @@ class ExpertReader:
         self.file_sizes = [os.fstat(fd).st_size for fd in self.fds]
         self.direct_fds: list[int] | None = None
         if o_direct:
-            direct = [_open_direct(path) for path in self.paths]
+            direct = [open_direct(path) for path in self.paths]
             if all(fd is not None for fd in direct):
                 self.direct_fds = [fd for fd in direct if fd is not None]
             else:  # one file refusing O_DIRECT makes every read buffered, as the flag says
@@ -114,6 +164,8 @@ class ExpertReader:
                     if fd is not None:
                         os.close(fd)
         self.origin_ns = time.monotonic_ns() if clock_origin_ns is None else clock_origin_ns
+        self.trace = True  # every read is recorded (the records cost little here)
+        self._tables: dict[int, list[SliceTable]] = {}
         self.after_read = after_read
         self._records: deque[ReadRecord] = deque()
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
@@ -140,10 +192,38 @@ class ExpertReader:
             put((prio, next(seq), job, ticket))
         return ticket
 
-    def drain(self) -> list[ReadRecord]:
-        """The records of the reads finished since the last drain."""
+    def set_slices(self, tables: Sequence[SliceTable]) -> None:
+        """Register every projection tensor, for :meth:`submit_experts`."""
+        by_layer: dict[int, list[SliceTable]] = {}
+        for t in sorted(tables, key=lambda t: (t.layer, t.proj)):
+            by_layer.setdefault(t.layer, []).append(t)
+        self._tables = by_layer
+
+    def submit_experts(self, layer: int, experts: list[int], *, spec: bool = False) -> Ticket:
+        """Queue every projection of `experts` of `layer`; demand ahead of speculative."""
+        jobs = [
+            ReadJob(
+                layer,
+                e,
+                t.proj,
+                t.offset + e * t.slice_bytes,
+                t.slice_bytes,
+                t.data + e * t.slice_bytes,
+                spec,
+                t.shard,
+            )
+            for e in experts
+            for t in self._tables.get(layer, ())
+        ]
+        return self.submit(jobs, spec=spec)
+
+    def drain(self) -> ReadBatch:
+        """The reads finished since the last drain."""
         records = self._records
-        return [records.popleft() for _ in range(len(records))]
+        done = [records.popleft() for _ in range(len(records))]
+        read = sum(r.read_bytes for r in done)
+        spec = sum(r.read_bytes for r in done if r.spec)
+        return ReadBatch(done, read, spec)
 
     def close(self) -> None:
         for _ in self._threads:
@@ -214,7 +294,7 @@ def _pread_into(fd: int, address: int, nbytes: int, offset: int) -> int:
     return os.preadv(fd, [view], offset)
 
 
-def _open_direct(path: str) -> int | None:
+def open_direct(path: str) -> int | None:
     """An O_DIRECT descriptor of `path` that served an aligned test read, or None."""
     flag = getattr(os, "O_DIRECT", 0)
     if not flag:

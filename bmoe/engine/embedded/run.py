@@ -20,11 +20,18 @@ import numpy as np
 import pandas as pd
 
 from bmoe.engine.embedded import fidelity, probes, telemetry
+from bmoe.engine.embedded.chat import (
+    TextSplit,
+    model_template,
+    opens_reasoning,
+    split_reasoning,
+)
 from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.engine import EmbeddedEngine
 from bmoe.engine.embedded.hook import EvalHook, GraphChanged
 from bmoe.engine.embedded.model import LlamaModel
 from bmoe.engine.embedded.reader import ReadJob
+from bmoe.engine.embedded.speculate import NgramDrafter, SpecCounters, timed_draft
 from bmoe.engine.embedded.streamer import DecodeCounters, Routing
 from bmoe.errors import BmoeError
 from bmoe.formats import protocol
@@ -213,9 +220,12 @@ class Writers:
                 "n_layer": lay.n_layer,
                 "n_expert": lay.n_expert,
                 "n_expert_used": eng.n_expert_used,
+                **telemetry.spec_meta(cfg),
             }
             self.route = RouteRowBuffer(RouteTraceWriter(sinks.route, meta, layers))
             sinks.before_close.append(self.route.flush)
+        if eng.reader is not None:
+            eng.reader.trace = bool(sinks.io)  # per-read records only for the io trace
         if sinks.io:
             self.io = IoTraceWriter(
                 sinks.io, telemetry.trace_meta(cfg, eng, o_direct), IO_TRACE_COLUMNS
@@ -237,6 +247,8 @@ class Turn:
     n_prompt: int  # tokens prefilled this turn
     n_past: int  # context length after it
     cancelled: bool = False
+    reasoning: bytes = b""  # with a chat template: the reasoning span of `text`
+    answer: bytes = b""  # and the rest (without one: `text`)
     logits: list[np.ndarray] = field(default_factory=list)
     hook_ns: list[int] = field(default_factory=list)
     hook_calls: list[int] = field(default_factory=list)
@@ -256,7 +268,14 @@ def _generate(
     o_direct = bool(eng.reader and eng.reader.o_direct)
     writers = Writers(cfg, eng, sinks, o_direct)
     prompt = cfg.prompt.encode("utf-8", "surrogateescape")
-    tokens = model.tokenize(prompt, add_special=True) or [max(model.bos, 0)]
+    chat = None
+    if cfg.chatml:  # the prompt as the user's message, in the model's template
+        message = {"role": "user", "content": cfg.prompt}
+        text = model_template(model).render([message], think=cfg.think)
+        tokens = model.tokenize(text.encode("utf-8", "surrogateescape"), True, parse_special=True)
+        chat = TextSplit(opened=opens_reasoning(text))
+    else:
+        tokens = model.tokenize(prompt, add_special=True) or [max(model.bos, 0)]
     if len(tokens) + cfg.n_predict > model.n_ctx:
         raise BmoeError(
             f"prompt ({len(tokens)} tokens) + -n {cfg.n_predict} exceeds the context "
@@ -276,6 +295,7 @@ def _generate(
         progress=cfg.progress,
         keep_logits=keep_logits,
         profile_hook=profile_hook,
+        chat=chat,
     )
     summary = turn.summary
     figures = telemetry.figures(cfg, eng, summary)
@@ -285,7 +305,7 @@ def _generate(
     if eng.predictor is not None and cfg.predict_log:
         lines += eng.predictor.lines()
     if cfg.progress:
-        emit(out, b"=== answer ===\n" + turn.text + b"\n=== perf ===\n")
+        emit(out, b"=== answer ===\n" + turn.answer + b"\n=== perf ===\n")
     else:
         emit(out, b"\n\n")
     emit(out, "".join(line + "\n" for line in lines))
@@ -325,11 +345,13 @@ def run_turn(
     keep_logits: bool = False,
     profile_hook: bool = False,
     cancelled: Callable[[], bool] | None = None,
+    chat: TextSplit | None = None,
 ) -> Turn:
     """Prefill `tokens` at positions `start_pos`.. and generate up to `n_predict` tokens,
     writing the per-token rows and trace rows stamped `turn`; the generated text goes to
     `out` (``BMOE_LOAD``/``BMOE_PROGRESS`` lines with `progress`). `cancelled` is asked
-    before each token; a true answer ends the turn there."""
+    before each token; a true answer ends the turn there. With `chat` (a rendered chat
+    prompt) the progress lines carry the answer and the reasoning apart."""
     ra = eng.predictor
     ra_start = (ra.committed, ra.passthrough, ra.agree_slots) if ra is not None else (0, 0, 0)
     n_prompt = len(tokens)
@@ -347,6 +369,8 @@ def run_turn(
         keep_logits=keep_logits,
         profile_hook=profile_hook,
         cancelled=cancelled,
+        prompt=tokens,
+        chat=chat,
     )
     n_past = start_pos + n_prompt + len(gen.tokens)
     spec_read = pre.spec_read + gen.spec_read
@@ -379,9 +403,13 @@ def run_turn(
         gen.experts_routed,
         gen.experts_dropped,
         _route_ahead(eng, ra_start),
+        gen.spec,
     )
     summary.update(fidelity.finish(gen.sample))
+    reasoning, answer = split_reasoning(bytes(gen.text), chat.opened) if chat else (b"", b"")
     return Turn(
+        reasoning=reasoning,
+        answer=answer if chat else bytes(gen.text),
         tokens=gen.tokens,
         text=bytes(gen.text),
         rows=gen.rows,
@@ -407,13 +435,10 @@ def _trace_rows(
     hook, streamer = eng.hook, eng.streamer
     read = spec = 0
     if eng.reader is not None:
-        records = eng.reader.drain()
-        for r in records:
-            read += r.read_bytes
-            if r.spec:
-                spec += r.read_bytes
-        if writers.io and records:
-            writers.io.rows(telemetry.io_frame(records, phase, step, turn))
+        done = eng.reader.drain()
+        read, spec = done.read_bytes, done.spec_bytes
+        if writers.io and done.records:
+            writers.io.rows(telemetry.io_frame(done.records, phase, step, turn))
     if reads_only:
         return read, spec
     if writers.route and streamer is not None:
@@ -479,14 +504,29 @@ class _Generation:
     experts_dropped: int = 0
     stopped: bool = False
     sample: Callable[[np.ndarray], int] | None = None  # the sampler (fidelity wraps it)
+    spec: SpecCounters = field(default_factory=SpecCounters)
 
     def add(self, counters: DecodeCounters, spec_read: int) -> None:
-        """Accumulate one step's counters into the turn's totals and maxima."""
+        """Accumulate one decode's counters into the turn's totals and maxima."""
         self.spec_read += spec_read
         self.experts_routed += counters.routed
         self.experts_dropped += counters.dropped
         self.demand_max = max(self.demand_max, counters.demand_bytes)
         self.layer_demand_max = max(self.layer_demand_max, counters.widest_layer_bytes)
+
+
+@dataclass
+class _Step:
+    """One decode of the token loop: what it verified and what it measured."""
+
+    batch: list[int]  # the token, then its drafts
+    wall_ms: float
+    overhead_ms: float  # the gap since the previous decode (drafting included)
+    draft_ms: float
+    u0: probes.Usage
+    u1: probes.Usage
+    counters: DecodeCounters
+    read: int  # bytes read during it
 
 
 def _decode_tokens(
@@ -503,51 +543,145 @@ def _decode_tokens(
     keep_logits: bool,
     profile_hook: bool,
     cancelled: Callable[[], bool] | None,
+    prompt: list[int] | None = None,
+    chat: TextSplit | None = None,
 ) -> _Generation:
-    """Sample and decode up to `steps` tokens one at a time from position `first_pos`,
-    measuring each step into a metrics row (phase 1) and writing its text or progress."""
-    model, hook, streamer = eng.model, eng.hook, eng.streamer
+    """Generate up to `steps` tokens from position `first_pos` (phase 1), one decode at a
+    time, measuring each into metrics rows and writing its text or progress.
+
+    With ``--ngram`` each decode verifies the drafts the n-gram source proposes after the
+    token (read off `prompt` and the tokens confirmed since): ``[token, *drafts]`` in one
+    batch, each draft kept while it equals the model's greedy choice at its position. A group
+    is one decode: its whole cost is charged to the first of its rows (``mtp_batch``).
+    Generation ends at `steps` tokens, at an end-of-generation token or when `cancelled`."""
+    model, hook = eng.model, eng.hook
     gen = _Generation(t_prev_end=time.perf_counter())
     sample = gen.sample = fidelity.sampler(cfg, _sampler(cfg))
-    for step in range(1, steps + 1):
+    drafter = (
+        NgramDrafter(prompt or [], cfg.draft, cfg.ngram_min_match, cfg.ngram_max_match)
+        if cfg.spec == "ngram"
+        else None
+    )
+    pos = first_pos
+    token = sample(logits)
+    while len(gen.tokens) < steps:
         if cancelled is not None and cancelled():
             gen.stopped = True
             break
-        token = sample(logits)
+        if model.is_eog(token):
+            break
+        drafts, draft_ns = timed_draft(drafter, token, steps - len(gen.tokens) - 1)
+        batch = [token, *drafts]
         if keep_logits:
-            gen.logits.append(np.array(logits, copy=True))
-        gen.tokens.append(token)
-        piece = model.piece(token)
-        gen.text += piece
-        pos = first_pos + step - 1
+            logits = np.array(logits, copy=True)
         u0 = probes.usage()
         t0 = time.perf_counter()
-        _decode_one(model, hook, token, pos)
+        _decode_batch(model, hook, batch, pos)
         t1 = time.perf_counter()
         u1 = probes.usage()
         if hook is not None and profile_hook:
             gen.hook_ns.append(hook.profile_ns)
             gen.hook_calls.append(hook.profile_calls)
             hook.profile_ns = hook.profile_calls = 0
-        logits = model.logits()
-        loop_overhead = t0 - gen.t_prev_end
-        c = streamer.counters if streamer is not None else DecodeCounters()
-        read, spec = _trace_rows(eng, writers, turn, 1, pos)
-        gen.add(c, spec)
-        wall_ms, overhead_ms = (t1 - t0) * 1e3, loop_overhead * 1e3
-        row = _step_row(cfg, eng, step, steps, turn, wall_ms, overhead_ms, u0, u1, c, read)
+        # accept: each draft while it is what the model itself would have chosen there
+        confirmed, chosen_from = [token], [logits]  # a view until the next decode
+        for i, draft in enumerate(drafts):
+            row = model.logits(i)
+            if int(np.argmax(row)) != draft:
+                break
+            chosen_from.append(row)
+            if model.is_eog(draft):  # decoded, never emitted, as on the plain path
+                break
+            confirmed.append(draft)
+        accepted = len(chosen_from) - 1
+        logits = model.logits(accepted if drafts else -1)
+        if accepted < len(drafts):
+            model.forget_from(pos + 1 + accepted)  # the rejected tail leaves the KV
+        counters = eng.streamer.counters if eng.streamer is not None else DecodeCounters()
+        read, spec_read = _trace_rows(eng, writers, turn, 1, pos + len(batch) - 1)
+        gen.add(counters, spec_read)
+        gen.spec.decodes += 1
+        gen.spec.drafted += len(drafts)
+        gen.spec.accepted += accepted
+        gen.spec.drafted_steps += bool(drafts)
+        gen.spec.draft_ns += draft_ns
+        done = _Step(
+            batch,
+            (t1 - t0) * 1e3,
+            (t0 - gen.t_prev_end) * 1e3,
+            draft_ns / 1e6,
+            u0,
+            u1,
+            counters,
+            read,
+        )
+        _emit_group(
+            cfg,
+            eng,
+            writers,
+            gen,
+            done,
+            confirmed,
+            chosen_from,
+            steps,
+            out,
+            turn=turn,
+            progress=progress,
+            keep_logits=keep_logits,
+            chat=chat,
+        )
+        if drafter is not None:
+            drafter.confirm(confirmed)
+        if len(confirmed) < len(chosen_from):  # an accepted end of generation
+            break
+        pos += len(confirmed)
+        if len(gen.tokens) >= steps:
+            break  # a token sampled and never decoded would be one too many for --fidelity-save
+        token = sample(logits)
+        gen.t_prev_end = time.perf_counter()
+    if drafter is not None:  # the KV keeps exactly what was emitted
+        model.forget_from(first_pos + len(gen.tokens))
+    return gen
+
+
+def _emit_group(
+    cfg: EngineConfig,
+    eng: EmbeddedEngine,
+    writers: Writers,
+    gen: _Generation,
+    step: _Step,
+    confirmed: list[int],
+    chosen_from: list[np.ndarray],
+    steps: int,
+    out: BinaryIO | None,
+    *,
+    turn: int,
+    progress: bool,
+    keep_logits: bool,
+    chat: TextSplit | None = None,
+) -> None:
+    """The rows (and text or progress lines) of the tokens one decode confirmed: the first
+    carries the decode's whole cost, the others zeros, all of them the group's size."""
+    for i, token in enumerate(confirmed):
+        if keep_logits:
+            gen.logits.append(np.array(chosen_from[i], copy=True))
+        gen.tokens.append(token)
+        piece = eng.model.piece(token)
+        gen.text += piece
+        row = _step_row(cfg, eng, len(gen.tokens), steps, turn, step if i == 0 else None)
+        row["mtp_batch"] = len(confirmed)
         gen.rows.append(row)
         if writers.metrics:
             writers.metrics.row(row)
         if progress:
-            if read:
-                load = {"mb": read / MIB, "ms": row["io_ms"]}
+            if row["read_bytes"]:
+                load = {"mb": row["read_bytes"] / MIB, "ms": row["io_ms"]}
                 emit(out, protocol.format_event("LOAD", load) + "\n")
-            emit(out, protocol.format_event("PROGRESS", telemetry.progress(row, piece)) + "\n")
+            reasoning, answer, reset = chat.update(bytes(gen.text)) if chat else (b"", piece, False)
+            payload = telemetry.progress(row, answer, reasoning, reset)
+            emit(out, protocol.format_event("PROGRESS", payload) + "\n")
         else:
             emit(out, piece)
-        gen.t_prev_end = time.perf_counter()
-    return gen
 
 
 def _step_row(
@@ -556,20 +690,23 @@ def _step_row(
     step: int,
     steps: int,
     turn: int,
-    wall_ms: float,
-    loop_overhead_ms: float,
-    u0: probes.Usage,
-    u1: probes.Usage,
-    c: DecodeCounters,
-    read: int,
+    cost: _Step | None,
 ) -> dict[str, Any]:
-    """One step's metrics row (the telemetry contract's columns), from what was measured
-    around its decode and what the probes read now."""
-    frac, probe_s = eng.dense_probe.sample()
+    """One token's metrics row (the telemetry contract's columns): `cost` is the decode that
+    produced it, None for the later tokens of a verified group (whose cost the group's first
+    row carries), and the probes are read now."""
+    if cost is None:
+        frac, probe_s = eng.dense_probe.value, 0.0
+        c, wall_ms, overhead_ms, draft_ms, read = DecodeCounters(), 0.0, 0.0, 0.0, 0
+        majflt, cpu_ms = 0, 0.0
+    else:
+        frac, probe_s = eng.dense_probe.sample()
+        c, wall_ms, read = cost.counters, cost.wall_ms, cost.read
+        overhead_ms, draft_ms = cost.overhead_ms, cost.draft_ms
+        majflt, cpu_ms = cost.u1.majflt - cost.u0.majflt, (cost.u1.cpu_s - cost.u0.cpu_s) * 1e3
     mem = probes.memory()
     io_ms = c.io_ns / 1e6
     mgmt_ms = c.mgmt_ns / 1e6 + probe_s * 1e3
-    majflt = u1.majflt - u0.majflt
     stats = eng.cache.stats if eng.cache is not None else None
     hit = (
         (100.0 * stats["hits"] / stats["lookups"])
@@ -587,15 +724,15 @@ def _step_row(
         "stall_ms": 0.0,
         "mgmt_ms": mgmt_ms,
         "majflt": majflt,
-        "cpu_ms": (u1.cpu_s - u0.cpu_s) * 1e3,
+        "cpu_ms": cpu_ms,
         "dense_resident_frac": frac,
         "turn": turn,
         "majflt_mib": probes.majflt_mib(majflt),
         "cache_budget_mib": eng.budget_bytes / MIB if cfg.moe_stream else 0.0,
         **{k: mem[k] for k in probes.MEMORY_COLUMNS},
-        "loop_overhead_ms": loop_overhead_ms,
+        "loop_overhead_ms": overhead_ms,
         "mtp_batch": 1,
-        "mtp_draft_ms": 0.0,
+        "mtp_draft_ms": draft_ms,
         "drain_ms": 0.0,
         "adopt_ms": 0.0,
         "ra_issue_ms": 0.0,
@@ -614,19 +751,22 @@ def _route_ahead(eng: EmbeddedEngine, start: tuple[int, int, int]) -> tuple[int,
     return committed, ra.passthrough - start[1], pct
 
 
-def _decode_one(model: LlamaModel, hook: EvalHook | None, token: int, pos: int) -> None:
-    """Decode one token; redo it without remembered node decisions if the graph changed."""
-    where = np.array([pos], np.int64)
+def _decode_batch(model: LlamaModel, hook: EvalHook | None, tokens: list[int], pos: int) -> None:
+    """Decode `tokens` at positions `pos`.. (one token, or a token and its drafts with logits
+    at every position); a single token is redone without remembered node decisions if the
+    graph changed."""
+    where = np.arange(pos, pos + len(tokens), dtype=np.int64)
+    wide = len(tokens) > 1
     if hook is None:
-        model.decode([token], pos)
+        model.decode(tokens, pos, logits_all=wide)
         return
-    hook.begin(where, np.ones(1, bool))
-    model.decode([token], pos)
+    hook.begin(where, np.ones(len(tokens), bool))
+    model.decode(tokens, pos, logits_all=wide)
     try:
         hook.end()
     except GraphChanged:
         model.forget_from(pos)
         hook.forget()
-        hook.begin(where, np.ones(1, bool))
-        model.decode([token], pos)
+        hook.begin(where, np.ones(len(tokens), bool))
+        model.decode(tokens, pos, logits_all=wide)
         hook.end()

@@ -7,14 +7,16 @@ lines and ``BMOE_DONE``; a request that cannot be served is answered ``BMOE_ERRO
 the traces are written once per process, every row stamped with its turn, and each turn ends
 with its ``# summary`` trailer, so the file reads back like the native engine's session CSV.
 
-``clear_kv`` (default true) starts a new conversation; ``clear_kv:false`` appends the new
-prompt to the context already decoded (there is no chat template to re-render: ``--chatml`` is
-not implemented). ``cancel`` ends the turn in flight after its current token; ``close`` or the
-end of stdin ends the session.
+``clear_kv`` (default true) starts a new conversation; ``clear_kv:false`` continues it, as the
+native engine does with and without ``--chatml`` (:mod:`bmoe.engine.embedded.chat`: with a
+template the conversation is re-rendered and the shared KV prefix kept, without one the prompt
+is decoded after the context). ``think`` (default: ``--no-think`` off) is passed to the
+template. ``cancel`` ends the turn in flight after its current token and undoes it; ``close``
+or the end of stdin ends the session.
 
 With ``--predict-log`` each turn ends, right before its ``BMOE_DONE``, with the ``moe-predict:``
-lines and per-layer table of a one-shot run, scored over that turn's generated tokens (the
-previous-token bet of a continued conversation starts from the last token already decoded).
+lines and per-layer table of a one-shot run; as in the native engine the scores are the
+session's totals so far (every turn's routings are samples of the same accuracy).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
+from bmoe.engine.embedded.chat import Conversation, TextSplit, model_template
 from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.engine import EmbeddedEngine
 from bmoe.engine.embedded.run import Sinks, Turn, Writers, emit, run_turn
@@ -93,8 +96,11 @@ def _guess_id(line: bytes) -> int:
     return value if isinstance(value, int) else -1
 
 
-def _check_generate(data: dict[str, Any], default_n: int) -> tuple[int, str, int, bool]:
-    """(id, prompt, n_predict, clear_kv) of a generate request, or BmoeError saying why not."""
+def _check_generate(
+    data: dict[str, Any], default_n: int, default_think: bool = True
+) -> tuple[int, str, int, bool, bool]:
+    """(id, prompt, n_predict, clear_kv, think) of a generate request, or BmoeError saying
+    why not."""
     rid, prompt = data["id"], data["prompt"]
     if not isinstance(rid, int) or isinstance(rid, bool):
         raise BmoeError('"id" must be an integer')
@@ -106,10 +112,10 @@ def _check_generate(data: dict[str, Any], default_n: int) -> tuple[int, str, int
     clear = data.get("clear_kv", True)
     if not isinstance(clear, bool):
         raise BmoeError('"clear_kv" must be true or false')
-    think = data.get("think", True)
+    think = data.get("think", default_think)
     if not isinstance(think, bool):
         raise BmoeError('"think" must be true or false')
-    return rid, prompt, n, clear
+    return rid, prompt, n, clear, think
 
 
 def done_payload(rid: int, turn: Turn, load_s: float) -> dict[str, Any]:
@@ -145,14 +151,14 @@ def done_payload(rid: int, turn: Turn, load_s: float) -> dict[str, Any]:
         "prefill_dev_read_mib": 0.0,
         "prefill_dev_stall_s": 0.0,
         "token_demand_mib": s["token_demand_MiB"],
-        "mtp_drafted": 0,
-        "mtp_accepted": 0,
+        "mtp_drafted": s["mtp_drafted"],
+        "mtp_accepted": s["mtp_accepted"],
         "mtp_decodes": s["mtp_decodes"],
-        "mtp_draft_s_tok": 0.0,
-        "drafted_steps": 0,
+        "mtp_draft_s_tok": s["mtp_draft_s/tok"],
+        "drafted_steps": s["drafted_steps"],
         "loop_overhead_s_tok": s["loop_overhead_s/tok"],
-        "reasoning": "",
-        "text": protocol.to_text(turn.text),
+        "reasoning": protocol.to_text(turn.reasoning),
+        "text": protocol.to_text(turn.answer),
     }
 
 
@@ -189,12 +195,12 @@ def serve_session(
                 "load_s": load_s,
                 "arch": eng.layout.arch,
                 "n_ctx": model.n_ctx,
-                "think_ctl": "template",
+                "think_ctl": model_template(model).think_control if cfg.chatml else "template",
                 "n_expert_used": eng.n_expert_used if eng.layout.n_expert else 0,
             },
         )
         requests = _Requests(stdin)
-        n_past = 0
+        conv = Conversation(model_template(model) if cfg.chatml else None)
         turn_no = 0
         while True:
             request = requests.queue.get()
@@ -209,46 +215,48 @@ def serve_session(
                 _event(out, "ERROR", {"id": rid, "fatal": False, "msg": _NO_DECIDE})
                 continue
             try:
-                rid, prompt, n_predict, clear = _check_generate(request.data, cfg.n_predict)
+                rid, prompt, n_predict, clear, think = _check_generate(
+                    request.data, cfg.n_predict, cfg.think
+                )
             except BmoeError as exc:
                 _event(out, "ERROR", {"id": rid, "fatal": False, "msg": str(exc)})
                 continue
             _event(out, "BEGIN", {"id": rid})
-            fresh = clear or n_past == 0
-            text = prompt.encode("utf-8", "surrogateescape")
-            tokens = model.tokenize(text, add_special=fresh)
-            if fresh and not tokens:
-                tokens = [max(model.bos, 0)]
-            start = 0 if fresh else n_past
-            if not tokens:
-                _event(out, "ERROR", {"id": rid, "fatal": False, "msg": "empty prompt"})
-                continue
-            if start + len(tokens) + n_predict > model.n_ctx:
+            plan = conv.plan(model, prompt, clear=clear, think=think)
+            if (
+                plan.n_tokens + n_predict + CTX_MARGIN > model.n_ctx
+                or plan.start + len(plan.tokens) + n_predict > model.n_ctx
+            ):
+                conv.refuse()
                 msg = (
                     f"prompt + n_predict exceeds the session n_ctx ({model.n_ctx}); "
                     "open the session with a larger n_ctx"
                 )
                 _event(out, "ERROR", {"id": rid, "fatal": False, "msg": msg})
                 continue
-            if fresh:
-                model.clear_memory()
             seq = request.seq
             predictor = eng.predictor if cfg.predict_log else None
-            if predictor is not None:
-                predictor.reset_scores()
             turn = run_turn(
                 cfg,
                 eng,
                 writers,
-                tokens,
-                start,
+                plan.tokens,
+                plan.start,
                 n_predict,
                 out,
                 load_s=load_s,
                 turn=turn_no,
                 progress=True,
                 cancelled=lambda seq=seq: requests.cancelled(seq),
+                chat=TextSplit(opened=plan.opened) if conv.template is not None else None,
             )
+            turn.n_prompt = plan.n_prompt
+            if turn.cancelled:  # reported as it stood, then undone
+                shared = plan.start if conv.template is not None else 0
+                turn.n_past = shared + plan.n_prompt + len(turn.tokens)
+                conv.undo(model)
+            else:
+                turn.n_past = conv.commit(plan, turn.tokens, turn.answer.decode("utf-8", "replace"))
             if writers.metrics:
                 writers.metrics.summary(turn.summary)
             for fh in sinks.files:
@@ -256,13 +264,15 @@ def serve_session(
             if predictor is not None:
                 emit(out, "".join(line + "\n" for line in predictor.lines()))
             _event(out, "DONE", done_payload(rid, turn, load_s))
-            n_past = turn.n_past
             turn_no += 1
     finally:
         if eng is not None:
             eng.close()
         sinks.close()
 
+
+#: The native engine refuses a prompt that would leave fewer than this many positions free.
+CTX_MARGIN = 8
 
 _NO_DECIDE = "decide needs --decide, which the embedded engine does not implement"
 

@@ -23,7 +23,7 @@ import numpy as np
 from bmoe.cache import EXPERT_BITS, ExpertCache
 from bmoe.engine.embedded.arena import ExpertArena
 from bmoe.engine.embedded.layout import ModelLayout
-from bmoe.engine.embedded.reader import ExpertReader, ReadJob, Ticket
+from bmoe.engine.embedded.reader import Completion, Reader, SliceTable
 
 EXPERT_MASK = (1 << EXPERT_BITS) - 1
 
@@ -61,7 +61,7 @@ class ExpertStreamer:
         self,
         layout: ModelLayout,
         arena: ExpertArena,
-        reader: ExpertReader,
+        reader: Reader,
         cache: ExpertCache | None,
         *,
         prefetch: int = 0,
@@ -85,13 +85,27 @@ class ExpertStreamer:
             for i, il in enumerate(self.moe_layers)
         }
         self._expert_bytes = {il: layout.expert_bytes(il) for il in self.moe_layers}
-        self._inflight: dict[tuple[int, int], Ticket] = {}
+        self._inflight: dict[tuple[int, int], Completion] = {}
         self._materialized: set[tuple[int, int]] = set()
         self._ever_held: set[tuple[int, int]] = set()
         self._prev_ids: dict[int, list[int]] = {}
         self._spec: set[tuple[int, int]] = set()
         self.counters = DecodeCounters()
         self._generating = True
+        reader.set_slices(
+            [
+                SliceTable(
+                    b.tensor.layer,
+                    b.tensor.proj,
+                    b.tensor.shard,
+                    b.tensor.slice_offset(0),
+                    b.tensor.slice_bytes,
+                    b.slice_address(0),
+                )
+                for blocks in arena.by_layer.values()
+                for b in blocks
+            ]
+        )
         # run totals
         self.rereads = 0
         self.spec_experts = 0
@@ -184,7 +198,7 @@ class ExpertStreamer:
             [inflight.pop((layer, e)) for e in hits if (layer, e) in inflight] if inflight else []
         )
         if misses or waits:
-            ticket = self.reader.submit(self._jobs(layer, misses, spec=False)) if misses else None
+            ticket = self.reader.submit_experts(layer, misses) if misses else None
             tw = time.perf_counter_ns()
             for w in waits:
                 w.wait()
@@ -254,23 +268,6 @@ class ExpertStreamer:
             candidate = [c and e not in needed for c, e in zip(candidate, flat, strict=True)]
         return np.array(candidate, dtype=bool).reshape(1, -1)
 
-    def _jobs(self, layer: int, experts: list[int], *, spec: bool) -> list[ReadJob]:
-        blocks = self.arena.by_layer[layer]
-        return [
-            ReadJob(
-                layer,
-                e,
-                b.tensor.proj,
-                b.tensor.slice_offset(e),
-                b.tensor.slice_bytes,
-                b.slice_address(e),
-                spec,
-                b.tensor.shard,
-            )
-            for e in experts
-            for b in blocks
-        ]
-
     def _release(self, key: tuple[int, int]) -> int:
         """Give an evicted expert's pages back; returns the ns spent waiting for its read."""
         waited = 0
@@ -303,7 +300,7 @@ class ExpertStreamer:
                 self._release(key)
         if not admitted:
             return
-        ticket = self.reader.submit(self._jobs(layer, admitted, spec=True), spec=True)
+        ticket = self.reader.submit_experts(layer, admitted, spec=True)
         for e in admitted:
             key = (layer, e)
             self._inflight[key] = ticket

@@ -17,6 +17,7 @@ from bmoe.engine.embedded.engine import MIB, EmbeddedEngine, mib
 from bmoe.engine.embedded.hook import TraceRow
 from bmoe.engine.embedded.model import version
 from bmoe.engine.embedded.reader import ReadRecord
+from bmoe.engine.embedded.speculate import SpecCounters
 from bmoe.engine.embedded.streamer import DecodeCounters, Routing
 from bmoe.formats import protocol
 from bmoe.formats.route import COLUMNS as ROUTE_COLUMNS
@@ -42,7 +43,7 @@ def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, 
         "threads": cfg.threads,
         "n_ctx": cfg.ctx_size,
         "n_ubatch": cfg.ubatch,
-        "chatml": False,
+        "chatml": cfg.chatml,
         "moe_stream": stream,
         "cache_mb": mib(eng.budget_bytes) if stream else 0,
         "cache_auto": stream and cfg.cache_mb is None and not cfg.load_all,
@@ -70,10 +71,10 @@ def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, 
         "top_p": float(cfg.top_p),
         "seed": cfg.seed,
         "compute_trace_layers": int(bool(cfg.compute_trace_layers)),
-        "spec": "off",
-        "spec_draft_max": 0,
+        "spec": cfg.spec,
+        "spec_draft_max": cfg.draft if cfg.spec != "off" else 0,
         "mtp_p_min": 0.0,
-        "ngram_min_match": 0,
+        "ngram_min_match": cfg.ngram_min_match if cfg.spec == "ngram" else 0,
     }
 
 
@@ -87,7 +88,16 @@ def trace_meta(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[s
         "io_threads": cfg.io_threads if cfg.moe_stream else 0,
         "o_direct": o_direct,
         "overlap": False,
+        **spec_meta(cfg),
     }
+
+
+def spec_meta(cfg: EngineConfig) -> dict[str, Any]:
+    """What the trace preambles say about speculation (nothing without it): under it a
+    verify decode routes its drafts' positions, and a rejected one's again later."""
+    if cfg.spec == "off":
+        return {}
+    return {"spec": cfg.spec, "spec_draft_max": cfg.draft}
 
 
 def route_frame(counters: DecodeCounters, phase: int, turn: int = 0) -> pd.DataFrame:
@@ -202,9 +212,12 @@ def compute_frame(rows: list[TraceRow], phase: int, step: int, turn: int = 0) ->
     )
 
 
-def progress(row: dict[str, Any], piece: bytes) -> dict[str, Any]:
-    """The ``BMOE_PROGRESS`` payload of one metrics row."""
-    return {
+def progress(
+    row: dict[str, Any], piece: bytes, reasoning: bytes = b"", reset: bool = False
+) -> dict[str, Any]:
+    """The ``BMOE_PROGRESS`` payload of one metrics row: `piece` is the answer's new text,
+    `reasoning` the reasoning span's (`reset`: both are whole snapshots that replace them)."""
+    out = {
         "step": row["step"],
         "steps": row["steps"],
         "wall_ms": row["wall_ms"],
@@ -217,9 +230,13 @@ def progress(row: dict[str, Any], piece: bytes) -> dict[str, Any]:
         "majflt": row["majflt"],
         "cpu_ms": row["cpu_ms"],
         "dense_resident_frac": row["dense_resident_frac"],
-        "delta_reasoning": "",
+        "delta_reasoning": protocol.to_text(reasoning),
         "delta_text": protocol.to_text(piece),
     }
+    if reset:  # the native key order: "reset" right before the deltas
+        out = {**{k: v for k, v in out.items() if not k.startswith("delta_")}, "reset": 1}
+        out.update(delta_reasoning=protocol.to_text(reasoning), delta_text=protocol.to_text(piece))
+    return out
 
 
 def summary(
@@ -237,9 +254,11 @@ def summary(
     experts_routed: int = 0,
     experts_dropped: int = 0,
     route_ahead: tuple[int, int, float] = (0, 0, 0.0),
+    spec: SpecCounters | None = None,
 ) -> dict[str, Any]:
     """The ``# summary`` trailer, keys in the native engine's order (then the prefill split)."""
     n = len(rows)
+    spec = spec if spec is not None else SpecCounters(decodes=n)
     per = 1.0 / n if n else 0.0
 
     def total(col: str) -> float:
@@ -283,11 +302,11 @@ def summary(
         "experts_routed": experts_routed,
         "experts_dropped": experts_dropped,
         "loop_overhead_s/tok": (total("loop_overhead_ms") / 1e3 + tail_s) * per,
-        "mtp_drafted": 0,
-        "mtp_accepted": 0,
-        "mtp_decodes": n,
-        "mtp_draft_s/tok": 0.0,
-        "drafted_steps": 0,
+        "mtp_drafted": spec.drafted,
+        "mtp_accepted": spec.accepted,
+        "mtp_decodes": spec.decodes,
+        "mtp_draft_s/tok": spec.draft_ns / 1e9 * per,
+        "drafted_steps": spec.drafted_steps,
         "ra_committed": route_ahead[0],
         "ra_passthrough": route_ahead[1],
         "ra_agree_pct": route_ahead[2],
@@ -299,6 +318,29 @@ def summary(
         "evictions": stats["evictions"] if stats else 0,
         "rereads": streamer.rereads if streamer is not None else 0,
         **prefill,
+    }
+
+
+def speculation_figures(source: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures of the ``ngram:`` end-of-run lines: acceptance, tokens per verify decode,
+    what drafting cost on top of the decodes, and how many steps drafted at all."""
+    tokens, decodes = summary["tokens"], summary["mtp_decodes"]
+    drafted, accepted = summary["mtp_drafted"], summary["mtp_accepted"]
+    s_tok, draft_s_tok = summary["s/tok"], summary["mtp_draft_s/tok"]
+    return {
+        "spec": source,
+        "mtp_accepted": accepted,
+        "mtp_drafted": drafted,
+        "mtp_accept_pct": 100.0 * accepted / drafted if drafted else 0.0,
+        "mtp_tokens_per_decode": tokens / decodes if decodes else 0.0,
+        "mtp_decodes": decodes,
+        "mtp_tokens": tokens,
+        "mtp_draft_s/tok": draft_s_tok,
+        "mtp_effective_tok/s": 1.0 / (s_tok + draft_s_tok) if s_tok + draft_s_tok > 0 else 0.0,
+        "mtp_reported_tok/s": summary["tok/s"],
+        "drafted_steps": summary["drafted_steps"],
+        "ngram_steps": decodes,
+        "drafted_pct": 100.0 * summary["drafted_steps"] / decodes if decodes else 0.0,
     }
 
 
@@ -322,6 +364,8 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
         "dense_weights": cfg.dense_weights,
         "overlap": False,
     }
+    if cfg.spec != "off":
+        fig.update(speculation_figures(cfg.spec, summary))
     if not cfg.moe_stream:
         fig["mode"] = "plain llama.cpp on mmap, experts not streamed (pass --moe-stream)"
         return fig
