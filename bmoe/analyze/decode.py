@@ -20,8 +20,8 @@ from bmoe.analyze.opclass import OP_CLASSES, classify_rows
 from bmoe.errors import BmoeError
 from bmoe.formats.decode import ComputeTrace, IoTrace
 from bmoe.formats.metrics import MetricsRun
+from bmoe.units import MIB
 
-MIB = 1 << 20
 #: Quantiles of the per-read latency (index rule ``min(n-1, floor(q*n))``).
 LATENCY_QUANTILES = (0.5, 0.9, 0.99)
 #: How many ops the by-op view lists by default (the reference's default).

@@ -32,8 +32,8 @@ import pandas as pd
 
 from bmoe.analyze.fidelity import fidelity_figures
 from bmoe.formats.metrics import MetricsRun
+from bmoe.units import MIB
 
-MIB = 1048576.0
 KB_PER_GB = 1024.0 * 1024.0  # the sidecar counts kB; "gb" figures are GiB (kB / 1024^2)
 
 #: The stable leading names of :func:`run_summary` (what the sweep and reports rely on).

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.replay_run import MIB, Replays, Tally
+from bmoe.analyze.replay_run import Replays, Tally
 from bmoe.cache import (
     DEFAULT_POLICY,
     EXPERT_BITS,
@@ -41,6 +41,7 @@ from bmoe.cache import (
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+from bmoe.units import MIB
 
 if TYPE_CHECKING:
     from bmoe.cache.kernels import Chunk

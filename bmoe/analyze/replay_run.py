@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from bmoe.cache import POLICIES
+from bmoe.units import MIB
 
 if TYPE_CHECKING:
     from bmoe.cache.kernels import Chunk
 
-MIB = 1 << 20
 CURVE_COLUMNS = ("budget_mib", "policy", "hit_pct_cum", "hit_pct_decode", "read_mib")
 
 #: a cell of a replay: (budget in MiB as given, policy name)

@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.replay import (
-    MIB,
     ReplayBatches,
     check_budgets,
     check_policies,
@@ -40,6 +39,7 @@ from bmoe.cache import DEFAULT_POLICY, EXPERT_BITS, POLICIES
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+from bmoe.units import MIB
 
 if TYPE_CHECKING:
     from bmoe.cache.kernels import Chunk

@@ -35,7 +35,6 @@ import numpy as np
 
 from bmoe.analyze.route_cells import (
     ALL,
-    MIB,
     PHASES,
     Columns,
     Facts,
@@ -58,6 +57,7 @@ from bmoe.analyze.route_cells import (
 )
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+from bmoe.units import MIB
 
 if TYPE_CHECKING:
     import pandas as pd

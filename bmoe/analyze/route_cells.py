@@ -20,7 +20,6 @@ from bmoe.formats.route import RouteColumns, RouteTrace
 if TYPE_CHECKING:
     import pandas as pd
 
-MIB = 1048576
 PHASES = {"prefill": 0, "decode": 1}
 ALL = "ALL"
 

@@ -19,9 +19,9 @@ import pandas as pd
 
 from bmoe.errors import BmoeError
 from bmoe.sweep.targets import Target, TargetSpec, open_target
+from bmoe.units import KIB, MIB
 
-MIB = 1 << 20
-DEFAULT_SIZES = (64 * 1024, 256 * 1024, 1024 * 1024)
+DEFAULT_SIZES = (64 * KIB, 256 * KIB, MIB)
 DEFAULT_LANES = (1, 2, 4)
 
 #: $1 file, $2 request bytes, $3 lanes, $4 reads per lane, $5 blocks per lane's region.

@@ -50,7 +50,7 @@ from bmoe.analyze.predict.compare import (
     interval_kind,
     measured_cells,
 )
-from bmoe.analyze.predict.grid import GRID_AXES, MIB, grid_cells, parse_grid
+from bmoe.analyze.predict.grid import GRID_AXES, grid_cells, parse_grid
 from bmoe.analyze.predict.interval import (
     ModelError,
     half_width,
@@ -73,7 +73,6 @@ from bmoe.analyze.predict.timing import memory_faults, predict_cell, token_times
 __all__ = [
     "GRID_AXES",
     "IN_SAMPLE",
-    "MIB",
     "OVERLAP_SOURCE",
     "PREDICTED_FIGURES",
     "PREDICT_COLUMNS",

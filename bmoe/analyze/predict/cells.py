@@ -10,13 +10,14 @@ import pandas as pd
 
 from bmoe.analyze import replay
 from bmoe.analyze.predict.checks import check_model
-from bmoe.analyze.predict.grid import MIB, grid_cells
+from bmoe.analyze.predict.grid import grid_cells
 from bmoe.analyze.predict.reads import CellReads, cell_reads, last_token_keys
 from bmoe.analyze.predict.timing import predict_cell
 from bmoe.cache import DEFAULT_POLICY
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
 from bmoe.formats.route import RouteTrace
+from bmoe.units import MIB
 
 PREDICT_COLUMNS = (
     "cache_mb",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bmoe.analyze.predict.grid import MIB
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
 from bmoe.formats.route import RouteTrace
+from bmoe.units import MIB
 
 
 def check_model(trace: RouteTrace, profile: DeviceProfile) -> None:

@@ -9,8 +9,6 @@ import pandas as pd
 
 from bmoe.errors import BmoeError
 
-MIB = 1 << 20
-
 GRID_AXES = ("cache_mb", "io_threads", "prefetch", "overlap")
 
 
@@ -57,4 +55,4 @@ def grid_cells(grid: Mapping[str, Sequence[float]], defaults: Mapping[str, float
     return cells
 
 
-__all__ = ["GRID_AXES", "MIB", "grid_cells", "parse_grid"]
+__all__ = ["GRID_AXES", "grid_cells", "parse_grid"]

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze import replay
-from bmoe.analyze.predict.grid import MIB
 from bmoe.cache import ExpertCache
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+from bmoe.units import MIB
 
 
 @dataclass

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.metrics import steady_state
-from bmoe.analyze.predict.grid import MIB
 from bmoe.analyze.predict.interval import half_width, interval_z, model_error
 from bmoe.analyze.predict.lanes import (
     batch_flash_ms,
@@ -22,6 +21,7 @@ from bmoe.analyze.predict.lanes import (
 from bmoe.analyze.predict.reads import CellReads
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
+from bmoe.units import MIB
 
 
 def memory_faults(profile: DeviceProfile, cache_mb: float) -> tuple[float, str | None]:

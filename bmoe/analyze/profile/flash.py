@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.predict import MIB, OVERLAP_SOURCE, batch_flash_ms, request_latency_ms
+from bmoe.analyze.predict import OVERLAP_SOURCE, batch_flash_ms, request_latency_ms
 from bmoe.analyze.profile.evidence import Evidence
 from bmoe.analyze.profile.fits import fit_two
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
@@ -17,6 +17,7 @@ from bmoe.analyze.profile.spread import provenance, term_spread
 from bmoe.analyze.profile.tokens import Tokens
 from bmoe.errors import BmoeError
 from bmoe.formats.decode import IoTrace
+from bmoe.units import MIB
 
 _EMPTY = ["lanes", "req_bytes", "latency_ms"]
 

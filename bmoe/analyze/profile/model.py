@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.predict import MIB
 from bmoe.analyze.profile.runs import ProfileRun, number
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+from bmoe.units import MIB
 
 
 def summary_sizes(run: ProfileRun) -> tuple[dict[int, int], str] | None:

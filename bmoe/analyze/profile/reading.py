@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bmoe.analyze.predict import MIB
 from bmoe.analyze.profile.runs import ProfileRun
 from bmoe.errors import BmoeError
+from bmoe.units import MIB
 
 _STREAMING_LINE = re.compile(r"expert streaming ON\b(?P<rest>.*)$", re.MULTILINE)
 

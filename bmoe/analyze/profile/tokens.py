@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.predict import MIB
 from bmoe.analyze.profile.runs import ProfileRun, number
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+from bmoe.units import MIB
 
 
 def decode_misses(route: RouteTrace) -> pd.DataFrame:

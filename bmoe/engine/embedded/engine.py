@@ -26,8 +26,7 @@ from bmoe.engine.embedded.predict import RoutePredictor, read_routers
 from bmoe.engine.embedded.reader import Reader, ReadJob
 from bmoe.engine.embedded.streamer import ExpertStreamer
 from bmoe.errors import BmoeError
-
-MIB = 1024 * 1024
+from bmoe.units import MIB
 
 
 def mib(nbytes: int) -> int | float:

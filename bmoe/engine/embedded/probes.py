@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 
 from bmoe.engine.embedded import libc
+from bmoe.units import MIB
 
-_MIB = 1024 * 1024
 _PAGE = resource.getpagesize()
 
 
@@ -31,7 +31,7 @@ def usage() -> Usage:
 
 
 def majflt_mib(majflt: int) -> float:
-    return majflt * _PAGE / _MIB
+    return majflt * _PAGE / MIB
 
 
 _STATUS_KEYS = {

@@ -38,8 +38,8 @@ from bmoe.formats import protocol
 from bmoe.formats.decode import IO_COLUMNS, ComputeTraceWriter, IoTraceWriter
 from bmoe.formats.metrics import COLUMNS_V2, MetricsWriter
 from bmoe.formats.route import RouteTraceWriter
+from bmoe.units import MIB
 
-MIB = 1024 * 1024
 IO_TRACE_COLUMNS = (*IO_COLUMNS, "start_ns")
 
 

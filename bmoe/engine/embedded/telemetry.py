@@ -13,7 +13,7 @@ import pandas as pd
 
 from bmoe._version import __version__
 from bmoe.engine.embedded.config import EngineConfig
-from bmoe.engine.embedded.engine import MIB, EmbeddedEngine, mib
+from bmoe.engine.embedded.engine import EmbeddedEngine, mib
 from bmoe.engine.embedded.hook import TraceRow
 from bmoe.engine.embedded.model import version
 from bmoe.engine.embedded.reader import ReadRecord
@@ -21,6 +21,7 @@ from bmoe.engine.embedded.speculate import SpecCounters
 from bmoe.engine.embedded.streamer import DecodeCounters, Routing
 from bmoe.formats import protocol
 from bmoe.formats.route import COLUMNS as ROUTE_COLUMNS
+from bmoe.units import MIB
 
 
 def engine_version() -> str:

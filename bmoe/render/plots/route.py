@@ -14,8 +14,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from bmoe.render.plots import new_figure
+from bmoe.units import MIB
 
-MIB = 1048576
 ALL_STYLE = {"color": "black", "linewidth": 2.2}
 RESIDENCY_COLORS = ("#d62728", "#2ca02c", "#1f77b4")  # miss, hit, prefetch hit
 RESIDENCY_NAMES = ("miss", "hit", "prefetch hit")
