@@ -53,7 +53,7 @@ analyze_app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from bmoe import __version__
+        from bmoe._version import __version__
 
         console.print(f"bmoe {__version__}", highlight=False)
         raise typer.Exit()
