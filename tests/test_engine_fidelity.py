@@ -148,7 +148,7 @@ def test_speculation_is_refused_with_a_fidelity_measure() -> None:
     """--ngram confirms drafted tokens without sampling them, so a token-by-token measure
     would skip them: the two are refused together, naming both."""
     for flag in ("--fidelity-ref", "--fidelity-save"):
-        with pytest.raises(BmoeError, match="--ngram.*--fidelity"):
+        with pytest.raises(BmoeError, match=r"--ngram.*--fidelity"):
             parse_args(["-m", "x.gguf", "--ngram", flag, "r.npz"])
     cfg, _ = parse_args(["-m", "x.gguf", "--ngram"])
     assert cfg.spec == "ngram"
