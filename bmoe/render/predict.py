@@ -180,7 +180,7 @@ def against_view(cells: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     predicted tok/s, the error, whether the interval covers the measurement, and a note
     number for why it is out of the headline; with the notes' texts (number -> why)."""
     notes: dict[str, str] = {}
-    marks = []
+    marks: list[str | None] = []
     for row in cells.to_dict("records"):
         why = left_out(row)
         if why is None:

@@ -18,7 +18,7 @@ import html
 import io
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -297,7 +297,11 @@ def collapsed(lines: Sequence[str]) -> list[str]:
             else f"{min(value, key=float)}-{max(value, key=float)}"
             for value in columns
         )  # fmt: skip
-        said = _NUMBER.sub(lambda _m, spans=spans: next(spans), bare[0])
+
+        def span(_m: re.Match[str], spans: Iterator[str] = spans) -> str:
+            return next(spans)
+
+        said = _NUMBER.sub(span, bare[0])
         if all(runs):
             total = sum(int(m.group(1)) for m in runs if m)
             of = max(int(m.group(2)) for m in runs if m)

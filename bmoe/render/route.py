@@ -4,7 +4,7 @@ bands that fit the terminal, and the caveats said before anything else."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 from rich import box
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     #: A view as a DataFrame or as columns of numpy arrays (:data:`bmoe.analyze.route.View`).
-    AnyView = pd.DataFrame | Mapping[str, np.ndarray]
+    AnyView: TypeAlias = pd.DataFrame | Mapping[str, np.ndarray]
 
 #: Display precision per column (the DataFrames keep full precision).
 DIGITS = {

@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rich.console import Console
 from rich.table import Table
@@ -26,7 +26,7 @@ from bmoe.render.outputs import FORMATS
 if TYPE_CHECKING:
     import pandas as pd
 
-    Result = pd.DataFrame | Mapping[str, Any]
+    Result: TypeAlias = pd.DataFrame | Mapping[str, Any]
 
 MISSING = "—"
 #: Longest cell a terminal table shows; longer text (a runaway preamble value) is cut with a
@@ -489,7 +489,7 @@ def _figure_columns(figures: Mapping[str, Any]) -> list[tuple[str, bool, list]] 
     keys, values = list(figures.keys()), list(figures.values())
     out = []
     for name, column in (("figure", keys), ("value", values)):
-        kinds = set()
+        kinds: set[type] = set()
         for v in column:
             if v is None or isinstance(v, bool | str):
                 kinds.add(type(v))

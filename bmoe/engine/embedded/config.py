@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from bmoe.errors import BmoeError
 
@@ -305,7 +306,7 @@ def parse_args(
 ) -> tuple[EngineConfig, bool]:
     """The configuration `argv` (native ``bmoe-cli`` flags) asks for, and ``--version``."""
     env = os.environ if env is None else env
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
     given: set[str] = set()
     version = False
     args = list(argv)

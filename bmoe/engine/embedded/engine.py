@@ -138,8 +138,9 @@ class EmbeddedEngine:
         self.budget_bytes = 0
         if cfg.moe_stream:
             self._setup_streaming(fault, origin_ns)
-        bases = self._mapping_bases()
-        known = None not in bases
+        mapped = self._mapping_bases()
+        bases = [b for b in mapped if b is not None]
+        known = len(bases) == len(mapped)
         # the dense weights as address ranges of llama.cpp's mappings (one per shard)
         self.dense_ranges = _merged(
             [(bases[sh] + off, n) for sh, off, n in lay.dense_ranges] if known else []

@@ -174,9 +174,9 @@ def sampler(cfg: Any, inner: Sampler) -> Sampler:
         raise BmoeError("--fidelity-save and --fidelity-ref compare one-shot runs, not sessions")
     if save and ref:
         raise BmoeError("--fidelity-save and --fidelity-ref are exclusive")
-    if save:
-        return Recorder(cfg, inner)
-    return Forcer(cfg, read_reference(ref))
+    if ref:
+        return Forcer(cfg, read_reference(ref))
+    return Recorder(cfg, inner)
 
 
 def finish(sample: Sampler | None) -> dict[str, Any]:

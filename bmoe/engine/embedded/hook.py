@@ -241,12 +241,13 @@ class EvalHook:
                     return known
                 return self._ask(t)
             if self._remember:  # fast path: a routing node of the remembered graph
-                known = self._routing_nodes.get(t)
-                if known is not None:
-                    layer, row, k = known
+                node = self._routing_nodes.get(t)
+                if node is not None:
+                    layer, row, k = node
                     data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
                     self._routed += 1
                     streamer = self.streamer
+                    assert streamer is not None  # only a streamed run remembers routing nodes
                     streamer.route_ids(layer, row.from_address(data)[:], k, self._positions)
                     if streamer.keep_routings:  # the weights node that follows fills it in
                         self._routings[layer] = streamer.counters.routings[-1]
@@ -371,6 +372,7 @@ class EvalHook:
                 if chosen is not None:  # --route-ahead: the committed selection replaces it
                     ids = chosen.astype(np.int32).reshape(1, -1)
                     data = ctypes.c_void_p.from_address(t + ggml.DATA_OFFSET).value
+                    assert data is not None  # a computed node has its data
                     ctypes.memmove(data, ids.ctypes.data, ids.nbytes)
             self.predictor.routed(layer, ids[-1])  # the batch's last token
         if self._dropping:  # routed once the weights are known
@@ -408,12 +410,12 @@ class EvalHook:
         if self.predict_spec_max and self.streamer is not None:
             nxt = predictor.next_layer(layer)
             pick = predictor.stale(nxt) if nxt is not None else None
-            if pick is not None:
+            if nxt is not None and pick is not None:
                 self.streamer.speculate(nxt, pick[: self.predict_spec_max].tolist())
         if predictor.ahead and self.streamer is not None:  # read the commitment early
             target = predictor.ahead_target(layer)
             chosen = predictor.commitment(target) if target is not None else None
-            if chosen is not None:
+            if target is not None and chosen is not None:
                 self.streamer.speculate(target, chosen.tolist())
 
     def _on_weights(self, t: int, name: bytes) -> None:

@@ -113,7 +113,7 @@ def read_layout(path: str | os.PathLike[str]) -> ModelLayout:
     p = Path(path)
     reader = _open(p)
 
-    def field_value(key: str, default: object = None) -> object:
+    def field_value(key: str, default: Any = None) -> Any:
         f = reader.fields.get(key)
         if f is None:
             return default

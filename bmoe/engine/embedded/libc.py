@@ -7,6 +7,7 @@ import ctypes.util
 import functools
 import mmap
 import os
+from typing import Any, cast
 
 import numpy as np
 
@@ -90,7 +91,7 @@ def will_need(addr: int, nbytes: int) -> None:
 def touch(addr: int, nbytes: int) -> None:
     """Read one byte of every page of the range (faults it in)."""
     raw = (ctypes.c_char * nbytes).from_address(addr)
-    int(np.frombuffer(raw, dtype=np.uint8)[::PAGE].sum())
+    int(np.frombuffer(cast(Any, raw), dtype=np.uint8)[::PAGE].sum())
 
 
 def resident_pages(addr: int, nbytes: int) -> tuple[int, int]:
@@ -103,4 +104,4 @@ def resident_pages(addr: int, nbytes: int) -> tuple[int, int]:
     if _libc().mincore(start, end - start, vec) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mincore failed: {os.strerror(err)}")
-    return int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1)), n
+    return int(np.count_nonzero(np.frombuffer(cast(Any, vec), dtype=np.uint8) & 1)), n

@@ -13,6 +13,7 @@ import ctypes
 import functools
 import os
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ _LOG: collections.deque[str] = collections.deque(maxlen=200)
 OMP_WAIT_DEFAULT = "passive"
 
 
-def prepare_openmp(streaming: bool, env: dict[str, str] | None = None) -> str | None:
+def prepare_openmp(streaming: bool, env: MutableMapping[str, str] | None = None) -> str | None:
     """Set how llama.cpp's OpenMP threads wait, before llama.cpp is loaded; returns what was
     set (None: left alone).
 
@@ -141,7 +142,7 @@ class LlamaModel:
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
         self.n_ctx = int(lc.llama_n_ctx(self.ctx))
         self.n_ubatch = int(cp.n_ubatch)
-        self._batch = None
+        self._batch: Any = None  # a llama_batch (ctypes) once a decode sizes it
         self._batch_cap = 0
         self._piece = ctypes.create_string_buffer(256)
 

@@ -185,9 +185,9 @@ class RoutePredictor:
         nxt = self._next.get(layer)
         if nxt is not None and nxt in self.routers:
             self._pick[nxt] = self.routers[nxt].top_k(x, self.k)
-        target = self._ahead.get(layer)
-        if target is not None and target in self.routers:
-            self._commit[target] = self.routers[target].top_k(x, self.k)
+        later = self._ahead.get(layer)
+        if later is not None and later in self.routers:
+            self._commit[later] = self.routers[later].top_k(x, self.k)
 
     def ahead_target(self, layer: int) -> int | None:
         """``--route-ahead``: the layer whose selection is committed at `layer`."""

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from bmoe.engine.embedded import libc
 
@@ -124,8 +124,10 @@ class Completion(Protocol):
 class Reader(Protocol):
     """What the streamer needs of read lanes (the Python ones here, or the C ones)."""
 
-    o_direct: Any
     trace: bool
+
+    @property
+    def o_direct(self) -> bool: ...
 
     def set_slices(self, tables: Sequence[SliceTable]) -> None: ...
 

@@ -14,7 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, TextIO
 
 import numpy as np
 import pandas as pd
@@ -94,14 +94,14 @@ class Sinks:
     """The optional output files, opened up front so a bad path fails before the model loads."""
 
     def __init__(self, cfg: EngineConfig):
-        self.files: list[IO[str]] = []
+        self.files: list[TextIO] = []
         self.before_close: list[Callable[[], None]] = []  # what still holds rows for them
         self.csv = self._open(cfg.csv)
         self.route = self._open(cfg.route_trace)
         self.io = self._open(cfg.io_trace)
         self.compute = self._open(cfg.compute_trace or cfg.compute_trace_layers)
 
-    def _open(self, path: str | None) -> IO[str] | None:
+    def _open(self, path: str | None) -> TextIO | None:
         if not path:
             return None
         try:

@@ -21,6 +21,7 @@ session's totals so far (every turn's routings are samples of the same accuracy)
 
 from __future__ import annotations
 
+import functools
 import json
 import queue
 import threading
@@ -247,7 +248,7 @@ def serve_session(
                 load_s=load_s,
                 turn=turn_no,
                 progress=True,
-                cancelled=lambda seq=seq: requests.cancelled(seq),
+                cancelled=functools.partial(requests.cancelled, seq),
                 chat=TextSplit(opened=plan.opened) if conv.template is not None else None,
             )
             turn.n_prompt = plan.n_prompt

@@ -7,12 +7,14 @@ this package holds what they share. Everything runs headless.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, overload
 
 import matplotlib
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from bmoe.errors import BmoeError
@@ -20,8 +22,17 @@ from bmoe.errors import BmoeError
 SUFFIXES = (".png", ".svg", ".pdf")
 
 
-def new_figure(width: float = 8.0, height: float = 4.5, **kwargs) -> tuple[Figure, object]:
-    """A figure and its axes, sized for a screen and a report page."""
+@overload
+def new_figure(width: float = 8.0, height: float = 4.5) -> tuple[Figure, Axes]: ...
+
+
+@overload
+def new_figure(width: float = 8.0, height: float = 4.5, **kwargs: Any) -> tuple[Figure, Any]: ...
+
+
+def new_figure(width: float = 8.0, height: float = 4.5, **kwargs: Any) -> tuple[Figure, Any]:
+    """A figure and its axes, sized for a screen and a report page: one :class:`Axes`, or
+    with ``nrows``/``ncols`` (:func:`matplotlib.pyplot.subplots`' keywords) their array."""
     fig, ax = plt.subplots(figsize=(width, height), layout="constrained", **kwargs)
     return fig, ax
 

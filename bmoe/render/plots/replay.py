@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from numbers import Real
+from typing import Any, cast
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -15,7 +16,7 @@ from matplotlib.figure import Figure
 from bmoe.render.plots import new_figure
 from bmoe.render.replay import t_text
 
-POLICY_STYLES = {
+POLICY_STYLES: dict[str, dict[str, Any]] = {
     "belady": {"color": "black", "linestyle": "--"},
     "lru": {"color": "#1f77b4"},
     "lfu": {"color": "#ff7f0e"},
@@ -51,8 +52,9 @@ def _points(recorded: Point | Sequence[Point] | None) -> list[Point]:
     if recorded is None:
         return []
     if len(recorded) == 2 and all(isinstance(v, Real) for v in recorded):
-        return [(float(recorded[0]), float(recorded[1]))]
-    return [(float(b), float(h)) for b, h in recorded]
+        budget, hit = cast(Point, recorded)
+        return [(float(budget), float(hit))]
+    return [(float(b), float(h)) for b, h in cast(Sequence[Point], recorded)]
 
 
 def replay_curve_plot(

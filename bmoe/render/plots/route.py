@@ -6,6 +6,8 @@ so a notebook can compute once and draw many times.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from matplotlib.colors import ListedColormap
@@ -16,7 +18,7 @@ from matplotlib.patches import Patch
 from bmoe.render.plots import new_figure
 from bmoe.units import MIB
 
-ALL_STYLE = {"color": "black", "linewidth": 2.2}
+ALL_STYLE: dict[str, Any] = {"color": "black", "linewidth": 2.2}
 RESIDENCY_COLORS = ("#d62728", "#2ca02c", "#1f77b4")  # miss, hit, prefetch hit
 RESIDENCY_NAMES = ("miss", "hit", "prefetch hit")
 
