@@ -107,6 +107,7 @@ def profile_command(
     ),
     probe_lanes: str = typer.Option("1,2,4", "--probe-lanes", help="Lane counts."),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an -o file that exists."),
 ) -> None:
     """Build a device profile from recorded runs: flash latency by request size and lanes,
     compute and cache-management time per token, the prefill rate, the model's expert sizes.
@@ -117,6 +118,10 @@ def profile_command(
     Example: bmoe profile --probe adb:R5CT --probe-file /data/local/tmp/model.gguf
     """
     check_format(fmt)
+    if out is not None:
+        from bmoe.formats.outputs import check_output
+
+        check_output(out, paths or (), force=force)
     if probe is not None and probe_file is None:
         raise BmoeError("--probe needs --probe-file (the file to read on the target)")
     flash = None
@@ -165,6 +170,8 @@ def profile_command(
     for caveat in profile.caveats:
         err_console.print(labelled("caveat:", "yellow", caveat), highlight=False)
     if out is not None:
+        read = [f.path for r in runs for f in (r.metrics, r.route, r.io, r.compute) if f]
+        check_output(out, read, force=force)
         write_profile(profile, out)
         err_console.print(literal(f"wrote {out} ({len(runs)} runs)"), highlight=False)
 
@@ -217,6 +224,7 @@ def predict_command(
         None, "--csv", metavar="OUT", help="Also write the table as CSV."
     ),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --csv file that exists."),
 ) -> None:
     """Predict tok/s, MiB/token, hit % and the stall attribution (compute / flash wait /
     mgmt) of configurations from one run's routing and a device profile. MiB/token and hit %
@@ -235,6 +243,10 @@ def predict_command(
 
     if not grid and against_dir is None:
         raise BmoeError("give --grid (the configurations to predict) or --against SWEEP_DIR")
+    if csv_out is not None:
+        from bmoe.formats.outputs import check_output
+
+        check_output(csv_out, (trace_path, profile_path, against_dir), force=force)
     profile = read_profile(profile_path)
     cells = prediction.parse_grid(grid) if grid else None
     trace = read_trace(trace_path)
