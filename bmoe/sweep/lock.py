@@ -43,7 +43,7 @@ HEARTBEAT_S = 10.0
 STALE_S = 60.0
 
 _held: dict[str, tuple[int, int, Any]] = {}  # resolved path -> (fd, depth, heartbeat)
-_held_lock = threading.Lock()
+_held_lock = threading.RLock()  # re-entered when a removed lock file is opened anew
 
 
 class SweepBusy(BmoeError):
@@ -124,6 +124,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return holder if isinstance(holder, dict) else {}
 
 
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd` (not removed or replaced)."""
+    try:
+        here, held = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
+
 def _mine(holder: dict[str, Any]) -> bool:
     return holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
 
@@ -136,10 +145,11 @@ class SweepLock:
     After :meth:`acquire`, :attr:`stale` is the record of an earlier holder that was gone.
     """
 
-    def __init__(self, path: Path, what: str, witness: Path | None = None):
+    def __init__(self, path: Path, what: str, witness: Path | None = None, remove: bool = False):
         self.path = Path(path)
         self.what = what
         self.witness = witness
+        self.remove = remove  # the lock file goes with its release (none left behind)
         self.stale: dict[str, Any] | None = None
         self._key: str | None = None
 
@@ -165,6 +175,10 @@ class SweepLock:
                 raise BmoeError(f"{self.path}: cannot create the lock file: {problem}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if self.remove and not _names(self.path, fd):
+                    # its holder removed it as we opened it: take the file there now instead
+                    os.close(fd)
+                    return self.acquire()
                 earlier = _read_holder(fd)
                 self.stale = earlier or None
             except BlockingIOError:
@@ -211,6 +225,8 @@ class SweepLock:
                 beat.stop()
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, 0)  # nobody holds it: no record to mislead
+                    if self.remove and _names(self.path, fd):
+                        self.path.unlink()  # still locked: a newcomer waits on a new file
                 os.close(fd)  # closing releases the flock
         self._key = None
 
@@ -273,10 +289,11 @@ def folder_lock(root: Path) -> SweepLock:
 def name_lock(output: Path, name: str) -> SweepLock:
     """The lock of a sweep by name under an output folder: two runs of one configuration at
     once would measure each other. Kept in the output folder (``.<name>.lock``, created with
-    it), where every runner of that configuration looks."""
+    it), where every runner of that configuration looks, while it is held: the folder holds
+    sweep folders only once the runner is done."""
     folder = Path(output).expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BmoeError(f"{folder}: cannot create the output folder: {exc.strerror}") from None
-    return SweepLock(folder / f".{name}.lock", f"sweep {name!r} under {output}")
+    return SweepLock(folder / f".{name}.lock", f"sweep {name!r} under {output}", remove=True)
