@@ -229,6 +229,7 @@ def test_parquet_columns_are_typed_as_the_csv_reader_types_them(tmp_path, corpus
     assert back.rows.equals(csv.rows)
 
 
+@pytest.mark.slow
 def test_metrics_and_decode_parquet_without_a_column(tmp_path, corpus):
     from bmoe.formats.load import load_file
     from bmoe.formats.parquet import to_table
@@ -305,6 +306,7 @@ def _clean(text: str) -> None:
 FORMATS = ("table", "csv", "markdown", "json")
 
 
+@pytest.mark.slow
 def test_control_characters_never_reach_the_terminal_or_a_file(corpus, tmp_path):
     tiny = corpus / "native-tiny"
     marked = {}
@@ -387,7 +389,7 @@ def _config(tmp_path: Path, name: str) -> Path:
     ("name", "needle"),
     [
         ("grid-1e6", "1000000 cells x 1 runs each = 1000000 runs, more than max_runs (10000)"),
-        ("many-cells-1e5", "100000 cells"),
+        pytest.param("many-cells-1e5", "100000 cells", marks=pytest.mark.slow),
         ("repeats-1e9", "1 cells x 1000000000 runs each"),
         ("warmup-1e9", "1000000001 runs"),
         ("max-repeats-1e9", "1000000000 runs"),
@@ -409,6 +411,7 @@ def test_configurations_asking_for_unbounded_work_are_refused_quickly(tmp_path, 
     assert result.seconds < 30, result.seconds  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_a_large_grid_streams_within_a_limit_the_user_raised(tmp_path):
     config = tmp_path / "big.toml"
     axis = list(range(1, 101))
@@ -470,6 +473,7 @@ SPARSE_COMMANDS = (
 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_huge_sparse_file_with_a_metrics_preamble_is_refused_early(corpus, tmp_path):
     """20 GB of NULs after a metrics preamble and header: read whole by six analysis commands
     (MemoryError under a 4 GB cap, or minutes of reading)."""
