@@ -131,18 +131,24 @@ MAX_VERSION = 1000
 
 
 def _open(
-    source: Any, columns: frozenset[str] | None = None, schema: RowSchema | None = None
+    source: Any,
+    columns: frozenset[str] | None = None,
+    schema: RowSchema | None = None,
+    kind: str | None = None,
 ) -> tuple[pa.Table, str | None, list[str]]:
-    """The table (only `columns`, when given), its file name and every column it has (their
-    names checked against `schema` before any is read)."""
+    """The table (only `columns`, when given), its file name and every column it has (the
+    kind it records and its column names checked against `kind` and `schema` before any
+    column is read)."""
     import pyarrow.parquet as pq
 
     name = None if isinstance(source, bytes | bytearray | memoryview) else str(source)
     src = pa.BufferReader(bytes(source)) if name is None else regular_file(name)
     try:
-        names = pq.read_schema(pa.BufferReader(bytes(source)) if name is None else src).names
+        found = pq.read_schema(pa.BufferReader(bytes(source)) if name is None else src)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
+    names = found.names
+    _metadata(found, name, kind)
     if schema is not None:
         check_names(names, schema, name)
     try:
@@ -422,7 +428,7 @@ def read_parts(
     if isinstance(source, pa.Table):
         table, names = source, source.column_names
     else:
-        table, name, names = _open(source, columns, schema)
+        table, name, names = _open(source, columns, schema, kind)
     meta = _metadata(table, name, kind)
     found = meta[KIND].decode()
     version = _version(meta, name)
@@ -473,6 +479,7 @@ def iter_rows(
         # over 100 M rows), without it, it stays that of one batch
         fh = pq.ParquetFile(regular_file(name), pre_buffer=False)
         names = fh.schema_arrow.names
+        _metadata(fh.schema_arrow, name, None)
         if schema is not None:
             check_names(names, schema, name)
         read_parts(fh.schema_arrow.empty_table(), None, name=name, schema=schema)
