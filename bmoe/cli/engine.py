@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -156,19 +158,11 @@ def _shards(model: Path) -> list[Path]:
     """The files of a split model named like `model` (``<prefix>-00001-of-0000N.gguf``, the
     names llama.cpp and ``--split-max-tensors`` give) that exist beside it; `model` alone
     otherwise."""
-    import re
-
     m = re.fullmatch(r"(.*)-\d{5}-of-(\d{5})\.gguf", model.name)
     if m is None:
         return [model]
-    pattern = f"{glob_escape(m[1])}-[0-9][0-9][0-9][0-9][0-9]-of-{m[2]}.gguf"
+    pattern = f"{glob.escape(m[1])}-[0-9][0-9][0-9][0-9][0-9]-of-{m[2]}.gguf"
     return [model, *model.parent.glob(pattern)]
-
-
-def glob_escape(text: str) -> str:
-    import glob
-
-    return glob.escape(text)
 
 
 def _check_outputs(cfg) -> None:
@@ -236,7 +230,7 @@ def synth(
     from bmoe.formats.outputs import check_output
 
     if split_max_tensors > 0:  # the shards' names: OUT-00001-of-0000N.gguf, N not known yet
-        stem = glob_escape(out.name.removesuffix(".gguf"))
+        stem = glob.escape(out.name.removesuffix(".gguf"))
         for shard in sorted(out.parent.glob(f"{stem}-[0-9]*-of-[0-9]*.gguf")):
             check_output(shard, force=force)
     else:
