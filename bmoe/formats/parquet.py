@@ -323,8 +323,9 @@ def _column(column: pa.ChunkedArray, name: str, want: pa.DataType, path: str | N
     have = column.type
     if pa.types.is_integer(want):
         if pa.types.is_floating(have):
-            bad = pc.or_(pc.is_null(column), pc.invert(pc.equal(pc.round(column), column)))
-            bad = pc.fill_null(bad, True)
+            whole = pc.equal(pc.round(column), column)
+            inside = pc.less_equal(pc.abs(column), 9.2e18)  # an int64 holds it
+            bad = pc.fill_null(pc.invert(pc.and_(whole, inside)), True)
             if pc.any(bad).as_py():
                 row = _first(bad)
                 return _refused(path, name, row, column[row].as_py(), "an integer")
