@@ -49,12 +49,14 @@ PAIRS = {
     "s3fifo-libcachesim": "S3FIFO",
     "belady": "Belady",
     "random": "Random",
+    "sieve": "Sieve",
+    "clock": "Clock",
 }
 #: why a policy differs even request by request (libCacheSim 0.3.5's source read against
 #: bmoe's; each cause confirmed by a model of libCacheSim's rule that equals its hits)
 VARIANTS = {
-    "lru, belady, lfu-incache, lfuda-libcachesim, s3fifo-libcachesim": "agree exactly with one "
-    "lookup per batch",
+    "lru, belady, lfu-incache, lfuda-libcachesim, s3fifo-libcachesim, sieve, clock": "agree "
+    "exactly with one lookup per batch",
     "lfu": "differs because bmoe's lfu is perfect LFU (counts kept across eviction); "
     "libCacheSim's LFU counts only while an object is cached (bmoe's lfu-incache)",
     "lfuda": "differs because a libCacheSim hit adds the cache age to the priority "

@@ -1,7 +1,9 @@
 """Predicted vs measured speed on the embedded engine (the ``small`` model, ~1 GB, generated).
 
 Each round runs three profile runs (route and io traces on, a different budget and lane count
-each) interleaved with twelve measured cells that no profile run used (``cache_mb`` x
+each) and one untraced run of the first one's configuration (the profile takes compute and
+management from it, and measures the tracing overhead), interleaved with twelve measured cells
+that no profile run used (``cache_mb`` x
 ``io_threads`` x ``prefetch``, untraced, the order reversed every second round). The round's
 profile is built from its three runs only (``bmoe profile``), its first run's routing is
 predicted through the twelve cells (``bmoe predict``), and each cell's prediction is printed
@@ -42,6 +44,8 @@ PROFILE_RUNS = (  # (cache_mb, io_threads, prefetch)
     (256, 4, 0),
     (128, 2, 1),
 )
+#: the untraced twin of the first profile run: the timing without the tracing overhead
+UNTRACED = PROFILE_RUNS[0]
 GRID = {"cache_mb": (96, 192, 384), "io_threads": (1, 4), "prefetch": (0, 1)}
 
 
@@ -111,10 +115,12 @@ def _round(model: Path, out: Path, r: int, args) -> pd.DataFrame:
     cells = list(itertools.product(*GRID.values()))
     if r % 2 == 0:
         cells.reverse()
-    chunks = [cells[i::3] for i in range(3)]
+    runs = [*PROFILE_RUNS, UNTRACED]
+    chunks = [cells[i :: len(runs)] for i in range(len(runs))]
     measured, profiled = [], []
-    for i, profile_cell in enumerate(PROFILE_RUNS):
-        p = _run(model, folder, f"profile{i}", profile_cell, args, traced=True)
+    for i, profile_cell in enumerate(runs):
+        traced = i < len(PROFILE_RUNS)
+        p = _run(model, folder, f"profile{i}", profile_cell, args, traced=traced)
         profiled.append(p)
         print(
             f"round {r} profile run {i} {profile_cell}: {p['tok_s']:.3f} tok/s, "
@@ -132,15 +138,17 @@ def _round(model: Path, out: Path, r: int, args) -> pd.DataFrame:
 
 
 def analyze_round(folder: Path, r: int) -> pd.DataFrame:
-    """Profile from the round's three profile runs, predictions of its measured cells."""
-    runs = read_runs([folder / f"profile{i}.csv" for i in range(len(PROFILE_RUNS))])
+    """Profile from the round's profile runs, predictions of its measured cells."""
+    names = sorted(folder.glob("profile*.csv"))
+    runs = read_runs(names)
     profile = build_profile(runs)
     if (folder / "runs.csv").is_file():
         frame = pd.read_csv(folder / "runs.csv")
     else:  # a round cut short: its finished cells, load unknown
         found = [_measured(p) for p in sorted(folder.glob("cell_*.csv"))]
         frame = pd.DataFrame([m for m in found if m is not None])
-    predicted = predict(runs[0].route, profile, frame[["cache_mb", "io_threads", "prefetch"]])
+    trace = next(r.route for r in runs if r.route is not None)
+    predicted = predict(trace, profile, frame[["cache_mb", "io_threads", "prefetch"]])
     both = frame.merge(predicted, on=["cache_mb", "io_threads", "prefetch"], suffixes=("", "_p"))
     both.insert(0, "round", r)
     both["tok_s_err_pct"] = 100.0 * (both["tok_s_p"] - both["tok_s"]) / both["tok_s"]

@@ -1,5 +1,5 @@
 """Benchmark: the full reference replay curve (11 budgets x 6 policies) on the real gemma
-trace, against the plain scan-per-victim replay (``bmoe.cache.naive``) in the same run; then
+trace, against the plain scan-per-victim replay (``tests/oracles/replay.py``) in the same run; then
 the same trace tiled to ``--rows`` rows (``tiled_trace.py``): lookups per CPU-second of every
 policy, and the ``bmoe analyze replay`` command (default curve; ``--mrc``) in a child process
 with its wall time, CPU time and peak RSS.
@@ -37,9 +37,9 @@ from tiled_trace import tiled  # noqa: E402
 
 from bmoe.analyze import replay as rp  # noqa: E402
 from bmoe.cache import POLICIES, REFERENCE_POLICIES  # noqa: E402
-from bmoe.cache.naive import naive_replay  # noqa: E402
 from bmoe.formats.load import write_parquet  # noqa: E402
 from bmoe.formats.route import read_route_trace  # noqa: E402
+from tests.oracles.replay import naive_replay  # noqa: E402
 
 MIB = 1 << 20
 

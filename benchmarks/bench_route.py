@@ -1,10 +1,11 @@
 """Benchmark: the default route views on a generated trace of about 1 million rows (48 layers,
 128 experts, top-6), against a straightforward pure-Python implementation of the same views
-(``naive_route.py``) measured in the same run: in process (read, select, views; CPU time), for
-the DataFrame API and for the numpy columns the command line uses, and end to end
-(``bmoe analyze route TRACE`` against ``python naive_route.py TRACE`` in fresh processes, runs
-interleaved: CPU time including start-up and printing, and peak RSS; bmoe's output once to a
-pipe and once to a file, the script's to a pipe; the median of `--repeat` runs).
+(``tests/oracles/route.py``) measured in the same run: in process (read, select, views; CPU
+time), for the DataFrame API and for the numpy columns the command line uses, and end to end
+(``bmoe analyze route TRACE`` against ``python tests/oracles/route.py TRACE`` in fresh
+processes, runs interleaved: CPU time including start-up and printing, and peak RSS; bmoe's
+output once to a pipe and once to a file, the script's to a pipe; the median of `--repeat`
+runs).
 
     python benchmarks/bench_route.py [--steps 3440] [--keep PATH] [--repeat 3]
 
@@ -32,7 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import naive_route  # noqa: E402
 
 from bmoe.analyze import route  # noqa: E402
 from bmoe.formats.route import (  # noqa: E402
@@ -41,6 +41,7 @@ from bmoe.formats.route import (  # noqa: E402
     read_route_columns,
     read_route_trace,
 )
+from tests.oracles import route as naive_route  # noqa: E402
 
 N_LAYER, N_EXPERT, K = 48, 128, 6
 EXPERT_BYTES = 3_538_944  # a 4-bit expert of a 30B-class model
@@ -238,7 +239,7 @@ def main() -> None:
     print()
     print(f"end to end (fresh processes, median of {args.repeat})        CPU     peak RSS")
     ours = ["-m", "bmoe", "analyze", "route", str(path)]
-    script = [str(ROOT / "benchmarks/naive_route.py"), str(path)]
+    script = [str(ROOT / "tests/oracles/route.py"), str(path)]
     runs: dict[str, list[tuple[float, float]]] = {"pipe": [], "file": [], "script": []}
     for _ in range(args.repeat):  # interleaved: a busy moment costs each side alike
         runs["pipe"].append(child(ours, "pipe"))
@@ -248,7 +249,7 @@ def main() -> None:
     rss = {k: max(r for _, r in v) for k, v in runs.items()}
     print(f"  bmoe analyze route TRACE | cat       {cpu['pipe']:7.2f} s  {rss['pipe']:7.0f} MiB")
     print(f"  bmoe analyze route TRACE > file      {cpu['file']:7.2f} s  {rss['file']:7.0f} MiB")
-    print(f"  python naive_route.py TRACE | cat    {cpu['script']:7.2f} s  "
+    print(f"  python tests/oracles/route.py TRACE | cat {cpu['script']:7.2f} s  "
           f"{rss['script']:7.0f} MiB")  # fmt: skip
     for sink in ("pipe", "file"):
         print(f"  pure Python / bmoe ({sink:4})          {cpu['script'] / cpu[sink]:7.1f}x  "

@@ -795,6 +795,10 @@ WRITERS: dict[str, tuple[list[str], str | None]] = {
         ["run", "-m", "{model}", "-n", "1", "--compute-trace-layers", "{dest}"],
         "model",
     ),
+    "run --fidelity-save": (
+        ["run", "-m", "{model}", "-n", "1", "--fidelity-save", "{dest}"],
+        "model",
+    ),
     "export trace -o": (["export", "trace", "{io}", "-o", "{dest}"], "io"),
     "report -o": (["report", "{metrics}", "-o", "{dest}"], "metrics"),
     "analyze replay --csv": (

@@ -170,3 +170,15 @@ def test_compare_many_needs_two(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="at least two"):
         compare_many([a])
     assert len(compare_many([a, a, a])) == 2
+
+
+def test_two_tokens_give_no_interval(tmp_path: Path) -> None:
+    # two tokens a run: a bootstrap would resample them into three values at most
+    a, b = pair(tmp_path, a_rows=rows(2, wall=100.0), b_rows=rows(2, wall=50.0))
+    result = compare_runs(a, b)
+    table = result.table.set_index("figure")
+    row = table.loc["tok/s mean (steady)"]
+    assert row["delta"] == pytest.approx(10.0)  # 20 tok/s against 10: still a fact
+    assert row["ci_low"] is None and row["ci_high"] is None
+    assert "too few tokens (n = 2) in a window for an interval" in reasons(result.concerns, WARN)
+    assert result.method["interval"] == "none: too few tokens (n = 2)"

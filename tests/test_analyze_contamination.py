@@ -107,7 +107,7 @@ def test_entry_state_hot_short_and_capped(tmp_path: Path) -> None:
     assert set(by_cell) == {specs[2]["name"] + ".csv", specs[4]["name"] + ".csv",
                             specs[6]["name"] + ".csv"}  # fmt: skip
     assert "52.0 °C" in by_cell[specs[2]["name"] + ".csv"]
-    assert "MemAvailable 3000 MB" in by_cell[specs[4]["name"] + ".csv"]
+    assert "MemAvailable 3000 MiB" in by_cell[specs[4]["name"] + ".csv"]
     assert "5700800 kHz" in by_cell[specs[6]["name"] + ".csv"]
 
 

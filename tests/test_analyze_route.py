@@ -1,9 +1,8 @@
 """Route views on hand-worked traces, and against a straightforward implementation on
-generated ones (``benchmarks/naive_route.py``, independent of the vectorised code)."""
+generated ones (``tests/oracles/route.py``, independent of the vectorised code)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections import OrderedDict
 from pathlib import Path
@@ -15,11 +14,9 @@ import pytest
 from bmoe.analyze import route
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+from tests.oracles import route as naive
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("naive_route", ROOT / "benchmarks/naive_route.py")
-naive = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(naive)
 
 DTYPES = {
     "turn": "int16", "phase": "int8", "step": "int32", "layer": "int16", "slot": "int8",

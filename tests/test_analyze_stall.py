@@ -35,7 +35,7 @@ def bars(att) -> dict[str, float | None]:
 
 def test_v1_overlap_run_uses_cpu_proxy_and_stall(corpus: Path) -> None:
     att = stall_attribution(read_metrics(corpus / V1))
-    assert att.overlap is True and att.overlap_source == "preamble overlap="
+    assert att.overlap is True and att.overlap_source == "the preamble's overlap=1"
     assert att.threads == 4 and att.compute_source == COMPUTE_PROXY
     data = csv_rows(corpus / V1)
     # waits first, then compute up to the wall they left
@@ -96,7 +96,13 @@ def test_parts_fill_the_wall_and_the_surplus_is_overlapped(tmp_path: Path) -> No
     assert got["unattributed"] == 0.0 and got["overlapped (not wall time)"] == 30.0
     share = att.summary.set_index("component")
     assert share.loc[share["in_wall"] == True, "pct_of_wall"].sum() == pytest.approx(100.0)  # noqa: E712
-    assert "30 % of the wall time again" in att.notes[0]
+    # the note gives the table's figure, at the table's precision (30 of 100 ms)
+    assert share.loc["overlapped (not wall time)", "pct_of_wall"] == pytest.approx(30.0)
+    assert "busy time equal to 30.0 % of the wall time ran alongside the waits" in att.notes[0]
+    # a small share keeps its decimal: 0.3 ms of 100 is 0.3 %, not "0 %"
+    small = stall_attribution(read_metrics(write_run(tmp_path / "t.csv", rows(40, cpu_ms=201.2))))
+    assert bars(small)["overlapped (not wall time)"] == pytest.approx(0.3)
+    assert "equal to 0.3 % of the wall" in small.notes[0]
     # a slow token with little CPU: the rest is unattributed (off-CPU time), nothing overlaps
     slow = rows(40, cpu_ms=80.0, wall_ms=[300.0] + [100.0] * 39)
     att = stall_attribution(read_metrics(write_run(tmp_path / "s.csv", slow)))

@@ -3,7 +3,9 @@ busy and a quiet machine read back through the command line."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,12 @@ import pandas as pd
 import pytest
 
 from bmoe.analyze.sweep import analyze_sweep, rank_cells, sweep_verdict
-from bmoe.analyze.verdict import compare_neighbours, mean_interval_pct, t_quantile
+from bmoe.analyze.verdict import (
+    cell_labels,
+    compare_neighbours,
+    mean_interval_pct,
+    t_quantile,
+)
 from bmoe.cli import main
 from bmoe.errors import BmoeError
 from bmoe.sweep.archive import write_results
@@ -47,12 +54,52 @@ def test_neighbours_by_hand() -> None:
     half = (first["ratio_high"] - first["ratio_low"]) / 2
     assert first["distinguishable"]
     assert first["sentence"] == f"a is 1.23 ± {half:.2f}x faster than b"
+    assert pd.isna(first["why"])
     second = table.iloc[1]
-    assert not second["distinguishable"] and "a single run" in second["sentence"]
+    assert (
+        not second["distinguishable"] and second["sentence"] == "b and c: too few repeats (n = 1)"
+    )
+    assert math.isnan(second["ratio_low"]) and math.isnan(second["ratio_high"])
     # lower is better: the ratio is how many times lower the better one is
     lower = compare_neighbours(ranked.iloc[::-1].reset_index(drop=True), "ttft_s", True)
     assert lower.iloc[1]["ratio"] == pytest.approx(123 / 100)
     assert "lower on ttft_s" in lower.iloc[1]["sentence"]
+
+
+def test_two_repeats_are_too_few_for_a_ratio() -> None:
+    # n = 2 per side: one degree of freedom per cell, t = 12.7 (or worse, a fractional df
+    # rounded down): the interval would be meaningless, so no number is given
+    ranked = pd.DataFrame(
+        {"cell": ["a", "b", "c"], "n": [2, 3, 3], "mean": [209.0, 100.0, 50.0],
+         "sd": [150.0, 1.0, 1.0]}
+    )  # fmt: skip
+    table = compare_neighbours(ranked, "tok_s_mean")
+    first = table.iloc[0]
+    assert first["sentence"] == "a and b: too few repeats (n = 2)"
+    assert first["why"] == "too few repeats (n = 2)" and not first["distinguishable"]
+    assert math.isnan(first["ratio_low"]) and math.isnan(first["ratio_high"])
+    assert first["ratio"] == pytest.approx(2.09)  # the ratio of the means is still a fact
+    assert pd.isna(table.iloc[1]["why"]) and table.iloc[1]["distinguishable"]
+
+
+def test_an_interval_wider_than_the_ratio_is_not_measurable() -> None:
+    # three runs each, sd / mean = 0.3 on both sides: log-scale variance 0.09 / 3 per side,
+    # se = sqrt(0.06) = 0.245, Welch df = 0.06^2 / (2 * 0.03^2 / 2) = 4, t = 2.776; the
+    # interval spans ratio * (e^0.68 - e^-0.68) = 1.47 ratios: wider than the ratio
+    wide = pd.DataFrame(
+        {"cell": ["a", "b"], "n": [3, 3], "mean": [110.0, 100.0], "sd": [33.0, 30.0]}
+    )  # fmt: skip
+    row = compare_neighbours(wide, "tok_s_mean").iloc[0]
+    assert row["sentence"].startswith("a and b: not measurable")
+    assert "±" not in row["sentence"] and math.isnan(row["ratio_high"])
+    # sd / mean = 0.2: se = 0.163, t * se = 0.453, the interval 0.94 ratios wide: a number
+    narrow = wide.assign(sd=[22.0, 20.0])
+    row = compare_neighbours(narrow, "tok_s_mean").iloc[0]
+    se = math.sqrt(2 * 0.04 / 3)
+    assert row["ratio_high"] - row["ratio_low"] == pytest.approx(
+        1.1 * (math.exp(2.776 * se) - math.exp(-2.776 * se))
+    )
+    assert pd.isna(row["why"]) and "not distinguishable (1.10 ±" in row["sentence"]
 
 
 def attempts(
@@ -218,3 +265,94 @@ def test_plots_answer_the_question(tmp_path: Path, capsys) -> None:
     assert code == 0, err
     names = sorted(p.name for p in out.iterdir())
     assert len(names) == 2 and all(n.endswith(("threads-1.png", "threads-2.png")) for n in names)
+
+
+def test_two_repeats_say_too_few_everywhere(tmp_path: Path, capsys) -> None:
+    # two rounds of the 2x2 grid: every neighbour comparison has n = 2 on both sides
+    rows = [r for r in attempts(noise=0.01, drift=0.0, cpu_s_per_token=1.9) if r["round"] < 3]
+    root = archive(tmp_path, rows, "two")
+    sentence = "too few repeats (n = 2)"
+    code, out, _ = run_cli(capsys, "analyze", "sweep", root)  # the terminal
+    assert code == 0
+    flat = " ".join(re.sub(r"[│┃]", " ", out).split())
+    assert flat.count(sentence) >= 3 and "±" not in flat
+    assert "4 of 4 cells ran fewer than 3 times (n = 2)" in flat
+    code, out, _ = run_cli(capsys, "analyze", "sweep", root, "-f", "markdown")  # summary.md's
+    assert code == 0 and out.count(f": {sentence}") == 3 and "±" not in out
+    code, out, _ = run_cli(capsys, "analyze", "sweep", root, "-f", "json")
+    views = json.loads(out)
+    assert views["verdict"]["ranking"] == "not settled"
+    # no interval of a mean from two runs either: blank, and the reason beside it
+    assert {r["ci_pct"] for r in views["stability per cell"]} == {None}
+    assert {r["unstable"] for r in views["stability per cell"]} == {"too few repeats"}
+    page = tmp_path / "two.html"
+    code, _, err = run_cli(capsys, "report", root, "-o", page)
+    assert code == 0, err
+    text = page.read_text()
+    assert text.count(sentence) >= 3
+    table = re.search(r'<table[^>]*data-view="neighbours".*?</table>', text, re.S)
+    assert table is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", table.group(0), re.S)
+    numbers = [float(c) for c in cells if re.fullmatch(r"-?\d+(\.\d+)?", c.strip())]
+    # per row: the ratio of means (near 1.1-1.3 here) and nothing else: no bounds
+    assert len(numbers) == 3 and all(0.5 < x < 2 for x in numbers)
+
+
+@pytest.mark.slow  # a real sweep of a stand-in engine
+def test_a_two_repeat_sweep_writes_the_too_few_sentence(tmp_path: Path, capsys) -> None:
+    from sweep_helpers import install_fake_cli, sweep_folder, write_config
+
+    fake = install_fake_cli(tmp_path / "bin")
+    (tmp_path / "tiny.gguf").write_bytes(b"GGUF stand-in")
+    config = write_config(tmp_path, f"""\
+        [sweep]
+        name = "two"
+        engine = "native"
+        output = "{tmp_path / "out"}"
+        repeats = 2
+        timeout_s = 30
+
+        [base]
+        model = "tiny.gguf"
+        prompt = "hello"
+        n_predict = 4
+        fake_jitter = 0.05
+
+        [grid]
+        cache_mb = [0, 8]
+
+        [[targets]]
+        name = "here"
+        binary = "{fake}"
+        """)  # fmt: skip
+    code, _, err = run_cli(capsys, "sweep", config, "--plain")
+    assert code == 0, err
+    summary = (sweep_folder(tmp_path / "out") / "summary.md").read_text()
+    assert "cache_mb=8 and cache_mb=0: too few repeats (n = 2)" in summary or (
+        "cache_mb=0 and cache_mb=8: too few repeats (n = 2)" in summary
+    )
+    assert "±" not in summary
+
+
+def test_the_quick_start_sweep_can_be_settled() -> None:
+    # the README's quick start: timed runs only, and enough repeats for every comparison; the
+    # traced variant is the same grid with routing recorded (never settled)
+    from bmoe.analyze.history import PROBE_PARAMS
+    from bmoe.analyze.verdict import MIN_REPEATS
+    from bmoe.sweep.config import load_config
+
+    sweeps = Path(__file__).resolve().parent.parent / "sweeps"
+    quick = load_config(sweeps / "tiny-embedded.toml")
+    traced = load_config(sweeps / "tiny-embedded-traced.toml")
+    assert not [p for p in PROBE_PARAMS if quick.base.get(p)]
+    for cell in quick.cells:
+        assert not [p for p in PROBE_PARAMS if cell.get(p)]
+    assert quick.settings.repeats >= MIN_REPEATS
+    assert traced.base.get("route_trace") is True
+    assert {k: v for k, v in traced.base.items() if k != "route_trace"} == quick.base
+    assert traced.grid == quick.grid
+
+
+def test_cell_labels_leave_out_an_axis_a_cell_has_no_value_for() -> None:
+    ranked = pd.DataFrame({"cell": ["a", "b"], "cache_mb": [8.0, None], "tag": ["x", None]})
+    assert cell_labels(ranked, ["cache_mb", "tag"]) == ["cache_mb=8.0 tag=x", "b"]

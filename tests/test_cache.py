@@ -279,3 +279,14 @@ def test_s3fifo_by_hand() -> None:
     ]  # fmt: skip
     s3 = cache._policy
     assert [k for k in s3.main] == [4, 2] and list(s3.small) == [5] and list(s3.ghost) == [1]
+
+
+def test_policy_name_reads_the_engines_spellings() -> None:
+    from bmoe.cache import POLICIES, policy_name
+
+    assert policy_name("layer-lfu") == "layerlfu"
+    assert policy_name("Layer_LRU") == "layer"
+    assert policy_name("S3-FIFO") == "s3fifo"
+    assert policy_name("lfu-incache") == "lfu-incache"
+    assert all(policy_name(name) == name for name in POLICIES)
+    assert policy_name("no-such-policy") == "no-such-policy"

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 
 from bmoe.analyze import replay as rp
 from bmoe.cache import NEVER, POLICIES, ExpertCache, kernels
-from bmoe.cache.naive import naive_replay
 from bmoe.formats.route import RouteTrace
+from tests.oracles.replay import naive_replay
 
 SIZES = {0: 3, 1: 5, 2: 4}
 

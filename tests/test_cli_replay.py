@@ -30,10 +30,20 @@ def run(capsys, *args) -> tuple[int, str, str]:
         ("native-tiny/drop.route.csv", "reference/native-tiny.drop.route-drop-replay.txt"),
     ],
 )
-def test_drop_prints_the_reference_text(corpus: Path, capsys, trace, reference) -> None:
+def test_drop_prints_the_reference_text(
+    corpus: Path, capsys, monkeypatch, trace, reference
+) -> None:
+    from bmoe.cli import console
+
+    monkeypatch.setattr(console, "_width", 120)  # the reference's lines, unwrapped
     code, out, _ = run(capsys, "drop", corpus / trace)
     assert code == 0
     assert out == (corpus / reference).read_text(encoding="utf-8")
+    # at 80 columns the same text, its longer lines wrapped under their columns
+    monkeypatch.setattr(console, "_width", 80)
+    code, narrow, _ = run(capsys, "drop", corpus / trace)
+    assert code == 0 and max(map(len, narrow.splitlines())) <= 80
+    assert narrow.split() == out.split()
 
 
 def test_drop_json_has_every_phase(corpus: Path, capsys) -> None:
@@ -56,12 +66,20 @@ def test_replay_prints_shape_validation_and_writes_the_reference_csv(
     assert code == 0, err
     ref_txt = (corpus / "reference/native-tiny.pf.replay.txt").read_text().splitlines()
     lines = out.splitlines()
-    assert lines[:4] == ref_txt[:4]
+    assert lines[:3] == ref_txt[:3]
+    # T = 4 layers x top-2 x 0.1875 MiB = 1.5 MiB, written alike in the header and the rule
+    # (the reference's header rounds it to 2)
+    assert lines[3] == ref_txt[3].replace(" 2 MiB", " 1.5 MiB")
+    assert [line for line in lines if line.startswith("-- T")] == [f"{'-- T = 1.5 MiB --':-<68}"]
+    # below T, layer and layerlfu hold T whatever the budget: said under the table
+    note = " ".join(" ".join(lines[lines.index(ref_txt[16]) + 1 :]).split())
+    assert "layer and layerlfu keep each layer's current batch whatever the budget" in note
+    assert "at 1 MiB (below T = 1.5 MiB) they hold at least T" in note
     assert ref_txt[5] in lines  # validation @ 3 MiB: LRU replay = 32.9% ...
     assert "  recorded, trace residency column: 32.9% cumulative (35.2% decode-only)" in lines
     assert "  recorded, metrics summary cache_hit_pct: 32.9% cumulative" in lines
     ref_rows = {line.split()[0]: line for line in ref_txt[10:15]}
-    for line in lines:
+    for line in lines[: lines.index(ref_txt[16])]:  # the table's rows, not the note's
         if line and line.split()[0] in ref_rows:
             ours, ref = line.split(), ref_rows[line.split()[0]].split()
             assert [v for i, v in enumerate(ours) if i != 4] == [

@@ -40,6 +40,8 @@ def test_progress_in_a_terminal_is_drawn_not_dumped(monkeypatch) -> None:
         view.write(protocol.to_bytes(protocol.format_event("LOAD", {"mb": 1.0, "ms": 1.0})))
         view.write(b"\n" + protocol.to_bytes(protocol.format_event("PROGRESS", data)) + b"\n")
     assert view._progress.tasks[0].completed == 3
+    # read_mb is MiB (bytes / 2^20, telemetry.md): the bar says so
+    assert view._progress.tasks[0].fields["info"].endswith("read   1.00 MiB")
     view.write(b"=== answer ===\nhello\n=== perf ===\ngeneration: 3 tokens\n")
     view.close()
     text = sys.stdout.buffer.getvalue()

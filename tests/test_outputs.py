@@ -31,9 +31,10 @@ PATHS = {
     ("profile", "paths"): "input",
     ("profile", "out"): "profile -o",
     ("profile", "probe_file"): "input",
-    ("predict", "trace_path"): "input",
+    ("profile", "trace_path"): "input",
+    ("profile", "model_path"): "input",
+    ("predict", "paths"): "input",
     ("predict", "profile_path"): "input",
-    ("predict", "against_dir"): "input",
     ("predict", "csv_out"): "predict --csv",
     ("analyze metrics", "files"): "input",
     ("analyze stall", "file"): "input",
@@ -58,6 +59,8 @@ PATHS = {
     ("export trace", "files"): "input",
     ("export trace", "out"): "export trace -o",
     ("model synth", "out"): "model synth",
+    ("tune", "config"): "input",
+    ("tune", "output"): "sweep folder",
 }
 #: ``bmoe run``'s path flags (its own flag table, not typer's).
 RUN_PATHS = {
@@ -67,6 +70,8 @@ RUN_PATHS = {
     "--io-trace": "run --io-trace",
     "--compute-trace": "run --compute-trace",
     "--compute-trace-layers": "run --compute-trace-layers",
+    "--fidelity-save": "run --fidelity-save",
+    "--fidelity-ref": "input",
 }
 #: Words that make a parameter of any type look like a file (``csv_out``, ``probe_file``).
 _PATH_WORDS = {"out", "output", "csv", "plot", "plots", "file", "files", "path", "paths",

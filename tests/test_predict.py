@@ -50,12 +50,25 @@ def make_trace(
     return RouteTrace("hand.route.csv", 1, meta, layers, frame)
 
 
+#: the standard normal's 90th percentile: an 80 % interval is +-Z80 standard deviations
+Z80 = 1.2815515655446004
+
+
+def interval(parts: dict[str, float], sd_rel: dict[str, float], z: float = Z80):
+    """(low, high) tok/s of a token of `parts` ms whose terms' means move by `sd_rel`."""
+    total = sum(parts.values())
+    sd = sum((sd_rel.get(k, 0.0) * v) ** 2 for k, v in parts.items()) ** 0.5
+    rel = z * sd / total
+    return 1000 / (total * (1 + rel)), 1000 / (total * (1 - rel))
+
+
 def round_profile(n_layer=2, size=MIB, flash=None, mode="serial", **extra):
     """A profile with round numbers: compute 10 ms/token, mgmt 1 ms + 0.5 ms per expert
-    admitted, one slice per expert, 2 ms per request on one lane."""
+    admitted, one slice per expert, 2 ms per request on one lane; a run's mean compute moves
+    by 10 % (relative sd), its flash wait by 20 %, management not at all."""
     data = {
         "format": "bmoe_profile",
-        "version": 1,
+        "version": 2,
         "mode": mode,
         "model": {
             "name": "hand.gguf",
@@ -77,6 +90,12 @@ def round_profile(n_layer=2, size=MIB, flash=None, mode="serial", **extra):
         ],
         "compute": {"token_ms": 10.0, "token_ms_p10": 8.0, "token_ms_p90": 20.0},
         "mgmt": {"token_ms": 1.0, "per_admit_ms": 0.5},
+        "terms": {
+            "compute": {"sd_rel": 0.1},
+            "flash": {"sd_rel": 0.2},
+            "stall": {"sd_rel": 0.2},
+            "mgmt": {"sd_rel": 0.0},
+        },
         **extra,
     }
     return profile_from_dict(data)
@@ -99,9 +118,12 @@ def test_no_cache_hand_worked_time():
     assert row["tok_s"] == pytest.approx(1000 / 21)
     assert row["mib_per_token"] == pytest.approx(4.0)
     assert row["hit_pct"] == 0.0
-    # the interval: p90 latency (4 ms) and compute (20 ms), p10 (1 ms, 8 ms)
-    assert row["tok_s_low"] == pytest.approx(1000 / (20 + 16 + 3))
-    assert row["tok_s_high"] == pytest.approx(1000 / (8 + 4 + 3))
+    # the 80 % interval: compute 10 +- 10 %, flash 8 +- 20 % (sd of a run's mean), in
+    # quadrature: sd 1.887 ms of 21, +-1.2816 sd
+    low, high = interval({"compute": 10, "flash": 8, "mgmt": 3}, {"compute": 0.1, "flash": 0.2})
+    assert row["tok_s_low"] == pytest.approx(low)
+    assert row["tok_s_high"] == pytest.approx(high)
+    assert row["interval_pct"] == pytest.approx(100 * Z80 * (1 + 2.56) ** 0.5 / 21)
 
 
 def test_cache_that_holds_everything_hand_worked():
@@ -138,14 +160,18 @@ def test_steady_state_rate_hand_worked():
     as in test_no_cache_hand_worked_time), the 37 others hit all (10 + 1 = 11 ms, 0 MiB).
     The second-half median is 0 MiB, so warm-up ends at the first token reading 0 with
     nothing read over its next 8: token 3. Whole decode: 40 tokens in 3 x 21 + 37 x 11 =
-    470 ms; steady state: 1000 / 11 tok/s, interval 1000 / (20 + 1) to 1000 / (8 + 1)."""
+    470 ms; steady state: 1000 / 11 tok/s. The interval's relative width is the whole decode's
+    (compute 10, flash 3 x 8 / 40, mgmt (3 x 3 + 37 x 1) / 40 ms a token)."""
     out = predict(make_trace(PREFILL, WARM_DECODE), round_profile(), {"cache_mb": [100]})
     row = out.iloc[0]
     assert row["tok_s"] == pytest.approx(40_000 / 470)
     assert row["warmup_tokens"] == 3
     assert row["steady_tok_s"] == pytest.approx(1000 / 11)
-    assert row["steady_tok_s_low"] == pytest.approx(1000 / 21)
-    assert row["steady_tok_s_high"] == pytest.approx(1000 / 9)
+    parts = {"compute": 10, "flash": 0.6, "mgmt": 1.15}
+    low, high = interval(parts, {"compute": 0.1, "flash": 0.2})
+    whole = 1000 / 11.75
+    assert row["steady_tok_s_low"] == pytest.approx(1000 / 11 * low / whole)
+    assert row["steady_tok_s_high"] == pytest.approx(1000 / 11 * high / whole)
     assert row["mib_per_token"] == pytest.approx(12 / 40)
 
 
@@ -193,7 +219,7 @@ def test_against_compares_steady_state_with_steady_state():
     summary = views["summary"]
     assert summary["steady_cells"] == 1
     assert summary["median_abs_steady_tok_s_error_pct"] == pytest.approx(100 / 11)
-    # 100 tok/s lies inside 1000/21 .. 1000/9
+    # 100 tok/s lies inside 1000/11 -11 % .. +12 % (test_steady_state_rate_hand_worked)
     assert summary["steady_inside_interval"] == 1
 
 
@@ -371,3 +397,23 @@ def test_archived_runs_reads_and_hits_are_the_replays():
             summary["read_MiB"] / summary["tokens"], abs=0.06 / summary["tokens"] + 1e-3
         )
         assert out["hit_pct"] == pytest.approx(summary["cache_hit_pct"], abs=0.051)
+
+
+def test_a_version_1_profile_still_reads_and_says_what_it_lacks(tmp_path):
+    """A profile written before terms and runs were recorded: read, upgraded in memory with a
+    caveat; its interval from its 10th-90th percentile spread (as it was written for)."""
+    data = round_profile().to_dict()
+    data["version"] = 1
+    for key in ("terms", "absent", "runs", "tracing", "coverage", "unsettled", "memory"):
+        data.pop(key)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = read_profile(path)
+    assert old.version == 1
+    assert any("version 1 profile" in c for c in old.caveats)
+    row = predict(make_trace(PREFILL, DECODE), old, {"cache_mb": [0]}).iloc[0]
+    assert row["token_ms"] == pytest.approx(21.0)
+    # compute 8..20 ms around 10: sd (20 - 8) / (2 x 1.2816) = 4.68 ms; flash 1..4 around 2
+    # a request: sd 0.585 of 1 relative to its latency, of 8 ms
+    sd = ((12 / (2 * Z80)) ** 2 + (3 / (2 * Z80) / 2 * 8) ** 2) ** 0.5
+    assert row["interval_pct"] == pytest.approx(100 * Z80 * sd / 21)

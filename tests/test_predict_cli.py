@@ -35,7 +35,7 @@ def device(tmp_path_factory) -> Path:
 
 def test_profile_writes_a_profile_with_its_caveat(device: Path) -> None:
     data = json.loads(device.read_text())
-    assert data["format"] == "bmoe_profile" and data["version"] == 1
+    assert data["format"] == "bmoe_profile" and data["version"] == 2
     assert sorted(row["lanes"] for row in data["flash"]) == [1, 4]
     assert data["model"]["slices_per_expert"] == 3
     assert any("compute-traced" in c for c in data["caveats"])
@@ -116,9 +116,63 @@ def test_predict_refuses_another_models_profile(capsys, device: Path, tmp_path: 
     assert "its own model's expert reads" in err.replace("\n", " ")
 
 
-def test_profile_from_runs_without_a_route_trace_is_refused(capsys, tmp_path: Path) -> None:
+def test_profile_from_a_metrics_file_alone(capsys, tmp_path: Path) -> None:
+    """A run's metrics without its traces: the expert sizes from the preamble
+    (cache_cycle_mb), the same as the route trace's, so the trace can be predicted."""
     run_dir = next((SMALL / "cells").glob("cache_mb-64_io_threads-1*/r1"))
     shutil.copy(run_dir / "run.csv", tmp_path / "run.csv")
-    code, _, err = run(capsys, "profile", tmp_path / "run.csv")
-    assert code == 2
-    assert "no route trace" in err
+    out = tmp_path / "p.json"
+    code, _, err = run(capsys, "profile", tmp_path / "run.csv", "-o", out)
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert "cache_cycle_mb" in data["model"]["sizes_from"]
+    code, _, err = run(capsys, "predict", route_trace(), "-p", out, "-g", "cache_mb=64")
+    assert code == 0, err
+
+
+def _lines(*args: object, columns: int) -> list[str]:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bmoe", *map(str, args)],
+        capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_predict_grid_reads_at_80_and_200_columns_in_a_pipe(device: Path, columns: int) -> None:
+    """Written to a pipe at 80 and at 200 columns: no line wider than the terminal, no escape
+    codes, two tables (speed apart from cache) whose headers and short cell labels are
+    whole on one line each, one row a cell."""
+    lines = _lines(
+        "predict", route_trace(), "-p", device, "-g", "cache_mb=64,256,1024",
+        "-g", "io_threads=1,4", "-g", "prefetch=0,1", columns=columns,
+    )  # fmt: skip
+    text = "\n".join(lines)
+    assert "\x1b" not in text
+    assert max(map(len, lines)) <= columns
+    speed = next(i for i, line in enumerate(lines) if line.startswith("speed"))
+    cache = next(i for i, line in enumerate(lines) if line.startswith("cache"))
+    assert speed < cache
+    header = lines[speed + 2]
+    for word in ("cell", "tok/s", "low", "high", "steady", "compute", "flash", "mgmt"):
+        assert word in header
+    assert all(w in lines[cache + 2] for w in ("MiB/tok", "hit %", "misses", "prefetch"))
+    for label in ("64M 1L", "1024M 4L p1", "256M 4L"):
+        rows = [line for line in lines[speed:cache] if f"│ {label} " in line
+                and line.split("│")[1].strip() == label]  # fmt: skip
+        assert len(rows) == 1, label
+    # 12 cells: one line each in both tables (3 header/rule lines, title, bottom rule)
+    assert cache - speed == 12 + 5
+
+
+def test_predict_against_reads_at_80_columns(device: Path) -> None:
+    lines = _lines("predict", route_trace(), "-p", device, "--against", SMALL, columns=80)
+    assert max(map(len, lines)) <= 80
+    assert any(line.startswith("summary") for line in lines)
+    assert any("coverage achieved" in line for line in lines)

@@ -11,7 +11,7 @@ import pytest
 
 from bmoe.analyze.metrics import run_summary
 from bmoe.analyze.predict import predict
-from bmoe.analyze.profile import build_profile, read_runs
+from bmoe.analyze.profile import build_profile, read_runs, run_config
 from bmoe.errors import BmoeError
 
 
@@ -20,12 +20,12 @@ def own_prediction(path: Path):
         warnings.simplefilter("ignore")
         runs = read_runs([path])
     run = runs[0]
-    params = run.metrics.params
+    config = run_config(run)
     profile = build_profile(runs)
     cell = {
-        "cache_mb": [params.get("cache_mb", run.metrics.summary.get("cache_budget_MiB"))],
-        "io_threads": [params.get("io_threads", 1)],
-        "prefetch": [params.get("prefetch", 0)],
+        "cache_mb": [config.cache_mb],
+        "io_threads": [config.io_threads],
+        "prefetch": [config.prefetch],
     }
     return profile, predict(run.route, profile, cell).iloc[0], run.metrics.summary
 
@@ -69,15 +69,70 @@ def test_predicted_warm_up_is_the_run_analysis_one(corpus: Path, name):
     assert row["steady_tok_s_low"] < row["steady_tok_s"] < row["steady_tok_s_high"]
 
 
-def test_phone_metrics_without_a_route_trace_are_refused(corpus: Path):
-    files = sorted((corpus / "metrics").rglob("*.csv"))
-    assert files
-    for path in files:
+def test_every_streaming_phone_file_gives_a_profile_that_says_what_it_lacks(corpus: Path):
+    """Metrics-only phone files of every version make a profile: v1 files take their expert
+    sizes from the preamble, v0 files have none and price MiB; 8-column v0 files have no
+    mgmt_ms (named absent), none but the v1 ones record majflt with memory; the plain-mmap
+    run is refused with the reason."""
+    for path in sorted((corpus / "metrics").rglob("*.csv")):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             runs = read_runs([path])
-        with pytest.raises(BmoeError, match="no route trace"):
-            build_profile(runs)
+        if path.stem == "qwen_mmap":
+            with pytest.raises(BmoeError, match="without expert streaming"):
+                build_profile(runs)
+            continue
+        profile = build_profile(runs)
+        version = runs[0].metrics.version
+        assert profile.sized == (version >= 1), path
+        if version == 0:
+            assert any("expert sizes unknown" in c for c in profile.caveats)
+        if "mgmt_ms" not in runs[0].metrics.rows:
+            assert "mgmt" in profile.absent
+        assert ("memory" in profile.absent) == ("rss_mib" not in runs[0].metrics.rows)
+        assert set(profile.terms) >= {"compute", "flash"}
+        for term in profile.terms.values():
+            assert term["runs"] == [str(path)] and term["columns"]
+
+
+def test_phone_matrix_two_run_profiles_predict_the_other_runs(corpus: Path):
+    """THE figure: in the corpus's phone matrix of one model (v0 files varying cache budget,
+    lanes' mode, prefetch and overlap), every profile of two files predicts the other files'
+    decode tok/s (each file's own reads priced); the median |error| of those out-of-sample
+    predictions is at most 15 %. The plain-mmap run is never compared, and in-sample files
+    never count (benchmarks/bench_predict_corpus.py prints the table)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.bench_predict_corpus import phone_table
+
+    table = phone_table(corpus)
+    firm = table[table["left out"].isna() & table["predicted"].notna()]
+    two = firm[firm["runs"] == 2]
+    assert len(two) >= 20
+    assert not two["file"].eq("qwen_mmap").any()
+    for row in two.itertuples():
+        assert row.file not in row.profile.split("+")
+    assert two["error_pct"].abs().median() <= 15.0
+
+
+def test_native_tiny_profile_of_two_runs_predicts_the_others(corpus: Path):
+    """The host runs: a profile of run and pf; ct and ctl (same prompt as pf, compute-traced:
+    labelled, out of the headline) replayed through pf's routing read what they read
+    (MiB/token within 2 %: the replay, not the time model); drop replayed with --drop 1.0
+    through its own trace reads what it read."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.bench_predict_corpus import native_tiny
+
+    cells = native_tiny(corpus).set_index("cell")
+    for name in ("ct", "ctl", "drop"):
+        assert cells.loc[name, "mib_per_token_predicted"] == pytest.approx(
+            cells.loc[name, "mib_per_token"], rel=0.02
+        )
+        assert cells.loc[name, "measurement"] == "traced"
+    assert "plain mmap" in cells.loc["mmap", "comparable"]
 
 
 @pytest.mark.parametrize(
@@ -94,17 +149,15 @@ def test_first_half_profile_predicts_the_second_half(corpus: Path, name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = read_runs([corpus / name])[0]
-    params, rows = run.metrics.params, run.metrics.rows
+    rows = run.metrics.rows
+    config = run_config(run)
     half = len(rows) // 2
     first = replace(run, metrics=replace(run.metrics, rows=rows.iloc[:half].reset_index(drop=True)))
     profile = build_profile([first])
-    budget = params.get("cache_mb", run.metrics.summary.get("cache_budget_MiB"))
     reads = cell_reads(
-        run.route, replay.prepare_batches(run.route), "lru", budget, params.get("prefetch", 0)
+        run.route, replay.prepare_batches(run.route), "lru", config.cache_mb, config.prefetch
     )
-    times = token_times(
-        profile, reads, params.get("io_threads", 1), compute_ms=profile.compute["token_ms"]
-    )
+    times = token_times(profile, reads, config.io_threads, compute_ms=profile.compute["token_ms"])
     predicted = (len(rows) - half) / times["wall_ms"].iloc[half:].sum()
     measured = (len(rows) - half) / rows["wall_ms"].iloc[half:].sum()
     assert predicted == pytest.approx(measured, rel=0.15)
@@ -123,3 +176,28 @@ def test_drop_replay_reproduces_the_dropping_runs_hit_rate(corpus: Path):
     plain = predict(run.route, profile, cell).iloc[0]
     assert dropped["hit_pct"] == pytest.approx(summary["cache_hit_pct"], abs=0.051)
     assert abs(plain["hit_pct"] - summary["cache_hit_pct"]) > 10
+
+
+def test_phone_profile_of_two_configurations_measures_its_error(corpus: Path):
+    """Two --overlap phone files of different configurations: each, held out, is predicted
+    from the other, so the profile knows its model error (from 2 configurations) and its
+    intervals claim their coverage, never narrower than the spread alone; the serial file is
+    predicted but unpriced (its flash wait is not what lane busy time measures)."""
+    from bmoe.analyze.predict import interval_kind
+    from bmoe.analyze.profile import against_files
+
+    metrics = corpus / "metrics"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pair = read_runs([metrics / "2026-07-12-pr23/qwen_pf2.csv",
+                          metrics / "2026-07-13/qwen_auto_ov.csv"])  # fmt: skip
+        files = read_runs(sorted(metrics.glob("2026-07-1[24]*/*.csv")))
+        profile = build_profile(pair)
+        cells = against_files(None, profile, files)["cells"].set_index("cell")
+    error = profile.model_error
+    assert error["configurations"] == 2 and error["sd_rel"] is not None
+    assert all("error_pct" in r for r in error["held_out"])
+    assert interval_kind(profile)[1]
+    priced = cells[cells["tok_s_predicted"].notna()]
+    assert (priced["interval_pct_predicted"] >= priced["spread_pct_predicted"] - 1e-9).all()
+    assert "--overlap runs only" in cells.loc["qwen_c4000_l4", "unpriced"]

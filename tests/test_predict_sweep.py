@@ -7,6 +7,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -177,3 +178,46 @@ def test_scatter_has_the_identity_line_and_one_dot_per_cell() -> None:
     dots = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert len(dots) == 1
     assert dots[0].get_offsets().tolist() == [[2.0, 2.5], [4.0, 4.0], [8.0, 6.0]]
+
+
+def test_scatter_labels_stay_inside_and_apart_and_intervals_are_error_bars() -> None:
+    """Twenty cells crowded along the identity line: every label placed is inside the axes
+    and overlaps no other label; those that find no room are counted in the title; each
+    interval is an error bar from its low to its high."""
+    from matplotlib.container import ErrorbarContainer
+
+    from bmoe.render.plots.predict import predicted_vs_measured_plot
+
+    n = 20
+    measured = np.linspace(1.0, 3.0, n)
+    table = pd.DataFrame(
+        {
+            "cell": [f"cell-{i}" for i in range(n)],
+            "cache_mb": [64 * (i + 1) for i in range(n)],
+            "io_threads": 4,
+            "tok_s_measured": measured,
+            "tok_s_predicted": measured * 1.05,
+            "tok_s_low_predicted": measured * 0.9,
+            "tok_s_high_predicted": measured * 1.2,
+        }
+    )
+    fig = predicted_vs_measured_plot(table)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert boxes
+    for i, box in enumerate(boxes):
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1
+        assert frame.y0 <= box.y0 and box.y1 <= frame.y1
+        assert not any(box.overlaps(other) for other in boxes[i + 1 :])
+    if len(boxes) < n:
+        assert ax.get_title().startswith(f"{n - len(boxes)} of {n} labels left out")
+    # short labels of each configuration, not the cell ids
+    assert all(t.get_text().endswith("M 4L") for t in ax.texts)
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 1
+    segments = bars[0].lines[2][0].get_segments()
+    assert len(segments) == n
+    for seg, m in zip(segments, measured, strict=True):
+        assert seg[0][1] == pytest.approx(m * 0.9) and seg[1][1] == pytest.approx(m * 1.2)

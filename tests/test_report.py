@@ -212,8 +212,18 @@ def test_sweep_report_ranks_and_attributes(tmp_path):
     assert page.index("Ranking by tok_s_mean") < page.index('data-view="ranking"')
     neighbours = tables.records("neighbours")
     assert len(neighbours) == len(ranked) - 1
-    assert all(("faster than" in r["sentence"][0]) != ("not distinguishable" in r["sentence"][0])
-               for r in neighbours)  # fmt: skip
+    said = ("faster than", "not distinguishable", "not measurable", "too few repeats")
+    for r, (_, above), (_, below) in zip(neighbours, ranked.iterrows(), ranked.iloc[1:].iterrows(),
+                                         strict=False):  # fmt: skip
+        sentence = r["sentence"][0]
+        assert sum(phrase in sentence for phrase in said) == 1, sentence
+        if "too few repeats" in sentence:  # fewer than three runs on one side
+            assert min(above["n"], below["n"]) < 3
+        elif "not measurable" in sentence:  # no bounds printed, however wide they were
+            assert value(r["ratio_low"]) is None and value(r["ratio_high"]) is None
+        else:  # a usable interval: narrower than the ratio
+            width = value(r["ratio_high"]) - value(r["ratio_low"])
+            assert 0 <= width <= value(r["ratio"])
     assert "Two checks look at the execution order" in page
 
 

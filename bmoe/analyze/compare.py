@@ -21,6 +21,7 @@ Throughput differences are bootstrapped over steady-state tokens (see
 (numpy, seeded), and the percentile interval of B - A is reported for the mean tok/s
 (tokens / seconds) and the median per-token rate. Tokens are treated as exchangeable, which
 ignores their autocorrelation, so read the interval as a lower bound on the uncertainty.
+A window of fewer than three tokens on either side gets no interval (a warning says so).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import pandas as pd
 from bmoe.analyze.metrics import per_token, run_summary, steady_state
 from bmoe.analyze.runfiles import RunFiles
 from bmoe.analyze.stall import stall_attribution
+from bmoe.analyze.verdict import MIN_REPEATS
 from bmoe.errors import BmoeError
 from bmoe.formats.metrics import MetricsRun
 
@@ -249,7 +251,16 @@ def compare_runs(
         "cache hit %": "cumulative at the end of the run; delta in points",
     }
     if len(wall_a) and len(wall_b):
-        ci = bootstrap_rates(wall_a, wall_b, n_boot, seed, confidence)
+        few = min(len(wall_a), len(wall_b))
+        ci: dict[str, tuple[float | None, float | None]]
+        if few >= MIN_REPEATS:
+            ci = dict(bootstrap_rates(wall_a, wall_b, n_boot, seed, confidence))
+        else:  # two tokens resample into a handful of values: no interval, and said why
+            ci = {"mean": (None, None), "median": (None, None)}
+            method["interval"] = f"none: too few tokens (n = {few})"
+            reason = f"too few tokens (n = {few}) in a window for an interval"
+            said = pd.DataFrame([{"level": WARN, "run": "A/B", "reason": reason}])
+            found = pd.concat([found, said], ignore_index=True)
         mean_a = len(wall_a) / (wall_a.sum() / 1000.0)
         mean_b = len(wall_b) / (wall_b.sum() / 1000.0)
         med_a = float(np.median(1000.0 / wall_a))

@@ -228,9 +228,9 @@ def entry_state_outliers(
             for i in np.flatnonzero(ok & (mem < others - margin)):
                 flags.append(
                     {"tell": "entry_state", "cells": [ids[i]],
-                     "evidence": f"entered with MemAvailable {mem[i]:.0f} MB vs median "
-                                 f"{others[i]:.0f} MB of the other cells "
-                                 f"({mem[i] - others[i]:+.0f} MB)"}
+                     "evidence": f"entered with MemAvailable {mem[i]:.0f} MiB vs median "
+                                 f"{others[i]:.0f} MiB of the other cells "
+                                 f"({mem[i] - others[i]:+.0f} MiB)"}
                 )  # fmt: skip
     for col in [c for c in cells.columns if str(c).startswith("entry_scaling_max_freq_khz")]:
         freq = _numeric(cells, col).to_numpy()

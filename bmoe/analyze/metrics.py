@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bmoe.analyze.fidelity import fidelity_figures
 from bmoe.formats.metrics import MetricsRun
 
 MIB = 1048576.0
@@ -439,6 +440,7 @@ def run_summary(run: MetricsRun, pressure: Mapping[str, Any] | None = None) -> d
             "steady_tok_s_median": steady_rates.get("tok_s_median"),
             "steady_read_mib_per_token": steady_read,
             **cache_figures(run),
+            **fidelity_figures(s),
             **pressure_part,
             **_row_memory(rows),
         }
@@ -509,12 +511,16 @@ SPECULATION_COLUMNS = (
 
 
 def run_label(path: str | None, all_paths: Iterable[str | None]) -> str:
-    """A short name for a run: the file name, or parent/name when names collide."""
+    """A short name for a run: the file name, or as many of its last folders as it takes to
+    tell it from the other runs (``cell-a/r1/run.csv``, ``cell-b/r1/run.csv``)."""
     if path is None:
         return "<input>"
-    p = Path(path)
-    same = [q for q in all_paths if q is not None and Path(q).name == p.name]
-    return p.name if len(same) <= 1 else f"{p.parent.name}/{p.name}"
+    parts = Path(path).parts
+    others = [Path(q).parts for q in all_paths if q is not None and q != path]
+    for k in range(1, len(parts) + 1):
+        if not any(q[-k:] == parts[-k:] for q in others):
+            return "/".join(parts[-k:])
+    return str(path)
 
 
 def summary_tables(summaries: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -3,8 +3,9 @@
 A recorded hit rate cannot say whether a low hit rate is the policy's fault or the working
 set's; replaying the same routing through other caches can. The replay runs the batch
 semantics of the engine's own :class:`bmoe.cache.ExpertCache` as compiled kernels
-(:mod:`bmoe.cache.kernels`, tested equal to staging batch by batch; the prefetch replay
-stages through the cache itself), with the reference's batch order:
+(:mod:`bmoe.cache.kernels`, tested equal to staging batch by batch, driven by
+:mod:`bmoe.analyze.replay_run` with the whole trace as one chunk; the prefetch replay stages
+through the cache itself), with the reference's batch order:
 
 * prefill: one batch per layer holding every prompt token's ids, token-major, slot order,
   layers ascending;
@@ -21,24 +22,33 @@ import itertools
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from bmoe.cache import EXPERT_BITS, NEVER, POLICIES, REFERENCE_POLICIES, ExpertCache
+from bmoe.analyze.replay_run import MIB, Replays, Tally
+from bmoe.cache import (
+    DEFAULT_POLICY,
+    EXPERT_BITS,
+    NEVER,
+    POLICIES,
+    REFERENCE_POLICIES,
+    ExpertCache,
+)
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 
-MIB = 1 << 20
+if TYPE_CHECKING:
+    from bmoe.cache.kernels import Chunk
+
 #: the reference's default budgets (MiB)
 DEFAULT_BUDGETS_MIB = (250, 500, 750, 1000, 1500, 2000, 3000, 4000, 6000)
 #: the budgets of the archived reference curves (MiB)
 ARCHIVED_BUDGETS_MIB = (250, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000, 6000, 8000)
-CURVE_COLUMNS = ("budget_mib", "policy", "hit_pct_cum", "hit_pct_decode", "read_mib")
 
 
 @dataclass
@@ -122,9 +132,9 @@ class ReplayBatches:
     def next_use_flat(self) -> np.ndarray:
         """Per lookup, the index of the next batch looking the same key up (int32; the
         number of batches if none)."""
-        from bmoe.cache import kernels
+        from bmoe.cache.kernels import batches
 
-        return kernels.next_uses(self.bounds, self.look, self.n_keys)
+        return batches.next_uses(self.bounds, self.look, self.n_keys)
 
     @cached_property
     def next_use(self) -> list[list[int]]:
@@ -180,7 +190,7 @@ def _batch_order(
     """The permutation into reference batch order (turn, phase, then step-major in decode
     and layer-major in prefill, slot), or an empty array when the rows already are in it.
     One packed int64 sort key when the value ranges allow, a lexsort otherwise."""
-    from bmoe.cache import kernels
+    from bmoe.cache.kernels import batches
 
     t0, t1 = _span(turns)
     s0, s1 = _span(step)
@@ -189,7 +199,7 @@ def _batch_order(
     span = max(s1 - s0, l1 - l0) + 1
     n_slot = o1 - o0 + 1
     if (t1 - t0 + 1) * 2 * span * span * n_slot < (1 << 62):
-        packed, ordered = kernels.batch_sort_key(
+        packed, ordered = batches.batch_sort_key(
             turns, phase, step, layer, slot, t0, s0, l0, o0, span, n_slot
         )
         if ordered:
@@ -211,7 +221,7 @@ def prepare_batches(
     Expert ids must be 0..65535 and layers 0..65535 (the cache key packs both into 32 bits);
     anything else, such as the -1 of a routing that was never resolved, is an error naming
     the value."""
-    from bmoe.cache import kernels  # numba: imported when a replay is asked for
+    from bmoe.cache.kernels import batches  # numba: imported when a replay is asked for
 
     rows = trace.rows
     name = trace.path or "trace"
@@ -280,9 +290,9 @@ def prepare_batches(
     resident = np.zeros(0, dtype=bool)
     if "residency" in rows:
         resident = rows["residency"].to_numpy() > 0
-    n_b = kernels.count_batches(order, turns, phase, step, layer)
+    n_b = batches.count_batches(order, turns, phase, step, layer)
     look_row = np.empty(len(layer) if lookup_rows else 0, dtype=np.int64)
-    look, rec, first, bounds, repeated, recorded = kernels.cut_batches(
+    look, rec, first, bounds, repeated, recorded = batches.cut_batches(
         order, turns, phase, step, layer, row_id, resident, id_part_of, id_n_e, n_b, n_keys,
         look_row,
     )  # fmt: skip
@@ -316,82 +326,55 @@ def prepare_batches(
     )
 
 
+def whole_chunk(batches: ReplayBatches, *, future: bool = False) -> Chunk:
+    """`batches` as one :class:`~bmoe.cache.kernels.Chunk` (with each lookup's next use when
+    `future`: for the policies that read it)."""
+    from bmoe.cache.kernels import Chunk
+
+    b = batches
+    if not future:
+        return Chunk(b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.decode)
+    return Chunk(b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.decode,
+                 next_use=b.next_use_flat, n_total=len(b), total_lookups=len(b.look))  # fmt: skip
+
+
+def _part_keys(batches: ReplayBatches) -> int:
+    """The most key ids of one layer."""
+    return int(np.bincount(batches.key_part).max(initial=0)) if batches.n_keys else 0
+
+
+def _replays(batches: ReplayBatches, cells: list, seed: int, jobs: int = 1) -> Replays:
+    b = batches
+    return Replays(cells, b.n_keys, b.n_parts, b.n_layer, part_keys=_part_keys(b), seed=seed,
+                   jobs=jobs)  # fmt: skip
+
+
 def simulate(
     batches: ReplayBatches, policy: str, budget_bytes: int, *, seed: int = 0
 ) -> np.ndarray:
-    """Hits per batch of one replay (policy at budget), by the policy's compiled kernel."""
+    """Hits per batch of one replay (policy at budget), by the policy's compiled kernels:
+    the replay driver fed the whole trace as one chunk."""
     from bmoe.cache import kernels
 
-    if policy not in POLICIES:
-        raise BmoeError(f"unknown cache policy {policy!r} (choose from {', '.join(POLICIES)})")
+    check_policies([policy])
     budget = int(budget_bytes)
     if budget < 0:
         raise BmoeError(f"cache budget must be >= 0 bytes, not {budget}")
-    b = batches
-    if not len(b):
+    if not len(batches):
         return np.zeros(0, dtype=np.int64)
-    # heap priorities pack a count (at most the lookups) above a touch or admission counter
-    shift = kernels.counter_bits(len(b.look))
-    if 2 * shift > 62:
-        raise BmoeError(f"{len(b.look):,} lookups are more than one replay can count")
-    if policy in ("layer", "layerlfu"):
-        if not b.n_layer or b.n_layer < 1:
-            raise BmoeError(f"policy {policy!r} needs the model's layer count (n_layer)")
-        capacity = budget // b.n_layer
-        if policy == "layer":
-            return kernels.lru(
-                b.bounds, b.look, b.rec, b.repeated, b.size, b.part, b.n_parts, b.n_keys,
-                capacity,
-            )  # fmt: skip
-        per_part = np.bincount(b.part, minlength=b.n_parts)
-        return kernels.lfu(
-            b.bounds, b.look, b.rec, b.repeated, b.size, b.part, per_part, b.n_keys, capacity,
-            True,
-        )  # fmt: skip
-    if policy == "lru":
-        one = np.zeros(len(b), dtype=np.int64)
-        return kernels.lru(b.bounds, b.look, b.rec, b.repeated, b.size, one, 1, b.n_keys, budget)
-    if policy in ("lfu", "lfu-incache"):
-        one = np.zeros(len(b), dtype=np.int64)
-        return kernels.lfu(
-            b.bounds, b.look, b.rec, b.repeated, b.size, one, np.array([len(b)]), b.n_keys,
-            budget, policy == "lfu",
-        )  # fmt: skip
-    if policy == "belady":
-        return kernels.belady(b.bounds, b.look, b.size, b.next_use_flat, b.n_keys, budget, shift)
-    if policy == "lfuda":
-        return kernels.lfuda(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget, shift)
-    if policy == "lfuda-libcachesim":
-        hits, fitted = kernels.lfuda_libcachesim(
-            b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget, shift
-        )
-        if not fitted:
-            raise BmoeError(f"{policy}'s priorities outgrow 64 bits on {len(b.look):,} lookups")
-        return hits
-    if policy == "arc":
-        return kernels.arc(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, budget)
-    if policy == "s3fifo":
-        return kernels.s3fifo(b.bounds, b.look, b.size, b.n_keys, budget)
-    if policy == "s3fifo-libcachesim":
-        return kernels.s3fifo_libcachesim(b.bounds, b.look, b.size, b.n_keys, budget)
-    if policy == "random":
-        mt, state = kernels.mt_state(seed)
-        return kernels.randomized(b.bounds, b.look, b.size, b.n_keys, budget, mt, state)
-    raise BmoeError(f"policy {policy!r} has no replay kernel")
+    spec = kernels.kernel_spec(policy)
+    setup = kernels.Setup(batches.n_keys, batches.n_parts, seed, _part_keys(batches))
+    cache = kernels.Replay(spec, budget, setup, batches.n_layer)
+    return cache.feed(whole_chunk(batches, future=spec.live.needs_future))
 
 
 def summarize(batches: ReplayBatches, hits: np.ndarray) -> dict[str, float]:
     """Cumulative and decode-only hit % and MiB read for one replay's hits per batch."""
-    n = batches.n_lookups
-    dec = batches.decode
-    total = int(n.sum())
-    dec_total = int(n[dec].sum())
-    read = int(((n - hits) * batches.size).sum())
-    return {
-        "hit_pct_cum": 100.0 * int(hits.sum()) / total if total else float("nan"),
-        "hit_pct_decode": 100.0 * int(hits[dec].sum()) / dec_total if dec_total else float("nan"),
-        "read_mib": read / MIB,
-    }
+    chunk = whole_chunk(batches)
+    tally = Tally(1)
+    tally.count(chunk)
+    tally.add(0, hits, chunk)
+    return tally.figures(0)
 
 
 def check_policies(policies: Iterable[str]) -> list[str]:
@@ -427,8 +410,6 @@ def replay_curve(
     hit_pct_decode, read_mib (the reference's CSV columns). `jobs` replays run at once
     (threads: the kernels release the GIL; default the CPUs), with the same figures as one
     at a time. `progress(done, total)` is called after each replay."""
-    from bmoe.cache import kernels
-
     batches = trace if isinstance(trace, ReplayBatches) else prepare_batches(trace, turn)
     names = check_policies(policies)
     budgets = check_budgets(budgets_mib)
@@ -436,31 +417,16 @@ def replay_curve(
     jobs = default_jobs() if jobs is None else int(jobs)
     if jobs < 1:
         raise BmoeError(f"jobs must be >= 1, not {jobs}")
-    if "belady" in names:
-        _ = batches.next_use_flat  # once, before the threads share it
-
-    def one(cell: tuple[float, str]) -> dict[str, object]:
-        budget, name = cell
-        hits = simulate(batches, name, round(budget * MIB), seed=seed)
-        row = {"budget_mib": budget, "policy": name, **summarize(batches, hits)}
-        del hits
-        if jobs > 1:
-            kernels.release_heap()  # each worker thread's heap would keep what it freed
-        return row
-
-    out = []
-    if jobs == 1 or len(cells) == 1:
-        for cell in cells:
-            out.append(one(cell))
-            if progress is not None:
-                progress(len(out), len(cells))
-    else:
-        with ThreadPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
-            for row in pool.map(one, cells):
-                out.append(row)
-                if progress is not None:
-                    progress(len(out), len(cells))
-    return pd.DataFrame(out, columns=list(CURVE_COLUMNS))
+    tally = Tally(len(cells))
+    chunk = whole_chunk(batches, future=any(POLICIES[name].needs_future for name in names))
+    tally.count(chunk)
+    if len(batches):
+        replays = _replays(batches, cells, seed, jobs)
+        try:
+            replays.feed(chunk, tally, progress)
+        finally:
+            replays.close()
+    return tally.curve(cells)
 
 
 def check_budgets(budgets_mib: Iterable[float]) -> list[float]:
@@ -530,7 +496,8 @@ def validate(
 ) -> pd.DataFrame:
     """The LRU replay at the run's budget next to what the run recorded: the trace's
     residency column and, when given, the metrics summary's ``cache_hit_pct``."""
-    lru = summarize(batches, simulate(batches, "lru", round(budget_mib * MIB), seed=seed))
+    hits = simulate(batches, DEFAULT_POLICY, round(budget_mib * MIB), seed=seed)
+    lru = summarize(batches, hits)
     return validation_table(lru, recorded_hit_rate(batches), budget_mib, metrics_summary)
 
 
@@ -544,7 +511,7 @@ def validation_table(
     (``hit_pct_cum``, ``hit_pct_decode``), however they were counted."""
     rows = [
         {
-            "source": f"lru replay @ {budget_mib:g} MiB",
+            "source": f"{DEFAULT_POLICY} replay @ {budget_mib:g} MiB",
             "hit_pct_cum": lru["hit_pct_cum"],
             "hit_pct_decode": lru["hit_pct_decode"],
         }
@@ -603,10 +570,10 @@ def lru_stack_distances(batches: ReplayBatches) -> StackDistances:
     that second case (a hit at every budget), the byte distance otherwise: hit iff
     ``distance <= budget``, for every budget at once.
     """
-    from bmoe.cache import kernels
+    from bmoe.cache.kernels import distances
 
     b = batches
-    out = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, True)
+    out = distances.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, True)
     seen = np.zeros(b.n_keys, dtype=bool)
     seen[b.look] = True
     total = int(b.size_of_keys()[seen].sum())
@@ -628,13 +595,15 @@ def lru_reuse_bytes(trace: RouteTrace) -> pd.DataFrame:
     expert itself not counted. Lookups as in replay (one per distinct expert per batch, in
     first-seen order), but each taken at once rather than batch-wise. Columns layer,
     expert, step (of the lookup's first row), distance_bytes; lookup order."""
-    from bmoe.cache import kernels
+    from bmoe.cache.kernels import distances
 
     columns = ["layer", "expert", "step", "distance_bytes"]
     if not len(trace.rows):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
     b = prepare_batches(trace, lookup_rows=True)
-    dist = kernels.lru_byte_distances(b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, False)
+    dist = distances.lru_byte_distances(
+        b.bounds, b.look, b.rec, b.repeated, b.size, b.n_keys, False
+    )
     reused = np.isfinite(dist)
     codes = b.key_code[b.look[reused]]
     assert b.look_row is not None  # asked for above

@@ -18,15 +18,13 @@ would have put it earlier.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from bmoe.analyze.replay import (
-    CURVE_COLUMNS,
     MIB,
     ReplayBatches,
     check_budgets,
@@ -37,10 +35,14 @@ from bmoe.analyze.replay import (
     prepare_batches,
     validation_table,
 )
-from bmoe.cache import EXPERT_BITS
+from bmoe.analyze.replay_run import Replays, Tally
+from bmoe.cache import DEFAULT_POLICY, EXPERT_BITS, POLICIES
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+
+if TYPE_CHECKING:
+    from bmoe.cache.kernels import Chunk
 
 
 def _groups(rows: pd.DataFrame) -> np.ndarray:
@@ -52,146 +54,98 @@ def _groups(rows: pd.DataFrame) -> np.ndarray:
     return ((turn + (1 << 15)) << 41) | (decode << 40) | (decode * (step + (1 << 31)))
 
 
-class _Chunk:
-    """A block's batches with key ids of the whole stream: ``expert * n_parts + part``
-    (`part` the layer's index among the preamble's layers), so that ids met later, even
-    beyond the declared experts, only add ids at the end."""
+def _whole_groups(blocks: Iterable[pd.DataFrame]) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """The rows of `blocks` with their batch groups, cut so that no group straddles two: the
+    rows of a block's last group wait for the next block."""
+    carry: pd.DataFrame | None = None
+    for block in blocks:
+        rows = block if carry is None else pd.concat([carry, block], ignore_index=True)
+        if not len(rows):
+            continue
+        groups = _groups(rows)
+        last = groups == groups[-1]
+        yield rows[~last], groups[~last]
+        carry = rows[last]
+    if carry is not None:
+        yield carry, _groups(carry)
 
-    def __init__(self, b: ReplayBatches, part_of: np.ndarray, n_parts: int) -> None:
+
+class _Blocks:
+    """The blocks of a stream cut into chunks whose key ids are the whole stream's:
+    ``expert * n_parts + part`` (`part` the layer's index among the preamble's layers), so
+    that ids met later, even beyond the declared experts, only add ids at the end. It
+    counts what the shape view reports and checks the order of the rows."""
+
+    def __init__(self, trace: RouteTrace, part_of: np.ndarray, n_declared: int | None) -> None:
+        self.trace = trace
+        self.name = trace.path or "trace"
+        self.part_of = part_of
+        self.n_parts = int(part_of.max()) + 1
+        self.n_declared = n_declared
+        self.n_e = n_declared or 1  # experts the key ids have room for
+        self.done = -1  # the last batch group cut
+        self.warned = False
+        self.residency = True  # every block has the residency column
+        self.seen_layers: set[int] = set()
+        names = ("batches", "prefill", "decode", "k", "recorded", "recorded_decode",
+                 "recorded_bytes", "dropped")  # fmt: skip
+        self.counts = dict.fromkeys(names, 0)
+
+    @property
+    def n_keys(self) -> int:
+        return self.n_e * self.n_parts
+
+    def cut(self, rows: pd.DataFrame, groups: np.ndarray) -> Chunk | None:
+        """The chunk of `rows` (whole batch groups, `groups` theirs), None when there are
+        none; :attr:`n_keys` grows when an expert id needs more room."""
+        from bmoe.cache.kernels import Chunk
+
+        if not len(rows):
+            return None
+        if int(groups.min()) <= self.done:
+            raise BmoeError(
+                f"{self.name}: routing rows out of the engine's order (a step or prefill seen "
+                "again after a later one); replay the trace whole instead"
+            )
+        self.done = int(groups.max())
+        t = self.trace
+        b = prepare_batches(RouteTrace(t.path, t.version, t.meta, t.layers, rows))
         code = b.key_code
-        to_global = (code & EXPERT_MASK) * n_parts + part_of[code >> EXPERT_BITS]
-        self.batches = b
-        self.look = to_global[b.look].astype(np.int32)
-        self.rec = to_global[b.rec].astype(np.int32)
-        self.part = part_of[b.layer].astype(np.int64)
-        self.one_part = np.zeros(len(b), dtype=np.int64)
-        self.experts = code[b.look] & EXPERT_MASK  # per lookup, in replay order
-        self.max_expert = int(self.experts.max(initial=0))
+        to_global = (code & EXPERT_MASK) * self.n_parts + self.part_of[code >> EXPERT_BITS]
+        experts = code[b.look] & EXPERT_MASK
+        top = int(experts.max(initial=0))
+        if top >= self.n_e:
+            if self.n_declared and not self.warned:
+                first = int(experts[experts >= self.n_declared][0])
+                warnings.warn(
+                    f"{self.name}: expert id {first} is outside 0..{self.n_declared - 1} (the "
+                    f"preamble's n_expert={self.n_declared}); it is replayed, but figures "
+                    "against n_expert (shares of the expert set, its size) do not hold",
+                    stacklevel=3,
+                )
+                self.warned = True
+            self.n_e = max(top + 1, 2 * self.n_e)
+        self._count(b, rows)
+        return Chunk(
+            b.bounds, to_global[b.look].astype(np.int32), to_global[b.rec].astype(np.int32),
+            b.repeated, b.size, self.part_of[b.layer].astype(np.int64), b.decode,
+        )  # fmt: skip
 
-
-def _grown(state: tuple, fresh: tuple, per_key: Sequence[int], old: int) -> tuple:
-    """`state` with its per-key arrays (at `per_key`) widened to those of `fresh`, the new
-    ids empty; the other arrays kept. A linked list's node arrays hold a slot per key and
-    then one per list (its sentinel, addressed from the end): those stay at the end."""
-    out = list(state)
-    for i in per_key:
-        fresh[i][:old] = state[i][:old]
-        extra = len(state[i]) - old
-        if extra:
-            fresh[i][-extra:] = state[i][old:]
-        out[i] = fresh[i]
-    return tuple(out)
-
-
-class _Replay:
-    """One policy at one budget, its cache carried from chunk to chunk."""
-
-    #: per kernel: the indices of its state's per-key arrays (widened when new ids appear)
-    PER_KEY: ClassVar[dict[str, tuple[int, ...]]] = {
-        "lru": (0, 1, 2, 3),
-        "lfu": (0, 1, 2, 3, 6),  # and its heaps, part by part
-        "lfuda": (0, 1, 2, 3, 4, 5, 6, 7),
-        "lfuda_libcachesim": (0, 1, 2, 3, 4, 5, 6, 7),
-        "arc": (0, 1, 2, 3, 4),
-        "s3fifo": (0, 1, 2, 3, 4, 5, 6),
-        "s3fifo_libcachesim": (0, 1, 2, 3, 4, 5, 6, 7, 8),
-        "random": (0, 1, 2, 3),
-    }
-
-    def __init__(
-        self, policy: str, budget: int, n_parts: int, n_layer: int, n_keys: int, seed: int
-    ) -> None:
-        from bmoe.cache import kernels
-
-        self.policy = policy
-        self.budget = budget
-        self.n_parts = n_parts
-        self.n_keys = n_keys
-        self.kind = {
-            "layer": "lru", "layerlfu": "lfu", "lfu-incache": "lfu",
-            "lfuda-libcachesim": "lfuda_libcachesim", "s3fifo-libcachesim": "s3fifo_libcachesim",
-        }.get(policy, policy)  # fmt: skip
-        self.capacity = budget // n_layer if policy in ("layer", "layerlfu") else budget
-        self.parts = n_parts if policy in ("layer", "layerlfu") else 1
-        if policy == "random":
-            self.mt = kernels.mt_state(seed)
-        self.state = self._fresh(n_keys)
-
-    def _fresh(self, n_keys: int) -> tuple:
-        from bmoe.cache import kernels
-
-        if self.kind == "lru":
-            return kernels.lru_state(self.parts, n_keys)
-        if self.kind == "lfu":
-            return kernels.lfu_heap_state(self.parts, n_keys)
-        if self.kind == "random":
-            return kernels.random_state(n_keys, *self.mt)
-        return getattr(kernels, f"{self.kind}_state")(n_keys)
-
-    def grow(self, n_keys: int) -> None:
-        fresh = self._fresh(n_keys)
-        old = self.state
-        self.state = _grown(old, fresh, self.PER_KEY[self.kind], self.n_keys)
-        if self.kind == "lfu":  # each part's heap moves to its new slots
-            hv, hk, base, count = old[4], old[5], old[7], old[8]
-            new_base = fresh[7]
-            for j in range(len(base)):
-                at, to, n = int(base[j]), int(new_base[j]), int(count[j])
-                fresh[4][to : to + n] = hv[at : at + n]
-                fresh[5][to : to + n] = hk[at : at + n]
-            self.state = (*self.state[:4], fresh[4], fresh[5], self.state[6], new_base,
-                          *self.state[8:])  # fmt: skip
-        self.n_keys = n_keys
-
-    def _restamp(self, held_keys: int, priority: np.ndarray, c: _Chunk, restamp) -> int:
-        """Renumber the touch stamps below the heap priorities for chunk `c`; the shift the
-        priorities are packed with: the bits of the keys held and the chunk's lookups."""
-        from bmoe.cache import kernels
-
-        shift = kernels.counter_bits(held_keys + len(c.look))
-        if int(priority.max(initial=0)) + len(c.look) >= 1 << (62 - shift):
-            raise BmoeError(f"{self.policy} priorities outgrew 62 bits; replay fewer rows")
-        restamp(self.state, shift)
-        return shift
-
-    def feed(self, c: _Chunk) -> np.ndarray:
-        """Hits per batch of `c`, the cache left as after it."""
-        from bmoe.cache import kernels
-
-        b, st = c.batches, self.state
-        part = c.part if self.parts > 1 else c.one_part
-        if self.kind == "lru":
-            return kernels.lru_continue(
-                b.bounds, c.look, c.rec, b.repeated, b.size, part, self.capacity, st
-            )
-        if self.kind == "lfu":
-            shift = self._restamp(int(st[8].sum()), st[0], c, kernels.lfu_heap_restamp)
-            return kernels.lfu_heap_continue(
-                b.bounds, c.look, c.rec, b.repeated, b.size, part, self.capacity,
-                self.policy != "lfu-incache", shift, st,
-            )  # fmt: skip
-        if self.kind == "lfuda":
-            shift = self._restamp(int(st[9][0]), st[1], c, kernels.lfuda_restamp)
-            return kernels.lfuda_continue(
-                b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, shift, st
-            )
-        if self.kind == "lfuda_libcachesim":
-            shift = self._restamp(int(st[2].sum()), st[0], c, kernels.lfuda_libcachesim_restamp)
-            hits, fitted = kernels.lfuda_libcachesim_continue(
-                b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, shift, st
-            )
-            if not fitted:
-                raise BmoeError(f"{self.policy}'s priorities outgrew 62 bits; replay fewer rows")
-            return hits
-        if self.kind == "arc":
-            return kernels.arc_continue(
-                b.bounds, c.look, c.rec, b.repeated, b.size, self.budget, st
-            )
-        if self.kind == "s3fifo":
-            return kernels.s3fifo_continue(b.bounds, c.look, b.size, self.budget, st)
-        if self.kind == "s3fifo_libcachesim":
-            return kernels.s3fifo_libcachesim_continue(b.bounds, c.look, b.size, self.budget, st)
-        return kernels.randomized_continue(b.bounds, c.look, b.size, self.budget, st)
+    def _count(self, b: ReplayBatches, rows: pd.DataFrame) -> None:
+        counts = self.counts
+        self.seen_layers.update(np.unique(b.layer).tolist())
+        n = b.n_lookups
+        counts["batches"] += len(b)
+        counts["prefill"] += b.n_prefill
+        counts["decode"] += b.n_decode
+        counts["k"] = max(counts["k"], int(n[b.decode].max(initial=0)))
+        counts["dropped"] |= "dropped" in rows and bool((rows["dropped"] != 0).any())
+        if b.recorded_hits is None:
+            self.residency = False
+        else:
+            counts["recorded"] += int(b.recorded_hits.sum())
+            counts["recorded_decode"] += int(b.recorded_hits[b.decode].sum())
+            counts["recorded_bytes"] += int((b.recorded_hits * b.size).sum())
 
 
 def _counted(values: np.ndarray, counts: np.ndarray, more: np.ndarray):
@@ -210,43 +164,45 @@ class _Distances:
     counts are bounded by the distinct distances."""
 
     def __init__(self, n_keys: int, key_size: Callable[[int], np.ndarray]) -> None:
-        from bmoe.cache import kernels
+        from bmoe.cache.kernels import distances
 
-        self.state = kernels.distances_state(n_keys, 0)
+        self.state = distances.distances_state(n_keys, 0)
         self.n_keys = n_keys
         self.key_size = key_size
         self.groups: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray]] = {}
         self.lookups = self.decode_lookups = self.total_bytes = 0
 
     def grow(self, n_keys: int) -> None:
-        from bmoe.cache import kernels
+        from bmoe.cache.kernels import distances, widened
 
-        fresh = kernels.distances_state(n_keys, 0)
-        self.state = _grown(self.state, fresh, (1, 2), self.n_keys)
+        fresh = distances.distances_state(n_keys, 0)
+        self.state = widened(self.state, fresh, ("last", "prevb"), self.n_keys)
         self.n_keys = n_keys
 
     @property
     def seen_bytes(self) -> int:
         """The bytes of every key looked up so far."""
-        return int(self.state[3][0])
+        return self.state.seen_bytes
 
-    def feed(self, c: _Chunk) -> None:
-        from bmoe.cache import kernels
+    def feed(self, c: Chunk) -> None:
+        from bmoe.cache.kernels import distances
 
-        b = c.batches
-        self.state = kernels.distances_restart(self.state, self.key_size(self.n_keys), len(c.look))
-        dist = kernels.lru_byte_distances_continue(
-            b.bounds, c.look, c.rec, b.repeated, b.size, True, self.state
+        self.state = distances.distances_restart(
+            self.state, self.key_size(self.n_keys), len(c.look)
         )
+        dist = distances.lru_byte_distances_continue(
+            c.bounds, c.look, c.rec, c.repeated, c.size, True, self.state
+        )
+        n_lookups = np.diff(c.bounds)
         self.lookups += len(dist)
-        self.decode_lookups += int(b.n_lookups[b.decode].sum())
-        self.total_bytes += int((b.n_lookups * b.size).sum())
-        for size in np.unique(b.size).tolist():
+        self.decode_lookups += int(n_lookups[c.decode].sum())
+        self.total_bytes += int((n_lookups * c.size).sum())
+        for size in np.unique(c.size).tolist():
             for decode in (False, True):
-                pick = (b.size == size) & (b.decode == decode)
+                pick = (c.size == size) & (c.decode == decode)
                 if not pick.any():
                     continue
-                d = dist[np.repeat(pick, b.n_lookups)]
+                d = dist[np.repeat(pick, n_lookups)]
                 empty = (np.zeros(0), np.zeros(0, dtype=np.int64))
                 values, counts = self.groups.get((size, decode), empty)
                 self.groups[(size, decode)] = _counted(values, counts, d[np.isfinite(d)])
@@ -285,29 +241,27 @@ class _Distances:
 
 
 class _Spill:
-    """``belady``'s chunks written to disk as they come (per lookup its key; per batch its
-    lookups, expert size and phase), then replayed in a second pass once the next uses are
-    known: found walking the chunks from the last to the first. Memory stays one chunk and
-    a table per key; the disk takes ~10 bytes a lookup."""
+    """The chunks of the policies that read the future (``belady``), written to disk as they
+    come (per lookup its key; per batch its lookups, expert size and phase) and given back
+    once the next uses are known: found walking the chunks from the last to the first.
+    Memory stays one chunk and a table per key; the disk takes ~10 bytes a lookup."""
 
     FILES: ClassVar[dict[str, type]] = {"look": np.int32, "count": np.int32, "size": np.int64,
                                         "decode": np.bool_, "next": np.int32}  # fmt: skip
 
-    def __init__(self, budgets: Sequence[int]) -> None:
+    def __init__(self) -> None:
         import tempfile
 
-        self.budgets = list(budgets)
         self.dir = tempfile.TemporaryDirectory(prefix="bmoe-belady-")
-        self.chunks: list[tuple[int, int, int, int]] = []  # lookup and batch offset, counts
+        self.spans: list[tuple[int, int, int, int]] = []  # lookup and batch offset, counts
         self.lookups = self.batches = 0
 
     def path(self, name: str) -> str:
         return f"{self.dir.name}/{name}"
 
-    def add(self, c: _Chunk) -> None:
-        b = c.batches
-        parts = {"look": c.look, "count": b.n_lookups.astype(np.int32), "size": b.size,
-                 "decode": b.decode}  # fmt: skip
+    def add(self, c: Chunk) -> None:
+        parts = {"look": c.look, "count": np.diff(c.bounds).astype(np.int32), "size": c.size,
+                 "decode": c.decode}  # fmt: skip
         try:
             for name, values in parts.items():
                 with open(self.path(name), "ab") as fh:
@@ -317,45 +271,41 @@ class _Spill:
                 f"belady's lookups cannot be written to {self.dir.name} ({exc.strerror}); "
                 "point TMPDIR at a larger disk or leave belady out"
             ) from None
-        self.chunks.append((self.lookups, self.batches, len(c.look), len(b)))
+        self.spans.append((self.lookups, self.batches, len(c.look), len(c)))
         self.lookups += len(c.look)
-        self.batches += len(b)
+        self.batches += len(c)
 
     def _read(self, name: str, start: int, n: int) -> np.ndarray:
         dtype = np.dtype(self.FILES[name])
         return np.fromfile(self.path(name), dtype=dtype, count=n, offset=start * dtype.itemsize)
 
-    def replay(self, n_keys: int) -> list[tuple[int, int, int]]:
-        """Per budget: hits, decode hits and hit bytes of ``belady``."""
-        from bmoe.cache import kernels
+    def _bounds(self, b0: int, n_b: int) -> np.ndarray:
+        bounds = np.zeros(n_b + 1, dtype=np.int64)
+        np.cumsum(self._read("count", b0, n_b), out=bounds[1:])
+        return bounds
 
-        shift = kernels.counter_bits(self.lookups)
-        if 2 * shift > 62:
-            raise BmoeError(f"{self.lookups:,} lookups are more than one replay can count")
+    def chunks(self, n_keys: int) -> Iterator[Chunk]:
+        """The chunks in order, each lookup with its next use (numbered over the whole)."""
+        from bmoe.cache.kernels import Chunk, batches
+
         nextb = np.full(n_keys, self.batches, dtype=np.int32)
         with open(self.path("next"), "wb") as fh:
             fh.truncate(self.lookups * 4)
         with open(self.path("next"), "r+b") as fh:
-            for at, b0, n, n_b in reversed(self.chunks):
-                bounds = np.zeros(n_b + 1, dtype=np.int64)
-                np.cumsum(self._read("count", b0, n_b), out=bounds[1:])
-                nu = kernels.next_uses_continue(bounds, self._read("look", at, n), nextb, b0)
+            for at, b0, n, n_b in reversed(self.spans):
+                look = self._read("look", at, n)
+                nu = batches.next_uses_continue(self._bounds(b0, n_b), look, nextb, b0)
                 fh.seek(at * 4)
                 fh.write(nu.tobytes())
-        states = [kernels.belady_state(n_keys) for _ in self.budgets]
-        out = np.zeros((len(self.budgets), 3), dtype=np.int64)
-        for at, b0, n, n_b in self.chunks:
-            count = self._read("count", b0, n_b).astype(np.int64)
-            bounds = np.concatenate([[0], np.cumsum(count)])
-            look, nu = self._read("look", at, n), self._read("next", at, n)
-            size, decode = self._read("size", b0, n_b), self._read("decode", b0, n_b)
-            for i, budget in enumerate(self.budgets):
-                h = kernels.belady_continue(
-                    bounds, look, size, nu, self.batches, b0, budget, shift, states[i]
-                )
-                out[i] += (int(h.sum()), int(h[decode].sum()), int((h * size).sum()))
-        self.dir.cleanup()
-        return [(a, b, c) for a, b, c in out.tolist()]
+        none = np.zeros(max((n_b for *_, n_b in self.spans), default=0), dtype=np.int64)
+        for at, b0, n, n_b in self.spans:
+            look = self._read("look", at, n)
+            yield Chunk(
+                self._bounds(b0, n_b), look, look, none[:n_b].astype(bool),
+                self._read("size", b0, n_b), none[:n_b], self._read("decode", b0, n_b),
+                first=b0, next_use=self._read("next", at, n), n_total=self.batches,
+                total_lookups=self.lookups,
+            )  # fmt: skip
 
 
 def _shape(
@@ -402,7 +352,7 @@ def stream_replay(
     trace: RouteTrace,
     blocks: Iterable[pd.DataFrame],
     budgets_mib: Sequence[float],
-    policies: Sequence[str] = ("lru",),
+    policies: Sequence[str] = (DEFAULT_POLICY,),
     *,
     mrc: bool = False,
     validate_mib: float | None = None,
@@ -417,13 +367,13 @@ def stream_replay(
     ``mrc_budgets`` and ``mrc`` (:func:`~bmoe.analyze.replay.mrc_at` at the budgets and
     :func:`~bmoe.analyze.replay.lru_mrc`); with `validate_mib`, ``validation``
     (:func:`~bmoe.analyze.replay.validate`'s table). `jobs` replays run at once on each block.
-    ``belady`` spills its lookups to a temporary directory and replays them after the pass.
+    The policies that read the future (``belady``) spill their lookups to a temporary
+    directory and replay them after the pass.
 
-    ``layer`` and ``layerlfu`` split the budget by the preamble's ``n_layer`` (else the
-    highest layer with an expert size, plus one). Expert ids at or beyond the preamble's
-    ``n_expert`` are replayed and warned about once (:class:`UserWarning`)."""
-    from bmoe.cache import kernels
-
+    The per-layer policies (``layer``, ``layerlfu``) split the budget by the preamble's
+    ``n_layer`` (else the highest layer with an expert size, plus one). Expert ids at or
+    beyond the preamble's ``n_expert`` are replayed and warned about once
+    (:class:`UserWarning`)."""
     budgets = check_budgets(budgets_mib)
     names = check_policies(policies)
     name = trace.path or "trace"
@@ -436,7 +386,6 @@ def stream_replay(
     part_of[layers] = np.arange(n_parts)
     part_bytes = np.array([sizes[x] for x in layers.tolist()], dtype=np.int64)
     n_declared = preamble_count(trace.meta, "n_expert")
-    n_e = n_declared or 1
     n_layer = preamble_count(trace.meta, "n_layer") or int(layers.max()) + 1
     jobs = default_jobs() if jobs is None else int(jobs)
     if jobs < 1:
@@ -446,138 +395,49 @@ def stream_replay(
         return np.tile(part_bytes, n_keys // n_parts)
 
     cells = [(budget, p) for budget in budgets for p in names]
-    if validate_mib is not None:  # one more LRU replay, at the run's budget, off the curve
-        cells.append((validate_mib, "lru"))
-    now = [i for i, (_, p) in enumerate(cells) if p != "belady"]  # the rest in a second pass
-    replays = [
-        _Replay(cells[i][1], round(cells[i][0] * MIB), n_parts, n_layer, n_e * n_parts, seed)
-        for i in now
-    ]
-    later = [i for i, (_, p) in enumerate(cells) if p == "belady"]
-    spill = _Spill([round(cells[i][0] * MIB) for i in later]) if later else None
-    distances = _Distances(n_e * n_parts, key_size) if mrc else None
-    lookups = decode_lookups = total_bytes = 0
-    hits = np.zeros(len(cells), dtype=np.int64)
-    decode_hits = np.zeros(len(cells), dtype=np.int64)
-    hit_bytes = np.zeros(len(cells), dtype=np.int64)
-    seen_layers: set[int] = set()
-    counts = dict.fromkeys(("batches", "prefill", "decode", "k", "recorded", "recorded_decode",
-                            "recorded_bytes", "dropped"), 0)  # fmt: skip
-    residency = True  # every block has the residency column
-    done = -1  # the last batch group replayed
-    warned = False
-    pool = ThreadPoolExecutor(max_workers=min(jobs, len(replays))) if jobs > 1 and replays else None
-
-    def run(rows: pd.DataFrame, groups: np.ndarray) -> None:
-        nonlocal lookups, decode_lookups, total_bytes, done, n_e, warned, residency
-        if not len(rows):
-            return
-        if int(groups.min()) <= done:
-            raise BmoeError(
-                f"{name}: routing rows out of the engine's order (a step or prefill seen again "
-                "after a later one); replay the trace whole instead"
-            )
-        done = int(groups.max())
-        b = prepare_batches(RouteTrace(trace.path, trace.version, trace.meta, trace.layers, rows))
-        c = _Chunk(b, part_of, n_parts)
-        if c.max_expert >= n_e:
-            if n_declared and not warned:
-                first = int(c.experts[c.experts >= n_declared][0])
-                warnings.warn(
-                    f"{name}: expert id {first} is outside 0..{n_declared - 1} (the "
-                    f"preamble's n_expert={n_declared}); it is replayed, but figures against "
-                    "n_expert (shares of the expert set, its size) do not hold",
-                    stacklevel=3,
-                )
-                warned = True
-            n_e = max(c.max_expert + 1, 2 * n_e)
-            for r in replays:
-                r.grow(n_e * n_parts)
-            if distances is not None:
-                distances.grow(n_e * n_parts)
-        seen_layers.update(np.unique(b.layer).tolist())
-        n = b.n_lookups
-        counts["batches"] += len(b)
-        counts["prefill"] += b.n_prefill
-        counts["decode"] += b.n_decode
-        counts["k"] = max(counts["k"], int(n[b.decode].max(initial=0)))
-        counts["dropped"] |= "dropped" in rows and bool((rows["dropped"] != 0).any())
-        if b.recorded_hits is None:
-            residency = False
-        else:
-            counts["recorded"] += int(b.recorded_hits.sum())
-            counts["recorded_decode"] += int(b.recorded_hits[b.decode].sum())
-            counts["recorded_bytes"] += int((b.recorded_hits * b.size).sum())
-        lookups += int(n.sum())
-        decode_lookups += int(n[b.decode].sum())
-        total_bytes += int((n * b.size).sum())
-        if distances is not None:
-            distances.feed(c)
-        if spill is not None:
-            spill.add(c)
-
-        def one(i: int) -> tuple[int, int, int]:
-            h = replays[i].feed(c)
-            out = int(h.sum()), int(h[b.decode].sum()), int((h * b.size).sum())
-            if pool is not None:
-                kernels.release_heap()
-            return out
-
-        found = pool.map(one, range(len(replays))) if pool else map(one, range(len(replays)))
-        for i, (h, hd, hb) in zip(now, found, strict=True):
-            hits[i] += h
-            decode_hits[i] += hd
-            hit_bytes[i] += hb
-
+    if validate_mib is not None:  # one more replay, at the run's budget, off the curve
+        cells.append((validate_mib, DEFAULT_POLICY))
+    cut = _Blocks(trace, part_of, n_declared)
+    spill = _Spill() if any(POLICIES[p].needs_future for _, p in cells) else None
+    replays = Replays(cells, cut.n_keys, n_parts, n_layer, part_keys=cut.n_e, seed=seed,
+                      jobs=jobs, deferred=spill)  # fmt: skip
+    distances = _Distances(cut.n_keys, key_size) if mrc else None
+    tally = Tally(len(cells))
     try:
-        carry: pd.DataFrame | None = None
-        for block in blocks:
-            rows = block if carry is None else pd.concat([carry, block], ignore_index=True)
-            if not len(rows):
+        for rows, groups in _whole_groups(blocks):
+            chunk = cut.cut(rows, groups)
+            if chunk is None:
                 continue
-            groups = _groups(rows)
-            last = groups == groups[-1]
-            run(rows[~last], groups[~last])
-            carry = rows[last]
-        if carry is not None:
-            run(carry, _groups(carry))
-        if spill is not None and lookups:
-            for i, (h, hd, hb) in zip(later, spill.replay(n_e * n_parts), strict=True):
-                hits[i], decode_hits[i], hit_bytes[i] = h, hd, hb
+            if cut.n_keys > replays.setup.n_keys:
+                replays.grow(cut.n_keys, cut.n_e)
+                if distances is not None:
+                    distances.grow(cut.n_keys)
+            tally.count(chunk)
+            if distances is not None:
+                distances.feed(chunk)
+            replays.feed(chunk, tally)
+        if tally.lookups:
+            replays.finish(tally)
     finally:
         if spill is not None:
             spill.dir.cleanup()
-        if pool is not None:
-            pool.shutdown()
-    if not lookups:
+        replays.close()
+    if not tally.lookups:
         raise BmoeError(f"{name}: no routing rows to replay")
-    totals = {"lookups": lookups, "decode_lookups": decode_lookups, "bytes": total_bytes}
-    shape = _shape(trace, counts, totals, max(seen_layers), residency)
-    hit_pct = 100.0 * hits / lookups
-    decode_pct = (
-        100.0 * decode_hits / decode_lookups if decode_lookups else np.full(len(hits), np.nan)
-    )
+    totals = {"lookups": tally.lookups, "decode_lookups": tally.decode_lookups,
+              "bytes": tally.bytes}  # fmt: skip
+    shape = _shape(trace, cut.counts, totals, max(cut.seen_layers), cut.residency)
     views: dict[str, pd.DataFrame | dict] = {"shape": shape}
     if validate_mib is not None:  # the last cell
-        lru = {"hit_pct_cum": hit_pct[-1], "hit_pct_decode": decode_pct[-1]}
+        lru = tally.figures(len(cells) - 1)
         recorded: dict[str, Any] | None = None
-        if residency:
+        if cut.residency:
             recorded = {k: shape[f"recorded_{k}"] for k in ("hit_pct_cum", "hit_pct_decode")}
         views["validation"] = validation_table(lru, recorded, validate_mib, metrics_summary)
-    n = len(budgets) * len(names)
-    views["curve"] = pd.DataFrame(
-        {
-            "budget_mib": [budget for budget, _ in cells[:n]],
-            "policy": [p for _, p in cells[:n]],
-            "hit_pct_cum": hit_pct[:n],
-            "hit_pct_decode": decode_pct[:n],
-            "read_mib": (total_bytes - hit_bytes[:n]) / MIB,
-        },
-        columns=list(CURVE_COLUMNS),
-    )
+    views["curve"] = tally.curve(cells[: len(budgets) * len(names)])
     if distances is not None:
         seen = distances.seen_bytes
-        expert_set = sum(sizes[x] for x in seen_layers) * n_declared if n_declared else seen
+        expert_set = sum(sizes[x] for x in cut.seen_layers) * n_declared if n_declared else seen
         views["mrc_budgets"] = distances.at(budgets)
         views["mrc"] = distances.steps(max(expert_set, seen))
     return views

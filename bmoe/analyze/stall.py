@@ -74,7 +74,10 @@ def decide_overlap(run: MetricsRun, overlap: bool | None = None) -> tuple[bool, 
     if overlap is not None:
         return bool(overlap), "given"
     if "overlap" in run.params:
-        return bool(run.params["overlap"]), "preamble overlap="
+        value = run.params["overlap"]
+        whole = isinstance(value, bool) or (isinstance(value, float) and value.is_integer())
+        said = int(value) if whole else value  # overlap=1, not True or 1.0; inf stays inf
+        return bool(value), f"the preamble's overlap={said}"
     rows = run.rows
     if "stall_ms" in rows and bool((rows["stall_ms"] > 0).any()):
         return True, "inferred: no preamble, stall_ms > 0 on some tokens"
@@ -130,7 +133,7 @@ def stall_attribution(
     if n and bool((overlapped > 0).any()):
         share = 100.0 * overlapped.sum() / wall.sum() if wall.sum() > 0 else float("nan")
         notes.append(
-            f"{share:.0f} % of the wall time again was busy time that ran alongside the waits "
+            f"busy time equal to {share_text(share)} % of the wall time ran alongside the waits "
             f"(the {compute_source} proxy counts the I/O lanes and other threads): shown as "
             "overlapped, not stacked on the wall"
         )
@@ -152,6 +155,12 @@ def stall_attribution(
     return StallAttribution(
         out, summary, is_overlap, overlap_source, threads, compute_source, notes
     )
+
+
+def share_text(pct: float) -> str:
+    """A share of the wall as the attribution table prints it (one decimal), so a note and
+    the table give the same figure."""
+    return f"{pct:.1f}"
 
 
 def partition_wall(
@@ -274,6 +283,7 @@ __all__ = [
     "decide_overlap",
     "memory_picture",
     "partition_wall",
+    "share_text",
     "stall_attribution",
     "stall_by_run",
 ]

@@ -361,6 +361,11 @@ def predicted_vs_measured(results: pd.DataFrame, predictions: pd.DataFrame) -> p
     rate = "tok_s_reported" if "tok_s_reported" in ok else "tok_s_mean"
     measured = ok.groupby("cell")[rate].median().rename("tok_s_measured")
     predicted = predictions.groupby("cell")["tok_s"].first().rename("tok_s_predicted")
-    table = pd.concat([predicted, measured], axis=1, join="inner").reset_index()
+    parts = [predicted, measured]
+    for side in ("low", "high"):  # the prediction's interval, where it was kept
+        if f"tok_s_{side}" in predictions:
+            first = predictions.groupby("cell")[f"tok_s_{side}"].first()
+            parts.append(first.rename(f"tok_s_{side}_predicted"))
+    table = pd.concat(parts, axis=1, join="inner").reset_index()
     table["error_pct"] = 100.0 * (table["tok_s_predicted"] / table["tok_s_measured"] - 1.0)
     return table

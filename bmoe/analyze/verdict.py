@@ -16,7 +16,10 @@ Four things decide that, and this module checks each from the sweep's tables:
 
 Neighbours are compared as a ratio of means with a 95 % interval (Welch's t on the log scale,
 the delta method for each mean), phrased "A is 1.23 ± 0.04x faster than B" or "not
-distinguishable" when the interval reaches 1.
+distinguishable" when the interval reaches 1. A ratio needs enough data to mean anything:
+with fewer than :data:`MIN_REPEATS` runs on either side the comparison says "too few repeats
+(n = 2)", and where the interval is wider than the ratio itself "not measurable", without a
+number (:func:`ratio_caveats`; the bounds are NaN and the ``why`` column says why).
 
 Everything here is a pure function of DataFrames (the ranking of
 :func:`bmoe.analyze.sweep.rank_cells`, the completed attempts, the forward/reversed table);
@@ -45,6 +48,11 @@ TREND_P = 0.05
 OFF_CPU_PCT = 50.0
 #: Confidence level of every interval.
 LEVEL = 0.95
+#: Fewest runs per side for a ratio with an interval (two runs give an interval that spans
+#: orders of magnitude: t = 12.7 at one degree of freedom).
+MIN_REPEATS = 3
+#: the stability reason for fewer than MIN_REPEATS runs (callers judging single runs drop it)
+FEW_REPEATS = "too few repeats"
 
 #: Parameter names that turn on tracing (traced timings are not benchmark figures).
 TRACE_PARAMS = ("route_trace", "compute_trace", "compute_trace_layers", "io_trace")
@@ -173,9 +181,9 @@ def cell_stability(
     traced: Iterable[str] = (),
 ) -> pd.DataFrame:
     """Per ranked cell: its repeats (n), mean, 95 % interval of the mean (``ci_pct``, half-width
-    in % of the mean), coefficient of variation, forward-vs-reversed difference, off-CPU share,
-    the engine's CPU share, instrumented runs, and ``unstable``: why its figure is not firm
-    (None when it is).
+    in % of the mean; NaN below :data:`MIN_REPEATS` runs), coefficient of variation,
+    forward-vs-reversed difference, off-CPU share, the engine's CPU share, instrumented runs,
+    and ``unstable``: why its figure is not firm (None when it is).
 
     `ranked` is :func:`bmoe.analyze.sweep.rank_cells`; `attempts` the completed attempts;
     `rounds` :func:`bmoe.analyze.sweep.reversed_rounds`; `stall` a per-cell attribution
@@ -186,7 +194,9 @@ def cell_stability(
     if ranked.empty:
         return pd.DataFrame(columns=cols)
     table = ranked[["rank", "cell", "n", "mean", "cv_pct"]].copy()
-    table["ci_pct"] = mean_interval_pct(ranked["mean"], ranked["sd"], ranked["n"])
+    # below three runs the interval is what t = 12.7 (n = 2) makes of one sd: blank instead
+    interval = mean_interval_pct(ranked["mean"], ranked["sd"], ranked["n"])
+    table["ci_pct"] = interval.where(pd.to_numeric(ranked["n"], errors="coerce") >= MIN_REPEATS)
     keyed = attempts.assign(
         _off=off_cpu_pct(attempts), _cpu=cpu_share_pct(attempts),
         _traced=instrumented(attempts, traced),
@@ -206,7 +216,7 @@ def cell_stability(
     table["traced"] = table["traced"].fillna(0).astype(int)
     reasons = pd.DataFrame(
         {
-            "single run": table["n"] < 2,
+            FEW_REPEATS: table["n"] < MIN_REPEATS,
             "repeats disagree": table["cv_pct"] > NOISY_CV_PCT,
             "rounds differ": table["drift_pct"].abs() > DRIFT_PCT,
             "mostly off-CPU": table["off_cpu_pct"] > OFF_CPU_PCT,
@@ -225,13 +235,16 @@ def compare_neighbours(
     ranked: pd.DataFrame, outcome: str, lower_is_better: bool = False, labels: Sequence[str] = ()
 ) -> pd.DataFrame:
     """Each cell against the next one down the ranking: the ratio of their means (how many
-    times better the higher-ranked one is), its 95 % interval, and a sentence.
+    times better the higher-ranked one is), its 95 % interval, whether the two can be told
+    apart, ``why`` not when there is no usable interval, and a sentence.
 
     The interval is Welch's on the log scale: the variance of log(mean) is (sd / mean)^2 / n
-    per cell, the degrees of freedom Welch-Satterthwaite's. Cells with a single run have no
-    interval and are not distinguishable from anything.
+    per cell, the degrees of freedom Welch-Satterthwaite's. Below :data:`MIN_REPEATS` runs on
+    either side, or where the interval is wider than the ratio, the bounds are NaN and the
+    sentence says "too few repeats (n = 2)" or "not measurable" (:func:`ratio_caveats`).
     """
-    cols = ["better", "worse", "ratio", "ratio_low", "ratio_high", "distinguishable", "sentence"]
+    cols = ["better", "worse", "ratio", "ratio_low", "ratio_high", "distinguishable", "why",
+            "sentence"]  # fmt: skip
     if len(ranked) < 2:
         return pd.DataFrame(columns=cols)
     names = list(labels) if len(labels) == len(ranked) else ranked["cell"].astype(str).tolist()
@@ -240,18 +253,16 @@ def compare_neighbours(
     n = pd.to_numeric(ranked["n"], errors="coerce").to_numpy(float)
     a, b = slice(0, -1), slice(1, None)
     if lower_is_better:
-        ratio, low, high = ratio_interval(mean[b], sd[b], n[b], mean[a], sd[a], n[a])
+        ratio, low, high, why = judged_ratio(mean[b], sd[b], n[b], mean[a], sd[a], n[a])
     else:
-        ratio, low, high = ratio_interval(mean[a], sd[a], n[a], mean[b], sd[b], n[b])
-    known = np.isfinite(low) & np.isfinite(high)
-    apart = known & (low > 1.0)
+        ratio, low, high, why = judged_ratio(mean[a], sd[a], n[a], mean[b], sd[b], n[b])
+    apart = np.isfinite(low) & (low > 1.0)
     word = _better_word(outcome, lower_is_better)
     sentences = []
     for i in range(len(ratio)):
         first, second = names[i], names[i + 1]
-        if not known[i]:
-            reason = "a single run" if min(n[i], n[i + 1]) < 2 else "no spread to compare"
-            sentences.append(f"{first} and {second}: not distinguishable ({reason})")
+        if why[i] is not None:
+            sentences.append(f"{first} and {second}: {why[i]}")
         elif apart[i]:
             sentences.append(
                 f"{first} is {_ratio_text(ratio[i], low[i], high[i])}x {word} than {second}"
@@ -265,9 +276,52 @@ def compare_neighbours(
         {
             "better": names[:-1], "worse": names[1:], "ratio": ratio,
             "ratio_low": low, "ratio_high": high,
-            "distinguishable": apart, "sentence": sentences,
+            "distinguishable": apart, "why": why, "sentence": sentences,
         }
     )[cols]  # fmt: skip
+
+
+def ratio_caveats(
+    ratio: np.ndarray, low: np.ndarray, high: np.ndarray, n_a: np.ndarray, n_b: np.ndarray
+) -> np.ndarray:
+    """Per ratio, why its interval is no use (None where it is): ``too few repeats (n = 2)``
+    below :data:`MIN_REPEATS` runs on either side (n is the smaller side), else ``not
+    measurable`` where the interval is missing or wider than the ratio itself. The words every
+    comparison prints instead of a number."""
+    ratio, low, high, n_a, n_b = (
+        np.atleast_1d(np.asarray(v, dtype=float)) for v in (ratio, low, high, n_a, n_b)
+    )
+    n = np.fmin(n_a, n_b)
+    few = ~(n >= MIN_REPEATS)
+    known = np.isfinite(low) & np.isfinite(high) & np.isfinite(ratio)
+    with np.errstate(invalid="ignore"):
+        wide = known & (high - low > np.abs(ratio))
+    shown = np.where(np.isfinite(n), n, 0).astype(int)
+    out = np.full(len(n), None, dtype=object)
+    for i in range(len(n)):  # one entry per compared pair, not per row of a trace
+        if few[i]:
+            out[i] = f"too few repeats (n = {shown[i]})"
+        elif wide[i]:
+            out[i] = "not measurable (the 95 % interval is wider than the ratio)"
+        elif not known[i]:
+            out[i] = "not measurable (no interval: a zero or missing mean)"
+    return out
+
+
+def judged_ratio(
+    mean_a: np.ndarray,
+    sd_a: np.ndarray,
+    n_a: np.ndarray,
+    mean_b: np.ndarray,
+    sd_b: np.ndarray,
+    n_b: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`ratio_interval` held to :func:`ratio_caveats`: the ratio a / b, its bounds (NaN
+    where there is no usable interval) and why not (None where the interval is usable)."""
+    ratio, low, high = ratio_interval(mean_a, sd_a, n_a, mean_b, sd_b, n_b)
+    why = ratio_caveats(ratio, low, high, n_a, n_b)
+    bad = np.array([w is not None for w in why], dtype=bool)
+    return ratio, np.where(bad, np.nan, low), np.where(bad, np.nan, high), why
 
 
 def ratio_interval(
@@ -311,13 +365,14 @@ def _ratio_text(ratio: float, low: float, high: float) -> str:
 
 
 def cell_labels(ranked: pd.DataFrame, axes: Sequence[str]) -> list[str]:
-    """Short names for ranked cells: their axis values (``cache_mb=8 io_threads=4``), else the
-    cell id."""
+    """Short names for ranked cells: their axis values (``cache_mb=8 io_threads=4``; an axis a
+    cell has no value for is left out of its name), else the cell id."""
     axes = [a for a in axes if a in ranked]
     if not axes:
         return ranked["cell"].astype(str).tolist()
-    parts = [ranked[a].astype(str).radd(f"{a}=") for a in axes]
-    return [" ".join(row) for row in zip(*parts, strict=True)]
+    parts = [ranked[a].astype(str).radd(f"{a}=").where(ranked[a].notna(), "") for a in axes]
+    named = [" ".join(p for p in row if p) for row in zip(*parts, strict=True)]
+    return [name or str(cell) for name, cell in zip(named, ranked["cell"], strict=True)]
 
 
 # ----------------------------------------------------------------------------- the verdict
@@ -406,11 +461,13 @@ def judge(
 
     pairs = len(neighbours)
     apart = int(neighbours["distinguishable"].sum()) if pairs else 0
+    unmeasured = int(neighbours["why"].notna().sum()) if pairs else 0
     top = neighbours["sentence"].iloc[0] if pairs else f"{labels[0]} is the only cell"
-    tell = (
-        f"; {pairs - apart} of {pairs} neighbouring pairs are not distinguishable"
-        if pairs and apart < pairs else ""
-    )  # fmt: skip
+    close = pairs - apart - unmeasured
+    told = [f"{close} of {pairs} neighbouring pairs are not distinguishable"] if close else []
+    if unmeasured:
+        told.append(f"{unmeasured} of {pairs} without a usable interval")
+    tell = "".join(f"; {t}" for t in told)
     if reasons:
         sentence = f"Ranking by {outcome} not settled, because " + "; ".join(reasons) + "."
     else:
@@ -453,9 +510,13 @@ def _reasons(
 ) -> list[str]:
     total = len(stability)
     reasons: list[str] = []
-    single = stability[stability["n"] < 2]
-    if len(single):
-        reasons.append(f"{len(single)} of {total} cells ran once (no spread to judge them by)")
+    few = stability[stability["n"] < MIN_REPEATS]
+    if len(few):
+        n = pd.to_numeric(few["n"], errors="coerce")
+        reasons.append(
+            f"{len(few)} of {total} cells ran fewer than {MIN_REPEATS} times (n = "
+            f"{_span(n.min(), n.max())}): too few repeats to judge their spread or compare them"
+        )
     noisy = stability[stability["cv_pct"] > NOISY_CV_PCT]
     if len(noisy):
         low, high = noisy["cv_pct"].min(), noisy["cv_pct"].max()
@@ -512,6 +573,8 @@ def verdict_frame(verdict: Verdict) -> pd.DataFrame:
 
 __all__ = [
     "DRIFT_PCT",
+    "FEW_REPEATS",
+    "MIN_REPEATS",
     "NOISY_CV_PCT",
     "OFF_CPU_PCT",
     "Verdict",
@@ -521,9 +584,11 @@ __all__ = [
     "cpu_share_pct",
     "instrumented",
     "judge",
+    "judged_ratio",
     "mean_interval_pct",
     "off_cpu_pct",
     "outcome_columns",
+    "ratio_caveats",
     "ratio_interval",
     "t_quantile",
     "verdict_frame",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bmoe.cache.policies import POLICIES, Policy
+from bmoe.cache.policies import DEFAULT_POLICY, POLICIES, Policy
 from bmoe.errors import BmoeError
 
 EXPERT_BITS = 16
@@ -71,7 +71,7 @@ class ExpertCache:
     def __init__(
         self,
         budget_bytes: int,
-        policy: str = "lru",
+        policy: str = DEFAULT_POLICY,
         *,
         n_layer: int | None = None,
         seed: int = 0,

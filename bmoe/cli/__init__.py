@@ -23,10 +23,13 @@ no command line imports every module (for tools that list all commands).
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -84,6 +87,7 @@ COMMAND_MODULES = (
     "bmoe.cli.report",
     "bmoe.cli.history",
     "bmoe.cli.predict",
+    "bmoe.cli.tune",
 )
 
 #: Commands whose module is imported only when the command line names them (or their group):
@@ -132,6 +136,56 @@ def register(argv: Sequence[str] | None = None) -> None:
         importlib.import_module(name)
 
 
+def reflowed(text: str | None) -> str | None:
+    """Help text with the line breaks of the source code joined, so that the terminal wraps
+    each paragraph at its own width. A line stays a line of its own when it is an example
+    (``Example: ...``), a remark in parentheses right after one, an item (``- ...``) or
+    indented; a paragraph that starts with ``\\b`` is kept as written."""
+    if not text:
+        return text
+    paragraphs = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        if paragraph.startswith("\b"):
+            paragraphs.append(paragraph)
+            continue
+        lines: list[str] = []
+        example = False
+        for line in paragraph.splitlines():
+            stripped = line.strip()
+            alone = (
+                stripped.startswith(("Example:", "- "))
+                or (example and stripped.startswith("("))
+                or line.startswith((" ", "\t"))
+            )
+            if lines and not alone:
+                lines[-1] += " " + stripped
+            else:
+                lines.append(line.rstrip())
+            example = stripped.startswith("Example:") or (example and stripped.startswith("("))
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def cli_command() -> Any:
+    """The click command of :data:`app` (typer's own click; with the commands registered so
+    far), every help text :func:`reflowed`."""
+    command = typer.main.get_command(app)
+
+    def walk(cmd: Any) -> None:
+        cmd.help = reflowed(cmd.help)
+        if cmd.help and not cmd.short_help:  # a group's listing: the first sentence
+            first = cmd.help.split("\n\n", 1)[0].split("\n", 1)[0]
+            cmd.short_help = re.split(r"(?<=\.) (?=[A-Z])", first, maxsplit=1)[0]
+        for param in cmd.params:
+            if getattr(param, "help", None):  # options (arguments have no help here)
+                param.help = reflowed(param.help)
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(command)
+    return command
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error and return the Exit to raise."""
     err_console.print(error_line(message), highlight=False, soft_wrap=True)
@@ -149,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     register(args)
     try:
-        app(args=args, prog_name="bmoe")
+        cli_command()(args=args, prog_name="bmoe")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BmoeError as exc:

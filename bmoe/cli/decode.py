@@ -90,7 +90,7 @@ def _emit(
     views: dict, fmt: str, notes: list[str], header: str, per_token: tuple[str, ...] = ()
 ) -> None:
     if fmt == "table":
-        console.print(literal(header), highlight=False, soft_wrap=True)
+        console.print(literal(header), highlight=False)
         for note in notes:
             console.print(literal(f"note: {note}", "dim"), highlight=False)
         if "per_token" in views:

@@ -13,9 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import typer
-
-from bmoe.cli import app, register
+from bmoe.cli import cli_command, register
 
 HEADER = """# Command-line reference
 
@@ -38,7 +36,7 @@ def commands() -> Iterator[tuple[tuple[str, ...], Any]]:
             if not subs[name].hidden:
                 yield from walk(subs[name], (*path, name))
 
-    yield from walk(typer.main.get_command(app), ())
+    yield from walk(cli_command(), ())
 
 
 def parameter_names(cmd: Any) -> list[str]:

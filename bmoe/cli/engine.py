@@ -103,7 +103,7 @@ class _ProgressView:
         wall = max(float(data.get("wall_ms", 0.0)), 1e-6)
         info = (
             f"{1e3 / wall:6.1f} tok/s  hit {float(data.get('cache_hit_pct', -1)):5.1f} %  "
-            f"read {float(data.get('read_mb', 0.0)):6.2f} MB"
+            f"read {float(data.get('read_mb', 0.0)):6.2f} MiB"
         )
         self._progress.update(self._task, completed=data["step"], info=info)
 
@@ -166,11 +166,14 @@ def _shards(model: Path) -> list[Path]:
 
 
 def _check_outputs(cfg) -> None:
-    """The run's files: never the model (or a shard of it), an existing one only with --force."""
+    """The run's files: never the model (or a shard of it) nor the fidelity reference it
+    reads, an existing one only with --force."""
     from bmoe.formats.outputs import check_outputs
 
-    dests = (cfg.csv, cfg.route_trace, cfg.io_trace, cfg.compute_trace, cfg.compute_trace_layers)
-    check_outputs(dests, _shards(Path(cfg.model)) if cfg.model else (), force=cfg.force)
+    dests = (cfg.csv, cfg.route_trace, cfg.io_trace, cfg.compute_trace, cfg.compute_trace_layers,
+             cfg.fidelity_save)  # fmt: skip
+    inputs = [*(_shards(Path(cfg.model)) if cfg.model else ()), cfg.fidelity_ref]
+    check_outputs(dests, inputs, force=cfg.force)
 
 
 @model_app.command("synth")
@@ -215,16 +218,16 @@ def synth(
     shared experts, low-rank attention; --fused-gate-up stores ffn_gate_up_exps), gpt-oss
     (biases on the router and the experts, attention sinks; its experts ship in MXFP4),
     gemma4 (fused ffn_gate_up_exps, a dense MLP beside the experts, dense layers mixed in).
+
     Weight types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the rest f16).
 
-    Larger models: override the preset's sizes, e.g.
-    bmoe model synth big.gguf --preset small --layers 48 --experts 128 --n-embd 1024
-    --n-ff-exp 768 --type q8_0 (about 10 GB).
-
-    A split model, as large models ship: bmoe model synth tiny.gguf --split-max-tensors 16
-    writes tiny-00001-of-0000M.gguf ... (run it with -m tiny-00001-of-0000M.gguf).
+    Larger models: every size of the preset can be overridden (--layers, --experts, --n-embd,
+    --n-ff-exp, ...). A split model, as large models ship: --split-max-tensors N
+    writes OUT-00001-of-0000M.gguf ...; run it with -m OUT-00001-of-0000M.gguf.
 
     Example: bmoe model synth tiny.gguf --preset tiny
+    Example: bmoe model synth big.gguf --preset small --layers 48 --experts 128 --type q8_0
+    Example: bmoe model synth tiny.gguf --split-max-tensors 16
     """
     from bmoe.engine.synth import estimate_bytes, preset_config, synth_model
     from bmoe.formats.outputs import check_output

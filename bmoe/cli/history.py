@@ -24,7 +24,8 @@ def history_command(
         None,
         "--fail-on-regression",
         metavar="PCT",
-        help="Exit 1 when a cell got worse than this into the newest sweep (for CI), e.g. 5%.",
+        help="Exit 1 when a cell got worse than this into the newest sweep (for CI), e.g. 5%; "
+        "only comparable, settled steps count.",
     ),
     plot: Path | None = typer.Option(
         None, "--plot", help="Draw the outcome per cell across the sweeps (.png/.svg/.pdf)."
@@ -33,9 +34,15 @@ def history_command(
     fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json or markdown."),
 ) -> None:
     """Line up the same cells (by their axis values) across sweeps ordered by when they
-    started: the outcome per cell and sweep with the engine that ran it, the change first to
-    last, every step between consecutive sweeps as a ratio with its 95 % interval, and the
-    regressions into the newest sweep.
+    started: the outcome per cell and sweep with the engine that ran it, the change to the
+    newest sweep, every step between consecutive sweeps as a ratio with its 95 % interval,
+    and the regressions into the newest sweep.
+
+    Only like is compared with like: sweeps whose base flags (n_predict, the prompt, ...),
+    tracing, model (SHA-256) or engine differ are listed as not comparable and no step
+    between them is judged; engine version and machine differences are listed. A step is
+    judged only when both sweeps' rankings are settled and each side has three or more
+    repeats; --fail-on-regression fails only on such steps.
 
     Example: bmoe history old-sweep/ new-sweep/ --plot trend.png
     Example (CI): bmoe history bench-data/*-tiny-cache-lanes --fail-on-regression 5%
@@ -60,23 +67,31 @@ def history_command(
     if len(folders) < 2:
         raise BmoeError("history needs two or more sweep folders")
     sweeps = {}
+    seen: dict[Path, Path] = {}
     for folder in folders:
+        where = folder.resolve()
+        if where in seen:
+            same = "" if str(seen[where]) == str(folder) else f" (as {seen[where]})"
+            raise BmoeError(f"{folder}: the same sweep folder given twice{same}")
+        seen[where] = folder
         label = folder.name or str(folder)
         if label in sweeps:
             label = str(folder)
         sweeps[label] = load_results(folder)
-    views = hist.history(sweeps, outcome, limit)
-    text = render(views, fmt, console)
+    found = hist.history_of(sweeps, outcome, limit)
+    text = render(found.views(), fmt, console)
     if text is not None:
         console.out(text, end="")
-    lined = hist.line_up(sweeps, outcome)
     if plot is not None:
         from bmoe.render.plots import save_figure
         from bmoe.render.plots.sweep import trend_lines
 
-        err_console.print(literal(f"wrote {save_figure(trend_lines(lined, outcome), plot)}"))
-    found = hist.regressions(hist.steps(lined, outcome, limit))
-    for row in found.itertuples(index=False):
+        figure = trend_lines(found.lined, outcome, breaks=found.not_comparable)
+        err_console.print(literal(f"wrote {save_figure(figure, plot)}"))
+    for note in found.notes():
+        err_console.print(note_line(note, "NOTE"), highlight=False, soft_wrap=True)
+    regressed = found.regressions()
+    for row in regressed.itertuples(index=False):
         err_console.print(note_line(row.sentence, "REGRESSION"), highlight=False, soft_wrap=True)
-    if gate is not None and len(found):
+    if gate is not None and len(regressed):
         raise typer.Exit(1)

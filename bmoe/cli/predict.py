@@ -56,13 +56,19 @@ DIGITS = {
     "tok_s_error_pct": 1,
     "mib_per_token_error": 3,
     "hit_pct_error": 2,
+    "interval_pct": 1,
+    "interval_width_pct": 1,
+    "faults_per_token": 1,
+    "interval_pct_predicted": 1,
+    "faults_per_token_predicted": 1,
 }
 
 
 def _show(views: dict, fmt: str) -> None:
+    from bmoe.render.predict import VIEW_DIGITS
     from bmoe.render.tables import render
 
-    out = render(views, fmt, console, DIGITS)
+    out = render(views, fmt, console, {**DIGITS, **VIEW_DIGITS})
     if out is not None:
         console.out(out, end="")
 
@@ -82,15 +88,38 @@ def profile_command(
     paths: list[Path] = typer.Argument(
         None,
         metavar="DIR|FILES",
-        help="Metrics CSVs (their route / io / compute traces beside them are found by name) "
-        "or folders of runs (a sweep folder).",
+        help="Metrics CSVs of any version (their route / io / compute traces, end-of-run log, "
+        ".metrics sidecar and sweep record beside them are found by name) or folders of runs "
+        "(a sweep folder).",
     ),
     out: Path | None = typer.Option(None, "--output", "-o", help="Write the profile (JSON)."),
+    trace_path: Path | None = typer.Option(
+        None,
+        "--trace",
+        metavar="ROUTE_TRACE",
+        help="A route trace of the same model: the expert sizes (refused when its n_layer, "
+        "n_expert, top-k or sizes disagree with the runs').",
+    ),
+    model_path: Path | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        metavar="GGUF",
+        help="The model file: the expert sizes from its tensor table (refused when its "
+        "n_layer or n_expert, or the expert sizes the runs' summaries imply, disagree with "
+        "the runs').",
+    ),
     allow_traced: bool = typer.Option(
         False,
         "--allow-traced",
         help="Take compute time from compute-traced runs when there is no other (the profile "
         "records the caveat: instrumented compute is slower).",
+    ),
+    coverage: float = typer.Option(
+        0.8, "--coverage", help="Coverage of the prediction intervals (0.8: an 80 % interval)."
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", help="Refuse (exit 2) a profile with an unsettled term."
     ),
     probe: str | None = typer.Option(
         None,
@@ -109,19 +138,26 @@ def profile_command(
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
     force: bool = typer.Option(False, "--force", help="Overwrite an -o file that exists."),
 ) -> None:
-    """Build a device profile from recorded runs: flash latency by request size and lanes,
-    compute and cache-management time per token, the prefill rate, the model's expert sizes.
+    """Build a device profile from recorded runs: flash latency by lanes, compute,
+    cache-management and overlap-stall time per token, memory pressure (major faults against
+    the memory a configuration asks for), the prefill rate, the model's expert sizes. Each
+    term says which runs and columns it came from and whether it is settled; a term no run
+    measured is named absent. The model's own error is measured by holding out each
+    configuration the runs measured and predicting it from the others (unknown, and the
+    intervals the spread's only, with one configuration).
 
     Example: bmoe profile runs/ -o device.json
-    Example: bmoe profile a.csv b.csv c.csv -o device.json
+    Example: bmoe profile phone/*.csv --trace gemma.route.csv -o phone.json
+    Example: bmoe profile a.csv b.csv --model model.gguf --strict -o device.json
     Example: bmoe profile runs/ --probe local --probe-file model.gguf -o device.json
-    Example: bmoe profile --probe adb:R5CT --probe-file /data/local/tmp/model.gguf
     """
     check_format(fmt)
+    if not 0 < coverage < 1:
+        raise BmoeError(f"--coverage {coverage}: give a fraction between 0 and 1 (e.g. 0.8)")
     if out is not None:
         from bmoe.formats.outputs import check_output
 
-        check_output(out, paths or (), force=force)
+        check_output(out, [*(paths or ()), trace_path, model_path], force=force)
     if probe is not None and probe_file is None:
         raise BmoeError("--probe needs --probe-file (the file to read on the target)")
     flash = None
@@ -153,48 +189,190 @@ def profile_command(
                 highlight=False,
             )  # fmt: skip
         return
+    from bmoe.analyze.predict import check_settled
     from bmoe.analyze.profile import build_profile, read_runs
     from bmoe.formats.profile import write_profile
 
+    sizes_given, sizes_from, model_meta = _model_sizes(model_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         runs = read_runs(paths)
-        profile = build_profile(runs, allow_traced=allow_traced)
+        trace = _read_route(trace_path) if trace_path is not None else None
+        profile = build_profile(
+            runs,
+            allow_traced=allow_traced,
+            trace=trace,
+            expert_sizes=sizes_given,
+            sizes_from=sizes_from,
+            coverage=coverage,
+            model_meta=model_meta,
+        )
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False)
     if flash is not None:
         from bmoe.analyze.profile import with_probe
 
         profile = with_probe(profile, flash, f"{probe} ({probe_file})")
-    _show(_profile_views(profile), fmt)
-    for caveat in profile.caveats:
-        err_console.print(labelled("caveat:", "yellow", caveat), highlight=False)
+    _show_profile(profile, fmt)
+    check_settled(profile, strict)
     if out is not None:
         read = [f.path for r in runs for f in (r.metrics, r.route, r.io, r.compute) if f]
-        check_output(out, read, force=force)
+        check_output(out, [*read, trace_path, model_path], force=force)
         write_profile(profile, out)
         err_console.print(literal(f"wrote {out} ({len(runs)} runs)"), highlight=False)
+
+
+def _model_sizes(path: Path | None):
+    """Expert sizes per MoE layer from a GGUF's tensor table, where they came from, and the
+    model's shape (n_layer, n_expert) to check the runs against (None without a model)."""
+    if path is None:
+        return None, None, None
+    from bmoe.engine.embedded.layout import read_layout
+
+    layout = read_layout(path)
+    sizes = {layer: layout.expert_bytes(layer) for layer in layout.moe_layers}
+    if not sizes:
+        raise BmoeError(f"{path}: no expert tensors (not a mixture-of-experts model)")
+    meta = {"n_layer": layout.n_layer, "n_expert": layout.n_expert}
+    return sizes, f"the model file {path}", meta
+
+
+def _read_route(path: Path):
+    from bmoe.cli.replay import read_trace
+
+    return read_trace(path)
+
+
+def _show_profile(profile, fmt: str) -> None:
+    """The profile: its figures, terms, runs and flash table (narrow views in a terminal,
+    everything in JSON/CSV); caveats, absent terms and unsettled terms on stderr."""
+    from bmoe.render.predict import (
+        flash_view,
+        held_out_view,
+        model_error_figure,
+        runs_view,
+        terms_view,
+    )
+
+    if fmt in ("json", "csv"):
+        _show(_profile_views(profile), fmt)
+    else:
+        figures = {
+            "mode": profile.mode,
+            "model": profile.model.get("name"),
+            "expert sizes from": profile.model.get("sizes_from") or "unknown: priced per MiB",
+            "moe_layers": len(profile.model["expert_bytes"]) or None,
+            "compute ms/token": profile.compute["token_ms"],
+            "compute from": profile.compute.get("source"),
+            "interval coverage": profile.coverage,
+            "model error": model_error_figure(profile),
+            "runs": len(profile.sources),
+            "settled": "yes" if profile.settled else "no",
+            "tracing": profile.tracing.get("how"),
+        }
+        views = {"profile": figures, "terms": terms_view(profile), "runs": runs_view(profile),
+                 "flash": flash_view(profile)}  # fmt: skip
+        held = held_out_view(profile)
+        if len(held):
+            views["held out (each configuration predicted from the others)"] = held
+        _show(views, fmt)
+    for name, term in profile.terms.items():
+        if term.get("note"):
+            err_console.print(labelled(f"{name}:", "cyan", term["note"]), highlight=False)
+    for name, why in profile.absent.items():
+        err_console.print(labelled("absent:", "yellow", f"{name}: {why}"), highlight=False)
+    _print_caveats(profile)
+
+
+def _print_caveats(profile) -> None:
+    for caveat in profile.caveats:
+        err_console.print(labelled("caveat:", "yellow", caveat), highlight=False)
+    for item in profile.unsettled:
+        err_console.print(labelled("unsettled:", "red", item), highlight=False)
 
 
 def _profile_views(profile) -> dict:
     figures = {
         "mode": profile.mode,
         "model": profile.model.get("name"),
+        "sizes_from": profile.model.get("sizes_from"),
         "moe_layers": len(profile.model["expert_bytes"]),
         "slices_per_expert": profile.model["slices_per_expert"],
         **{f"compute_{k}": v for k, v in profile.compute.items()},
         **{f"mgmt_{k}": v for k, v in profile.mgmt.items()},
         **{f"prefill_{k}": v for k, v in profile.prefill.items()},
-        **{f"overlap_{k}": v for k, v in profile.overlap.items()},
+        **{f"overlap_{k}": v for k, v in profile.overlap.items() if k != "lanes"},
+        "coverage": profile.coverage,
+        "model_error_pct": None
+        if profile.model_error.get("sd_rel") is None
+        else 100.0 * profile.model_error["sd_rel"],
+        "model_error_configurations": profile.model_error.get("configurations"),
+        "model_error_why_unknown": profile.model_error.get("why"),
         "runs": len(profile.sources),
+        "settled": profile.settled,
+        "unsettled": "; ".join(profile.unsettled) or None,
+        "tracing": profile.tracing.get("how"),
     }
-    return {"profile": figures, "flash": profile.flash}
+    import pandas as pd
+
+    data = profile.to_dict()
+    terms = pd.DataFrame(
+        [{"term": k, **{c: v for c, v in t.items() if not isinstance(v, dict)}}
+         for k, t in data["terms"].items()]
+    )  # fmt: skip
+    runs = pd.DataFrame(
+        [{k: ("; ".join(f"{a} {b}" for a, b in v.items()) if isinstance(v, dict) else
+              "; ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()}
+         for r in data["runs"]]
+    )  # fmt: skip
+    from bmoe.render.predict import held_out_view
+
+    return {
+        "profile": figures,
+        "flash": profile.flash,
+        "terms": terms,
+        "absent": dict(profile.absent),
+        "runs": runs,
+        "held_out": held_out_view(profile),
+    }
+
+
+def _split_paths(paths: list[Path]):
+    """The route trace among `paths` (at most one) and the measured things (sweep folders,
+    metrics files, folders of them)."""
+    from bmoe.formats.detect import detect_bytes
+    from bmoe.formats.load import read_head
+
+    trace, measured = None, []
+    for path in paths:
+        kind = None
+        if path.is_file():
+            try:
+                kind = detect_bytes(read_head(path, 4096))
+            except OSError as exc:
+                raise BmoeError(f"{path}: cannot read ({exc.strerror})") from None
+        elif not path.exists():
+            raise BmoeError(f"{path}: no such file or folder")
+        if kind == "parquet":
+            from bmoe.formats.parquet import parquet_kind
+
+            kind = parquet_kind(path)
+        if kind == "route":
+            if trace is not None:
+                raise BmoeError(f"two route traces given ({trace}, {path}): give one routing")
+            trace = path
+        else:
+            measured.append(path)
+    return trace, measured
 
 
 @app.command("predict")
 def predict_command(
-    trace_path: Path = typer.Argument(
-        ..., metavar="TRACE", help="The route trace of one recorded run (CSV or Parquet)."
+    paths: list[Path] = typer.Argument(
+        None,
+        metavar="[TRACE] [MEASURED]...",
+        help="The route trace of one recorded run (CSV or Parquet), and with --against what "
+        "to compare with: a sweep folder, or metrics files (or folders of them).",
     ),
     profile_path: Path = typer.Option(
         ..., "--profile", "-p", help="A device profile (bmoe profile -o)."
@@ -203,8 +381,8 @@ def predict_command(
         None,
         "--grid",
         "-g",
-        help="Configurations: cache_mb=64,128,io_threads=1,4,prefetch=0,1 (axes may also be "
-        "given one per --grid). Every combination is predicted.",
+        help="Configurations: cache_mb=64,128,io_threads=1,4,prefetch=0,1,overlap=0,1 (axes "
+        "may also be given one per --grid). Every combination is predicted.",
     ),
     policy: str = typer.Option("lru", "--policy", help="Cache policy of the replay."),
     drop: float | None = typer.Option(
@@ -214,11 +392,17 @@ def predict_command(
         help="Replay --drop-cold-experts F: a decode miss with gate weight below F/k is not "
         "read (never a token's top slot).",
     ),
-    against_dir: Path | None = typer.Option(
-        None,
+    against_flag: bool = typer.Option(
+        False,
         "--against",
-        metavar="SWEEP_DIR",
-        help="Put every measured cell of this sweep next to its prediction, with the error.",
+        help="Put every measured cell of the sweep folder or metrics files given next to its "
+        "prediction (each file matched to its configuration by its preamble), with the "
+        "error, the interval's coverage and width. Cells a profile run measured are labelled "
+        "in sample and left out of the headline. Without a route trace, each file's own "
+        "reads are priced (the time model checked, given the reads).",
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", help="Refuse (exit 2) a profile with an unsettled term."
     ),
     csv_out: Path | None = typer.Option(
         None, "--csv", metavar="OUT", help="Also write the table as CSV."
@@ -228,50 +412,127 @@ def predict_command(
 ) -> None:
     """Predict tok/s, MiB/token, hit % and the stall attribution (compute / flash wait /
     mgmt) of configurations from one run's routing and a device profile. MiB/token and hit %
-    come from the replay; tok/s has an interval from the profile's spread. tok_s is the whole
-    decode's rate (what a sweep measures), steady_tok_s the rate after the warm-up (the run
-    analysis's steady-state rule on the predicted tokens; none under 32 tokens).
+    come from the replay; tok/s has an interval of the profile's stated coverage (the terms'
+    spread and the model's own error; the spread's only, and said so, when the profile could
+    not measure its error). A serial cell from a profile of --overlap runs only is marked
+    unpriced. tok_s is
+    the whole decode's rate (what a sweep measures), steady_tok_s the rate after the warm-up
+    (the run analysis's steady-state rule on the predicted tokens; none under 32 tokens).
 
     Example: bmoe predict run.route.csv --profile device.json --grid cache_mb=64,256,1024
     Example: bmoe predict run.route.csv -p device.json -g cache_mb=128,256 -g io_threads=1,4
     Example: bmoe predict run.route.csv -p device.json --against sweeps/2026-11-29-grid
+    Example: bmoe predict -p phone.json --against phone/*.csv
     """
     check_format(fmt)
     from bmoe.analyze import predict as prediction
-    from bmoe.cli.replay import read_trace
     from bmoe.formats.profile import read_profile
 
-    if not grid and against_dir is None:
+    trace_path, measured = _split_paths(list(paths or []))
+    if measured and not against_flag:
+        raise BmoeError(
+            f"{measured[0]} is not a route trace: to compare with measured runs, add --against"
+        )
+    if against_flag and not measured:
+        raise BmoeError("--against needs a sweep folder or metrics files to compare with")
+    if not grid and not against_flag:
         raise BmoeError("give --grid (the configurations to predict) or --against SWEEP_DIR")
     if csv_out is not None:
         from bmoe.formats.outputs import check_output
 
-        check_output(csv_out, (trace_path, profile_path, against_dir), force=force)
+        check_output(csv_out, (trace_path, profile_path, *measured), force=force)
     profile = read_profile(profile_path)
+    prediction.check_settled(profile, strict)
     cells = prediction.parse_grid(grid) if grid else None
-    trace = read_trace(trace_path)
-    for caveat in profile.caveats:
-        err_console.print(labelled("caveat:", "yellow", caveat), highlight=False)
-    if trace.recorded_with_dropping:
+    trace = _read_route(trace_path) if trace_path is not None else None
+    if trace is None and not against_flag:
+        raise BmoeError("give the route trace of a recorded run to predict --grid from")
+    _print_caveats(profile)
+    if trace is not None and trace.recorded_with_dropping:
         err_console.print(
             note_line("this trace was recorded with expert dropping on: the prediction reads "
                       "every expert the router asked for, dropped ones included"),
             highlight=False,
         )  # fmt: skip
-    if against_dir is not None:
-        from bmoe.sweep.archive import load_results
+    from bmoe.analyze.predict import interval_kind
+    from bmoe.render.predict import (
+        against_summary,
+        against_view,
+        predict_views,
+    )
 
-        views = prediction.against(
-            trace, profile, load_results(against_dir), policy=policy, drop=drop
-        )
+    if against_flag:
+        views = _against(trace, profile, measured, policy, drop)
         table = views["cells"]
+        if fmt in ("table", "markdown"):
+            compared, notes = against_view(table)
+            shown = {"measured vs predicted tok/s": compared}
+            if notes:
+                shown["left out of the headline"] = notes
+            shown["summary"] = against_summary(views["summary"])
+        else:
+            shown = views
     else:
+        assert trace is not None and cells is not None  # checked above
         table = prediction.predict(trace, profile, cells, policy=policy, drop=drop)
-        views = {"predicted": table}
-    _show(views, fmt)
+        if fmt in ("table", "markdown"):
+            shown = predict_views(table, profile.coverage, interval_kind(profile)[1])
+        else:
+            shown = {"predicted": table}
+    _show(shown, fmt)
+    if fmt == "table":
+        _interval_notes(profile, table if not against_flag else None)
+    if profile.unsettled and fmt == "table":
+        err_console.print(
+            labelled("unsettled:", "red", f"{profile.path}: {len(profile.unsettled)} term(s) "
+                     "not settled; the intervals above may not hold (--strict refuses)"),
+            highlight=False,
+        )  # fmt: skip
     if csv_out is not None:
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         import pandas as pd
 
         csv_out.write_text(pd.DataFrame(table).to_csv(index=False), encoding="utf-8")
         err_console.print(f"wrote {csv_out}", highlight=False)
+
+
+def _interval_notes(profile, table) -> None:
+    """What the intervals are made of, and the cells whose time the profile does not price."""
+    from bmoe.analyze.predict import interval_kind
+    from bmoe.render.predict import unpriced_notes
+
+    kind, claimed = interval_kind(profile)
+    if not claimed:
+        err_console.print(
+            note_line(f"intervals: {kind}; they do not claim {100 * profile.coverage:.0f} % "
+                      "coverage (give the profile runs of two configurations or more)"),
+            highlight=False,
+        )  # fmt: skip
+    for line in unpriced_notes(table) if table is not None else []:
+        err_console.print(labelled("unpriced:", "yellow", line), highlight=False)
+
+
+def _against(trace, profile, measured: list[Path], policy: str, drop: float | None) -> dict:
+    """A sweep folder (one, with a manifest) or loose metrics files, next to the prediction."""
+    from bmoe.analyze import predict as prediction
+
+    sweeps = [p for p in measured if p.is_dir() and (p / "manifest.jsonl").is_file()]
+    if sweeps:
+        if len(measured) > 1:
+            raise BmoeError("--against takes one sweep folder, or metrics files: not both")
+        if trace is None:
+            raise BmoeError(
+                f"{sweeps[0]} is a sweep: give the route trace of one of its runs to replay"
+            )
+        from bmoe.sweep.archive import load_results
+
+        return prediction.against(trace, profile, load_results(sweeps[0]), policy=policy,
+                                  drop=drop, sweep_dir=sweeps[0])  # fmt: skip
+    from bmoe.analyze.profile import against_files, read_runs
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = read_runs(measured)
+    for w in caught:
+        err_console.print(warning_line(w.message), highlight=False)
+    return against_files(trace, profile, runs, drop=drop)

@@ -146,6 +146,25 @@ def analyze_replay(
 ) -> None:
     """Replay the recorded routing through cache policies and budgets.
 
+    The policies (each evicts, after a batch, until the cache fits its budget; never an expert
+    of the current batch):
+
+    - belady: the expert used again furthest in the future (it knows the future: the bound).
+    - lru: the least recently used expert.
+    - lfu: the least often used, counting every lookup since the start (perfect LFU).
+    - random: one at random (--seed).
+    - layer: each layer gets budget / layers and evicts its own least recently used; it keeps
+    its current batch whatever the budget, so below T it holds more than the budget.
+    - layerlfu: layer with the least often used in place of the least recently used.
+    - arc: ARC, recency and frequency lists with ghosts, sizes in bytes.
+    - s3fifo: S3-FIFO, a small FIFO (a tenth of the budget) in front of a main FIFO, with ghosts.
+    - lfuda: LFU with dynamic aging (priority = lookups since admission + the age).
+    - lfu-incache: LFU counting only while an expert is cached.
+    - lfuda-libcachesim: libCacheSim's LFUDA, rule for rule (its hit adds the age).
+    - s3fifo-libcachesim: libCacheSim's S3FIFO, rule for rule (two hits to move to main).
+    - sieve: SIEVE, a FIFO with a visited bit and a hand that passes over visited keys.
+    - clock: CLOCK, a FIFO whose oldest key goes back in once if it was hit (second chance).
+
     Example: bmoe analyze replay trace.route.csv
     Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv
     Example: bmoe analyze replay trace.route.csv --policies lru,arc,s3fifo --mrc --plot curve.png
@@ -298,28 +317,28 @@ def _stream_views(
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:
     from bmoe.render import replay as text
-    from bmoe.render.tables import rich_tables
+    from bmoe.render.tables import print_table, table_cells
 
     if fmt != "table":
         out = render(views, fmt, console, text.DIGITS)
         console.out(out or "", end="")
         return
-    console.out(text.replay_text(views, validate), highlight=False, end="")
+    console.out(text.replay_text(views, validate, console.width), highlight=False, end="")
     extra = {}
     if "mrc_budgets" in views:
         extra["exact LRU (stack distances) at the chosen budgets"] = views["mrc_budgets"]
     if "prefetch" in views:
         depth = int(views["prefetch"]["depth"].iloc[0]) if len(views["prefetch"]) else 0
         extra[f"previous-token prefetch, depth {depth}"] = text.prefetch_display(views["prefetch"])
-    for table in rich_tables(extra, text.DIGITS):
-        console.print(table)
+    for title, table in extra.items():  # laid out for the console's width
+        print_table(console, table_cells(table, text.DIGITS), title)
     if "mrc" in views:
-        console.out(
+        console.print(
             f"exact LRU curve: {len(views['mrc'])} budget steps from 0 to "
             f"{views['mrc']['budget_mib'].iloc[-1]:.0f} MiB (the whole expert set); "
             "--format csv/json lists them, --plot draws them",
             highlight=False,
-        )
+        )  # wrapped at the console's width
 
 
 def _mrc_path(plot: Path) -> Path:
@@ -379,4 +398,4 @@ def analyze_drop(
     lines = [*text.drop_header(name, trace.meta, k), ""]
     console.out("\n".join(lines) + "\n", highlight=False, end="")
     for part in result.values():
-        console.out(text.drop_phase_text(part), highlight=False, end="")
+        console.out(text.drop_phase_text(part, console.width), highlight=False, end="")

@@ -38,6 +38,7 @@ def metrics_command(
     Example: bmoe analyze metrics bench/*.csv --format markdown
     """
     check_format(fmt)
+    files = _metrics_only(files)
     loaded = [load_run_files(path) for path in files]
     frame = summarize_runs([f.run for f in loaded], [f.pressure for f in loaded])
     if fmt in ("json", "csv"):
@@ -45,8 +46,56 @@ def metrics_command(
         return
     views = summary_tables(frame)
     if fmt == "table":
+        legend = None
+        labels = next(iter(views.values()))["run"] if views else []
+        if any(len(str(label)) > LONG_LABEL for label in labels):  # run1, run2, ... and a key
+            from bmoe.render.cells import short_ids
+
+            ids = short_ids(labels, "run")
+            legend = pd.DataFrame({"run": list(ids.values()), "file": frame["file"]})
+            views = {n: v.assign(run=v["run"].map(ids)) for n, v in views.items()}
         views = {name: transposed(view, "run", DIGITS) for name, view in views.items()}
+        if legend is not None:
+            views = {"runs": legend, **views}
     _emit(views, fmt)
+
+
+#: Run labels longer than this are shown as run1, run2, ... with a table naming their files.
+LONG_LABEL = 16
+
+
+#: How a skipped file is described (its kind as bmoe reads it).
+KIND_NAMES = {
+    "route": "route trace", "compute": "compute trace", "io": "io trace",
+    "protocol": "progress stream", "log": "run log", "pressure": ".metrics sidecar",
+    "state": "state snapshot",
+}  # fmt: skip
+
+
+def _metrics_only(files: list[Path]) -> list[Path]:
+    """The metrics files among `files` (a glob such as ``runs/*.csv`` also matches the traces
+    written beside each run); the others are named in one note. A single file, or a list
+    holding no metrics file, is read as given, so its error says what is wrong with it."""
+    if len(files) < 2:
+        return files
+    from bmoe.formats.load import content_kind
+
+    kinds = [content_kind(path) for path in files]
+    keep = [path for path, kind in zip(files, kinds, strict=True) if kind == "metrics"]
+    if not keep:
+        return files
+    skipped = [
+        f"{path} ({KIND_NAMES.get(kind or '', 'not a telemetry file')})"
+        for path, kind in zip(files, kinds, strict=True)
+        if kind != "metrics"
+    ]
+    if skipped:
+        err_console.print(
+            note_line(f"skipped {len(skipped)} of {len(files)} files, not metrics CSVs: "
+                      + ", ".join(skipped), "note:"),
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    return keep
 
 
 @analyze_app.command("stall")
@@ -169,6 +218,10 @@ def contamination_command(
             views["flags"] = shown
         if not_checked:
             views["not checked"] = pd.DataFrame({"reason": not_checked})
+        if fmt == "table" and "cell" in cells:  # c1, c2, ... and a legend
+            from bmoe.render.cells import with_short_ids
+
+            views = with_short_ids(views, cells["cell"])
         _emit(views, fmt)
     if fmt == "table" and flags.empty:
         console.print("no contamination tells fired")

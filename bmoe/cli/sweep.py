@@ -310,11 +310,17 @@ def analyze_sweep_command(
         raise BmoeError(f"{folder}: no attempts recorded yet")
     predictions = _read_predictions(folder)
     views = analyze_sweep(results, outcome=outcome, predictions=predictions)
-    text = render(views, fmt, console)
+    shown = views
+    if fmt == "table":  # cell folders as c1, c2, ... with a legend (see bmoe.render.cells)
+        from bmoe.analyze.sweep import axes_of
+        from bmoe.render.cells import with_short_ids
+
+        shown = with_short_ids(views, results["cell"], axes_of(results))
+    text = render(shown, fmt, console)
     if text is not None:
         console.out(text, end="")
     else:  # the terminal: the verdict again where the eye lands, after the tables
-        console.print(views["verdict"]["verdict"], highlight=False, soft_wrap=True)
+        console.print(views["verdict"]["verdict"], highlight=False)
     if plots is not None:
         _answer_plots(results, outcome, plots, force)
         compared = views.get("predicted against measured")

@@ -27,6 +27,7 @@ OUTPUT_FILES = {
     "compute_trace": "run.compute.csv",
     "compute_trace_layers": "run.compute-layers.csv",
     "io_trace": "run.io.csv",
+    "fidelity_save": "run.fidelity.npz",  # the embedded engine's fidelity reference
 }
 #: Flags carried per request in session mode rather than on the command line.
 SESSION_REQUEST_KEYS = ("prompt", "n_predict")

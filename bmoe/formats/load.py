@@ -106,6 +106,25 @@ def detect_kind(path: PathLike) -> str | None:
     return kind
 
 
+def content_kind(path: PathLike) -> str | None:
+    """What the file at `path` holds (see :data:`~bmoe.formats.detect.KINDS`), the kind inside
+    a Parquet file included (from its schema metadata); None when it is none of ours or cannot
+    be read."""
+    try:
+        kind = detect_kind(path)
+    except (OSError, FormatError):
+        return None
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.read_schema(os.fspath(path)).metadata or {}
+        except Exception:  # any unreadable Parquet: not ours
+            return None
+        kind = meta.get(parquet.KIND, b"").decode() or None
+    return kind
+
+
 def read_tail(path: PathLike, size: int = 16384) -> bytes:
     """The last `size` bytes of `path`, from a line start."""
     with open(regular_file(path), "rb") as fh:

@@ -29,15 +29,26 @@ def same_file(a: PathLike, b: PathLike) -> bool:
             return os.path.abspath(a) == os.path.abspath(b)
 
 
+def _inside(dest: Path, folder: PathLike) -> bool:
+    """Whether `dest` is an existing file under input folder `folder` (one the command may
+    read)."""
+    try:
+        if not (os.path.isdir(folder) and dest.exists()):
+            return False
+        return Path(folder).resolve() in dest.resolve().parents
+    except (OSError, RuntimeError, ValueError):  # a link loop
+        return False
+
+
 def check_output(
     dest: PathLike, inputs: Iterable[PathLike | None] = (), *, force: bool = False
 ) -> Path:
-    """`dest` as a Path when a command may write it: refused when it is one of `inputs`
-    (whatever `force` says) or, without `force`, when it exists already (a dangling link
-    too); a directory is never a file to write."""
+    """`dest` as a Path when a command may write it: refused when it is one of `inputs`, or
+    an existing file inside an input folder (whatever `force` says), or, without `force`,
+    when it exists already (a dangling link too); a directory is never a file to write."""
     dest = Path(dest)
     for source in inputs:
-        if source is not None and same_file(dest, source):
+        if source is not None and (same_file(dest, source) or _inside(dest, source)):
             raise FormatError(str(dest), None, "is also an input of this command; not overwritten")
     if dest.is_dir():
         raise FormatError(str(dest), None, "is a directory; name a file to write")

@@ -6,20 +6,35 @@ expert admitted, the prefill rate, and the model it was measured on (expert size
 prices reads of that model's experts only). This module reads, validates and writes the file;
 building one from runs is :mod:`bmoe.analyze.profile`.
 
-Layout (``version`` 1)::
+Layout (``version`` 2)::
 
-    {"format": "bmoe_profile", "version": 1,
-     "mode": "serial" | "overlap",
+    {"format": "bmoe_profile", "version": 2,
+     "mode": "serial" | "overlap" | "mixed",
      "model": {"name", "arch", "n_layer", "n_expert", "n_expert_used",
-               "expert_bytes": {"<layer>": bytes}, "read_bytes_per_expert": {"<layer>": bytes},
-               "slices_per_expert": n},
+               "expert_bytes": {"<layer>": bytes} ({} when no run said),
+               "read_bytes_per_expert": {"<layer>": bytes}, "slices_per_expert": n,
+               "sizes_from": where the sizes came from (None: unknown),
+               "read_unit_bytes": bytes one priced read moves},
      "flash": [{"lanes", "req_bytes", "latency_ms", "latency_ms_p10", "latency_ms_p90",
-                "batch_overhead_ms", "mib_s", "reads"}, ...],
-     "overlap": {"stall_ms_per_miss"} (overlap mode only),
-     "compute": {"token_ms", "token_ms_p10", "token_ms_p90", "expert_share"},
+                "batch_overhead_ms", "mib_s", "reads", "source"}, ...],
+     "overlap": {"stall_ms", "stall_ms_per_miss", "lanes"} (runs with --overlap only),
+     "compute": {"token_ms", "token_ms_p10", "token_ms_p90", "expert_share", "source"},
      "mgmt": {"token_ms", "per_admit_ms"},
+     "memory": {"ms_per_fault", "points": [{"asked_mib", "available_mib", "faults_per_token"}],
+                "resident_mib", "available_mib"} (runs that recorded majflt only),
      "prefill": {"tok_s", "load_s"},
+     "terms": {"<term>": {"runs", "columns", "tokens", "value", "spread_pct", "settled", ...}},
+     "absent": {"<term>": why no run measured it},
+     "runs": [{"name", "lanes", "overlap", "traced", "cpu_share", "off_cpu_pct", ...}],
+     "tracing": {"how", ...}, "coverage": 0.8, "unsettled": [...],
+     "model_error": {"method", "sd_rel", "configurations", "rms_pct", "held_out": [...], "why"}
+                    (the runs held out and predicted from the others; none for one run),
      "sources": [...], "caveats": [...]}
+
+Version 1 files (no ``terms``/``runs``/``memory``; every term implicitly measured) still read:
+they are upgraded in memory and say so in their caveats. Every per-read figure (flash latency,
+``per_admit_ms``, ``stall_ms_per_miss``) is per read of ``read_unit_bytes``: one expert where the
+sizes are known, one MiB where they are not.
 """
 
 from __future__ import annotations
@@ -38,8 +53,12 @@ from bmoe.errors import BmoeError
 from bmoe.formats.inputs import read_limited
 
 PROFILE_FORMAT = "bmoe_profile"
-PROFILE_VERSION = 1
-MODES = ("serial", "overlap")
+PROFILE_VERSION = 2
+#: Versions this bmoe reads (older ones are upgraded in memory).
+READABLE_VERSIONS = (1, 2)
+MODES = ("serial", "overlap", "mixed")
+#: The coverage a profile's prediction intervals are meant to have, unless it says otherwise.
+DEFAULT_COVERAGE = 0.8
 FLASH_COLUMNS = (
     "lanes",
     "req_bytes",
@@ -50,6 +69,8 @@ FLASH_COLUMNS = (
     "mib_s",
     "reads",
 )
+#: Text columns of the flash table (optional).
+FLASH_TEXT = ("source",)
 
 
 @dataclass
@@ -62,14 +83,29 @@ class DeviceProfile:
     compute: dict[str, float]  # expert_share may be None (no compute trace)
     mgmt: dict[str, float]
     prefill: dict[str, float] = field(default_factory=dict)
-    overlap: dict[str, float] = field(default_factory=dict)
+    overlap: dict[str, Any] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
     path: str | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
+    terms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    absent: dict[str, str] = field(default_factory=dict)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    tracing: dict[str, Any] = field(default_factory=dict)
+    coverage: float = DEFAULT_COVERAGE
+    unsettled: list[str] = field(default_factory=list)
+    model_error: dict[str, Any] = field(default_factory=dict)
+    version: int = PROFILE_VERSION  # of the file it was read from
 
     def expert_bytes(self) -> dict[int, int]:
-        """Bytes of one expert per MoE layer of the model the profile was measured on."""
-        return {int(k): int(v) for k, v in self.model["expert_bytes"].items()}
+        """Bytes of one expert per MoE layer of the model the profile was measured on ({} when
+        the runs did not say: such a profile prices MiB read, not reads)."""
+        return {int(k): int(v) for k, v in (self.model.get("expert_bytes") or {}).items()}
+
+    @property
+    def sized(self) -> bool:
+        """Whether the profile knows its model's expert sizes."""
+        return bool(self.model.get("expert_bytes"))
 
     def read_bytes_per_expert(self) -> dict[int, int]:
         """Bytes a read of one expert moves per layer (alignment included), else its size."""
@@ -77,8 +113,23 @@ class DeviceProfile:
         sizes = self.expert_bytes()
         return {layer: int(measured.get(str(layer), size)) for layer, size in sizes.items()}
 
+    @property
+    def read_unit_bytes(self) -> float:
+        """Bytes of one priced read: the median read of one expert, or 1 MiB when unsized."""
+        unit = self.model.get("read_unit_bytes")
+        if unit:
+            return float(unit)
+        per = list(self.read_bytes_per_expert().values())
+        return float(sorted(per)[len(per) // 2]) if per else float(1 << 20)
+
+    @property
+    def settled(self) -> bool:
+        """No term of the profile is unsettled (see ``unsettled``)."""
+        return not self.unsettled
+
     def to_dict(self) -> dict[str, Any]:
-        flash = self.flash[list(FLASH_COLUMNS)].astype(object)
+        columns = list(FLASH_COLUMNS) + [c for c in FLASH_TEXT if c in self.flash]
+        flash = self.flash[columns].astype(object)
         return {
             "format": PROFILE_FORMAT,
             "version": PROFILE_VERSION,
@@ -90,7 +141,15 @@ class DeviceProfile:
             "overlap": self.overlap,
             "compute": self.compute,
             "mgmt": self.mgmt,
+            "memory": _jsonable(self.memory),
             "prefill": self.prefill,
+            "terms": _jsonable(self.terms),
+            "absent": dict(self.absent),
+            "runs": _jsonable(self.runs),
+            "tracing": _jsonable(self.tracing),
+            "coverage": self.coverage,
+            "unsettled": list(self.unsettled),
+            "model_error": _jsonable(self.model_error),
             "sources": list(self.sources),
             "caveats": list(self.caveats),
         }
@@ -104,34 +163,53 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _jsonable(value: Any) -> Any:
+    """Nested dicts/lists with numpy scalars unwrapped and non-finite floats as None."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return _plain(value)
+
+
 # ----------------------------------------------------------------------------- reading
 # A profile comes from a file someone hands over: it is read like the data files (a regular
 # file, a bounded size, UTF-8) and every value is checked against SCHEMA before it is used.
 
-#: Largest profile file read (a real one is a few KiB: a flash row per size and lane count).
+#: Largest profile file read (a real one is a few KiB, some hundred KiB for a large sweep).
 MAX_BYTES = 16 << 20
-#: Deepest nesting of objects and lists (the schema's deepest is 3: flash[i].lanes).
+#: Deepest nesting of objects and lists (the schema's deepest is 4: terms.x.runs[i]).
 MAX_DEPTH = 8
-#: Longest text value (a caveat, a source path, the model's name).
-MAX_TEXT = 4096
+#: Longest text value (a caveat naming runs, a source path, the model's name).
+MAX_TEXT = 65536
 #: Longest decimal integer read (an int64 has 19 digits).
 MAX_DIGITS = 20
 #: Largest millisecond figure (a day): beyond it a profile measured nothing real, and the
 #: prediction's arithmetic would overflow long before.
 MAX_MS = 86_400_000.0
+#: Bound of a descriptive figure (a percentage, a mean of a term): finite and far from
+#: overflowing anything it is shown or summed with.
+MAX_FIGURE = 1e15
+#: Most entries of a list or keys of a map (runs, flash rows, held-out runs, sources).
+MAX_ENTRIES = 100_000
 
 
 @dataclass(frozen=True)
 class Field:
     """One key of the profile: what its value must be.
 
-    `kind`: ``choice`` (one of `choices`), ``number`` (finite, `low` to `high`, above `low`
-    when `positive`), ``count`` (a whole number, `low` to `high`), ``text`` (a string of at
-    most :data:`MAX_TEXT` characters), ``texts`` (a list of at most `high` of them),
-    ``sizes`` (layer -> bytes: keys ``0`` to ``65535``, values 1 to `high`), ``section`` (an
-    object), ``rows`` (a list of 1 to `high` objects). `nullable`: null is allowed (and means
-    absent). Keys the schema does not name are kept as they are (within the size and depth
-    bounds): a newer bmoe's fields read back.
+    `kind`: ``choice`` (one of `choices`), ``number`` (finite, `low` to `high`; above `low`
+    when `positive`, below `high` when `below`), ``count`` (a whole number, `low` to
+    `high`), ``flag`` (true or false), ``text`` (a string of at most :data:`MAX_TEXT`
+    characters), ``scalar`` (text, a finite number or a flag: a value copied from a run's
+    preamble), ``texts`` (a list of at most `high` texts), ``sizes`` (layer -> bytes: keys
+    ``0`` to ``65535``, values 1 to `high`), ``section`` (an object), ``map`` (an object of
+    at most `high` keys of any text, its values as the ``name{}`` entry says), ``rows`` (a
+    list of `low` to `high` objects), ``list`` (a list of at most `high` values, as the
+    ``name[]`` entry says). `nullable`: null is allowed (and means absent). `required`: the
+    key must be there when its section is (a key of an optional section only when that
+    section is not empty). Keys the schema does not name are kept as they are (within the
+    size and depth bounds): a newer bmoe's fields read back.
     """
 
     kind: str
@@ -139,51 +217,154 @@ class Field:
     low: float = 0.0
     high: float = math.inf
     positive: bool = False
+    below: bool = False
     nullable: bool = False
     choices: tuple[Any, ...] = ()
 
 
+def _ms(required: bool = False, nullable: bool = False, positive: bool = False) -> Field:
+    return Field("number", required, high=MAX_MS, nullable=nullable, positive=positive)
+
+
+def _figure(signed: bool = False) -> Field:
+    """A descriptive figure (a statistic shown, not priced), null where it was not finite."""
+    return Field("number", low=-MAX_FIGURE if signed else 0.0, high=MAX_FIGURE, nullable=True)
+
+
+_TEXT = Field("text", nullable=True)
+_TEXTS = Field("texts", nullable=True, high=MAX_ENTRIES)
+_COUNT = Field("count", nullable=True, high=2**53)
+_FLAG = Field("flag", nullable=True)
+_BYTES = 2**40  # a TiB: beyond any expert or read
+
 #: Every key a profile holds (``a.b`` a key of section a, ``a[].b`` a key of each row of list
-#: a), sections before their keys. One entry per field: a new field is one more line here.
+#: a, ``a{}`` each value of map a), sections before their keys. One entry per field: a new
+#: field is one more line here.
 SCHEMA: dict[str, Field] = {
     "format": Field("choice", required=True, choices=(PROFILE_FORMAT,)),
-    "version": Field("choice", required=True, choices=(PROFILE_VERSION,)),
+    "version": Field("choice", required=True, choices=READABLE_VERSIONS),
     "mode": Field("choice", required=True, choices=MODES),
     "model": Field("section", required=True),
-    "model.name": Field("text", nullable=True),
-    "model.route_trace": Field("text", nullable=True),
-    "model.arch": Field("text", nullable=True),
+    "model.name": _TEXT,
+    "model.route_trace": _TEXT,
+    "model.arch": _TEXT,
     "model.n_layer": Field("count", nullable=True, high=65536),
     "model.n_expert": Field("count", nullable=True, high=65536),
     "model.n_expert_used": Field("count", nullable=True, high=65536),
-    "model.expert_bytes": Field("sizes", required=True, low=1, high=2**40),
-    "model.read_bytes_per_expert": Field("sizes", nullable=True, high=2**40),
+    "model.expert_bytes": Field("sizes", required=True, nullable=True, low=1, high=_BYTES),
+    "model.read_bytes_per_expert": Field("sizes", nullable=True, high=_BYTES),
     "model.slices_per_expert": Field("count", required=True, low=1, high=1024),
-    "flash": Field("rows", required=True, high=100_000),
+    "model.sizes_from": _TEXT,
+    "model.read_unit_bytes": Field("number", nullable=True, high=_BYTES),
+    "flash": Field("rows", required=True, low=1, high=MAX_ENTRIES),
     "flash[].lanes": Field("count", required=True, low=1, high=4096),
-    "flash[].req_bytes": Field("count", required=True, low=1, high=2**40),
-    "flash[].latency_ms": Field("number", required=True, high=MAX_MS),
-    "flash[].latency_ms_p10": Field("number", nullable=True, high=MAX_MS),
-    "flash[].latency_ms_p90": Field("number", nullable=True, high=MAX_MS),
-    "flash[].batch_overhead_ms": Field("number", required=True, high=MAX_MS),
+    "flash[].req_bytes": Field("count", required=True, low=1, high=_BYTES),
+    "flash[].latency_ms": _ms(required=True),
+    "flash[].latency_ms_p10": _ms(nullable=True),
+    "flash[].latency_ms_p90": _ms(nullable=True),
+    "flash[].batch_overhead_ms": _ms(required=True),
     "flash[].mib_s": Field("number", nullable=True, high=1e9),
     "flash[].reads": Field("count", required=True, high=2**53),
+    "flash[].source": _TEXT,
     "overlap": Field("section", nullable=True),
-    "overlap.stall_ms_per_miss": Field("number", high=MAX_MS),
+    "overlap.stall_ms": _ms(),
+    "overlap.stall_ms_per_miss": _ms(required=True),
+    "overlap.lanes": Field("list", nullable=True, high=4096),
+    "overlap.lanes[]": Field("count", low=1, high=4096),
     "compute": Field("section", required=True),
-    "compute.token_ms": Field("number", required=True, positive=True, high=MAX_MS),
-    "compute.token_ms_p10": Field("number", required=True, high=MAX_MS),
-    "compute.token_ms_p90": Field("number", required=True, high=MAX_MS),
+    "compute.token_ms": _ms(required=True, positive=True),
+    "compute.token_ms_p10": _ms(required=True),
+    "compute.token_ms_p90": _ms(required=True),
     "compute.expert_share": Field("number", nullable=True, high=1.0),
+    "compute.source": _TEXT,
+    "compute.threads": Field("count", nullable=True, high=4096),
     "mgmt": Field("section", required=True),
-    "mgmt.token_ms": Field("number", required=True, high=MAX_MS),
-    "mgmt.per_admit_ms": Field("number", required=True, high=MAX_MS),
+    "mgmt.token_ms": _ms(required=True),
+    "mgmt.per_admit_ms": _ms(required=True),
+    "memory": Field("section", nullable=True),
+    "memory.ms_per_fault": _ms(required=True),
+    "memory.points": Field("rows", required=True, high=MAX_ENTRIES),
+    "memory.points[].run": _TEXT,
+    "memory.points[].cache_mb": Field("number", nullable=True, high=_BYTES),
+    "memory.points[].resident_other_mib": Field("number", nullable=True, high=_BYTES),
+    "memory.points[].asked_mib": Field("number", required=True, high=_BYTES),
+    "memory.points[].available_mib": Field("number", required=True, positive=True, high=_BYTES),
+    "memory.points[].faults_per_token": Field("number", required=True, high=1e12),
+    "memory.resident_mib": Field("number", nullable=True, high=_BYTES),
+    "memory.available_mib": Field("number", nullable=True, positive=True, high=_BYTES),
     "prefill": Field("section", nullable=True),
     "prefill.tok_s": Field("number", positive=True, high=1e9),
     "prefill.prefill_s": Field("number", high=MAX_MS / 1000),
     "prefill.load_s": Field("number", high=MAX_MS / 1000),
-    "sources": Field("texts", nullable=True, high=100_000),
-    "caveats": Field("texts", nullable=True, high=1000),
+    "terms": Field("map", nullable=True, high=1024),
+    "terms{}": Field("section"),
+    "terms{}.runs": _TEXTS,
+    "terms{}.columns": _TEXTS,
+    "terms{}.tokens": _COUNT,
+    "terms{}.value": _figure(signed=True),
+    "terms{}.p10": _figure(signed=True),
+    "terms{}.p90": _figure(signed=True),
+    "terms{}.run_means": Field("map", nullable=True, high=MAX_ENTRIES),
+    "terms{}.run_means{}": _figure(signed=True),
+    "terms{}.run_ratios": Field("map", nullable=True, high=MAX_ENTRIES),
+    "terms{}.run_ratios{}": _figure(signed=True),
+    "terms{}.block_cv_pct": _figure(),
+    "terms{}.se_pct": _figure(),
+    "terms{}.run_cv_pct": _figure(),
+    "terms{}.runs_disagree_pct": _figure(),
+    "terms{}.drift_cv_pct": _figure(),
+    "terms{}.sd_rel": Field("number", nullable=True, high=1e6),
+    "terms{}.settled": _FLAG,
+    "terms{}.why": _TEXT,
+    "terms{}.note": _TEXT,
+    "absent": Field("map", nullable=True, high=1024),
+    "absent{}": Field("text"),
+    "runs": Field("rows", nullable=True, high=MAX_ENTRIES),
+    "runs[].name": _TEXT,
+    "runs[].version": _COUNT,
+    "runs[].tokens": _COUNT,
+    "runs[].tok_s": _figure(),
+    "runs[].cache_mb": Field("number", nullable=True, high=_BYTES),
+    "runs[].io_threads": Field("count", nullable=True, high=4096),
+    "runs[].prefetch": _COUNT,
+    "runs[].overlap": Field("count", nullable=True, high=1),
+    "runs[].policy": _TEXT,
+    "runs[].threads": Field("count", nullable=True, high=4096),
+    "runs[].n_expert_used": Field("count", nullable=True, high=65536),
+    "runs[].dense_weights": Field("scalar", nullable=True),
+    "runs[].traced": _FLAG,
+    "runs[].compute_traced": _FLAG,
+    "runs[].assumed": Field("map", nullable=True, high=1024),
+    "runs[].assumed{}": Field("text"),
+    "runs[].system_warnings": _TEXTS,
+    "runs[].load_1m": _figure(),
+    "runs[].cpu_share": _figure(),
+    "runs[].off_cpu_pct": _figure(signed=True),
+    "runs[].starved": _FLAG,
+    "tracing": Field("section", nullable=True),
+    "tracing.how": _TEXT,
+    "tracing.traced_runs": _TEXTS,
+    "tracing.timing_runs": _TEXTS,
+    "tracing.overhead_ms": Field("map", nullable=True, high=1024),
+    "tracing.overhead_ms{}": _figure(signed=True),
+    "coverage": Field("number", positive=True, high=1.0, below=True),
+    "unsettled": _TEXTS,
+    "model_error": Field("section", nullable=True),
+    "model_error.method": _TEXT,
+    "model_error.sd_rel": Field("number", nullable=True, high=1e6),
+    "model_error.configurations": _COUNT,
+    "model_error.rms_pct": _figure(),
+    "model_error.spread_rms_pct": _figure(),
+    "model_error.why": _TEXT,
+    "model_error.held_out": Field("rows", nullable=True, high=MAX_ENTRIES),
+    "model_error.held_out[].run": _TEXT,
+    "model_error.held_out[].measured_tok_s": _figure(),
+    "model_error.held_out[].predicted_tok_s": _figure(),
+    "model_error.held_out[].error_pct": _figure(signed=True),
+    "model_error.held_out[].spread_pct": _figure(),
+    "model_error.held_out[].why": _TEXT,
+    "sources": _TEXTS,
+    "caveats": _TEXTS,
 }
 
 
@@ -231,7 +412,7 @@ def parse_profile_text(text: str, where: str = "profile") -> Any:
             text, parse_constant=_NotFinite, parse_int=_integer, object_pairs_hook=_unique
         )
     except _Duplicate as exc:
-        raise BmoeError(f"{where}: key {exc.args[0]!r} appears twice in one object") from None
+        raise BmoeError(f"{where}: key {_shown(exc.args[0])} appears twice in one object") from None
     except RecursionError:
         raise BmoeError(f"{where}: nested too deep (at most {MAX_DEPTH} levels)") from None
     except json.JSONDecodeError as exc:
@@ -266,16 +447,37 @@ def _located(data: dict[str, Any], name: str) -> list[tuple[str, dict[str, Any],
     for part in parts[:-1]:
         nxt: list[tuple[str, Any]] = []
         for label, node in places:
-            rows = part.endswith("[]")
-            key = part.removesuffix("[]")
+            key = part.removesuffix("[]").removesuffix("{}")
             value = node.get(key) if isinstance(node, dict) else None
-            if rows and isinstance(value, list):
+            if part.endswith("[]") and isinstance(value, list):
                 nxt += [(f"{label}{key}[{i}].", row) for i, row in enumerate(value)]
-            elif not rows and isinstance(value, dict):
+            elif part.endswith("{}") and isinstance(value, dict):
+                nxt += [(f"{label}{key}.{k}.", v) for k, v in value.items()]
+            elif not part.endswith(("[]", "{}")) and isinstance(value, dict):
                 nxt.append((f"{label}{key}.", value))
         places = nxt
     last = parts[-1]
+    if last.endswith("{}"):  # each value of a map: the map itself holds them
+        key = last.removesuffix("{}")
+        return [
+            (f"{label}{key}.{k}", value, k)
+            for label, node in places
+            if isinstance(node, dict) and isinstance(value := node.get(key), dict)
+            for k in value
+        ]
     return [(f"{label}{last}", node, last) for label, node in places if isinstance(node, dict)]
+
+
+def _bounds(spec: Field, number: float, value: Any) -> str | None:
+    if number < spec.low or (spec.positive and number <= spec.low):
+        return f"must be {'>' if spec.positive else '>='} {spec.low:g}, not {_shown(value)}"
+    if number > spec.high or (spec.below and number >= spec.high):
+        return f"must be {'below' if spec.below else 'at most'} {spec.high:g}, not {_shown(value)}"
+    return None
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and not isinstance(value, _LongNumber | _NotFinite)
 
 
 def _problem(spec: Field, value: Any) -> str | None:
@@ -297,32 +499,34 @@ def _problem(spec: Field, value: Any) -> str | None:
         number = float(value)
         if kind == "count" and not number.is_integer():
             return f"must be a whole number, not {_shown(value)}"
-        if number < spec.low or (spec.positive and number <= spec.low):
-            return f"must be {'>' if spec.positive else '>='} {spec.low:g}, not {_shown(value)}"
-        if number > spec.high:
-            return f"must be at most {spec.high:g}, not {_shown(value)}"
-        return None
+        return _bounds(spec, number, value)
+    if kind == "flag":
+        return None if isinstance(value, bool) else f"must be true or false, not {_shown(value)}"
     if kind == "text":
-        if not isinstance(value, str) or isinstance(value, _LongNumber | _NotFinite):
+        if not _is_text(value):
             return f"must be text, not {_shown(value)}"
         if len(value) > MAX_TEXT:
             return f"is {len(value)} characters long (at most {MAX_TEXT})"
         return None
-    if kind == "texts":
+    if kind == "scalar":
+        if isinstance(value, bool) or _is_text(value):
+            return _problem(Field("text"), value) if _is_text(value) else None
+        return _problem(Field("number", low=-MAX_FIGURE, high=MAX_FIGURE), value)
+    if kind in ("texts", "list"):
         if not isinstance(value, list):
-            return f"must be a list of texts, not {_shown(value)}"
+            what = "a list of texts" if kind == "texts" else "a list"
+            return f"must be {what}, not {_shown(value)}"
         if len(value) > spec.high:
             return f"holds {len(value)} entries (at most {spec.high:g})"
-        for i, item in enumerate(value):
-            problem = _problem(Field("text"), item)
-            if problem:
-                return f"[{i}] {problem}"
+        if kind == "texts":
+            for i, item in enumerate(value):
+                problem = _problem(Field("text"), item)
+                if problem:
+                    return f"[{i}] {problem}"
         return None
     if kind == "sizes":
         if not isinstance(value, dict):
             return f"must map layers to bytes, not {_shown(value)}"
-        if spec.required and not value:
-            return "must map layers to bytes (it is empty)"
         if len(value) > 65536:
             return f"holds {len(value)} layers (at most 65536)"
         for layer, size in value.items():
@@ -332,11 +536,21 @@ def _problem(spec: Field, value: Any) -> str | None:
             if problem:
                 return f"[{layer!r}] {problem}"
         return None
-    if kind == "section":
-        return None if isinstance(value, dict) else f"must be an object, not {_shown(value)}"
+    if kind in ("section", "map"):
+        if not isinstance(value, dict):
+            return f"must be an object, not {_shown(value)}"
+        if kind == "map":
+            if len(value) > spec.high:
+                return f"holds {len(value)} keys (at most {spec.high:g})"
+            long = next((k for k in value if len(k) > MAX_TEXT), None)
+            if long is not None:
+                return f"has a key {len(long)} characters long (at most {MAX_TEXT})"
+        return None
     if kind == "rows":
-        if not isinstance(value, list) or not value:
-            return f"must list at least one measurement, not {_shown(value)}"
+        if not isinstance(value, list):
+            return f"must be a list of objects, not {_shown(value)}"
+        if len(value) < spec.low:
+            return f"must list at least {spec.low:g} measurement, not {_shown(value)}"
         if len(value) > spec.high:
             return f"holds {len(value)} rows (at most {spec.high:g})"
         bad = next((i for i, row in enumerate(value) if not isinstance(row, dict)), None)
@@ -344,59 +558,98 @@ def _problem(spec: Field, value: Any) -> str | None:
     raise ValueError(f"unknown schema kind {kind!r}")
 
 
+def _parent(name: str) -> str | None:
+    """The SCHEMA entry of the section holding key `name` (None at the top)."""
+    if "." not in name:
+        return None
+    return name.rsplit(".", 1)[0].removesuffix("[]").removesuffix("{}")
+
+
 def check_profile(data: Any, where: str = "profile") -> dict[str, Any]:
-    """`data` (a parsed profile file) checked against :data:`SCHEMA`: every problem a
+    """`data` (a parsed profile file) checked against :data:`SCHEMA`, then the few rules
+    between keys (the mode's overlap figures, the model's expert sizes): every problem a
     :class:`BmoeError` naming the file and the key."""
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         raise BmoeError(f'{where}: not a bmoe device profile (no "format": "{PROFILE_FORMAT}")')
     version = data.get("version")
-    if type(version) is not int or version != PROFILE_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise BmoeError(
             f"{where}: profile version {_shown(version)} is not one this bmoe reads "
-            f"({PROFILE_VERSION})"
+            f"({', '.join(map(str, READABLE_VERSIONS))}); rebuild it with bmoe profile"
         )
     for name, spec in SCHEMA.items():
+        parent = _parent(name)
+        optional_parent = parent is not None and not SCHEMA[parent].required
         for label, holder, key in _located(data, name):
-            value = holder.get(key)
-            if key not in holder or (value is None and spec.nullable):
-                if spec.required:
+            if key not in holder:
+                # a key of an optional section is required only where the section holds any
+                if spec.required and not (optional_parent and not holder):
                     raise BmoeError(f"{where}: {label} is missing")
+                continue
+            value = holder[key]
+            if value is None and spec.nullable:
                 continue
             problem = _problem(spec, value)
             if problem:
                 sep = "" if problem.startswith("[") else " "  # an entry: flash[2], caveats[0]
                 raise BmoeError(f"{where}: {label}{sep}{problem}")
-    if data["mode"] == "overlap" and "stall_ms_per_miss" not in (data.get("overlap") or {}):
+    overlap = data.get("overlap") or {}
+    if data["mode"] == "overlap" and "stall_ms_per_miss" not in overlap:
         raise BmoeError(f"{where}: overlap.stall_ms_per_miss is missing (mode is overlap)")
+    model = data["model"]
+    unsized = version >= 2 and not model["expert_bytes"] and model.get("sizes_from") is None
+    if not unsized and not model["expert_bytes"]:
+        raise BmoeError(
+            f"{where}: model.expert_bytes must map layers to bytes (it is empty"
+            + (")" if version < 2 else ", and model.sizes_from names a source)")
+        )
+    memory = data.get("memory") or {}
+    for key in ("resident_mib", "available_mib") if memory.get("points") else ():
+        if memory.get(key) is None:
+            raise BmoeError(f"{where}: memory.{key} is missing (memory.points are given)")
     return data
 
 
 def profile_from_dict(data: Any, path: str | None = None) -> DeviceProfile:
     """Validate a parsed profile (:func:`check_profile`) and build the
-    :class:`DeviceProfile`; every problem is a :class:`BmoeError` naming the file and the key."""
+    :class:`DeviceProfile`; every problem is a :class:`BmoeError` naming the file and the key.
+    A version 1 profile is upgraded (a caveat says what it lacks)."""
     where = path or "profile"
     data = check_profile(data, where)
-    mode = data["mode"]
-    model = data["model"]
+    version = data["version"]
     flash = pd.DataFrame(data["flash"])
     for key in FLASH_COLUMNS:
         if key not in flash:
             flash[key] = float("nan")
-    flash = flash[list(FLASH_COLUMNS)].astype(
-        {"lanes": "int32", "req_bytes": "int64", "reads": "int64"}
-    )
-    overlap = data.get("overlap") or {}
+    columns = list(FLASH_COLUMNS) + [c for c in FLASH_TEXT if c in flash]
+    flash = flash[columns].astype({"lanes": "int32", "req_bytes": "int64", "reads": "int64"})
+    caveats = [str(s) for s in data.get("caveats") or []]
+    if version == 1:
+        caveats.append(
+            "a version 1 profile: it does not say which runs and columns each term came from, "
+            "nor how settled they are; rebuild it with bmoe profile"
+        )
+    coverage = data.get("coverage")
     return DeviceProfile(
-        mode=mode,
-        model=model,
+        mode=data["mode"],
+        model=data["model"],
         flash=flash.sort_values(["lanes", "req_bytes"], ignore_index=True),
         compute=dict(data["compute"]),
         mgmt=dict(data["mgmt"]),
         prefill=dict(data.get("prefill") or {}),
-        overlap=dict(overlap),
+        overlap=dict(data.get("overlap") or {}),
         sources=[str(s) for s in data.get("sources") or []],
-        caveats=[str(s) for s in data.get("caveats") or []],
+        caveats=caveats,
         path=path,
+        memory=dict(data.get("memory") or {}),
+        terms={str(k): dict(v) for k, v in (data.get("terms") or {}).items()},
+        absent={str(k): str(v) for k, v in (data.get("absent") or {}).items()},
+        runs=[dict(r) for r in data.get("runs") or []],
+        tracing=dict(data.get("tracing") or {}),
+        coverage=DEFAULT_COVERAGE if coverage is None else float(coverage),
+        unsettled=[str(s) for s in data.get("unsettled") or []],
+        model_error=dict(data.get("model_error") or {}),
+        version=int(version),
     )
 
 
@@ -405,7 +658,7 @@ def read_profile(path: str | os.PathLike) -> DeviceProfile:
     it is opened) of at most :data:`MAX_BYTES`, UTF-8 JSON, every value as :data:`SCHEMA`
     says."""
     where = os.fspath(path)
-    raw = read_limited(where, MAX_BYTES, "a device profile is a few KiB of JSON")
+    raw = read_limited(where, MAX_BYTES, "a device profile is some KiB of JSON")
     raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         text = raw.decode("utf-8")
@@ -431,9 +684,12 @@ def write_profile(profile: DeviceProfile, path: str | os.PathLike) -> None:
 
 
 __all__ = [
+    "DEFAULT_COVERAGE",
     "FLASH_COLUMNS",
+    "FLASH_TEXT",
     "PROFILE_FORMAT",
     "PROFILE_VERSION",
+    "READABLE_VERSIONS",
     "SCHEMA",
     "DeviceProfile",
     "Field",

@@ -3,7 +3,8 @@ the reference CSV, and display precision for everything else."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -35,6 +36,48 @@ def fmt_mib(value: float) -> str:
     return f"{value:g}"
 
 
+def t_text(t_mib: float) -> str:
+    """T (one token cycle, MiB) as every output writes it (the header, the table's rule, the
+    plots): three significant figures, at most two decimals (1.5, 120, 676)."""
+    places = 0 if t_mib >= 100 else 1 if t_mib >= 10 else 2
+    text = f"{t_mib:.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+#: Policies that keep each layer's current batch whatever the budget.
+BATCH_HOLDERS = ("layer", "layerlfu")
+
+
+def budget_notes(curve: pd.DataFrame, t_mib: float | None) -> list[str]:
+    """What a reader must know to compare the policies at the budgets of `curve`: below T,
+    ``layer`` and ``layerlfu`` hold more than the budget (each layer keeps its current
+    batch: T in all), which is how they can beat ``belady`` there."""
+    if t_mib is None or not t_mib > 0:
+        return []
+    holders = [p for p in BATCH_HOLDERS if p in set(curve["policy"])]
+    below = sorted(b for b in set(curve["budget_mib"]) if b < t_mib)
+    if not holders or not below:
+        return []
+    names = " and ".join(holders)
+    budgets = _listed(fmt_mib(b) for b in below)
+    note = (
+        f"{names} keep each layer's current batch whatever the budget: at {budgets} MiB "
+        f"(below T = {t_text(t_mib)} MiB) they hold at least T, more than the budget"
+    )
+    if "belady" in set(curve["policy"]):
+        pivot = curve.pivot(index="budget_mib", columns="policy", values="hit_pct_decode")
+        beat = [b for b in below if any(pivot.loc[b, p] > pivot.loc[b, "belady"] for p in holders)]
+        if beat:
+            note += f", which is how they beat belady at {_listed(fmt_mib(b) for b in beat)} MiB"
+    return [note]
+
+
+def _listed(items: Iterable[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def shape_lines(shape: Mapping[str, Any]) -> list[str]:
     """The four lines the reference prints above its curve."""
     per = shape.get("mib_per_expert")
@@ -48,7 +91,7 @@ def shape_lines(shape: Mapping[str, Any]) -> list[str]:
         f"{shape.get('n_expert') or '?'} experts, top-{shape.get('k')}, {per_text}",
         f"batches {shape['batches']} ({shape['prefill_batches']} prefill + "
         f"{shape['decode_batches']} decode)",
-        f"T       {shape['t_mib']:.0f} MiB touched per token cycle "
+        f"T       {t_text(shape['t_mib'])} MiB touched per token cycle "
         "(all layers x top-k, worst case)",
     ]
 
@@ -67,34 +110,50 @@ def validation_lines(validation: pd.DataFrame, budget_mib: float) -> list[str]:
     return lines
 
 
-def curve_table_text(curve: pd.DataFrame, t_mib: float | None = None) -> str:
+def curve_table_text(curve: pd.DataFrame, t_mib: float | None = None, width: int = 80) -> str:
     """The reference's table: budgets down, policies across, decode-only hit % (1 decimal),
-    with a rule where the budgets cross T (one token cycle)."""
+    with a rule where the budgets cross T (one token cycle), and the notes of
+    :func:`budget_notes` wrapped to `width`. Policies that do not fit `width` go on to a
+    second table (and a third ...) with the budgets again."""
     policies = list(dict.fromkeys(curve["policy"]))
     pivot = curve.pivot(index="budget_mib", columns="policy", values="hit_pct_decode")
-    width = max(10, *(len(p) + 2 for p in policies))
-    head1 = "budget  " + "".join(f"{p:>{width}}" for p in policies)
-    head2 = "(MiB)   " + "".join(f"{'hit%':>{width}}" for _ in policies)
-    lines = [head1, head2]
-    below = False
-    for budget, row in pivot.iterrows():
-        if t_mib is not None and below and budget >= t_mib:
-            lines.append(f"{'-- T = ' + format(t_mib, '.3g') + ' MiB --':-<{len(head1)}}")
-        below = t_mib is not None and budget < t_mib
-        lines.append(f"{fmt_mib(budget):<8}" + "".join(f"{row[p]:>{width}.1f}" for p in policies))
+    cols = {p: max(10, len(p) + 2) for p in policies}
+    groups: list[list[str]] = [[]]
+    for p in policies:
+        if groups[-1] and 8 + sum(cols[q] for q in groups[-1]) + cols[p] > width:
+            groups.append([])
+        groups[-1].append(p)
+    lines: list[str] = []
+    for group in groups:
+        if lines:
+            lines.append("")
+        head1 = "budget  " + "".join(f"{p:>{cols[p]}}" for p in group)
+        lines += [head1, "(MiB)   " + "".join(f"{'hit%':>{cols[p]}}" for p in group)]
+        below = False
+        for budget, row in pivot.iterrows():
+            if t_mib is not None and below and budget >= t_mib:
+                lines.append(f"{'-- T = ' + t_text(t_mib) + ' MiB --':-<{len(head1)}}")
+            below = t_mib is not None and budget < t_mib
+            lines.append(
+                f"{fmt_mib(budget):<8}" + "".join(f"{row[p]:>{cols[p]}.1f}" for p in group)
+            )
     lines.append("")
     lines.append("(decode-only hit%; C=T boundary is where a budget stops holding one token cycle)")
+    for note in budget_notes(curve, t_mib):
+        lines += textwrap.wrap(f"note: {note}", max(width, 40), subsequent_indent="      ")
     return "\n".join(lines) + "\n"
 
 
-def replay_text(views: Mapping[str, Any], validate_mib: float | None = None) -> str:
+def replay_text(
+    views: Mapping[str, Any], validate_mib: float | None = None, width: int = 80
+) -> str:
     """Shape, validation and the budget x policy table, laid out as the reference prints
-    them."""
+    them, notes wrapped to `width`."""
     shape = views["shape"]
     parts = ["\n".join(shape_lines(shape)) + "\n\n"]
     if "validation" in views and validate_mib is not None:
         parts.append("\n".join(validation_lines(views["validation"], validate_mib)) + "\n\n")
-    parts.append(curve_table_text(views["curve"], shape["t_mib"]))
+    parts.append(curve_table_text(views["curve"], shape["t_mib"], width))
     return "".join(parts)
 
 
@@ -173,19 +232,34 @@ def drop_views(result: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return views
 
 
-def drop_phase_text(result: Mapping[str, Any]) -> str:
-    """One phase of the drop replay in the reference's layout."""
-    lines = drop_phase_lines(result)
-    lines.append("    frac       thr   io_saved   mass_lost   surviving experts per cell")
-    for row in result["threshold"].itertuples(index=False):
-        lines.append(
-            f"    {row.frac:4.2f}  {row.thr_pct:7.2f}%  {row.io_saved_pct:8.1f}%  "
-            f"{row.mass_lost_pct:9.2f}%   {row.surviving}"
+def drop_phase_text(result: Mapping[str, Any], width: int = 80) -> str:
+    """One phase of the drop replay in the reference's layout; the surviving-experts lists
+    and the longer lines wrapped to `width`."""
+    lines = []
+    for line in drop_phase_lines(result):
+        indent = " " * (len(line) - len(line.lstrip()))
+        if len(line) <= width:
+            lines.append(line)
+            continue
+        lines += textwrap.wrap(
+            line.lstrip(), max(width, 40), initial_indent=indent, subsequent_indent=indent + "  "
         )
+    head = "    frac       thr   io_saved   mass_lost   "
+    lines.append(head + "surviving experts per cell")
+    for row in result["threshold"].itertuples(index=False):
+        first = (
+            f"    {row.frac:4.2f}  {row.thr_pct:7.2f}%  {row.io_saved_pct:8.1f}%  "
+            f"{row.mass_lost_pct:9.2f}%   "
+        )
+        lines += textwrap.wrap(
+            str(row.surviving), max(width, len(head) + 20), initial_indent=first,
+            subsequent_indent=" " * len(first), break_on_hyphens=False,
+        ) or [first.rstrip()]  # fmt: skip
     lines.append("")
-    lines.append(
-        "  static-k baseline (--n-expert-used), same rows, for comparison at equal io_saved"
-    )
+    lines += textwrap.wrap(
+        "static-k baseline (--n-expert-used), same rows, for comparison at equal io_saved",
+        max(width, 40), initial_indent="  ", subsequent_indent="    ",
+    )  # fmt: skip
     lines.append("  keep_k   io_saved   mass_lost")
     for row in result["static_k"].itertuples(index=False):
         lines.append(f"  {row.keep_k:6d}  {row.io_saved_pct:8.1f}%  {row.mass_lost_pct:9.2f}%")

@@ -49,9 +49,9 @@ h2 { font-size: 1.3em; margin: 2em 0 .5em; padding-bottom: .2em;
 h3 { font-size: 1.08em; margin: 1.5em 0 .4em; }
 p.meta, p.note, figcaption { color: var(--muted); font-size: .92em; }
 nav { background: var(--head); padding: .6em 1em; border-radius: 6px; margin: 1em 0; }
-nav ol { margin: 0; padding-left: 1.4em; columns: 2; }
-nav ol ol { columns: 1; }
+nav ol { margin: 0; padding-left: 1.4em; }
 nav a { color: inherit; }
+nav span.sub { color: var(--muted); font-size: .92em; }
 div.caveats { background: var(--warn); border-left: 4px solid var(--warnline);
               padding: .5em 1em; margin: .8em 0; border-radius: 0 6px 6px 0; }
 div.caveats ul { margin: .3em 0; padding-left: 1.2em; }
@@ -65,6 +65,8 @@ th, td { padding: .25em .6em; border-bottom: 1px solid var(--line); text-align: 
 th { background: var(--head); position: sticky; top: 0; z-index: 1; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 td.missing { color: var(--muted); text-align: center; }
+td.none { color: var(--muted); font-style: italic; }
+p.verdict { margin: .4em 0 .6em; }
 table.matrix td { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .85em; }
 table.matrix th:first-child, table.matrix td:first-child { position: sticky; left: 0;
                                                            background: var(--head); }
@@ -104,6 +106,7 @@ class Report:
         self.parts: list[str] = []
         self.toc: list[tuple[int, str, str]] = []
         self._ids: set[str] = set()
+        self._lead: int | None = None  # the parts before the contents (see end_lead)
 
     # -- structure
     def anchor(self, text: str) -> str:
@@ -122,6 +125,11 @@ class Report:
         self.parts.append(f'<h{level} id="{ident}">{_esc(text)}</h{level}>')
         return ident
 
+    def end_lead(self) -> None:
+        """The page's answer ends here: the contents come after what was added so far
+        (without a call, before everything)."""
+        self._lead = len(self.parts)
+
     def text(self, text: str, cls: str = "note") -> None:
         self.parts.append(f'<p class="{cls}">{_esc(text)}</p>')
 
@@ -132,7 +140,7 @@ class Report:
                 f'<div class="caveats none"><strong>{_esc(title)}:</strong> none raised</div>'
             )
             return
-        items = "".join(f"<li>{_esc(line)}</li>" for line in dict.fromkeys(lines))
+        items = "".join(f"<li>{_esc(line)}</li>" for line in collapsed(lines))
         self.parts.append(
             f'<div class="caveats"><strong>{_esc(title)}</strong><ul>{items}</ul></div>'
         )
@@ -183,6 +191,8 @@ class Report:
                 d = d if d is not None else (digits or {}).get(col)
                 cells.append(_cell(value, d))
             body.append("<tr>" + "".join(cells) + "</tr>")
+        if not len(shown):  # as the terminal says it
+            body = [f'<tr><td class="none" colspan="{max(len(cols), 1)}">(none)</td></tr>']
         data_view = f' data-view="{_esc(view or title or "")}"'
         table = (
             f'<div class="scroll"><table id="{ident}"{data_view}><thead><tr>{head}</tr>'
@@ -250,6 +260,7 @@ class Report:
         from bmoe._version import __version__
 
         subtitle = f'<p class="meta">{_esc(self.subtitle)}</p>' if self.subtitle else ""
+        lead = self._lead or 0
         return (
             "<!DOCTYPE html>\n"
             '<html lang="en"><head><meta charset="utf-8">'
@@ -257,28 +268,64 @@ class Report:
             f"<title>{_esc(self.title)}</title><style>{STYLE}</style></head><body>"
             f"<header><h1>{_esc(self.title)}</h1>{subtitle}"
             f'<p class="meta">report by bmoe {_esc(__version__)}, {_esc(when)}</p></header>'
-            f"{toc}{''.join(self.parts)}</body></html>\n"
+            f"{''.join(self.parts[:lead])}{toc}{''.join(self.parts[lead:])}</body></html>\n"
         )
 
 
+#: A number standing as a word (not a digit inside a name such as ``cache_mb-8_io``).
+_NUMBER = re.compile(r"(?<![\w.])(?<!\w[-+])[-+]?\d+(?:\.\d+)?(?!\w|\.\d|-\w)")
+_RUNS = re.compile(r"\((\d+) of (\d+) runs\)")
+
+
+def collapsed(lines: Sequence[str]) -> list[str]:
+    """Caveats with the near-identical ones (the same words, other numbers) said once: the
+    numbers that differ as a range, the run counts of ``(n of N runs)`` added up (each run
+    raises a warning once, so lines that differ in a figure come from different runs), and
+    how many lines it stands for. Order of first appearance; exact repeats drop."""
+    groups: dict[str, list[str]] = {}
+    for line in dict.fromkeys(lines):
+        groups.setdefault(_NUMBER.sub("#", line), []).append(line)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        runs = [_RUNS.search(line) for line in group]
+        bare = [_RUNS.sub("\x00", line, count=1) for line in group]
+        columns = zip(*(_NUMBER.findall(line) for line in bare), strict=True)
+        spans = iter(
+            value[0] if len(set(value)) == 1
+            else f"{min(value, key=float)}-{max(value, key=float)}"
+            for value in columns
+        )  # fmt: skip
+        said = _NUMBER.sub(lambda _m, spans=spans: next(spans), bare[0])
+        if all(runs):
+            total = sum(int(m.group(1)) for m in runs if m)
+            of = max(int(m.group(2)) for m in runs if m)
+            said = said.replace("\x00", f"({min(total, of)} of {of} runs)", 1)
+        out.append(f"{said} [{len(group)} alike]")
+    return out
+
+
 def _toc_html(toc: list[tuple[int, str, str]]) -> str:
+    """The contents: a line per section, its sub-sections on the same line (a short box, so
+    the figures after it come soon)."""
     if not toc:
         return ""
-    out, open_sub = ["<nav><strong>Contents</strong><ol>"], False
+    sections: list[tuple[str, str, list[tuple[str, str]]]] = []
     for level, ident, text in toc:
-        if level == 2:
-            if open_sub:
-                out.append("</ol></li>")
-                open_sub = False
-            elif len(out) > 1:
-                out.append("</li>")
-            out.append(f'<li><a href="#{ident}">{_esc(text)}</a>')
-        elif level == 3:
-            if not open_sub:
-                out.append("<ol>")
-                open_sub = True
-            out.append(f'<li><a href="#{ident}">{_esc(text)}</a></li>')
-    out.append("</ol></li>" if open_sub else "</li>")
+        if level == 2 or not sections:
+            sections.append((ident, text, []))
+        else:
+            sections[-1][2].append((ident, text))
+    out = ["<nav><strong>Contents</strong><ol>"]
+    for ident, text, subs in sections:
+        links = " · ".join(f'<a href="#{i}">{_esc(t)}</a>' for i, t in subs)
+        out.append(
+            f'<li><a href="#{ident}">{_esc(text)}</a>'
+            + (f'<span class="sub">: {links}</span>' if subs else "")
+            + "</li>"
+        )
     out.append("</ol></nav>")
     return "".join(out)
 
@@ -497,7 +544,8 @@ def replay_sections(report: Report, trace, *, budget_mib: float | None = None, r
     report.figures(shape, None, text.DIGITS, view="replay shape")
     report.table(
         rp.decode_pivot(views["curve"]), None, text.DIGITS, view="replay curve",
-        notes=["decode-only hit % per budget (MiB) and policy"],
+        notes=["decode-only hit % per budget (MiB) and policy",
+               *text.budget_notes(views["curve"], shape.get("t_mib"))],
     )  # fmt: skip
     if "validation" in views:
         report.table(views["validation"], None, text.DIGITS, view="replay validation",
@@ -600,10 +648,11 @@ def _views(
 
 
 def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> None:
-    """An archived sweep: what ran, the verdict and its caveats, the ranking with its
-    neighbours compared, stability per cell, the outcome over the axes with its spread across
-    repeats, stall attribution per cell, the axis table, both order checks, and the recorded
-    hit rates against their replay."""
+    """An archived sweep, its answer first: the verdict and its caveats (then the contents),
+    the ranking and the outcome over the axes with its spread across repeats, the neighbours
+    compared, stability per cell, the axis table, stall attribution per cell, both order
+    checks, the recorded hit rates against their replay, and last what ran (settings,
+    attempts, shared parameters, the resolved configuration)."""
     from bmoe.analyze import sweep as sw
     from bmoe.analyze.stall import stall_by_run
     from bmoe.render.plots import sweep as plots
@@ -623,43 +672,35 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
                                contamination_flags=views["contamination"])  # fmt: skip
     ranked = views[f"cells ranked by {outcome}"]
 
-    report.heading("What ran")
-    n_cells = results["cell"].nunique() if "cell" in results else 0
-    facts = {
-        "folder": str(archive.root),
-        "kind": "sweep folder" if archive.kind == "sweep" else "loose engine files",
-        "cells": n_cells,
-        "attempts": len(results),
-        "completed runs": len(ok),
-        "axes": ", ".join(axes) or None,
-    }
-    if archive.config:
-        settings = archive.config.get("sweep", {})
-        facts.update({f"sweep {k}": v for k, v in settings.items() if not isinstance(v, dict)})
-    report.figures(facts, None, view="sweep")
-    base = (archive.config or {}).get("base")
-    if base:
-        report.figures(base, "parameters every cell shares", view="base parameters")
-    if archive.config_text:
-        report.heading("sweep.toml (resolved)", 3)
-        report.preformatted(archive.config_text)
-
+    # The answer first: the verdict, the ranking and the plot that answers; what ran last.
     report.heading("Verdict")
     report.text(verdict.sentence, cls="verdict")
     report.caveats(verdict.caveats)
+    report.end_lead()
 
-    report.heading("Cells")
-    report.table(views["attempts"], "attempts by target and status", view="attempts")
+    report.heading("Ranking")
     if ok.empty:
+        report.text("no completed run: nothing to rank")
+        _what_ran(report, archive, views, ok)
         return
     report.table(ranked, f"cells ranked by {outcome}", DIGITS, view="ranking")
+    plot_axes = sw.main_axes(results, axes) if archive.kind == "sweep" else None
+    if plot_axes and len(ranked):
+        x, by = plot_axes
+        report.figure(
+            plots.outcome_lines(ranked, x, by, outcome=outcome, attempts=ok),
+            f"{outcome} against {x}" + (f" by {by}" if by else "")
+            + ": mean per cell, min-max band over its repeats, each repeat a dot",
+        )  # fmt: skip
     if len(verdict.neighbours):
         report.table(
             verdict.neighbours, "neighbours in the ranking", {"ratio": 3, "ratio_low": 3,
                                                               "ratio_high": 3},
             view="neighbours",
             notes=["ratio of the two means with its 95 % interval (Welch, log scale); "
-                   "'not distinguishable' when the interval includes 1"],
+                   "'not distinguishable' when the interval includes 1; no bounds, and 'too "
+                   "few repeats' below three runs a cell or 'not measurable' where the "
+                   "interval is wider than the ratio"],
         )  # fmt: skip
     report.table(
         verdict.stability, "stability per cell", {c: 1 for c in ("ci_pct", "cv_pct",
@@ -671,14 +712,6 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
                "time neither compute nor a measured wait; cpu_pct: the engine's CPU time over "
                "its wall time (100 = one core)"],
     )  # fmt: skip
-    plot_axes = sw.main_axes(results, axes) if archive.kind == "sweep" else None
-    if plot_axes and len(ranked):
-        x, by = plot_axes
-        report.figure(
-            plots.outcome_lines(ranked, x, by, outcome=outcome, attempts=ok),
-            f"{outcome} against {x}" + (f" by {by}" if by else "")
-            + ": mean per cell, min-max band over its repeats, each repeat a dot",
-        )  # fmt: skip
     if "outcomes by axis value (means)" in views:
         report.table(views["outcomes by axis value (means)"], "outcomes by axis value (means)",
                      DIGITS, view="axis table")  # fmt: skip
@@ -705,6 +738,8 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
         if len(compared):
             report.figure(predicted_vs_measured_plot(compared), "predicted against measured")
 
+    _fidelity_section(report, results, outcome)
+
     report.heading("Order and contamination")
     report.text(ORDER_CHECKS)
     report.figures(views["repeats against execution order"], "repeats against execution order",
@@ -729,6 +764,33 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
             notes=["each run's own routing replayed through the LRU cache at its budget, and "
                    "the exact LRU curve there, next to what the run recorded"],
         )  # fmt: skip
+    _what_ran(report, archive, views, ok)
+
+
+def _what_ran(report: Report, archive, views: Mapping[str, Any], ok: pd.DataFrame) -> None:
+    """The sweep's folder, settings, attempts, shared parameters and resolved configuration."""
+    results = archive.cells
+    report.heading("What ran")
+    n_cells = results["cell"].nunique() if "cell" in results else 0
+    facts = {
+        "folder": str(archive.root),
+        "kind": "sweep folder" if archive.kind == "sweep" else "loose engine files",
+        "cells": n_cells,
+        "attempts": len(results),
+        "completed runs": len(ok),
+        "axes": ", ".join(archive.axes) or None,
+    }
+    if archive.config:
+        settings = archive.config.get("sweep", {})
+        facts.update({f"sweep {k}": v for k, v in settings.items() if not isinstance(v, dict)})
+    report.figures(facts, None, view="sweep")
+    report.table(views["attempts"], "attempts by target and status", view="attempts")
+    base = (archive.config or {}).get("base")
+    if base:
+        report.figures(base, "parameters every cell shares", view="base parameters")
+    if archive.config_text:
+        report.heading("sweep.toml (resolved)", 3)
+        report.preformatted(archive.config_text)
 
 
 #: Trace kinds whose recording slows a run (its timings are instrumented).
@@ -795,6 +857,20 @@ def trace_report(trace, kind: str, title: str | None = None, run=None) -> str:
     return report.html()
 
 
+def _fidelity_section(report: Report, results: pd.DataFrame, outcome: str) -> None:
+    """Speed against fidelity, when the runs measured it (lossy levers)."""
+    from bmoe.analyze.fidelity import speed_fidelity
+    from bmoe.render.plots.fidelity import speed_against_fidelity_plot
+    from bmoe.render.runs import DIGITS
+
+    table = speed_fidelity(results, outcome)
+    if table.empty:
+        return
+    report.heading("Speed against fidelity")
+    report.table(table, "each cell's mean and its worst fidelity", DIGITS, view="fidelity")
+    report.figure(speed_against_fidelity_plot(table, outcome), "speed against fidelity")
+
+
 def sweep_report(
     archive, title: str | None = None, runs: Sequence[str] = (), outcome: str = "tok_s_mean"
 ) -> str:
@@ -825,34 +901,38 @@ def history_report(
     across the sweeps as a trend plot and a table, and the steps between consecutive sweeps
     with the regressions into the newest one."""
     from bmoe.analyze import history as hist
-    from bmoe.analyze import sweep as sw
     from bmoe.render.plots.sweep import trend_lines
     from bmoe.render.runs import DIGITS
 
     sweeps = {label: archive.cells for label, archive in archives.items()}
     report = Report(title or f"Sweep history: {len(sweeps)} sweeps", ", ".join(sweeps))
-    views = hist.history(sweeps, outcome, threshold_pct)
-    lined = hist.line_up(sweeps, outcome)
-    step_table = hist.steps(lined, outcome, threshold_pct)
-    found = hist.regressions(step_table)
+    found = hist.history_of(sweeps, outcome, threshold_pct)
+    views = found.views()
+    lined = found.lined
 
     report.heading("Regressions")
-    report.caveats([f"regression: {s}" for s in found["sentence"]],
+    report.caveats([f"regression: {s}" for s in found.regressions()["sentence"]],
                    f"Beyond {threshold_pct:g} % into the newest sweep")  # fmt: skip
+    report.caveats(found.notes(), "What was not judged")
     report.heading("Sweeps")
     table = views["sweeps"].copy()
-    table["verdict"] = [sw.sweep_verdict(sweeps[label], outcome).sentence
-                        for label in table["sweep"]]  # fmt: skip
+    table["verdict"] = [found.verdicts[label].sentence for label in table["sweep"]]
     report.table(table, None, view="sweeps")
     for label in table["sweep"]:
         if links and label in links:
             report.parts.append(
                 f'<p><a href="{_esc(links[label])}">{_esc(label)}: the full report</a></p>'
             )
+    report.table(
+        views["differences between sweeps"], "differences between sweeps", view="differences",
+        notes=["'not comparable': the sweeps measured different things (base flags, tracing, "
+               "model or engine) and no step between them is judged; 'listed': an engine or "
+               "bmoe version, commit, host, CPU or kernel, shown for the reader"],
+    )  # fmt: skip
     report.heading("Trends")
     if len(lined):
         caption = f"{outcome} per cell across the sweeps: mean, min-max over repeats"
-        report.figure(trend_lines(lined, outcome), caption)
+        report.figure(trend_lines(lined, outcome, breaks=found.not_comparable), caption)
     report.table(views[f"{outcome} per cell and sweep"], f"{outcome} per cell and sweep",
                  DIGITS, view="trend")  # fmt: skip
     report.table(
@@ -860,7 +940,9 @@ def history_report(
         {"change_pct": 1, "ratio": 3, "ratio_low": 3, "ratio_high": 3}, view="steps",
         notes=["ratio: after / before in the better direction (above 1 is better), with its "
                "95 % interval; a regression is worse than the threshold with the interval "
-               "below 1 (or, for single runs, worse than the threshold)"],
+               "below 1, between comparable sweeps whose rankings are settled; 'too few "
+               "repeats' below three runs a side and 'not measurable' where the interval is "
+               "wider than the ratio give no bounds"],
     )  # fmt: skip
     return report.html()
 

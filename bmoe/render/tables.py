@@ -7,12 +7,14 @@ every format, so what the terminal shows is exactly what a script or notebook ge
 
 from __future__ import annotations
 
-import functools
+import datetime
 import io
 import json
 import math
+import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -50,6 +52,10 @@ def plain(value: Any) -> Any:
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
+    if isinstance(value, datetime.date | datetime.time):  # pandas' Timestamp among them
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
     return value
 
 
@@ -186,12 +192,205 @@ def value_cells(
     return out
 
 
-def rich_table(columns: CellColumns, title: Any = None) -> Table:
-    """A rich Table of display text (see :func:`table_cells`)."""
+#: Characters after which a word too long for its column may break (a header such as
+#: ``read_mib_per_token``, a path, a cell id); a word is never cut elsewhere unless it has
+#: none within reach.
+BREAK_AFTER = "_-/.,:;=+|)]"
+#: The narrowest a column of words gets before the table is split: a longer word (a path)
+#: breaks at BREAK_AFTER rather than widen its column past this.
+WORD_WIDTH = 20
+#: The most leading columns repeated in each part of a table too wide for the console.
+KEY_COLUMNS = 2
+
+
+def _pieces(word: str) -> list[str]:
+    """`word` cut after each of BREAK_AFTER: ``cache_hit_pct`` -> ``cache_``, ``hit_``, ``pct``."""
+    return [p for p in re.split(f"(?<=[{re.escape(BREAK_AFTER)}])", word) if p]
+
+
+def wrap_text(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters: words kept whole where they fit, a longer
+    word broken after one of BREAK_AFTER (see :func:`_break`), or cut at `width` when it has none
+    there; explicit newlines kept."""
+    width = max(width, 1)
+    out: list[str] = []
+    for paragraph in text.split("\n"):
+        if len(paragraph) <= width:  # as it is, blanks and all
+            out.append(paragraph)
+            continue
+        line = ""
+        for word in paragraph.split(" "):
+            if not word:
+                continue
+            if line and len(line) + 1 + len(word) <= width:
+                line += " " + word
+                continue
+            if line:
+                out.append(line)
+                line = ""
+            while len(word) > width:
+                cut = _break(word, width)
+                out.append(word[:cut])
+                word = word[cut:]
+            line = word
+        out.append(line)
+    return out
+
+
+def _break(word: str, width: int) -> int:
+    """Where to break `word` for a line of `width`: after the last ``/`` within reach, else
+    after the last of the other BREAK_AFTER, if that leaves a third of the line or more;
+    else at `width`."""
+    for chars in ("/", BREAK_AFTER):
+        cut = max((i + 1 for i, c in enumerate(word[:width]) if c in chars), default=0)
+        if cut > width // 3:
+            return cut
+    return width
+
+
+def _narrowest(text: str, numeric: bool) -> int:
+    """The narrowest a cell lets its column be: a number whole; text its longest word, at
+    most WORD_WIDTH (a longer word, a path, breaks after one of BREAK_AFTER)."""
+    if numeric:
+        return len(text)
+    return min(max(map(len, text.split()), default=0), WORD_WIDTH)
+
+
+def _header_narrowest(header: str) -> int:
+    return max((len(p) for w in header.split() for p in _pieces(w)), default=1)
+
+
+@dataclass(frozen=True)
+class TablePart:
+    """One table as printed: its title, and per column the header, whether it is a number,
+    the cells and the width (text, no padding) every line of them is wrapped to."""
+
+    title: Any
+    columns: CellColumns
+    widths: list[int]
+
+
+def layout(
+    columns: CellColumns, width: int, title: Any = None, keys: int | None = None
+) -> list[TablePart]:
+    """How a table of display text fits a console `width` columns wide (a terminal, or 80
+    in a pipe or file): each column as wide as its widest text, the widest narrowed first,
+    never below what keeps numbers and words whole and headers broken only after ``_`` and
+    the like. When even that is too wide the table is split into parts by columns, each part
+    repeating the first `keys` columns (the row's name) and titled "..., continued"."""
+    headers = [shown(h) for h, _n, _c in columns]
+    cols = [(h, n, c) for h, (_h, n, c) in zip(headers, columns, strict=True)]
+    cells = [max(map(len, c), default=0) for _h, _n, c in cols]
+    natural = [max(len(h), w) for (h, _n, _c), w in zip(cols, cells, strict=True)]
+    least = [
+        min(nat, max(_header_narrowest(h), max((_narrowest(t, n) for t in c), default=0), 1))
+        for (h, n, c), nat in zip(cols, natural, strict=True)
+    ]
+
+    def room(n: int) -> int:  # text width left for n columns: borders and one blank each side
+        return width - (n + 1) - 2 * n
+
+    if not cols or sum(least) <= room(len(cols)):
+        groups = [list(range(len(cols)))]
+    else:
+        keys = _key_columns(cols) if keys is None else keys
+        keys = min(keys, len(cols) - 1)
+        if sum(least[:keys]) + max(least[keys:]) > room(keys + 1):
+            keys = 0  # the row names alone fill the console: parts without them
+        groups = _groups(least, keys, room)
+        # Headers kept whole where that takes no more parts.
+        whole = [max(w, min(len(h), room(keys + 1) - sum(least[:keys])))
+                 for w, (h, _n, _c) in zip(least, cols, strict=True)]  # fmt: skip
+        whole_groups = _groups(whole, keys, room)
+        if len(whole_groups) == len(groups):
+            groups = whole_groups
+    parts = []
+    for n, group in enumerate(groups):
+        widths = _fit(
+            [natural[i] for i in group], [least[i] for i in group], room(len(group)),
+            [cells[i] for i in group],
+        )  # fmt: skip
+        label = title if n == 0 or title is None else f"{title}, continued"
+        parts.append(TablePart(label, [cols[i] for i in group], widths))
+    return parts
+
+
+def _groups(widths: Sequence[int], keys: int, room: Callable[[int], int]) -> list[list[int]]:
+    """Columns after the first `keys` in order, as many to a part as fit `room` (of the
+    number of columns) at `widths`, each part led by the `keys` columns."""
+    groups: list[list[int]] = []
+    part = list(range(keys))
+    for i in range(keys, len(widths)):
+        trial = [*part, i]
+        if len(part) > keys and sum(widths[j] for j in trial) > room(len(trial)):
+            groups.append(part)
+            trial = [*range(keys), i]
+        part = trial
+    groups.append(part)
+    return groups
+
+
+def _key_columns(columns: CellColumns) -> int:
+    """How many leading columns name a row: up to and including the first text column (a
+    rank and a cell id; a figure's name), at most KEY_COLUMNS."""
+    for i, (_h, numeric, _c) in enumerate(columns[:KEY_COLUMNS]):
+        if not numeric:
+            return i + 1
+    return 1
+
+
+def _fit(natural: list[int], least: list[int], room: int, cells: list[int]) -> list[int]:
+    """Column widths summing to at most `room`: the natural ones; then headers wider than
+    their column's cells broken first (a line or two more in the header), then the widest
+    columns narrowed (more lines in every row), never below `least` (a single column wider
+    than the console is cut to it)."""
+    widths = list(natural)
+    for floor in ([max(f, c) for f, c in zip(least, cells, strict=True)], least):
+        widths = _narrowed(widths, floor, room)
+    if sum(widths) > room and len(widths) == 1:
+        widths[0] = max(1, room)
+    return widths
+
+
+def _narrowed(widths: list[int], least: list[int], room: int) -> list[int]:
+    """`widths` narrowed, the widest first, until they sum to `room` or reach `least`."""
+    widths = list(widths)
+    excess = sum(widths) - room
+    while excess > 0:
+        slack = [i for i, w in enumerate(widths) if w > least[i]]
+        if not slack:
+            break
+        top = max(widths[i] for i in slack)
+        widest = [i for i in slack if widths[i] == top]
+        below = max([widths[i] for i in slack if widths[i] < top] + [0])
+        step = max(1, min(top - below, top - max(least[i] for i in widest),
+                          -(-excess // len(widest))))  # fmt: skip
+        for i in widest:
+            if excess <= 0:
+                break
+            cut = min(step, widths[i] - least[i], excess)
+            widths[i] -= cut
+            excess -= cut
+    return widths
+
+
+def rich_table(
+    columns: CellColumns, title: Any = None, widths: Sequence[int] | None = None
+) -> Table:
+    """A rich Table of display text (see :func:`table_cells`); with `widths` (a
+    :class:`TablePart`'s), each column that wide and its cells wrapped by :func:`wrap_text`."""
     table = Table(
         title=None if title is None else literal(title), title_justify="left", header_style="bold"
     )
-    for header, numeric, cells in columns:
+    for i, (header, numeric, cells) in enumerate(columns):
+        if widths is not None:
+            table.add_column(
+                literal("\n".join(wrap_text(shown(header), widths[i]))),
+                justify="right" if numeric else "left",
+                width=widths[i],
+                overflow="fold",
+            )
+            continue
         # Numbers are never cut: a narrow terminal folds headers and labels instead.
         widest = max(map(len, cells), default=0) if numeric else None
         table.add_column(
@@ -201,6 +400,8 @@ def rich_table(columns: CellColumns, title: Any = None) -> Table:
             min_width=widest,
         )
     for row in zip(*(cells for _h, _n, cells in columns), strict=True):
+        if widths is not None:
+            row = tuple("\n".join(wrap_text(c, w)) for c, w in zip(row, widths, strict=True))
         table.add_row(*(literal(cell) for cell in row))
     if not columns or not columns[0][2]:
         table.caption = "(none)"
@@ -208,107 +409,49 @@ def rich_table(columns: CellColumns, title: Any = None) -> Table:
 
 
 def plain_table(columns: CellColumns, width: int, title: Any = None) -> str | None:
-    """The characters rich prints for :func:`rich_table` on a console of `width` columns
-    that emits no styles (output to a file or a pipe), written directly: a few microseconds
-    per cell instead of rich's measuring and rendering of every cell. The layout is rich's
-    (its column widths, folded headers, wrapped text, lines cut at the console's edge); only
-    the cells too wide for their column are wrapped by rich's own text wrapping. None when
-    the table needs rich itself: no rows (a caption), a title wider than the table, or text
-    that is not plain (control characters, wide or combining characters, edge blanks)."""
-    headers = [shown(h) for h, _n, _c in columns]
+    """The characters :func:`print_table` prints on a console of `width` columns that emits
+    no styles (output to a file or a pipe), written directly: a few microseconds per cell
+    instead of rich's measuring and rendering of every cell. The table is laid out by
+    :func:`layout` (several parts, one after the other, when it is too wide), each part's
+    title on a line of its own. None when the table needs rich itself: no rows (a caption),
+    or text that is not plain (control characters, wide or combining characters, edge
+    blanks)."""
     n_rows = len(columns[0][2]) if columns else 0
     if not n_rows:
         return None
-    texts = [[h, *cells] for h, (_h, _n, cells) in zip(headers, columns, strict=True)]
+    texts = [[shown(h), *cells] for h, _n, cells in columns]
     if not all(_plain_text(t) for column in texts for t in column):
         return None
     if title is not None and not _plain_text(str(title)):
         return None
-    right = [n for _h, n, _c in columns]
-    fixed = [max(map(len, cells)) if n else None for _h, n, cells in columns]
-    room = width - len(columns) - 1
-    if room < 3:
-        return None
-    widths = _column_widths(texts, fixed, room)
-    total = sum(widths) + len(columns) + 1
-    if title is not None and len(str(title)) > total:
-        return None
-    inner = [w - 2 for w in widths]
-    if min(inner) < 1:
-        return None
+    return "".join(_plain_part(part) for part in layout(columns, width, title))
 
-    def cell_lines(text: str, w: int, justify_right: bool) -> list[str]:
-        if len(text) <= w:
-            return [text.rjust(w) if justify_right else text.ljust(w)]
-        return _wrapped(text, w, justify_right)
 
-    def row_lines(cells: Sequence[str], edge: str) -> list[str]:
-        parts = [cell_lines(c, w, r) for c, w, r in zip(cells, inner, right, strict=True)]
-        height = max(map(len, parts))
-        if height > 1:  # short cells get blank lines: below in rows, above in the header
-            header = edge == "┃"
-            parts = [
-                ([" " * w] * (height - len(p)) + p)
-                if header
-                else (p + [" " * w] * (height - len(p)))
-                for p, w in zip(parts, inner, strict=True)
-            ]
+def _plain_part(part: TablePart) -> str:
+    widths = part.widths
+    right = [n for _h, n, _c in part.columns]
+
+    def block(cells: Sequence[str], edge: str, header: bool) -> list[str]:
+        lines = [wrap_text(c, w) for c, w in zip(cells, widths, strict=True)]
+        height = max(map(len, lines))
+        parts = []
+        for cell, w, r in zip(lines, widths, right, strict=True):
+            cell = [t.rjust(w) if r else t.ljust(w) for t in cell]
+            pad = [" " * w] * (height - len(cell))
+            parts.append(pad + cell if header else cell + pad)
         return [
             f"{edge} " + f" {edge} ".join(line) + f" {edge}" for line in zip(*parts, strict=True)
         ]
 
-    out = [] if title is None else [str(title).ljust(total)]
-    out.append("┏" + "┳".join("━" * w for w in widths) + "┓")
-    out += row_lines(headers, "┃")
-    out.append("┡" + "╇".join("━" * w for w in widths) + "┩")
-    for row in zip(*(cells for _h, _n, cells in columns), strict=True):
-        out += row_lines(row, "│")
-    out.append("└" + "┴".join("─" * w for w in widths) + "┘")
-    if total > width:  # rich cuts every line at the console's edge
-        out = [line[:width] for line in out]
+    bars = [w + 2 for w in widths]
+    out = [] if part.title is None else [str(part.title)]
+    out.append("┏" + "┳".join("━" * b for b in bars) + "┓")
+    out += block([h for h, _n, _c in part.columns], "┃", True)
+    out.append("┡" + "╇".join("━" * b for b in bars) + "┩")
+    for row in zip(*(cells for _h, _n, cells in part.columns), strict=True):
+        out += block(row, "│", False)
+    out.append("└" + "┴".join("─" * b for b in bars) + "┘")
     return "\n".join(out) + "\n"
-
-
-def _column_widths(
-    texts: Sequence[Sequence[str]], fixed: Sequence[int | None], room: int
-) -> list[int]:
-    """Rich's column widths (padding included) for columns of plain text: each column its
-    widest text; when the sum exceeds `room`, the widest columns narrowed in turn
-    (Table._collapse_widths), then all evenly (ratio_reduce), and each column measured again
-    at its width, never below its `fixed` minimum (the widest number: numbers are not cut)."""
-    from rich._ratio import ratio_reduce
-
-    def measured(column: Sequence[str], most: int, floor: int | None) -> int:
-        if most < 3:  # no room for a character inside the padding
-            widest = max(most, 0)
-        else:
-            widest = min(max(map(len, column)), most - 2) + 2
-        return widest if floor is None else max(widest, floor + 2)
-
-    widths = [measured(t, room, f) or 1 for t, f in zip(texts, fixed, strict=True)]
-    if sum(widths) > room:
-        widths = Table._collapse_widths(widths, [True] * len(widths), room)
-        if sum(widths) > room:
-            widths = ratio_reduce(sum(widths) - room, [1] * len(widths), widths, widths)
-        widths = [measured(t, w, f) for t, w, f in zip(texts, widths, fixed, strict=True)]
-    return widths
-
-
-def _wrapped(text: str, width: int, justify_right: bool) -> list[str]:
-    """`text` wrapped by rich into lines of `width` (words kept whole where they fit, longer
-    ones folded), each justified to `width`."""
-    from rich.text import Text
-
-    lines = Text(text).wrap(
-        _measuring_console(), width, justify="right" if justify_right else "left", overflow="fold"
-    )
-    return [line.plain.ljust(width)[:width] for line in lines]
-
-
-@functools.cache
-def _measuring_console() -> Console:
-    """A console for rich's text wrapping (it measures characters; nothing is printed)."""
-    return Console(width=80, color_system=None, markup=False, file=io.StringIO())
 
 
 def _plain_text(text: str) -> bool:
@@ -320,14 +463,23 @@ def _plain_text(text: str) -> bool:
 
 
 def print_table(console: Console, columns: CellColumns, title: Any = None) -> None:
-    """Print a table of display text: written directly where the console emits no styles
-    and the table fits (the same characters rich would print), else by rich."""
+    """Print a table of display text laid out by :func:`layout` for the console's width,
+    each part's title on a line of its own: written directly where the console emits no
+    styles (the same characters rich would print), else by rich."""
     if console.color_system is None:
         text = plain_table(columns, console.width, title)
         if text is not None:
             console.out(text, end="", highlight=False)
             return
-    console.print(rich_table(columns, title))
+    if not columns or not columns[0][2]:
+        if title is not None:
+            console.print(literal(title, "italic"), highlight=False, soft_wrap=True)
+        console.print(rich_table(columns))
+        return
+    for part in layout(columns, console.width, title):
+        if part.title is not None:
+            console.print(literal(part.title, "italic"), highlight=False, soft_wrap=True)
+        console.print(rich_table(part.columns, None, part.widths))
 
 
 def _figure_columns(figures: Mapping[str, Any]) -> list[tuple[str, bool, list]] | None:

@@ -41,7 +41,9 @@ KILL_MODES = ("pidfile", "name", "off")
 
 #: Flags whose value is a file the engine writes: the sweep chooses the path (inside the sweep
 #: folder); the configuration only says whether to record it (``true``/``false``).
-OUTPUT_FLAGS = ("csv", "route_trace", "compute_trace", "compute_trace_layers", "io_trace")
+OUTPUT_FLAGS = (
+    "csv", "route_trace", "compute_trace", "compute_trace_layers", "io_trace", "fidelity_save",
+)  # fmt: skip
 #: Flags the driver owns; a configuration may not set them.
 DRIVER_FLAGS = ("progress", "session", "help", "version", "list_archs")
 #: Keys of [base] / [[cells]] that are not engine flags.
@@ -201,20 +203,27 @@ TARGET_KEYS = (
     "name", "kind", "tags", "workdir", "binary", "python", "model_dir", "models", "env",
     "kill_strays", "keep_remote", "resource",
 )  # fmt: skip
-TOP_KEYS = ("sweep", "base", "grid", "cells", "exclude", "limit", "pair", "gate", "targets")
+#: ``tune``: read by ``bmoe tune`` (:mod:`bmoe.sweep.tune_config`); a sweep runs the grid.
+TOP_KEYS = (
+    "sweep", "base", "grid", "cells", "exclude", "limit", "pair", "gate", "targets", "tune",
+)  # fmt: skip
 
 
-def load_config(path: str | Path) -> SweepConfig:
-    """Read and validate a sweep configuration file (a regular file of at most
-    :data:`MAX_CONFIG_BYTES`)."""
-    path = Path(path)
+def config_text(path: str | Path) -> str:
+    """The text of a configuration file (sweep or tune): a regular file of at most
+    :data:`MAX_CONFIG_BYTES`, UTF-8 (a one-line error otherwise)."""
     data = read_limited(path, MAX_CONFIG_BYTES, "a sweep configuration is a page of TOML")
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(str(path), line, "", "not UTF-8 text") from None
-    return parse_config(text, str(path), base_dir=path.resolve().parent)
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep configuration file (:func:`config_text`)."""
+    path = Path(path)
+    return parse_config(config_text(path), str(path), base_dir=path.resolve().parent)
 
 
 def read_prompt(path: Path) -> str:
@@ -434,6 +443,8 @@ def _grid(
             continue
         if name in CELL_META_KEYS:
             raise check.fail(here, f"{name!r} cannot be a grid axis")
+        if isinstance(values, dict):  # a numeric range: {from, to, step} or {from, to, times}
+            values = numeric_range(check, values, here)
         if not isinstance(values, list):
             raise check.fail(here, f"expected a list of values, got {describe(values)}")
         if not values:
@@ -449,6 +460,39 @@ def _grid(
             raise check.fail(here, f"{name!r} is both in [base] and a [grid] axis")
         grid[name] = checked
     return grid
+
+
+#: The most values a range axis may expand to.
+MAX_RANGE_VALUES = 1000
+
+
+def numeric_range(check: Checker, table: dict[str, Any], key: KeyPath) -> list[Any]:
+    """A range axis: ``{from = 1, to = 8, step = 1}`` (arithmetic) or ``{from = 1, to = 64,
+    times = 2}`` (geometric), both ends included when reached; integers stay integers."""
+    check.known(table, ("from", "to", "step", "times"), key)
+    if "from" not in table or "to" not in table or ("step" in table) == ("times" in table):
+        raise check.fail(key, "a range needs 'from', 'to' and one of 'step' or 'times'")
+    first = check.number(table["from"], (*key, "from"))
+    last = check.number(table["to"], (*key, "to"))
+    whole = all(isinstance(table[k], int) for k in table if k != "times")
+    out: list[float] = []
+    if "step" in table:
+        step = check.number(table["step"], (*key, "step"), positive=True)
+        count = int((last - first) / step + 1e-9) + 1 if last >= first else 0
+        out = [first + i * step for i in range(min(count, MAX_RANGE_VALUES + 1))]
+    else:
+        times = check.number(table["times"], (*key, "times"), positive=True)
+        if times <= 1 or first <= 0:
+            raise check.fail(key, "a geometric range needs 'from' > 0 and 'times' > 1")
+        value = first
+        while value <= last * (1 + 1e-9) and len(out) <= MAX_RANGE_VALUES:
+            out.append(value)
+            value *= times
+    if not out:
+        raise check.fail(key, f"the range from {first:g} to {last:g} holds no value")
+    if len(out) > MAX_RANGE_VALUES:
+        raise check.fail(key, f"the range holds more than {MAX_RANGE_VALUES} values")
+    return [round(v) if whole and float(v).is_integer() else round(v, 12) for v in out]
 
 
 def _read_prompt_lines(

@@ -30,12 +30,22 @@ def sweep_predictions(config: SweepConfig, plan: Plan) -> pd.DataFrame | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trace = read_route_trace(source)
+    if trace is None and not profile.sized:
+        warnings.warn(
+            f"{path}: the profile does not know its model's expert sizes and has no route "
+            "trace beside it: no predicted duration",
+            stacklevel=2,
+        )
+        return None
     runs = pd.DataFrame(
         [
             {
                 "run": run.id,
                 "cell": run.cell.id,
-                **{k: run.cell.params.get(k) for k in ("cache_mb", "io_threads", "prefetch")},
+                **{
+                    k: run.cell.params.get(k)
+                    for k in ("cache_mb", "io_threads", "prefetch", "overlap")
+                },
                 "n_predict": run.cell.params.get("n_predict", 128),
             }
             for run in plan.runs

@@ -145,9 +145,9 @@ def config_commit(folder: str | Path) -> str | None:
 
 
 def bmoe_version() -> str:
-    import bmoe
+    from bmoe._version import __version__
 
-    return str(getattr(bmoe, "__version__", "unknown"))
+    return str(__version__)
 
 
 def engine_cpu_share(csv: Path) -> float | None:

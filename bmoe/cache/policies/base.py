@@ -32,6 +32,8 @@ class Policy:
     """Base class: budget, resident set and bytes held. Subclasses order the victims."""
 
     name = ""
+    #: other spellings the engine uses for this policy (its preamble's ``cache_policy``)
+    engine_names: tuple[str, ...] = ()
     #: the policy needs each key's next batch of use (it reads the future: replay only)
     needs_future = False
     #: the budget is split into equal per-layer slices (eviction stays inside a layer)

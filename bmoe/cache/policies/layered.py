@@ -77,9 +77,11 @@ class LayerSliced(Policy):
 
 class LayerLRU(LayerSliced):
     name = "layer"
+    engine_names = ("layer-lru",)
     inner = LRU
 
 
 class LayerLFU(LayerSliced):
     name = "layerlfu"
+    engine_names = ("layer-lfu",)
     inner = LFU

@@ -93,7 +93,7 @@ class LFU(Policy):
                 continue
             del stamp[k]
             if not self.keep_counts:
-                del count[k]
+                count.pop(k, None)  # a prefetched key never looked up has no count
             self.held -= res.pop(k)
             victims.append(k)
         for e in aside:

@@ -22,6 +22,7 @@ from bmoe.cache.policies.base import Policy
 
 class S3FIFO(Policy):
     name = "s3fifo"
+    engine_names = ("s3-fifo",)
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)

@@ -57,6 +57,8 @@ class EngineConfig:
     predict_prefetch: bool = False  # --predict-prefetch
     predict_spec_max: int = 2  # --predict-spec-max (0 = top-k)
     route_ahead: int = 0  # --route-ahead N
+    fidelity_save: str | None = None  # --fidelity-save REF (engine/embedded/fidelity.py)
+    fidelity_ref: str | None = None  # --fidelity-ref REF
 
     def check(self) -> None:
         """Raise :class:`BmoeError` naming the flag for a configuration that cannot run."""
@@ -136,6 +138,8 @@ _VALUE = {
     "--drop-cold-experts": "drop_cold_frac",
     "--predict-spec-max": "predict_spec_max",
     "--route-ahead": "route_ahead",
+    "--fidelity-save": "fidelity_save",
+    "--fidelity-ref": "fidelity_ref",
 }
 _SWITCH = {
     "--progress": ("progress", True),
@@ -224,6 +228,8 @@ FLAG_HELP: tuple[tuple[str, str, str], ...] = (
     ("--predict-prefetch", "", "read the stale gate's pick for the next layer ahead"),
     ("--predict-spec-max", "N", "experts of that pick read per layer (2; 0 = top-k)"),
     ("--route-ahead", "N", "commit each layer's experts N layers early (changes the output)"),
+    ("--fidelity-save", "PATH", "keep this run's tokens and distributions as a reference"),
+    ("--fidelity-ref", "PATH", "feed a reference's tokens; record agreement and KL"),
     ("--version", "", "print the engine version"),
     ("-h, --help", "", "this table"),
 )

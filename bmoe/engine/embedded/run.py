@@ -19,7 +19,7 @@ from typing import IO, Any, BinaryIO
 import numpy as np
 import pandas as pd
 
-from bmoe.engine.embedded import probes, telemetry
+from bmoe.engine.embedded import fidelity, probes, telemetry
 from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.engine import EmbeddedEngine
 from bmoe.engine.embedded.hook import EvalHook, GraphChanged
@@ -380,6 +380,7 @@ def run_turn(
         gen.experts_dropped,
         _route_ahead(eng, ra_start),
     )
+    summary.update(fidelity.finish(gen.sample))
     return Turn(
         tokens=gen.tokens,
         text=bytes(gen.text),
@@ -477,6 +478,7 @@ class _Generation:
     experts_routed: int = 0
     experts_dropped: int = 0
     stopped: bool = False
+    sample: Callable[[np.ndarray], int] | None = None  # the sampler (fidelity wraps it)
 
     def add(self, counters: DecodeCounters, spec_read: int) -> None:
         """Accumulate one step's counters into the turn's totals and maxima."""
@@ -506,7 +508,7 @@ def _decode_tokens(
     measuring each step into a metrics row (phase 1) and writing its text or progress."""
     model, hook, streamer = eng.model, eng.hook, eng.streamer
     gen = _Generation(t_prev_end=time.perf_counter())
-    sample = _sampler(cfg)
+    sample = gen.sample = fidelity.sampler(cfg, _sampler(cfg))
     for step in range(1, steps + 1):
         if cancelled is not None and cancelled():
             gen.stopped = True

@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bmoe.render.plots import new_figure
+from bmoe.render.replay import t_text
 
 POLICY_STYLES = {
     "belady": {"color": "black", "linestyle": "--"},
@@ -32,7 +33,7 @@ def _t_line(ax, t_mib: float | None) -> None:
         return
     ax.axvline(t_mib, color="#444444", linewidth=1.0, linestyle="-.")
     ax.annotate(
-        f"T = {t_mib:.0f} MiB\n(one token cycle)",
+        f"T = {t_text(t_mib)} MiB\n(one token cycle)",
         xy=(t_mib, 0.02),
         xycoords=("data", "axes fraction"),
         xytext=(4, 0),

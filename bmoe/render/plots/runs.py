@@ -17,7 +17,9 @@ COMPONENT_STYLE = {
 }
 
 MEMORY_STYLE = {
-    "rss_anon_mib": ("RSS anon (expert cache)", "#4C72B0", "-"),
+    # anonymous memory is the expert cache and everything else the process allocated (KV
+    # cache, compute buffers, the interpreter): far above the budget on a small cache
+    "rss_anon_mib": ("RSS anon (cache, KV, buffers, heap)", "#4C72B0", "-"),
     "rss_file_mib": ("RSS file (mmap'd model)", "#55A868", "-"),
     "swap_mib": ("swap (zram)", "#C44E52", "-"),
     "mem_available_mib": ("MemAvailable", "#8172B3", "-"),

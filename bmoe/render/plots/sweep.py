@@ -4,8 +4,9 @@ against each axis, and where each cell's token time went."""
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -148,30 +149,107 @@ def stall_bars(table: pd.DataFrame, label: str = "cell") -> Figure:
     return fig
 
 
-def trend_lines(lined: pd.DataFrame, outcome: str = "tok_s_mean") -> Figure:
+#: Line colours and markers of the trend plot: qualitative (tab10), so neighbours differ.
+TREND_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                 "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+TREND_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
+#: Most lines one panel of the trend plot carries.
+TREND_LINES_PER_PANEL = 5
+
+
+def _trend_panels(cells: list[str], axes: Sequence[str]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The trend plot's panels: ``(title, [(cell, legend label), ...])``. With two or more
+    axes, one panel per value of the others and one line per value of the axis with the
+    fewest values (the same colour for that value in every panel); else the cells in panels
+    of :data:`TREND_LINES_PER_PANEL`."""
+    axes = [a for a in axes if any(f"{a}=" in c for c in cells)]
+    if len(axes) >= 2:
+        split = re.compile(r" (?=(?:" + "|".join(re.escape(a) for a in axes) + r")=)")
+        parts = {c: dict(p.split("=", 1) for p in split.split(c) if "=" in p) for c in cells}
+        if all(set(p) == set(axes) for p in parts.values()):
+            colour = min(axes, key=lambda a: len({p[a] for p in parts.values()}))
+            if len({p[colour] for p in parts.values()}) <= len(TREND_COLOURS):
+                others = [a for a in axes if a != colour]
+                panels: dict[str, list[tuple[str, str]]] = {}
+                for cell in cells:
+                    title = " ".join(f"{a}={parts[cell][a]}" for a in others)
+                    panels.setdefault(title, []).append((cell, f"{colour}={parts[cell][colour]}"))
+                return list(panels.items())
+    size = TREND_LINES_PER_PANEL
+    return [("", [(c, c) for c in cells[i : i + size]]) for i in range(0, len(cells), size)]
+
+
+def trend_lines(
+    lined: pd.DataFrame,
+    outcome: str = "tok_s_mean",
+    breaks: Collection[tuple[str, str]] = (),
+) -> Figure:
     """The outcome per cell across sweeps, oldest first: each cell's mean per sweep joined by
     a line, its min-max over the repeats as whiskers (from
-    :func:`bmoe.analyze.history.line_up`)."""
+    :func:`bmoe.analyze.history.line_up`). Small multiples, so every line can be told apart:
+    one panel per value of all axes but one, one line per value of that one, each value with
+    its own colour and marker (:func:`_trend_panels`). Consecutive sweeps in `breaks`
+    (``(before, after)`` labels: not comparable) are not joined; a dotted line marks them."""
     order = lined.attrs.get("sweeps") or list(dict.fromkeys(lined["sweep"]))
     position = {s: i for i, s in enumerate(order)}
     cells = list(dict.fromkeys(lined["cell"]))
-    fig, ax = new_figure(max(6.0, 1.4 * len(order) + 4.0), 4.8)
-    cmap = colormaps["viridis"]
-    for i, cell in enumerate(cells):
-        part = lined[lined["cell"] == cell]
-        offset = 0.3 * (i / max(1, len(cells) - 1) - 0.5) if len(cells) > 1 else 0.0
-        x = part["sweep"].map(position).to_numpy(float) + offset
-        mean = part["mean"].to_numpy(float)
-        low = mean - part["min"].to_numpy(float)
-        high = part["max"].to_numpy(float) - mean
-        ax.errorbar(x, mean, yerr=[low, high], fmt="o-", capsize=3, lw=1.2, markersize=4,
-                    color=cmap(i / max(1, len(cells) - 1)), label=cell)  # fmt: skip
-    labels = [s if len(s) <= 28 else s[:27] + "…" for s in order]
-    ax.set_xticks(range(len(order)), labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(outcome)
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    if len(cells) <= 16:
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    ax.set_title(f"{outcome} per cell across sweeps (mean, min-max over repeats)", fontsize=10)
+    panels = _trend_panels(cells, lined.attrs.get("axes", []))
+    columns = min(3, max(1, len(panels)))
+    rows = -(-len(panels) // columns) if panels else 1
+    width = max(4.0, 1.0 * len(order) + 2.6)
+    fig, grid = new_figure(width * columns, 3.2 * rows + 0.8, nrows=rows, ncols=columns,
+                           squeeze=False)  # fmt: skip
+    axes_list = list(grid.flat)
+    styles: dict[str, int] = {}
+    for label_list in (labels for _, labels in panels):
+        for _, label in label_list:
+            styles.setdefault(label, len(styles))
+    gaps = [i for i in range(len(order) - 1) if (order[i], order[i + 1]) in set(breaks)]
+    labels_x = [s if len(s) <= 22 else s[:21] + "…" for s in order]
+    for ax, (title, members) in zip(axes_list, panels, strict=False):
+        for j, (cell, label) in enumerate(members):
+            part = lined[lined["cell"] == cell]
+            k = styles[label]
+            colour, marker = TREND_COLOURS[k % len(TREND_COLOURS)], TREND_MARKERS[k % len(
+                TREND_MARKERS)]  # fmt: skip
+            offset = 0.12 * (j - (len(members) - 1) / 2) if len(members) > 1 else 0.0
+            pos = part["sweep"].map(position).to_numpy(int)
+            mean = part["mean"].to_numpy(float)
+            low = mean - part["min"].to_numpy(float)
+            high = part["max"].to_numpy(float) - mean
+            ax.errorbar(pos + offset, mean, yerr=[low, high], fmt=marker, capsize=3,
+                        markersize=5, color=colour, label=label)  # fmt: skip
+            segment = [0]  # join consecutive sweeps only where no break lies between them
+            for i in range(1, len(pos)):
+                if any(pos[i - 1] <= g < pos[i] for g in gaps):
+                    segment.append(i)
+            segment.append(len(pos))
+            for a, b in itertools.pairwise(segment):
+                ax.plot(pos[a:b] + offset, mean[a:b], "-", color=colour, lw=1.3)
+        for g in gaps:
+            ax.axvline(g + 0.5, color="#444444", ls=":", lw=1)
+        ax.set_xticks(range(len(order)), labels_x, rotation=20, ha="right", fontsize=7)
+        ax.set_xlim(-0.5, len(order) - 0.5)
+        ax.set_ylim(bottom=0)  # after the data: each panel scaled to its own cells
+        ax.grid(True, alpha=0.3)
+        if title:
+            ax.set_title(title, fontsize=9)
+        if not title or len(panels) == 1:
+            ax.legend(fontsize=7, frameon=False)
+    for ax in axes_list[len(panels) :]:
+        ax.set_visible(False)
+    for ax in axes_list[::columns]:
+        ax.set_ylabel(outcome)
+    if panels and panels[0][0]:  # one legend for every panel: the same colour, the same value
+        handles, names = [], []
+        for ax in axes_list[: len(panels)]:
+            for h, n in zip(*ax.get_legend_handles_labels(), strict=True):
+                if n not in names:
+                    handles.append(h)
+                    names.append(n)
+        fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 6),
+                   fontsize=8, frameon=False)  # fmt: skip
+    note = "; dotted: not comparable" if gaps else ""
+    fig.suptitle(f"{outcome} per cell across sweeps (mean, min-max over repeats{note})",
+                 fontsize=10)  # fmt: skip
     return fig

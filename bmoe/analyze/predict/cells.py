@@ -1,0 +1,178 @@
+"""Predict every configuration of a grid from a recorded routing (the replay's reads), or a
+recorded run from the reads it made itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from bmoe.analyze import replay
+from bmoe.analyze.predict.checks import check_model
+from bmoe.analyze.predict.grid import MIB, grid_cells
+from bmoe.analyze.predict.reads import CellReads, cell_reads, last_token_keys
+from bmoe.analyze.predict.timing import predict_cell
+from bmoe.cache import DEFAULT_POLICY
+from bmoe.errors import BmoeError
+from bmoe.formats.profile import DeviceProfile
+from bmoe.formats.route import RouteTrace
+
+PREDICT_COLUMNS = (
+    "cache_mb",
+    "io_threads",
+    "prefetch",
+    "policy",
+    "overlap",
+    "tok_s",
+    "tok_s_low",
+    "tok_s_high",
+    "steady_tok_s",
+    "steady_tok_s_low",
+    "steady_tok_s_high",
+    "warmup_tokens",
+    "mib_per_token",
+    "hit_pct",
+    "hit_pct_decode",
+    "token_ms",
+    "compute_ms",
+    "flash_ms",
+    "mgmt_ms",
+    "compute_pct",
+    "flash_pct",
+    "mgmt_pct",
+    "misses_per_token",
+    "prefetched_per_token",
+    "faults_per_token",
+    "interval_pct",
+    "spread_pct",
+    "unpriced",
+)
+
+
+def grid_defaults(profile: DeviceProfile) -> dict[str, float]:
+    return {
+        "cache_mb": 0,
+        "io_threads": _default_lanes(profile),
+        "prefetch": 0,
+        "overlap": 1 if profile.mode == "overlap" else 0,
+    }
+
+
+def _default_lanes(profile: DeviceProfile) -> int:
+    return int(profile.flash["lanes"].max())
+
+
+def _cells_frame(profile: DeviceProfile, grid) -> pd.DataFrame:
+    defaults = grid_defaults(profile)
+    if isinstance(grid, pd.DataFrame):
+        cells = grid.copy()
+        for axis, default in defaults.items():
+            if axis not in cells:
+                cells[axis] = default
+            cells[axis] = pd.to_numeric(cells[axis], errors="coerce").fillna(default)
+        for axis in ("io_threads", "prefetch", "overlap"):
+            cells[axis] = cells[axis].astype(int)
+        return cells
+    return grid_cells(grid, defaults)
+
+
+def predict(
+    trace: RouteTrace,
+    profile: DeviceProfile,
+    grid: Mapping[str, Sequence[float]] | pd.DataFrame,
+    *,
+    policy: str = DEFAULT_POLICY,
+    seed: int = 0,
+    drop: float | None = None,
+) -> pd.DataFrame:
+    """Predict every configuration of `grid` (axes cache_mb, io_threads, prefetch, overlap;
+    a mapping of value lists or a DataFrame of cells, which may also name each cell's
+    ``policy``) for the routing `trace` recorded: one row per cell with tok/s (and its
+    interval), MiB/token, hit %, and the stall attribution."""
+    check_model(trace, profile)
+    cells = _cells_frame(profile, grid)
+    policies = cells["policy"].astype(str) if "policy" in cells else pd.Series(
+        policy, index=cells.index
+    )  # fmt: skip
+    replay.check_policies(sorted(set(policies)))
+    batches = replay.prepare_batches(trace)
+    if not batches.n_decode:
+        raise BmoeError(f"{trace.path or 'trace'}: no decode steps to predict")
+    read_bytes = profile.read_bytes_per_expert()
+    bets = last_token_keys(trace) if (cells["prefetch"] > 0).any() else None
+    rows = []
+    for cell, cell_policy in zip(cells.itertuples(index=False), policies, strict=True):
+        reads = cell_reads(
+            trace,
+            batches,
+            cell_policy,
+            float(cell.cache_mb),
+            int(cell.prefetch),
+            seed=seed,
+            bets=bets,
+            drop=drop,
+        )
+        rows.append(
+            {
+                "cache_mb": cell.cache_mb,
+                "io_threads": int(cell.io_threads),
+                "prefetch": int(cell.prefetch),
+                "policy": cell_policy,
+                **predict_cell(
+                    profile,
+                    reads,
+                    int(cell.io_threads),
+                    read_bytes,
+                    overlap=bool(cell.overlap),
+                    cache_mb=float(cell.cache_mb),
+                ),
+            }
+        )
+    return pd.DataFrame(rows, columns=list(PREDICT_COLUMNS))
+
+
+def measured_reads(
+    profile: DeviceProfile, tokens: pd.DataFrame, hit_pct: float = float("nan")
+) -> tuple[CellReads, dict[int, int]]:
+    """The reads a recorded run made, as a replay would give them, in the profile's units:
+    per decode token its demand ``read_mib`` and speculative ``spec_mib`` (columns of
+    `tokens`), split evenly over the profile's MoE layers (one batch a token when the
+    profile does not know them). With the bytes one read moves per batch index."""
+    unit = profile.read_unit_bytes
+    layers = sorted(profile.expert_bytes())
+    n = len(tokens)
+    demand = (
+        np.maximum(
+            tokens["read_mib"].to_numpy(np.float64) - tokens["spec_mib"].to_numpy(np.float64), 0.0
+        )
+        * MIB
+        / unit
+    )
+    spec = tokens["spec_mib"].to_numpy(np.float64) * MIB / unit
+    if layers:
+        k = len(layers)
+        whole = np.rint(demand)
+        base, extra = np.divmod(whole, k)
+        matrix = base[:, None] + (np.arange(k)[None, :] < extra[:, None])
+        spec_matrix = np.zeros_like(matrix, dtype=np.float64)
+        spec_matrix[:, 0] = spec
+    else:
+        k = 1
+        matrix = demand[:, None]
+        spec_matrix = spec[:, None]
+    step = np.repeat(np.arange(n), k)
+    layer = np.tile(np.arange(k), n)
+    reads = CellReads(
+        step=step.astype(np.int64),
+        layer=layer.astype(np.int64),
+        misses=matrix.ravel(),
+        prefetched=spec_matrix.ravel(),
+        n_tokens=n,
+        hit_pct=hit_pct,
+        hit_pct_decode=float("nan"),
+    )
+    return reads, {i: round(unit) for i in range(k)}
+
+
+__all__ = ["PREDICT_COLUMNS", "grid_defaults", "measured_reads", "predict"]

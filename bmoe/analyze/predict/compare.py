@@ -1,0 +1,270 @@
+"""Measured cells next to their predictions: the error of each figure, whether the interval
+covers the measurement, and the summary a reader checks first."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bmoe.analyze.predict.cells import grid_defaults, predict
+from bmoe.analyze.predict.grid import GRID_AXES
+from bmoe.analyze.predict.interval import model_error
+from bmoe.cache import DEFAULT_POLICY, policy_name
+from bmoe.errors import BmoeError
+from bmoe.formats.profile import DeviceProfile
+from bmoe.formats.route import RouteTrace
+
+#: An interval wider than this (high - low, % of the prediction) predicts nothing: its cell is
+#: not counted as covered, whatever was measured.
+WIDEST_INTERVAL_PCT = 100.0
+
+PREDICTED_FIGURES = (
+    "tok_s",
+    "tok_s_low",
+    "tok_s_high",
+    "steady_tok_s",
+    "steady_tok_s_low",
+    "steady_tok_s_high",
+    "mib_per_token",
+    "hit_pct",
+    "interval_pct",
+    "spread_pct",
+    "faults_per_token",
+)
+#: The label of a measured cell that a profile run measured (its error is not a prediction's).
+IN_SAMPLE = "a profile run (in sample)"
+
+
+def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.DataFrame:
+    """One row per sweep cell (ok attempts): its grid values (and ``policy`` where the runs
+    named a ``cache_policy``), the median over repeats of tok/s (tokens over decode time),
+    steady-state tok/s (NaN where the runs had none), MiB/token and hit %, and
+    ``measurement``: why the cell's own figure is not firm (the verdict's judgement of its
+    repeats: they disagree, the rounds differ, the engine was mostly off-CPU, a run was
+    traced; None when firm; too few repeats are not counted against it)."""
+    ok = results[results["status"] == "ok"] if "status" in results else results
+    if not len(ok):
+        raise BmoeError("the sweep has no successful run to compare with")
+    if "cache_mb" not in ok:
+        raise BmoeError("the sweep's runs have no cache_mb: nothing to predict them from")
+    frame = pd.DataFrame({"cell": (ok["cell"] if "cell" in ok else pd.Series(range(len(ok))))
+                          .astype(str).to_numpy()})  # fmt: skip
+    for axis in GRID_AXES:
+        values = ok[axis] if axis in ok else pd.Series(defaults[axis], index=ok.index)
+        if values.dtype == object:
+            values = values.map(lambda v: {"true": 1, "false": 0}.get(str(v).lower(), v))
+        frame[axis] = pd.to_numeric(values, errors="coerce").fillna(defaults[axis]).to_numpy()
+    if "cache_policy" in ok:
+        frame["policy"] = [
+            policy_name(p) if isinstance(p, str) and p else DEFAULT_POLICY
+            for p in ok["cache_policy"]
+        ]
+    rate = "tok_s_reported" if "tok_s_reported" in ok else "tok_s_mean"
+    frame["tok_s"] = pd.to_numeric(ok[rate], errors="coerce").to_numpy()
+    steady = ok["steady_tok_s_mean"] if "steady_tok_s_mean" in ok else pd.Series(np.nan, ok.index)
+    frame["steady_tok_s"] = pd.to_numeric(steady, errors="coerce").to_numpy(np.float64)
+    for out, col in (("mib_per_token", "read_mib_per_token"), ("hit_pct", "cache_hit_pct")):
+        frame[out] = pd.to_numeric(ok[col], errors="coerce").to_numpy() if col in ok else np.nan
+    keys = ["cell", *GRID_AXES] + (["policy"] if "policy" in frame else [])
+    grouped = frame.groupby(keys, sort=False, dropna=False)
+    cells = grouped[["tok_s", "steady_tok_s", "mib_per_token", "hit_pct"]].median()
+    cells["runs"] = grouped.size()
+    cells = cells.reset_index()
+    for axis in ("io_threads", "prefetch", "overlap"):
+        cells[axis] = cells[axis].astype(int)
+    cells["measurement"] = _measurement_labels(ok, cells["cell"])
+    return cells
+
+
+def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
+    """Per cell, the verdict layer's reasons its figure is not firm (the repeat count aside)."""
+    from bmoe.analyze.sweep import rank_cells
+    from bmoe.analyze.verdict import FEW_REPEATS, cell_stability
+
+    attempts = ok.assign(cell=ok["cell"].astype(str)) if "cell" in ok else ok
+    outcome = "tok_s_mean" if "tok_s_mean" in attempts else None
+    if outcome is None or "cell" not in attempts:
+        return [None] * len(cells)
+    stability = cell_stability(rank_cells(attempts, outcome), attempts)
+    reasons = stability.set_index(stability["cell"].astype(str))["unstable"]
+    out = []
+    for cell in cells.astype(str):
+        why = reasons.get(cell)
+        parts = [p for p in str(why).split(", ") if p and p != FEW_REPEATS] if why else []
+        out.append(", ".join(parts) or None)
+    return out
+
+
+def _errors(cells: pd.DataFrame) -> pd.DataFrame:
+    """Each figure's error (tok/s in % of the measurement), and the interval's width."""
+    cells["tok_s_error_pct"] = 100.0 * (cells["tok_s_predicted"] - cells["tok_s"]) / cells["tok_s"]
+    cells["steady_tok_s_error_pct"] = (
+        100.0 * (cells["steady_tok_s_predicted"] - cells["steady_tok_s"]) / cells["steady_tok_s"]
+    )
+    cells["mib_per_token_error"] = cells["mib_per_token_predicted"] - cells["mib_per_token"]
+    cells["hit_pct_error"] = cells["hit_pct_predicted"] - cells["hit_pct"]
+    cells["interval_width_pct"] = (
+        100.0
+        * (cells["tok_s_high_predicted"] - cells["tok_s_low_predicted"])
+        / cells["tok_s_predicted"]
+    )
+    return cells
+
+
+def _within(cells: pd.DataFrame, figure: str) -> pd.Series:
+    """Whether the measurement of `figure` lies within its interval's bounds."""
+    return (cells[figure] >= cells[f"{figure}_low_predicted"]) & (
+        cells[figure] <= cells[f"{figure}_high_predicted"]
+    )
+
+
+def _inside(cells: pd.DataFrame, figure: str) -> pd.Series:
+    """Whether the interval of `figure` covers its measurement (a too wide one never does)."""
+    return _within(cells, figure) & (cells["interval_width_pct"] <= WIDEST_INTERVAL_PCT)
+
+
+def interval_kind(profile: DeviceProfile) -> tuple[str, bool]:
+    """What a profile's intervals are made of, and whether they claim its stated coverage
+    (only when the model's own error was measured)."""
+    error = model_error(profile)
+    if not error.known:
+        return f"the terms' spread only (model error unknown: {error.why})", False
+    return (
+        f"the terms' spread and the model's own error ({100 * (error.sd_rel or 0):.0f} %, "
+        f"from {error.k} held-out configuration{'s' if error.k != 1 else ''})",
+        True,
+    )
+
+
+def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]:
+    """Measured cells (``tok_s``, ``steady_tok_s``, ``mib_per_token``, ``hit_pct``, and a
+    ``measurement`` label: None when the cell's own figure is firm) beside their predictions
+    (the same names with ``_predicted``; ``tok_s_low_predicted`` / ``_high_`` the interval;
+    ``unpriced``: why part of a prediction's time is not priced by what the profile
+    measured): the error of each figure, whether the interval covers the measurement, its
+    width, and a summary. The headline error and the achieved coverage count only cells
+    whose measurement is firm and whose prediction is priced; an interval wider than
+    :data:`WIDEST_INTERVAL_PCT` % of its prediction covers nothing (``within_bounds`` counts
+    the measurements between the bounds all the same: how well the width is calibrated,
+    apart from how useful it is)."""
+    cells = _errors(cells.copy())
+    for column in ("measurement", "unpriced"):
+        if column not in cells:
+            cells[column] = None
+    predicted = cells["tok_s_predicted"].notna()
+    covered = _inside(cells, "tok_s")
+    cells["inside_interval"] = covered.astype(object).where(predicted, None)
+    firm = cells["measurement"].isna() & cells["unpriced"].isna() & predicted
+    summary = _summary(cells, profile, predicted, firm)
+    summary["inside_interval"] = int(covered[firm].sum())
+    summary["coverage_pct"] = (
+        100.0 * summary["inside_interval"] / int(firm.sum()) if firm.any() else float("nan")
+    )
+    within = _within(cells, "tok_s")
+    summary["within_bounds"] = int(within[firm].sum())
+    summary["within_bounds_pct"] = (
+        100.0 * summary["within_bounds"] / int(firm.sum()) if firm.any() else float("nan")
+    )
+    summary["steady_inside_interval"] = int((_inside(cells, "steady_tok_s") & firm).sum())
+    return {"cells": cells, "summary": summary}
+
+
+def _summary(cells, profile: DeviceProfile, predicted: pd.Series, firm: pd.Series) -> dict:
+    def stat(series: pd.Series, how: str) -> float:
+        return float(getattr(series, how)()) if len(series) else float("nan")
+
+    err = cells.loc[firm, "tok_s_error_pct"].abs()
+    steady_err = cells.loc[firm, "steady_tok_s_error_pct"].abs().dropna()
+    width = cells["interval_width_pct"]
+    kind, claimed = interval_kind(profile)
+    return {
+        "cells": len(cells),
+        "compared": int(firm.sum()),
+        "labelled": int((predicted & ~firm).sum()),
+        "not_predicted": int((~predicted).sum()),
+        "median_abs_tok_s_error_pct": stat(err, "median"),
+        "mean_abs_tok_s_error_pct": stat(err, "mean"),
+        "max_abs_tok_s_error_pct": stat(err, "max"),
+        "median_abs_tok_s_error_pct_all": stat(
+            cells.loc[predicted, "tok_s_error_pct"].abs(), "median"
+        ),
+        "coverage_stated_pct": 100.0 * profile.coverage,
+        "coverage_claimed": claimed,
+        "interval": kind,
+        "median_interval_width_pct": stat(width[predicted], "median"),
+        "intervals_too_wide": int((~(width <= WIDEST_INTERVAL_PCT) & predicted).sum()),
+        "steady_cells": len(steady_err),
+        "median_abs_steady_tok_s_error_pct": stat(steady_err, "median"),
+        "max_abs_mib_per_token_error": stat(cells["mib_per_token_error"].abs().dropna(), "max"),
+        "max_abs_hit_pct_error": stat(cells["hit_pct_error"].abs().dropna(), "max"),
+        "profile_settled": profile.settled,
+    }
+
+
+def in_sample_cells(
+    results: pd.DataFrame, profile: DeviceProfile, sweep_dir: str | os.PathLike | None
+) -> set[str]:
+    """The sweep cells at least one of whose runs the profile was built from (a run's folder,
+    ``dir`` under `sweep_dir`, holding one of the profile's source files)."""
+    if "dir" not in results or "cell" not in results:
+        return set()
+    sources = {Path(s).resolve().parent for s in profile.sources}
+    root = Path(sweep_dir) if sweep_dir is not None else None
+    found = set()
+    for cell, folder in zip(results["cell"].astype(str), results["dir"], strict=True):
+        if not isinstance(folder, str) or not folder:
+            continue
+        path = Path(folder)
+        if not path.is_absolute() and root is not None:
+            path = root / path
+        if path.resolve() in sources:
+            found.add(cell)
+    return found
+
+
+def against(
+    trace: RouteTrace,
+    profile: DeviceProfile,
+    results: pd.DataFrame,
+    *,
+    policy: str = DEFAULT_POLICY,
+    seed: int = 0,
+    drop: float | None = None,
+    sweep_dir: str | os.PathLike | None = None,
+) -> dict[str, pd.DataFrame | dict]:
+    """Every measured cell of a sweep next to its prediction: ``cells`` (measured, predicted
+    and the error of each figure) and ``summary`` (see :func:`compare_cells`). Like is
+    compared with like: whole-run tok/s with the predicted whole-run rate, and the runs'
+    steady-state tok/s (where the archive has one) with the predicted steady-state rate.
+    A cell one of whose runs the profile was built from (found under `sweep_dir`, the
+    sweep's folder) is labelled in sample and kept out of the headline."""
+    measured = measured_cells(results, grid_defaults(profile))
+    inside = in_sample_cells(results, profile, sweep_dir)
+    measured["measurement"] = [
+        ", ".join(x for x in (IN_SAMPLE if cell in inside else None, why) if x) or None
+        for cell, why in zip(measured["cell"].astype(str), measured["measurement"], strict=True)
+    ]
+    grid = measured[[*GRID_AXES] + (["policy"] if "policy" in measured else [])]
+    predicted = predict(trace, profile, grid, policy=policy, seed=seed, drop=drop)
+    cells = measured.copy()
+    for col in PREDICTED_FIGURES:
+        cells[f"{col}_predicted"] = predicted[col].to_numpy()
+    cells["unpriced"] = predicted["unpriced"].to_numpy()
+    return compare_cells(cells, profile)
+
+
+__all__ = [
+    "IN_SAMPLE",
+    "PREDICTED_FIGURES",
+    "WIDEST_INTERVAL_PCT",
+    "against",
+    "compare_cells",
+    "in_sample_cells",
+    "interval_kind",
+    "measured_cells",
+]

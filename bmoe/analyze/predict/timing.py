@@ -1,0 +1,229 @@
+"""One configuration's time per decode token from its reads and a profile, and its interval."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bmoe.analyze.metrics import steady_state
+from bmoe.analyze.predict.grid import MIB
+from bmoe.analyze.predict.interval import half_width, interval_z, model_error
+from bmoe.analyze.predict.lanes import (
+    batch_flash_ms,
+    per_lane_ms,
+    request_bytes,
+    stall_per_miss,
+    unpriced,
+)
+from bmoe.analyze.predict.reads import CellReads
+from bmoe.errors import BmoeError
+from bmoe.formats.profile import DeviceProfile
+
+
+def memory_faults(profile: DeviceProfile, cache_mb: float) -> tuple[float, str | None]:
+    """Major faults per token a configuration of `cache_mb` is expected to take: the
+    profile's faults per token against the share of the available memory a run asked for
+    (its budget plus what else it kept resident), interpolated, non-decreasing in that
+    share; beyond the largest share measured the last segment's slope goes on (flat with
+    one point, and a note says so)."""
+    memory = profile.memory
+    points = memory.get("points") or []
+    if not points:
+        return 0.0, None
+    available = float(memory["available_mib"])
+    ratio = [p["asked_mib"] / p["available_mib"] for p in points]
+    faults = [p["faults_per_token"] for p in points]
+    order = np.argsort(ratio)
+    x = np.asarray(ratio, dtype=float)[order]
+    y = np.maximum.accumulate(np.asarray(faults, dtype=float)[order])
+    asked = (float(cache_mb) + float(memory["resident_mib"])) / available
+    note = None
+    if asked <= x[0]:
+        value = float(y[0])
+    elif asked <= x[-1]:
+        value = float(np.interp(asked, x, y))
+    else:
+        distinct = np.unique(x)
+        if len(distinct) >= 2 and x[-1] > x[-2]:
+            slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
+            value = float(y[-1] + slope * (asked - x[-1]))
+        else:
+            value = float(y[-1])
+        note = (
+            f"asks {100 * asked:.0f} % of the available memory, more than any profile run "
+            f"({100 * x[-1]:.0f} %): its major faults are extrapolated"
+        )
+    return max(value, 0.0), note
+
+
+def token_times(
+    profile: DeviceProfile,
+    reads: CellReads,
+    lanes: int,
+    *,
+    compute_ms: float,
+    latency: str = "latency_ms",
+    overlap: bool | None = None,
+    fault_ms: float = 0.0,
+) -> pd.DataFrame:
+    """Per decode token: compute, flash wait, mgmt and wall milliseconds (see the module
+    docstring). `overlap` picks the overlap's stall (default: the profile's mode);
+    `fault_ms` is the major-fault time per token the configuration's memory costs."""
+    slices = int(profile.model["slices_per_expert"])
+    req = request_bytes(profile)
+    n_tok = reads.n_tokens
+    if overlap is None:
+        overlap = profile.mode == "overlap"
+    misses = np.bincount(reads.step, weights=reads.misses, minlength=n_tok)
+    spec = np.bincount(reads.step, weights=reads.prefetched * slices, minlength=n_tok)
+    compute = np.full(n_tok, compute_ms + fault_ms)
+    if overlap:
+        if not profile.overlap:
+            raise BmoeError(
+                f"{profile.path or 'the profile'} has no overlap term (no run used --overlap): "
+                "overlap configurations cannot be predicted with it"
+            )
+        base = float(profile.overlap.get("stall_ms", 0.0))
+        flash = base + stall_per_miss(profile, lanes) * misses
+        if spec.any():  # speculative reads on the same lanes: what compute no longer hides
+            per = per_lane_ms(profile, lanes, latency)
+            demand = misses * slices * per
+            flash = (
+                flash
+                + np.maximum(demand + spec * per - compute, 0.0)
+                - np.maximum(demand - compute, 0.0)
+            )
+    else:
+        per_batch = batch_flash_ms(profile.flash, reads.misses * slices, req, lanes, latency)
+        flash = np.bincount(reads.step, weights=per_batch, minlength=n_tok).astype(np.float64)
+        if spec.any():
+            spec_ms = batch_flash_ms(profile.flash, spec, req, lanes, latency)
+            flash = flash + np.maximum(spec_ms - compute, 0.0)
+    admits = np.bincount(reads.step, weights=reads.misses + reads.prefetched, minlength=n_tok)
+    mgmt = profile.mgmt["token_ms"] + profile.mgmt["per_admit_ms"] * admits
+    return pd.DataFrame(
+        {
+            "compute_ms": compute,
+            "flash_ms": flash,
+            "mgmt_ms": mgmt,
+            "wall_ms": compute + flash + mgmt,
+            "misses": misses,
+            "prefetched": np.bincount(reads.step, weights=reads.prefetched, minlength=n_tok),
+        }
+    )
+
+
+def _term_sd(profile: DeviceProfile, term: str) -> float:
+    """The relative standard deviation of a term's mean (how much a run's mean of it moves),
+    from the profile's record of the term; a version 1 profile's from its 10th-90th
+    percentile spread of compute and request latency."""
+    record = profile.terms.get(term)
+    if record is not None and record.get("sd_rel") is not None:
+        return float(record["sd_rel"])
+    if profile.version >= 2:
+        return 0.0
+    z = interval_z(0.8)
+    if term == "compute":
+        c = profile.compute
+        return (
+            (c["token_ms_p90"] - c["token_ms_p10"]) / (2 * z * c["token_ms"])
+            if c["token_ms"]
+            else 0.0
+        )
+    if term in ("flash", "stall"):
+        f = profile.flash
+        lat = f["latency_ms"].astype(float)
+        hi = f["latency_ms_p90"].astype(float).fillna(lat)
+        lo = f["latency_ms_p10"].astype(float).fillna(lat)
+        return float(((hi - lo) / (2 * z * lat)).median()) if len(f) else 0.0
+    return 0.0
+
+
+def _spread(
+    profile: DeviceProfile, parts: Mapping[str, float], overlap: bool, token_ms: float
+) -> float:
+    """The relative sd of a token's time from its terms' spread: each term's mean moves by
+    its relative sd, independent terms add in quadrature (the model's own error is added to
+    this in :func:`bmoe.analyze.predict.interval.half_width`)."""
+    sd_ms = math.sqrt(
+        (_term_sd(profile, "compute") * parts["compute"]) ** 2
+        + (_term_sd(profile, "stall" if overlap else "flash") * parts["flash"]) ** 2
+        + (_term_sd(profile, "mgmt") * parts["mgmt"]) ** 2
+    )
+    return sd_ms / token_ms if token_ms > 0 else 0.0
+
+
+def predict_cell(
+    profile: DeviceProfile,
+    reads: CellReads,
+    lanes: int,
+    read_bytes: Mapping[int, int],
+    *,
+    overlap: bool | None = None,
+    cache_mb: float | None = None,
+) -> dict[str, Any]:
+    """One configuration's predicted figures from its replayed (or measured) reads, with an
+    interval of the profile's stated coverage (see :mod:`bmoe.analyze.predict.interval`):
+    ``interval_pct`` its half-width (% of the token time), ``spread_pct`` the part the terms'
+    spread alone gives; ``unpriced`` says why part of the time is not priced by what the
+    profile measured (None when it all is)."""
+    if overlap is None:
+        overlap = profile.mode == "overlap"
+    c = profile.compute
+    faults, _note = memory_faults(profile, cache_mb) if cache_mb is not None else (0.0, None)
+    fault_ms = faults * float(profile.memory.get("ms_per_fault", 0.0))
+    mid = token_times(
+        profile, reads, lanes, compute_ms=c["token_ms"], overlap=overlap, fault_ms=fault_ms
+    )
+    n = max(reads.n_tokens, 1)
+    per_expert = np.vectorize(lambda layer: read_bytes[int(layer)], otypes=[np.float64])
+    moved = (reads.misses + reads.prefetched) * per_expert(reads.layer) if len(reads.layer) else 0
+    wall = float(mid["wall_ms"].sum())
+    parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
+    token_ms = wall / n
+    spread = _spread(profile, parts, bool(overlap), token_ms)
+    rel, _q = half_width(profile.coverage, spread, model_error(profile))
+    moved_mib = np.bincount(reads.step, weights=moved, minlength=reads.n_tokens) / MIB
+    steady = steady_state(pd.DataFrame({"wall_ms": mid["wall_ms"], "read_mib": moved_mib}))
+    window = steady.mask()
+
+    def rate(scale: float, rows: np.ndarray | None = None) -> float:
+        wall_ms = mid["wall_ms"].to_numpy() if rows is None else mid["wall_ms"].to_numpy()[rows]
+        total = float(wall_ms.sum()) * scale
+        if scale <= 0:
+            return float("inf")
+        return 1000.0 * len(wall_ms) / total if total > 0 else float("inf")
+
+    def steady_rate(scale: float) -> float:
+        return rate(scale, window) if steady.steady_tokens else float("nan")
+
+    low, high = 1.0 + rel, 1.0 - rel
+    return {
+        "overlap": int(bool(overlap)),
+        "tok_s": rate(1.0),
+        "tok_s_low": rate(low),
+        "tok_s_high": rate(high),
+        "steady_tok_s": steady_rate(1.0),
+        "steady_tok_s_low": steady_rate(low),
+        "steady_tok_s_high": steady_rate(high),
+        "warmup_tokens": float("nan") if steady.warmup_tokens is None else steady.warmup_tokens,
+        "mib_per_token": float(np.sum(moved)) / n / MIB,
+        "hit_pct": reads.hit_pct,
+        "hit_pct_decode": reads.hit_pct_decode,
+        "token_ms": token_ms,
+        **{f"{k}_ms": v for k, v in parts.items()},
+        **{f"{k}_pct": 100.0 * v / token_ms if token_ms else 0.0 for k, v in parts.items()},
+        "misses_per_token": float(reads.misses.sum()) / n,
+        "prefetched_per_token": float(reads.prefetched.sum()) / n,
+        "faults_per_token": faults,
+        "interval_pct": 100.0 * rel,
+        "spread_pct": 100.0 * interval_z(profile.coverage) * spread,
+        "unpriced": unpriced(profile, bool(overlap)),
+    }
+
+
+__all__ = ["memory_faults", "predict_cell", "token_times"]

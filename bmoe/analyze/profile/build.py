@@ -1,0 +1,133 @@
+"""Build the device profile from the runs: a short sequence of named sections (see the
+package docstring for what each term is measured from)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bmoe.analyze.predict import request_latency_ms
+from bmoe.analyze.profile.evidence import Evidence
+from bmoe.analyze.profile.holdout import model_error_section
+from bmoe.analyze.profile.model import model_section
+from bmoe.analyze.profile.runs import ProfileRun, RunConfig, run_config
+from bmoe.analyze.profile.sections import measure
+from bmoe.analyze.profile.state import run_state
+from bmoe.analyze.profile.tokens import token_frame
+from bmoe.errors import BmoeError
+from bmoe.formats.profile import DEFAULT_COVERAGE, DeviceProfile, profile_from_dict
+from bmoe.formats.route import RouteTrace
+
+
+def _refuse_unusable(run: ProfileRun, config: RunConfig) -> None:
+    rows = run.metrics.rows
+    need = [c for c in ("wall_ms", "compute_ms") if c not in rows]
+    if need:
+        raise BmoeError(f"{run.name}: no {need[0]} column (a profile needs per-token times)")
+    if not len(rows):
+        raise BmoeError(f"{run.name}: no token rows")
+    if not config.streaming:
+        raise BmoeError(
+            f"{run.name}: a run without expert streaming (plain mmap) measures no flash reads "
+            "or cache: nothing of it applies to a streaming configuration"
+        )
+    if "io_ms" not in rows and run.io is None:
+        raise BmoeError(
+            f"{run.name}: no io_ms column and no io trace: the flash wait of its tokens is "
+            "unknown (a profile needs it)"
+        )
+
+
+def _configs(runs: Sequence[ProfileRun]) -> dict[str, RunConfig]:
+    """Each run's configuration; runs that cannot be profiled, or at different top-k, are
+    refused."""
+    if not runs:
+        raise BmoeError("no runs to build a profile from")
+    configs = {r.name: run_config(r) for r in runs}
+    for run in runs:
+        _refuse_unusable(run, configs[run.name])
+    ks = {c.n_expert_used for c in configs.values() if c.n_expert_used}
+    if len(ks) > 1:
+        named = ", ".join(f"{n} (top-{c.n_expert_used})" for n, c in configs.items())
+        raise BmoeError(f"the runs ran at different top-k: {named}; one profile per top-k")
+    return configs
+
+
+def _evidence(runs: Sequence[ProfileRun], configs: dict[str, RunConfig], model: dict) -> Evidence:
+    """Per run its tokens in the model's read units and its system state."""
+    sized = bool(model["expert_bytes"])
+    unit = float(model["read_unit_bytes"])
+    n_layers = len(model["expert_bytes"]) or None
+    slices = model["slices_per_expert"]
+    req = float(np.median(list(model["expert_bytes"].values()))) / slices if sized else unit
+    tokens = {r.name: token_frame(r, unit, n_layers) for r in runs}
+    states = [run_state(r, tokens[r.name].frame, configs[r.name]) for r in runs]
+    return Evidence(list(runs), configs, tokens, states, slices, req)
+
+
+def _input_caveats(ev: Evidence, sized: bool) -> None:
+    """What the profile does not know (expert sizes) and what it assumed of the runs."""
+    if not sized:
+        ev.caveats.append(
+            "expert sizes unknown (no route trace, model file or preamble said): reads are "
+            "priced per MiB and a route trace cannot be predicted with this profile; give "
+            "--trace ROUTE_TRACE of this model (or its GGUF) to price reads"
+        )
+    assumed: dict[tuple[str, str], list[str]] = {}
+    for name, config in ev.configs.items():
+        for key, how in config.assumed.items():
+            if key in ("io_threads", "threads", "prefetch", "cache_mb"):
+                assumed.setdefault((key, how), []).append(Path(name).name)
+    for (key, how), names in assumed.items():
+        ev.caveats.append(f"{key} {how} ({', '.join(names)})")
+
+
+def build_profile(
+    runs: Sequence[ProfileRun],
+    *,
+    allow_traced: bool = False,
+    trace: RouteTrace | None = None,
+    expert_sizes: Mapping[int, int] | None = None,
+    sizes_from: str | None = None,
+    coverage: float = DEFAULT_COVERAGE,
+    model_meta: Mapping[str, Any] | None = None,
+) -> DeviceProfile:
+    """The device profile these runs measure (see the package docstring). `trace` is a route
+    trace of the same model (its expert sizes); `expert_sizes` sizes read from the model
+    file (`sizes_from` says which; `model_meta` its ``n_layer`` and ``n_expert``, refused
+    when a run's differ); `coverage` the coverage the prediction intervals of the profile
+    are to have. The profile's ``model_error`` is measured by holding out each configuration
+    its runs measured (see :mod:`bmoe.analyze.profile.holdout`)."""
+    configs = _configs(runs)
+    model = model_section(runs, trace, expert_sizes, sizes_from, model_meta)
+    ev = _evidence(runs, configs, model)
+    _input_caveats(ev, bool(model["expert_bytes"]))
+    profile = measure(ev, model, allow_traced=allow_traced, coverage=coverage)
+    profile.model_error = model_error_section(ev, model, allow_traced=allow_traced)
+    return profile_from_dict(json.loads(json.dumps(profile.to_dict())))  # validated
+
+
+def with_probe(profile: DeviceProfile, flash: pd.DataFrame, where: str) -> DeviceProfile:
+    """`profile` with its flash latencies replaced by a probe's (`where` it was measured);
+    the per-batch overhead the runs measured (the engine's, not the device's) is kept, per
+    lane count as the prediction interpolates it."""
+    table = flash.copy()
+    req = float(table["req_bytes"].median())
+    table["batch_overhead_ms"] = [
+        request_latency_ms(profile.flash, req, int(lanes))[1] for lanes in table["lanes"]
+    ]
+    table["source"] = "probe"
+    data = profile.to_dict()
+    data["flash"] = table.to_dict(orient="records")
+    data["caveats"] = [*profile.caveats, f"flash latency measured by probe on {where}"]
+    if "flash" in data.get("terms", {}):
+        data["terms"]["flash"]["note"] = f"probe on {where}"
+    return profile_from_dict(data)
+
+
+__all__ = ["build_profile", "with_probe"]

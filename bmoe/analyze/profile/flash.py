@@ -1,0 +1,276 @@
+"""The profile's flash table: request latency by lane count, from io traces where the runs
+have them, else from the serial runs' ``io_ms`` against their reads, else from the lanes'
+busy time of ``--overlap`` runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from bmoe.analyze.predict import MIB, OVERLAP_SOURCE, batch_flash_ms, request_latency_ms
+from bmoe.analyze.profile.evidence import Evidence
+from bmoe.analyze.profile.fits import fit_two
+from bmoe.analyze.profile.runs import ProfileRun, RunConfig
+from bmoe.analyze.profile.spread import provenance, term_spread
+from bmoe.analyze.profile.tokens import Tokens
+from bmoe.errors import BmoeError
+from bmoe.formats.decode import IoTrace
+
+_EMPTY = ["lanes", "req_bytes", "latency_ms"]
+
+
+def flash_table(io_traces: Iterable[tuple[IoTrace, int]]) -> pd.DataFrame:
+    """Request latency by (lanes, request size) from io traces (each with the lane count it
+    ran with): median, 10th and 90th percentile (ms), throughput at that many lanes, reads.
+    Demand reads only (speculative ones queue behind them)."""
+    parts = []
+    for trace, lanes in io_traces:
+        rows = trace.rows
+        if not len(rows):
+            continue
+        rows = rows[rows["spec"] == 0] if "spec" in rows else rows
+        parts.append(
+            pd.DataFrame(
+                {
+                    "lanes": lanes,
+                    "req_bytes": rows["req_bytes"].to_numpy(np.int64),
+                    "read_bytes": rows["read_bytes"].to_numpy(np.int64),
+                    "latency_ms": rows["latency_ns"].to_numpy(np.float64) / 1e6,
+                }
+            )
+        )
+    if not parts:
+        return pd.DataFrame(columns=_EMPTY)
+    reads = pd.concat(parts, ignore_index=True)
+    grouped = reads.groupby(["lanes", "req_bytes"])
+    table = grouped["latency_ms"].agg(
+        latency_ms="median",
+        latency_ms_p10=lambda s: s.quantile(0.1),
+        latency_ms_p90=lambda s: s.quantile(0.9),
+        reads="size",
+    )
+    moved = grouped["read_bytes"].median()
+    table["mib_s"] = (
+        table.index.get_level_values("lanes") * moved / MIB / (table["latency_ms"] / 1e3)
+    )
+    out = table.reset_index()
+    out["source"] = "io trace"
+    return out
+
+
+def waves(batches: np.ndarray, slices: int, lanes: int) -> np.ndarray:
+    """Per token, the read waves of its batches at `lanes` lanes."""
+    return np.ceil(batches * slices / max(lanes, 1)).sum(axis=1)
+
+
+def _batch_overhead(table, runs, tokens, lanes, slices, req) -> float:
+    """Per read batch, the flash wait the metrics recorded beyond the requests' latency."""
+    if not runs:
+        return 0.0
+    flash = table.assign(batch_overhead_ms=0.0)[table["lanes"] == lanes]
+    spent = predicted = batches = 0.0
+    for run in runs:
+        t = tokens[run.name]
+        io = t.values("io_ms")
+        if not np.isfinite(io).any():
+            continue
+        requests = t.batches * slices
+        reading = requests > 0
+        keep = np.isfinite(io)
+        spent += float(io[keep].sum())
+        per = batch_flash_ms(flash, requests[keep].ravel(), req, lanes)
+        predicted += float(per.sum())
+        batches += float(reading[keep].sum())
+    return max(0.0, (spent - predicted) / batches) if batches else 0.0
+
+
+def _metrics_row(runs, tokens, lanes: int, slices: int, req: float) -> dict | None:
+    """One lane count's row from the serial runs' ``io_ms`` (see :func:`flash_from_metrics`)."""
+    io, batches, wave, ratios = [], [], [], []
+    for run in runs:
+        t = tokens[run.name]
+        w = waves(t.batches, slices, lanes)
+        b = (t.batches > 0).sum(axis=1).astype(float)
+        y = t.values("io_ms")
+        keep = np.isfinite(y) & (w > 0)
+        io.append(y[keep])
+        batches.append(b[keep])
+        wave.append(w[keep])
+        ratios.append(y[keep] / w[keep])
+    if not io or not sum(len(x) for x in io):
+        return None
+    y, b, w = np.concatenate(io), np.concatenate(batches), np.concatenate(wave)
+    overhead, latency = fit_two(b, w, y)
+    per_wave = np.concatenate(ratios)
+    median = float(np.median(per_wave))
+    scale = latency / median if median > 0 else 1.0
+    return {
+        "lanes": lanes,
+        "req_bytes": int(req),
+        "latency_ms": latency,
+        "latency_ms_p10": float(np.quantile(per_wave, 0.1)) * scale,
+        "latency_ms_p90": float(np.quantile(per_wave, 0.9)) * scale,
+        "batch_overhead_ms": overhead,
+        "mib_s": lanes * req / MIB / (latency / 1e3) if latency > 0 else None,
+        "reads": int(np.sum(w) * lanes),
+        "source": "io_ms",
+    }
+
+
+def flash_from_metrics(runs, tokens, configs, slices, req) -> pd.DataFrame:
+    """Without io traces, from serial runs: per lane count, ``io_ms`` per token fitted as
+    ``batch_overhead x batches + latency x waves`` (a wave: one request on each busy lane)."""
+    out = []
+    for lanes in sorted({configs[r.name].io_threads for r in runs}):
+        chosen = [r for r in runs if configs[r.name].io_threads == lanes]
+        row = _metrics_row(chosen, tokens, lanes, slices, req)
+        if row is not None:
+            out.append(row)
+    return pd.DataFrame(out) if out else pd.DataFrame(columns=_EMPTY)
+
+
+def flash_from_overlap(runs, tokens, configs, slices, req) -> pd.DataFrame:
+    """From ``--overlap`` runs (``io_ms`` is the lanes' busy time there): per lane count, the
+    busy time per request, a request's latency while the lanes read side by side."""
+    out = []
+    for lanes in sorted({configs[r.name].io_threads for r in runs}):
+        busy, requests = [], []
+        for run in (r for r in runs if configs[r.name].io_threads == lanes):
+            t = tokens[run.name]
+            y = t.values("io_ms")
+            n = (t.values("misses") + t.values("prefetched")) * slices
+            keep = np.isfinite(y) & (n > 0)
+            busy.append(y[keep])
+            requests.append(n[keep])
+        if not busy or not sum(len(x) for x in busy):
+            continue
+        y, n = np.concatenate(busy), np.concatenate(requests)
+        latency = float(y.sum() / n.sum())
+        per = y / n
+        out.append(
+            {
+                "lanes": lanes,
+                "req_bytes": int(req),
+                "latency_ms": latency,
+                "latency_ms_p10": float(np.quantile(per, 0.1)),
+                "latency_ms_p90": float(np.quantile(per, 0.9)),
+                "batch_overhead_ms": 0.0,
+                "mib_s": lanes * req / MIB / (latency / 1e3) if latency > 0 else None,
+                "reads": int(n.sum()),
+                "source": OVERLAP_SOURCE,
+            }
+        )
+    return pd.DataFrame(out) if out else pd.DataFrame(columns=_EMPTY)
+
+
+def flash_fitted(table, tokens: Tokens, config: RunConfig, slices: int, req: float):
+    """Per token, the ``io_ms`` the flash table says: the batches' wait in serial, the lanes'
+    busy time (latency per request) under overlap."""
+    lanes = config.io_threads
+    if config.overlap:
+        latency, _ = request_latency_ms(table, req, lanes)
+        return latency * ((tokens.values("misses") + tokens.values("prefetched")) * slices)
+    requests = tokens.batches * slices
+    per = batch_flash_ms(table, requests.ravel(), req, lanes).reshape(requests.shape)
+    return per.sum(axis=1)
+
+
+def _fitted(ev: Evidence, table: pd.DataFrame, runs: Sequence[ProfileRun]) -> dict[str, np.ndarray]:
+    """:func:`flash_fitted` of every run, the serial runs of one lane count priced in one
+    call (the same figures, the lane curve interpolated once)."""
+    out: dict[str, np.ndarray] = {}
+    serial: dict[int, list[ProfileRun]] = {}
+    for run in runs:
+        config = ev.configs[run.name]
+        if config.overlap:
+            out[run.name] = flash_fitted(table, ev.tokens[run.name], config, ev.slices, ev.req)
+        else:
+            serial.setdefault(config.io_threads, []).append(run)
+    for lanes, group in serial.items():
+        requests = [ev.tokens[r.name].batches * ev.slices for r in group]
+        flat = np.concatenate([r.ravel() for r in requests])
+        per = batch_flash_ms(table, flat, ev.req, lanes)
+        parts = np.split(per, np.cumsum([r.size for r in requests])[:-1])
+        for run, shape, part in zip(group, requests, parts, strict=True):
+            out[run.name] = part.reshape(shape.shape).sum(axis=1)
+    return {r.name: out[r.name] for r in runs}
+
+
+def _from_io_traces(ev: Evidence, serial: Sequence[ProfileRun]):
+    """The table of the serial runs' io traces (per-batch overhead from their ``io_ms``),
+    completed by lane counts only untraced serial runs measured; its runs and columns."""
+    configs = ev.configs
+    table = flash_table((r.io, configs[r.name].io_threads) for r in serial if r.io is not None)
+    if not len(table):
+        return table, [], []
+    table["batch_overhead_ms"] = 0.0
+    for lanes in sorted(table["lanes"].unique()):
+        at = [r for r in serial if configs[r.name].io_threads == lanes]
+        table.loc[table["lanes"] == lanes, "batch_overhead_ms"] = _batch_overhead(
+            table, at, ev.tokens, int(lanes), ev.slices, ev.req
+        )
+    runs = [r for r in serial if r.io is not None]
+    columns = ["io trace latency_ns", "io_ms"]
+    traced_lanes = set(table["lanes"])
+    rest = [r for r in serial if configs[r.name].io_threads not in traced_lanes]
+    more = flash_from_metrics(rest, ev.tokens, configs, ev.slices, ev.req)
+    if len(more):  # lane counts only untraced runs measured: from their io_ms
+        table = pd.concat([table, more], ignore_index=True)
+        runs += [r for r in rest if ev.measured(r, "io_ms")]
+        columns.append("read_bytes")
+    return table, runs, columns
+
+
+def _lane_note(table: pd.DataFrame) -> str:
+    lanes_seen = sorted(int(x) for x in table["lanes"].unique())
+    if len(lanes_seen) == 1:
+        return (
+            f"measured at {lanes_seen[0]} lanes only (one point of the lane curve: other lane "
+            "counts are scaled per lane, throughput held past it)"
+        )
+    return f"lane curve from {', '.join(map(str, lanes_seen))} lanes"
+
+
+def flash_section(ev: Evidence) -> pd.DataFrame:
+    """The flash table (io traces, else the serial runs' io_ms, else the overlap runs' lane
+    time) and its term record in ``ev.terms``; refused when no run measured flash."""
+    configs = ev.configs
+    serial = [r for r in ev.runs if not configs[r.name].overlap]
+    overlapped = [r for r in ev.runs if configs[r.name].overlap]
+    table, flash_runs, flash_cols = _from_io_traces(ev, serial)
+    if not len(table):
+        table = flash_from_metrics(serial, ev.tokens, configs, ev.slices, ev.req)
+        flash_runs = [r for r in serial if ev.measured(r, "io_ms")]
+        flash_cols = ["io_ms", "read_bytes"]
+    lane_counts = set(table["lanes"]) if len(table) else set()
+    others = [r for r in overlapped if configs[r.name].io_threads not in lane_counts]
+    extra = flash_from_overlap(others, ev.tokens, configs, ev.slices, ev.req)
+    if len(extra):
+        table = pd.concat([table, extra], ignore_index=True) if len(table) else extra
+        flash_runs += others
+        flash_cols.append("io_ms (lane busy time under --overlap)")
+    if not len(table):
+        raise BmoeError(
+            "no flash measurement among the runs: no io trace and no token that read experts "
+            "with an io_ms column"
+        )
+    measured = {r.name: ev.values(r, "io_ms") for r in flash_runs}
+    ev.terms["flash"] = provenance(
+        [r.name for r in flash_runs],
+        flash_cols,
+        term_spread(measured, _fitted(ev, table, flash_runs)),
+        note=_lane_note(table),
+    )
+    return table
+
+
+__all__ = [
+    "flash_fitted",
+    "flash_from_metrics",
+    "flash_from_overlap",
+    "flash_section",
+    "flash_table",
+    "waves",
+]

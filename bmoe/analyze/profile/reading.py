@@ -1,0 +1,134 @@
+"""Runs from metrics files and folders, with what was recorded beside each: its traces, the
+sweep's ``record.json``, the end-of-run lines (``.log`` / ``.out``) and the pressure
+sidecar."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bmoe.analyze.predict import MIB
+from bmoe.analyze.profile.runs import ProfileRun
+from bmoe.errors import BmoeError
+
+_STREAMING_LINE = re.compile(r"expert streaming ON\b(?P<rest>.*)$", re.MULTILINE)
+
+
+def streaming_line(text: str) -> dict[str, Any]:
+    """``io_threads`` and ``cache`` (MiB) from the engine's ``expert streaming ON`` log line."""
+    match = _STREAMING_LINE.search(text)
+    if match is None:
+        return {}
+    rest = match["rest"]
+    out: dict[str, Any] = {}
+    lanes = re.search(r"io_threads=(\d+)", rest)
+    if lanes:
+        out["io_threads"] = int(lanes[1])
+    cache = re.search(r"cache=(\d+(?:\.\d+)?)\s*MiB", rest)
+    if cache:
+        out["cache"] = float(cache[1])
+    return out
+
+
+def _record(path: Path, run: ProfileRun) -> None:
+    """The sweep's record.json of a run folder's ``run.csv``."""
+    record = path.parent / "record.json"
+    if record.is_file() and path.name == "run.csv":
+        try:
+            data = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = None
+        run.record = data if isinstance(data, dict) else None
+
+
+def _run_output(log: Path, run: ProfileRun) -> None:
+    """The end-of-run figures, pressure and streaming line of one ``.log`` / ``.out``."""
+    from bmoe.formats.runlog import read_run_output
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            output = read_run_output(log)
+        except (BmoeError, OSError):
+            return
+    run.log = {**output.figures, **run.log}
+    run.pressure = {**output.pressure, **run.pressure}
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    run.streaming_line = run.streaming_line or streaming_line(text)
+
+
+def _beside(path: Path, run: ProfileRun) -> None:
+    """Fill `run` with what was recorded beside its metrics file: the sweep's record.json
+    (a run folder), the end-of-run lines (``.log`` / ``.out``) and the pressure sidecar."""
+    from bmoe.formats.sidecar import pressure_sidecar_for, read_pressure
+
+    _record(path, run)
+    for suffix in (".log", ".out"):
+        log = path.with_suffix(suffix)
+        if log.is_file() and log.stat().st_size <= 64 * MIB:
+            _run_output(log, run)
+    sidecar = pressure_sidecar_for(path)
+    if sidecar is not None:
+        with contextlib.suppress(BmoeError, OSError):
+            run.pressure = {**read_pressure(sidecar), **run.pressure}
+
+
+def _metrics_paths(paths: list[os.PathLike | str]) -> list[Path]:
+    """The metrics files among `paths` and inside the folders among them."""
+    from bmoe.formats.detect import detect_bytes
+    from bmoe.formats.load import read_head
+
+    found: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            candidates = sorted(p for p in path.rglob("*") if p.is_file())
+        elif path.is_file():
+            candidates = [path]
+        else:
+            raise BmoeError(f"{path}: no such file or folder")
+        for candidate in candidates:
+            if candidate.suffix in (".csv", ".metrics", ".parquet") or candidate == path:
+                try:
+                    kind = detect_bytes(read_head(candidate, 4096))
+                except OSError:
+                    continue
+                if kind == "metrics":
+                    found.append(candidate)
+    return found
+
+
+def read_runs(paths: Iterable[str | os.PathLike]) -> list[ProfileRun]:
+    """Runs from metrics CSVs (their traces, end-of-run lines, pressure sidecar and sweep
+    record beside them are found by name) or folders (every metrics CSV inside,
+    recursively)."""
+    from bmoe.analyze.runfiles import traces_beside
+    from bmoe.formats.detect import detect_bytes
+    from bmoe.formats.load import load_file, read_head
+
+    paths = list(paths)
+    metrics_paths = _metrics_paths(paths)
+    if not metrics_paths:
+        raise BmoeError(f"no metrics CSV in {', '.join(map(str, paths))}")
+    runs = []
+    for path in metrics_paths:
+        run = ProfileRun(load_file(path, "metrics"))
+        for trace in traces_beside(path):
+            kind = detect_bytes(read_head(trace, 4096))
+            if kind is not None:
+                setattr(run, kind, load_file(trace, kind))
+        _beside(path, run)
+        runs.append(run)
+    return runs
+
+
+__all__ = ["read_runs", "streaming_line"]

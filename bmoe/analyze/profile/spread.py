@@ -1,0 +1,137 @@
+"""How settled a term of the profile is: the spread of its per-run means and of its means
+over blocks of tokens, and the record of where it came from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+#: A term whose contributing runs' means differ by more than this (%, max over min) is
+#: unsettled: the runs disagree about it.
+RUNS_DISAGREE_PCT = 25.0
+#: Tokens per block when a run's tokens are cut into blocks for the spread of a term's mean.
+BLOCK_TOKENS = 16
+#: A term whose mean is uncertain by more than this (%, standard error from its block means)
+#: is unsettled.
+TERM_SE_PCT = 10.0
+#: Parts a run is cut into for how much its mean drifts (the interval's width).
+RUN_PARTS = 4
+
+
+def _block_ratios(values: np.ndarray, model: np.ndarray, parts: int | None = None) -> np.ndarray:
+    """Per block of :data:`BLOCK_TOKENS` consecutive tokens (at least two where there are 4
+    tokens or more; or `parts` equal blocks), measured over modelled: sum(values) /
+    sum(model)."""
+    keep = np.isfinite(values) & np.isfinite(model)
+    values, model = values[keep], model[keep]
+    n = len(values)
+    if not n:
+        return np.asarray([])
+    k = 1 if n < 4 else (min(parts, n) if parts else max(2, n // BLOCK_TOKENS))
+    out = []
+    for v, m in zip(np.array_split(values, k), np.array_split(model, k), strict=True):
+        if m.sum() > 0:
+            out.append(v.sum() / m.sum())
+    return np.asarray(out)
+
+
+def _drift(values: dict[str, np.ndarray], model: dict[str, np.ndarray]) -> float:
+    """How far a quarter of a run strays from its run (relative sd), pooled over runs."""
+    quarters = [_block_ratios(values[n], model[n], RUN_PARTS) for n in values]
+    spreads = [np.std(q / q.mean(), ddof=1) for q in quarters if len(q) > 1 and q.mean() > 0]
+    return float(np.sqrt(np.mean(np.square(spreads)))) if spreads else 0.0
+
+
+def _run_ratios(values: dict[str, np.ndarray], model: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per run, its measured total over its modelled total."""
+    out = {}
+    for name in values:
+        keep = np.isfinite(values[name]) & np.isfinite(model[name])
+        total = float(model[name][keep].sum())
+        if total > 0:
+            out[name] = float(values[name][keep].sum()) / total
+    return out
+
+
+def term_spread(
+    per_run: Mapping[str, np.ndarray], fitted: Mapping[str, np.ndarray] | None = None
+) -> dict[str, Any]:
+    """How settled a term is, from its per-token values in each run it came from, as ratios
+    to what the term's model says per token (`fitted`: its fit, where the term depends on the
+    reads; else its mean): the mean, each run's ratio, the coefficient of variation of the
+    ratios over blocks of tokens (within runs) and over runs, the standard error of the
+    mean from the blocks, and ``sd_rel``, how much a run's mean of the term moves (between
+    runs or between quarters of a run, whichever is larger)."""
+    values = {n: np.asarray(v, dtype=np.float64) for n, v in per_run.items()}
+    every: np.ndarray = (
+        np.concatenate([v[np.isfinite(v)] for v in values.values()]) if values else np.array([])
+    )
+    mean = float(np.mean(every)) if len(every) else float("nan")
+    if fitted is None:
+        model = {n: np.full(len(v), mean) for n, v in values.items()}
+    else:
+        model = {n: np.asarray(fitted[n], dtype=np.float64) for n in values}
+    blocks = [_block_ratios(values[n], model[n]) for n in values]
+    ratios = np.concatenate(blocks) if blocks else np.asarray([])
+    drift = _drift(values, model)
+    run_ratio = _run_ratios(values, model)
+    centre = float(np.mean(ratios)) if len(ratios) else 1.0
+    block_cv = float(np.std(ratios, ddof=1) / centre) if len(ratios) > 1 and centre > 0 else 0.0
+    se = block_cv / np.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
+    run_values = np.asarray(list(run_ratio.values()))
+    if len(run_values) > 1 and run_values.mean() > 0:
+        run_cv = float(np.std(run_values, ddof=1) / run_values.mean())
+        disagree = float(100.0 * (run_values.max() / max(run_values.min(), 1e-12) - 1.0))
+    else:
+        run_cv, disagree = float("nan"), 0.0
+    return {
+        "value": mean,
+        "p10": float(np.quantile(every, 0.1)) if len(every) else float("nan"),
+        "p90": float(np.quantile(every, 0.9)) if len(every) else float("nan"),
+        "run_means": {n: float(np.nanmean(v)) for n, v in values.items() if np.isfinite(v).any()},
+        "run_ratios": run_ratio,
+        "block_cv_pct": 100.0 * block_cv,
+        "se_pct": 100.0 * se,
+        "run_cv_pct": 100.0 * run_cv if run_cv == run_cv else None,
+        "runs_disagree_pct": disagree,
+        "drift_cv_pct": 100.0 * drift,
+        "sd_rel": max(drift, run_cv) if len(run_values) > 1 else drift,
+        "tokens": len(every),
+    }
+
+
+def provenance(
+    runs: Sequence[str], columns: Sequence[str], spread: dict[str, Any], note: str = ""
+) -> dict[str, Any]:
+    """A term's record: where it came from, its spread, and whether it is settled (with why
+    not: the runs disagree about it by more than :data:`RUNS_DISAGREE_PCT` %, or its mean is
+    uncertain by more than :data:`TERM_SE_PCT` %)."""
+    why = []
+    if spread.get("runs_disagree_pct", 0.0) > RUNS_DISAGREE_PCT:
+        means = ", ".join(f"{v:.3g}" for v in spread["run_means"].values())
+        why.append(f"its runs disagree by {spread['runs_disagree_pct']:.0f} % (run means {means})")
+    if spread.get("se_pct", 0.0) > TERM_SE_PCT:
+        why.append(
+            f"its mean is uncertain by +-{spread['se_pct']:.0f} % (tokens vary by "
+            f"{spread['block_cv_pct']:.0f} % from block to block)"
+        )
+    return {
+        "runs": list(runs),
+        "columns": list(columns),
+        **spread,
+        "settled": not why,
+        "why": "; ".join(why) or None,
+        "note": note or None,
+    }
+
+
+__all__ = [
+    "BLOCK_TOKENS",
+    "RUNS_DISAGREE_PCT",
+    "RUN_PARTS",
+    "TERM_SE_PCT",
+    "provenance",
+    "term_spread",
+]

@@ -1,0 +1,159 @@
+"""Trace preparation: rows cut into batches of dense key ids in the reference batch order, and
+each lookup's next use (for the policies that read the future)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from bmoe.cache.kernels.shared import OPTS
+
+SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+
+
+@njit(**OPTS)
+def batch_sort_key(turn, phase, step, layer, slot, t0, s0, l0, o0, span, n_slot):
+    """Each row's place in the reference batch order as one int64 (turn, phase, then step
+    before layer in decode and layer before step in prefill, slot), and whether the rows
+    already are in that order. The caller checks that the ranges fit 62 bits."""
+    n = len(layer)
+    out = np.empty(n, dtype=np.int64)
+    ordered = True
+    prev = -1
+    for r in range(n):
+        st = np.int64(step[r]) - s0
+        ly = np.int64(layer[r]) - l0
+        dec = phase[r] != 0
+        key = (np.int64(turn[r]) - t0) * 2 + (1 if dec else 0)
+        if dec:
+            key = (key * span + st) * span + ly
+        else:
+            key = (key * span + ly) * span + st
+        key = key * n_slot + (np.int64(slot[r]) - o0)
+        out[r] = key
+        if key < prev:
+            ordered = False
+        prev = key
+    return out, ordered
+
+
+@njit(**OPTS)
+def _row(order, i):
+    return order[i] if len(order) else i
+
+
+@njit(**OPTS)
+def count_batches(order, turn, phase, step, layer):
+    """The batches of the rows taken in `order` (empty: as they are): a batch ends where
+    the turn, the phase or the layer changes, or the step in decode."""
+    n = len(layer)
+    if n == 0:
+        return 0
+    count = 1
+    r0 = _row(order, 0)
+    for i in range(1, n):
+        r = _row(order, i)
+        if (
+            turn[r] != turn[r0]
+            or (phase[r] != 0) != (phase[r0] != 0)
+            or layer[r] != layer[r0]
+            or (phase[r] != 0 and step[r] != step[r0])
+        ):
+            count += 1
+        r0 = r
+    return count
+
+
+@njit(**OPTS)
+def cut_batches(
+    order, turn, phase, step, layer, expert, resident, part_of, n_e, n_b, n_keys, look_row
+):
+    """Rows taken in `order` (empty: as they are) cut into `n_b` batches (see
+    :func:`count_batches`) of lookups, in one pass: per batch its first row, the lookup
+    bounds, whether an id repeated and how many lookups the run recorded as resident (the
+    row's `resident` flag at a key's first row; `resident` may be empty); per lookup the
+    dense key id (``part_of[layer] * n_e + expert``) in first-seen order (``look``) and in
+    last-touch order (``rec``), and, when `look_row` has a slot per row, the row of each
+    lookup's first sight in it."""
+    n = len(layer)
+    has_res = len(resident) == n
+    want_rows = len(look_row) == n
+    mark = np.full(n_keys, -1, dtype=np.int64)
+    look = np.empty(n, dtype=np.int32)
+    rec = np.empty(n, dtype=np.int32)
+    first_row = np.empty(n_b, dtype=np.int64)
+    bounds = np.zeros(n_b + 1, dtype=np.int64)
+    repeated = np.zeros(n_b, dtype=np.bool_)
+    recorded = np.zeros(n_b, dtype=np.int64)
+    m = 0
+    b = -1
+    s = 0
+    r0 = -1
+    for i in range(n + 1):
+        r = _row(order, i) if i < n else -1
+        new = i == n or i == 0
+        if not new:
+            new = (
+                turn[r] != turn[r0]
+                or (phase[r] != 0) != (phase[r0] != 0)
+                or layer[r] != layer[r0]
+                or (phase[r] != 0 and step[r] != step[r0])
+            )
+        if new and b >= 0:  # close batch b (rows s .. i-1)
+            start = bounds[b]
+            bounds[b + 1] = m
+            if m - start != i - s:
+                repeated[b] = True
+                pos = m
+                for j in range(i - 1, s - 1, -1):
+                    rj = _row(order, j)
+                    k = part_of[layer[rj]] * n_e + expert[rj]
+                    if mark[k] != -2 - b:
+                        mark[k] = -2 - b
+                        pos -= 1
+                        rec[pos] = k
+            else:
+                for j in range(start, m):
+                    rec[j] = look[j]
+        if i == n:
+            break
+        if new:
+            b += 1
+            s = i
+            first_row[b] = r
+        k = part_of[layer[r]] * n_e + expert[r]
+        if mark[k] != b:
+            mark[k] = b
+            look[m] = k
+            if want_rows:
+                look_row[m] = r
+            if has_res and resident[r]:
+                recorded[b] += 1
+            m += 1
+        r0 = r
+    if m < n - n // 4:  # give back the room of the repeats
+        return look[:m].copy(), rec[:m].copy(), first_row, bounds, repeated, recorded
+    return look[:m], rec[:m], first_row, bounds, repeated, recorded
+
+
+@njit(**OPTS)
+def next_uses(bounds, look, n_keys):
+    """For each lookup, the next batch looking the same key up; the number of batches
+    (one past the last) if none."""
+    n_b = len(bounds) - 1
+    return next_uses_continue(bounds, look, np.full(n_keys, n_b, dtype=np.int32), 0)
+
+
+@njit(**OPTS)
+def next_uses_continue(bounds, look, nextb, b0):
+    """:func:`next_uses` of the batches numbered from `b0` on, `nextb` (per key, the first
+    batch after them looking it up, updated in place) carried from the chunk after: chunks
+    given last to first give the next uses of a whole."""
+    n_b = len(bounds) - 1
+    out = np.empty(len(look), dtype=np.int32)
+    for b in range(n_b - 1, -1, -1):
+        for i in range(bounds[b], bounds[b + 1]):
+            k = look[i]
+            out[i] = nextb[k]
+            nextb[k] = b0 + b
+    return out

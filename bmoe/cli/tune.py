@@ -1,0 +1,111 @@
+"""``bmoe tune CONFIG`` (find the best configuration of a device in a fraction of a grid's
+runs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from bmoe.cli import app, console, err_console
+from bmoe.errors import BmoeError
+from bmoe.render.messages import literal
+
+
+@app.command("tune")
+def tune_command(
+    config: Path = typer.Argument(
+        ...,
+        help="Tune configuration (a sweep's TOML with a tune table), or a tune folder to resume.",
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Output root (default: the config's output, else bench-data/)."
+    ),
+    plain: bool = typer.Option(
+        False,
+        "--plain",
+        help="Plain log lines instead of the live display (automatic when "
+        "stdout is not a terminal).",
+    ),
+) -> None:
+    """Search a sweep configuration's grid for the best cell by the tune table's objective,
+    running only the cells that can still change the answer: a traced calibration run, then
+    rounds of predict (the device profile), run (the sweep's runner and archive), refit,
+    until the best cell is settled against the cells that could reach it or the budget is
+    spent. The folder is a sweep archive with tune.json (every round's decisions).
+
+    Example: bmoe tune sweeps/tiny-tune.toml
+    Example: bmoe tune bench-data/2026-12-01-tiny-tune   # resume after a kill
+    Example: bmoe sweep sweeps/tiny-tune.toml   # the full grid of the same file
+    """
+    from contextlib import ExitStack
+
+    from bmoe.sweep.archive import CONFIG, ArchiveWriter
+    from bmoe.sweep.lock import folder_lock, name_lock
+    from bmoe.sweep.tune_config import load_tune_config, resolved_tune_toml
+
+    folder: Path | None = None
+    if config.is_dir():
+        folder, config = config, config / CONFIG
+        if not (folder / "tune.json").is_file() and not config.is_file():
+            raise BmoeError(f"{folder}: not a tune folder (no {CONFIG})")
+    cfg = load_tune_config(config)
+    root = output or Path(cfg.sweep.settings.output)
+    _check_flags(cfg)
+    locks = ExitStack()
+    try:
+        locks.enter_context(name_lock(folder.parent if folder else root, cfg.sweep.settings.name))
+        if folder is not None:
+            locks.enter_context(folder_lock(folder))
+            archive = ArchiveWriter.open(folder)
+        else:
+            archive = ArchiveWriter.create(root, cfg.sweep.settings.name, resolved_tune_toml(cfg))
+            locks.enter_context(folder_lock(archive.root))
+        _run(cfg, archive, plain)
+    finally:
+        locks.close()
+
+
+def _check_flags(cfg) -> None:
+    import tempfile
+
+    from bmoe.sweep.flags import check_flags
+    from bmoe.sweep.targets import open_target
+    from bmoe.sweep.tune import Tuner
+
+    cells = [*Tuner.cells_to_check(cfg)]
+    with tempfile.TemporaryDirectory(prefix="bmoe-check-") as state:
+        targets = [open_target(s, Path(state)) for s in cfg.sweep.targets]
+        try:
+            local = cfg.sweep.settings.executor == "local"
+            for note in check_flags(cfg.sweep, cells, targets, probe=local):
+                err_console.print(f"note: {note}", highlight=False, markup=False)
+        finally:
+            for target in targets:
+                target.close()
+
+
+def _run(cfg, archive, plain: bool) -> None:
+    import signal
+
+    from bmoe.render.progress import LiveProgress, PlainProgress
+    from bmoe.render.tune import tune_report
+    from bmoe.sweep.tune import Tuner
+
+    def to_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if sys.platform != "win32":
+        signal.signal(signal.SIGTERM, to_interrupt)
+    use_plain = plain or not console.is_terminal
+    sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)
+    try:
+        with sink:
+            outcome = Tuner(cfg, archive, sink=sink).run()
+    except KeyboardInterrupt:
+        err_console.print(literal(f"interrupted; resume with: bmoe tune {archive.root}"))
+        raise typer.Exit(130) from None
+    console.print(literal(tune_report(outcome.state)), highlight=False, soft_wrap=True)
+    if not outcome.result.get("best"):
+        raise typer.Exit(1)
