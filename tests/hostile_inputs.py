@@ -730,10 +730,12 @@ PROFILE_COMMANDS = {
         "0.5",
     ],
     "sweep-profile": ["sweep", "{f}/sweep.toml", "--dry-run"],
+    "predict-against": ["predict", "-p", "{f}/profile.json", "--against", "{metrics}"],
 }
 CONFIG_COMMANDS = {
     "sweep-dry-run": ["sweep", "{f}/sweep.toml", "--dry-run"],
     "analyze-sweep": ["analyze", "sweep", "{f}/sweep.toml"],
+    "tune": ["tune", "{f}/sweep.toml", "-o", "{o}"],
 }
 #: Commands added since the first round, on files of the kind they take.
 NEW_COMMANDS = {
@@ -755,16 +757,19 @@ NEW_COMMANDS = {
     "analyze-sweep-csv": ["analyze", "sweep", "{f}", "-f", "csv"],
     "analyze-sweep-markdown": ["analyze", "sweep", "{f}", "-f", "markdown"],
     "stall-plot": ["analyze", "stall", "{f}", "--plot", "{o}/s.png"],
+    "profile-trace": ["profile", "{metrics}", "--trace", "{f}", "--allow-traced"],
+    "predict-against": ["predict", "{trace}", "-p", "{profile}", "--against", "{f}"],
+    "tune": ["tune", "{f}", "-o", "{o}"],
 }
 NEW_FOR_KIND = {
-    "route": ("predict-trace", "drop-json"),
-    "metrics": ("profile", "metrics-csv", "metrics-markdown", "stall-plot"),
+    "route": ("predict-trace", "drop-json", "profile-trace"),
+    "metrics": ("profile", "metrics-csv", "metrics-markdown", "stall-plot", "predict-against"),
     "io": ("io-metrics",),
     "compute": ("compute-csv", "compute-markdown"),
     "log": ("metrics-csv",),
 }
 NEW_GENERIC = ("convert-csv", "info-csv", "info-markdown")
-NEW_SWEEP = ("history", "history-json", "history-csv", "history-markdown",
+NEW_SWEEP = ("history", "predict-against", "history-json", "history-csv", "history-markdown",
              "analyze-sweep-csv", "analyze-sweep-markdown")  # fmt: skip
 
 

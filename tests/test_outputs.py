@@ -214,3 +214,57 @@ def test_the_output_helper_directly(tmp_path: Path):
     assert check_output(tmp_path / "new.csv", [src]) == tmp_path / "new.csv"
     with pytest.raises(BmoeError, match="is also the output"):
         check_outputs([tmp_path / "a", None, tmp_path / "." / "a"], [src])
+
+
+def test_predict_csv_is_never_a_measured_file_or_one_inside_a_measured_folder(corpus, tmp_path):
+    """``predict --against`` reads loose metrics files and folders: --csv over one of them, or
+    over a file inside a folder it reads, is refused even with --force."""
+    import json
+
+    from hostile_inputs import good_profile
+
+    tiny = corpus / "native-tiny"
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(good_profile(corpus)))
+    loose = tmp_path / "run.csv"
+    loose.write_bytes((tiny / "run.csv").read_bytes())
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    inner = folder / "a.csv"
+    inner.write_bytes(loose.read_bytes())
+    base = ["predict", str(tiny / "run.route.csv"), "-p", str(profile), "--against"]
+    for measured, dest in ((loose, loose), (folder, inner)):
+        before = dest.read_bytes()
+        result = run_in_process([*base, str(measured), "--csv", str(dest), "--force"])
+        assert result.code == 2 and "is also an input" in result.err, result.err
+        assert dest.read_bytes() == before
+    result = run_in_process([*base, str(loose), "--csv", str(profile), "--force"])
+    assert result.code == 2 and "is also an input" in result.err, result.err
+
+
+def test_profile_o_is_never_its_trace_or_model(corpus, tmp_path):
+    tiny = corpus / "native-tiny"
+    trace = tmp_path / "t.route.csv"
+    trace.write_bytes((tiny / "run.route.csv").read_bytes())
+    before = trace.read_bytes()
+    args = ["profile", str(tiny / "run.csv"), "--allow-traced", "--trace", str(trace)]
+    result = run_in_process([*args, "-o", str(trace), "--force"])
+    assert result.code == 2 and "is also an input" in result.err, result.err
+    assert trace.read_bytes() == before
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    result = run_in_process(["profile", str(tiny / "run.csv"), "--model", str(model),
+                             "-o", str(model), "--force"])  # fmt: skip
+    assert result.code == 2 and "is also an input" in result.err, result.err
+    assert model.read_bytes() == b"GGUF"
+
+
+def test_fidelity_save_is_never_the_reference_it_reads(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    ref = tmp_path / "ref.npz"
+    ref.write_bytes(b"keep")
+    args = ["run", "-m", str(model), "--fidelity-ref", str(ref), "--fidelity-save", str(ref)]
+    result = run_in_process([*args, "--force"])
+    assert result.code == 2 and "is also an input" in result.err, result.err
+    assert ref.read_bytes() == b"keep"

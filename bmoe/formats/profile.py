@@ -412,7 +412,8 @@ def parse_profile_text(text: str, where: str = "profile") -> Any:
             text, parse_constant=_NotFinite, parse_int=_integer, object_pairs_hook=_unique
         )
     except _Duplicate as exc:
-        raise BmoeError(f"{where}: key {_shown(exc.args[0])} appears twice in one object") from None
+        key = exc.args[0] if len(exc.args[0]) <= 40 else exc.args[0][:37] + "..."
+        raise BmoeError(f"{where}: key {key!r} appears twice in one object") from None
     except RecursionError:
         raise BmoeError(f"{where}: nested too deep (at most {MAX_DEPTH} levels)") from None
     except json.JSONDecodeError as exc:
