@@ -111,7 +111,8 @@ def test_an_all_zero_profile_is_refused_not_divided_by(corpus, tmp_path, profile
     """The dry run divided by the sum of its times (ZeroDivisionError)."""
     for section in ("compute", "mgmt"):
         profile_doc[section] = {k: 0 for k in profile_doc[section]}
-    profile_doc["flash"] = [{**row, **{k: 0 for k in row if k not in ("lanes", "req_bytes", "source")}}
+    kept = ("lanes", "req_bytes", "source")
+    profile_doc["flash"] = [{**row, **{k: 0 for k in row if k not in kept}}
                             for row in profile_doc["flash"]]  # fmt: skip
     path = _write(tmp_path, profile_doc)
     _one_error(_predict(corpus, path), "compute.token_ms must be > 0")
