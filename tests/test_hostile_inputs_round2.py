@@ -531,3 +531,12 @@ def test_a_full_disk_leaves_no_temporary_file(tmp_path, monkeypatch):
     mine.write_text("being written")
     archive.ArchiveWriter.open(tmp_path)
     assert not stale.exists() and mine.exists()
+
+
+def test_history_of_a_symlink_loop_is_one_line(tmp_path):
+    """``history LOOP LOOP`` resolved the folder to tell it was given twice (RuntimeError)."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    result = run_in_process(["history", str(loop), str(loop)])
+    assert result.code == 2 and result.traceback is None, result.err
+    assert "symbolic link loop" in result.err
