@@ -1,20 +1,42 @@
 """Robustness audit: every CLI command on damaged and crafted inputs, counted.
 
 Replays the audit behind the robustness contract with the files tests/hostile_inputs.py
-generates from the real corpus (truncations, byte flips, garbage lines, CRLF, BOM, binary,
-markup-looking text, preamble values set to empty / x / nan / huge / negative, ids beyond
-n_expert, sizes beyond int64, wall_ms of nan/inf/0, columns removed), damaged copies of an
-archived sweep folder, a FIFO and a runaway preamble value. Each run goes through the CLI's
-main() in a worker process with a per-run timeout; the worker's peak RSS mark is reset before
+generates from the real corpus, in families (``--families``, all by default):
+
+- ``file``: truncations, byte flips, garbage lines, CRLF, BOM, binary, markup-looking text,
+  preamble values set to empty / x / nan / huge / negative, ids beyond n_expert, sizes beyond
+  int64, wall_ms of nan/inf/0, columns removed, a FIFO, /dev/zero, a runaway preamble value;
+- ``sweep``: damaged copies of an archived sweep folder (control characters in its cells too);
+- ``parquet``: each row file's Parquet form with a column dropped, renamed, stored as text,
+  with NaN, nulls, values beyond int32 or nested lists; every ``bmoe.*`` metadata key
+  missing or set to 1, null, garbage, deep JSON;
+- ``text``: header names dropped, renamed, spelled with blanks; control characters in
+  preamble values, cells and headers;
+- ``profile``: device profiles with every value set to ±Infinity, NaN, null, text, 1e20,
+  1e39, ..., sections of the wrong shape, deep nesting, Latin-1 and UTF-16 files, duplicate
+  keys, a 10 MB caveat, through ``predict`` and ``sweep --dry-run``;
+- ``config``: sweep configurations asking for unbounded work (grids of 10^4 to 10^6 cells,
+  repeats / warmup / max_repeats of 1e9, prompt files that are devices, FIFOs, loops or 20 GB
+  sparse files, TOML nested 10^5 deep, cache_mb = 1e308);
+- ``special``: symlink loops, dangling links, directories, links to devices, a 20 GB sparse
+  file that starts like a metrics CSV (``--sparse-gb``);
+- ``writers``: every command that writes a file, over an existing file without --force and
+  over its input (and a link to it) with --force.
+
+Each run goes through the CLI's main() in a worker process under an address-space cap
+(``--memory-cap-gb``) with a per-run timeout; the worker's peak RSS mark is reset before
 every run. Prints runs, tracebacks, internal errors (exit 3), hangs (killed at the timeout),
-other exit codes, and the largest peak RSS.
+escapes (a control character on stdout, stderr or in a file a command rendered), overwrites
+(a writer that changed the file it had to leave alone), other exit codes, and the largest
+peak RSS.
 
 With ``--rows N`` it also measures peak memory of ``validate``, ``analyze route``,
 ``analyze drop`` and ``analyze replay`` on an N-row route trace against the size of the
 trace's DataFrame (the target: within 3x).
 
-    python benchmarks/robustness.py                   # the kind-matched commands on every case
-    python benchmarks/robustness.py --every           # every command on every case (~23 k runs)
+    python benchmarks/robustness.py                   # every family (~47 k runs, ~2 h)
+    python benchmarks/robustness.py --families file   # the first round's cases (~21 k runs)
+    python benchmarks/robustness.py --every           # every command on every case
     python benchmarks/robustness.py --sample 300      # a quick run
     python benchmarks/robustness.py --rows 10000000   # and memory on 10 M rows
 """
@@ -37,11 +59,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 WORKER = r"""
-import json, sys
+import json, os, re, resource, sys
 sys.path.insert(0, sys.argv[1])
+cap = int(sys.argv[2])
+if cap:  # the memory cap of the machine the audit stands for: a runaway read fails, alone
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 from hostile_inputs import run_in_process
 import bmoe.cli
 bmoe.cli.register()
+# what a terminal acts on: C0 controls but tab and newline, DEL, C1 controls
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+DATA = (".parquet", ".png", ".gguf")
 
 def hwm_kib():
     for line in open("/proc/self/status"):
@@ -56,31 +84,56 @@ def reset_hwm():
     except OSError:
         pass
 
+def escape(r, out, files):
+    for name, text in (("stdout", r.out), ("stderr", r.err)):
+        m = CONTROL.search(text)
+        if m:
+            return f"{name}: {text[max(0, m.start() - 30):m.end() + 10]!r}"
+    if not files or not out:
+        return ""
+    for root, _dirs, names in os.walk(out):
+        for name in names:
+            path = os.path.join(root, name)
+            if name.endswith(DATA) or os.path.islink(path):
+                continue
+            with open(path, "rb") as fh:
+                text = fh.read(1 << 24).decode("utf-8", "replace")
+            m = CONTROL.search(text)
+            if m:
+                return f"{name}: {text[max(0, m.start() - 30):m.end() + 10]!r}"
+    return ""
+
 print(json.dumps({"ready": hwm_kib()}), flush=True)
 for line in sys.stdin:
-    args = json.loads(line)
+    job = json.loads(line)
     reset_hwm()
-    r = run_in_process(args)
+    r = run_in_process(job["args"])
     err = r.err.strip().splitlines()
     print(json.dumps({"code": r.code, "traceback": r.traceback, "err": err[-1] if err else "",
-                      "hwm_kib": hwm_kib()}), flush=True)
+                      "hwm_kib": hwm_kib(), "escape": escape(r, job["out"], job["files"])}),
+          flush=True)
 """
 
 
 class Worker:
     """A Python process running CLI commands in-process, one per line of its stdin."""
 
-    def __init__(self) -> None:
+    def __init__(self, cap_bytes: int = 0) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100")
+        self.cap = cap_bytes
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(ROOT / "tests")],
+            [sys.executable, "-c", WORKER, str(ROOT / "tests"), str(cap_bytes)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         self.base_kib = json.loads(self.proc.stdout.readline())["ready"]
 
-    def run(self, args: list[str], timeout: float) -> dict | None:
-        """The run's outcome, or None when it did not finish in `timeout` seconds."""
-        self.proc.stdin.write(json.dumps(args) + "\n")
+    def run(
+        self, args: list[str], timeout: float, out: Path | None = None, files: bool = True
+    ) -> dict | None:
+        """The run's outcome, or None when it did not finish in `timeout` seconds. The files
+        written under `out` are searched for control characters when `files`."""
+        job = {"args": args, "out": str(out) if out else "", "files": files}
+        self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
@@ -100,55 +153,97 @@ def special_cases(folder: Path) -> list[tuple[str, Path]]:
     return [("fifo", fifo), ("device", Path("/dev/zero"))]
 
 
+#: Case families (``--families``): the first round's, then the second's.
+FAMILIES = ("file", "sweep", "parquet", "text", "profile", "config", "special", "writers")
+#: Commands whose files in the output folder are data, not rendered text (convert writes the
+#: input's bytes back, control characters included).
+DATA_COMMANDS = ("convert", "convert-csv")
+
+
+def cases_of(families: set[str], corpus: Path, args: argparse.Namespace) -> list:
+    import hostile_inputs as h
+
+    sweep = ROOT / "bench-data" / "2026-11-29-small-traces"
+    made = {
+        "file": lambda: h.file_cases(corpus, big_value=args.big_mb << 20),
+        "sweep": lambda: h.sweep_cases(sweep),
+        "parquet": lambda: h.parquet_cases(corpus),
+        "text": lambda: h.text_cases(corpus),
+        "profile": lambda: h.profile_cases(corpus),
+        "config": h.config_cases,
+        "special": lambda: h.special_cases(corpus, args.sparse_gb),
+    }
+    return [case for family in FAMILIES if family in families and family in made
+            for case in made[family]()]  # fmt: skip
+
+
+def writer_jobs(corpus: Path, folder: Path) -> list[tuple[str, str, list[str], Path]]:
+    """Every writer onto an existing file without --force, and onto its input (and a link to
+    it) with --force: (label, writer, argv, the file that must come out unchanged)."""
+    from hostile_inputs import WRITERS, writer_inputs, writer_scenarios
+
+    scratch = folder / "writers"
+    inputs = writer_inputs(corpus, scratch, ROOT / "bench-data" / "2026-11-29-small-traces")
+    jobs = []
+    for name in WRITERS:
+        for scenario, cmd, keep in writer_scenarios(name, scratch, inputs):
+            jobs.append((scenario, name, cmd, keep))
+    return jobs
+
+
 def audit(args: argparse.Namespace, folder: Path) -> None:
-    from hostile_inputs import (
-        FILE_COMMANDS,
-        argv,
-        commands,
-        file_cases,
-        materialize,
-        sweep_cases,
-    )
+    from hostile_inputs import FILE_COMMANDS, argv, commands, fixtures, materialize
 
     corpus = Path(os.environ.get("BMOE_CORPUS", ROOT.parent / "shared" / "corpus"))
     if not corpus.is_dir():
         sys.exit(f"no corpus at {corpus} (set BMOE_CORPUS)")
-    cases = file_cases(corpus, big_value=args.big_mb << 20)
-    sweep = ROOT / "bench-data" / "2026-11-29-small-traces"
-    cases += sweep_cases(sweep)
+    families = set(args.families.split(","))
+    unknown = families - set(FAMILIES)
+    if unknown:
+        sys.exit(f"unknown families {sorted(unknown)} (choose from {', '.join(FAMILIES)})")
+    cases = cases_of(families, corpus, args)
     if args.sample:
         cases = random.Random(0).sample(cases, min(args.sample, len(cases)))
-    jobs: list[tuple[str, str, list[str]]] = []
+    extra = fixtures(corpus, folder)
+    jobs: list[tuple[str, str, list[str], Path]] = []
     for case in cases:
         path = materialize(case, folder)
         for i, (name, template) in enumerate(commands(case, args.every)):
             out = folder / f"{case.name}.out{i}"
             out.mkdir()
-            jobs.append((f"{case.name} ({case.what})", name, argv(template, path, out)))
-    for label, path in special_cases(folder):
-        for name, template in FILE_COMMANDS.items():
-            out = folder / f"{label}.{name}.out"
-            out.mkdir()
-            jobs.append((label, name, argv(template, path, out)))
+            jobs.append((f"{case.name} ({case.what})", name, argv(template, path, out, extra), out))
+    if "file" in families:
+        for label, path in special_cases(folder):
+            for name, template in FILE_COMMANDS.items():
+                out = folder / f"{label}.{name}.out"
+                out.mkdir()
+                jobs.append((label, name, argv(template, path, out, extra), out))
+    writers = writer_jobs(corpus, folder) if "writers" in families else []
 
-    print(f"{len(cases)} cases + FIFO and device, {len(jobs)} runs, timeout {args.timeout:g} s")
+    cap = args.memory_cap_gb << 30
+    print(f"{len(cases)} cases ({', '.join(sorted(families))}), {len(jobs) + len(writers)} runs "
+          f"({len(writers)} of writers), timeout {args.timeout:g} s, memory cap "
+          f"{args.memory_cap_gb or 'none'} GiB")  # fmt: skip
     counts: collections.Counter = collections.Counter()
     problems: list[str] = []
     peak_kib = 0
     peak_run = ""
     started = time.monotonic()
-    worker = Worker()
+    worker = Worker(cap)
     base_kib = worker.base_kib
     try:
-        for n, (label, name, cmd) in enumerate(jobs, 1):
-            outcome = worker.run(cmd, args.timeout)
+        for n, (label, name, cmd, out) in enumerate(jobs, 1):
+            outcome = worker.run(cmd, args.timeout, out, files=name not in DATA_COMMANDS)
             counts["runs"] += 1
             if outcome is None:
                 counts["hangs"] += 1
                 problems.append(f"HANG {name} on {label}: bmoe {' '.join(cmd)}")
                 worker.close()
-                worker = Worker()
+                worker = Worker(cap)
                 continue
+            if outcome.get("escape"):
+                counts["escapes"] += 1
+                problems.append(f"ESCAPE {name} on {label}: {outcome['escape']}")
             if outcome["traceback"]:
                 counts["tracebacks"] += 1
                 last = outcome["traceback"].strip().splitlines()[-1]
@@ -161,7 +256,7 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
                 problems.append(f"EXIT {outcome['code']} {name} on {label}: {outcome['err']}")
                 if outcome["code"] == "died":
                     worker.close()
-                    worker = Worker()
+                    worker = Worker(cap)
                     continue
             else:
                 counts[f"exit {outcome['code']}"] += 1
@@ -169,6 +264,24 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
                 peak_kib, peak_run = outcome["hwm_kib"], f"{name} on {label}"
             if args.progress and n % 500 == 0:
                 print(f"  {n}/{len(jobs)} runs, {time.monotonic() - started:.0f} s", flush=True)
+        for scenario, name, cmd, keep in writers:
+            before = keep.read_bytes()
+            outcome = worker.run(cmd, args.timeout, None, files=False)
+            counts["runs"] += 1
+            if outcome is None:
+                counts["hangs"] += 1
+                problems.append(f"HANG {name} ({scenario}): bmoe {' '.join(cmd)}")
+                worker.close()
+                worker = Worker(cap)
+                continue
+            if keep.read_bytes() != before or outcome["code"] != 2:
+                counts["overwrites"] += 1
+                problems.append(f"OVERWRITE {name} ({scenario}): exit {outcome['code']} "
+                                f"{outcome['err']}")  # fmt: skip
+            elif outcome["traceback"]:
+                counts["tracebacks"] += 1
+            else:
+                counts[f"exit {outcome['code']}"] += 1
     finally:
         worker.close()
     for line in problems[: args.show]:
@@ -177,14 +290,15 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
         print(f"... and {len(problems) - args.show} more")
     print()
     print(f"runs             {counts['runs']}")
-    for key in ("tracebacks", "internal errors", "hangs"):
+    for key in ("tracebacks", "internal errors", "hangs", "escapes", "overwrites"):
         print(f"{key:<16} {counts[key]}")
     for key in sorted(k for k in counts if k.startswith("exit")):
         print(f"{key:<16} {counts[key]}")
     print(f"peak RSS         {peak_kib / 1024:.0f} MiB ({peak_run}); worker at rest "
           f"{base_kib / 1024:.0f} MiB")  # fmt: skip
     print(f"time             {time.monotonic() - started:.0f} s")
-    if args.check and (counts["tracebacks"] or counts["internal errors"] or counts["hangs"]):
+    bad = ("tracebacks", "internal errors", "hangs", "escapes", "overwrites")
+    if args.check and any(counts[k] for k in bad):
         sys.exit(1)
 
 
@@ -268,6 +382,20 @@ def main() -> None:
     parser.add_argument("--progress", action="store_true", help="a line every 500 runs")
     parser.add_argument("--check", action="store_true", help="exit 1 on any problem")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
+    parser.add_argument(
+        "--families",
+        default=",".join(FAMILIES),
+        help=f"case families to run (default all: {','.join(FAMILIES)})",
+    )
+    parser.add_argument(
+        "--sparse-gb",
+        type=int,
+        default=20,
+        help="size of the sparse file that starts like a metrics CSV",
+    )
+    parser.add_argument(
+        "--memory-cap-gb", type=int, default=4, help="address-space cap of the worker (0: none)"
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bmoe-robustness-"))
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import random
 import re
 import shutil
@@ -221,6 +222,20 @@ def _remove(rel: str):
     return lambda d: (d / rel).unlink(missing_ok=True)
 
 
+def _control_results(dest: Path) -> None:
+    """Cell names, a flag value and an error holding terminal control sequences."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(dest / "results.parquet")
+    for column, mark in (("cell", "\x1b[31m"), ("model", "\x9b2J"), ("error", "\x1b]8;;x\x07")):
+        if column in table.column_names:
+            i = table.column_names.index(column)
+            values = [f"{mark}{'' if v is None else v}" for v in table.column(i).to_pylist()]
+            table = table.set_column(i, column, pa.array(values, pa.string()))
+    pq.write_table(table, dest / "results.parquet")
+
+
 def sweep_cases(source: Path) -> list[Case]:
     """Damaged copies of an archived sweep folder (its cells left out: the index files only)."""
     if not (source / "manifest.jsonl").is_file():
@@ -242,8 +257,643 @@ def sweep_cases(source: Path) -> list[Case]:
         "config-markup": _write("sweep.toml", b'[sweep]\nname = "[/]"\n'),
         "no-config": _remove("sweep.toml"),
         "no-manifest": _remove("manifest.jsonl"),
+        "results-control": _control_results,
+        "config-control": _write(
+            "sweep.toml", b'[sweep]\nname = "x"\n[base]\nmodel = "\\u001b[31mm"\n'
+        ),
     }
     return [_sweep_case(source, f"sweep-{k}", v) for k, v in damages.items()]
+
+
+# ----------------------------------------------------------------------------- second round
+# The commands added since the first audit, the Parquet side, the device profile, sweep
+# configurations that ask for unbounded work, and paths that are not plain files.
+
+#: Row sources of the Parquet cases (path under the corpus -> kind).
+PARQUET_SOURCES = {
+    "native-tiny/run.route.csv": "route",
+    "native-tiny/run.csv": "metrics",
+    "native-tiny/run.io.csv": "io",
+    "native-tiny/ct.compute.csv": "compute",
+    "native-tiny/ctl.compute-layers.csv": "compute",
+}
+#: Values the ``bmoe.*`` schema metadata keys are set to (raw bytes, one at a time).
+PARQUET_META_VALUES = (
+    b"1", b"null", b'"x"', b"[]", b"{}", b"[1, 2]", b'{"a": {"b": [1]}}', b"\xff\xfe",
+    b"{not json", b"1e999", b"[" * 5000 + b"]" * 5000,
+)  # fmt: skip
+#: Control characters that must never reach a terminal or a rendered file unescaped.
+CONTROL = ("\x1b[31m", "\x1b]8;;http://x\x1b\\", "\x9b2J", "\x07\x08\r")
+
+
+def _parquet(table) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def parquet_mutations(table) -> Iterator[tuple[str, bytes]]:
+    """A bmoe Parquet table with one thing wrong in its schema, a column or its metadata."""
+    import numpy as np
+    import pyarrow as pa
+
+    meta = dict(table.schema.metadata or {})
+
+    def kept(changed):  # the metadata as bmoe wrote it (some table operations drop it)
+        return changed.replace_schema_metadata(meta)
+
+    yield "parquet-clean", _parquet(table)
+    yield "parquet-empty", _parquet(table.slice(0, 0))
+    for i, name in enumerate(table.column_names):
+        column = table.column(i)
+        yield f"parquet-no-{name}", _parquet(kept(table.remove_column(i)))
+        renamed = [f"{name}_x" if n == name else n for n in table.column_names]
+        yield f"parquet-renamed-{name}", _parquet(kept(table.rename_columns(renamed)))
+        spaced = [f"{name} " if n == name else n for n in table.column_names]
+        yield f"parquet-spaced-{name}", _parquet(kept(table.rename_columns(spaced)))
+        as_text = pa.array([str(v) for v in column.to_pylist()], pa.string())
+        yield f"parquet-text-{name}", _parquet(kept(table.set_column(i, name, as_text)))
+        values = column.to_pandas().to_numpy()
+        if np.issubdtype(values.dtype, np.number):
+            holes = values.astype(np.float64)
+            holes[:: max(1, len(holes) // 3)] = np.nan
+            yield f"parquet-nan-{name}", _parquet(kept(table.set_column(i, name, pa.array(holes))))
+            nulls = pa.array(values, mask=np.arange(len(values)) % 3 == 0)
+            yield f"parquet-null-{name}", _parquet(kept(table.set_column(i, name, nulls)))
+            big = pa.array(np.full(len(values), 2**62, dtype=np.int64))
+            yield f"parquet-huge-{name}", _parquet(kept(table.set_column(i, name, big)))
+            flag = pa.array(np.arange(len(values)) % 2 == 0)
+            yield f"parquet-bool-{name}", _parquet(kept(table.set_column(i, name, flag)))
+        nested = pa.array([[1, 2]] * len(column))
+        yield f"parquet-list-{name}", _parquet(kept(table.set_column(i, name, nested)))
+    doubled = table.append_column(table.column_names[0], table.column(0))
+    yield "parquet-duplicate", _parquet(kept(doubled))
+    for key in (b"bmoe.meta", b"bmoe.summaries", b"bmoe.layers", b"bmoe.warnings",
+                b"bmoe.version", b"bmoe.kind", b"bmoe.source"):  # fmt: skip
+        gone = {k: v for k, v in meta.items() if k != key}
+        yield f"parquet-meta-no-{key.decode()}", _parquet(table.replace_schema_metadata(gone))
+        for value in PARQUET_META_VALUES:
+            changed = {**meta, key: value}
+            label = f"parquet-meta-{key.decode()}={value[:8]!r}"
+            yield label, _parquet(table.replace_schema_metadata(changed))
+    for text in CONTROL:
+        marked = json.loads(meta[b"bmoe.meta"])
+        marked.update(arch=text, model=text)
+        changed = {**meta, b"bmoe.meta": json.dumps(marked).encode(),
+                   b"bmoe.source": text.encode()}  # fmt: skip
+        yield f"parquet-control-{text[:4]!r}", _parquet(table.replace_schema_metadata(changed))
+    for key, value in (("n_expert", "[/]"), ("n_layer", -1), ("n_expert_used", 2**40),
+                       ("n_expert", 1e300), ("model", None), ("n_layer", [1])):  # fmt: skip
+        marked = json.loads(meta[b"bmoe.meta"])
+        marked[key] = value
+        changed = {**meta, b"bmoe.meta": json.dumps(marked).encode()}
+        yield f"parquet-meta-{key}={value!r:.8}", _parquet(table.replace_schema_metadata(changed))
+    if b"bmoe.layers" in meta:
+        for layers in ('[{"name": "layer", "dtype": "int64", "values": [1, 2]}, '
+                       '{"name": "expert_bytes", "dtype": "int64", "values": [1]}]',
+                       '[{"name": "layer", "dtype": "nonsense", "values": [1]}]',
+                       '[{"name": "layer", "dtype": "int64", "values": ["x"]}]',
+                       '[{"name": "expert_bytes", "dtype": "int64", "values": [-5]}]',
+                       '[{"name": "layer", "dtype": "object", "values": [{"a": 1}]}]'):  # fmt: skip
+            changed = {**meta, b"bmoe.layers": layers.encode()}
+            yield (
+                f"parquet-layers-{layers[30:44]}",
+                _parquet(table.replace_schema_metadata(changed)),
+            )
+    if b"bmoe.summaries" in meta:
+        for summaries in ('[1]', '[{"n_prompt": "x"}]', '[{"a": [1]}]', '["s"]',
+                          '[{"prefill_s": -1e400}]'):  # fmt: skip
+            changed = {**meta, b"bmoe.summaries": summaries.encode()}
+            yield (
+                f"parquet-summaries-{summaries[:12]}",
+                _parquet(table.replace_schema_metadata(changed)),
+            )
+
+
+def parquet_cases(corpus: Path) -> list[Case]:
+    """Each row source as bmoe writes it to Parquet, then damaged one way at a time."""
+    from bmoe.formats.load import load_file, row_kind
+    from bmoe.formats.parquet import to_table
+
+    cases: list[Case] = []
+    for rel, kind in PARQUET_SOURCES.items():
+        src = corpus / rel
+        if not src.is_file():
+            continue
+        obj = load_file(src)
+        table = to_table(obj, row_kind(obj))
+        stem = rel.replace("/", "_") + ".parquet"
+        for what, data in parquet_mutations(table):
+            cases.append(Case(f"{stem}.{len(cases)}", kind, what, data))
+    return cases
+
+
+def header_mutations(data: bytes) -> Iterator[tuple[str, bytes]]:
+    """Every column of a text file's header dropped, renamed, or spelled with blanks."""
+    lines = _lines(data)
+    header = next((i for i, ln in enumerate(lines) if not ln.startswith(b"#")), None)
+    if header is None:
+        return
+    names = lines[header].rstrip(b"\r\n").split(b",")
+    for c, name in enumerate(names):
+        text = name.decode("utf-8", "replace")
+        dropped = _drop_column(data, text)
+        if dropped is not None:
+            yield f"no-{text}", dropped
+        for label, new in (("trailing-space", name + b" "), ("leading-space", b" " + name),
+                           ("upper", name.upper()), ("renamed", name + b"_x")):  # fmt: skip
+            changed = [*names[:c], new, *names[c + 1 :]]
+            yield (
+                f"header-{label}-{text}",
+                b"".join([*lines[:header], b",".join(changed) + b"\n", *lines[header + 1 :]]),
+            )
+
+
+def control_mutations(data: bytes) -> Iterator[tuple[str, bytes]]:
+    """Control characters in a preamble value, a cell and a line of their own."""
+    lines = _lines(data)
+    for i, text in enumerate(CONTROL):
+        mark = text.encode("utf-8")
+        yield f"control-{i}-preamble", re.sub(rb"=(\S+)", b"=" + mark + rb"\1", data, count=3)
+        yield f"control-{i}-arch", data.replace(b"arch=", b"arch=" + mark, 1)
+        body = [j for j, ln in enumerate(lines) if not ln.startswith(b"#")]
+        if len(body) > 1:
+            j = body[1]
+            row = lines[j].split(b",")
+            row[-1] = mark + b"\n"
+            yield f"control-{i}-cell", b"".join([*lines[:j], b",".join(row), *lines[j + 1 :]])
+            header = lines[body[0]].split(b",")
+            header[0] = header[0] + mark
+            yield (
+                f"control-{i}-header",
+                b"".join([*lines[: body[0]], b",".join(header), *lines[body[0] + 1 :]]),
+            )
+
+
+def text_cases(corpus: Path) -> list[Case]:
+    """Header and control-character damage to every text source."""
+    cases: list[Case] = []
+    for rel, kind in SOURCES.items():
+        src = corpus / rel
+        if not src.is_file():
+            continue
+        data = src.read_bytes()
+        stem = rel.replace("/", "_") + ".h"
+        groups = [control_mutations(data)]
+        if kind in ("route", "metrics", "io", "compute"):
+            groups.append(header_mutations(data))
+        for group in groups:
+            for what, mutated in group:
+                cases.append(Case(f"{stem}.{len(cases)}", kind, what, mutated))
+    return cases
+
+
+def good_profile(corpus: Path) -> dict:
+    """The device profile of the corpus's serial run (as ``bmoe profile`` writes it)."""
+    import warnings
+
+    from bmoe.analyze.profile import build_profile, read_runs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        profile = build_profile(read_runs([corpus / "native-tiny/run.csv"]), allow_traced=True)
+    return json.loads(json.dumps(profile.to_dict()))
+
+
+def _profile_paths(doc: dict) -> Iterator[tuple[tuple, object]]:
+    """(path, value) of every leaf of a profile document."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            for path, leaf in _profile_paths(value):
+                yield (key, *path), leaf
+    elif isinstance(doc, list):
+        for index, value in enumerate(doc):
+            for path, leaf in _profile_paths(value):
+                yield (index, *path), leaf
+    else:
+        yield (), doc
+
+
+def _set_path(doc, path: tuple, value):
+    doc = json.loads(json.dumps(doc))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return doc
+
+
+#: JSON texts every profile leaf is set to (a value of the wrong kind or beyond reason).
+PROFILE_VALUES = ("-Infinity", "Infinity", "NaN", "null", '"x"', "true", "1e20", "1e39",
+                  "-1", "0", "1e308", "[]", "{}", '"[/]"', '"\\u001b[31m"')  # fmt: skip
+
+
+def profile_mutations(doc: dict) -> Iterator[tuple[str, bytes]]:
+    """A profile with one value wrong, one section the wrong shape, or the whole file odd."""
+
+    def dump(d) -> bytes:
+        return json.dumps(d, indent=1, allow_nan=True).encode()
+
+    yield "profile-clean", dump(doc)
+    for path, _leaf in _profile_paths(doc):
+        label = ".".join(map(str, path))
+        for value in PROFILE_VALUES:
+            text = dump(_set_path(doc, path, "@@"))
+            yield f"profile-{label}={value}", text.replace(b'"@@"', value.encode())
+    for section in ("model", "flash", "compute", "mgmt", "prefill", "overlap", "caveats",
+                    "sources", "model.expert_bytes"):  # fmt: skip
+        path = tuple(section.split("."))
+        for value in (5, "x", None, [], {}, [1], {"a": 1}):
+            yield f"profile-{section}-as-{value!r}", dump(_set_path(doc, path, value))
+        removed = json.loads(json.dumps(doc))
+        node = removed
+        for key in path[:-1]:
+            node = node[key]
+        node.pop(path[-1], None)
+        yield f"profile-no-{section}", dump(removed)
+    sizes = doc["model"]["expert_bytes"]
+    for key in ("²", "-1", "1e3", " 1", "99999999999999999999", "x"):
+        changed = _set_path(doc, ("model", "expert_bytes"), {**sizes, key: 196608})
+        yield f"profile-expert-bytes-key-{key}", dump(changed)
+    zero = json.loads(json.dumps(doc))
+    for path, leaf in _profile_paths(doc):
+        if isinstance(leaf, int | float) and not isinstance(leaf, bool) and path != ("version",):
+            zero = _set_path(zero, path, 0)
+    yield "profile-all-zero", dump(zero)
+    yield "profile-overlap-5", dump({**doc, "overlap": 5})
+    yield "profile-overlap-mode", dump({**doc, "mode": "overlap", "overlap": {}})
+    yield "profile-lanes-1e20", dump(_set_path(doc, ("flash", 0, "lanes"), 10**20))
+    yield "profile-compute-1e39", dump(_set_path(doc, ("compute", "token_ms"), 1e39))
+    yield "profile-huge-caveat", dump({**doc, "caveats": ["c" * (10 << 20)]})
+    yield "profile-many-caveats", dump({**doc, "caveats": ["c"] * 200_000})
+    yield "profile-many-flash", dump({**doc, "flash": doc["flash"] * 100_000})
+    yield (
+        "profile-many-layers",
+        dump(_set_path(doc, ("model", "expert_bytes"), {str(i): 196608 for i in range(200_000)})),
+    )
+    yield "profile-deep", b'{"format": "bmoe_profile", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    yield "profile-deeper", b"[" * 100_000 + b"]" * 100_000
+    text = json.dumps(doc, indent=1)
+    yield "profile-latin1", text.replace("tiny-moe", "tiny-mö").encode("latin-1")
+    yield "profile-utf16", text.encode("utf-16")
+    yield "profile-bom", b"\xef\xbb\xbf" + text.encode()
+    yield "profile-nul", text.encode().replace(b"serial", b"ser\x00ial")
+    yield "profile-not-json", b"{format: bmoe_profile}"
+    yield "profile-list", b"[1, 2, 3]"
+    yield "profile-empty", b""
+    yield (
+        "profile-dup-keys",
+        text.replace('"mode": "serial"', '"mode": "serial", "mode": 5').encode(),
+    )
+    yield (
+        "profile-big-int",
+        text.replace('"slices_per_expert": 3', '"slices_per_expert": ' + "9" * 5000).encode(),
+    )
+
+
+def _profile_case(name: str, what: str, profile: bytes, trace: Path) -> Case:
+    def build(dest: Path) -> None:
+        dest.mkdir()
+        (dest / "profile.json").write_bytes(profile)
+        (dest / "trace.route.csv").write_bytes(trace.read_bytes())
+        (dest / "sweep.toml").write_text(
+            '[sweep]\nname = "p"\nengine = "embedded"\nprofile = "profile.json"\n'
+            '[base]\nmodel = "m.gguf"\nn_predict = 4\n[grid]\ncache_mb = [1, 2]\n'
+        )
+
+    return Case(name, "profile", what, None, build)
+
+
+def profile_cases(corpus: Path) -> list[Case]:
+    """Damaged device profiles, each in a folder with a route trace and a sweep naming it."""
+    trace = corpus / "native-tiny/run.route.csv"
+    if not trace.is_file():
+        return []
+    doc = good_profile(corpus)
+    return [
+        _profile_case(f"profile.{i}", what, data, trace)
+        for i, (what, data) in enumerate(profile_mutations(doc))
+    ]
+
+
+#: Sweep configurations asking for work without end, or for values nothing can run.
+CONFIGS = {
+    "grid-1e6": "[grid]\ncache_mb = {r1000}\nio_threads = {r1000}\n",
+    "grid-1e5": "[grid]\ncache_mb = {r1000}\nio_threads = {r100}\n",
+    "grid-1e4-repeats-100": "[grid]\ncache_mb = {r100}\nio_threads = {r100}\n",
+    "grid-axes-20": "[grid]\n" + "".join(f"a{i} = [1, 2]\n" for i in range(20)),
+    "repeats-1e9": "[grid]\ncache_mb = [1]\n",
+    "warmup-1e9": "[grid]\ncache_mb = [1]\n",
+    "max-repeats-1e9": "[grid]\ncache_mb = [1]\n",
+    "retries-1e9": "[grid]\ncache_mb = [1]\n",
+    "timeout-1e308": "[grid]\ncache_mb = [1]\n",
+    "prompt-urandom": "[grid]\ncache_mb = [1]\n",
+    "prompt-zero": "[grid]\ncache_mb = [1]\n",
+    "prompt-fifo": "[grid]\ncache_mb = [1]\n",
+    "prompt-lines-zero": '[grid]\nprompt_lines = "/dev/zero"\n',
+    "prompt-lines-urandom": '[grid]\nprompt_lines = "/dev/urandom"\n',
+    "prompt-loop": "[grid]\ncache_mb = [1]\n",
+    "profile-zero": "[grid]\ncache_mb = [1]\n",
+    "profile-fifo": "[grid]\ncache_mb = [1]\n",
+    "profile-urandom": "[grid]\ncache_mb = [1]\n",
+    "nested-1e5": "x = " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "nested-tables-1e4": "x = " + "{a = " * 10_000 + "1" + "}" * 10_000 + "\n",
+    "nested-keys-1e4": "[" + ".".join(["a"] * 10_000) + "]\n",
+    "cache-1e308": "[grid]\ncache_mb = [1e308]\n",
+    "cache-inf": "[grid]\ncache_mb = [inf]\n",
+    "cache-nan": "[grid]\ncache_mb = [nan]\n",
+    "cache-negative": "[grid]\ncache_mb = [-1]\n",
+    "n-predict-1e18": "[grid]\nn_predict = [1000000000000000000]\n",
+    "threads-1e9": "[grid]\nthreads = [1000000000]\n",
+    "gate-1e308": "[grid]\ncache_mb = [1]\n[gate]\nmin_mem_available_mb = 1e308\n"
+    "max_wait_s = 1e308\n",
+    "long-prompt": "[grid]\ncache_mb = [1]\n",
+    "control-name": '[grid]\ncache_mb = ["\\u001b[31m", "\\u009b2J"]\n',
+    "control-prompt": '[grid]\nprompt = ["a\\u001b[2Jb", "c\\u0007"]\n',
+    "many-cells-1e5": "",
+}
+#: [sweep] and [base] lines per configuration (the rest as in :func:`_config_text`).
+_CONFIG_SWEEP = {
+    "repeats-1e9": "repeats = 1000000000\n",
+    "grid-1e4-repeats-100": "repeats = 100\n",
+    "warmup-1e9": "warmup = 1000000000\n",
+    "max-repeats-1e9": 'repeats = "auto"\nmax_repeats = 1000000000\n',
+    "retries-1e9": "retries = 1000000000\n",
+    "timeout-1e308": "timeout_s = 1e308\n",
+    "profile-zero": 'profile = "/dev/zero"\n',
+    "profile-fifo": 'profile = "fifo"\n',
+    "profile-urandom": 'profile = "/dev/urandom"\n',
+}
+_CONFIG_BASE = {
+    "prompt-urandom": 'prompt_file = "/dev/urandom"\n',
+    "prompt-zero": 'prompt_file = "/dev/zero"\n',
+    "prompt-fifo": 'prompt_file = "fifo"\n',
+    "prompt-loop": 'prompt_file = "loop"\n',
+    "long-prompt": 'prompt_file = "long.txt"\n',
+}
+
+
+def _config_text(name: str) -> str:
+    grid = CONFIGS[name].replace("{r1000}", str(list(range(1, 1001))))
+    grid = grid.replace("{r100}", str(list(range(1, 101))))
+    if name == "many-cells-1e5":
+        grid = "".join(f"[[cells]]\ncache_mb = {i}\n" for i in range(100_000))
+    sweep = _CONFIG_SWEEP.get(name, "")
+    base = _CONFIG_BASE.get(name, "")
+    if "nested" in name:
+        return f'[sweep]\nname = "c"\n{grid}'
+    return (f'[sweep]\nname = "c"\nengine = "embedded"\n{sweep}[base]\nmodel = "m.gguf"\n'
+            f'{base}n_predict = 4\n{grid}')  # fmt: skip
+
+
+def _config_case(name: str) -> Case:
+    def build(dest: Path) -> None:
+        dest.mkdir()
+        (dest / "sweep.toml").write_text(_config_text(name), encoding="utf-8")
+        os.mkfifo(dest / "fifo")
+        (dest / "loop").symlink_to(dest / "loop")
+        with open(dest / "long.txt", "wb") as fh:  # a sparse 20 GB prompt
+            fh.truncate(20 << 30)
+
+    return Case(f"config.{name}", "config", name, None, build)
+
+
+def config_cases() -> list[Case]:
+    return [_config_case(name) for name in CONFIGS]
+
+
+def _special(name: str, make) -> Case:
+    return Case(f"special.{name}", "special", name, None, make)
+
+
+def _sparse_metrics(corpus: Path, size: int):
+    def build(dest: Path) -> None:
+        head = (corpus / "native-tiny/run.csv").read_bytes()
+        with open(dest, "wb") as fh:
+            fh.write(head[: head.index(b"\n", head.index(b"step,")) + 1])
+            fh.truncate(size)  # NULs to the end: a file `info` calls binary
+
+    return build
+
+
+def special_cases(corpus: Path, sparse_gb: int = 20) -> list[Case]:
+    """Paths that are not plain files: a symlink loop, a dangling link, a directory, a link to
+    a device, and a sparse file of `sparse_gb` GB that starts like a metrics CSV."""
+    cases = [
+        _special("loop", lambda d: d.symlink_to(d)),
+        _special("dangling", lambda d: d.symlink_to(d.parent / "nowhere")),
+        _special("directory", lambda d: d.mkdir()),
+        _special("to-zero", lambda d: d.symlink_to("/dev/zero")),
+        _special("to-urandom", lambda d: d.symlink_to("/dev/urandom")),
+    ]
+    if (corpus / "native-tiny/run.csv").is_file():
+        cases.append(_special("sparse-metrics", _sparse_metrics(corpus, sparse_gb << 30)))
+    return cases
+
+
+#: The commands each new kind of case goes through ({f}: the case; {trace}, {profile}: a good
+#: route trace and device profile; {o}: a fresh folder).
+PROFILE_COMMANDS = {
+    "predict": [
+        "predict",
+        "{f}/trace.route.csv",
+        "-p",
+        "{f}/profile.json",
+        "-g",
+        "cache_mb=1,2",
+        "-g",
+        "io_threads=1,2",
+    ],
+    "predict-json": [
+        "predict",
+        "{f}/trace.route.csv",
+        "-p",
+        "{f}/profile.json",
+        "-g",
+        "cache_mb=1",
+        "-f",
+        "json",
+    ],
+    "predict-drop": [
+        "predict",
+        "{f}/trace.route.csv",
+        "-p",
+        "{f}/profile.json",
+        "-g",
+        "cache_mb=1",
+        "-g",
+        "prefetch=1",
+        "--drop",
+        "0.5",
+    ],
+    "sweep-profile": ["sweep", "{f}/sweep.toml", "--dry-run"],
+    "predict-against": ["predict", "-p", "{f}/profile.json", "--against", "{metrics}"],
+}
+CONFIG_COMMANDS = {
+    "sweep-dry-run": ["sweep", "{f}/sweep.toml", "--dry-run"],
+    "analyze-sweep": ["analyze", "sweep", "{f}/sweep.toml"],
+    "tune": ["tune", "{f}/sweep.toml", "-o", "{o}"],
+}
+#: Commands added since the first round, on files of the kind they take.
+NEW_COMMANDS = {
+    "profile": ["profile", "{f}", "-o", "{o}/p.json", "--allow-traced"],
+    "predict-trace": ["predict", "{f}", "-p", "{profile}", "-g", "cache_mb=1,2"],
+    "convert-csv": ["convert", "{f}", "--to", "csv", "-o", "{o}"],
+    "info-csv": ["info", "{f}", "-f", "csv"],
+    "info-markdown": ["info", "{f}", "-f", "markdown"],
+    "metrics-csv": ["analyze", "metrics", "{f}", "-f", "csv"],
+    "metrics-markdown": ["analyze", "metrics", "{f}", "-f", "markdown"],
+    "compute-csv": ["analyze", "decode", "compute", "{f}", "-f", "csv"],
+    "compute-markdown": ["analyze", "decode", "compute", "{f}", "-f", "markdown"],
+    "io-metrics": ["analyze", "decode", "io", "{f}", "--metrics", "{metrics}"],
+    "drop-json": ["analyze", "drop", "{f}", "-f", "json"],
+    "history": ["history", "{f}", "{f}"],
+    "history-json": ["history", "{f}", "{f}", "-f", "json"],
+    "history-csv": ["history", "{f}", "{f}", "-f", "csv"],
+    "history-markdown": ["history", "{f}", "{f}", "-f", "markdown"],
+    "analyze-sweep-csv": ["analyze", "sweep", "{f}", "-f", "csv"],
+    "analyze-sweep-markdown": ["analyze", "sweep", "{f}", "-f", "markdown"],
+    "stall-plot": ["analyze", "stall", "{f}", "--plot", "{o}/s.png"],
+    "profile-trace": ["profile", "{metrics}", "--trace", "{f}", "--allow-traced"],
+    "predict-against": ["predict", "{trace}", "-p", "{profile}", "--against", "{f}"],
+    "tune": ["tune", "{f}", "-o", "{o}"],
+}
+NEW_FOR_KIND = {
+    "route": ("predict-trace", "drop-json", "profile-trace"),
+    "metrics": ("profile", "metrics-csv", "metrics-markdown", "stall-plot", "predict-against"),
+    "io": ("io-metrics",),
+    "compute": ("compute-csv", "compute-markdown"),
+    "log": ("metrics-csv",),
+}
+NEW_GENERIC = ("convert-csv", "info-csv", "info-markdown")
+NEW_SWEEP = ("history", "predict-against", "history-json", "history-csv", "history-markdown",
+             "analyze-sweep-csv", "analyze-sweep-markdown")  # fmt: skip
+
+
+#: Every command line that writes a file the user names: (argv template, the input the
+#: command reads). {dest} is the file to write; {route}, {metrics}, {io}, {compute}, {model},
+#: {profile} and {sweep} are inputs (see :func:`writer_inputs`); a plot's {dest} ends in .png.
+WRITERS: dict[str, tuple[list[str], str | None]] = {
+    "predict --csv": (
+        ["predict", "{route}", "-p", "{profile}", "-g", "cache_mb=1", "--csv", "{dest}"],
+        "route",
+    ),
+    "profile -o": (["profile", "{metrics}", "-o", "{dest}", "--allow-traced"], "metrics"),
+    "model synth": (["model", "synth", "{dest}"], None),
+    "run --csv": (["run", "-m", "{model}", "-n", "1", "--csv", "{dest}"], "model"),
+    "run --route-trace": (
+        ["run", "-m", "{model}", "-n", "1", "--moe-stream", "--route-trace", "{dest}"],
+        "model",
+    ),
+    "run --io-trace": (
+        ["run", "-m", "{model}", "-n", "1", "--moe-stream", "--io-trace", "{dest}"],
+        "model",
+    ),
+    "run --compute-trace": (
+        ["run", "-m", "{model}", "-n", "1", "--compute-trace", "{dest}"],
+        "model",
+    ),
+    "run --compute-trace-layers": (
+        ["run", "-m", "{model}", "-n", "1", "--compute-trace-layers", "{dest}"],
+        "model",
+    ),
+    "run --fidelity-save": (
+        ["run", "-m", "{model}", "-n", "1", "--fidelity-save", "{dest}"],
+        "model",
+    ),
+    "export trace -o": (["export", "trace", "{io}", "-o", "{dest}"], "io"),
+    "report -o": (["report", "{metrics}", "-o", "{dest}"], "metrics"),
+    "analyze replay --csv": (
+        ["analyze", "replay", "{route}", "--budgets", "1", "--policies", "lru", "--csv", "{dest}"],
+        "route",
+    ),
+    "analyze replay --plot": (
+        ["analyze", "replay", "{route}", "--budgets", "1", "--policies", "lru", "--plot", "{dest}"],
+        "route",
+    ),
+    "analyze route --plot": (["analyze", "route", "{route}", "--plot", "{dest}"], "route"),
+    "analyze stall --plot": (["analyze", "stall", "{metrics}", "--plot", "{dest}"], "metrics"),
+    "analyze decode compute --plot": (
+        ["analyze", "decode", "compute", "{compute}", "--plot", "{dest}"],
+        "compute",
+    ),
+    "analyze decode io --plot": (["analyze", "decode", "io", "{io}", "--plot", "{dest}"], "io"),
+    "history --plot": (["history", "{sweep}", "{sweep}", "--plot", "{dest}"], "sweep"),
+}
+#: Writers whose file names are derived, not given (each has its own tests).
+DERIVED_WRITERS = {
+    "convert": "test_existing_outputs_need_force, test_no_command_writes_over_its_input",
+    "analyze sweep --plots": "test_sweep_plots_never_overwrite_without_force",
+}
+
+
+def writer_inputs(corpus: Path, folder: Path, sweep: Path) -> dict[str, Path]:
+    """Copies of the inputs :data:`WRITERS` read, under `folder` (each may be written over)."""
+    tiny = corpus / "native-tiny"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for key, name in (("route", "run.route.csv"), ("metrics", "run.csv"), ("io", "run.io.csv"),
+                      ("compute", "ct.compute.csv")):  # fmt: skip
+        out[key] = folder / name
+        out[key].write_bytes((tiny / name).read_bytes())
+    out["model"] = folder / "model.gguf"
+    out["model"].write_bytes(b"GGUF" + b"\0" * 60)
+    out["profile"] = folder / "profile.json"
+    out["profile"].write_text(json.dumps(good_profile(corpus)), encoding="utf-8")
+    out["sweep"] = sweep
+    return out
+
+
+def writer_scenarios(name: str, folder: Path, inputs: dict[str, Path]):
+    """(scenario, argv, the file that must come out unchanged) for one writer: over an
+    existing file without --force; and, for commands with an input, over that input and over
+    a symbolic link to it, both with --force."""
+    template, source = WRITERS[name]
+    suffix = ".png" if "--plot" in template else ".html" if template[0] == "report" else ".out"
+    keep = folder / f"keep-{len(list(folder.iterdir()))}{suffix}"
+    keep.write_bytes(b"keep me")
+
+    def args(dest: Path, force: bool) -> list[str]:
+        filled = [a.format(dest=dest, **inputs) for a in template]
+        return [*filled, "--force"] if force else filled
+
+    yield "existing", args(keep, False), keep
+    if source is None or source == "sweep":
+        return
+    target = inputs[source]
+    yield "input", args(target, True), target
+    link = (
+        folder
+        / f"link-{len(list(folder.iterdir()))}{suffix if suffix != '.out' else target.suffix}"
+    )
+    link.symlink_to(target)
+    yield "link-to-input", args(link, True), target
+
+
+def fixtures(corpus: Path, folder: Path) -> dict[str, object]:
+    """The good files the templates name besides the case ({profile}, {trace}, {metrics}),
+    written under `folder`."""
+    profile = folder / "good-profile.json"
+    profile.write_text(json.dumps(good_profile(corpus), indent=1), encoding="utf-8")
+    tiny = corpus / "native-tiny"
+    return {"profile": profile, "trace": tiny / "run.route.csv", "metrics": tiny / "run.csv"}
+
+
+def all_cases(corpus: Path, sweep: Path, big_value: int = 1 << 20) -> list[Case]:
+    """Every case of both rounds: damaged files, damaged sweep folders, Parquet schemas,
+    headers and control characters, device profiles, configurations and special paths."""
+    return [
+        *file_cases(corpus, big_value=big_value),
+        *sweep_cases(sweep),
+        *parquet_cases(corpus),
+        *text_cases(corpus),
+        *profile_cases(corpus),
+        *config_cases(),
+        *special_cases(corpus),
+    ]
 
 
 def materialize(case: Case, folder: Path) -> Path:
@@ -296,17 +946,37 @@ SWEEP_COMMANDS = {
 }
 
 
-def commands(case: Case, every: bool = False) -> list[tuple[str, list[str]]]:
+def commands(
+    case: Case, every: bool = False, second_round: bool = True
+) -> list[tuple[str, list[str]]]:
     """(name, argv template) of the commands `case` goes through: the ones for its kind and
-    the generic ones, or with `every` all of them (files of the wrong kind included)."""
+    the generic ones, or with `every` all of them (files of the wrong kind included); the
+    commands of the second round too unless `second_round` is false."""
+    if not second_round and case.kind in ("sweep", "file", *FOR_KIND, "none", "pressure",
+                                          "state"):  # fmt: skip
+        if case.kind == "sweep":
+            return list(SWEEP_COMMANDS.items())
+        names = FILE_COMMANDS if every else (*GENERIC, *FOR_KIND.get(case.kind, ()))
+        return [(n, FILE_COMMANDS[n]) for n in names]
     if case.kind == "sweep":
-        return list(SWEEP_COMMANDS.items())
-    names = FILE_COMMANDS if every else (*GENERIC, *FOR_KIND.get(case.kind, ()))
-    return [(n, FILE_COMMANDS[n]) for n in names]
+        return [*SWEEP_COMMANDS.items(), *((n, NEW_COMMANDS[n]) for n in NEW_SWEEP)]
+    if case.kind == "profile":
+        return list(PROFILE_COMMANDS.items())
+    if case.kind == "config":
+        return list(CONFIG_COMMANDS.items())
+    if case.kind == "special" or every:
+        names = [*FILE_COMMANDS, *NEW_COMMANDS]
+        if case.kind != "special":
+            names = [n for n in names if n not in NEW_SWEEP]
+        return [(n, FILE_COMMANDS.get(n) or NEW_COMMANDS[n]) for n in names]
+    old = [(n, FILE_COMMANDS[n]) for n in (*GENERIC, *FOR_KIND.get(case.kind, ()))]
+    new = [(n, NEW_COMMANDS[n]) for n in (*NEW_GENERIC, *NEW_FOR_KIND.get(case.kind, ()))]
+    return old + new
 
 
-def argv(template: list[str], path: Path, out: Path) -> list[str]:
-    return [a.format(f=path, o=out) for a in template]
+def argv(template: list[str], path: Path, out: Path, extra: dict[str, object] | None = None):
+    """`template` with {f} the case, {o} its output folder and `extra`'s names filled in."""
+    return [a.format(f=path, o=out, **(extra or {})) for a in template]
 
 
 @dataclass(frozen=True)

@@ -305,5 +305,5 @@ def test_the_model_file_is_checked_against_the_runs(tiny_model, tmp_path, capsys
     err = " ".join(capsys.readouterr().err.split())
     assert "0.188 MiB on average" in err and "0.375 MiB" in err
     v0 = write(tmp_path / "v0.csv", serial_rows(), version=0)
-    assert main(["profile", str(v0), "--model", str(tiny_model), "-o", str(out)]) == 0
+    assert main(["profile", str(v0), "--model", str(tiny_model), "-o", str(out), "--force"]) == 0
     assert "not checked" in read_profile(out).model["sizes_from"]

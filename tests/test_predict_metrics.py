@@ -466,7 +466,7 @@ def test_a_profile_of_starved_runs_only_is_unsettled_and_strict_refuses(tmp_path
     assert json.loads(out.read_text())["unsettled"] == prof.unsettled
     assert main(["profile", str(busy), "--strict"]) == 2
     assert "not settled (--strict)" in capsys.readouterr().err.replace("\n", " ")
-    assert main(["profile", str(busy), "-o", str(out)]) == 0
+    assert main(["profile", str(busy), "-o", str(out), "--force"]) == 0
     err = capsys.readouterr().err
     assert "unsettled:" in err and "starved" in err.replace("\n", " ")
     # every predict that uses it says so; --strict refuses it

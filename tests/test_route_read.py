@@ -136,8 +136,7 @@ def test_rows_in_blocks_are_the_rows(tmp_path: Path, monkeypatch) -> None:
     assert head.meta == META and head.expert_bytes() == {0: 1 << 20, 1: 1 << 20, 2: 1 << 20}
     assert not len(head.rows) and (head.rows.dtypes == whole.dtypes).all()
     monkeypatch.setattr(csvtable, "STREAM_ABOVE", -1)
-    monkeypatch.setattr(csvtable, "BLOCK_SIZE", 4096)
-    monkeypatch.setattr(route_format, "BLOCK_SIZE", 4096)
+    monkeypatch.setattr(csvtable, "BLOCK_SIZE", 4096)  # the CSV read options of every reader
     blocks = list(iter_route_rows(path, rows=1000))
     assert len(blocks) > 3
     pd.testing.assert_frame_equal(pd.concat(blocks, ignore_index=True), whole)

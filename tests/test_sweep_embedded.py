@@ -116,7 +116,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, tiny_model):
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"the sweep ended before it could be killed: {proc.stderr.read()!r}")
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and any(p.is_dir() for p in out.iterdir()):
             root = sweep_folder(out)
             ok = [r for r in manifest(root) if r["status"] == "ok"]
             if ok and list((root / "cells").glob("*/.*.staging")):

@@ -172,7 +172,7 @@ def test_runs_land_on_their_targets_node_and_a_killed_node_loses_nothing(
     while time.monotonic() < deadline:  # wait for b to finish a run and be busy with another
         if proc.poll() is not None:
             pytest.fail(f"the sweep ended before node b was killed: {proc.communicate()}")
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and any(p.is_dir() for p in out.iterdir()):
             root = sweep_folder(out)
             done = {r["run"]: r["target"] for r in manifest(root) if r["status"] == "ok"}
             running = {f"{p.parent.name}/{p.name.split('.')[1]}"
@@ -254,7 +254,7 @@ def test_a_killed_task_is_a_lost_attempt_retried_in_the_same_sweep(farm, tmp_pat
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"the sweep ended before a task was killed: {proc.communicate()}")
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and any(p.is_dir() for p in out.iterdir()):
             root = sweep_folder(out)
             workers = _unit_task_workers()
             if workers and list((root / "cells").glob("*/.*.staging")):
@@ -294,7 +294,7 @@ def test_ctrl_c_stops_the_runs_on_the_hosts_and_resume_finishes(farm, tmp_path, 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"the sweep ended before Ctrl-C: {proc.communicate()}")
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and any(p.is_dir() for p in out.iterdir()):
             root = sweep_folder(out)
             if len(list((root / "cells").glob("*/.*.staging"))) == 2:  # both hosts' runs began
                 break

@@ -315,7 +315,7 @@ def test_sigkill_mid_cell_then_resume_loses_nothing_and_repeats_nothing(tmp_path
                      "fake_delay = 0.08\n[grid]\ncache_mb = [0, 8]\nthreads = [1, 2]")  # fmt: skip
     out = tmp_path / "out"
     proc = _sweep_process(cfg)
-    _wait_for(lambda: out.is_dir() and any(out.iterdir()), proc)
+    _wait_for(lambda: out.is_dir() and any(p.is_dir() for p in out.iterdir()), proc)
     root = sweep_folder(out)
     _wait_for(
         lambda: len(_ok_runs(root)) >= 2 and list((root / "cells").glob("*/.*.staging")), proc
@@ -351,7 +351,7 @@ def test_ctrl_c_stops_the_engine_and_marks_the_run_interrupted(tmp_path):
     cfg = make_sweep(tmp_path, "", "fake_delay = 1.0\n[grid]\ncache_mb = [0, 8]")
     out = tmp_path / "out"
     proc = _sweep_process(cfg)
-    _wait_for(lambda: out.is_dir() and any(out.iterdir()), proc)
+    _wait_for(lambda: out.is_dir() and any(p.is_dir() for p in out.iterdir()), proc)
     root = sweep_folder(out)
     _wait_for(lambda: any(p.is_file() for p in (root / ".state" / "targets").glob("*.pid")), proc)
     proc.send_signal(signal.SIGINT)

@@ -76,9 +76,19 @@ def quantile_index(values: np.ndarray, q: float) -> float:
     return float(np.partition(values, k)[k])
 
 
-def _need_rows(rows: pd.DataFrame, trace: ComputeTrace | IoTrace) -> None:
+def _need_rows(rows: pd.DataFrame, trace: ComputeTrace | IoTrace, needs: tuple = ()) -> None:
+    """Refuse, naming it, a trace without rows or without a column the view `needs` (every
+    engine writes them all; a file lacking one is named rather than failing in the view)."""
+    where = trace.path or "<input>"
     if not len(rows):
-        raise BmoeError(f"{trace.path or '<input>'}: the trace has no rows to analyse")
+        raise BmoeError(f"{where}: the trace has no rows to analyse")
+    missing = [c for c in needs if c not in rows]
+    if missing:
+        kind = "io" if isinstance(trace, IoTrace) else "compute"
+        raise BmoeError(
+            f"{where}: the {kind} trace has no {', '.join(missing)} column (its header lacks "
+            "it); this analysis needs it"
+        )
 
 
 def _share(part: np.ndarray | pd.Series, total: float) -> np.ndarray:
@@ -146,7 +156,7 @@ def compute_by_op(trace: ComputeTrace, top: int | None = DEFAULT_TOP) -> pd.Data
     """Time per op (ms/token, share of the measured total, faults/token), largest first;
     the first `top` ops (all when `top` is None or 0)."""
     rows = decode_rows(trace.rows)
-    _need_rows(rows, trace)
+    _need_rows(rows, trace, ("op",))
     g = _grouped_time(rows, rows["op"], step_count(rows))
     g = g.sort_values("_ns", ascending=False, kind="stable")
     if top:
@@ -159,7 +169,7 @@ def compute_faults(trace: ComputeTrace) -> pd.DataFrame:
     """Fault attribution: the ops (segments, for a layer-granular file) that took major faults,
     with their faults and time per token and their share of all faults; most faults first."""
     rows = decode_rows(trace.rows)
-    _need_rows(rows, trace)
+    _need_rows(rows, trace, ("name",) if trace.layer_granular else ("op",))
     layered = trace.layer_granular
     column = "segment" if layered else "op"
     cols = [column, "majflt_per_token", "ms_per_token", "fault_share_pct"]
@@ -175,7 +185,7 @@ def compute_by_layer(trace: ComputeTrace) -> pd.DataFrame:
     """Time per layer as the engine parsed it (-1 = no layer: embeddings, output head, masks,
     and the views/unnamed nodes whose name carries no ``-<il>`` suffix)."""
     rows = decode_rows(trace.rows)
-    _need_rows(rows, trace)
+    _need_rows(rows, trace, ("layer",))
     g = _grouped_time(rows, rows["layer"], step_count(rows))
     out = g.reset_index().rename(columns={"key": "layer"})
     out["layer"] = out["layer"].astype(np.int16)
@@ -205,7 +215,7 @@ def compute_segments(trace: ComputeTrace) -> pd.DataFrame:
     """Layer-granular files: time per segment, ordered ``pre``, ``blk.0..N``, ``post`` (a
     layer's routing boundary rows share its ``blk.<il>`` name and sum into it)."""
     rows = decode_rows(trace.rows)
-    _need_rows(rows, trace)
+    _need_rows(rows, trace, ("name",))
     g = _grouped_time(rows, rows["name"], step_count(rows))
     g = g.iloc[_segment_order(g.index)]
     out = g.reset_index().rename(columns={"key": "segment"})
@@ -217,7 +227,7 @@ def classify_nodes(trace: ComputeTrace) -> pd.DataFrame:
     :mod:`bmoe.analyze.opclass`) and ``layer_resolved``. Compute it once and hand it to the
     by-class views when calling several."""
     rows = decode_rows(trace.rows)
-    _need_rows(rows, trace)
+    _need_rows(rows, trace, ("op", "name"))
     if trace.layer_granular:
         raise BmoeError(
             f"{trace.path or '<input>'}: a layer-granular trace has no per-node detail to "
@@ -287,9 +297,9 @@ def compute_per_token(trace: ComputeTrace) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- io
 
 
-def _io_decode(trace: IoTrace) -> pd.DataFrame:
+def _io_decode(trace: IoTrace, needs: tuple = ()) -> pd.DataFrame:
     rows = decode_rows(trace.rows)
-    _need_rows(rows, trace)
+    _need_rows(rows, trace, needs)
     return rows
 
 
@@ -358,7 +368,7 @@ def io_sizes(trace: IoTrace) -> pd.DataFrame:
 def io_lanes(trace: IoTrace) -> pd.DataFrame:
     """Per lane: MiB/token, busy ms/token (summed latency) and MiB/s while busy. Uneven busy
     time means a lane is starved, not that the drive is full."""
-    rows = _io_decode(trace)
+    rows = _io_decode(trace, ("lane",))
     steps = step_count(rows)
     frame = pd.DataFrame(
         {
@@ -433,7 +443,7 @@ def io_adjacency(trace: IoTrace) -> dict[str, Any]:
     """The coalescing ceiling: per step, the reads sorted by offset merge into contiguous runs
     (a read touching or overlapping the bytes before it continues the run); reads/runs is how
     many times fewer requests a perfect coalescer would issue for the same bytes."""
-    rows = _io_decode(trace)
+    rows = _io_decode(trace, ("offset", "req_bytes"))
     steps = step_count(rows)
     _order, starts = _runs(rows)
     runs = int(starts.sum())
@@ -447,7 +457,7 @@ def io_adjacency(trace: IoTrace) -> dict[str, Any]:
 def io_adjacency_by_layer(trace: IoTrace) -> pd.DataFrame:
     """The coalescing ceiling per layer (runs that span layers count for the layer that
     starts them): which layers' experts lie scattered on flash."""
-    rows = _io_decode(trace)
+    rows = _io_decode(trace, ("offset", "req_bytes"))
     steps = step_count(rows)
     order, starts = _runs(rows)
     layer = rows["layer"].to_numpy()[order] if "layer" in rows else np.full(len(order), -1)

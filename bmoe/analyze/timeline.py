@@ -93,6 +93,23 @@ def _step_pos(frame: pd.DataFrame, index: pd.DataFrame) -> np.ndarray:
     return pos.astype(np.int64)
 
 
+def _no_negative(
+    rows: pd.DataFrame | None, column: str, what: str, notes: list[str]
+) -> pd.DataFrame | None:
+    """`rows` with a negative duration in `column` (a clock that stepped back, a damaged
+    file) drawn as 0 long, and a note saying how many; a slice never ends before it starts."""
+    if rows is None or column not in rows:
+        return rows
+    values = rows[column].to_numpy()
+    negative = values < 0
+    if not negative.any():
+        return rows
+    notes.append(f"{int(negative.sum())} {what} with a negative {column} drawn 0 long")
+    rows = rows.copy()
+    rows[column] = np.where(negative, 0, values).astype(values.dtype)
+    return rows
+
+
 def _lay_io(io: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
     """Offsets of reconstructed reads within their step (each lane end to end, file order),
     and each step's extent (the busiest lane's total)."""
@@ -140,6 +157,12 @@ def build_timeline(
     """
     if compute is None and io is None:
         raise BmoeError("a timeline needs a compute trace, an io trace, or both")
+    for trace, kind, needs in ((io, "io", ("lane",)), (compute, "compute", ("name", "op"))):
+        if trace is not None and not any(c in trace.rows for c in needs):
+            raise BmoeError(
+                f"{trace.path or '<input>'}: the {kind} trace has no {' or '.join(needs)} "
+                "column (its header lacks it); a timeline needs it"
+            )
     notes: list[str] = []
     io_rows = _select(io.rows, decode_only, steps) if io is not None else None
     comp_rows = None
@@ -149,6 +172,8 @@ def build_timeline(
             comp_rows = comp_rows.sort_values(["turn", "step", "phase", "seq"], kind="stable")
     if (io_rows is None or not len(io_rows)) and (comp_rows is None or not len(comp_rows)):
         raise BmoeError("no trace rows in the selected steps")
+    io_rows = _no_negative(io_rows, "latency_ns", "reads", notes)
+    comp_rows = _no_negative(comp_rows, "wall_ns", "compute nodes", notes)
     index = _step_index(io_rows, comp_rows)
     if io_rows is not None and comp_rows is not None and len(io_rows) and len(comp_rows):
         shared = np.intersect1d(step_keys(io_rows), step_keys(comp_rows))

@@ -35,7 +35,7 @@ import typer
 from rich.console import Console
 
 from bmoe.errors import BmoeError
-from bmoe.render.messages import error_line, labelled, warning_line
+from bmoe.render.messages import error_line, guarded, labelled, warning_line
 
 app = typer.Typer(
     name="bmoe",
@@ -106,8 +106,9 @@ LAZY_COMMANDS = {
 
 # Plain strings are never read as markup (they may quote a file); styled lines are built as
 # rich Text by bmoe.render.messages.
-console = Console(markup=False)
-err_console = Console(stderr=True, markup=False)
+# Whatever they print has its control characters shown escaped (bmoe.render.messages).
+console = guarded(Console(markup=False))
+err_console = guarded(Console(stderr=True, markup=False))
 
 
 def modules_for(argv: Sequence[str] | None) -> list[str]:

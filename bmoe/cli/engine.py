@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,7 @@ def run(ctx: typer.Context) -> None:
     if version:
         console.out(engine_version(), highlight=False)
         return
+    _check_outputs(cfg)
     if cfg.session:
         from bmoe.engine.embedded.serve import serve_session
 
@@ -149,6 +152,28 @@ def run(ctx: typer.Context) -> None:
             view.close()
         return
     run_engine(cfg, out=sys.stdout.buffer, err=sys.stderr)
+
+
+def _shards(model: Path) -> list[Path]:
+    """The files of a split model named like `model` (``<prefix>-00001-of-0000N.gguf``, the
+    names llama.cpp and ``--split-max-tensors`` give) that exist beside it; `model` alone
+    otherwise."""
+    m = re.fullmatch(r"(.*)-\d{5}-of-(\d{5})\.gguf", model.name)
+    if m is None:
+        return [model]
+    pattern = f"{glob.escape(m[1])}-[0-9][0-9][0-9][0-9][0-9]-of-{m[2]}.gguf"
+    return [model, *model.parent.glob(pattern)]
+
+
+def _check_outputs(cfg) -> None:
+    """The run's files: never the model (or a shard of it) nor the fidelity reference it
+    reads, an existing one only with --force."""
+    from bmoe.formats.outputs import check_outputs
+
+    dests = (cfg.csv, cfg.route_trace, cfg.io_trace, cfg.compute_trace, cfg.compute_trace_layers,
+             cfg.fidelity_save)  # fmt: skip
+    inputs = [*(_shards(Path(cfg.model)) if cfg.model else ()), cfg.fidelity_ref]
+    check_outputs(dests, inputs, force=cfg.force)
 
 
 @model_app.command("synth")
@@ -189,6 +214,7 @@ def synth(
         "--chat-template",
         help="Write a chat template: chatml, or think (ChatML reading enable_thinking).",
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite model files that exist."),
 ) -> None:
     """Write a synthetic mixture-of-experts GGUF model that llama.cpp loads.
 
@@ -209,6 +235,14 @@ def synth(
     Example: bmoe model synth tiny.gguf --split-max-tensors 16
     """
     from bmoe.engine.synth import estimate_bytes, preset_config, synth_model
+    from bmoe.formats.outputs import check_output
+
+    if split_max_tensors > 0:  # the shards' names: OUT-00001-of-0000N.gguf, N not known yet
+        stem = glob.escape(out.name.removesuffix(".gguf"))
+        for shard in sorted(out.parent.glob(f"{stem}-[0-9]*-of-[0-9]*.gguf")):
+            check_output(shard, force=force)
+    else:
+        check_output(out, force=force)
 
     overrides = {
         "layers": layers,

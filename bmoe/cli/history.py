@@ -69,7 +69,10 @@ def history_command(
     sweeps = {}
     seen: dict[Path, Path] = {}
     for folder in folders:
-        where = folder.resolve()
+        try:
+            where = folder.resolve()
+        except (OSError, RuntimeError):  # a symbolic link loop (RuntimeError before 3.13)
+            raise BmoeError(f"{folder}: a symbolic link loop, not a sweep folder") from None
         if where in seen:
             same = "" if str(seen[where]) == str(folder) else f" (as {seen[where]})"
             raise BmoeError(f"{folder}: the same sweep folder given twice{same}")

@@ -38,8 +38,9 @@ def check_plot(
     from bmoe.formats.outputs import check_output
     from bmoe.render.plots import SUFFIXES
 
+    sources = [p for p in inputs if p is not None]
+    check_output(plot, sources, force=force)  # first: an input is named as such
     if plot.suffix.lower() not in SUFFIXES:
         raise BmoeError(f"{plot}: plot files must end in {', '.join(SUFFIXES)}")
-    sources = [p for p in inputs if p is not None]
-    for dest in (plot, *also):
+    for dest in also:
         check_output(dest, sources, force=force)

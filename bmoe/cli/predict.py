@@ -136,6 +136,7 @@ def profile_command(
     ),
     probe_lanes: str = typer.Option("1,2,4", "--probe-lanes", help="Lane counts."),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an -o file that exists."),
 ) -> None:
     """Build a device profile from recorded runs: flash latency by lanes, compute,
     cache-management and overlap-stall time per token, memory pressure (major faults against
@@ -153,6 +154,10 @@ def profile_command(
     check_format(fmt)
     if not 0 < coverage < 1:
         raise BmoeError(f"--coverage {coverage}: give a fraction between 0 and 1 (e.g. 0.8)")
+    if out is not None:
+        from bmoe.formats.outputs import check_output
+
+        check_output(out, [*(paths or ()), trace_path, model_path], force=force)
     if probe is not None and probe_file is None:
         raise BmoeError("--probe needs --probe-file (the file to read on the target)")
     flash = None
@@ -211,6 +216,8 @@ def profile_command(
     _show_profile(profile, fmt)
     check_settled(profile, strict)
     if out is not None:
+        read = [f.path for r in runs for f in (r.metrics, r.route, r.io, r.compute) if f]
+        check_output(out, [*read, trace_path, model_path], force=force)
         write_profile(profile, out)
         err_console.print(literal(f"wrote {out} ({len(runs)} runs)"), highlight=False)
 
@@ -401,6 +408,7 @@ def predict_command(
         None, "--csv", metavar="OUT", help="Also write the table as CSV."
     ),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --csv file that exists."),
 ) -> None:
     """Predict tok/s, MiB/token, hit % and the stall attribution (compute / flash wait /
     mgmt) of configurations from one run's routing and a device profile. MiB/token and hit %
@@ -429,6 +437,10 @@ def predict_command(
         raise BmoeError("--against needs a sweep folder or metrics files to compare with")
     if not grid and not against_flag:
         raise BmoeError("give --grid (the configurations to predict) or --against SWEEP_DIR")
+    if csv_out is not None:
+        from bmoe.formats.outputs import check_output
+
+        check_output(csv_out, (trace_path, profile_path, *measured), force=force)
     profile = read_profile(profile_path)
     prediction.check_settled(profile, strict)
     cells = prediction.parse_grid(grid) if grid else None

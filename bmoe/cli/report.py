@@ -48,9 +48,10 @@ def report_command(
     An HTML file that exists already is left alone unless --force; an input never is
     overwritten.
     """
+    inputs = [*paths, *([metrics] if metrics is not None else [])]
+    check_output(out, inputs, force=True)  # first: an input is named as such
     if out.suffix.lower() not in (".html", ".htm"):
         raise BmoeError(f"{out}: the report is HTML; name it .html")
-    inputs = [*paths, *([metrics] if metrics is not None else [])]
     if len(paths) > 1:
         _history_pages(paths, out, outcome, title, inputs, force)
         return

@@ -65,8 +65,10 @@ class Sections:
         ]
 
     def _bytes(self) -> bytes:
-        """The file's bytes, read (and the file split again) now if only its head was read."""
+        """The file's bytes, read (and the file split again) now if only its head was read;
+        refused when the file is too large to hold (:func:`whole_limit`)."""
         if self.data is None and self.source is not None:
+            check_whole(self.source, self.path)
             whole = split_sections(read_bytes(self.source)[0], self.path)
             whole.warnings[:0] = self.warnings
             self.__dict__.update(whole.__dict__)
@@ -137,6 +139,38 @@ def read_bytes(source: PathLike | bytes) -> tuple[bytes, str | None]:
 
 
 _NON_SPACE = re.compile(rb"[^ \t\r\n\x0b\x0c]")
+
+
+def whole_limit() -> int:
+    """The largest file the careful path reads into memory at once (bytes): a quarter of the
+    memory available now (the rows it parses take about as much again), at most 8 GiB."""
+    limit = 8 << 30
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    limit = min(limit, int(line.split()[1]) * 1024 // 4)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return limit
+
+
+def check_whole(path: str, name: str | None = None) -> None:
+    """Refuse to read `path` whole when it is larger than :func:`whole_limit`: such a file
+    reaches the careful path only when its rows do not stream (a bad row, a ``#`` line among
+    them), and reading it would exhaust memory before that could be said."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return
+    limit = whole_limit()
+    if size > limit:
+        raise FormatError(
+            name or path, None,
+            f"{size / 2**30:.1f} GiB whose rows do not parse as they stream; too large to read "
+            f"whole here ({limit / 2**30:.1f} GiB); a damaged or binary file?",
+        )  # fmt: skip
 
 
 def check_text(data: bytes, path: str | None, start: int = 0) -> None:
@@ -311,7 +345,7 @@ def read_rows(
         try:
             table = pacsv.read_csv(
                 pa.BufferReader(sec.buffer()),
-                read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE),
+                read_options=read_options(sec.header),
                 parse_options=pacsv.ParseOptions(newlines_in_values=False),
                 convert_options=_convert_options(col_types),
                 memory_pool=pa.system_memory_pool(),
@@ -328,6 +362,15 @@ def read_rows(
     frame = table.to_pandas(split_blocks=True, self_destruct=True)
     del table
     return frame
+
+
+def read_options(header: list[str], *, use_threads: bool = True) -> pacsv.ReadOptions:
+    """pyarrow's CSV options for rows under `header`: the header line is skipped and its
+    names given as split by :func:`split_sections` (blanks around a name stripped), so a
+    column is known by the name every other part of the reader uses."""
+    return pacsv.ReadOptions(
+        block_size=BLOCK_SIZE, column_names=list(header), skip_rows=1, use_threads=use_threads
+    )
 
 
 def _convert_options(col_types: dict[str, pa.DataType]) -> pacsv.ConvertOptions:
@@ -359,7 +402,7 @@ def _read_streamed(sec: Sections, col_types: dict[str, pa.DataType]) -> pa.Table
             fh.seek(start)
             return pacsv.read_csv(
                 fh,
-                read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE),
+                read_options=read_options(sec.header),
                 parse_options=pacsv.ParseOptions(newlines_in_values=False),
                 convert_options=_convert_options(col_types),
                 memory_pool=pa.system_memory_pool(),
@@ -382,6 +425,11 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
         if not whole_lines:
             return None
         sec = split_sections(whole_lines, path)
+        rest = head[len(whole_lines) :]
+        nul = rest.find(b"\x00", 0, 65536)
+        if nul >= 0:  # binary past the header (a sparse file, a damaged one): said now
+            line = whole_lines.count(b"\n") + 1 + rest.count(b"\n", 0, nul)
+            raise FormatError(path, line, "binary data, not a text telemetry file")
         if len(sec.spans) != 1 or not sec.header_line or sec.trailer():
             return None
         if b"\n#" in head[len(whole_lines) - 1 :]:
@@ -396,6 +444,11 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
                 fh.seek(size - 1)
                 last = fh.read(1)
         while verify and (block := fh.read(chunk)):
+            if b"\x00" in block:
+                at = size + block.index(b"\x00")
+                raise FormatError(
+                    path, None, f"binary data at byte {at}, not a text telemetry file"
+                )
             if b"\n#" in block or (prev_newline and block.startswith(b"#")):
                 return None
             prev_newline = block.endswith(b"\n")

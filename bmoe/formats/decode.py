@@ -49,6 +49,28 @@ IO_TYPES: dict[str, pa.DataType] = {
 }
 
 
+#: Columns each reader requires, and the ids that must fit 32 bits.
+COMPUTE_REQUIRED = ("step", "wall_ns")
+COMPUTE_IDS = ("turn", "phase", "step", "seq", "layer")
+IO_REQUIRED = ("step", "layer", "expert", "read_bytes", "latency_ns")
+IO_IDS = ("turn", "phase", "step", "layer", "expert", "proj", "lane", "spec")
+
+
+def compute_schema():
+    """What the Parquet form of a compute trace must hold (:class:`~bmoe.formats.parquet.
+    RowSchema`)."""
+    from bmoe.formats.parquet import RowSchema
+
+    return RowSchema(COMPUTE_TYPES, COMPUTE_REQUIRED, COMPUTE_IDS)
+
+
+def io_schema():
+    """What the Parquet form of an io trace must hold."""
+    from bmoe.formats.parquet import RowSchema
+
+    return RowSchema(IO_TYPES, IO_REQUIRED, IO_IDS)
+
+
 @dataclass
 class ComputeTrace:
     """Per-node (or per-layer-segment, ``op=LAYER``) decode timings."""
@@ -94,12 +116,12 @@ def read_compute_trace(source: PathLike | bytes) -> ComputeTrace:
     from bmoe.formats import parquet
 
     if parquet.is_parquet(source):
-        p = parquet.read_parts(source, "compute")
+        p = parquet.read_parts(source, "compute", schema=compute_schema())
         return ComputeTrace(p.name, p.version, p.meta, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "compute_trace")
-    rows = frame_or_empty(sec, COMPUTE_TYPES, ("step", "wall_ns"))
-    check_int32(sec, rows, ("turn", "phase", "step", "seq", "layer"))
+    rows = frame_or_empty(sec, COMPUTE_TYPES, COMPUTE_REQUIRED)
+    check_int32(sec, rows, COMPUTE_IDS)
     return ComputeTrace(sec.path, version, meta, rows, sec.warnings)
 
 
@@ -107,12 +129,12 @@ def read_io_trace(source: PathLike | bytes) -> IoTrace:
     from bmoe.formats import parquet
 
     if parquet.is_parquet(source):
-        p = parquet.read_parts(source, "io")
+        p = parquet.read_parts(source, "io", schema=io_schema())
         return IoTrace(p.name, p.version, p.meta, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta = _preamble(sec, "io_trace")
-    rows = frame_or_empty(sec, IO_TYPES, ("step", "layer", "expert", "read_bytes", "latency_ns"))
-    check_int32(sec, rows, ("turn", "phase", "step", "layer", "expert", "proj", "lane", "spec"))
+    rows = frame_or_empty(sec, IO_TYPES, IO_REQUIRED)
+    check_int32(sec, rows, IO_IDS)
     return IoTrace(sec.path, version, meta, rows, sec.warnings)
 
 

@@ -45,3 +45,25 @@ def is_regular_file(path: str | os.PathLike) -> bool:
     except (FormatError, TypeError):
         return False
     return True
+
+
+def _size(limit: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if limit >= 1 << shift and limit % (1 << shift) == 0:
+            return f"{limit >> shift} {unit}"
+    return f"{limit} bytes"
+
+
+def read_limited(path: str | os.PathLike, limit: int, what: str = "") -> bytes:
+    """The bytes of the regular file at `path` (:func:`regular_file`), at most `limit` of
+    them: a larger file is a FormatError (`what` says what such a file should be), found
+    without reading more than `limit` + 1 bytes (a sparse or growing file included)."""
+    name = regular_file(path)
+    try:
+        with open(name, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise FormatError(name, None, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise FormatError(name, None, f"larger than {_size(limit)}" + (f"; {what}" if what else ""))
+    return data

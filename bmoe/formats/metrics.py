@@ -68,6 +68,9 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     **{name: pa.float64() for name in ROW_PRECISION},
 }
 
+#: The columns every metrics file has (and detection looks for).
+REQUIRED = ("step", "wall_ms")
+
 _SUMMARY_FLOAT_KEYS = frozenset(SUMMARY_PRECISION)
 #: Keys that open a new preamble line in the native engine's files.
 _LINE_STARTS = frozenset({"model", "moe_stream", "temp"})
@@ -138,7 +141,7 @@ def read_metrics(source: PathLike | bytes) -> MetricsRun:
     from bmoe.formats import parquet
 
     if parquet.is_parquet(source):
-        p = parquet.read_parts(source, "metrics")
+        p = parquet.read_parts(source, "metrics", schema=parquet.RowSchema(COLUMN_TYPES, REQUIRED))
         return MetricsRun(p.name, p.version, p.meta, p.rows, p.summaries, p.warnings)
     sec = load_sections(source)
     version = 0
@@ -166,7 +169,7 @@ def read_metrics(source: PathLike | bytes) -> MetricsRun:
             summaries.append(parse_summary(body))
     if not sec.header_line:
         raise FormatError(sec.path, None, "no header row: not a metrics CSV")
-    if "step" not in sec.header or "wall_ms" not in sec.header:
+    if any(c not in sec.header for c in REQUIRED):
         raise FormatError(
             sec.path, sec.header_line, "header lacks 'step' and 'wall_ms': not a metrics CSV"
         )

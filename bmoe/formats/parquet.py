@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from bmoe.formats import kv
 from bmoe.formats.errors import FormatError
 from bmoe.formats.inputs import is_regular_file, regular_file
 
@@ -110,26 +111,69 @@ def write_table(obj: Any, kind: str, dest: str | os.PathLike) -> Path:
 
 
 # ----------------------------------------------------------------------------- reading
+# A Parquet file may come from anywhere (another tool, a hand edit): its schema and metadata
+# are checked once, here, where it is opened, against what the CSV reader of its kind would
+# produce (the reader passes its :class:`RowSchema`), with that reader's messages.
 
 
-def _open(source: Any, columns: frozenset[str] | None = None) -> tuple[pa.Table, str | None]:
+@dataclass(frozen=True)
+class RowSchema:
+    """What a kind's rows must be: the compact type of each known column, the columns the
+    reader requires, and the id columns whose values must fit 32 bits."""
+
+    types: Mapping[str, pa.DataType]
+    required: tuple[str, ...] = ()
+    int32: tuple[str, ...] = ()
+
+
+#: The highest format version a bmoe Parquet file can record (the CSV versions are small).
+MAX_VERSION = 1000
+
+
+def _open(
+    source: Any,
+    columns: frozenset[str] | None = None,
+    schema: RowSchema | None = None,
+    kind: str | None = None,
+) -> tuple[pa.Table, str | None, list[str]]:
+    """The table (only `columns`, when given), its file name and every column it has (the
+    kind it records and its column names checked against `kind` and `schema` before any
+    column is read)."""
     import pyarrow.parquet as pq
 
     name = None if isinstance(source, bytes | bytearray | memoryview) else str(source)
     src = pa.BufferReader(bytes(source)) if name is None else regular_file(name)
     try:
-        if columns is None:
-            return pq.read_table(src), name
-        # only the columns asked for are decoded (the metadata comes with the schema)
-        names = pq.read_schema(pa.BufferReader(bytes(source)) if name is None else name).names
-        return pq.read_table(src, columns=[c for c in names if c in columns]), name
+        found = pq.read_schema(pa.BufferReader(bytes(source)) if name is None else src)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
+    names = found.names
+    _metadata(found, name, kind)
+    if schema is not None:
+        check_names(names, schema, name)
+    try:
+        keep = None if columns is None else [c for c in names if c in columns]
+        return pq.read_table(src, columns=keep), name, names
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
 
 
-def _metadata(table: pa.Table, name: str | None, want: str | None) -> dict[bytes, bytes]:
-    meta = dict(table.schema.metadata or {})
-    kind = meta.get(KIND, b"").decode()
+def check_names(names: list[str], schema: RowSchema, path: str | None) -> None:
+    """The file's columns: every required one there, none twice (the CSV reader's messages)."""
+    missing = [c for c in schema.required if c not in names]
+    if missing:
+        raise FormatError(path, None, f"header lacks required column(s): {', '.join(missing)}")
+    dupes = sorted({c for c in names if names.count(c) > 1})
+    if dupes:
+        raise FormatError(path, None, f"duplicate column(s): {', '.join(dupes)}")
+
+
+def _metadata(
+    table: pa.Table | pa.Schema, name: str | None, want: str | None
+) -> dict[bytes, bytes]:
+    schema = table if isinstance(table, pa.Schema) else table.schema
+    meta = dict(schema.metadata or {})
+    kind = meta.get(KIND, b"").decode("utf-8", "replace")
     if kind not in KINDS:
         raise FormatError(name, None, "Parquet file without bmoe metadata (not written by bmoe)")
     if want is not None and kind != want:
@@ -142,8 +186,88 @@ def _json(meta: dict[bytes, bytes], key: bytes, default: Any, name: str | None) 
         return default
     try:
         return json.loads(meta[key])
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError):
         raise FormatError(name, None, f"corrupt {key.decode()} in the Parquet metadata") from None
+
+
+def _corrupt(key: bytes, name: str | None, why: str) -> FormatError:
+    return FormatError(name, None, f"corrupt {key.decode()} in the Parquet metadata ({why})")
+
+
+_SCALAR = (str, int, float, bool, type(None))
+
+
+def _facts(
+    value: Any, key: bytes, name: str | None, what: str, contract: bool = True
+) -> dict[str, Any]:
+    """A preamble or summary from the metadata: an object of plain values, each (with
+    `contract`) within what the contract allows its key, as the CSV reader checks a
+    preamble's ``key=value`` line."""
+    if not isinstance(value, dict):
+        raise _corrupt(key, name, f"{what} is not an object")
+    for k, v in value.items():
+        if not isinstance(v, _SCALAR):
+            raise _corrupt(key, name, f"{what} {k!r} is not a plain value")
+        problem = kv.contract_problem(k, v) if contract else None
+        if problem is not None:
+            raise FormatError(name, None, problem)
+    return value
+
+
+def _version(meta: dict[bytes, bytes], name: str | None) -> int:
+    try:
+        version = int(meta.get(VERSION, b"0"))
+    except ValueError:
+        raise FormatError(name, None, "corrupt bmoe.version in the Parquet metadata") from None
+    if not 0 <= version <= MAX_VERSION:
+        raise _corrupt(VERSION, name, f"version {version}")
+    return version
+
+
+def _warnings(meta: dict[bytes, bytes], name: str | None) -> list[str]:
+    found = _json(meta, WARNINGS, [], name)
+    if not isinstance(found, list) or not all(isinstance(w, str) for w in found):
+        raise _corrupt(WARNINGS, name, "not a list of texts")
+    return found
+
+
+def _summaries(meta: dict[bytes, bytes], name: str | None) -> list[dict[str, Any]]:
+    found = _json(meta, SUMMARIES, [], name)
+    if not isinstance(found, list):
+        raise _corrupt(SUMMARIES, name, "not a list")
+    return [_facts(item, SUMMARIES, name, "a summary", contract=False) for item in found]
+
+
+#: dtypes the per-layer sizes may be stored as.
+_LAYER_DTYPES = frozenset({"int8", "int16", "int32", "int64", "float32", "float64"})
+
+
+def _layers(meta: dict[bytes, bytes], name: str | None) -> pd.DataFrame:
+    """A route trace's per-layer sizes: columns of plain numbers, ``layer`` indices among them."""
+    raw = meta.get(LAYERS, b'[{"name": "layer", "dtype": "int64", "values": []}]')
+    found = _json({LAYERS: raw}, LAYERS, [], name)
+    if not isinstance(found, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("values"), list)
+        and c.get("dtype") in _LAYER_DTYPES
+        for c in found
+    ):  # fmt: skip
+        raise _corrupt(LAYERS, name, "not columns of numbers")
+    lengths = {len(c["values"]) for c in found}
+    if len(lengths) > 1:
+        raise _corrupt(LAYERS, name, "columns of different lengths")
+    for column in found:
+        for v in column["values"]:
+            if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+                raise _corrupt(LAYERS, name, f"{column['name']} holds {v!r}")
+            problem = kv.contract_problem(column["name"], v)
+            if problem is not None:
+                raise FormatError(name, None, problem)
+    if found and "layer" not in {c["name"] for c in found}:
+        raise _corrupt(LAYERS, name, "no layer column")
+    try:
+        return _frame_from_json(json.dumps(found))
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _corrupt(LAYERS, name, str(exc).splitlines()[0][:60]) from None
 
 
 def release_unused() -> None:
@@ -158,6 +282,118 @@ def _rows(table: pa.Table) -> pd.DataFrame:
     # 10 M-row trace would hold ~140 MiB it no longer uses through everything that follows.
     release_unused()
     return frame
+
+
+def _first(mask: pa.Array | pa.ChunkedArray) -> int:
+    """0-based index of the first true value of a boolean array."""
+    import pyarrow.compute as pc
+
+    return int(pc.index(mask, True).as_py())
+
+
+def _refused(name: str | None, column: str, row: int, value: Any, what: str) -> FormatError:
+    return FormatError(name, None, f"column {column!r}, row {row + 1}: {value!r} is not {what}")
+
+
+def _plain_type(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+        or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        or (pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type))
+    )  # fmt: skip
+
+
+def _kind(kind: pa.DataType) -> str:
+    """What a column holds, in a message."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
+        return "text"
+    if pa.types.is_boolean(kind):
+        return "true/false"
+    if pa.types.is_integer(kind):
+        return "integers"
+    if pa.types.is_floating(kind):
+        return "numbers"
+    return f"{kind} values"
+
+
+def _column(column: pa.ChunkedArray, name: str, want: pa.DataType, path: str | None):
+    """`column` as the CSV reader would type it (`want`), or the FormatError saying why not."""
+    import pyarrow.compute as pc
+
+    have = column.type
+    if pa.types.is_integer(want):
+        if pa.types.is_floating(have):
+            whole = pc.equal(pc.round(column), column)
+            inside = pc.less_equal(pc.abs(column), 9.2e18)  # an int64 holds it
+            bad = pc.fill_null(pc.invert(pc.and_(whole, inside)), True)
+            if pc.any(bad).as_py():
+                row = _first(bad)
+                return _refused(path, name, row, column[row].as_py(), "an integer")
+            column = pc.cast(column, pa.int64(), safe=False)
+            have = column.type
+        elif not pa.types.is_integer(have):
+            return FormatError(
+                path, None, f"column {name!r} holds {_kind(have)} where integers belong"
+            )
+        if column.null_count:
+            row = _first(pc.is_null(column))
+            return _refused(path, name, row, None, "an integer")
+        try:
+            return pc.cast(column, want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return pc.cast(column, pa.int64())  # wider than the compact type: widened
+    if pa.types.is_floating(want):
+        if not (pa.types.is_integer(have) or pa.types.is_floating(have)):
+            return FormatError(
+                path, None, f"column {name!r} holds {_kind(have)} where numbers belong"
+            )
+        return pc.cast(column, want, safe=False)  # an int64 beyond 2**53 rounds, as CSV text
+    if pa.types.is_dictionary(want) or pa.types.is_string(want):
+        text = have
+        if pa.types.is_dictionary(have):
+            text = have.value_type
+        if not (pa.types.is_string(text) or pa.types.is_large_string(text)):
+            return FormatError(
+                path, None, f"column {name!r} holds {_kind(have)} where text belongs"
+            )
+        if column.null_count:
+            row = _first(pc.is_null(column))
+            return _refused(path, name, row, None, "text")
+        return pc.cast(pc.cast(column, pa.string()) if text != pa.string() else column, want)
+    return pc.cast(column, want)
+
+
+def conform(table: pa.Table, schema: RowSchema, names: list[str], path: str | None) -> pa.Table:
+    """`table` checked and typed as the CSV reader of its kind would type it: the required
+    columns present (among `names`, every column of the file), no column twice, each known
+    column of its compact type (integers widened where the file's values do not fit it), ids
+    within 32 bits, nothing but plain values anywhere. The CSV reader's messages, with rows
+    where it gives lines."""
+    import pyarrow.compute as pc
+
+    check_names(names, schema, path)
+    for i, field_ in enumerate(table.schema):
+        want = schema.types.get(field_.name)
+        if want is None:
+            if not _plain_type(field_.type):
+                raise FormatError(
+                    path, None, f"column {field_.name!r} holds {field_.type}, not plain values"
+                )
+            continue
+        typed = _column(table.column(i), field_.name, want, path)
+        if isinstance(typed, FormatError):
+            raise typed
+        if field_.name in schema.int32 and typed.type == pa.int64() and len(typed):
+            bad = pc.or_(pc.less(typed, -(2**31)), pc.greater(typed, 2**31 - 1))
+            if pc.any(bad).as_py():
+                row = _first(bad)
+                raise FormatError(
+                    path, None, f"row {row + 1}: {field_.name}={typed[row].as_py()} is beyond "
+                    "the 32-bit range of the contract",
+                )  # fmt: skip
+        if typed.type != field_.type:
+            table = table.set_column(i, field_.name, typed)
+    return table
 
 
 @dataclass
@@ -184,54 +420,58 @@ def read_parts(
     columns: frozenset[str] | None = None,
     *,
     name: str | None = None,
+    schema: RowSchema | None = None,
 ) -> ParquetParts:
     """Read a Parquet file written by :func:`write_table` (of `kind`, when given); with
     `columns`, only those of its row columns. `source` may be a table read already (from
-    the file `name`)."""
+    the file `name`). With `schema` (the reader's), the rows are checked and typed by
+    :func:`conform`; the metadata is always checked."""
     if isinstance(source, pa.Table):
-        table = source
+        table, names = source, source.column_names
     else:
-        table, name = _open(source, columns)
+        table, name, names = _open(source, columns, schema, kind)
     meta = _metadata(table, name, kind)
     found = meta[KIND].decode()
-    try:
-        version = int(meta.get(VERSION, b"0"))
-    except ValueError:
-        raise FormatError(name, None, "corrupt bmoe.version in the Parquet metadata") from None
+    version = _version(meta, name)
+    facts = _facts(_json(meta, META, {}, name), META, name, "the preamble")
+    warnings = _warnings(meta, name)
+    summaries = _summaries(meta, name) if found == "metrics" else []
+    layers = _layers(meta, name) if found == "route" else None
+    if schema is not None:
+        table = conform(table, schema, names, name)
     parts = ParquetParts(
-        kind=found,
-        name=name,
-        version=version,
-        meta=_json(meta, META, {}, name),
-        rows=_rows(table),
-        warnings=_json(meta, WARNINGS, [], name),
+        kind=found, name=name, version=version, meta=facts, rows=_rows(table), warnings=warnings
     )
-    if found == "metrics":
-        parts.summaries = _json(meta, SUMMARIES, [], name)
-    if found == "route":
-        layers = meta.get(LAYERS, b'[{"name": "layer", "dtype": "int64", "values": []}]')
-        parts.layers = _frame_from_json(layers.decode())
+    parts.summaries = summaries
+    if layers is not None:
+        parts.layers = layers
     return parts
 
 
-def read_meta(source: str | os.PathLike, kind: str | None = None) -> ParquetParts:
+def read_meta(
+    source: str | os.PathLike, kind: str | None = None, schema: RowSchema | None = None
+) -> ParquetParts:
     """What :func:`read_parts` gives, its rows left on disk (an empty frame of the columns):
     only the footer is read."""
     import pyarrow.parquet as pq
 
     name = str(source)
     try:
-        schema = pq.read_schema(regular_file(name))
+        found = pq.read_schema(regular_file(name))
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
-    return read_parts(schema.empty_table(), kind, name=name)
+    return read_parts(found.empty_table(), kind, name=name, schema=schema)
 
 
 def iter_rows(
-    source: str | os.PathLike, rows: int, columns: frozenset[str] | None = None
+    source: str | os.PathLike,
+    rows: int,
+    columns: frozenset[str] | None = None,
+    schema: RowSchema | None = None,
 ) -> Iterator[pd.DataFrame]:
     """The rows of a bmoe Parquet file in blocks of `rows` (only `columns`, when given), read
-    from disk as they are used."""
+    from disk as they are used; each block checked and typed by :func:`conform` when a
+    `schema` is given (with the file's metadata, once)."""
     import pyarrow.parquet as pq
 
     name = str(source)
@@ -239,10 +479,20 @@ def iter_rows(
         # without pre-buffering: with it, memory grows with the row groups read (~100 MiB
         # over 100 M rows), without it, it stays that of one batch
         fh = pq.ParquetFile(regular_file(name), pre_buffer=False)
-        keep = None if columns is None else [c for c in fh.schema_arrow.names if c in columns]
+        names = fh.schema_arrow.names
+        _metadata(fh.schema_arrow, name, None)
+        if schema is not None:
+            check_names(names, schema, name)
+        read_parts(fh.schema_arrow.empty_table(), None, name=name, schema=schema)
+        keep = None if columns is None else [c for c in names if c in columns]
         for batch in fh.iter_batches(batch_size=rows, columns=keep):
-            yield batch.to_pandas()
+            table = pa.Table.from_batches([batch])
+            if schema is not None:
+                table = conform(table, schema, names, name)
+            yield table.to_pandas()
     except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, FormatError):
+            raise
         raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
 
 
@@ -256,5 +506,5 @@ def parquet_kind(source: Any) -> str | None:
         )
     except (pa.ArrowException, OSError, ValueError):
         return None
-    kind = (schema.metadata or {}).get(KIND, b"").decode()
+    kind = (schema.metadata or {}).get(KIND, b"").decode("utf-8", "replace")
     return kind if kind in KINDS else None

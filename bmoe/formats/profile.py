@@ -41,13 +41,16 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from bmoe.errors import BmoeError
+from bmoe.formats.inputs import read_limited
 
 PROFILE_FORMAT = "bmoe_profile"
 PROFILE_VERSION = 2
@@ -68,11 +71,6 @@ FLASH_COLUMNS = (
 )
 #: Text columns of the flash table (optional).
 FLASH_TEXT = ("source",)
-_REQUIRED = {
-    "compute": ("token_ms", "token_ms_p10", "token_ms_p90"),
-    "mgmt": ("token_ms", "per_admit_ms"),
-    "model": ("expert_bytes", "slices_per_expert"),
-}
 
 
 @dataclass
@@ -174,165 +172,507 @@ def _jsonable(value: Any) -> Any:
     return _plain(value)
 
 
-def _number(where: str, section: dict, key: str) -> float:
-    value = section.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BmoeError(f"{where}: {key} must be a number, not {value!r}")
-    if value < 0:
-        raise BmoeError(f"{where}: {key} must be >= 0, not {value!r}")
-    return float(value)
+# ----------------------------------------------------------------------------- reading
+# A profile comes from a file someone hands over: it is read like the data files (a regular
+# file, a bounded size, UTF-8) and every value is checked against SCHEMA before it is used.
+
+#: Largest profile file read (a real one is a few KiB, some hundred KiB for a large sweep).
+MAX_BYTES = 16 << 20
+#: Deepest nesting of objects and lists (the schema's deepest is 4: terms.x.runs[i]).
+MAX_DEPTH = 8
+#: Longest text value (a caveat naming runs, a source path, the model's name).
+MAX_TEXT = 65536
+#: Longest decimal integer read (an int64 has 19 digits).
+MAX_DIGITS = 20
+#: Largest millisecond figure (a day): beyond it a profile measured nothing real, and the
+#: prediction's arithmetic would overflow long before.
+MAX_MS = 86_400_000.0
+#: Bound of a descriptive figure (a percentage, a mean of a term): finite and far from
+#: overflowing anything it is shown or summed with.
+MAX_FIGURE = 1e15
+#: Most entries of a list or keys of a map (runs, flash rows, held-out runs, sources).
+MAX_ENTRIES = 100_000
 
 
-def profile_from_dict(data: Any, path: str | None = None) -> DeviceProfile:
-    """Validate a parsed profile and build the :class:`DeviceProfile`; every problem is a
-    :class:`BmoeError` naming the file and the key. A version 1 profile is upgraded."""
-    where = path or "profile"
+@dataclass(frozen=True)
+class Field:
+    """One key of the profile: what its value must be.
+
+    `kind`: ``choice`` (one of `choices`), ``number`` (finite, `low` to `high`; above `low`
+    when `positive`, below `high` when `below`), ``count`` (a whole number, `low` to
+    `high`), ``flag`` (true or false), ``text`` (a string of at most :data:`MAX_TEXT`
+    characters), ``scalar`` (text, a finite number or a flag: a value copied from a run's
+    preamble), ``texts`` (a list of at most `high` texts), ``sizes`` (layer -> bytes: keys
+    ``0`` to ``65535``, values 1 to `high`), ``section`` (an object), ``map`` (an object of
+    at most `high` keys of any text, its values as the ``name{}`` entry says), ``rows`` (a
+    list of `low` to `high` objects), ``list`` (a list of at most `high` values, as the
+    ``name[]`` entry says). `nullable`: null is allowed (and means absent). `required`: the
+    key must be there when its section is (a key of an optional section only when that
+    section is not empty). Keys the schema does not name are kept as they are (within the
+    size and depth bounds): a newer bmoe's fields read back.
+    """
+
+    kind: str
+    required: bool = False
+    low: float = 0.0
+    high: float = math.inf
+    positive: bool = False
+    below: bool = False
+    nullable: bool = False
+    choices: tuple[Any, ...] = ()
+
+
+def _ms(required: bool = False, nullable: bool = False, positive: bool = False) -> Field:
+    return Field("number", required, high=MAX_MS, nullable=nullable, positive=positive)
+
+
+def _figure(signed: bool = False) -> Field:
+    """A descriptive figure (a statistic shown, not priced), null where it was not finite."""
+    return Field("number", low=-MAX_FIGURE if signed else 0.0, high=MAX_FIGURE, nullable=True)
+
+
+_TEXT = Field("text", nullable=True)
+_TEXTS = Field("texts", nullable=True, high=MAX_ENTRIES)
+_COUNT = Field("count", nullable=True, high=2**53)
+_FLAG = Field("flag", nullable=True)
+_BYTES = 2**40  # a TiB: beyond any expert or read
+
+#: Every key a profile holds (``a.b`` a key of section a, ``a[].b`` a key of each row of list
+#: a, ``a{}`` each value of map a), sections before their keys. One entry per field: a new
+#: field is one more line here.
+SCHEMA: dict[str, Field] = {
+    "format": Field("choice", required=True, choices=(PROFILE_FORMAT,)),
+    "version": Field("choice", required=True, choices=READABLE_VERSIONS),
+    "mode": Field("choice", required=True, choices=MODES),
+    "model": Field("section", required=True),
+    "model.name": _TEXT,
+    "model.route_trace": _TEXT,
+    "model.arch": _TEXT,
+    "model.n_layer": Field("count", nullable=True, high=65536),
+    "model.n_expert": Field("count", nullable=True, high=65536),
+    "model.n_expert_used": Field("count", nullable=True, high=65536),
+    "model.expert_bytes": Field("sizes", required=True, nullable=True, low=1, high=_BYTES),
+    "model.read_bytes_per_expert": Field("sizes", nullable=True, high=_BYTES),
+    "model.slices_per_expert": Field("count", required=True, low=1, high=1024),
+    "model.sizes_from": _TEXT,
+    "model.read_unit_bytes": Field("number", nullable=True, high=_BYTES),
+    "flash": Field("rows", required=True, low=1, high=MAX_ENTRIES),
+    "flash[].lanes": Field("count", required=True, low=1, high=4096),
+    "flash[].req_bytes": Field("count", required=True, low=1, high=_BYTES),
+    "flash[].latency_ms": _ms(required=True),
+    "flash[].latency_ms_p10": _ms(nullable=True),
+    "flash[].latency_ms_p90": _ms(nullable=True),
+    "flash[].batch_overhead_ms": _ms(required=True),
+    "flash[].mib_s": Field("number", nullable=True, high=1e9),
+    "flash[].reads": Field("count", required=True, high=2**53),
+    "flash[].source": _TEXT,
+    "overlap": Field("section", nullable=True),
+    "overlap.stall_ms": _ms(),
+    "overlap.stall_ms_per_miss": _ms(required=True),
+    "overlap.lanes": Field("list", nullable=True, high=4096),
+    "overlap.lanes[]": Field("count", low=1, high=4096),
+    "compute": Field("section", required=True),
+    "compute.token_ms": _ms(required=True, positive=True),
+    "compute.token_ms_p10": _ms(required=True),
+    "compute.token_ms_p90": _ms(required=True),
+    "compute.expert_share": Field("number", nullable=True, high=1.0),
+    "compute.source": _TEXT,
+    "compute.threads": Field("count", nullable=True, high=4096),
+    "mgmt": Field("section", required=True),
+    "mgmt.token_ms": _ms(required=True),
+    "mgmt.per_admit_ms": _ms(required=True),
+    "memory": Field("section", nullable=True),
+    "memory.ms_per_fault": _ms(required=True),
+    "memory.points": Field("rows", required=True, high=MAX_ENTRIES),
+    "memory.points[].run": _TEXT,
+    "memory.points[].cache_mb": Field("number", nullable=True, high=_BYTES),
+    "memory.points[].resident_other_mib": Field("number", nullable=True, high=_BYTES),
+    "memory.points[].asked_mib": Field("number", required=True, high=_BYTES),
+    "memory.points[].available_mib": Field("number", required=True, positive=True, high=_BYTES),
+    "memory.points[].faults_per_token": Field("number", required=True, high=1e12),
+    "memory.resident_mib": Field("number", nullable=True, high=_BYTES),
+    "memory.available_mib": Field("number", nullable=True, positive=True, high=_BYTES),
+    "prefill": Field("section", nullable=True),
+    "prefill.tok_s": Field("number", positive=True, high=1e9),
+    "prefill.prefill_s": Field("number", high=MAX_MS / 1000),
+    "prefill.load_s": Field("number", high=MAX_MS / 1000),
+    "terms": Field("map", nullable=True, high=1024),
+    "terms{}": Field("section"),
+    "terms{}.runs": _TEXTS,
+    "terms{}.columns": _TEXTS,
+    "terms{}.tokens": _COUNT,
+    "terms{}.value": _figure(signed=True),
+    "terms{}.p10": _figure(signed=True),
+    "terms{}.p90": _figure(signed=True),
+    "terms{}.run_means": Field("map", nullable=True, high=MAX_ENTRIES),
+    "terms{}.run_means{}": _figure(signed=True),
+    "terms{}.run_ratios": Field("map", nullable=True, high=MAX_ENTRIES),
+    "terms{}.run_ratios{}": _figure(signed=True),
+    "terms{}.block_cv_pct": _figure(),
+    "terms{}.se_pct": _figure(),
+    "terms{}.run_cv_pct": _figure(),
+    "terms{}.runs_disagree_pct": _figure(),
+    "terms{}.drift_cv_pct": _figure(),
+    "terms{}.sd_rel": Field("number", nullable=True, high=1e6),
+    "terms{}.settled": _FLAG,
+    "terms{}.why": _TEXT,
+    "terms{}.note": _TEXT,
+    "absent": Field("map", nullable=True, high=1024),
+    "absent{}": Field("text"),
+    "runs": Field("rows", nullable=True, high=MAX_ENTRIES),
+    "runs[].name": _TEXT,
+    "runs[].version": _COUNT,
+    "runs[].tokens": _COUNT,
+    "runs[].tok_s": _figure(),
+    "runs[].cache_mb": Field("number", nullable=True, high=_BYTES),
+    "runs[].io_threads": Field("count", nullable=True, high=4096),
+    "runs[].prefetch": _COUNT,
+    "runs[].overlap": Field("count", nullable=True, high=1),
+    "runs[].policy": _TEXT,
+    "runs[].threads": Field("count", nullable=True, high=4096),
+    "runs[].n_expert_used": Field("count", nullable=True, high=65536),
+    "runs[].dense_weights": Field("scalar", nullable=True),
+    "runs[].traced": _FLAG,
+    "runs[].compute_traced": _FLAG,
+    "runs[].assumed": Field("map", nullable=True, high=1024),
+    "runs[].assumed{}": Field("text"),
+    "runs[].system_warnings": _TEXTS,
+    "runs[].load_1m": _figure(),
+    "runs[].cpu_share": _figure(),
+    "runs[].off_cpu_pct": _figure(signed=True),
+    "runs[].starved": _FLAG,
+    "tracing": Field("section", nullable=True),
+    "tracing.how": _TEXT,
+    "tracing.traced_runs": _TEXTS,
+    "tracing.timing_runs": _TEXTS,
+    "tracing.overhead_ms": Field("map", nullable=True, high=1024),
+    "tracing.overhead_ms{}": _figure(signed=True),
+    "coverage": Field("number", positive=True, high=1.0, below=True),
+    "unsettled": _TEXTS,
+    "model_error": Field("section", nullable=True),
+    "model_error.method": _TEXT,
+    "model_error.sd_rel": Field("number", nullable=True, high=1e6),
+    "model_error.configurations": _COUNT,
+    "model_error.rms_pct": _figure(),
+    "model_error.spread_rms_pct": _figure(),
+    "model_error.why": _TEXT,
+    "model_error.held_out": Field("rows", nullable=True, high=MAX_ENTRIES),
+    "model_error.held_out[].run": _TEXT,
+    "model_error.held_out[].measured_tok_s": _figure(),
+    "model_error.held_out[].predicted_tok_s": _figure(),
+    "model_error.held_out[].error_pct": _figure(signed=True),
+    "model_error.held_out[].spread_pct": _figure(),
+    "model_error.held_out[].why": _TEXT,
+    "sources": _TEXTS,
+    "caveats": _TEXTS,
+}
+
+
+class _NotFinite(str):
+    """``NaN``, ``Infinity`` or ``-Infinity`` as the file spells it (never a float here)."""
+
+
+class _LongNumber(str):
+    """An integer of more than :data:`MAX_DIGITS` digits, kept as its text."""
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _integer(text: str) -> int | _LongNumber:
+    return int(text) if len(text) <= MAX_DIGITS else _LongNumber(text)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def _shown(value: Any) -> str:
+    """`value` for a message: the file's spelling, cut short."""
+    if isinstance(value, _LongNumber):
+        return f"a {len(value)}-digit number"
+    if isinstance(value, _NotFinite):
+        return str(value)
+    text = json.dumps(value, ensure_ascii=True) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def parse_profile_text(text: str, where: str = "profile") -> Any:
+    """The JSON document of a profile file's text: non-finite numbers and over-long integers
+    kept as their spelling (the schema names them), a key given twice, nesting deeper than
+    :data:`MAX_DEPTH` and anything that is not JSON refused with one line."""
+    try:
+        data = json.loads(
+            text, parse_constant=_NotFinite, parse_int=_integer, object_pairs_hook=_unique
+        )
+    except _Duplicate as exc:
+        key = exc.args[0] if len(exc.args[0]) <= 40 else exc.args[0][:37] + "..."
+        raise BmoeError(f"{where}: key {key!r} appears twice in one object") from None
+    except RecursionError:
+        raise BmoeError(f"{where}: nested too deep (at most {MAX_DEPTH} levels)") from None
+    except json.JSONDecodeError as exc:
+        raise BmoeError(f"{where}:{exc.lineno}: not JSON ({exc.msg})") from None
+    except ValueError as exc:  # a number the decoder cannot hold
+        raise BmoeError(f"{where}: not JSON ({str(exc).splitlines()[0][:80]})") from None
+    depth = _depth(data)
+    if depth > MAX_DEPTH:
+        raise BmoeError(f"{where}: nested {depth} levels deep (at most {MAX_DEPTH})")
+    return data
+
+
+def _depth(data: Any) -> int:
+    """How deep lists and objects nest in `data` (without recursion; stops past the bound)."""
+    deepest = 0
+    stack = [(data, 0)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            level += 1
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                return level
+            stack.extend((v, level) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def _located(data: dict[str, Any], name: str) -> list[tuple[str, dict[str, Any], str]]:
+    """(label, the object holding it, key) of each place SCHEMA key `name` applies to."""
+    places: list[tuple[str, Any]] = [("", data)]
+    parts = name.split(".")
+    for part in parts[:-1]:
+        nxt: list[tuple[str, Any]] = []
+        for label, node in places:
+            key = part.removesuffix("[]").removesuffix("{}")
+            value = node.get(key) if isinstance(node, dict) else None
+            if part.endswith("[]") and isinstance(value, list):
+                nxt += [(f"{label}{key}[{i}].", row) for i, row in enumerate(value)]
+            elif part.endswith("{}") and isinstance(value, dict):
+                nxt += [(f"{label}{key}.{k}.", v) for k, v in value.items()]
+            elif not part.endswith(("[]", "{}")) and isinstance(value, dict):
+                nxt.append((f"{label}{key}.", value))
+        places = nxt
+    last = parts[-1]
+    if last.endswith("{}"):  # each value of a map: the map itself holds them
+        key = last.removesuffix("{}")
+        return [
+            (f"{label}{key}.{k}", value, k)
+            for label, node in places
+            if isinstance(node, dict) and isinstance(value := node.get(key), dict)
+            for k in value
+        ]
+    return [(f"{label}{last}", node, last) for label, node in places if isinstance(node, dict)]
+
+
+def _bounds(spec: Field, number: float, value: Any) -> str | None:
+    if number < spec.low or (spec.positive and number <= spec.low):
+        return f"must be {'>' if spec.positive else '>='} {spec.low:g}, not {_shown(value)}"
+    if number > spec.high or (spec.below and number >= spec.high):
+        return f"must be {'below' if spec.below else 'at most'} {spec.high:g}, not {_shown(value)}"
+    return None
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and not isinstance(value, _LongNumber | _NotFinite)
+
+
+def _problem(spec: Field, value: Any) -> str | None:
+    """Why `value` is not what `spec` asks (None when it is)."""
+    kind = spec.kind
+    if kind == "choice":
+        if any(type(value) is type(c) and value == c for c in spec.choices):
+            return None
+        return f"{_shown(value)} is not one of {', '.join(map(str, spec.choices))}"
+    if kind in ("number", "count"):
+        if isinstance(value, _LongNumber):
+            if value.startswith("-"):
+                return f"must be >= {spec.low:g}, not {_shown(value)}"
+            return f"must be at most {spec.high:g}, not {_shown(value)}"
+        if isinstance(value, _NotFinite | bool):
+            return f"must be a finite number, not {_shown(value)}"
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return f"must be a finite number, not {_shown(value)}"
+        number = float(value)
+        if kind == "count" and not number.is_integer():
+            return f"must be a whole number, not {_shown(value)}"
+        return _bounds(spec, number, value)
+    if kind == "flag":
+        return None if isinstance(value, bool) else f"must be true or false, not {_shown(value)}"
+    if kind == "text":
+        if not _is_text(value):
+            return f"must be text, not {_shown(value)}"
+        if len(value) > MAX_TEXT:
+            return f"is {len(value)} characters long (at most {MAX_TEXT})"
+        return None
+    if kind == "scalar":
+        if isinstance(value, bool) or _is_text(value):
+            return _problem(Field("text"), value) if _is_text(value) else None
+        return _problem(Field("number", low=-MAX_FIGURE, high=MAX_FIGURE), value)
+    if kind in ("texts", "list"):
+        if not isinstance(value, list):
+            what = "a list of texts" if kind == "texts" else "a list"
+            return f"must be {what}, not {_shown(value)}"
+        if len(value) > spec.high:
+            return f"holds {len(value)} entries (at most {spec.high:g})"
+        if kind == "texts":
+            for i, item in enumerate(value):
+                problem = _problem(Field("text"), item)
+                if problem:
+                    return f"[{i}] {problem}"
+        return None
+    if kind == "sizes":
+        if not isinstance(value, dict):
+            return f"must map layers to bytes, not {_shown(value)}"
+        if len(value) > 65536:
+            return f"holds {len(value)} layers (at most 65536)"
+        for layer, size in value.items():
+            if not re.fullmatch(r"[0-9]{1,5}", layer) or int(layer) > 65535:
+                return f"key {_shown(layer)} is not a layer (0 to 65535)"
+            problem = _problem(Field("count", low=max(spec.low, 1), high=spec.high), size)
+            if problem:
+                return f"[{layer!r}] {problem}"
+        return None
+    if kind in ("section", "map"):
+        if not isinstance(value, dict):
+            return f"must be an object, not {_shown(value)}"
+        if kind == "map":
+            if len(value) > spec.high:
+                return f"holds {len(value)} keys (at most {spec.high:g})"
+            long = next((k for k in value if len(k) > MAX_TEXT), None)
+            if long is not None:
+                return f"has a key {len(long)} characters long (at most {MAX_TEXT})"
+        return None
+    if kind == "rows":
+        if not isinstance(value, list):
+            return f"must be a list of objects, not {_shown(value)}"
+        if len(value) < spec.low:
+            return f"must list at least {spec.low:g} measurement, not {_shown(value)}"
+        if len(value) > spec.high:
+            return f"holds {len(value)} rows (at most {spec.high:g})"
+        bad = next((i for i, row in enumerate(value) if not isinstance(row, dict)), None)
+        return None if bad is None else f"[{bad}] is not an object"
+    raise ValueError(f"unknown schema kind {kind!r}")
+
+
+def _parent(name: str) -> str | None:
+    """The SCHEMA entry of the section holding key `name` (None at the top)."""
+    if "." not in name:
+        return None
+    return name.rsplit(".", 1)[0].removesuffix("[]").removesuffix("{}")
+
+
+def check_profile(data: Any, where: str = "profile") -> dict[str, Any]:
+    """`data` (a parsed profile file) checked against :data:`SCHEMA`, then the few rules
+    between keys (the mode's overlap figures, the model's expert sizes): every problem a
+    :class:`BmoeError` naming the file and the key."""
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         raise BmoeError(f'{where}: not a bmoe device profile (no "format": "{PROFILE_FORMAT}")')
     version = data.get("version")
-    if version not in READABLE_VERSIONS or isinstance(version, bool):
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise BmoeError(
-            f"{where}: profile version {version!r} is not one this bmoe reads "
+            f"{where}: profile version {_shown(version)} is not one this bmoe reads "
             f"({', '.join(map(str, READABLE_VERSIONS))}); rebuild it with bmoe profile"
         )
-    mode = data.get("mode")
-    if mode not in MODES:
-        raise BmoeError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}")
-    for name, keys in _REQUIRED.items():
-        section = data.get(name)
-        if not isinstance(section, dict):
-            raise BmoeError(f"{where}: no {name} section")
-        for key in keys:
-            if key not in section:
-                raise BmoeError(f"{where}: {name}.{key} is missing")
-        if name != "model":
-            for key in keys:
-                _number(f"{where}: {name}", section, key)
-    model = data["model"]
-    sizes = model["expert_bytes"]
-    unsized = version >= 2 and sizes in ({}, None) and model.get("sizes_from") is None
-    if not unsized and (not isinstance(sizes, dict) or not sizes):
-        raise BmoeError(f"{where}: model.expert_bytes must map layers to bytes")
-    for layer, size in (sizes or {}).items():
-        if not str(layer).isdigit() or not isinstance(size, int) or size <= 0:
-            raise BmoeError(f"{where}: model.expert_bytes[{layer!r}] = {size!r} is not a size")
-    slices = model["slices_per_expert"]
-    if not isinstance(slices, int) or slices < 1:
-        raise BmoeError(f"{where}: model.slices_per_expert must be a whole number >= 1")
-    unit = model.get("read_unit_bytes")
-    if unit is not None:
-        _number(f"{where}: model", model, "read_unit_bytes")
-    flash_rows = data.get("flash")
-    if not isinstance(flash_rows, list) or not flash_rows:
-        raise BmoeError(f"{where}: flash must list at least one measurement")
-    for i, row in enumerate(flash_rows):
-        if not isinstance(row, dict):
-            raise BmoeError(f"{where}: flash[{i}] is not an object")
-        for key in FLASH_COLUMNS:
-            if key in ("latency_ms_p10", "latency_ms_p90", "mib_s") and row.get(key) is None:
+    for name, spec in SCHEMA.items():
+        parent = _parent(name)
+        optional_parent = parent is not None and not SCHEMA[parent].required
+        for label, holder, key in _located(data, name):
+            if key not in holder:
+                # a key of an optional section is required only where the section holds any
+                if spec.required and not (optional_parent and not holder):
+                    raise BmoeError(f"{where}: {label} is missing")
                 continue
-            _number(f"{where}: flash[{i}]", row, key)
-        if row["lanes"] < 1 or row["req_bytes"] <= 0:
-            raise BmoeError(f"{where}: flash[{i}]: lanes must be >= 1 and req_bytes > 0")
-    flash = pd.DataFrame(flash_rows)
+            value = holder[key]
+            if value is None and spec.nullable:
+                continue
+            problem = _problem(spec, value)
+            if problem:
+                sep = "" if problem.startswith("[") else " "  # an entry: flash[2], caveats[0]
+                raise BmoeError(f"{where}: {label}{sep}{problem}")
+    overlap = data.get("overlap") or {}
+    if data["mode"] == "overlap" and "stall_ms_per_miss" not in overlap:
+        raise BmoeError(f"{where}: overlap.stall_ms_per_miss is missing (mode is overlap)")
+    model = data["model"]
+    unsized = version >= 2 and not model["expert_bytes"] and model.get("sizes_from") is None
+    if not unsized and not model["expert_bytes"]:
+        raise BmoeError(
+            f"{where}: model.expert_bytes must map layers to bytes (it is empty"
+            + (")" if version < 2 else ", and model.sizes_from names a source)")
+        )
+    memory = data.get("memory") or {}
+    for key in ("resident_mib", "available_mib") if memory.get("points") else ():
+        if memory.get(key) is None:
+            raise BmoeError(f"{where}: memory.{key} is missing (memory.points are given)")
+    return data
+
+
+def profile_from_dict(data: Any, path: str | None = None) -> DeviceProfile:
+    """Validate a parsed profile (:func:`check_profile`) and build the
+    :class:`DeviceProfile`; every problem is a :class:`BmoeError` naming the file and the key.
+    A version 1 profile is upgraded (a caveat says what it lacks)."""
+    where = path or "profile"
+    data = check_profile(data, where)
+    version = data["version"]
+    flash = pd.DataFrame(data["flash"])
     for key in FLASH_COLUMNS:
         if key not in flash:
             flash[key] = float("nan")
     columns = list(FLASH_COLUMNS) + [c for c in FLASH_TEXT if c in flash]
     flash = flash[columns].astype({"lanes": "int32", "req_bytes": "int64", "reads": "int64"})
-    overlap = data.get("overlap") or {}
-    if mode == "overlap" or (mode == "mixed" and overlap):
-        _number(f"{where}: overlap", overlap, "stall_ms_per_miss")
-        if "stall_ms" in overlap:
-            _number(f"{where}: overlap", overlap, "stall_ms")
-    sections = {
-        name: _section(where, data, name, kind)
-        for name, kind in (
-            ("memory", dict),
-            ("terms", dict),
-            ("absent", dict),
-            ("runs", list),
-            ("tracing", dict),
-            ("unsettled", list),
-            ("model_error", dict),
-        )
-    }
-    memory = sections["memory"]
-    if memory:
-        _number(f"{where}: memory", memory, "ms_per_fault")
-        points = memory.get("points")
-        if not isinstance(points, list):
-            raise BmoeError(f"{where}: memory.points must list the measured points")
-        for i, point in enumerate(points):
-            if not isinstance(point, dict):
-                raise BmoeError(f"{where}: memory.points[{i}] is not an object")
-            for key in ("asked_mib", "available_mib", "faults_per_token"):
-                _number(f"{where}: memory.points[{i}]", point, key)
-    error = sections["model_error"]
-    for key in ("sd_rel", "configurations"):
-        if error.get(key) is not None:
-            _number(f"{where}: model_error", error, key)
-    coverage = data.get("coverage", DEFAULT_COVERAGE)
-    if (
-        isinstance(coverage, bool)
-        or not isinstance(coverage, int | float)
-        or not (0 < coverage < 1)
-    ):
-        raise BmoeError(f"{where}: coverage must be a fraction between 0 and 1, not {coverage!r}")
     caveats = [str(s) for s in data.get("caveats") or []]
-    terms = sections["terms"]
     if version == 1:
         caveats.append(
             "a version 1 profile: it does not say which runs and columns each term came from, "
             "nor how settled they are; rebuild it with bmoe profile"
         )
-    for name, term in terms.items():
-        if not isinstance(term, dict):
-            raise BmoeError(f"{where}: terms.{name} is not an object")
+    coverage = data.get("coverage")
     return DeviceProfile(
-        mode=mode,
-        model=model,
+        mode=data["mode"],
+        model=data["model"],
         flash=flash.sort_values(["lanes", "req_bytes"], ignore_index=True),
         compute=dict(data["compute"]),
         mgmt=dict(data["mgmt"]),
         prefill=dict(data.get("prefill") or {}),
-        overlap=dict(overlap),
+        overlap=dict(data.get("overlap") or {}),
         sources=[str(s) for s in data.get("sources") or []],
         caveats=caveats,
         path=path,
-        memory=dict(memory),
-        terms={str(k): dict(v) for k, v in terms.items()},
-        absent={str(k): str(v) for k, v in sections["absent"].items()},
-        runs=[dict(r) for r in sections["runs"] if isinstance(r, dict)],
-        tracing=dict(sections["tracing"]),
-        coverage=float(coverage),
-        unsettled=[str(s) for s in sections["unsettled"]],
-        model_error=dict(sections["model_error"]),
+        memory=dict(data.get("memory") or {}),
+        terms={str(k): dict(v) for k, v in (data.get("terms") or {}).items()},
+        absent={str(k): str(v) for k, v in (data.get("absent") or {}).items()},
+        runs=[dict(r) for r in data.get("runs") or []],
+        tracing=dict(data.get("tracing") or {}),
+        coverage=DEFAULT_COVERAGE if coverage is None else float(coverage),
+        unsettled=[str(s) for s in data.get("unsettled") or []],
+        model_error=dict(data.get("model_error") or {}),
         version=int(version),
     )
 
 
-def _section(where: str, data: dict, name: str, kind: type) -> Any:
-    """An optional section of `kind` (empty when absent)."""
-    value = data.get(name)
-    if value is None:
-        return kind()
-    if not isinstance(value, kind):
-        raise BmoeError(f"{where}: {name} must be {'an object' if kind is dict else 'a list'}")
-    return value
-
-
 def read_profile(path: str | os.PathLike) -> DeviceProfile:
-    """Read and validate a profile file."""
+    """Read and validate a profile file: a regular file (a FIFO or a device is refused before
+    it is opened) of at most :data:`MAX_BYTES`, UTF-8 JSON, every value as :data:`SCHEMA`
+    says."""
     where = os.fspath(path)
+    raw = read_limited(where, MAX_BYTES, "a device profile is some KiB of JSON")
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
-        with open(where, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise BmoeError(f"{where}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise BmoeError(f"{where}:{exc.lineno}: not JSON ({exc.msg})") from None
-    return profile_from_dict(data, where)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise BmoeError(
+            f"{where}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); a profile is JSON "
+            "in UTF-8"
+        ) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise BmoeError(f"{where}:{line}: a NUL byte; a profile is JSON text")
+    return profile_from_dict(parse_profile_text(text, where), where)
 
 
 def write_profile(profile: DeviceProfile, path: str | os.PathLike) -> None:
@@ -351,7 +691,11 @@ __all__ = [
     "PROFILE_FORMAT",
     "PROFILE_VERSION",
     "READABLE_VERSIONS",
+    "SCHEMA",
     "DeviceProfile",
+    "Field",
+    "check_profile",
+    "parse_profile_text",
     "profile_from_dict",
     "read_profile",
     "write_profile",

@@ -16,12 +16,12 @@ import pyarrow.csv as pacsv
 
 from bmoe.formats import kv
 from bmoe.formats.csvtable import (
-    BLOCK_SIZE,
     PathLike,
     Sections,
     check_int32,
     frame_or_empty,
     load_sections,
+    read_options,
 )
 from bmoe.formats.errors import FormatError
 
@@ -49,6 +49,16 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
 NUMPY_TYPES = {c: np.dtype(t.to_pandas_dtype()) for c, t in COLUMN_TYPES.items()}
 
 REQUIRED = ("step", "layer", "expert")
+#: Ids and indices that must fit 32 bits.
+IDS = ("turn", "phase", "step", "layer", "slot", "expert")
+
+
+def parquet_schema():
+    """What the Parquet form of a route trace must hold (:class:`~bmoe.formats.parquet.
+    RowSchema`)."""
+    from bmoe.formats.parquet import RowSchema
+
+    return RowSchema(COLUMN_TYPES, REQUIRED, IDS)
 
 
 @dataclass
@@ -185,7 +195,7 @@ def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = N
 
     keep = None if columns is None else frozenset(columns)
     if parquet.is_parquet(source):
-        p = parquet.read_parts(source, "route", columns=keep)
+        p = parquet.read_parts(source, "route", columns=keep, schema=parquet_schema())
         return RouteTrace(p.name, p.version, p.meta, p.layers, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
@@ -198,7 +208,7 @@ def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = N
         import pandas as pd
 
         rows = pd.DataFrame(columns, copy=False)
-    check_int32(sec, rows, ("turn", "phase", "step", "layer", "slot", "expert"))
+    check_int32(sec, rows, IDS)
     parquet.release_unused()  # the parse's buffers, freed into Arrow's pool, back to the system
     return RouteTrace(sec.path, version, meta, _layers_frame(layers), rows, sec.warnings)
 
@@ -227,7 +237,7 @@ def read_route_preamble(source: PathLike) -> RouteTrace:
     from bmoe.formats import parquet
 
     if parquet.is_parquet(source):
-        p = parquet.read_meta(source, "route")
+        p = parquet.read_meta(source, "route", parquet_schema())
         return RouteTrace(p.name, p.version, p.meta, p.layers, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
@@ -249,7 +259,7 @@ def iter_route_rows(
 
     keep = None if columns is None else frozenset(columns)
     if parquet.is_parquet(source):
-        yield from parquet.iter_rows(source, rows, keep)
+        yield from parquet.iter_rows(source, rows, keep, parquet_schema())
         return
     sec = load_sections(source, verify=False)
     if _streamable(sec):
@@ -299,14 +309,15 @@ def _batches(
     types: dict[str, pa.DataType],
     keep: list[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The rows of a file (a path, from byte `start`) or of bytes in memory, batch by batch."""
+    """The rows of a file (a path, from byte `start`, its header line) or of bytes in memory,
+    batch by batch; the columns named as `types` names them (the header split and stripped)."""
     with pa.OSFile(source) if isinstance(source, str) else pa.BufferReader(source) as fh:
         fh.seek(start)
         reader = pacsv.open_csv(
             fh,
             # one thread: the blocks are small and decoded as they come, so threads only
             # add their hand-over (about a third more CPU time for the same wall time)
-            read_options=pacsv.ReadOptions(block_size=BLOCK_SIZE, use_threads=False),
+            read_options=read_options(list(types), use_threads=False),
             parse_options=pacsv.ParseOptions(newlines_in_values=False),
             convert_options=pacsv.ConvertOptions(
                 column_types=types,

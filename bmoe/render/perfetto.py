@@ -147,6 +147,9 @@ def trace_frames(timeline: Timeline) -> tuple[pd.DataFrame, dict[int, str]]:
     events = pd.concat(frames, ignore_index=True)
     ts_ns = np.rint(events["ts"].to_numpy() * 1e3).astype(np.int64)
     dur_ns = np.rint(events["dur"].to_numpy() * 1e3).astype(np.int64)
+    if (dur_ns < 0).any():  # a complete event never ends before it starts
+        dur_ns = np.maximum(dur_ns, 0)
+        events["dur"] = dur_ns / 1e3
     tid = events["tid"].to_numpy(np.int64)
     sub = _split_overlaps(pd.DataFrame({"start_ns": ts_ns, "dur_ns": dur_ns}), tid)
     if sub.any():

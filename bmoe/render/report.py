@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bmoe.render.messages import printable
 from bmoe.render.tables import MISSING, cell_text, plain
 
 #: Rows a table shows before it says how many more there are.
@@ -79,7 +80,7 @@ pre { background: var(--head); padding: .8em 1em; border-radius: 6px; overflow: 
 
 
 def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(printable(value), quote=True)
 
 
 def _is_number(value: Any) -> bool:

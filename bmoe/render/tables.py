@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from rich.console import Console
 from rich.table import Table
 
-from bmoe.render.messages import literal
+from bmoe.render.messages import literal, printable
 from bmoe.render.outputs import FORMATS
 
 if TYPE_CHECKING:
@@ -113,10 +113,10 @@ def render_csv(views: Mapping[str, Result]) -> str:
 
     out = io.StringIO()
     for name, result in views.items():
-        out.write(f"# view={name}\n")
+        out.write(f"# view={printable(name)}\n")
         frame = pd.DataFrame([plain(result)]) if isinstance(result, Mapping) else result
         frame.to_csv(out, index=False, lineterminator="\n")
-    return out.getvalue()
+    return printable(out.getvalue())
 
 
 def render_json(views: Mapping[str, Result]) -> str:
@@ -131,7 +131,7 @@ _MARKDOWN_CELL = str.maketrans(
 def markdown_cell(text: str) -> str:
     """`text` as one markdown table cell: a pipe or newline cannot end the cell or the row,
     and HTML in a value (a prompt, a config string) is shown, not rendered."""
-    return text.translate(_MARKDOWN_CELL)
+    return printable(text).translate(_MARKDOWN_CELL)
 
 
 def render_markdown(views: Mapping[str, Result], digits: Mapping[str, int] | None = None) -> str:

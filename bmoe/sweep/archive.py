@@ -64,12 +64,44 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    with open(tmp, "wb") as fh:
-        fh.write(raw)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: no half-written file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     fsync_dir(path.parent)
+
+
+_TMP_NAME = re.compile(r"^\..+\.tmp-(\d+)-\d+$")
+
+
+def clear_stale_tmp(folder: Path) -> list[Path]:
+    """Remove the temporary files :func:`write_atomic` left in `folder` from a process that
+    is gone (killed while writing); returns them."""
+    removed = []
+    for path in Path(folder).glob(".*.tmp-*"):
+        m = _TMP_NAME.match(path.name)
+        if m is None or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
 
 
 def file_digest(path: Path) -> str:
@@ -145,6 +177,7 @@ class ArchiveWriter:
         if not (root / CONFIG).is_file():
             raise BmoeError(f"{root}: not a sweep folder (no {CONFIG})")
         (root / CELLS).mkdir(exist_ok=True)
+        clear_stale_tmp(root)
         return cls(root)
 
     @property
@@ -525,11 +558,16 @@ def write_results(root: Path, frame: pd.DataFrame, axes: list[str], name: str) -
     ).encode("utf-8")
     table = table.replace_schema_metadata(meta)
     path = Path(root) / RESULTS
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        pq.write_table(table, tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # as write_atomic: nothing half-written left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     return path
 
 

@@ -66,20 +66,28 @@ class Checker:
             raise self.fail(key, f"must be one of {', '.join(choices)}, got {value!r}")
         return value
 
-    def integer(self, value: Any, key: KeyPath, minimum: int | None = None) -> int:
+    def integer(
+        self, value: Any, key: KeyPath, minimum: int | None = None, maximum: int | None = None
+    ) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
             raise self.fail(key, f"expected an integer, got {describe(value)}")
         if minimum is not None and value < minimum:
             raise self.fail(key, f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be at most {maximum}, got {value}")
         return value
 
-    def number(self, value: Any, key: KeyPath, positive: bool = False) -> float:
+    def number(
+        self, value: Any, key: KeyPath, positive: bool = False, maximum: float | None = None
+    ) -> float:
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise self.fail(key, f"expected a number, got {describe(value)}")
         if not math.isfinite(value):
             raise self.fail(key, f"expected a finite number, got {value}")
         if positive and value <= 0:
             raise self.fail(key, f"must be greater than 0, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be at most {maximum:g}, got {value:g}")
         return float(value)
 
     def boolean(self, value: Any, key: KeyPath) -> bool:

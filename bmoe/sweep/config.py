@@ -15,6 +15,8 @@ some targets may run, by tag), ``[pair]`` (cells run back to back on one target)
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe.errors import BmoeError
+from bmoe.formats.inputs import read_limited, regular_file
 from bmoe.sweep.checking import Checker, ConfigError, Scalar, describe, dotted
 from bmoe.sweep.gate import GateSettings
 from bmoe.sweep.targets import KINDS, TargetSpec
@@ -48,6 +51,42 @@ CELL_META_KEYS = ("prompt_file", "tags")
 #: Keys a session request carries (they vary per turn without restarting the engine).
 SESSION_KEYS = ("prompt", "n_predict")
 
+#: Runs one configuration may plan unless its ``[sweep] max_runs`` says more: beyond it a
+#: typo (an axis of 1000 values, ``repeats = 1000000000``) would cost minutes of planning in
+#: silence and a sweep no one can wait for.
+DEFAULT_MAX_RUNS = 10_000
+#: What else a configuration is held to: retries per run, seconds of a run or a gate's wait,
+#: the gate's poll interval, the size of the file itself and of a prompt file.
+MAX_RETRIES = 100
+MAX_SECONDS = 7 * 86400.0
+MAX_POLL_S = 3600.0
+MAX_CONFIG_BYTES = 16 << 20
+MAX_PROMPT_BYTES = 1 << 20
+#: The longest single argument Linux passes to a program (MAX_ARG_STRLEN): the prompt
+#: travels as one, unless a session sends it on stdin.
+MAX_ARG_BYTES = 131072
+#: Engine flags with a numeric meaning: (lowest, highest) of a number given for them. A value
+#: beyond is a typo no engine can run (``cache_mb = 1e308``).
+FLAG_LIMITS: dict[str, tuple[float, float]] = {
+    "cache_mb": (0, 1 << 24),
+    "cache_floor_mb": (0, 1 << 24),
+    "cache_ceil_mb": (0, 1 << 24),
+    "n_predict": (-1, 1 << 24),
+    "ctx_size": (0, 1 << 24),
+    "ubatch": (0, 1 << 24),
+    "threads": (1, 4096),
+    "io_threads": (1, 4096),
+    "prefetch": (0, 65536),
+    "n_expert_used": (0, 65536),
+    "predict_spec_max": (0, 65536),
+    "route_ahead": (0, 65536),
+    "top_k": (0, 1 << 24),
+    "top_p": (0, 1),
+    "temp": (0, 1e6),
+    "seed": (0, 2**64 - 1),
+    "drop_cold_experts": (0, 1e6),
+}
+
 
 @dataclass(frozen=True)
 class SweepSettings:
@@ -71,6 +110,7 @@ class SweepSettings:
     #: Runs per cell before its measured ones, archived but left out of the results.
     warmup: int = 0
     profile: str | None = None  # a device profile: each cell's prediction kept beside it
+    max_runs: int = DEFAULT_MAX_RUNS  # the most runs the plan may hold
 
 
 @dataclass(frozen=True)
@@ -117,6 +157,11 @@ class SweepConfig:
 # ----------------------------------------------------------------------------- checking
 
 
+def _num(value: float) -> str:
+    """A bound or value for a message: whole numbers written out, others as %g."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
+
+
 class _Checker(Checker):
     """The type checks, and the one for engine flags."""
 
@@ -134,13 +179,21 @@ class _Checker(Checker):
                     f"(got {describe(value)})",
                 )
             return value
-        return self.scalar(value, key)
+        scalar = self.scalar(value, key)
+        limits = FLAG_LIMITS.get(name)
+        if limits and isinstance(scalar, int | float) and not isinstance(scalar, bool):
+            low, high = limits
+            if not low <= scalar <= high:
+                raise self.fail(
+                    key, f"must be from {_num(low)} to {_num(high)}, got {_num(scalar)}"
+                )
+        return scalar
 
 
 SWEEP_KEYS = (
     "name", "engine", "repeats", "order", "seed", "output", "timeout_s", "retries", "session",
     "base_dir", "executor", "address", "min_repeats", "max_repeats", "target_interval",
-    "warmup", "profile",
+    "warmup", "profile", "max_runs",
 )  # fmt: skip
 #: Defaults of repeats = "auto" (as hyperfine and pyperf: a few runs at least, a bound).
 AUTO_MIN_REPEATS, AUTO_MAX_REPEATS, AUTO_TARGET_INTERVAL = 3, 10, 0.05
@@ -156,21 +209,48 @@ TOP_KEYS = (
 )  # fmt: skip
 
 
-def load_config(path: str | Path) -> SweepConfig:
-    """Read and validate a sweep configuration file."""
-    path = Path(path)
+def config_text(path: str | Path) -> str:
+    """The text of a configuration file (sweep or tune): a regular file of at most
+    :data:`MAX_CONFIG_BYTES`, UTF-8 (a one-line error otherwise)."""
+    data = read_limited(path, MAX_CONFIG_BYTES, "a sweep configuration is a page of TOML")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BmoeError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BmoeError(f"{path}: cannot read: {exc}") from None
-    return parse_config(text, str(path), base_dir=path.resolve().parent)
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(str(path), line, "", "not UTF-8 text") from None
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep configuration file (:func:`config_text`)."""
+    path = Path(path)
+    return parse_config(config_text(path), str(path), base_dir=path.resolve().parent)
+
+
+def read_prompt(path: Path) -> str:
+    """A prompt file's text: a regular file of at most :data:`MAX_PROMPT_BYTES`, UTF-8, no NUL
+    (BmoeError otherwise)."""
+    try:
+        data = read_limited(path, MAX_PROMPT_BYTES, "a prompt file holds text for the engine")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BmoeError(f"cannot read {path}: not UTF-8 text") from None
+    except BmoeError as exc:
+        raise BmoeError(f"cannot read {exc}") from None
+    if "\x00" in text:
+        raise BmoeError(f"{path} contains a NUL character, which no command line can carry")
+    return text
 
 
 def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") -> SweepConfig:
     """Validate configuration `text` (`path` names it in errors; relative paths in it are
     taken from `base_dir` unless ``[sweep] base_dir`` says otherwise)."""
+    try:
+        return _parse_config(text, path, base_dir)
+    except RecursionError:  # tomllib and the checks descend as deep as the text nests
+        raise ConfigError(path, None, "", "nested too deep to be a sweep configuration") from None
+
+
+def _parse_config(text: str, path: str, base_dir: str | Path) -> SweepConfig:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -219,8 +299,35 @@ def parse_config(text: str, path: str = "<config>", base_dir: str | Path = ".") 
             refusal = KINDS[target.kind].no_embedded
             if refusal:
                 raise check.fail(("targets", i, "kind"), refusal)
+    _check_size(check, settings, grid, cells, doc)
     return SweepConfig(
         path, text, settings, base, grid, cells, exclude, limits, pair_axis, gate, targets, lines
+    )
+
+
+def planned_runs(
+    settings: SweepSettings, grid: Mapping[str, list], n_cells: int
+) -> tuple[int, int]:
+    """(cells, runs) the plan will hold at most: the grid's product plus the explicit cells
+    (before exclusions), times each cell's runs (repeats, or max_repeats, and warm-ups)."""
+    cells = (math.prod(len(v) for v in grid.values()) if grid else (0 if n_cells else 1)) + n_cells
+    per_cell = (settings.max_repeats if settings.adaptive else settings.repeats) + settings.warmup
+    return cells, cells * per_cell
+
+
+def _check_size(
+    check: _Checker, settings: SweepSettings, grid: dict, cells: list, doc: dict
+) -> None:
+    """Refuse a plan of more than ``max_runs`` runs before it is built."""
+    n_cells, runs = planned_runs(settings, grid, len(cells))
+    if runs <= settings.max_runs:
+        return
+    per_cell = runs // n_cells
+    key = ("sweep", "max_runs") if "max_runs" in doc["sweep"] else ("grid",) if grid else ("sweep",)
+    raise check.fail(
+        key,
+        f"{n_cells} cells x {per_cell} runs each = {runs} runs, more than max_runs "
+        f"({settings.max_runs}); raise [sweep] max_runs if the sweep is meant to be that large",
     )
 
 
@@ -268,9 +375,13 @@ def _settings(check: _Checker, table: dict[str, Any], base_dir: str | Path) -> S
     if "output" in table:
         kw["output"] = check.string(table["output"], ("sweep", "output"))
     if "timeout_s" in table:
-        kw["timeout_s"] = check.number(table["timeout_s"], ("sweep", "timeout_s"), positive=True)
+        kw["timeout_s"] = check.number(
+            table["timeout_s"], ("sweep", "timeout_s"), positive=True, maximum=MAX_SECONDS
+        )
     if "retries" in table:
-        kw["retries"] = check.integer(table["retries"], ("sweep", "retries"), minimum=0)
+        kw["retries"] = check.integer(
+            table["retries"], ("sweep", "retries"), minimum=0, maximum=MAX_RETRIES
+        )
     if "session" in table:
         kw["session"] = check.boolean(table["session"], ("sweep", "session"))
     if "base_dir" in table:
@@ -288,8 +399,17 @@ def _settings(check: _Checker, table: dict[str, Any], base_dir: str | Path) -> S
         kw["address"] = address
     elif kw.get("executor") == "ray":
         kw["address"] = "auto"
+    if "max_runs" in table:
+        kw["max_runs"] = check.integer(table["max_runs"], ("sweep", "max_runs"), minimum=1)
     if "profile" in table:
         kw["profile"] = check.string(table["profile"], ("sweep", "profile"))
+        where = Path(kw["profile"]).expanduser()
+        where = where if where.is_absolute() else Path(kw["base_dir"]) / where
+        try:  # a FIFO would block the dry run, a device would never end (missing: said later)
+            if os.path.lexists(where):
+                regular_file(where)
+        except BmoeError as exc:
+            raise check.fail(("sweep", "profile"), str(exc)) from None
     return SweepSettings(**kw)
 
 
@@ -382,11 +502,9 @@ def _read_prompt_lines(
     if not path.is_absolute():
         path = Path(settings.base_dir) / path
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise check.fail(key, f"cannot read {path}: {exc}") from None
-    if "\x00" in text:
-        raise check.fail(key, f"{path} contains a NUL character, which no command line can carry")
+        text = read_prompt(path)
+    except BmoeError as exc:
+        raise check.fail(key, str(exc)) from None
     prompts = [line for line in text.splitlines() if line.strip()]
     if not prompts:
         raise check.fail(key, f"{path} holds no prompt (one per line)")
@@ -448,9 +566,13 @@ def _gate(check: _Checker, table: dict[str, Any]) -> GateSettings:
             table["min_mem_available_mb"], ("gate", "min_mem_available_mb")
         )
     if "poll_s" in table:
-        kw["poll_s"] = check.number(table["poll_s"], ("gate", "poll_s"), positive=True)
+        kw["poll_s"] = check.number(
+            table["poll_s"], ("gate", "poll_s"), positive=True, maximum=MAX_POLL_S
+        )
     if "max_wait_s" in table:
-        kw["max_wait_s"] = check.number(table["max_wait_s"], ("gate", "max_wait_s"))
+        kw["max_wait_s"] = check.number(
+            table["max_wait_s"], ("gate", "max_wait_s"), maximum=MAX_SECONDS
+        )
         if kw["max_wait_s"] < 0:
             raise check.fail(("gate", "max_wait_s"), "must not be negative")
     gate = GateSettings(**kw)
@@ -567,6 +689,8 @@ def resolved_document(config: SweepConfig) -> dict[str, Any]:
         sweep["address"] = s.address
     if s.profile is not None:
         sweep["profile"] = s.profile
+    if s.max_runs != DEFAULT_MAX_RUNS:
+        sweep["max_runs"] = s.max_runs
     doc: dict[str, Any] = {"sweep": sweep}
     if config.base:
         doc["base"] = dict(config.base)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bmoe.sweep.config import SESSION_KEYS, SweepConfig
+from bmoe.errors import BmoeError
+from bmoe.sweep.config import MAX_ARG_BYTES, SESSION_KEYS, SweepConfig, read_prompt
 from bmoe.sweep.targets import TargetSpec
 
 
@@ -128,15 +129,20 @@ def expand(config: SweepConfig) -> list[Cell]:
             path = config.resolve_local(source)
             where = (*origin, "prompt_file") if origin[0] == "cells" else ("base", "prompt_file")
             try:
-                params["prompt"] = Path(path).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise config.error(where, f"cannot read {path}: {exc}") from None
-            if "\x00" in params["prompt"]:
-                raise config.error(
-                    where, f"{path} contains a NUL character, which no command line can carry"
-                )
+                params["prompt"] = read_prompt(Path(path))
+            except BmoeError as exc:
+                raise config.error(where, str(exc)) from None
         if "model" not in params:
             raise config.error(origin, "no 'model' for this cell (set it in [base])")
+        prompt = params.get("prompt")
+        if isinstance(prompt, str) and not config.settings.session:
+            size = len(prompt.encode("utf-8"))
+            if size > MAX_ARG_BYTES:
+                raise config.error(
+                    ("base", "prompt_file") if "prompt_file" in config.base else origin,
+                    f"a prompt of {size} bytes: the engine takes it as one argument, at most "
+                    f"{MAX_ARG_BYTES} bytes (session = true sends it on stdin instead)",
+                )
         resolved.append((params, tags, origin))
 
     for exclusion_index, exclusion in enumerate(config.exclude):

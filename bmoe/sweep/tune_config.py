@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bmoe.analyze.tune import OBJECTIVES, Constraint
-from bmoe.errors import BmoeError
 from bmoe.sweep.checking import Checker, describe
-from bmoe.sweep.config import SweepConfig, parse_config, resolved_document
+from bmoe.sweep.config import SweepConfig, config_text, parse_config, resolved_document
 from bmoe.sweep.tomltext import KeyPath, dumps, format_value, key_lines
 
 TUNE_KEYS = (
@@ -90,13 +89,7 @@ class TuneConfig:
 def load_tune_config(path: str | Path) -> TuneConfig:
     """Read and validate a tune configuration file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BmoeError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BmoeError(f"{path}: cannot read: {exc}") from None
-    return parse_tune_config(text, str(path), base_dir=path.resolve().parent)
+    return parse_tune_config(config_text(path), str(path), base_dir=path.resolve().parent)
 
 
 def parse_tune_config(text: str, path: str = "<config>", base_dir: str | Path = ".") -> TuneConfig:

@@ -43,6 +43,7 @@ class EngineConfig:
     compute_trace: str | None = None
     compute_trace_layers: str | None = None
     io_trace: str | None = None
+    force: bool = False  # --force: write over output files that exist (never over the model)
     moe_stream: bool = False
     cache_mb: float | None = None  # None = auto
     cache_floor_mb: int = 1536
@@ -174,6 +175,7 @@ _SWITCH = {
     "--no-odirect": ("o_direct", False),
     "--load-all": ("load_all", True),
     "--force-cache": ("force_cache", True),
+    "--force": ("force", True),
     "--session": ("session", True),
     "--drop-no-renorm": ("drop_renorm", False),
     "--drop-in-prefill": ("drop_prefill", True),
@@ -244,6 +246,7 @@ FLAG_HELP: tuple[tuple[str, str, str], ...] = (
     ("--io-trace", "PATH", "one row per flash read (needs --moe-stream)"),
     ("--compute-trace", "PATH", "one row per graph node"),
     ("--compute-trace-layers", "PATH", "one row per layer segment"),
+    ("--force", "", "write over output files that exist (bmoe only; never over the model)"),
     ("--moe-stream", "", "stream the routed experts from the file"),
     ("--cache-mb", "N|auto", "expert cache budget in MiB (auto: half of MemAvailable)"),
     ("--cache-floor-mb, --cache-ceil-mb", "N", "bounds for auto (1536, 0 = none)"),

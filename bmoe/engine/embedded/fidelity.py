@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,9 @@ def write_reference(path: str, ref: Reference) -> None:
 
 def read_reference(path: str) -> Reference:
     """A reference written by ``--fidelity-save`` (a one-line error for anything else)."""
+    from bmoe.formats.inputs import regular_file
+
+    regular_file(path)  # a FIFO or a device refused before it is opened
     try:
         with np.load(path, allow_pickle=False) as data:
             header = json.loads(bytes(data["header"]).decode("utf-8"))
@@ -88,8 +92,9 @@ def read_reference(path: str) -> Reference:
             logits = np.asarray(data["logits"], dtype=np.float32)
     except FileNotFoundError:
         raise BmoeError(f"{path}: no such file") from None
-    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
-        raise BmoeError(f"{path}: not a fidelity reference ({exc})") from None
+    except (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile.BadZipFile) as exc:
+        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise BmoeError(f"{path}: not a fidelity reference ({reason})") from None
     if not isinstance(header, dict) or header.get("format") != REF_FORMAT:
         raise BmoeError(f"{path}: not a fidelity reference (written by --fidelity-save)")
     if logits.ndim != 2 or len(tokens) != len(logits):
