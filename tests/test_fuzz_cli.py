@@ -76,8 +76,7 @@ def test_sweep_commands_on_damaged_folders(tmp_path: Path) -> None:
     assert _run_all(cases, tmp_path, second_round=False) == 4 * len(cases)
 
 
-@pytest.mark.xfail(reason="history of a folder without results: 'invalid entry 0 in condlist', "
-                   "a bug of analyze/history, fixed there")  # fmt: skip
+@pytest.mark.slow
 def test_history_of_damaged_folders(tmp_path: Path) -> None:
     if not SWEEP.is_dir():
         pytest.skip("no archived sweep in bench-data")
