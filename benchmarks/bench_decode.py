@@ -1,5 +1,5 @@
 """Decode-trace analysis speed: a per-node compute trace of ~3000 nodes x 500 tokens (1.5M
-rows) and an io trace of the same run, analysed by ``bmoe.analyze.decode`` and by a
+rows) and an io trace of the same run, analysed by ``bmoe.analyze.op_traces`` and by a
 straightforward pure-Python reading of the same files (what a stdlib script does), in the same
 run.
 
@@ -28,8 +28,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bmoe.analyze import decode as dec
-from bmoe.formats.decode import (
+from bmoe.analyze import op_traces as dec
+from bmoe.formats.op_traces import (
     ComputeTraceWriter,
     IoTraceWriter,
     read_compute_trace,

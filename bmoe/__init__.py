@@ -19,7 +19,7 @@ def load(path: str | Path) -> Any:
     """Read any telemetry file, whatever its format (detected from content, not name).
 
     Returns a :class:`~bmoe.formats.metrics.MetricsRun`, :class:`~bmoe.formats.route.RouteTrace`,
-    :class:`~bmoe.formats.decode.ComputeTrace`, :class:`~bmoe.formats.decode.IoTrace`, a
+    :class:`~bmoe.formats.op_traces.ComputeTrace`, :class:`~bmoe.formats.op_traces.IoTrace`, a
     :class:`~bmoe.formats.runlog.RunOutput` (``--progress`` / ``--session`` streams and run
     logs), the pressure sidecar's figures (dict) or a ``.state`` snapshot; the Parquet form of
     a row format reads as the same object. A folder opens as :func:`load_archive`.

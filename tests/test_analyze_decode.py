@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmoe.analyze import decode as dec
+from bmoe.analyze import op_traces as dec
 from bmoe.errors import BmoeError
-from bmoe.formats.decode import ComputeTrace, IoTrace, read_compute_trace, read_io_trace
 from bmoe.formats.metrics import metrics_from_text, read_metrics
+from bmoe.formats.op_traces import ComputeTrace, IoTrace, read_compute_trace, read_io_trace
 
 TINY = "native-tiny"
 REF = "reference"

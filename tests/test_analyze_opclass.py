@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bmoe.analyze import decode as dec
+from bmoe.analyze import op_traces as dec
 from bmoe.analyze.opclass import (
     OP_CLASS_RULES,
     OP_CLASSES,
@@ -16,7 +16,7 @@ from bmoe.analyze.opclass import (
     node_classes,
     node_layers,
 )
-from bmoe.formats.decode import read_compute_trace
+from bmoe.formats.op_traces import read_compute_trace
 
 # (op, name, class): llama.cpp graph names as qwen3moe, gpt-oss, gemma and llama-style dense
 # models spell them.

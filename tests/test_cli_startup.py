@@ -88,7 +88,7 @@ def test_modules_for_a_command_line() -> None:
     everything = {*eager, *(m for p, m in cli.LAZY_COMMANDS.items() if p.startswith("analyze "))}
     assert set(cli.modules_for(["analyze", "--help"])) == everything
     assert set(cli.modules_for(["analyze", "rout"])) == everything
-    assert set(cli.modules_for(["export"])) == {*eager, "bmoe.cli.decode"}
+    assert set(cli.modules_for(["export"])) == {*eager, "bmoe.cli.op_traces"}
 
 
 def test_lazy_index_names_exactly_the_lazy_modules_commands() -> None:

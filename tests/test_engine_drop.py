@@ -16,8 +16,8 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python (the engine extra) is 
 
 from bmoe.engine.embedded.config import EngineConfig, parse_args
 from bmoe.engine.embedded.run import RunResult, run_engine
-from bmoe.formats.decode import read_io_trace
 from bmoe.formats.metrics import read_metrics
+from bmoe.formats.op_traces import read_io_trace
 from bmoe.formats.route import read_route_trace
 from bmoe.formats.validate import validate_file
 

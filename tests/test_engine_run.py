@@ -24,8 +24,8 @@ from bmoe.engine.embedded.layout import read_layout
 from bmoe.engine.embedded.run import RunResult, run_engine
 from bmoe.errors import BmoeError
 from bmoe.formats import protocol
-from bmoe.formats.decode import read_compute_trace, read_io_trace
 from bmoe.formats.metrics import read_metrics
+from bmoe.formats.op_traces import read_compute_trace, read_io_trace
 from bmoe.formats.route import read_route_trace
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

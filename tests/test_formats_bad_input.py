@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from format_samples import COMPUTE, IO, METRICS, ROUTE
 
-from bmoe.formats.decode import read_compute_trace, read_io_trace
 from bmoe.formats.errors import FormatError, FormatWarning
 from bmoe.formats.load import load_file
 from bmoe.formats.metrics import read_metrics
+from bmoe.formats.op_traces import read_compute_trace, read_io_trace
 from bmoe.formats.route import read_route_trace
 from bmoe.formats.runlog import read_run_output
 

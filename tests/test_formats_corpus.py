@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from bmoe.formats import protocol
-from bmoe.formats.decode import ComputeTrace, IoTrace
 from bmoe.formats.errors import FormatWarning
 from bmoe.formats.load import detect_kind, load_file
 from bmoe.formats.metrics import MetricsRun, read_metrics
+from bmoe.formats.op_traces import ComputeTrace, IoTrace
 from bmoe.formats.route import RouteTrace, read_route_trace
 from bmoe.formats.runlog import RunOutput, read_run_output
 from bmoe.formats.sidecar import read_pressure, read_state

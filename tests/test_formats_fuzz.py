@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bmoe.formats import protocol
-from bmoe.formats.decode import read_compute_trace, read_io_trace
 from bmoe.formats.errors import FormatError
 from bmoe.formats.load import load_file
 from bmoe.formats.metrics import read_metrics
+from bmoe.formats.op_traces import read_compute_trace, read_io_trace
 from bmoe.formats.route import read_route_trace
 from bmoe.formats.runlog import read_run_output
 from bmoe.formats.sidecar import read_pressure, read_state

@@ -11,15 +11,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from bmoe.formats.convert import convert_file, output_path
-from bmoe.formats.decode import (
+from bmoe.formats.errors import FormatError
+from bmoe.formats.load import load_file, read_parquet, write_parquet
+from bmoe.formats.metrics import read_metrics, write_metrics
+from bmoe.formats.op_traces import (
     read_compute_trace,
     read_io_trace,
     write_compute_trace,
     write_io_trace,
 )
-from bmoe.formats.errors import FormatError
-from bmoe.formats.load import load_file, read_parquet, write_parquet
-from bmoe.formats.metrics import read_metrics, write_metrics
 from bmoe.formats.route import read_route_trace, write_route_trace
 
 CASES = [

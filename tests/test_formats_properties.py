@@ -13,7 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bmoe.formats import kv, protocol
-from bmoe.formats.decode import (
+from bmoe.formats.metrics import (
+    COLUMN_TYPES,
+    COLUMNS_V1,
+    COLUMNS_V2,
+    ROW_PRECISION,
+    SUMMARY_PRECISION,
+    MetricsRun,
+    read_metrics,
+    write_metrics,
+)
+from bmoe.formats.op_traces import (
     COMPUTE_COLUMNS,
     COMPUTE_TYPES,
     IO_COLUMNS,
@@ -24,16 +34,6 @@ from bmoe.formats.decode import (
     read_io_trace,
     write_compute_trace,
     write_io_trace,
-)
-from bmoe.formats.metrics import (
-    COLUMN_TYPES,
-    COLUMNS_V1,
-    COLUMNS_V2,
-    ROW_PRECISION,
-    SUMMARY_PRECISION,
-    MetricsRun,
-    read_metrics,
-    write_metrics,
 )
 from bmoe.formats.route import COLUMN_TYPES as ROUTE_TYPES
 from bmoe.formats.route import COLUMNS as ROUTE_COLUMNS

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmoe.formats.decode import (
+from bmoe.formats.op_traces import (
     read_compute_trace,
     read_io_trace,
     write_compute_trace,

@@ -109,7 +109,7 @@ def quiet(fn, *args, **kwargs):
 
 
 def test_run_report_carries_the_run_and_its_traces(tmp_path, corpus):
-    from bmoe.analyze import decode, route
+    from bmoe.analyze import op_traces, route
     from bmoe.analyze.metrics import run_summary
     from bmoe.analyze.stall import stall_attribution
 
@@ -148,7 +148,7 @@ def test_run_report_carries_the_run_and_its_traces(tmp_path, corpus):
     assert value(validation["lru replay @ 2 MiB"]["hit_pct_cum"]) == pytest.approx(
         value(validation["trace residency column"]["hit_pct_cum"])
     )
-    latency = decode.io_latency(bmoe.load(folder / "run.io.csv"))
+    latency = op_traces.io_latency(bmoe.load(folder / "run.io.csv"))
     shown_latency = tables.figures("io latency_us")
     assert {k: value(v) for k, v in shown_latency.items()} == pytest.approx(latency)
 
@@ -169,7 +169,7 @@ def test_replay_in_the_report_matches_the_reference(tmp_path, corpus):
 
 
 def test_compute_trace_report(tmp_path, corpus):
-    from bmoe.analyze.decode import analyze_compute
+    from bmoe.analyze.op_traces import analyze_compute
 
     folder = corpus / "native-tiny"
     page, tables = make_report(

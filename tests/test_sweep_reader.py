@@ -236,8 +236,8 @@ def test_cells_frame_feeds_the_sweep_analyses():
 
 def test_load_opens_every_kind_of_file(corpus, tmp_path):
     from bmoe.formats.convert import convert_file
-    from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.op_traces import ComputeTrace, IoTrace
     from bmoe.formats.route import RouteTrace
     from bmoe.formats.runlog import RunOutput
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from bmoe.analyze.timeline import build_timeline, layer_segments
-from bmoe.formats.decode import ComputeTrace, IoTrace, read_compute_trace, read_io_trace
+from bmoe.formats.op_traces import ComputeTrace, IoTrace, read_compute_trace, read_io_trace
 from bmoe.render.perfetto import chrome_trace, overlap_levels
 
 TINY = "native-tiny"

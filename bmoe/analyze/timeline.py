@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.decode import decode_rows, step_keys
+from bmoe.analyze.op_traces import decode_rows, step_keys
 from bmoe.analyze.opclass import classify_rows
 from bmoe.errors import BmoeError
-from bmoe.formats.decode import ComputeTrace, IoTrace
+from bmoe.formats.op_traces import ComputeTrace, IoTrace
 
 IO_ARGS = ("layer", "expert", "proj", "spec", "offset", "req_bytes", "read_bytes")
 COMPUTE_ARGS = ("seq", "layer", "op", "name", "majflt")

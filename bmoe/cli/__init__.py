@@ -81,7 +81,7 @@ COMMAND_MODULES = (
     "bmoe.cli.runs",
     "bmoe.cli.route",
     "bmoe.cli.sweep",
-    "bmoe.cli.decode",
+    "bmoe.cli.op_traces",
     "bmoe.cli.replay",
     "bmoe.cli.engine",
     "bmoe.cli.report",
@@ -100,8 +100,8 @@ LAZY_COMMANDS = {
     "analyze route": "bmoe.cli.route",
     "analyze replay": "bmoe.cli.replay",
     "analyze drop": "bmoe.cli.replay",
-    "analyze decode": "bmoe.cli.decode",
-    "export trace": "bmoe.cli.decode",
+    "analyze decode": "bmoe.cli.op_traces",
+    "export trace": "bmoe.cli.op_traces",
 }
 
 # Plain strings are never read as markup (they may quote a file); styled lines are built as

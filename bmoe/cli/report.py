@@ -156,8 +156,8 @@ def _file_page(path: Path, metrics: Path | None, title: str | None) -> str:
 
 
 def _kind_of(obj) -> str | None:
-    from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.op_traces import ComputeTrace, IoTrace
     from bmoe.formats.route import RouteTrace
 
     for cls, kind in ((MetricsRun, "metrics"), (RouteTrace, "route"), (ComputeTrace, "compute"),

@@ -15,8 +15,8 @@ TARGETS = ("parquet", "csv")
 
 
 def _writer(obj):
-    from bmoe.formats.decode import ComputeTrace, write_compute_trace, write_io_trace
     from bmoe.formats.metrics import MetricsRun, write_metrics
+    from bmoe.formats.op_traces import ComputeTrace, write_compute_trace, write_io_trace
     from bmoe.formats.route import RouteTrace, write_route_trace
 
     if isinstance(obj, MetricsRun):
@@ -49,8 +49,8 @@ def convert_file(
     so converting back to CSV gives the original bytes. The output is never `source` or one of
     `inputs` (the other files of the same command); without `force` it must not exist yet.
     """
-    from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.op_traces import ComputeTrace, IoTrace
     from bmoe.formats.route import RouteTrace
 
     if to not in TARGETS:

@@ -39,9 +39,9 @@ def describe(path: PathLike) -> Views:
 
 def describe_fully(path: PathLike) -> Views:
     """:func:`describe` through the full reader of the file's format (every file, any size)."""
-    from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.load import detect_kind, load_file
     from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.op_traces import ComputeTrace, IoTrace
     from bmoe.formats.route import RouteTrace
     from bmoe.formats.runlog import RunOutput
 

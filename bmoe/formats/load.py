@@ -13,8 +13,8 @@ from bmoe.formats.errors import FormatError
 from bmoe.formats.inputs import regular_file
 
 if TYPE_CHECKING:
-    from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.op_traces import ComputeTrace, IoTrace
     from bmoe.formats.route import RouteTrace
 
     #: A file of one of the row formats (the ones with a Parquet form).
@@ -25,8 +25,8 @@ HEAD_BYTES = 65536
 
 def row_classes() -> dict[str, type]:
     """The class of each row format's parsed file, by kind (the kinds with a Parquet form)."""
-    from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.metrics import MetricsRun
+    from bmoe.formats.op_traces import ComputeTrace, IoTrace
     from bmoe.formats.route import RouteTrace
 
     return {"metrics": MetricsRun, "route": RouteTrace, "compute": ComputeTrace, "io": IoTrace}
@@ -56,8 +56,8 @@ def read_parquet(source: PathLike | bytes, kind: str | None = None) -> RowFile:
 
 def readers() -> dict[str, Any]:
     """The reader of each kind :func:`~bmoe.formats.detect.detect` returns."""
-    from bmoe.formats.decode import read_compute_trace, read_io_trace
     from bmoe.formats.metrics import read_metrics
+    from bmoe.formats.op_traces import read_compute_trace, read_io_trace
     from bmoe.formats.route import read_route_trace
     from bmoe.formats.runlog import read_run_output
     from bmoe.formats.sidecar import read_pressure, read_state

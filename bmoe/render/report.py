@@ -577,9 +577,9 @@ def replay_sections(report: Report, trace, *, budget_mib: float | None = None, r
 def compute_sections(report: Report, trace, *, run=None, level: int = 2) -> None:
     """A compute trace: summary, by op, faults, by layer, by op class (or the segments of a
     layer-granular trace), the per-token join with the run's metrics, and the class plot."""
-    from bmoe.analyze import decode as dec
-    from bmoe.render.decode import COMPUTE_NOTE, DIGITS, STREAM_NOTE
-    from bmoe.render.plots import decode as plots
+    from bmoe.analyze import op_traces as dec
+    from bmoe.render.op_traces import COMPUTE_NOTE, DIGITS, STREAM_NOTE
+    from bmoe.render.plots import op_traces as plots
 
     name = Path(trace.path).name if trace.path else "compute trace"
     report.heading(f"Compute: {name}", level)
@@ -599,10 +599,10 @@ def compute_sections(report: Report, trace, *, run=None, level: int = 2) -> None
 def io_sections(report: Report, trace, *, run=None, level: int = 2) -> None:
     """An io trace: summary, latency, sizes, lanes, speculative reads, adjacency (per layer
     too), the per-token join, the latency CDF and the lane timeline of the first decodes."""
-    from bmoe.analyze import decode as dec
+    from bmoe.analyze import op_traces as dec
     from bmoe.analyze.timeline import build_timeline
-    from bmoe.render.decode import DIGITS, IO_NOTE
-    from bmoe.render.plots import decode as plots
+    from bmoe.render.op_traces import DIGITS, IO_NOTE
+    from bmoe.render.plots import op_traces as plots
 
     name = Path(trace.path).name if trace.path else "io trace"
     report.heading(f"Flash reads: {name}", level)

@@ -14,7 +14,7 @@ from bmoe.analyze.profile.evidence import Evidence
 from bmoe.analyze.profile.fits import fit_line, fit_two
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.profile.spread import provenance, term_spread
-from bmoe.formats.decode import ComputeTrace
+from bmoe.formats.op_traces import ComputeTrace
 
 
 def cpu_calibration(

@@ -16,7 +16,7 @@ from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.profile.spread import provenance, term_spread
 from bmoe.analyze.profile.tokens import Tokens
 from bmoe.errors import BmoeError
-from bmoe.formats.decode import IoTrace
+from bmoe.formats.op_traces import IoTrace
 from bmoe.units import MIB
 
 _EMPTY = ["lanes", "req_bytes", "latency_ms"]

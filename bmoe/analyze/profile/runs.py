@@ -14,8 +14,8 @@ from typing import Any
 import pandas as pd
 
 from bmoe.cache import DEFAULT_POLICY, policy_name
-from bmoe.formats.decode import ComputeTrace, IoTrace
 from bmoe.formats.metrics import MetricsRun
+from bmoe.formats.op_traces import ComputeTrace, IoTrace
 from bmoe.formats.route import RouteTrace
 
 #: The native engine's defaults for what a file without a preamble does not say.

@@ -35,8 +35,8 @@ from bmoe.engine.embedded.speculate import NgramDrafter, SpecCounters, timed_dra
 from bmoe.engine.embedded.streamer import DecodeCounters, Routing
 from bmoe.errors import BmoeError
 from bmoe.formats import protocol
-from bmoe.formats.decode import IO_COLUMNS, ComputeTraceWriter, IoTraceWriter
 from bmoe.formats.metrics import COLUMNS_V2, MetricsWriter
+from bmoe.formats.op_traces import IO_COLUMNS, ComputeTraceWriter, IoTraceWriter
 from bmoe.formats.route import RouteTraceWriter
 from bmoe.units import MIB
 

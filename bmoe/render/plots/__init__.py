@@ -1,6 +1,6 @@
 """Matplotlib figures, one function per plot, each returning the Figure (never showing it).
 
-Plots for each area live in their own module (``route``, ``replay``, ``runs``, ``decode``);
+Plots for each area live in their own module (``route``, ``replay``, ``runs``, ``op_traces``);
 this package holds what they share. Everything runs headless.
 """
 

@@ -18,8 +18,8 @@ import pandas as pd
 
 from bmoe.analyze.opclass import OP_CLASSES, classify_rows
 from bmoe.errors import BmoeError
-from bmoe.formats.decode import ComputeTrace, IoTrace
 from bmoe.formats.metrics import MetricsRun
+from bmoe.formats.op_traces import ComputeTrace, IoTrace
 from bmoe.units import MIB
 
 #: Quantiles of the per-read latency (index rule ``min(n-1, floor(q*n))``).

@@ -12,8 +12,8 @@ from bmoe.cli import analyze_app, console, err_console, export_app
 from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
-from bmoe.render.decode import COMPUTE_NOTE, DIGITS, IO_NOTE, STREAM_NOTE
 from bmoe.render.messages import literal
+from bmoe.render.op_traces import COMPUTE_NOTE, DIGITS, IO_NOTE, STREAM_NOTE
 from bmoe.render.tables import FORMATS, render
 
 decode_app = typer.Typer(
@@ -109,9 +109,9 @@ def _emit(
 
 def _read_trace(path: Path, kind: str):
     """Read `path` as a `kind` trace, or say in one line what it is instead."""
-    from bmoe.formats.decode import read_compute_trace, read_io_trace
     from bmoe.formats.detect import detect_bytes
     from bmoe.formats.load import read_head
+    from bmoe.formats.op_traces import read_compute_trace, read_io_trace
 
     found = detect_bytes(read_head(path))
     if found not in (kind, "parquet", None):
@@ -159,7 +159,7 @@ def compute(
 
     Example: bmoe analyze decode compute ct.compute.csv --layers --metrics ct.csv
     """
-    from bmoe.analyze import decode as dec
+    from bmoe.analyze import op_traces as dec
 
     _check_options(fmt, plot, (file, metrics), force)
     with err_console.status(literal(f"reading {file}")):
@@ -176,7 +176,7 @@ def compute(
         notes.append(STREAM_NOTE)
     _emit(views, fmt, notes, _header(file, trace.meta), PER_TOKEN_COMPUTE)
     if plot is not None:
-        from bmoe.render.plots import decode as plots
+        from bmoe.render.plots import op_traces as plots
         from bmoe.render.plots import save_figure
 
         if granularity == "layer":
@@ -212,7 +212,7 @@ def io(
 
     Example: bmoe analyze decode io run.io.csv --adjacent --plot io.png
     """
-    from bmoe.analyze import decode as dec
+    from bmoe.analyze import op_traces as dec
 
     also = (_derived(plot, "timeline"),) if plot is not None else ()
     _check_options(fmt, plot, (file, metrics), force, also)
@@ -226,7 +226,7 @@ def io(
     _emit(views, fmt, notes, _header(file, trace.meta), PER_TOKEN_IO)
     if plot is not None:
         from bmoe.analyze.timeline import build_timeline
-        from bmoe.render.plots import decode as plots
+        from bmoe.render.plots import op_traces as plots
         from bmoe.render.plots import save_figure
 
         cdf = plots.latency_cdf(dec.io_latency_cdf(trace), views["latency_us"])
@@ -262,8 +262,8 @@ def export_trace(
     Example: bmoe export trace ct.compute.csv run.io.csv -o decode.json
     """
     from bmoe.analyze.timeline import build_timeline, layer_segments
-    from bmoe.formats.decode import ComputeTrace, IoTrace
     from bmoe.formats.load import load_file
+    from bmoe.formats.op_traces import ComputeTrace, IoTrace
     from bmoe.render.perfetto import write_chrome_trace
 
     if detail not in ("node", "layer"):

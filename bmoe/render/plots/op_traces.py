@@ -26,7 +26,7 @@ CLASS_COLOURS = {
 
 def latency_cdf(cdf: pd.DataFrame, quantiles: dict[str, float] | None = None) -> Figure:
     """Read latency CDF, one line per lane plus all lanes (from
-    :func:`bmoe.analyze.decode.io_latency_cdf`), with the p50/p90/p99 of all reads marked."""
+    :func:`bmoe.analyze.op_traces.io_latency_cdf`), with the p50/p90/p99 of all reads marked."""
     fig, ax = new_figure(8.0, 4.8)
     lanes = sorted(int(v) for v in cdf["lane"].unique() if v >= 0)
     cmap = colormaps["tab10"]
@@ -157,7 +157,7 @@ def lane_timeline(timeline: Timeline, title: str | None = None) -> Figure:
 
 def class_by_layer(table: pd.DataFrame) -> Figure:
     """Stacked bars: ms/token by op class for each layer (from
-    :func:`bmoe.analyze.decode.compute_class_by_layer`); layer -1 shows as "none"."""
+    :func:`bmoe.analyze.op_traces.compute_class_by_layer`); layer -1 shows as "none"."""
     classes = [c for c in OP_CLASSES if c in table and table[c].sum() > 0]
     fig, ax = new_figure(max(6.0, 0.35 * len(table) + 3.0), 4.8)
     x = np.arange(len(table))
