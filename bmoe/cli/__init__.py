@@ -16,7 +16,7 @@ without pandas, pyarrow, numpy or matplotlib. Two rules keep it so:
   every command), and may then import what its commands need at its top.
 
 A new command: its module in ``COMMAND_MODULES`` and, if it lives under a group, its path in
-``LAZY_COMMANDS``. ``tests/test_cli_startup.py`` checks the first rule; ``register()`` with
+``LAZY_COMMANDS``. ``tests/cli/test_startup.py`` checks the first rule; ``register()`` with
 no command line imports every module (for tools that list all commands).
 """
 

@@ -3,7 +3,7 @@
     python -m bmoe.cli.docs > docs/cli.md
 
 Every command gets its help text (with its examples), its usage line and a table of its
-arguments and options; tests/test_cli_docs.py fails when a command or an option is missing
+arguments and options; tests/cli/test_docs.py fails when a command or an option is missing
 from the committed file, so a new command or option means running the line above again.
 """
 

@@ -3,7 +3,7 @@ registry that finds a policy's kernels by its name.
 
 The live cache (:class:`bmoe.cache.ExpertCache`, one ``stage`` per layer load) is the
 definition of the batch semantics; the kernels replay batches under the same semantics at
-compiled speed (tested equal batch for batch, ``tests/test_cache_equivalence.py``). They
+compiled speed (tested equal batch for batch, ``tests/cache/test_equivalence.py``). They
 release the GIL, so budgets and policies can run in threads, and are compiled once and
 cached on disk by numba.
 

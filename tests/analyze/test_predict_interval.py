@@ -1,0 +1,309 @@
+"""Intervals that mean what they say: the model's own error measured by holding out each
+configuration a profile's runs measured, added to the terms' spread with Student's t at the
+Welch-Satterthwaite degrees of freedom; without it, an interval that says it is the spread's
+alone. Serial cells a profile of --overlap runs cannot price, and sweep cells a profile run
+measured, are labelled and kept out of the headline."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bmoe.analyze.predict import (
+    against,
+    compare_cells,
+    half_width,
+    interval_kind,
+    model_error,
+    predict,
+    t_quantile,
+)
+from bmoe.analyze.predict.interval import ModelError
+from bmoe.analyze.profile import against_files, read_runs
+from bmoe.analyze.profile.holdout import most_likely_sd
+from bmoe.cli import main
+from bmoe.formats.profile import read_profile, write_profile
+from bmoe.formats.route import read_route_trace
+from bmoe.sweep.archive import load_results
+from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
+from tests.analyze.test_predict_metrics import overlap_rows, profile_of, serial_rows, write
+
+SMALL = Path(__file__).resolve().parents[2] / "bench-data" / "2026-11-29-small-traces"
+
+# ----------------------------------------------------------------------------- the quantile
+
+
+@pytest.mark.parametrize(
+    ("p", "dof", "table"),
+    [  # Student's t, from a printed table (two-sided 80 % and 95 %, one-sided 99.5 %)
+        (0.9, 1, 3.078),
+        (0.9, 2, 1.886),
+        (0.9, 5, 1.476),
+        (0.9, 30, 1.310),
+        (0.975, 1, 12.706),
+        (0.975, 10, 2.228),
+        (0.995, 4, 4.604),
+    ],
+)
+def test_t_quantile_is_the_tables(p, dof, table):
+    assert t_quantile(p, dof) == pytest.approx(table, abs=1.5e-3)
+
+
+def test_t_quantile_falls_between_whole_degrees_and_tends_to_the_normal():
+    assert t_quantile(0.9, 4) > t_quantile(0.9, 4.5) > t_quantile(0.9, 5)
+    assert t_quantile(0.9, float("inf")) == pytest.approx(Z80)
+    assert t_quantile(0.9, 1e4) == pytest.approx(Z80, abs=1e-3)
+
+
+# ----------------------------------------------------------------------------- the width
+
+
+def test_without_a_model_error_the_width_is_the_spread_at_the_normal_quantile():
+    rel, q = half_width(0.8, 0.1, ModelError(None, 0, "one run"))
+    assert (rel, q) == (pytest.approx(Z80 * 0.1), pytest.approx(Z80))
+
+
+def test_the_model_error_adds_in_quadrature_at_student_t_of_its_degrees_of_freedom():
+    """Spread 0.1, model error 0.2 from 3 configurations: variance 0.05; Welch-Satterthwaite
+    nu = 0.05^2 / (0.2^4 / 3) = 4.69, between 4 (t 1.533) and 5 (t 1.476) degrees."""
+    rel, q = half_width(0.8, 0.1, ModelError(0.2, 3))
+    assert 1.476 < q < 1.533
+    assert rel == pytest.approx(q * math.sqrt(0.05))
+    # the more configurations the model error comes from, the nearer the normal quantile
+    assert half_width(0.8, 0.1, ModelError(0.2, 30))[1] < q
+    # a model error of 0 measured is no wider than the spread
+    assert half_width(0.8, 0.1, ModelError(0.0, 3))[0] == pytest.approx(Z80 * 0.1)
+
+
+def test_most_likely_model_error_hand_worked():
+    """Equal spreads s: the likelihood peaks at m^2 = mean(e^2) - s^2 (0.09 - 0.01); errors
+    the spreads explain give 0; and one error made with a narrow spread is not hidden by
+    another made with a wide one (the moment estimate mean(e^2) - mean(s^2) would be 0)."""
+    e, s = np.array([0.3, -0.3]), np.array([0.1, 0.1])
+    assert most_likely_sd(e, s) == pytest.approx(math.sqrt(0.08), rel=3e-3)
+    assert most_likely_sd(np.array([0.05, -0.05]), s) == 0.0
+    e, s = np.array([0.23, -0.18]), np.array([0.05, 0.32])
+    assert np.mean(e**2) < np.mean(s**2)
+    m = most_likely_sd(e, s)
+    assert m > 0.15
+
+    def log_lik(sd):
+        var = s**2 + sd**2
+        return float(-0.5 * np.sum(np.log(var) + e**2 / var))
+
+    assert log_lik(m) >= max(log_lik(0.0), log_lik(0.9 * m), log_lik(1.1 * m))
+
+
+# ----------------------------------------------------------------------------- held out
+
+
+def route_trace(path: Path) -> Path:
+    """A route trace of the synthetic files' model (2 layers of 1 MiB experts, top-2)."""
+    lines = [
+        "# route_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_expert=8 n_expert_used=2",
+        "# layer=0 expert_bytes=1048576 dense_bytes=0",
+        "# layer=1 expert_bytes=1048576 dense_bytes=0",
+        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped",
+    ]
+    for step in range(3, 40):
+        for layer in range(2):
+            for slot in range(2):
+                lines.append(f"0,1,{step},{layer},{slot},{(step + slot) % 8},0.5,0,1048576,0")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def two_configurations(tmp_path: Path):
+    """Two serial runs that read alike (io 9 and 5 ms, mgmt 3 and 2 ms on alternate tokens:
+    9.5 ms a token besides compute) at different budgets, one computing 10 ms a token, the
+    other 12: 19.5 and 21.5 ms a token."""
+    a = write(tmp_path / "a.csv", serial_rows(compute=10.0), cache_mb=3)
+    b = write(tmp_path / "b.csv", serial_rows(compute=12.0), cache_mb=5)
+    return a, b
+
+
+def test_each_configuration_held_out_is_predicted_from_the_others_hand_worked(tmp_path):
+    """Held out, a (19.5 ms) is predicted from b alone at 21.5 ms: tok/s 9.30 % low; b from a
+    at 19.5 ms: 10.26 % high. Every term of a one-run profile of constant tokens has no
+    spread, so the model error is their root mean square: 9.79 %, from 2 configurations."""
+    a, b = two_configurations(tmp_path)
+    prof = profile_of(a, b)
+    error = prof.model_error
+    assert error["method"] == "leave one configuration out"
+    held = {Path(r["run"]).name: r for r in error["held_out"]}
+    assert held["a.csv"]["measured_tok_s"] == pytest.approx(1000 / 19.5)
+    assert held["a.csv"]["predicted_tok_s"] == pytest.approx(1000 / 21.5)
+    assert held["a.csv"]["error_pct"] == pytest.approx(100 * (19.5 / 21.5 - 1))
+    assert held["b.csv"]["error_pct"] == pytest.approx(100 * (21.5 / 19.5 - 1))
+    assert held["a.csv"]["spread_pct"] == pytest.approx(0.0, abs=1e-9)
+    rms = math.sqrt(((19.5 / 21.5 - 1) ** 2 + (21.5 / 19.5 - 1) ** 2) / 2)
+    assert error["sd_rel"] == pytest.approx(rms, rel=3e-3)
+    assert error["configurations"] == 2 and error["why"] is None
+    assert model_error(prof) == ModelError(pytest.approx(rms, rel=3e-3), 2)
+
+
+def test_the_interval_of_a_profile_with_a_model_error_hand_worked(tmp_path):
+    """The two-run profile computes 11 ms a token, its runs' means 10 and 12 (relative sd
+    0.1286 between runs); flash and management do not move. A cell of the profile's
+    reads: 20.5 ms a token, spread 0.1286 x 11 / 20.5 = 0.0690; with the model error m of
+    9.79 %: sd sqrt(0.0690^2 + m^2), at t of nu = (0.0690^2 + m^2)^2 / (m^4 / 2)."""
+    a, b = two_configurations(tmp_path)
+    prof = profile_of(a, b)
+    runs = read_runs([a])
+    cells = against_files(None, prof, runs)["cells"]
+    row = cells.iloc[0]
+    spread = np.std([10 / 11, 12 / 11], ddof=1) * 11 / 20.5
+    m = prof.model_error["sd_rel"]
+    nu = (spread**2 + m**2) ** 2 / (m**4 / 2)
+    rel = t_quantile(0.9, nu) * math.sqrt(spread**2 + m**2)
+    assert row["tok_s_predicted"] == pytest.approx(1000 / 20.5)
+    assert row["spread_pct_predicted"] == pytest.approx(100 * Z80 * spread)
+    assert row["interval_pct_predicted"] == pytest.approx(100 * rel)
+    assert row["tok_s_low_predicted"] == pytest.approx(1000 / (20.5 * (1 + rel)))
+    assert row["tok_s_high_predicted"] == pytest.approx(1000 / (20.5 * (1 - rel)))
+
+
+def test_one_run_or_one_configuration_leaves_the_model_error_unknown(tmp_path, capsys):
+    a, b = two_configurations(tmp_path)
+    one = profile_of(a)
+    assert one.model_error["sd_rel"] is None and "one run" in one.model_error["why"]
+    again = write(tmp_path / "a2.csv", serial_rows(compute=11.0), cache_mb=3)
+    same = profile_of(a, again)
+    assert same.model_error["sd_rel"] is None
+    assert "one configuration" in same.model_error["why"]
+    # its intervals are the spread's alone and say so: no coverage claimed
+    kind, claimed = interval_kind(one)
+    assert not claimed and "spread only" in kind
+    summary = against_files(None, one, read_runs([b]))["summary"]
+    assert summary["coverage_claimed"] is False and "spread only" in summary["interval"]
+    out = tmp_path / "one.json"
+    assert main(["profile", str(a), "-o", str(out)]) == 0
+    assert "model error" in capsys.readouterr().out
+    trace = route_trace(tmp_path / "t.route.csv")
+    assert main(["predict", str(trace), "-p", str(out), "-g", "cache_mb=0"]) == 0
+    captured = capsys.readouterr()
+    assert "spread-only interval" in captured.out
+    assert "do not claim 80 % coverage" in " ".join(captured.err.split())
+
+
+def test_a_profile_written_before_the_model_error_keeps_its_spread_interval():
+    """The hand-worked profile of the prediction tests has no model_error section: its
+    interval is the spread's, exactly as before (test_no_cache_hand_worked_time)."""
+    prof = round_profile()
+    assert not model_error(prof).known
+    row = predict(make_trace(PREFILL, DECODE), prof, {"cache_mb": [0]}).iloc[0]
+    assert row["interval_pct"] == pytest.approx(row["spread_pct"])
+    assert row["interval_pct"] == pytest.approx(100 * Z80 * (1 + 2.56) ** 0.5 / 21)
+
+
+# ----------------------------------------------------------------------------- the summary
+
+
+def test_the_summary_counts_measurements_within_bounds_apart_from_too_wide_intervals():
+    """Four firm cells: one inside a narrow interval, one outside, two within intervals over
+    100 % wide (covering nothing): coverage 1 of 4, within the bounds 3 of 4."""
+    cells = pd.DataFrame(
+        {
+            "cell": list("abcd"),
+            "tok_s": [10.0, 5.0, 8.0, 8.0],
+            "tok_s_predicted": [10.0, 7.0, 8.0, 8.0],
+            "tok_s_low_predicted": [9.0, 6.5, 2.0, 3.0],
+            "tok_s_high_predicted": [11.0, 7.5, 20.0, 30.0],
+            "steady_tok_s": np.nan, "steady_tok_s_predicted": np.nan,
+            "steady_tok_s_low_predicted": np.nan, "steady_tok_s_high_predicted": np.nan,
+            "mib_per_token": 1.0, "mib_per_token_predicted": 1.0,
+            "hit_pct": 50.0, "hit_pct_predicted": 50.0,
+        }
+    )  # fmt: skip
+    summary = compare_cells(cells, round_profile())["summary"]
+    assert (summary["inside_interval"], summary["within_bounds"]) == (1, 3)
+    assert summary["intervals_too_wide"] == 2
+
+
+# ----------------------------------------------------------------------------- unpriced
+
+
+def test_a_serial_cell_from_an_overlap_only_profile_is_unpriced_and_left_out(tmp_path):
+    """Lane busy time under --overlap is a request's service time, not a serial batch's wait
+    for its slowest lane: the serial file is predicted but labelled, out of the headline."""
+    ov = write(tmp_path / "ov.csv", overlap_rows(), overlap=1, io_threads=2)
+    ov2 = write(tmp_path / "ov2.csv", overlap_rows(), overlap=1, io_threads=2, cache_mb=5)
+    serial = write(tmp_path / "serial.csv", serial_rows(), io_threads=2)
+    prof = profile_of(ov, ov2)
+    out = against_files(None, prof, read_runs([serial, ov]))
+    cells = out["cells"].set_index("cell")
+    assert "--overlap runs only" in cells.loc["serial", "unpriced"]
+    assert np.isfinite(cells.loc["serial", "tok_s_predicted"])
+    assert pd.isna(cells.loc["ov", "unpriced"])
+    assert out["summary"]["compared"] == 0  # ov is in sample, serial unpriced
+    assert out["summary"]["labelled"] == 2
+
+
+def test_a_serial_and_an_overlap_run_cannot_measure_each_others_error(tmp_path):
+    ov = write(tmp_path / "ov.csv", overlap_rows(), overlap=1, io_threads=2)
+    serial = write(tmp_path / "serial.csv", serial_rows(), io_threads=2)
+    error = profile_of(ov, serial).model_error
+    assert error["sd_rel"] is None and error["configurations"] == 0
+    why = {Path(r["run"]).name: r["why"] for r in error["held_out"]}
+    assert "no --overlap" in why["ov.csv"]
+    assert "--overlap runs only" in why["serial.csv"]
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+@pytest.mark.skipif(not SMALL.is_dir(), reason="bench-data small sweep absent")
+def test_a_sweep_cell_a_profile_run_measured_is_in_sample(tmp_path, capsys):
+    """A profile of one run of the archived sweep, compared with the sweep: that run's cell
+    is labelled in sample and kept out of the headline; the other three are not."""
+
+    run_dir = sorted((SMALL / "cells").glob("*/r1"))[0]
+    prof = profile_of(run_dir / "run.csv", allow_traced=True)
+    trace = run_dir / "run.route.csv"
+
+    out = against(read_route_trace(trace), prof, load_results(SMALL), sweep_dir=SMALL)
+    labels = dict(zip(out["cells"]["cell"], out["cells"]["measurement"], strict=True))
+    inside = [c for c, why in labels.items() if isinstance(why, str) and "in sample" in why]
+    assert inside == [run_dir.parent.name]
+    assert out["summary"]["compared"] <= 3
+    # the command finds the runs under the sweep folder it is given
+    path = tmp_path / "p.json"
+
+    write_profile(prof, path)
+    args = ["predict", str(trace), "-p", str(path), "--against", str(SMALL), "-f", "json"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("a profile run (in sample)") == 1
+
+
+# ----------------------------------------------------------------------------- --model
+
+
+def test_the_model_file_is_checked_against_the_runs(tiny_model, tmp_path, capsys):
+    """The tiny model: 4 layers of 8 experts, 196,608 bytes each (one token's routed bytes at
+    top-2: 4 x 2 x 0.1875 = 1.5 MiB). A run that says so is accepted; one of 2 layers, or of
+    experts twice that size, is refused naming both; a v0 file says nothing to check."""
+    shape = {"n_layer": 4, "n_expert": 8, "cache_cycle_mb": 1.5}
+    good = write(tmp_path / "good.csv", serial_rows(), **shape)
+    out = tmp_path / "p.json"
+    assert main(["profile", str(good), "--model", str(tiny_model), "-o", str(out)]) == 0
+
+    prof = read_profile(out)
+    assert prof.expert_bytes() == {i: 196608 for i in range(4)}
+    assert prof.model["sizes_from"] == f"the model file {tiny_model}"
+    capsys.readouterr()
+    layers = write(tmp_path / "layers.csv", serial_rows(), **{**shape, "n_layer": 2})
+    assert main(["profile", str(layers), "--model", str(tiny_model)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "(n_layer=4)" in err and "layers.csv (n_layer=2)" in err
+    sizes = write(tmp_path / "sizes.csv", serial_rows(), **{**shape, "cache_cycle_mb": 3})
+    assert main(["profile", str(sizes), "--model", str(tiny_model)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "0.188 MiB on average" in err and "0.375 MiB" in err
+    v0 = write(tmp_path / "v0.csv", serial_rows(), version=0)
+    assert main(["profile", str(v0), "--model", str(tiny_model), "-o", str(out), "--force"]) == 0
+    assert "not checked" in read_profile(out).model["sizes_from"]

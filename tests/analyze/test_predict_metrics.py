@@ -1,0 +1,627 @@
+"""Profiles from what phones record (per-token metrics only, any version), hand-worked on
+small synthetic files with round numbers; the memory-pressure and prefetch costs; the
+refusals; the honesty of a profile (spread, starved runs, traced runs) and of the interval."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bmoe.analyze.predict import (
+    compare_cells,
+    memory_faults,
+    predict,
+    stall_per_miss,
+    token_times,
+)
+from bmoe.analyze.profile import against_files, build_profile, read_runs
+from bmoe.cli import main
+from bmoe.errors import BmoeError
+from bmoe.formats.metrics import MetricsRun, write_metrics
+from bmoe.formats.profile import read_profile, write_profile
+from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
+
+MIB = 1 << 20
+
+# a model of 2 MoE layers, top-2, 1 MiB experts: v2's cache_cycle_mb (one token's routed bytes)
+# is 2 layers x 2 experts x 1 MiB = 4 MiB
+PARAMS = {
+    "model": "hand.gguf", "arch": "qwen3moe", "n_layer": 2, "n_expert": 8, "n_expert_used": 2,
+    "threads": 2, "moe_stream": 1, "cache_mb": 3, "io_threads": 1, "overlap": 0, "prefetch": 0,
+    "dense_weights": "mmap", "cache_cycle_mb": 4,
+}  # fmt: skip
+
+
+def write(path: Path, rows: list[dict], version: int = 2, summary=None, **params) -> Path:
+    """A metrics file of `rows` (plus step/steps) with the preamble `PARAMS` updated by
+    `params` (none at all for version 0)."""
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "steps", len(frame))
+    frame.insert(0, "step", np.arange(1, len(frame) + 1))
+    tokens = len(frame)
+    wall = float(frame["wall_ms"].sum())
+    trailer = {"tokens": tokens, "tok/s": round(1000 * tokens / wall, 3)} | (summary or {})
+    run = MetricsRun(str(path), version, {} if version == 0 else {**PARAMS, **params}, frame,
+                     [trailer])  # fmt: skip
+    write_metrics(run, path)
+    return path
+
+
+def serial_rows(n=32, overhead=0.5, latency=2.0, compute=10.0, mgmt=(1.0, 0.5), cpu=None):
+    """Serial tokens at one lane: even tokens read 4 experts (2 a layer: 2 waves a layer),
+    odd ones 2 (1 a layer). io = 2 batches x overhead + waves x latency: 9 and 5 ms;
+    mgmt = 1 + 0.5 a read: 3 and 2 ms."""
+    out = []
+    for i in range(n):
+        reads = 4 if i % 2 == 0 else 2
+        io = 2 * overhead + reads * latency
+        m = mgmt[0] + mgmt[1] * reads
+        out.append({
+            "wall_ms": compute + io + m, "io_ms": io, "compute_ms": compute,
+            "read_bytes": reads * MIB, "cache_hit_pct": 50.0, "stall_ms": 0.0, "mgmt_ms": m,
+            "majflt": 0, "cpu_ms": (cpu if cpu is not None else compute) * 2,
+        })  # fmt: skip
+    return out
+
+
+def overlap_rows(n=32, lanes=2, latency=4.0, stall=(3.0, 1.5), compute=10.0):
+    """Overlap tokens: io_ms is the lanes' busy time (latency per read); the stall
+    3 + 1.5 ms a read; management 1 + 0.5 a read."""
+    out = []
+    for i in range(n):
+        reads = 4 if i % 2 == 0 else 2
+        s = stall[0] + stall[1] * reads
+        m = 1.0 + 0.5 * reads
+        out.append({
+            "wall_ms": compute + s + m, "io_ms": reads * latency, "compute_ms": compute,
+            "read_bytes": reads * MIB, "cache_hit_pct": 50.0, "stall_ms": s, "mgmt_ms": m,
+            "majflt": 0, "cpu_ms": compute * 2,
+        })  # fmt: skip
+    return out
+
+
+def profile_of(*paths: Path, **kw):
+    return build_profile(read_runs(paths), **kw)
+
+
+# ----------------------------------------------------------------------------- hand-worked
+
+
+def test_serial_metrics_profile_hand_worked(tmp_path):
+    """io_ms = 2 x 0.5 + waves x 2 separates the per-batch overhead (0.5 ms) from the wave
+    latency (2 ms, so 1 MiB / 2 ms = 500 MiB/s on one lane); compute 10 ms; management
+    1 ms + 0.5 ms a read; expert sizes from the preamble (4 MiB / (2 x 2))."""
+    prof = profile_of(write(tmp_path / "a.csv", serial_rows()))
+    assert prof.model["expert_bytes"] == {"0": MIB, "1": MIB}
+    assert "cache_cycle_mb" in prof.model["sizes_from"]
+    row = prof.flash.iloc[0]
+    assert (row["lanes"], row["req_bytes"]) == (1, MIB)
+    assert row["latency_ms"] == pytest.approx(2.0)
+    assert row["batch_overhead_ms"] == pytest.approx(0.5)
+    assert row["mib_s"] == pytest.approx(500.0)
+    assert prof.compute["token_ms"] == pytest.approx(10.0)
+    assert prof.mgmt["token_ms"] == pytest.approx(1.0)
+    assert prof.mgmt["per_admit_ms"] == pytest.approx(0.5)
+    # every term says where it came from; one lane count is one point of the lane curve
+    assert prof.terms["flash"]["runs"] == [str(tmp_path / "a.csv")]
+    assert "io_ms" in prof.terms["flash"]["columns"]
+    assert "1 lanes only" in prof.terms["flash"]["note"]
+    assert prof.terms["compute"]["columns"] == ["compute_ms"]
+    # constant per-token figures: nothing to be unsure of
+    assert prof.terms["compute"]["sd_rel"] == pytest.approx(0.0, abs=1e-9)
+    assert prof.settled, prof.unsettled
+    # no run used --overlap, none recorded memory: named, never zero
+    assert "stall" in prof.absent and "overlap" in prof.absent["stall"]
+    assert "memory" in prof.absent
+
+
+def test_overlap_metrics_profile_hand_worked(tmp_path):
+    """Under --overlap io_ms is the lanes' busy time: 4 ms a read at 2 lanes; the stall fits
+    3 ms a token + 1.5 ms a read missed."""
+    prof = profile_of(write(tmp_path / "o.csv", overlap_rows(), overlap=1, io_threads=2))
+    assert prof.mode == "overlap"
+    row = prof.flash.iloc[0]
+    assert (row["lanes"], row["latency_ms"]) == (2, pytest.approx(4.0))
+    assert "overlap" in row["source"]
+    assert prof.overlap["stall_ms"] == pytest.approx(3.0)
+    assert prof.overlap["stall_ms_per_miss"] == pytest.approx(1.5)
+    assert prof.overlap["lanes"] == [2]
+    assert prof.terms["stall"]["columns"][0] == "stall_ms"
+    # at one lane a read is no faster than its 4 ms alone (no lane to share it with): 4 ms a
+    # lane against 4 / 2 at two lanes, so the stall per read doubles to 3 ms; at 8 lanes the
+    # lanes' throughput is held at the measured one
+    assert stall_per_miss(prof, 1) == pytest.approx(3.0)
+    assert stall_per_miss(prof, 8) == pytest.approx(1.5)
+
+
+def test_mixed_profile_predicts_both_modes_hand_worked(tmp_path):
+    """A serial run at one lane and an overlap run at two: one profile, mode mixed. At budget
+    0 each decode step of DECODE misses 2 experts at each of 2 layers (4 reads):
+    serial at 1 lane: 2 x 0.5 + 4 x 2 = 9 ms flash; overlap at 2 lanes: 3 + 4 x 1.5 = 9 ms;
+    both add compute 10 and management 1 + 0.5 x 4 = 3."""
+    prof = profile_of(
+        write(tmp_path / "s.csv", serial_rows()),
+        write(tmp_path / "o.csv", overlap_rows(), overlap=1, io_threads=2),
+    )
+    assert prof.mode == "mixed"
+    trace = make_trace(PREFILL, DECODE)
+    trace.meta["n_expert_used"] = 2
+    out = predict(trace, prof, {"cache_mb": [0], "io_threads": [1, 2], "overlap": [0, 1]})
+    at = out.set_index(["io_threads", "overlap"])
+    assert at.loc[(1, 0), "flash_ms"] == pytest.approx(9.0)
+    assert at.loc[(2, 1), "flash_ms"] == pytest.approx(9.0)
+    assert at.loc[(1, 0), "token_ms"] == pytest.approx(22.0)
+    # the flash table prices a request 2 ms per lane at one lane (serial: 2 ms a wave) as at
+    # two (overlap: 4 ms / 2 lanes): the stall per read stays 1.5 ms at one lane
+    assert at.loc[(1, 1), "flash_ms"] == pytest.approx(9.0)
+
+
+def test_two_lane_counts_give_a_lane_curve(tmp_path):
+    """At 4 lanes a token of 4 reads (2 a layer) is one wave a layer, one of 10 reads (5 a
+    layer) two: io = 2 x 0.5 + waves x 3 = 7 and 13 ms."""
+    wide = serial_rows()
+    for i, row in enumerate(wide):
+        reads, io = (4, 7.0) if i % 2 == 0 else (10, 13.0)
+        row.update(read_bytes=reads * MIB, io_ms=io, wall_ms=row["compute_ms"] + io + 3.0,
+                   mgmt_ms=3.0)  # fmt: skip
+    prof = profile_of(
+        write(tmp_path / "a.csv", serial_rows(latency=2.0)),
+        write(tmp_path / "b.csv", wide, io_threads=4),
+    )
+    assert sorted(prof.flash["lanes"]) == [1, 4]
+    assert "lane curve from 1, 4 lanes" in prof.terms["flash"]["note"]
+    at4 = prof.flash.set_index("lanes").loc[4]
+    assert (at4["latency_ms"], at4["batch_overhead_ms"]) == (pytest.approx(3.0), pytest.approx(0.5))
+
+
+def test_v0_file_without_sizes_prices_mib_and_says_so(tmp_path):
+    """A v0 file (no preamble) and no trace: the expert sizes are unknown; the profile prices
+    MiB read (a read unit of 1 MiB), says so, assumes the engine's default lanes and refuses to
+    price a route trace's reads."""
+    path = write(tmp_path / "old.csv", serial_rows(), version=0)
+    prof = profile_of(path)
+    assert prof.model["expert_bytes"] == {} and prof.model["sizes_from"] is None
+    assert prof.read_unit_bytes == MIB
+    assert any("expert sizes unknown" in c for c in prof.caveats)
+    assert "io_threads not recorded: the engine's default 4 (old.csv)" in prof.caveats
+    with pytest.raises(BmoeError, match="does not know its model's expert sizes"):
+        predict(make_trace(PREFILL, DECODE), prof, {"cache_mb": [0]})
+    # given a trace of the model, the sizes come from it
+    trace_path = tmp_path / "hand.route.csv"
+    trace_path.write_text(
+        "# route_trace v1\n# model=hand.gguf arch=qwen3moe n_layer=2 n_expert=8 "
+        "n_expert_used=2\n# layer=0 expert_bytes=1048576 dense_bytes=0\n"
+        "# layer=1 expert_bytes=1048576 dense_bytes=0\n"
+        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped\n"
+        "0,1,3,0,0,1,0.5,0,1048576,0\n0,1,3,0,1,2,0.5,0,1048576,0\n"
+    )
+    from bmoe.formats.route import read_route_trace
+
+    sized = profile_of(path, trace=read_route_trace(trace_path))
+    assert sized.model["expert_bytes"] == {"0": MIB, "1": MIB}
+    assert str(trace_path) in sized.model["sizes_from"]
+
+
+def test_against_files_matches_each_file_by_its_preamble(tmp_path):
+    """Loose files, each predicted with its own configuration (from its preamble, the policy
+    as the engine names it): reads from the file itself when no trace is given. A profile of
+    file a predicts file b exactly where b is the same device with another budget."""
+    a = write(tmp_path / "a.csv", serial_rows())
+    b = write(tmp_path / "b.csv", serial_rows(), cache_mb=8, cache_policy="layer-lfu")
+    mmap = write(tmp_path / "mmap.csv", serial_rows(), moe_stream=0)
+    prof = profile_of(a)
+    out = against_files(None, prof, read_runs([a, b, mmap]))
+    cells = out["cells"].set_index("cell")
+    assert cells.loc["b", "cache_mb"] == 8 and cells.loc["b", "policy"] == "layerlfu"
+    assert cells.loc["b", "tok_s_predicted"] == pytest.approx(cells.loc["b", "tok_s"], rel=1e-3)
+    assert cells.loc["a", "measurement"] == "a profile run (in sample)"
+    assert "plain mmap" in cells.loc["mmap", "comparable"]
+    summary = out["summary"]
+    assert (summary["compared"], summary["labelled"], summary["not_predicted"]) == (1, 1, 1)
+    assert summary["reads"] == "measured"
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def memory_rows(n, faults, compute=10.0, per_fault=0.1, cache=2.0, rss=3.0, avail=3.0):
+    """Serial tokens (as serial_rows) with memory columns; major faults alternate about
+    `faults` (+-50 %) and each costs `per_fault` ms of compute."""
+    out = serial_rows(n, compute=compute)
+    for i, row in enumerate(out):
+        f = faults * (1.5 if i % 2 else 0.5)
+        row.update({
+            "majflt": int(f), "compute_ms": compute + per_fault * f,
+            "wall_ms": row["wall_ms"] + per_fault * f, "cache_budget_mib": cache,
+            "rss_mib": rss, "rss_anon_mib": cache, "mem_available_mib": avail,
+        })  # fmt: skip
+    return out
+
+
+def memory_profile(tmp_path):
+    """Run A: budget 2 MiB, 1 MiB else resident, 3 MiB available: it asks 3 of 6 MiB and
+    takes no major fault. Run B: budget 3 MiB, 2 MiB available: it asks 4 of 6 MiB and takes
+    100 faults a token at 0.1 ms each."""
+    a = write(tmp_path / "a.csv", memory_rows(32, 0, cache=2, rss=3, avail=3), cache_mb=2)
+    b = write(tmp_path / "b.csv", memory_rows(32, 100, cache=3, rss=4, avail=2), cache_mb=3)
+    return profile_of(a, b)
+
+
+def test_memory_pressure_hand_worked(tmp_path):
+    prof = memory_profile(tmp_path)
+    assert prof.memory["ms_per_fault"] == pytest.approx(0.1)
+    assert prof.memory["resident_mib"] == pytest.approx(1.0)
+    assert prof.memory["available_mib"] == pytest.approx(6.0)
+    # the faults' time is not compute: base compute is 10 ms in both runs
+    assert prof.compute["token_ms"] == pytest.approx(10.0)
+    assert memory_faults(prof, 2)[0] == pytest.approx(0.0)
+    assert memory_faults(prof, 3)[0] == pytest.approx(100.0)
+    # 2.5 MiB asks 3.5 of 6: half way
+    assert memory_faults(prof, 2.5)[0] == pytest.approx(50.0)
+    # 4 MiB asks 5 of 6, past every run: the last slope (100 faults per 1/6) goes on, noted
+    faults, note = memory_faults(prof, 4)
+    assert faults == pytest.approx(200.0)
+    assert "more than any profile run" in note
+
+
+def test_more_cache_that_pushes_memory_out_predicts_slower(tmp_path):
+    """One layer routing experts 0, 1, 2 in turn: 2 MiB of cache holds two and misses every
+    token (LRU), 3 MiB holds all three. The third MiB saves a read a token (2.5 ms of flash
+    and management at one lane) but costs 100 major faults (10 ms): predicted slower, though
+    its hit rate is higher. A hit-rate curve is not a throughput argument."""
+    prof = memory_profile(tmp_path)
+    cycle = [[[e]] for e in [0, 1, 2] * 12]
+    trace = make_trace([[[0]]], cycle)
+    trace.layers = pd.DataFrame({"layer": [0, 1], "expert_bytes": [MIB, MIB]})
+    trace.meta["n_expert_used"] = 2
+    out = predict(trace, prof, {"cache_mb": [2, 3]}).set_index("cache_mb")
+    assert out.loc[3, "hit_pct"] > out.loc[2, "hit_pct"]
+    assert out.loc[3, "faults_per_token"] == pytest.approx(100.0)
+    assert out.loc[3, "tok_s"] < out.loc[2, "tok_s"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(1, 100), st.floats(0, 50), st.floats(0, 500)),
+        min_size=1,
+        max_size=4,
+    ),
+    st.lists(st.floats(0, 200), min_size=2, max_size=6),
+)
+def test_more_cache_never_predicts_fewer_faults(points, budgets):
+    prof = round_profile()
+    prof.memory = {
+        "ms_per_fault": 0.1,
+        "resident_mib": 10.0,
+        "available_mib": 100.0,
+        "points": [
+            {"asked_mib": c + r, "available_mib": 100.0, "faults_per_token": f}
+            for c, r, f in points
+        ],
+    }
+    faults = [memory_faults(prof, b)[0] for b in sorted(budgets)]
+    assert all(f >= 0 for f in faults)
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(faults))
+
+
+# ----------------------------------------------------------------------------- prefetch
+
+
+# every step routes experts the step before did not: the previous-token bet never hits
+FRESH = [[[2 * i % 8, (2 * i + 1) % 8], [2 * i % 8, (2 * i + 1) % 8]] for i in range(1, 9)]
+
+
+@pytest.mark.parametrize("mode", ["serial", "overlap"])
+def test_prefetch_that_buys_no_hit_predicts_a_slowdown(mode):
+    """Prefetch is priced as the reads it adds: the bet reads experts no step uses, so the
+    hit rate is the same and each prefetched read costs its management (and its lane time
+    where compute no longer hides it)."""
+    extra = {"overlap": {"stall_ms": 0.0, "stall_ms_per_miss": 1.5, "lanes": [1]}}
+    prof = round_profile(mode=mode, **(extra if mode == "overlap" else {}))
+    # 3 MiB holds one layer's pair and room to bet on: the bet is read, never used
+    out = predict(make_trace(PREFILL, FRESH), prof, {"cache_mb": [3], "prefetch": [0, 1]})
+    off, on = out.iloc[0], out.iloc[1]
+    assert on["prefetched_per_token"] > 0
+    assert on["hit_pct_decode"] == pytest.approx(off["hit_pct_decode"])
+    assert on["tok_s"] < off["tok_s"]
+    assert on["mib_per_token"] > off["mib_per_token"]
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 8), st.floats(0.1, 20.0)),
+        min_size=1,
+        max_size=4,
+        unique_by=lambda r: r[0],
+    ),
+    st.integers(1, 8),
+)
+def test_more_lanes_never_predict_more_stall(rows, measured_at):
+    prof = round_profile(
+        mode="overlap",
+        flash=[
+            {"lanes": n, "req_bytes": MIB, "latency_ms": lat, "batch_overhead_ms": 0.0, "reads": 1}
+            for n, lat in rows
+        ],
+        overlap={"stall_ms": 1.0, "stall_ms_per_miss": 2.0, "lanes": [measured_at]},
+    )
+    per = [stall_per_miss(prof, lanes) for lanes in range(1, 12)]
+    assert all(b <= a + 1e-9 for a, b in itertools.pairwise(per))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), min_size=2, max_size=8),
+    st.integers(0, 3),
+    st.sampled_from(["serial", "overlap"]),
+    st.integers(1, 4),
+)
+def test_more_reads_never_predict_faster(misses, more, mode, lanes):
+    """Adding reads to any token never makes any token faster, serial or overlapped."""
+    from bmoe.analyze.predict import CellReads
+
+    extra = {"overlap": {"stall_ms": 1.0, "stall_ms_per_miss": 1.5, "lanes": [1]}}
+    prof = round_profile(mode=mode, **(extra if mode == "overlap" else {}))
+    n = len(misses)
+
+    def reads(m):
+        return CellReads(np.arange(n), np.zeros(n, dtype=int), np.asarray(m), np.zeros(n), n,
+                         0.0, 0.0)  # fmt: skip
+
+    bigger = [m + (more if i == 0 else 0) for i, m in enumerate(misses)]
+    base = token_times(prof, reads(misses), lanes, compute_ms=10.0)["wall_ms"].to_numpy()
+    after = token_times(prof, reads(bigger), lanes, compute_ms=10.0)["wall_ms"].to_numpy()
+    assert np.all(after >= base - 1e-9)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_a_trace_at_another_top_k_is_refused():
+    prof = round_profile()
+    prof.model["n_expert_used"] = 3
+    trace = make_trace(PREFILL, DECODE)
+    with pytest.raises(BmoeError, match=r"top-2 .*top-3.*--n-expert-used"):
+        predict(trace, prof, {"cache_mb": [0]})
+
+
+def test_a_trace_of_another_model_is_refused_naming_both(tmp_path):
+    path = write(tmp_path / "run.csv", serial_rows())
+    trace = make_trace(PREFILL, DECODE)
+    trace.meta["n_layer"] = 48
+    with pytest.raises(BmoeError, match=r"hand\.route\.csv \(n_layer=48\) and .*run\.csv"):
+        profile_of(path, trace=trace)
+    other = make_trace(PREFILL, DECODE, size=3 * MIB)
+    with pytest.raises(BmoeError, match=r"hand\.route\.csv has experts of 3\.000 MiB.*run\.csv"):
+        profile_of(path, trace=other)
+    wider = make_trace(PREFILL, DECODE)
+    wider.meta["n_expert_used"] = 3
+    with pytest.raises(BmoeError, match=r"routes top-3 but .*run\.csv ran top-2"):
+        profile_of(path, trace=wider)
+
+
+def test_a_metrics_file_without_io_ms_is_refused(tmp_path):
+    rows = [{k: v for k, v in r.items() if k != "io_ms"} for r in serial_rows()]
+    path = write(tmp_path / "noio.csv", rows)
+    with pytest.raises(BmoeError, match=r"noio\.csv: no io_ms column"):
+        profile_of(path)
+
+
+def test_runs_at_two_top_ks_are_refused(tmp_path):
+    a = write(tmp_path / "a.csv", serial_rows())
+    b = write(tmp_path / "b.csv", serial_rows(), n_expert_used=4)
+    with pytest.raises(BmoeError, match="different top-k"):
+        profile_of(a, b)
+
+
+# ----------------------------------------------------------------------------- honesty
+
+
+def starved_rows(n=32, stolen=30.0):
+    """Serial tokens whose compute residual carries `stolen` ms the engine spent waiting for
+    a core: its CPU time (2 threads x 10 ms) stays what the work took."""
+    out = serial_rows(n)
+    for row in out:
+        row["compute_ms"] += stolen
+        row["wall_ms"] += stolen
+    return out
+
+
+def test_a_starved_run_takes_compute_from_cpu_time_and_says_so(tmp_path):
+    """The quiet run calibrates CPU time against compute (cpu / threads = 10 ms = compute);
+    the starved run's wall is mostly off-CPU (a 52 ms token of which 10 + 9 + 3 busy), so
+    its compute is taken from its CPU time: 10 ms, not 40."""
+    quiet = write(tmp_path / "quiet.csv", serial_rows())
+    busy = write(tmp_path / "busy.csv", starved_rows())
+    prof = profile_of(quiet, busy)
+    state = {Path(r["name"]).name: r for r in prof.runs}
+    assert state["busy.csv"]["starved"] and not state["quiet.csv"]["starved"]
+    assert state["busy.csv"]["off_cpu_pct"] > 50
+    assert prof.compute["token_ms"] == pytest.approx(10.0)
+    assert "cpu_ms/threads" in prof.terms["compute"]["columns"]
+    assert "starved of a core" in prof.terms["compute"]["note"]
+
+
+def test_a_profile_of_starved_runs_only_is_unsettled_and_strict_refuses(tmp_path, capsys):
+    busy = write(tmp_path / "busy.csv", starved_rows())
+    prof = profile_of(busy)
+    assert not prof.settled
+    assert any("every run was starved of a core" in u for u in prof.unsettled)
+    # nothing to calibrate against: CPU time per thread one to one (20 ms over 2 threads)
+    assert prof.compute["token_ms"] == pytest.approx(10.0)
+    out = tmp_path / "busy.json"
+    write_profile(prof, out)
+    assert json.loads(out.read_text())["unsettled"] == prof.unsettled
+    assert main(["profile", str(busy), "--strict"]) == 2
+    assert "not settled (--strict)" in capsys.readouterr().err.replace("\n", " ")
+    assert main(["profile", str(busy), "-o", str(out), "--force"]) == 0
+    err = capsys.readouterr().err
+    assert "unsettled:" in err and "starved" in err.replace("\n", " ")
+    # every predict that uses it says so; --strict refuses it
+    trace = tmp_path / "t.route.csv"
+    _write_trace(trace)
+    assert main(["predict", str(trace), "-p", str(out), "-g", "cache_mb=0"]) == 0
+    assert "unsettled:" in capsys.readouterr().err
+    assert main(["predict", str(trace), "-p", str(out), "-g", "cache_mb=0", "--strict"]) == 2
+
+
+def _write_trace(path: Path) -> None:
+    lines = [
+        "# route_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_expert=8 n_expert_used=2",
+        "# layer=0 expert_bytes=1048576 dense_bytes=0",
+        "# layer=1 expert_bytes=1048576 dense_bytes=0",
+        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped",
+    ]
+    for step in range(3, 40):
+        for layer in range(2):
+            for slot in range(2):
+                lines.append(f"0,1,{step},{layer},{slot},{(step + slot) % 8},0.5,0,1048576,0")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_traced_runs_give_routing_and_untraced_runs_the_timing(tmp_path):
+    """A route-traced run (its compute 4 ms slower a token) and an untraced one of the same
+    configuration: compute and management come from the untraced run, the overhead is
+    measured (4 ms), and the profile says which."""
+    traced = write(tmp_path / "t.csv", serial_rows(compute=14.0))
+    _write_trace(tmp_path / "t.route.csv")
+    plain = write(tmp_path / "u.csv", serial_rows(compute=10.0))
+    prof = profile_of(traced, plain)
+    assert prof.compute["token_ms"] == pytest.approx(10.0)
+    assert prof.terms["compute"]["runs"] == [str(plain)]
+    assert prof.tracing["overhead_ms"]["compute_ms"] == pytest.approx(4.0)
+    assert "from the untraced runs" in prof.tracing["how"]
+    alone = profile_of(traced)
+    assert alone.tracing["how"] == "not removed"
+    assert any("traced runs only" in u for u in alone.unsettled)
+
+
+def test_coverage_and_width_are_reported_and_a_wide_interval_covers_nothing():
+    """Four cells: inside a 20 %-wide interval; outside one; inside an interval from 0.7 to
+    39 tok/s around 4 (wider than the prediction itself: it predicts nothing, so it does not
+    count as covered); and one whose own measurement is unsettled (out of the headline)."""
+    cells = pd.DataFrame(
+        {
+            "cell": ["in", "out", "wide", "noisy"],
+            "tok_s": [10.0, 10.0, 1.0, 10.0],
+            "tok_s_predicted": [10.5, 5.0, 4.0, 20.0],
+            "tok_s_low_predicted": [9.5, 4.5, 0.7, 18.0],
+            "tok_s_high_predicted": [11.5, 5.5, 39.0, 22.0],
+            "steady_tok_s": np.nan, "steady_tok_s_predicted": np.nan,
+            "steady_tok_s_low_predicted": np.nan, "steady_tok_s_high_predicted": np.nan,
+            "mib_per_token": 1.0, "mib_per_token_predicted": 1.0,
+            "hit_pct": 50.0, "hit_pct_predicted": 50.0,
+            "measurement": [None, None, None, "repeats disagree"],
+        }
+    )  # fmt: skip
+    out = compare_cells(cells, round_profile())
+    summary = out["summary"]
+    assert summary["compared"] == 3 and summary["labelled"] == 1
+    assert out["cells"]["inside_interval"].tolist() == [True, False, False, False]
+    assert summary["inside_interval"] == 1
+    assert summary["coverage_pct"] == pytest.approx(100 / 3)
+    assert summary["intervals_too_wide"] == 1
+    # widths 20 %, 20 %, 957.5 %, 20 %: median 20
+    assert summary["median_interval_width_pct"] == pytest.approx(20.0)
+    # |errors| of the firm cells: 5, 50, 300 %
+    assert summary["median_abs_tok_s_error_pct"] == pytest.approx(50.0)
+    assert summary["coverage_stated_pct"] == pytest.approx(80.0)
+
+
+def test_the_profile_states_its_coverage_and_a_wider_one_widens_the_interval(tmp_path):
+    prof = round_profile()
+    trace = make_trace(PREFILL, DECODE)
+    row80 = predict(trace, prof, {"cache_mb": [0]}).iloc[0]
+    prof.coverage = 0.95
+    row95 = predict(trace, prof, {"cache_mb": [0]}).iloc[0]
+    assert row95["interval_pct"] == pytest.approx(row80["interval_pct"] * 1.959964 / Z80)
+    path = tmp_path / "p.json"
+    write_profile(prof, path)
+    assert read_profile(path).coverage == 0.95
+
+
+def test_a_profile_whose_compute_swings_is_unsettled_and_its_intervals_count_for_nothing(
+    tmp_path,
+):
+    """The symptom of a noisy machine: compute per token swinging between 16 and 1337 ms in
+    long stretches (p10 16, p90 1337). The profile says its compute is unsettled; the
+    interval it gives is wider than the prediction itself, so --against counts no cell as
+    covered however far off it is."""
+    rows = serial_rows(64)
+    for i, row in enumerate(rows):
+        swing = 1337.0 if (i // 8) % 3 == 0 else 16.0
+        row["wall_ms"] += swing - row["compute_ms"]
+        row["compute_ms"] = swing
+        row["cpu_ms"] = 2 * swing  # not starved: the CPU did the work
+    prof = profile_of(write(tmp_path / "noisy.csv", rows))
+    assert not prof.settled
+    assert any(u.startswith("compute: its mean is uncertain") for u in prof.unsettled)
+    trace = make_trace(PREFILL, DECODE)
+    predicted = predict(trace, prof, {"cache_mb": [0, 100]})
+    cells = predicted.rename(
+        columns={c: f"{c}_predicted" for c in ("tok_s", "tok_s_low", "tok_s_high",
+                                               "steady_tok_s", "steady_tok_s_low",
+                                               "steady_tok_s_high", "mib_per_token",
+                                               "hit_pct")}
+    )  # fmt: skip
+    cells["tok_s"] = cells["tok_s_predicted"] * 0.1  # measured: -90 %
+    cells["steady_tok_s"] = np.nan
+    cells["mib_per_token"] = cells["mib_per_token_predicted"]
+    cells["hit_pct"] = cells["hit_pct_predicted"]
+    summary = compare_cells(cells, prof)["summary"]
+    assert summary["inside_interval"] == 0
+    assert summary["intervals_too_wide"] == 2
+    assert summary["profile_settled"] is False
+
+
+def test_expert_sizes_from_the_model_file(tmp_path, capsys):
+    """--model GGUF: the expert sizes from its tensor table (the tiny synthetic model: 4
+    layers, each expert the sum of its gate, up and down slices)."""
+    pytest.importorskip("gguf", reason="the gguf package (engine extra) is not installed")
+    from bmoe.engine.embedded.layout import read_layout
+    from bmoe.engine.synth import synth_model
+
+    model = synth_model(tmp_path / "tiny.gguf", "tiny")
+    layout = read_layout(model)
+    path = write(tmp_path / "run.csv", serial_rows(), version=0)
+    out = tmp_path / "p.json"
+    assert main(["profile", str(path), "--model", str(model), "-o", str(out)]) == 0, (
+        capsys.readouterr().err
+    )
+    data = json.loads(out.read_text())
+    expected = {str(layer): layout.expert_bytes(layer) for layer in layout.moe_layers}
+    assert data["model"]["expert_bytes"] == expected
+    assert str(model) in data["model"]["sizes_from"]
+
+
+def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
+    """An io trace at one lane count and an untraced run at another: the table has both,
+    the second from the untraced run's io_ms."""
+    from bmoe.formats.route import read_route_trace
+
+    traced = write(tmp_path / "t.csv", serial_rows())
+    _write_trace(tmp_path / "t.route.csv")
+    io = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=1",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns",
+    ]
+    io += [f"0,1,{3 + i},0,{i % 8},0,0,0,0,1048576,1048576,2000000" for i in range(32)]
+    (tmp_path / "t.io.csv").write_text("\n".join(io) + "\n")
+    wide = write(tmp_path / "w.csv", serial_rows(latency=3.0), io_threads=4)
+    prof = profile_of(traced, wide, trace=read_route_trace(tmp_path / "t.route.csv"))
+    sources = prof.flash.set_index("lanes")["source"]
+    assert sources[1] == "io trace" and sources[4] == "io_ms"

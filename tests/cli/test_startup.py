@@ -1,0 +1,124 @@
+"""The command line imports only what a command needs: ``bmoe --help`` starts without pandas,
+numpy, pyarrow or matplotlib, and the lazy command index matches the commands that exist.
+
+Module imports are checked in a fresh interpreter (a subprocess), since this one has long
+imported everything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+
+from bmoe import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("pandas", "numpy", "pyarrow", "matplotlib", "bmoe.analyze", "bmoe.render.tables")
+
+_PROBE = """
+import contextlib, io, json, sys
+from bmoe.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+_PATHS = """
+import importlib, json, sys
+import typer
+from bmoe import cli
+cli.register(None if sys.argv[1] == "all" else [])
+startup = importlib.import_module("tests.cli.test_startup")
+print(json.dumps(sorted(startup.command_paths(typer.main.get_command(cli.app)))))
+"""
+
+
+def run_probe(*argv: str) -> tuple[int, set[str]]:
+    """Run ``bmoe ARGV`` in a fresh interpreter: (exit code, modules it imported)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "100"},
+    )  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return result["code"], set(result["modules"])
+
+
+def heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+def command_paths(group, prefix: str = "") -> set[str]:
+    """Every command path under a click group (``info``, ``analyze route``, ``analyze decode
+    io``)."""
+    paths = set()
+    for name, command in group.commands.items():
+        path = f"{prefix}{name}"
+        paths.add(path)
+        if hasattr(command, "commands"):  # a group
+            paths |= command_paths(command, path + " ")
+    return paths
+
+
+def test_help_imports_no_heavy_module() -> None:
+    code, modules = run_probe("--help")
+    assert code == 0
+    assert heavy(modules) == []
+
+
+def test_a_lazy_command_imports_its_module_only() -> None:
+    code, modules = run_probe("analyze", "route", "--help")
+    assert code == 0
+    assert "bmoe.cli.route" in modules
+    assert "bmoe.cli.replay" not in modules and "bmoe.cli.runs" not in modules
+
+
+def test_modules_for_a_command_line() -> None:
+    lazy = set(cli.LAZY_COMMANDS.values())
+    eager = [m for m in cli.COMMAND_MODULES if m not in lazy]
+    assert cli.modules_for(None) == list(cli.COMMAND_MODULES)
+    assert cli.modules_for([]) == eager
+    assert cli.modules_for(["info", "x.csv"]) == eager
+    route = cli.modules_for(["analyze", "route", "-f", "json", "t.csv"])
+    assert set(route) == {*eager, "bmoe.cli.route"}
+    # the group alone, or a command the index does not know: every lazy module of the group
+    everything = {*eager, *(m for p, m in cli.LAZY_COMMANDS.items() if p.startswith("analyze "))}
+    assert set(cli.modules_for(["analyze", "--help"])) == everything
+    assert set(cli.modules_for(["analyze", "rout"])) == everything
+    assert set(cli.modules_for(["export"])) == {*eager, "bmoe.cli.op_traces"}
+
+
+def test_lazy_index_names_exactly_the_lazy_modules_commands() -> None:
+    """Every command a lazy module registers is reachable through the index (it would be
+    missing when not named otherwise), and every indexed path is a real command."""
+
+    def paths(which: str) -> set[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", _PATHS, which],
+            capture_output=True, text=True, check=True, cwd=ROOT,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        return set(json.loads(out.stdout))
+
+    every, eager = paths("all"), paths("eager")
+    assert set(cli.LAZY_COMMANDS) <= every
+    only_lazy = every - eager
+    for path in only_lazy:
+        assert any(path == p or path.startswith(p + " ") for p in cli.LAZY_COMMANDS), path
+
+
+def test_help_text_names_match_the_library() -> None:
+    from bmoe.cli.formats import TARGETS
+    from bmoe.formats.convert import TARGETS as CONVERT_TARGETS
+    from bmoe.render.outputs import FORMATS
+    from bmoe.render.tables import FORMATS as TABLE_FORMATS
+
+    assert TARGETS == CONVERT_TARGETS
+    assert FORMATS is TABLE_FORMATS
+    cli.register()
+    assert {"info", "analyze route", "export trace"} <= command_paths(
+        typer.main.get_command(cli.app)
+    )

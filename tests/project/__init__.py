@@ -1,0 +1,1 @@
+"""Whole-project checks: the README commands, the notebooks, module sizes."""

@@ -1,0 +1,36 @@
+"""The tests mirror the package: each test module sits in the folder of the package it tests
+(``tests/analyze/`` for ``bmoe/analyze``, ...) or in ``tests/project/`` for the checks of the
+whole repository; the shared helpers stay at the top of ``tests/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+PACKAGE = TESTS.parent / "bmoe"
+
+#: Test modules still at the top of tests/, each to move into its package's folder.
+AT_THE_TOP = {
+    "test_fuzz_cli.py",
+    "test_hostile_inputs_round2.py",
+    "test_outputs.py",
+    "test_profile_schema.py",
+    "test_sweep_lock.py",
+}
+
+
+def test_test_modules_sit_in_the_folder_of_their_package() -> None:
+    folders = {p.parent for p in TESTS.rglob("test_*.py")} - {TESTS}
+    assert len(folders) >= 7  # the tests were found
+    for folder in folders:
+        assert folder.parent == TESTS, f"{folder}: one level of folders, named after a package"
+        assert folder.name == "project" or (PACKAGE / folder.name / "__init__.py").is_file(), (
+            f"tests/{folder.name}/ is named after no package of bmoe"
+        )
+        # each folder is a package, so that test modules of one name in two folders do not clash
+        assert (folder / "__init__.py").is_file(), f"tests/{folder.name}/ has no __init__.py"
+
+
+def test_no_test_module_is_left_at_the_top() -> None:
+    top = {p.name for p in TESTS.glob("test_*.py")}
+    assert top <= AT_THE_TOP, f"move into tests/<package>/: {sorted(top - AT_THE_TOP)}"

@@ -1,0 +1,61 @@
+"""The flash probe through the local target: dd O_DIRECT reads at sizes and lane counts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bmoe.errors import BmoeError
+from bmoe.sweep.probe import probe, target_spec
+
+
+def test_target_spec_names_the_transports() -> None:
+    assert target_spec("local").kind == "local"
+    adb = target_spec("adb:R5CT")
+    assert (adb.kind, adb.serial) == ("adb", "R5CT")
+    ssh = target_spec("ssh:me@phone:2222")
+    assert (ssh.kind, ssh.user, ssh.host, ssh.port) == ("ssh", "me", "phone", 2222)
+    with pytest.raises(BmoeError, match="name a target"):
+        target_spec("usb")
+
+
+def test_local_probe_measures_every_size_and_lane_count(tmp_path: Path) -> None:
+    data = tmp_path / "blob.bin"
+    data.write_bytes(os.urandom(2 << 20))
+    table = probe("local", str(data), tmp_path / "state", [65536, 131072], [1, 2],
+                  reads=4, repeats=2)  # fmt: skip
+    assert sorted(zip(table["lanes"], table["req_bytes"], strict=True)) == [
+        (1, 65536), (1, 131072), (2, 65536), (2, 131072),
+    ]  # fmt: skip
+    assert (table["latency_ms"] > 0).all()
+    assert (table["latency_ms_p10"] <= table["latency_ms_p90"]).all()
+    assert table["reads"].tolist() == [8, 16, 8, 16]  # reads per lane x lanes x repeats
+
+
+def test_probe_of_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(BmoeError, match="cannot read"):
+        probe("local", str(tmp_path / "nope.bin"), tmp_path / "state", [4096], [1])
+
+
+def test_probe_replaces_the_flash_latencies_and_keeps_the_engine_overhead() -> None:
+    import pandas as pd
+
+    from bmoe.analyze.profile import with_probe
+    from tests.analyze.test_predict import round_profile
+
+    flash = [
+        {"lanes": 1, "req_bytes": 1 << 20, "latency_ms": 2.0, "batch_overhead_ms": 0.5, "reads": 1},
+        {"lanes": 4, "req_bytes": 1 << 20, "latency_ms": 4.0, "batch_overhead_ms": 1.5, "reads": 1},
+    ]
+    probed = pd.DataFrame(
+        {"lanes": [1, 2, 4], "req_bytes": [1 << 20] * 3, "latency_ms": [1.0, 1.5, 3.0],
+         "latency_ms_p10": [0.9, 1.4, 2.8], "latency_ms_p90": [1.1, 1.6, 3.2],
+         "batch_overhead_ms": 0.0, "mib_s": [1000.0, 1300.0, 1300.0], "reads": [9, 9, 9]}
+    )  # fmt: skip
+    out = with_probe(round_profile(flash=flash), probed, "local (blob.bin)")
+    assert out.flash["latency_ms"].tolist() == [1.0, 1.5, 3.0]
+    # the overhead at 2 lanes interpolates the runs' 0.5 (1 lane) and 1.5 (4 lanes)
+    assert out.flash["batch_overhead_ms"].tolist() == pytest.approx([0.5, 0.5 + 1 / 3, 1.5])
+    assert "probe on local (blob.bin)" in out.caveats[-1]

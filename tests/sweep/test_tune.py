@@ -1,0 +1,548 @@
+"""``bmoe tune``: the configuration, the decisions, and whole tunes on the embedded engine.
+
+The decision layer is checked on hand-made tables (what it must choose follows from the
+rules in :mod:`bmoe.analyze.tune`, worked out here); whole tunes run the generated tiny model:
+the recommendation never breaks a constraint, the budget holds, a SIGKILL loses no finished
+run and repeats none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sweep_helpers import manifest, sweep_folder, write_config
+
+from bmoe.analyze.tune import (
+    Constraint,
+    decide,
+    estimates,
+    excluded_by_fidelity,
+    measured_cells,
+    ratio_at,
+    t_at,
+)
+from bmoe.analyze.verdict import ratio_interval
+from bmoe.errors import BmoeError
+from bmoe.sweep.config import parse_config
+from bmoe.sweep.plan import expand
+from bmoe.sweep.tune_config import load_tune_config, parse_tune_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE = """
+[sweep]
+name = "t"
+engine = "{engine}"
+
+[base]
+model = "m.gguf"
+n_predict = {n}
+moe_stream = true
+
+[grid]
+cache_mb = [1, 2]
+"""
+
+
+def _parse(tune: str, engine: str = "embedded", n: int = 64, grid: str = ""):
+    return parse_tune_config(
+        BASE.format(engine=engine, n=n) + grid + "\n[tune]\n" + tune, "tune.toml"
+    )
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def test_an_objective_the_engine_cannot_produce_is_refused() -> None:
+    with pytest.raises(BmoeError, match=r"tune.toml:\d+: tune.objective: 'tok_per_joule'"):
+        _parse('objective = "tok_per_joule"')
+    # a 16-token decode has no steady state (the run analysis needs 32 tokens)
+    with pytest.raises(BmoeError, match="steady_tok_s needs n_predict >= 32"):
+        _parse('objective = "steady_tok_s"', n=16)
+    assert _parse('objective = "steady_tok_s"', n=64).tune.objective == "steady_tok_s"
+    # the KL divergence is measured teacher-forced, by the embedded engine only
+    with pytest.raises(BmoeError, match="the native engine gives the identical-token share"):
+        _parse("[tune.constraints]\nmax_fidelity_kl = 0.1", engine="native")
+    assert _parse("min_fidelity = 0.9", engine="native").tune.needs_fidelity
+
+
+def test_budgets_constraints_and_ranges_parse() -> None:
+    cfg = _parse(
+        'budget = "20 min"\nmax_rss_mb = 900\nmin_fidelity = 0.95\n'
+        "[tune.constraints]\nmax_fidelity_kl = 0.05\nmin_cache_hit_pct = 40"
+    )
+    assert cfg.tune.budget_s == 1200 and cfg.tune.budget_runs is None
+    assert {c.text() for c in cfg.tune.constraints} == {
+        "rss_mb <= 900",
+        "fidelity >= 0.95",
+        "fidelity_kl <= 0.05",
+        "cache_hit_pct >= 40",
+    }
+    assert _parse("budget = 14").tune.budget_runs == 14
+    assert _parse('budget = "9 runs"').tune.budget_runs == 9
+    for bad in ('budget = "fast"', "budget = 0", "confidence = 1.5", 'trace = "nope.csv"'):
+        with pytest.raises(BmoeError, match=r"tune.toml:\d+: tune\."):
+            _parse(bad)
+    with pytest.raises(BmoeError, match="'prompt' must be the same"):
+        _parse("", grid='prompt = ["a", "b"]')
+    quantised = BASE.format(engine="embedded", n=64).replace('model = "m.gguf"\n', "")
+    quantised += 'model = ["q4.gguf", "f16.gguf"]\n[tune]\nmin_fidelity = 0.9\n'
+    with pytest.raises(BmoeError, match=r"grid.model: .*\[tune.reference\] model"):
+        parse_tune_config(quantised)
+    cfg = parse_tune_config(quantised + '[tune.reference]\nmodel = "f16.gguf"\n')
+    assert cfg.tune.reference == {"model": "f16.gguf"}
+
+
+def test_a_numeric_range_axis_expands_like_the_list() -> None:
+    text = BASE.format(engine="embedded", n=8).replace(
+        "cache_mb = [1, 2]",
+        "cache_mb = { from = 1, to = 16, times = 2 }\nio_threads = { from = 1, to = 4, step = 1 }",
+    )
+    cfg = parse_config(text)
+    assert cfg.grid == {"cache_mb": [1, 2, 4, 8, 16], "io_threads": [1, 2, 3, 4]}
+    assert len(expand(cfg)) == 20
+    with pytest.raises(BmoeError, match="one of 'step' or 'times'"):
+        parse_config(text.replace("times = 2", "times = 2, step = 1"))
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+#: Two-sided 95 % quantiles of Student's t from a printed table (dof: value).
+T_TABLE_95 = {1: 12.706, 2: 4.303, 3: 3.182, 5: 2.571, 10: 2.228, 20: 2.086, 30: 2.042}
+
+
+def test_t_quantiles_match_a_printed_table() -> None:
+    for dof, expected in T_TABLE_95.items():
+        assert t_at(0.95, dof) == pytest.approx(expected, abs=5e-4)
+    assert t_at(0.99, 1) == pytest.approx(63.657, abs=1e-3)  # a textbook value
+    assert t_at(0.90, 10) == pytest.approx(1.812, abs=1e-3)
+
+
+def test_the_ratio_is_the_verdict_layers_at_95_and_wider_at_99() -> None:
+    args = (100.0, 5.0, 4, 90.0, 6.0, 5)
+    expected = tuple(float(x[0]) for x in ratio_interval(*([a] for a in args)))
+    assert ratio_at(0.95, *args) == pytest.approx(expected)
+    r, low, high = ratio_at(0.99, *args)
+    assert r == pytest.approx(expected[0]) and low < expected[1] and high > expected[2]
+
+
+# ----------------------------------------------------------------------------- decisions
+
+CON = (Constraint("fidelity", "min", 0.9),)
+
+
+def _results(rows: list[tuple[str, float, float]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"cell": c, "status": "ok", "tok_s_reported": v, "fidelity": f} for c, v, f in rows]
+    )
+
+
+def _candidates(cells: dict[str, tuple[float, float]], predicted: dict[str, float]):
+    return pd.DataFrame(
+        [
+            {
+                "cell": c,
+                "cache_mb": cache,
+                "drop_cold_experts": drop,
+                "predicted": predicted.get(c, np.nan),
+                "predicted_low": predicted.get(c, np.nan) * 0.9,
+                "predicted_high": predicted.get(c, np.nan) * 1.1,
+            }
+            for c, (cache, drop) in cells.items()
+        ]
+    )
+
+
+def test_the_fastest_cell_breaking_a_constraint_is_never_the_incumbent() -> None:
+    results = _results([("fast", 300, 0.5)] * 3 + [("ok", 200, 1.0)] * 3)
+    m = measured_cells(results, ["fast", "ok"], "tok_s_reported", False, CON)
+    feasible = dict(zip(m["cell"], m["feasible"], strict=True))
+    assert feasible == {"fast": False, "ok": True}
+    table = estimates(_candidates({"fast": (8, 1.0), "ok": (8, 0.0)}, {}), m, 0.95)
+    d = decide(table, feasible, {}, confidence=0.95, slots=2)
+    assert d.incumbent == "ok" and d.settled
+
+
+def test_a_constraint_column_never_measured_does_not_count_as_met() -> None:
+    results = _results([("a", 300, np.nan)] * 3)
+    m = measured_cells(results, ["a"], "tok_s_reported", False, CON)
+    assert not m["feasible"].iloc[0] and "not measured" in m["broken"].iloc[0]
+
+
+def test_the_worst_run_decides_feasibility() -> None:
+    results = _results([("a", 300, 0.95), ("a", 310, 0.85), ("a", 305, 0.99)])
+    m = measured_cells(results, ["a"], "tok_s_reported", False, CON)
+    assert not m["feasible"].iloc[0] and "0.85 breaks fidelity >= 0.9" in m["broken"].iloc[0]
+
+
+def test_a_lossier_cell_than_one_that_broke_fidelity_is_excluded() -> None:
+    cells = {
+        "c4d5": (4, 0.5),
+        "c4d1": (4, 1.0),
+        "c2d1": (2, 1.0),
+        "c8d1": (8, 1.0),
+        "c4d0": (4, 0.0),
+    }
+    m = measured_cells(_results([("c4d5", 100, 0.8)]), list(cells), "tok_s_reported", False, CON)
+    out = excluded_by_fidelity(_candidates(cells, {}), ["cache_mb", "drop_cold_experts"], m, CON)
+    # more dropping at the same or a smaller cache: excluded; a larger cache or less dropping
+    # may keep more of the output, so they stay
+    assert set(out) == {"c4d1", "c2d1"}
+
+
+def test_unmeasured_cells_whose_interval_reaches_the_best_are_run_first() -> None:
+    cells = {c: (v, 0.0) for c, v in {"best": 8, "near": 6, "far": 1}.items()}
+    predicted = {"best": 100.0, "near": 95.0, "far": 10.0}
+    results = _results([("best", 100.0, 1.0), ("best", 101.0, 1.0), ("best", 99.0, 1.0)])
+    m = measured_cells(results, list(cells), "tok_s_reported", False, CON)
+    table = estimates(_candidates(cells, predicted), m, 0.95)
+    d = decide(
+        table, dict(zip(m["cell"], m["feasible"], strict=True)), {}, confidence=0.95, slots=3
+    )
+    assert d.incumbent == "best" and not d.settled
+    assert [c for c, _ in d.chosen] == ["near"]  # "far" cannot reach it, "best" has 3 runs
+
+
+def test_settled_when_every_contender_is_measured_and_worse() -> None:
+    cells = {"a": (8, 0.0), "b": (6, 0.0)}
+    results = _results(
+        [("a", v, 1.0) for v in (100, 101, 99)] + [("b", v, 1.0) for v in (80, 81, 79)]
+    )
+    m = measured_cells(results, list(cells), "tok_s_reported", False, CON)
+    table = estimates(_candidates(cells, {"a": 100.0, "b": 95.0}), m, 0.95)
+    d = decide(
+        table, dict(zip(m["cell"], m["feasible"], strict=True)), {}, confidence=0.95, slots=3
+    )
+    assert d.settled and d.runner_up == "b" and d.distinguishable and not d.chosen
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(10, 1000), st.floats(0, 1), st.integers(0, 3)), min_size=1, max_size=8
+    )
+)
+def test_the_incumbent_is_never_a_cell_known_to_break_a_constraint(cells) -> None:
+    rows, names = [], []
+    for i, (speed, fid, n) in enumerate(cells):
+        names.append(f"c{i}")
+        rows += [(f"c{i}", speed * (1 + 0.01 * k), fid) for k in range(n)]
+    m = measured_cells(_results(rows), names, "tok_s_reported", False, CON)
+    spec = {c: (1.0 + i, 0.0) for i, c in enumerate(names)}
+    table = estimates(_candidates(spec, {c: 100.0 for c in names}), m, 0.95)
+    feasible = dict(zip(m["cell"], m["feasible"], strict=True)) if len(m) else {}
+    d = decide(table, feasible, {}, confidence=0.95, slots=3)
+    if any(feasible.values()):
+        assert feasible.get(d.incumbent) is True
+    if d.settled:
+        assert feasible.get(d.incumbent) is True
+    assert all(feasible.get(c) is not False for c, _ in d.chosen)
+
+
+# ----------------------------------------------------------------------------- whole tunes
+
+
+def _engine_missing() -> str | None:
+    for module in ("bmoe.engine.synth", "llama_cpp"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not available"
+    return None
+
+
+needs_engine = pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from bmoe.engine.synth import synth_model
+
+    return Path(synth_model(tmp_path_factory.mktemp("model") / "tiny.gguf", preset="tiny"))
+
+
+def _tune_config(tmp_path: Path, model: Path, tune: str, n_predict: int = 16) -> Path:
+    return write_config(
+        tmp_path,
+        f"""\
+        [sweep]
+        name = "tt"
+        engine = "embedded"
+        output = "{tmp_path / "out"}"
+        timeout_s = 300
+
+        [base]
+        model = "{model}"
+        n_predict = {n_predict}
+        threads = 1
+        moe_stream = true
+
+        [grid]
+        cache_mb = [1, 2, 8]
+        drop_cold_experts = [0.0, 1.0]
+
+        [tune]
+        {tune}
+        """,
+        name="tune.toml",
+    )
+
+
+def _tune(cfg: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bmoe", "tune", str(cfg), "--plain", *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+@pytest.mark.parametrize("budget", [5])
+def test_a_tune_keeps_its_budget_and_recommends_only_a_feasible_cell(tmp_path, tiny, budget):
+    cfg = _tune_config(tmp_path, tiny, f"budget = {budget}\nmin_fidelity = 0.99\nper_round = 2")
+    proc = _tune(cfg)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), err.decode()
+    root = sweep_folder(tmp_path / "out")
+    lines = manifest(root)
+    assert len(lines) <= budget  # the calibration run counts
+    state = json.loads((root / "tune.json").read_text())
+    assert state["result"]["used_runs"] == len(lines)
+    assert state["result"]["stop"]["reason"] in ("budget", "settled", "exhausted")
+    assert "stopped:" in out.decode()
+    best = state["result"]["best"]
+    if best is not None:  # every run of the recommended cell keeps the fidelity floor
+        from bmoe.sweep.archive import load_results
+
+        results = load_results(root)
+        mine = results[(results["cell"] == best["cell"]) & (results["status"] == "ok")]
+        assert len(mine) and (mine["fidelity"] >= 0.99).all()
+        assert "--cache-mb" in best["command"] and "[base]" in best["toml"]
+    # the folder is a sweep archive the analyses read
+    report = tmp_path / "tune.html"
+    for command in (["analyze", "sweep", str(root)], ["report", str(root), "-o", str(report)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "bmoe", *command], cwd=ROOT, capture_output=True, check=False
+        )
+        assert done.returncode == 0, done.stderr.decode()
+    assert "Speed against fidelity" in report.read_text(encoding="utf-8")  # the report plots it
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_tune_killed_mid_run_resumes_without_repeating_a_finished_run(tmp_path, tiny):
+    cfg = _tune_config(tmp_path, tiny, "budget = 9\nper_round = 3", n_predict=48)
+    proc = _tune(cfg)
+    out = tmp_path / "out"
+    deadline = time.monotonic() + 600
+    root = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the tune ended before it could be killed: {proc.stderr.read()!r}")
+        if out.is_dir() and any(out.iterdir()):
+            root = sweep_folder(out)
+            ok = [r for r in manifest(root) if r["status"] == "ok"]
+            if len(ok) >= 3 and list((root / "cells").glob("*/.*.staging")):
+                break
+        time.sleep(0.05)
+    assert root is not None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = {r["run"]: r["started"] for r in manifest(root) if r["status"] == "ok"}
+    proc = _tune(root)
+    _out, err = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), err.decode()
+    lines = manifest(root)
+    ok = [r["run"] for r in lines if r["status"] == "ok"]
+    assert len(ok) == len(set(ok))  # no run completed twice
+    for run_id, started in before.items():  # a finished run was not run again
+        assert [r["started"] for r in lines if r["run"] == run_id and r["status"] == "ok"] == [
+            started
+        ]
+    assert [r["status"] for r in lines].count("killed") == 1
+    state = json.loads((root / "tune.json").read_text())
+    assert {r["run"] for r in state["runs"]} <= set(ok)
+    assert len(lines) <= 9 + 1  # the budget, and the attempt the kill cut short
+
+
+def test_load_tune_config_reads_the_example(tmp_path) -> None:
+    cfg = load_tune_config(ROOT / "sweeps" / "tiny-tune.toml")
+    assert len(expand(cfg.sweep)) == 48
+    assert cfg.tune.budget_runs == 14 and cfg.tune.constraints[0].text() == "fidelity >= 0.9"
+    assert math.isclose(cfg.tune.confidence, 0.95)
+
+
+# ----------------------------------------------------------------------------- native fidelity
+
+
+def _run_out(path: Path, pieces: list[str]) -> None:
+    from bmoe.formats.protocol import format_event
+
+    lines = [
+        format_event(
+            "PROGRESS", {"step": i + 1, "steps": len(pieces), "wall_ms": 1.0, "delta_text": p}
+        )
+        for i, p in enumerate(pieces)
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("loading\n" + "\n".join(lines) + "\n=== perf ===\n", encoding="utf-8")
+
+
+def test_generated_tokens_against_the_reference_give_the_share_and_first_divergence(
+    tmp_path,
+) -> None:
+    from bmoe.analyze.fidelity import token_agreement
+    from bmoe.sweep.tune import native_fidelity, output_pieces
+
+    ref = ["The", " router", " picks", " two", " experts", "."]
+    _run_out(tmp_path / "ref" / "run.out", ref)
+    assert output_pieces(tmp_path / "ref" / "run.out") == ref
+    # 4 of 6 positions agree; the first difference is at step 3; a run cut short counts its
+    # missing steps as different
+    assert token_agreement(ref, ["The", " router", " chose", " two", " experts", "!"]) == {
+        "fidelity": 4 / 6,
+        "fidelity_first_miss": 3.0,
+        "fidelity_steps": 6.0,
+    }
+    assert token_agreement(ref, ref)["fidelity"] == 1.0
+    assert token_agreement(ref, ref)["fidelity_first_miss"] == 0.0
+    assert token_agreement(ref, ref[:3])["fidelity"] == 0.5
+    _run_out(tmp_path / "cells" / "a" / "r1" / "run.out", [*ref[:5], "?"])
+    results = pd.DataFrame(
+        [
+            {"run": "a/r1", "cell": "a", "status": "ok", "dir": "cells/a/r1"},
+            {"run": "b/r1", "cell": "b", "status": "crashed", "dir": None},
+        ]
+    )
+    out = native_fidelity(
+        results, tmp_path, {"reference_output": str(tmp_path / "ref" / "run.out")}
+    )
+    assert out.at[0, "fidelity"] == pytest.approx(5 / 6) and out.at[0, "fidelity_first_miss"] == 6
+    assert np.isnan(out.at[1, "fidelity"])
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_constraint_on_a_column_the_engine_does_not_produce_is_refused(tmp_path, tiny):
+    cfg = _tune_config(tmp_path, tiny, "budget = 3\n[tune.constraints]\nmin_tok_per_joule = 3")
+    proc = _tune(cfg)
+    _out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2
+    assert "min_tok_per_joule: the runs have no column 'tok_per_joule'" in err.decode()
+    assert "tok_s_reported" in err.decode()  # the columns it could constrain are named
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_device_time_budget_is_kept(tmp_path, tiny):
+    cfg = _tune_config(tmp_path, tiny, 'budget = "12 s"\nper_round = 2')
+    proc = _tune(cfg)
+    _out, err = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), err.decode()
+    state = json.loads((sweep_folder(tmp_path / "out") / "tune.json").read_text())
+    used = sum(r.get("duration_s") or 0 for r in manifest(sweep_folder(tmp_path / "out")))
+    assert state["result"]["used_device_s"] == pytest.approx(used, abs=0.1)
+    assert used <= 12.0
+    assert state["result"]["stop"]["reason"] in ("budget", "settled", "exhausted")
+
+
+def test_before_any_cell_is_known_feasible_the_best_lossless_cell_runs_too() -> None:
+    cells = {"drop": (8, 1.0), "drop2": (6, 1.0), "keep": (8, 0.0), "keep_small": (2, 0.0)}
+    predicted = {"drop": 300.0, "drop2": 290.0, "keep": 200.0, "keep_small": 50.0}
+    m = measured_cells(_results([]), list(cells), "tok_s_reported", False, CON)
+    table = estimates(_candidates(cells, predicted), m, 0.95)
+    d = decide(table, {}, {}, confidence=0.95, slots=2, lossless=["keep", "keep_small"])
+    # the predicted best, then the best cell a fidelity floor cannot fail
+    assert [c for c, _ in d.chosen] == ["drop", "keep"]
+
+
+def test_speed_against_fidelity_marks_the_cells_no_other_beats_on_both() -> None:
+    from bmoe.analyze.fidelity import speed_fidelity
+
+    results = pd.DataFrame(
+        [
+            {"cell": c, "status": "ok", "tok_s_mean": v, "fidelity": f, "fidelity_kl": k}
+            for c, v, f, k in [
+                ("exact", 100, 1.0, 0.0),
+                ("exact", 110, 1.0, 0.0),
+                ("drop", 200, 0.7, 0.5),
+                ("both_worse", 90, 0.6, 0.9),
+                ("mid", 150, 0.9, 0.1),
+                ("mid", 150, 0.8, 0.2),
+            ]
+        ]
+    )
+    table = speed_fidelity(results).set_index("cell")
+    assert table.loc["exact", "tok_s_mean"] == 105 and table.loc["mid", "fidelity"] == 0.8
+    assert table.loc["mid", "fidelity_kl"] == 0.2  # the worst run
+    assert table["frontier"].to_dict() == {
+        "drop": True,
+        "mid": True,
+        "exact": True,
+        "both_worse": False,
+    }
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_given_trace_and_profile_replace_the_calibration_run(tmp_path, tiny):
+    from bmoe.analyze.profile import build_profile, read_runs
+    from bmoe.engine.embedded.config import EngineConfig
+    from bmoe.engine.embedded.run import run_engine
+    from bmoe.formats.profile import write_profile
+
+    made = tmp_path / "made"
+    made.mkdir()
+    run_engine(EngineConfig(model=str(tiny), n_predict=16, threads=1, moe_stream=True,
+                            cache_mb=1, csv=str(made / "run.csv"),
+                            route_trace=str(made / "run.route.csv"),
+                            io_trace=str(made / "run.io.csv")))  # fmt: skip
+    write_profile(build_profile(read_runs([made])), tmp_path / "device.json")
+    cfg = write_config(tmp_path, f"""\
+        [sweep]
+        name = "given"
+        engine = "embedded"
+        output = "{tmp_path / "out"}"
+
+        [base]
+        model = "{tiny}"
+        n_predict = 16
+        threads = 1
+        moe_stream = true
+
+        [grid]
+        cache_mb = [1, 2, 8]
+
+        [tune]
+        budget = 3
+        trace = "{made / "run.route.csv"}"
+        profile = "{tmp_path / "device.json"}"
+        """, name="tune.toml")  # fmt: skip
+    proc = _tune(cfg)
+    _out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()
+    root = sweep_folder(tmp_path / "out")
+    assert not [r for r in manifest(root) if r["cell"].startswith("calibrate")]
+    state = json.loads((root / "tune.json").read_text())
+    assert state["calibration"]["trace"] == str(made / "run.route.csv")
+    assert len(manifest(root)) <= 3 and state["result"]["best"] is not None
+    # every run the tune chose was predicted from the given profile
+    assert all(r["predicted"] is not None for r in state["runs"])
