@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from sweep_helpers import manifest, sweep_folder
-from test_sweep_integrity import _wait_for, make_sweep
 
 from bmoe.sweep import lock as lockmod
 from bmoe.sweep.lock import SweepBusy, folder_lock, name_lock
+from tests.sweep.test_integrity import _wait_for, make_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 
