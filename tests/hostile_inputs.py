@@ -5,7 +5,7 @@ a real engine file with one thing done to it (cut, bytes flipped, garbage lines,
 binary noise, markup-looking text), or with one value set outside the telemetry contract
 (ids beyond ``n_expert``, sizes beyond int64, preamble values empty / ``x`` / ``nan`` / huge /
 negative, ``wall_ms`` of nan, inf or 0), plus damaged sweep folders. ``commands`` pairs
-every case with the commands that take such a file. Used by tests/test_fuzz_cli.py and
+every case with the commands that take such a file. Used by tests/cli/test_fuzz.py and
 benchmarks/robustness.py.
 """
 

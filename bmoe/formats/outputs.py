@@ -3,7 +3,7 @@ inputs (a link to an input, or another name of it, counts as the input), and ove
 file only when asked (``--force``).
 
 Every command that writes goes through :func:`check_output` (or :func:`check_outputs` for
-several files) before it does any work; ``tests/test_outputs.py`` enumerates the commands'
+several files) before it does any work; ``tests/formats/test_outputs.py`` enumerates the commands'
 path options and fails on a writer that is not checked.
 """
 

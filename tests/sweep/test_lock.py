@@ -20,7 +20,7 @@ from bmoe.sweep import lock as lockmod
 from bmoe.sweep.lock import SweepBusy, folder_lock, name_lock
 from tests.sweep.test_integrity import _wait_for, make_sweep
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sweep(cfg: Path, tmpdir: Path, *extra: str) -> subprocess.Popen:
