@@ -98,8 +98,11 @@ def test_the_openmp_wait_is_set_before_llama_cpp_loads_unless_the_user_chose(mon
     monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
     env: dict[str, str] = {}
     assert prepare_openmp(False, env) is None and env == {}  # plain llama.cpp is left alone
-    assert prepare_openmp(True, env) == "OMP_WAIT_POLICY=PASSIVE"
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert prepare_openmp(True, env) == "GOMP_SPINCOUNT=3000"  # a short spin, then sleep
+    assert env == {"GOMP_SPINCOUNT": "3000"}
+    passive = {"BMOE_OMP_WAIT": "passive"}
+    assert prepare_openmp(True, passive) == "OMP_WAIT_POLICY=PASSIVE"
+    assert passive["OMP_WAIT_POLICY"] == "PASSIVE"
     mine = {"GOMP_SPINCOUNT": "300"}
     assert prepare_openmp(True, mine) is None and mine == {"GOMP_SPINCOUNT": "300"}
     spin = {"BMOE_OMP_WAIT": "1000"}
