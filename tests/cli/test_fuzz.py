@@ -77,7 +77,9 @@ def test_sweep_commands_on_damaged_folders(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_history_of_damaged_folders(tmp_path: Path) -> None:
+def test_history_of_damaged_folders(corpus: Path, tmp_path: Path) -> None:
+    """Every sweep command, the newer ones included, on each damaged sweep folder (the newer
+    ones take the corpus's route trace beside the folder, so the test needs the corpus)."""
     if not SWEEP.is_dir():
         pytest.skip("no archived sweep in bench-data")
     cases = sweep_cases(SWEEP)
