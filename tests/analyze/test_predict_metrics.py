@@ -625,3 +625,47 @@ def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
     prof = profile_of(traced, wide, trace=read_route_trace(tmp_path / "t.route.csv"))
     sources = prof.flash.set_index("lanes")["source"]
     assert sources[1] == "io trace" and sources[4] == "io_ms"
+
+
+def _rows_reading(reads_even: int, reads_odd: int, compute: float, n: int = 32) -> list[dict]:
+    """Serial tokens at one lane as in serial_rows, reading `reads_even` / `reads_odd` experts
+    of 1 MiB, with `compute` ms of compute each."""
+    out = []
+    for i in range(n):
+        reads = reads_even if i % 2 == 0 else reads_odd
+        io, m = 1.0 + 2.0 * reads, 1.0 + 0.5 * reads
+        out.append({
+            "wall_ms": compute + io + m, "io_ms": io, "compute_ms": compute,
+            "read_bytes": reads * MIB, "cache_hit_pct": 50.0, "stall_ms": 0.0, "mgmt_ms": m,
+            "majflt": 0, "cpu_ms": compute * 2,
+        })  # fmt: skip
+    return out
+
+
+def test_compute_follows_the_read_volume_between_runs_hand_worked(tmp_path):
+    """Two runs reading 3 and 6 MiB a token with 10 and 16 ms of compute: the profile keeps
+    one compute point per read volume, and a configuration reading 4.5 MiB a token is priced
+    at the interpolated 13 ms; beyond the points the nearest one holds (no extrapolation).
+    One read volume keeps the single figure."""
+    from bmoe.analyze.predict.timing import compute_at
+
+    a = write(tmp_path / "a.csv", _rows_reading(4, 2, 10.0), cache_mb=3)
+    b = write(tmp_path / "b.csv", _rows_reading(8, 4, 16.0), cache_mb=1)
+    prof = profile_of(a, b)
+    assert prof.compute["by_read"] == [
+        {"read_mib": pytest.approx(3.0), "token_ms": pytest.approx(10.0)},
+        {"read_mib": pytest.approx(6.0), "token_ms": pytest.approx(16.0)},
+    ]
+    assert prof.compute["token_ms"] == pytest.approx(13.0)  # the mean of every token
+    assert compute_at(prof.compute, 4.5) == pytest.approx(13.0)
+    assert compute_at(prof.compute, 1.0) == pytest.approx(10.0)
+    assert compute_at(prof.compute, 12.0) == pytest.approx(16.0)
+    # the points survive the JSON and the schema
+    out = tmp_path / "p.json"
+    write_profile(prof, out)
+    assert read_profile(out).compute["by_read"] == prof.compute["by_read"]
+    # runs of one read volume (within 25 %): one figure, as before
+    c = write(tmp_path / "c.csv", _rows_reading(4, 3, 12.0), cache_mb=2)
+    single = profile_of(a, c)
+    assert "by_read" not in single.compute
+    assert compute_at(single.compute, 9.0) == pytest.approx(single.compute["token_ms"])

@@ -157,6 +157,17 @@ def _spread(
     return sd_ms / token_ms if token_ms > 0 else 0.0
 
 
+def compute_at(compute: Mapping[str, Any], read_mib: float) -> float:
+    """A profile's compute per token for a configuration that reads `read_mib` a token: its
+    ``by_read`` points interpolated (the nearest point's beyond them), else ``token_ms``."""
+    points = compute.get("by_read") or []
+    if len(points) < 2 or not np.isfinite(read_mib):
+        return float(compute["token_ms"])
+    xs = [float(p["read_mib"]) for p in points]
+    ys = [float(p["token_ms"]) for p in points]
+    return float(np.interp(read_mib, xs, ys))
+
+
 def predict_cell(
     profile: DeviceProfile,
     reads: CellReads,
@@ -176,12 +187,13 @@ def predict_cell(
     c = profile.compute
     faults, _note = memory_faults(profile, cache_mb) if cache_mb is not None else (0.0, None)
     fault_ms = faults * float(profile.memory.get("ms_per_fault", 0.0))
-    mid = token_times(
-        profile, reads, lanes, compute_ms=c["token_ms"], overlap=overlap, fault_ms=fault_ms
-    )
     n = max(reads.n_tokens, 1)
     per_expert = np.vectorize(lambda layer: read_bytes[int(layer)], otypes=[np.float64])
     moved = (reads.misses + reads.prefetched) * per_expert(reads.layer) if len(reads.layer) else 0
+    compute_ms = compute_at(c, float(np.sum(moved)) / n / MIB)
+    mid = token_times(
+        profile, reads, lanes, compute_ms=compute_ms, overlap=overlap, fault_ms=fault_ms
+    )
     wall = float(mid["wall_ms"].sum())
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
@@ -226,4 +238,4 @@ def predict_cell(
     }
 
 
-__all__ = ["memory_faults", "predict_cell", "token_times"]
+__all__ = ["compute_at", "memory_faults", "predict_cell", "token_times"]
