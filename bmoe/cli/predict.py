@@ -264,6 +264,11 @@ def _show_profile(profile, fmt: str) -> None:
             "moe_layers": len(profile.model["expert_bytes"]) or None,
             "compute ms/token": profile.compute["token_ms"],
             "compute from": profile.compute.get("source"),
+            "compute by MiB read/token": ", ".join(
+                f"{p['token_ms']:.3g} ms at {p['read_mib']:.3g}"
+                for p in profile.compute.get("by_read") or []
+            )
+            or "one figure (one read volume)",
             "interval coverage": profile.coverage,
             "model error": model_error_figure(profile),
             "runs": len(profile.sources),

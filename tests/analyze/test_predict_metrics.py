@@ -669,3 +669,11 @@ def test_compute_follows_the_read_volume_between_runs_hand_worked(tmp_path):
     single = profile_of(a, c)
     assert "by_read" not in single.compute
     assert compute_at(single.compute, 9.0) == pytest.approx(single.compute["token_ms"])
+
+
+def test_bmoe_profile_shows_compute_per_read_volume(tmp_path, capsys):
+    a = write(tmp_path / "a.csv", _rows_reading(4, 2, 10.0), cache_mb=3)
+    b = write(tmp_path / "b.csv", _rows_reading(8, 4, 16.0), cache_mb=1)
+    assert main(["profile", str(a), str(b)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "compute by MiB read/token │ 10 ms at 3, 16 ms at 6" in out
