@@ -354,7 +354,7 @@ def test_a_tune_killed_mid_run_resumes_without_repeating_a_finished_run(tmp_path
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"the tune ended before it could be killed: {proc.stderr.read()!r}")
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and any(p.is_dir() for p in out.iterdir()):
             root = sweep_folder(out)
             ok = [r for r in manifest(root) if r["status"] == "ok"]
             if len(ok) >= 3 and list((root / "cells").glob("*/.*.staging")):
