@@ -45,6 +45,10 @@ PROFILE_RUNS = (  # (cache_mb, io_threads, traced)
     (64, 1, True),
     (64, 1, False),
     (256, 4, False),
+    (640, 1, False),
+    (160, 4, False),
+    (320, 1, False),
+    (480, 4, False),
 )
 CELLS = list(itertools.product((96, 192, 384), (1, 4)))
 CONDITIONS = ("quiet", "busy")
@@ -119,8 +123,9 @@ def loads(folder: Path) -> list[float]:
     return [float(p.read_text()) for p in folder.glob("*.load")]
 
 
-def analyze(out: Path) -> pd.DataFrame:
-    """Every (profile condition, cells condition) pair of every round."""
+def analyze(out: Path, use: tuple[int, ...]) -> pd.DataFrame:
+    """Every (profile condition, cells condition) pair of every round, the profiles made of
+    the profile runs numbered `use`."""
     rows = []
     for round_dir in sorted(out.glob("round*")):
         profiles, cells = {}, {}
@@ -128,7 +133,7 @@ def analyze(out: Path) -> pd.DataFrame:
             folder = round_dir / condition
             if not folder.is_dir():
                 continue
-            runs = _quiet(read_runs, [folder / f"profile{i}.csv" for i in range(len(PROFILE_RUNS))])
+            runs = _quiet(read_runs, [folder / f"profile{i}.csv" for i in use])
             profiles[condition] = (_quiet(build_profile, runs), runs[0].route)
             cells[condition] = _quiet(read_runs, sorted(folder.glob("cell_*.csv")))
         for (p_cond, (profile, trace)), c_cond in itertools.product(profiles.items(), cells):
@@ -176,6 +181,11 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="the small model (generated)")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here")
     parser.add_argument("--again", action="store_true", help="analyse --out, run nothing")
+    parser.add_argument(
+        "--use",
+        default=",".join(str(i) for i in range(len(PROFILE_RUNS))),
+        help="the profile runs a profile is made of (numbers into PROFILE_RUNS; default all)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-predict-busy-"))
     out = args.out or tmp
@@ -192,7 +202,7 @@ def main() -> None:
                 print(f"round {r}: {' then '.join(order)}", flush=True)
                 for condition in order:
                     _block(model, out / f"round{r}" / condition, condition, args)
-        table = analyze(out)
+        table = analyze(out, tuple(int(i) for i in args.use.split(",")))
         print()
         with pd.option_context("display.width", 220, "display.max_columns", 20):
             print(table.round(1).to_string(index=False))

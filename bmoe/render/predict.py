@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from bmoe.analyze.predict.interval import MIN_INSIDE
+
 #: Digits per column of the narrow views.
 VIEW_DIGITS = {
     "tok/s": 2,
@@ -147,7 +149,12 @@ def model_error_figure(profile: Any) -> str:
     if sd is None or k < 1:
         return f"unknown ({error.get('why') or 'not measured'}): intervals are spread only"
     plural = "s" if k != 1 else ""
-    return f"{100 * sd:.1f} % ({k} held-out configuration{plural})"
+    text = f"{100 * sd:.1f} % ({k} held-out configuration{plural})"
+    inside = error.get("sd_rel_inside")
+    k_inside = int(error.get("configurations_inside") or 0)
+    if inside is not None and k_inside >= MIN_INSIDE:
+        text += f"; {100 * inside:.1f} % inside the read range ({k_inside})"
+    return text
 
 
 def held_out_view(profile: Any) -> pd.DataFrame:
@@ -166,13 +173,13 @@ def held_out_view(profile: Any) -> pd.DataFrame:
                 "predicted": record.get("predicted_tok_s"),
                 "error %": record.get("error_pct"),
                 "spread %": record.get("spread_pct"),
+                "MiB/token": record.get("read_mib"),
+                "inside": record.get("inside"),
                 "why not": record.get("why"),
             }
         )
-    return pd.DataFrame(
-        rows,
-        columns=["run", "config", "measured", "predicted", "error %", "spread %", "why not"],
-    )
+    columns = ["run", "config", "measured", "predicted", "error %", "spread %", "MiB/token"]
+    return pd.DataFrame(rows, columns=[*columns, "inside", "why not"])
 
 
 def against_view(cells: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -273,7 +280,8 @@ def run_label(name: str) -> str:
 
 def runs_view(profile: Any) -> pd.DataFrame:
     """Per run of a profile: its configuration label, tok/s, the engine's CPU share, its
-    off-CPU share, whether it was traced or starved of a core."""
+    off-CPU share, its compute over its CPU time per thread, whether it was traced, starved
+    of a core or contended (its compute waited for a core)."""
     rows = []
     for run in profile.runs:
         rows.append(
@@ -284,7 +292,9 @@ def runs_view(profile: Any) -> pd.DataFrame:
                 "cpu %": None if run.get("cpu_share") is None else 100.0 * run["cpu_share"],
                 "off-CPU %": run.get("off_cpu_pct"),
                 "traced": bool(run.get("traced")),
+                "compute/cpu": run.get("compute_over_cpu"),
                 "starved": bool(run.get("starved")),
+                "contended": bool(run.get("contended", run.get("starved"))),
             }
         )
     return pd.DataFrame(rows)

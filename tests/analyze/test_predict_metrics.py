@@ -458,7 +458,7 @@ def test_a_profile_of_starved_runs_only_is_unsettled_and_strict_refuses(tmp_path
     busy = write(tmp_path / "busy.csv", starved_rows())
     prof = profile_of(busy)
     assert not prof.settled
-    assert any("every run was starved of a core" in u for u in prof.unsettled)
+    assert any("every run was contended" in u for u in prof.unsettled)
     # nothing to calibrate against: CPU time per thread one to one (20 ms over 2 threads)
     assert prof.compute["token_ms"] == pytest.approx(10.0)
     out = tmp_path / "busy.json"
@@ -645,8 +645,8 @@ def _rows_reading(reads_even: int, reads_odd: int, compute: float, n: int = 32) 
 def test_compute_follows_the_read_volume_between_runs_hand_worked(tmp_path):
     """Two runs reading 3 and 6 MiB a token with 10 and 16 ms of compute: the profile keeps
     one compute point per read volume, and a configuration reading 4.5 MiB a token is priced
-    at the interpolated 13 ms; beyond the points the nearest one holds (no extrapolation).
-    One read volume keeps the single figure."""
+    on the line through them (4 ms + 2 ms per MiB): 13 ms; beyond the points the line goes
+    on (6 ms at 1 MiB, 28 at 12), never below 0. One read volume keeps the single figure."""
     from bmoe.analyze.predict.timing import compute_at
 
     a = write(tmp_path / "a.csv", _rows_reading(4, 2, 10.0), cache_mb=3)
@@ -658,8 +658,18 @@ def test_compute_follows_the_read_volume_between_runs_hand_worked(tmp_path):
     ]
     assert prof.compute["token_ms"] == pytest.approx(13.0)  # the mean of every token
     assert compute_at(prof.compute, 4.5) == pytest.approx(13.0)
-    assert compute_at(prof.compute, 1.0) == pytest.approx(10.0)
-    assert compute_at(prof.compute, 12.0) == pytest.approx(16.0)
+    assert compute_at(prof.compute, 1.0) == pytest.approx(6.0)
+    assert compute_at(prof.compute, 12.0) == pytest.approx(28.0)
+    assert compute_at({"token_ms": 9.0, "by_read": [{"read_mib": 10, "token_ms": 1.0},
+                      {"read_mib": 20, "token_ms": 21.0}]}, 0.0) == 0.0  # fmt: skip
+    # a fit that falls as reads grow is flat at the points' mean
+    falling = {"token_ms": 9.0, "by_read": [{"read_mib": 1, "token_ms": 12.0},
+               {"read_mib": 5, "token_ms": 8.0}]}  # fmt: skip
+    assert compute_at(falling, 40.0) == pytest.approx(10.0)
+    # runs that differ because they read different volumes do not disagree about compute
+    assert prof.terms["compute"]["runs_disagree_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert prof.terms["compute"]["settled"]
+    assert not any(line.startswith("compute") for line in prof.unsettled)
     # the points survive the JSON and the schema
     out = tmp_path / "p.json"
     write_profile(prof, out)
@@ -677,3 +687,77 @@ def test_bmoe_profile_shows_compute_per_read_volume(tmp_path, capsys):
     assert main(["profile", str(a), str(b)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "compute by MiB read/token │ 10 ms at 3, 16 ms at 6" in out
+
+
+def contended_rows(n=32, waited=8.0):
+    """Serial tokens whose compute took `waited` ms more than its CPU time per thread (the
+    compute threads waited for a core), not enough off-CPU time to count as starved."""
+    out = serial_rows(n)
+    for row in out:
+        row["compute_ms"] += waited
+        row["wall_ms"] += waited
+    return out
+
+
+def test_a_contended_run_takes_compute_from_cpu_time_calibrated_by_an_uncontended_one(tmp_path):
+    """The quiet run's compute is its CPU time per thread (10 ms of 20 over 2 threads); the
+    contended run's compute took 18 ms, 1.8x its CPU time per thread, with a quarter of its
+    wall off-CPU (not starved): its compute is taken from its CPU time, 10 ms, not 14."""
+    quiet = write(tmp_path / "quiet.csv", serial_rows())
+    busy = write(tmp_path / "busy.csv", contended_rows())
+    prof = profile_of(quiet, busy)
+    state = {Path(r["name"]).name: r for r in prof.runs}
+    assert state["busy.csv"]["compute_over_cpu"] == pytest.approx(1.8)
+    assert state["busy.csv"]["contended"] and not state["busy.csv"]["starved"]
+    assert not state["quiet.csv"]["contended"]
+    assert prof.compute["token_ms"] == pytest.approx(10.0)
+    assert "1.80x its CPU time per thread" in prof.terms["compute"]["note"]
+    # with the CPU time ignored (none recorded), the contended run's compute stands as measured
+    rows = [{k: v for k, v in r.items() if k != "cpu_ms"} for r in contended_rows()]
+    bare = write(tmp_path / "bare.csv", rows)
+    assert profile_of(quiet, bare).compute["token_ms"] == pytest.approx(14.0)
+
+
+def test_a_cell_whose_compute_waited_for_a_core_is_labelled_and_kept_out_of_the_headline(
+    tmp_path,
+):
+    a = write(tmp_path / "a.csv", serial_rows())
+    quiet = write(tmp_path / "quiet.csv", serial_rows(), cache_mb=8)
+    busy = write(tmp_path / "busy.csv", contended_rows(), cache_mb=16)
+    out = against_files(None, profile_of(a), read_runs([quiet, busy]))
+    cells = out["cells"].set_index("cell")
+    assert pd.isna(cells.loc["quiet", "measurement"])
+    assert "compute waited for a core (1.8x its CPU time)" in cells.loc["busy", "measurement"]
+    assert out["summary"]["compared"] == 1 and out["summary"]["labelled"] == 1
+    assert out["summary"]["median_abs_tok_s_error_pct"] == pytest.approx(0.0, abs=0.1)
+
+
+def test_the_model_error_inside_the_read_range_comes_from_the_configurations_inside_it(
+    tmp_path,
+):
+    """Four configurations reading 3, 6, 9 and 12 MiB a token: held out in turn, the two in
+    the middle are inside the others' read range (interpolated), the two at the ends are not;
+    a configuration inside the profile's range gets the model error measured inside it, one
+    outside gets the whole one."""
+    from dataclasses import replace
+
+    from bmoe.analyze.predict import model_error
+
+    paths = [
+        write(tmp_path / f"r{i}.csv", _rows_reading(2 * i, i, 4.0 + 2.0 * 1.5 * i), cache_mb=9 - i)
+        for i in (2, 4, 6, 8)
+    ]
+    prof = profile_of(*paths)
+    section = prof.model_error
+    inside = {Path(r["run"]).name: r["inside"] for r in section["held_out"]}
+    assert inside == {"r2.csv": False, "r4.csv": True, "r6.csv": True, "r8.csv": False}
+    assert section["configurations"] == 4 and section["configurations_inside"] == 2
+    # the profile's compute is a line in the read volume: every held-out run is predicted
+    assert all(abs(r["error_pct"]) < 1.0 for r in section["held_out"])
+    wide = replace(prof, model_error={**section, "sd_rel": 0.4, "sd_rel_inside": 0.05})
+    assert model_error(wide, 7.5).sd_rel == pytest.approx(0.05)
+    assert model_error(wide, 7.5).inside and model_error(wide, 7.5).k == 2
+    assert model_error(wide, 20.0).sd_rel == pytest.approx(0.4)
+    assert model_error(wide).sd_rel == pytest.approx(0.4)
+    one_inside = replace(wide, model_error={**wide.model_error, "configurations_inside": 1})
+    assert model_error(one_inside, 7.5).sd_rel == pytest.approx(0.4)  # too few inside

@@ -56,6 +56,7 @@ from bmoe.analyze.predict.interval import (
     half_width,
     interval_z,
     model_error,
+    read_range,
     t_quantile,
 )
 from bmoe.analyze.predict.lanes import (
@@ -98,6 +99,7 @@ __all__ = [
     "per_lane_ms",
     "predict",
     "predict_cell",
+    "read_range",
     "request_latency_ms",
     "stall_per_miss",
     "sweep_duration",

@@ -13,7 +13,7 @@ import pandas as pd
 
 from bmoe.analyze.predict.cells import grid_defaults, predict
 from bmoe.analyze.predict.grid import GRID_AXES
-from bmoe.analyze.predict.interval import model_error
+from bmoe.analyze.predict.interval import model_error, read_range
 from bmoe.cache import DEFAULT_POLICY, policy_name
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
@@ -134,11 +134,18 @@ def interval_kind(profile: DeviceProfile) -> tuple[str, bool]:
     error = model_error(profile)
     if not error.known:
         return f"the terms' spread only (model error unknown: {error.why})", False
-    return (
+    text = (
         f"the terms' spread and the model's own error ({100 * (error.sd_rel or 0):.0f} %, "
-        f"from {error.k} held-out configuration{'s' if error.k != 1 else ''})",
-        True,
+        f"from {error.k} held-out configuration{'s' if error.k != 1 else ''}"
     )
+    span = read_range(profile)
+    inner = model_error(profile, (span[0] + span[1]) / 2) if span is not None else error
+    if inner.inside:
+        text += (
+            f"; {100 * (inner.sd_rel or 0):.0f} % from the {inner.k} inside the others' read "
+            f"range, for configurations reading {span[0]:.3g}-{span[1]:.3g} MiB a token"
+        )
+    return text + ")", True
 
 
 def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]:

@@ -8,6 +8,11 @@ of freedom of the sum (the spread taken as known, the model error's from ``k`` h
 configurations): ``nu = (s^2 + m^2)^2 / (m^4 / k)``. Without a model error (one run, one
 configuration, or none of the held-out runs predictable) the interval is the spread's alone
 and says so: it does not claim the stated coverage.
+
+A configuration that reads a volume a token inside the range the profile's compute points
+span is an interpolation; the held-out configurations that were inside the others' range give
+its model error where there are two of them or more (``sd_rel_inside``): the ones at the ends
+of the range are extrapolations, which err more, and would widen every interval inside it.
 """
 
 from __future__ import annotations
@@ -56,22 +61,49 @@ class ModelError:
     sd_rel: float | None
     k: int
     why: str | None = None
+    inside: bool = False  # from the held-out configurations inside the others' read range
 
     @property
     def known(self) -> bool:
         return self.sd_rel is not None and self.k > 0
 
 
-def model_error(profile: DeviceProfile) -> ModelError:
+def model_error(profile: DeviceProfile, read_mib: float | None = None) -> ModelError:
     """The profile's model error as its ``model_error`` section records it (unknown for a
-    profile written before it was measured)."""
+    profile written before it was measured); for a configuration reading `read_mib` a token
+    inside the profile's read range, the one measured inside it where there is one."""
     section: dict[str, Any] = profile.model_error or {}
     sd = section.get("sd_rel")
     k = int(section.get("configurations") or 0)
     if sd is None or k < 1:
         why = section.get("why") or "not measured (a profile written before it was)"
         return ModelError(None, 0, str(why))
+    inside_sd = section.get("sd_rel_inside")
+    inside_k = int(section.get("configurations_inside") or 0)
+    span = read_range(profile)
+    if (
+        inside_sd is not None
+        and inside_k >= MIN_INSIDE
+        and read_mib is not None
+        and span is not None
+        and span[0] <= read_mib <= span[1]
+    ):
+        return ModelError(float(inside_sd), inside_k, inside=True)
     return ModelError(float(sd), k)
+
+
+#: Held-out configurations inside the others' read range it takes to give the model error
+#: of a configuration inside the profile's range.
+MIN_INSIDE = 2
+
+
+def read_range(profile: DeviceProfile) -> tuple[float, float] | None:
+    """The MiB read per token a profile's compute points span (None: one read volume)."""
+    points = (profile.compute or {}).get("by_read") or []
+    if len(points) < 2:
+        return None
+    mib = [float(p["read_mib"]) for p in points]
+    return min(mib), max(mib)
 
 
 def half_width(coverage: float, spread_sd: float, error: ModelError) -> tuple[float, float]:
@@ -89,4 +121,12 @@ def half_width(coverage: float, spread_sd: float, error: ModelError) -> tuple[fl
     return q * math.sqrt(total), q
 
 
-__all__ = ["ModelError", "half_width", "interval_z", "model_error", "t_quantile"]
+__all__ = [
+    "MIN_INSIDE",
+    "ModelError",
+    "half_width",
+    "interval_z",
+    "model_error",
+    "read_range",
+    "t_quantile",
+]

@@ -158,14 +158,21 @@ def _spread(
 
 
 def compute_at(compute: Mapping[str, Any], read_mib: float) -> float:
-    """A profile's compute per token for a configuration that reads `read_mib` a token: its
-    ``by_read`` points interpolated (the nearest point's beyond them), else ``token_ms``."""
+    """A profile's compute per token for a configuration that reads `read_mib` a token: the
+    least-squares line through its ``by_read`` points (compute never falls as reads grow: a
+    falling fit is flat at the points' mean; never below 0), else ``token_ms``. A line,
+    because the reads take CPU from compute in proportion to the bytes they move, and
+    because it extrapolates: a point held beyond the outermost ones priced a configuration
+    reading 3 MiB a token at the 37 MiB point's compute, twice what it measured."""
     points = compute.get("by_read") or []
     if len(points) < 2 or not np.isfinite(read_mib):
         return float(compute["token_ms"])
-    xs = [float(p["read_mib"]) for p in points]
-    ys = [float(p["token_ms"]) for p in points]
-    return float(np.interp(read_mib, xs, ys))
+    xs = np.asarray([float(p["read_mib"]) for p in points])
+    ys = np.asarray([float(p["token_ms"]) for p in points])
+    slope, base = np.polyfit(xs, ys, 1)
+    if slope < 0:
+        return float(ys.mean())
+    return max(float(base + slope * read_mib), 0.0)
 
 
 def predict_cell(
@@ -190,7 +197,8 @@ def predict_cell(
     n = max(reads.n_tokens, 1)
     per_expert = np.vectorize(lambda layer: read_bytes[int(layer)], otypes=[np.float64])
     moved = (reads.misses + reads.prefetched) * per_expert(reads.layer) if len(reads.layer) else 0
-    compute_ms = compute_at(c, float(np.sum(moved)) / n / MIB)
+    read_mib = float(np.sum(moved)) / n / MIB
+    compute_ms = compute_at(c, read_mib)
     mid = token_times(
         profile, reads, lanes, compute_ms=compute_ms, overlap=overlap, fault_ms=fault_ms
     )
@@ -198,7 +206,7 @@ def predict_cell(
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
     spread = _spread(profile, parts, bool(overlap), token_ms)
-    rel, _q = half_width(profile.coverage, spread, model_error(profile))
+    rel, _q = half_width(profile.coverage, spread, model_error(profile, read_mib))
     moved_mib = np.bincount(reads.step, weights=moved, minlength=reads.n_tokens) / MIB
     steady = steady_state(pd.DataFrame({"wall_ms": mid["wall_ms"], "read_mib": moved_mib}))
     window = steady.mask()

@@ -14,7 +14,7 @@ import pandas as pd
 from bmoe.analyze.predict import IN_SAMPLE
 from bmoe.analyze.profile.matching import not_comparable
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig, number, run_config
-from bmoe.analyze.profile.state import run_state
+from bmoe.analyze.profile.state import CONTENDED_RATIO, run_state
 from bmoe.analyze.profile.tokens import token_frame, token_reads
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
@@ -72,6 +72,11 @@ def _attempt(label: str, run: ProfileRun, config: RunConfig, frame, tok_s: float
     }  # fmt: skip
 
 
+def _contention(state: dict) -> dict[str, float | None]:
+    """A file's off-CPU share and its compute over its CPU time per thread."""
+    return {"off_cpu_pct": state["off_cpu_pct"], "compute_over_cpu": state["compute_over_cpu"]}
+
+
 def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict]:
     """One file's row of :func:`measured_files` and its attempt."""
     from bmoe.analyze.metrics import run_summary
@@ -93,7 +98,7 @@ def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict
         "steady_tok_s": summary.get("steady_tok_s_mean"),
         "mib_per_token": float(frame["read_mib"].mean()) if tokens else float("nan"),
         "hit_pct": number(run.figure("cache_hit_pct")),
-        "off_cpu_pct": run_state(run, frame, config)["off_cpu_pct"],
+        **_contention(run_state(run, frame, config)),
         "comparable": not_comparable(run, config, profile, k_trace),
         "notes": _notes(run, config),
     }
@@ -102,7 +107,9 @@ def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict
 
 def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile) -> list:
     """Per file, why its own figure is not firm: the verdict's reasons (the repeat count aside),
-    after "a profile run (in sample)" where the profile was built from it."""
+    or that its compute took more than :data:`CONTENDED_RATIO` times its CPU time per thread
+    (the compute threads waited for a core: the figure measures the machine's load), after
+    "a profile run (in sample)" where the profile was built from it."""
     from bmoe.analyze.verdict import FEW_REPEATS, cell_stability
 
     ranked = pd.DataFrame(
@@ -118,8 +125,12 @@ def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile)
     stability = cell_stability(ranked, attempts).set_index("cell")["unstable"]
     sources = {str(Path(s).resolve()) for s in profile.sources}
     judged: list[str | None] = []
-    for cell, file in zip(table["cell"], table["file"], strict=True):
+    for cell, file, ratio in zip(
+        table["cell"], table["file"], table["compute_over_cpu"], strict=True
+    ):
         parts = [p for p in str(stability.get(cell) or "").split(", ") if p and p != FEW_REPEATS]
+        if ratio is not None and ratio == ratio and ratio > CONTENDED_RATIO and not parts:
+            parts.append(f"compute waited for a core ({ratio:.1f}x its CPU time)")
         if str(Path(file).resolve()) in sources:
             parts.insert(0, IN_SAMPLE)
         judged.append(", ".join(parts) or None)
@@ -133,7 +144,7 @@ def measured_files(
     not say is inferred as :func:`run_config` explains, in ``assumed``), what it measured
     (tok/s over its tokens, steady-state tok/s, MiB/token, hit %), ``comparable`` (None, or
     why no prediction of it can be compared: no expert streaming, another top-k or model),
-    ``measurement`` (the verdict's reasons its figure is not firm: mostly off-CPU, traced)
+    ``measurement`` (why its figure is not firm: mostly off-CPU, compute waited for a core, traced)
     and ``notes`` (partial runs, CPU temperature)."""
     labels = short_labels([r.name for r in runs])
     k_trace = number(trace.meta.get("n_expert_used")) if trace is not None else None

@@ -1,12 +1,16 @@
 """The profile's compute term: the ``compute_ms`` residual of the timing runs, less what the
-management and fault terms explain; taken from CPU time where the engine was starved of a
-core, so that a profile recorded on a busy machine describes the machine, not the noise.
+management and fault terms explain; taken from CPU time where the run was contended (starved
+of a core, or its compute took well over its CPU time per thread), so that a profile recorded
+on a busy machine describes the machine, not the noise: CPU time per token is the same on a
+quiet machine and beside two spinning processes (within 3-8 % on the ``small`` model), while
+compute's wall time grows by 1.2-2.5x.
 
-Where the timing runs read different volumes a token, compute is also kept per run against
-that volume (``by_read``): on a machine with few cores the reads' copying and page clearing
-take CPU from the compute threads, so compute grows with the bytes read (on 2 cores, the
-``small`` model: 12 ms a token at 2 MiB read, 37 at 35 MiB, 52 at 122 MiB). A prediction
-interpolates between those points and holds the nearest one beyond them."""
+Where the timing runs read different volumes a token, compute is also kept per read volume
+(``by_read``): on a machine with few cores the reads' copying and page clearing take CPU from
+the compute threads, so compute grows with the bytes read (on 2 cores, the ``small`` model:
+12 ms a token at 3 MiB read, 19-25 at 37 MiB, 50 at 122 MiB). A prediction prices compute on
+the least-squares line through those points (see
+:func:`bmoe.analyze.predict.timing.compute_at`)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.profile.evidence import Evidence
-from bmoe.analyze.profile.fits import fit_line, fit_two
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.profile.spread import provenance, term_spread
 from bmoe.formats.op_traces import ComputeTrace
@@ -27,51 +30,25 @@ def cpu_calibration(
     runs: Sequence[ProfileRun],
     frames: Mapping[str, pd.DataFrame],
     configs: Mapping[str, RunConfig],
-) -> tuple[float, float] | None:
-    """How CPU time relates to compute on unstarved tokens: ``compute = scale x (cpu / threads
-    - per_mib x read_mib)`` (the I/O lanes' CPU grows with what they read). None without
-    unstarved tokens that recorded CPU time."""
-    xs, mibs, ys = [], [], []
+) -> float | None:
+    """Compute over CPU time per thread on the tokens of `runs` (uncontended ones) that
+    recorded both, a ratio of sums: one figure, because the reads' CPU grows with compute's
+    own (0.8-1.0 on the ``small`` model at 3 to 122 MiB read a token, 0.96 on the phone
+    corpus), and a slope per MiB fitted within runs of one read volume is noise. None
+    without such tokens."""
+    compute_sum = cpu_sum = 0.0
     for run in runs:
         frame = frames[run.name]
         cpu = frame["cpu_ms"].to_numpy() / configs[run.name].threads
-        keep = np.isfinite(cpu) & np.isfinite(frame["compute_ms"].to_numpy())
+        compute = frame["compute_ms"].to_numpy()
+        keep = np.isfinite(cpu) & np.isfinite(compute)
         if keep.sum() < 4:
             continue
-        xs.append(cpu[keep])
-        mibs.append(frame["read_mib"].to_numpy()[keep])
-        ys.append(frame["compute_ms"].to_numpy()[keep])
-    if not xs:
+        compute_sum += float(compute[keep].sum())
+        cpu_sum += float(cpu[keep].sum())
+    if cpu_sum <= 0 or compute_sum <= 0:
         return None
-    cpu, mib, compute = np.concatenate(xs), np.concatenate(mibs), np.concatenate(ys)
-    # cpu/threads = compute / scale + per_mib x mib
-    inv_scale, per_mib = fit_two(compute, mib, cpu)
-    if inv_scale <= 0:
-        inv_scale, per_mib = (float(np.sum(cpu)) / max(float(np.sum(compute)), 1e-12)), 0.0
-    if inv_scale <= 0:
-        return None
-    return 1.0 / inv_scale, per_mib
-
-
-def cpu_io_share(
-    runs: Sequence[ProfileRun],
-    frames: Mapping[str, pd.DataFrame],
-    configs: Mapping[str, RunConfig],
-) -> tuple[float, float] | None:
-    """Without an unstarved run: CPU time per thread taken one to one for compute, less the
-    part that grows with the MiB read (the lanes' CPU: the slope of CPU time per thread on
-    MiB read over the runs' tokens). None without CPU time."""
-    xs, ys = [], []
-    for run in runs:
-        frame = frames[run.name]
-        cpu = frame["cpu_ms"].to_numpy() / configs[run.name].threads
-        keep = np.isfinite(cpu)
-        xs.append(frame["read_mib"].to_numpy()[keep])
-        ys.append(cpu[keep])
-    if not xs or not sum(len(x) for x in xs):
-        return None
-    _base, per_mib = fit_line(np.concatenate(xs), np.concatenate(ys))
-    return 1.0, per_mib
+    return compute_sum / cpu_sum
 
 
 def expert_share(traces: Sequence[ComputeTrace]) -> float | None:
@@ -87,21 +64,33 @@ def expert_share(traces: Sequence[ComputeTrace]) -> float | None:
     return expert / total if total else None
 
 
-def _calibration(ev: Evidence) -> tuple[float, float] | None:
-    """CPU time's calibration against compute from the unstarved timing runs; failing those,
-    the starved runs' CPU time one to one (and the profile says it is unsettled)."""
-    frames = ev.frames
-    calibration = cpu_calibration([r for r in ev.timing if not ev.starved(r)], frames, ev.configs)
-    starved_runs = [r for r in ev.timing if ev.starved(r)]
-    if calibration is None and starved_runs:
-        calibration = cpu_io_share(starved_runs, frames, ev.configs)
-        if calibration is not None:
-            ev.unsettled.append(
-                "every run was starved of a core: compute is their CPU time per thread, "
-                "uncalibrated (no unstarved run to weigh it against; threads that spin while "
-                "they wait count as CPU time)"
-            )
+def _calibration(ev: Evidence) -> float | None:
+    """CPU time's calibration against compute from the timing runs that were not contended;
+    failing those, CPU time per thread one to one (on a quiet machine compute is 0.8-1.2 of
+    it; the phone corpus 0.96) and the profile says it is uncalibrated."""
+    calibration = cpu_calibration(
+        [r for r in ev.timing if not ev.contended(r)], ev.frames, ev.configs
+    )
+    contended = [r for r in ev.timing if ev.contended(r)]
+    recorded = any(np.isfinite(ev.values(r, "cpu_ms")).any() for r in contended)
+    if calibration is None and recorded:
+        calibration = 1.0
+        ev.unsettled.append(
+            "every run was contended (starved of a core, or its compute waited for one): "
+            "compute is their CPU time per thread, uncalibrated (no uncontended run to "
+            "weigh it against; threads that spin while they wait count as CPU time)"
+        )
     return calibration
+
+
+def _contention(state: Mapping[str, Any]) -> str:
+    """Why a run counts as contended, in words."""
+    if state["starved"]:
+        return f"the engine was starved of a core ({state['off_cpu_pct']:.0f} % off-CPU)"
+    return (
+        f"its compute took {state['compute_over_cpu']:.2f}x its CPU time per thread (the "
+        "compute threads waited for a core)"
+    )
 
 
 def _run_compute(
@@ -109,7 +98,7 @@ def _run_compute(
     run: ProfileRun,
     mgmt: Mapping[str, float] | None,
     fault_ms: float,
-    calibration: tuple[float, float] | None,
+    calibration: float | None,
     notes: list[str],
 ) -> np.ndarray:
     """Per token of one timing run, its compute (see the module docstring). `mgmt` is the
@@ -119,22 +108,17 @@ def _run_compute(
         compute = compute - (mgmt["token_ms"] + mgmt["per_admit_ms"] * ev.admits(run))
     if fault_ms and ev.measured(run, "majflt"):
         compute = compute - fault_ms * np.nan_to_num(ev.values(run, "majflt"))
-    if ev.starved(run):
-        off = ev.state[run.name]["off_cpu_pct"]
+    if ev.contended(run):
+        why = _contention(ev.state[run.name])
         cpu = ev.values(run, "cpu_ms")
         if np.isfinite(cpu).any() and calibration is not None:
-            scale, per_mib = calibration
-            threads = ev.configs[run.name].threads
-            from_cpu = scale * (cpu / threads - per_mib * ev.values(run, "read_mib"))
+            from_cpu = calibration * cpu / ev.configs[run.name].threads
             compute = np.where(np.isfinite(from_cpu), np.maximum(from_cpu, 0.0), compute)
-            notes.append(
-                f"{run.name}: the engine was starved of a core ({off:.0f} % off-CPU): compute "
-                "from its CPU time"
-            )
+            notes.append(f"{run.name}: {why}: compute from its CPU time")
         else:
             ev.unsettled.append(
-                f"{run.name} was starved of a core ({off:.0f} % off-CPU) and its compute "
-                "cannot be taken from CPU time: it recorded none"
+                f"{run.name}: {why}, and its compute cannot be taken from CPU time: it "
+                "recorded none"
             )
     return np.maximum(compute, 0.0)
 
@@ -147,12 +131,16 @@ def compute_section(
     notes: list[str] = []
     per_run = {r.name: _run_compute(ev, r, mgmt, fault_ms, calibration, notes) for r in ev.timing}
     columns = ["compute_ms"]
-    if any(ev.starved(r) for r in ev.timing) and calibration is not None:
+    if any(ev.contended(r) for r in ev.timing) and calibration is not None:
         columns.append("cpu_ms/threads")
     if fault_ms:
         columns.append("majflt")
+    by_read = compute_by_read(ev, per_run)
     ev.terms["compute"] = provenance(
-        [r.name for r in ev.timing], columns, term_spread(per_run), note="; ".join(notes)
+        [r.name for r in ev.timing],
+        columns,
+        term_spread(per_run, _by_read_model(ev, per_run, by_read)),
+        note="; ".join(notes),
     )
     every = np.concatenate(list(per_run.values()))
     section: dict[str, Any] = {
@@ -163,7 +151,6 @@ def compute_section(
         "source": " and ".join(columns),
         "threads": int(np.median([ev.configs[r.name].threads for r in ev.timing])),
     }
-    by_read = compute_by_read(ev, per_run)
     if by_read:
         section["by_read"] = by_read
     if section["expert_share"] is None:
@@ -173,6 +160,30 @@ def compute_section(
             "route-traced runs: their cache management includes the trace bookkeeping"
         )
     return section
+
+
+def _by_read_model(
+    ev: Evidence, per_run: Mapping[str, np.ndarray], by_read: list[dict[str, float]]
+) -> dict[str, np.ndarray] | None:
+    """What the per-volume points say each run's compute is (None: one volume, one figure):
+    runs that differ because they read different volumes do not disagree."""
+    if not by_read:
+        return None
+    xs = [p["read_mib"] for p in by_read]
+    ys = [p["token_ms"] for p in by_read]
+    out = {}
+    for name, values in per_run.items():
+        mib = _run_mib(ev, name)
+        level = np.interp(mib, xs, ys) if np.isfinite(mib) else np.nanmean(values)
+        out[name] = np.full(len(values), float(level))
+    return out
+
+
+def _run_mib(ev: Evidence, name: str) -> float:
+    """A timing run's mean MiB read per token (NaN where it recorded none)."""
+    run = next(r for r in ev.timing if r.name == name)
+    mib = ev.values(run, "read_mib")
+    return float(np.nanmean(mib)) if np.isfinite(mib).any() else float("nan")
 
 
 #: Timing runs whose read volumes a token are within this factor count as one volume.
@@ -212,6 +223,5 @@ __all__ = [
     "compute_by_read",
     "compute_section",
     "cpu_calibration",
-    "cpu_io_share",
     "expert_share",
 ]

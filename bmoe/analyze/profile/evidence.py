@@ -75,5 +75,10 @@ class Evidence:
     def starved(self, run: ProfileRun) -> bool:
         return bool(self.state[run.name]["starved"])
 
+    def contended(self, run: ProfileRun) -> bool:
+        """Starved, or its compute waited for a core (see ``run_state``)."""
+        state = self.state[run.name]
+        return bool(state.get("contended", state["starved"]))
+
 
 __all__ = ["Evidence"]

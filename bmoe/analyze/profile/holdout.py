@@ -7,6 +7,10 @@ likelihood estimate over the held-out runs (a grid search; 0 when the spreads ex
 errors). Weighing each error by its own spread matters: one held-out prediction with a wide
 spread must not hide another's large error made with a narrow one. The number of
 configurations held out is how well ``m`` is known (see :mod:`bmoe.analyze.predict.interval`).
+The held-out configurations whose read volume a token lies inside the range the others'
+compute points span give ``m`` again on their own (``sd_rel_inside``): a configuration at an
+end of the range is predicted by extrapolation, the configurations a profile is asked about
+mostly by interpolation.
 
 Whole configurations are held out, not single runs, because a prediction is asked of
 configurations never run: a repeat of a configuration the profile already measured would be
@@ -20,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from bmoe.analyze.predict import interval_z, measured_reads, predict_cell, unpriced
+from bmoe.analyze.predict import interval_z, measured_reads, predict_cell, read_range, unpriced
 from bmoe.analyze.profile.evidence import Evidence
 from bmoe.analyze.profile.matching import not_comparable
 from bmoe.analyze.profile.runs import ProfileRun
@@ -77,12 +81,16 @@ def _held_out(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> dict[str,
     measured = 1000.0 * len(ev.frame(run)) / wall if wall > 0 else float("nan")
     predicted = float(figures["tok_s"])
     spread = float(figures["spread_pct"]) / 100.0 / interval_z(others.coverage)
+    mib = float(figures["mib_per_token"])
+    span = read_range(others)
     return {
         "run": run.name,
         "measured_tok_s": measured,
         "predicted_tok_s": predicted,
         "error_pct": 100.0 * (predicted / measured - 1.0),  # the decode time's, relative
         "spread_pct": 100.0 * spread,
+        "read_mib": mib,
+        "inside": bool(span is not None and span[0] <= mib <= span[1]),
     }
 
 
@@ -124,6 +132,8 @@ def _unknown(why: str, held: list[dict[str, Any]]) -> dict[str, Any]:
         "spread_rms_pct": None,
         "held_out": held,
         "why": why,
+        "sd_rel_inside": None,
+        "configurations_inside": 0,
     }
 
 
@@ -131,7 +141,8 @@ def model_error_section(ev: Evidence, model: dict, *, allow_traced: bool) -> dic
     """The profile's ``model_error`` section (see the module docstring): ``sd_rel`` the
     relative sd of a prediction's decode time beyond its stated spread (the held-out runs'
     mean square error less their mean square spread, never below 0), ``configurations`` how
-    many held-out configurations it comes from, ``held_out`` each run's record; unknown,
+    many held-out configurations it comes from, the same inside the others' read range
+    (``sd_rel_inside``, ``configurations_inside``), ``held_out`` each run's record; unknown,
     with ``why``, for one run, one configuration, or when none could be predicted."""
     if len(ev.runs) < 2:
         return _unknown("one run: no other run to predict it from", [])
@@ -139,10 +150,11 @@ def model_error_section(ev: Evidence, model: dict, *, allow_traced: bool) -> dic
     if len(groups) < 2:
         return _unknown("every run measured one configuration: nothing held out to predict", [])
     held: list[dict[str, Any]] = []
-    k = 0
+    k = k_inside = 0
     for group in groups:
         records = _fold(ev, group, model, allow_traced)
         k += any("error_pct" in r for r in records)
+        k_inside += any(r.get("inside") for r in records)
         held.extend(records)
     scored = [r for r in held if "error_pct" in r]
     if not scored:
@@ -152,10 +164,13 @@ def model_error_section(ev: Evidence, model: dict, *, allow_traced: bool) -> dic
     spreads = np.array([r["spread_pct"] for r in scored]) / 100.0
     mean_square = float(np.mean(errors**2))
     spread_square = float(np.mean(spreads**2))
+    inside = np.array([bool(r.get("inside")) for r in scored])
     return {
         "method": METHOD,
         "sd_rel": most_likely_sd(errors, spreads),
         "configurations": k,
+        "sd_rel_inside": most_likely_sd(errors[inside], spreads[inside]) if k_inside else None,
+        "configurations_inside": k_inside,
         "rms_pct": 100.0 * math.sqrt(mean_square),
         "spread_rms_pct": 100.0 * math.sqrt(spread_square),
         "held_out": held,

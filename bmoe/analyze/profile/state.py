@@ -11,6 +11,23 @@ import pandas as pd
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.verdict import OFF_CPU_PCT, off_cpu_pct
 
+#: A run whose compute took more than this many times its CPU time per thread lost the CPU
+#: during compute (a quiet machine gives 0.8-1.2, the phone corpus 0.96; two spinning
+#: processes on two cores 1.2-2.5): its compute_ms measures the machine's load.
+CONTENDED_RATIO = 1.25
+
+
+def compute_over_cpu(tokens: pd.DataFrame, threads: int) -> float:
+    """A run's compute time over its CPU time per thread (NaN when it recorded either not at
+    all): above 1 the compute threads were waiting for a core while they computed, since CPU
+    time per thread also holds the reads' and management's CPU."""
+    compute = pd.to_numeric(tokens["compute_ms"], errors="coerce").astype(float)
+    cpu = pd.to_numeric(tokens["cpu_ms"], errors="coerce").astype(float) / max(threads, 1)
+    keep = compute.notna() & cpu.notna()
+    if not keep.any() or float(cpu[keep].sum()) <= 0:
+        return float("nan")
+    return float(compute[keep].sum()) / float(cpu[keep].sum())
+
 
 def _off_cpu(tokens: pd.DataFrame, config: RunConfig) -> float:
     """The verdict's off-CPU share, token by token, and its median over the run's tokens (NaN
@@ -37,7 +54,9 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
     """The system state a run was measured in: its sweep record's system warnings and entry
     load (where it ran in a sweep), the engine's CPU share (CPU time over wall time), and its
     off-CPU share (the verdict's measure: wall time that was neither CPU time per thread nor
-    a measured wait; the median over its tokens), and whether it was starved of a core."""
+    a measured wait; the median over its tokens), whether it was starved of a core, its
+    compute time over its CPU time per thread, and whether it was contended (starved, or its
+    compute took more than :data:`CONTENDED_RATIO` times its CPU time per thread)."""
     record = run.record or {}
     entry = record.get("entry") if isinstance(record.get("entry"), dict) else {}
     wall = float(np.nansum(tokens["wall_ms"]))
@@ -49,6 +68,8 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
     if share is None and cpu and wall > 0:
         share = cpu / wall
     off_value = None if off != off else float(off)
+    ratio = compute_over_cpu(tokens, config.threads)
+    starved = bool(off_value is not None and off_value > OFF_CPU_PCT)
     return {
         "name": run.name,
         "version": run.metrics.version,
@@ -65,7 +86,9 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
         "load_1m": entry.get("load_1m") if entry else None,
         "cpu_share": None if share is None else float(share),
         "off_cpu_pct": off_value,
-        "starved": bool(off_value is not None and off_value > OFF_CPU_PCT),
+        "starved": starved,
+        "compute_over_cpu": None if ratio != ratio else ratio,
+        "contended": starved or bool(ratio == ratio and ratio > CONTENDED_RATIO),
     }
 
 
@@ -107,4 +130,4 @@ def tracing_section(
     return out
 
 
-__all__ = ["run_state", "tracing_section"]
+__all__ = ["CONTENDED_RATIO", "compute_over_cpu", "run_state", "tracing_section"]
