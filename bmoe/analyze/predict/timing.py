@@ -158,21 +158,18 @@ def _spread(
 
 
 def compute_at(compute: Mapping[str, Any], read_mib: float) -> float:
-    """A profile's compute per token for a configuration that reads `read_mib` a token: the
-    least-squares line through its ``by_read`` points (compute never falls as reads grow: a
-    falling fit is flat at the points' mean; never below 0), else ``token_ms``. A line,
-    because the reads take CPU from compute in proportion to the bytes they move, and
-    because it extrapolates: a point held beyond the outermost ones priced a configuration
-    reading 3 MiB a token at the 37 MiB point's compute, twice what it measured."""
+    """A profile's compute per token for a configuration that reads `read_mib` a token: its
+    ``by_read`` points interpolated (the nearest point's beyond them), else ``token_ms``.
+    Held, not extrapolated: on the phone corpus a line through the points, extrapolated,
+    took the two-run profiles' median error from 8.2 to 10.4 %; interpolating and holding
+    errs at the ends of the range, which the model error measured inside the range leaves
+    out of the intervals of the configurations inside it."""
     points = compute.get("by_read") or []
     if len(points) < 2 or not np.isfinite(read_mib):
         return float(compute["token_ms"])
-    xs = np.asarray([float(p["read_mib"]) for p in points])
-    ys = np.asarray([float(p["token_ms"]) for p in points])
-    slope, base = np.polyfit(xs, ys, 1)
-    if slope < 0:
-        return float(ys.mean())
-    return max(float(base + slope * read_mib), 0.0)
+    xs = [float(p["read_mib"]) for p in points]
+    ys = [float(p["token_ms"]) for p in points]
+    return float(np.interp(read_mib, xs, ys))
 
 
 def predict_cell(

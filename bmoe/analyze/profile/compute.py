@@ -8,8 +8,8 @@ compute's wall time grows by 1.2-2.5x.
 Where the timing runs read different volumes a token, compute is also kept per read volume
 (``by_read``): on a machine with few cores the reads' copying and page clearing take CPU from
 the compute threads, so compute grows with the bytes read (on 2 cores, the ``small`` model:
-12 ms a token at 3 MiB read, 19-25 at 37 MiB, 50 at 122 MiB). A prediction prices compute on
-the least-squares line through those points (see
+12 ms a token at 3 MiB read, 19-25 at 37 MiB, 50 at 122 MiB). A prediction interpolates
+between those points and holds the nearest one beyond them (see
 :func:`bmoe.analyze.predict.timing.compute_at`)."""
 
 from __future__ import annotations
