@@ -66,7 +66,9 @@ def _run(model: Path, folder: Path, name: str, cell, args, traced: bool) -> dict
     load = _load()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
-    done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        argv, cwd=folder, env=env, capture_output=True, text=True, errors="replace"
+    )
     if done.returncode:
         raise SystemExit(f"{name}: bmoe run failed: {done.stderr.strip()[-400:]}")
     summary = read_metrics(folder / f"{name}.csv").summary

@@ -2,21 +2,24 @@
 spinning processes, predicting cells measured on the quiet machine, and the reverse.
 
 Each round runs, in each of two conditions (``quiet``: nothing started by the benchmark;
-``busy``: one spinning process per CPU, started before the block and stopped after it), three
+``busy``: one spinning process per CPU, started before the block and stopped after it), seven
 profile runs of the embedded engine on the ``small`` model (generated, ~1 GB) -- one with route
-and io traces (the routing, the reads' alignment) and two untraced ones at other budgets and
-lanes (the timing) -- and six untraced cells no profile run used (``cache_mb`` x
-``io_threads``). The order of the conditions is reversed every second round. Each condition's
-profile then predicts each condition's cells (``against_files`` with the traced run's routing):
-quiet->quiet, busy->quiet, quiet->busy, busy->busy. Printed per pair: the median |tok/s error|
-over the cells whose measurement is firm (and over all), the interval's achieved coverage
-against its stated 80 % (the share within its bounds apart from intervals too wide to count,
-and what the interval is made of: the profile's two configurations held out in turn give its
-model error), its median width, whether the profile says it is settled, and the 1-minute load
-average the runs saw (min-max).
+and io traces (the routing, the reads' alignment) and six untraced ones at budgets and lanes
+whose reads per token span the cells' (the timing) -- then six untraced cells no profile run
+used (``cache_mb`` x ``io_threads``), each ``--repeats`` times in passes over the cells. The
+order of the conditions is reversed every second round. Each condition's profile then predicts
+each condition's cells (``against_files`` with the traced run's routing): quiet->quiet,
+busy->quiet, quiet->busy, busy->busy. A cell is compared by its mean tok/s over its repeats;
+it is firm when no repeat is labelled (mostly off-CPU, or its compute waited for a core).
+Printed per pair: the median |tok/s error| over the firm cells (and over all), the share of
+firm cells the stated 80 % interval covers (apart from intervals too wide to count: more than
+100 % of the prediction) and the share within its bounds, the median interval width, the
+cells' own repeat CV (how far a perfect prediction would still miss), and the 1-minute load
+average the runs saw. ``--use`` picks the profile runs a profile is made of (``0,1,2``: the
+traced run and two timing runs, the earlier design).
 
-Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 24] [--threads 2]
-       [--spinners N] [--model PATH] [--out DIR [--again]]
+Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 48] [--repeats 2]
+       [--threads 2] [--spinners N] [--model PATH] [--out DIR [--again]] [--use 0,1,...]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from bmoe.analyze.predict import WIDEST_INTERVAL_PCT  # noqa: E402
 from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
@@ -92,7 +96,7 @@ def _run(model: Path, folder: Path, name: str, cache_mb: int, lanes: int, traced
     if traced:
         argv += ["--route-trace", f"{name}.route.csv", "--io-trace", f"{name}.io.csv"]
     load = _load()
-    done = subprocess.run(argv, cwd=folder, capture_output=True, text=True,
+    done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, errors="replace",
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     if done.returncode:
         raise SystemExit(f"{name}: bmoe run failed: {done.stderr.strip()[-400:]}")
@@ -108,9 +112,12 @@ def _block(model: Path, folder: Path, condition: str, args) -> None:
             load = _run(model, folder, f"profile{i}", cache_mb, lanes, traced, args)
             print(f"  {condition} profile{i} {cache_mb} MiB {lanes}L traced={traced}: "
                   f"load {load:.1f}", flush=True)  # fmt: skip
-        for cache_mb, lanes in CELLS:
-            load = _run(model, folder, f"cell_{cache_mb}_{lanes}", cache_mb, lanes, False, args)
-            print(f"  {condition} cell {cache_mb} MiB {lanes}L: load {load:.1f}", flush=True)
+        for rep in range(1, args.repeats + 1):  # passes over the cells, interleaved
+            for cache_mb, lanes in CELLS:
+                name = f"cell_{cache_mb}_{lanes}_r{rep}"
+                load = _run(model, folder, name, cache_mb, lanes, False, args)
+                print(f"  {condition} cell {cache_mb} MiB {lanes}L repeat {rep}: "
+                      f"load {load:.1f}", flush=True)  # fmt: skip
 
 
 def _quiet(fn, *a, **kw):
@@ -123,10 +130,43 @@ def loads(folder: Path) -> list[float]:
     return [float(p.read_text()) for p in folder.glob("*.load")]
 
 
+def per_cell(files: pd.DataFrame) -> pd.DataFrame:
+    """The against table's files as cells: the mean measured tok/s over a cell's repeats
+    against its prediction (the same for every repeat), whether every repeat is firm, the
+    interval's width and whether it covers the mean (within its bounds and no wider than
+    :data:`WIDEST_INTERVAL_PCT`), and how much the repeats disagree."""
+    rows = []
+    for (cache_mb, lanes), part in files.groupby(["cache_mb", "io_threads"], sort=True):
+        measured = float(part["tok_s"].mean())
+        predicted = float(part["tok_s_predicted"].iloc[0])
+        low = float(part["tok_s_low_predicted"].iloc[0])
+        high = float(part["tok_s_high_predicted"].iloc[0])
+        width = 100.0 * (high - low) / predicted
+        within = low <= measured <= high
+        cv = 100.0 * float(part["tok_s"].std(ddof=1)) / measured if len(part) > 1 else np.nan
+        labels = sorted({m.split(" (")[0] for m in part["measurement"] if isinstance(m, str) and m})
+        rows.append(
+            {
+                "cell": f"{cache_mb:g} MiB {lanes:g}L",
+                "repeats": len(part),
+                "tok_s": measured,
+                "repeat_cv_pct": cv,
+                "tok_s_predicted": predicted,
+                "error_pct": 100.0 * (predicted / measured - 1.0),
+                "width_pct": width,
+                "within": within,
+                "covered": bool(within and width <= WIDEST_INTERVAL_PCT),
+                "firm": not labels,
+                "measurement": "; ".join(labels) or None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def analyze(out: Path, use: tuple[int, ...]) -> pd.DataFrame:
     """Every (profile condition, cells condition) pair of every round, the profiles made of
-    the profile runs numbered `use`."""
-    rows = []
+    the profile runs numbered `use`; and every cell of every pair."""
+    rows, pooled = [], []
     for round_dir in sorted(out.glob("round*")):
         profiles, cells = {}, {}
         for condition in CONDITIONS:
@@ -138,44 +178,44 @@ def analyze(out: Path, use: tuple[int, ...]) -> pd.DataFrame:
             cells[condition] = _quiet(read_runs, sorted(folder.glob("cell_*.csv")))
         for (p_cond, (profile, trace)), c_cond in itertools.product(profiles.items(), cells):
             result = _quiet(against_files, trace, profile, cells[c_cond])
-            table, summary = result["cells"], result["summary"]
-            err = table["tok_s_error_pct"].abs()
+            table = per_cell(result["cells"])
+            pooled.append(table.assign(profile=p_cond, cells=c_cond))
+            err = table["error_pct"].abs()
+            firm = table["firm"]
             lo = loads(round_dir / p_cond) + loads(round_dir / c_cond)
             rows.append(
                 {
                     "round": round_dir.name,
                     "profile": p_cond,
                     "cells": c_cond,
-                    "compared": summary["compared"],
-                    "median_err_firm": summary["median_abs_tok_s_error_pct"],
+                    "firm": int(firm.sum()),
+                    "median_err_firm": float(err[firm].median()),
                     "median_err_all": float(err.median()),
-                    "signed_median": float(table["tok_s_error_pct"].median()),
-                    "coverage_firm": summary["coverage_pct"],
-                    "coverage_all": 100.0 * float(table["inside_interval"].astype(bool).mean()),
-                    "within_firm": summary["within_bounds_pct"],
-                    "claimed": summary["coverage_claimed"],
-                    "width": summary["median_interval_width_pct"],
+                    "signed_median": float(table["error_pct"].median()),
+                    "coverage_firm": 100.0 * float(table.loc[firm, "covered"].mean()),
+                    "coverage_all": 100.0 * float(table["covered"].mean()),
+                    "within_all": 100.0 * float(table["within"].mean()),
+                    "width": float(table["width_pct"].median()),
+                    "repeat_cv": float(table["repeat_cv_pct"].median()),
                     "settled": profile.settled,
                     "profile_compute_ms": profile.compute["token_ms"],
-                    "compute_from": profile.compute.get("source"),
                     "load_min": min(lo) if lo else np.nan,
                     "load_max": max(lo) if lo else np.nan,
                 }
             )
-            detail = table[["cell", "tok_s", "tok_s_predicted", "tok_s_error_pct",
-                            "inside_interval", "measurement", "off_cpu_pct"]]  # fmt: skip
             print(f"\n{round_dir.name}: profile {p_cond} -> cells {c_cond}")
-            print(detail.round(2).to_string(index=False))
-            print(f"  intervals: {summary['interval']}")
+            print(table.drop(columns=["within"]).round(2).to_string(index=False))
+            print(f"  intervals: {result['summary']['interval']}")
             if not profile.settled:
                 print("  profile unsettled: " + "; ".join(profile.unsettled))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), pd.concat(pooled, ignore_index=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each cell")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--spinners", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--model", type=Path, default=None, help="the small model (generated)")
@@ -202,19 +242,22 @@ def main() -> None:
                 print(f"round {r}: {' then '.join(order)}", flush=True)
                 for condition in order:
                     _block(model, out / f"round{r}" / condition, condition, args)
-        table = analyze(out, tuple(int(i) for i in args.use.split(",")))
+        table, cells = analyze(out, tuple(int(i) for i in args.use.split(",")))
         print()
         with pd.option_context("display.width", 220, "display.max_columns", 20):
             print(table.round(1).to_string(index=False))
-        for (p_cond, c_cond), part in table.groupby(["profile", "cells"], sort=False):
+        for (p_cond, c_cond), part in cells.groupby(["profile", "cells"], sort=False):
+            firm = part[part["firm"]]
             print(
                 f"profile {p_cond:5s} -> cells {c_cond:5s}: median |error| "
-                f"{part['median_err_firm'].median():.1f} % over firm cells "
-                f"({part['median_err_all'].median():.1f} % all), 80 % interval covers "
-                f"{part['coverage_all'].mean():.0f} % of all cells, median width "
-                f"{part['width'].median():.0f} %, load {part['load_min'].min():.1f}-"
-                f"{part['load_max'].max():.1f}"
+                f"{firm['error_pct'].abs().median():.1f} % over {len(firm)} firm cells of "
+                f"{len(part)} ({part['error_pct'].abs().median():.1f} % all); 80 % interval "
+                f"covers {100 * firm['covered'].mean():.0f} % of firm cells "
+                f"({100 * firm['within'].mean():.0f} % within the bounds), median width "
+                f"{part['width_pct'].median():.0f} %; cells' repeat CV "
+                f"{part['repeat_cv_pct'].median():.0f} %"
             )
+        print(f"load average {table['load_min'].min():.1f}-{table['load_max'].max():.1f}")
     finally:
         if args.out is None:
             shutil.rmtree(tmp, ignore_errors=True)

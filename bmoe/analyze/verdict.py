@@ -46,6 +46,13 @@ TREND_PCT = 5.0
 TREND_P = 0.05
 #: A token measured the machine more than its configuration past this off-CPU share (%).
 OFF_CPU_PCT = 50.0
+#: A run whose compute took more than this many times its CPU time per thread lost the CPU
+#: during compute (a quiet machine gives 0.8-1.2, the phone corpus 0.96; two spinning
+#: processes on two cores 1.2-2.5): its timings measure the machine's load. Predictions are
+#: not compared with such a measurement.
+CONTENDED_RATIO = 1.25
+#: Why a measurement is not compared with a prediction when its compute waited for a core.
+CONTENDED = "compute waited for a core"
 #: Confidence level of every interval.
 LEVEL = 0.95
 #: Fewest runs per side for a ratio with an interval (two runs give an interval that spans
@@ -572,6 +579,8 @@ def verdict_frame(verdict: Verdict) -> pd.DataFrame:
 
 
 __all__ = [
+    "CONTENDED",
+    "CONTENDED_RATIO",
     "DRIFT_PCT",
     "FEW_REPEATS",
     "MIN_REPEATS",

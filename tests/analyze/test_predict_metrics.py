@@ -706,6 +706,8 @@ def test_a_contended_run_takes_compute_from_cpu_time_calibrated_by_an_uncontende
     assert not state["quiet.csv"]["contended"]
     assert prof.compute["token_ms"] == pytest.approx(10.0)
     assert "1.80x its CPU time per thread" in prof.terms["compute"]["note"]
+    assert any(u.startswith("1 of 2 timing runs were contended") for u in prof.unsettled)
+    assert not any("contended" in u for u in profile_of(quiet).unsettled)
     # with the CPU time ignored (none recorded), the contended run's compute stands as measured
     rows = [{k: v for k, v in r.items() if k != "cpu_ms"} for r in contended_rows()]
     bare = write(tmp_path / "bare.csv", rows)
@@ -759,3 +761,24 @@ def test_the_model_error_inside_the_read_range_comes_from_the_configurations_ins
     assert model_error(wide).sd_rel == pytest.approx(0.4)
     one_inside = replace(wide, model_error={**wide.model_error, "configurations_inside": 1})
     assert model_error(one_inside, 7.5).sd_rel == pytest.approx(0.4)  # too few inside
+
+
+def test_a_sweep_cell_whose_compute_waited_for_a_core_is_labelled():
+    """Sweep results: per run compute and CPU time per token and threads; a cell whose runs'
+    compute took 1.6x their CPU time per thread is labelled, one at 0.9x is firm."""
+    from bmoe.analyze.predict import measured_cells
+
+    rows = []
+    for cell, compute_s in (("quiet", 0.009), ("busy", 0.016)):
+        for repeat in range(3):
+            rows.append({
+                "cell": cell, "status": "ok", "cache_mb": 8 if cell == "quiet" else 16,
+                "tok_s_mean": 50.0 + repeat * 0.1, "tok_s_reported": 50.0 + repeat * 0.1,
+                "compute_s_per_token": compute_s, "cpu_s_per_token": 0.02, "threads": 2,
+                "io_s_per_token": 0.005, "mgmt_ms_per_token": 1.0, "round": 1,
+                "order": len(rows),
+            })  # fmt: skip
+    defaults = {"cache_mb": 0.0, "io_threads": 1.0, "prefetch": 0.0, "overlap": 0.0}
+    cells = measured_cells(pd.DataFrame(rows), defaults).set_index("cell")
+    assert cells.loc["busy", "measurement"] == "compute waited for a core (1.6x its CPU time)"
+    assert pd.isna(cells.loc["quiet", "measurement"])

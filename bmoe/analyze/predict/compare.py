@@ -46,7 +46,8 @@ def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.D
     steady-state tok/s (NaN where the runs had none), MiB/token and hit %, and
     ``measurement``: why the cell's own figure is not firm (the verdict's judgement of its
     repeats: they disagree, the rounds differ, the engine was mostly off-CPU, a run was
-    traced; None when firm; too few repeats are not counted against it)."""
+    traced; or that its compute waited for a core; None when firm; too few repeats are not
+    counted against it)."""
     ok = results[results["status"] == "ok"] if "status" in results else results
     if not len(ok):
         raise BmoeError("the sweep has no successful run to compare with")
@@ -84,7 +85,7 @@ def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.D
 def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
     """Per cell, the verdict layer's reasons its figure is not firm (the repeat count aside)."""
     from bmoe.analyze.sweep import rank_cells
-    from bmoe.analyze.verdict import FEW_REPEATS, cell_stability
+    from bmoe.analyze.verdict import CONTENDED, CONTENDED_RATIO, FEW_REPEATS, cell_stability
 
     attempts = ok.assign(cell=ok["cell"].astype(str)) if "cell" in ok else ok
     outcome = "tok_s_mean" if "tok_s_mean" in attempts else None
@@ -92,12 +93,29 @@ def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
         return [None] * len(cells)
     stability = cell_stability(rank_cells(attempts, outcome), attempts)
     reasons = stability.set_index(stability["cell"].astype(str))["unstable"]
+    contended = _compute_over_cpu(attempts)
     out = []
     for cell in cells.astype(str):
         why = reasons.get(cell)
         parts = [p for p in str(why).split(", ") if p and p != FEW_REPEATS] if why else []
+        ratio = contended.get(cell, np.nan)
+        if not parts and ratio > CONTENDED_RATIO:
+            parts.append(f"{CONTENDED} ({ratio:.1f}x its CPU time)")
         out.append(", ".join(parts) or None)
     return out
+
+
+def _compute_over_cpu(attempts: pd.DataFrame) -> pd.Series:
+    """Per cell, the median over its runs of compute time over CPU time per thread (empty
+    where the results do not have both)."""
+    needed = ("compute_s_per_token", "cpu_s_per_token", "threads")
+    if not all(c in attempts for c in needed):
+        return pd.Series(dtype=float)
+    cpu = pd.to_numeric(attempts["cpu_s_per_token"], errors="coerce") / pd.to_numeric(
+        attempts["threads"], errors="coerce"
+    )
+    ratio = pd.to_numeric(attempts["compute_s_per_token"], errors="coerce") / cpu.where(cpu > 0)
+    return ratio.groupby(attempts["cell"].astype(str)).median()
 
 
 def _errors(cells: pd.DataFrame) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import pandas as pd
 from bmoe.analyze.predict import IN_SAMPLE
 from bmoe.analyze.profile.matching import not_comparable
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig, number, run_config
-from bmoe.analyze.profile.state import CONTENDED_RATIO, run_state
+from bmoe.analyze.profile.state import run_state
 from bmoe.analyze.profile.tokens import token_frame, token_reads
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
@@ -110,7 +110,7 @@ def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile)
     or that its compute took more than :data:`CONTENDED_RATIO` times its CPU time per thread
     (the compute threads waited for a core: the figure measures the machine's load), after
     "a profile run (in sample)" where the profile was built from it."""
-    from bmoe.analyze.verdict import FEW_REPEATS, cell_stability
+    from bmoe.analyze.verdict import CONTENDED, CONTENDED_RATIO, FEW_REPEATS, cell_stability
 
     ranked = pd.DataFrame(
         {
@@ -130,7 +130,7 @@ def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile)
     ):
         parts = [p for p in str(stability.get(cell) or "").split(", ") if p and p != FEW_REPEATS]
         if ratio is not None and ratio == ratio and ratio > CONTENDED_RATIO and not parts:
-            parts.append(f"compute waited for a core ({ratio:.1f}x its CPU time)")
+            parts.append(f"{CONTENDED} ({ratio:.1f}x its CPU time)")
         if str(Path(file).resolve()) in sources:
             parts.insert(0, IN_SAMPLE)
         judged.append(", ".join(parts) or None)

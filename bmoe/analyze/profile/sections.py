@@ -51,10 +51,18 @@ def _timing_runs(ev: Evidence, allow_traced: bool) -> dict[str, Any]:
 
 
 def _closing_notes(ev: Evidence) -> None:
-    """Unsettled terms, a run too short to tell spread, and the runs' system warnings."""
+    """Unsettled terms, contended timing runs, a run too short to tell spread, and the runs'
+    system warnings."""
     for term, record in ev.terms.items():
         if not record["settled"]:
             ev.unsettled.append(f"{term}: {record['why']}")
+    contended = [r for r in ev.timing if ev.contended(r)]
+    if contended:
+        ev.unsettled.append(
+            f"{len(contended)} of {len(ev.timing)} timing runs were contended (their compute "
+            "waited for a core): compute comes from their CPU time, but their flash wait and "
+            "management are wall times that include the waiting; measure on a quieter machine"
+        )
     runs = ev.runs
     if len(runs) == 1 and len(ev.frame(runs[0])) < 2 * BLOCK_TOKENS:
         ev.unsettled.append(

@@ -9,12 +9,7 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
-from bmoe.analyze.verdict import OFF_CPU_PCT, off_cpu_pct
-
-#: A run whose compute took more than this many times its CPU time per thread lost the CPU
-#: during compute (a quiet machine gives 0.8-1.2, the phone corpus 0.96; two spinning
-#: processes on two cores 1.2-2.5): its compute_ms measures the machine's load.
-CONTENDED_RATIO = 1.25
+from bmoe.analyze.verdict import CONTENDED_RATIO, OFF_CPU_PCT, off_cpu_pct
 
 
 def compute_over_cpu(tokens: pd.DataFrame, threads: int) -> float:
@@ -130,4 +125,4 @@ def tracing_section(
     return out
 
 
-__all__ = ["CONTENDED_RATIO", "compute_over_cpu", "run_state", "tracing_section"]
+__all__ = ["compute_over_cpu", "run_state", "tracing_section"]
