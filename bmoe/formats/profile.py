@@ -346,6 +346,7 @@ SCHEMA: dict[str, Field] = {
     "runs[].starved": _FLAG,
     "runs[].compute_over_cpu": _figure(),
     "runs[].contended": _FLAG,
+    "runs[].slowdown": _figure(),
     "tracing": Field("section", nullable=True),
     "tracing.how": _TEXT,
     "tracing.traced_runs": _TEXTS,

@@ -782,3 +782,26 @@ def test_a_sweep_cell_whose_compute_waited_for_a_core_is_labelled():
     cells = measured_cells(pd.DataFrame(rows), defaults).set_index("cell")
     assert cells.loc["busy", "measurement"] == "compute waited for a core (1.6x its CPU time)"
     assert pd.isna(cells.loc["quiet", "measurement"])
+
+
+def test_a_contended_runs_token_times_are_divided_by_its_compute_slowdown(tmp_path):
+    """A run on a busy machine whose every time took 1.8x as long (CPU time the same): its
+    compute over CPU time per thread is 1.8 against the quiet run's 1.0, so its times are
+    divided by 1.8 and the profile of both measures what the quiet run alone measures."""
+    slow = []
+    for row in serial_rows():
+        slow.append(
+            {**row, **{k: row[k] * 1.8 for k in ("wall_ms", "io_ms", "compute_ms", "mgmt_ms")}}
+        )
+    quiet = write(tmp_path / "quiet.csv", serial_rows())
+    busy = write(tmp_path / "busy.csv", slow, cache_mb=4)
+    alone = profile_of(quiet)
+    both = profile_of(quiet, busy)
+    state = {Path(r["name"]).name: r for r in both.runs}
+    assert state["busy.csv"]["slowdown"] == pytest.approx(1.8)
+    assert state["quiet.csv"]["slowdown"] is None
+    assert both.mgmt["token_ms"] == pytest.approx(alone.mgmt["token_ms"])
+    assert both.mgmt["per_admit_ms"] == pytest.approx(alone.mgmt["per_admit_ms"])
+    assert both.flash["latency_ms"].iloc[0] == pytest.approx(alone.flash["latency_ms"].iloc[0])
+    assert both.compute["token_ms"] == pytest.approx(10.0)
+    assert any("busy.csv 1.80x" in c for c in both.caveats)

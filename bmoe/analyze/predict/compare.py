@@ -107,7 +107,7 @@ def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
 
 def _compute_over_cpu(attempts: pd.DataFrame) -> pd.Series:
     """Per cell, the median over its runs of compute time over CPU time per thread (empty
-    where the results do not have both)."""
+    where the results do not have both; NaN for runs that took major faults)."""
     needed = ("compute_s_per_token", "cpu_s_per_token", "threads")
     if not all(c in attempts for c in needed):
         return pd.Series(dtype=float)
@@ -115,6 +115,9 @@ def _compute_over_cpu(attempts: pd.DataFrame) -> pd.Series:
         attempts["threads"], errors="coerce"
     )
     ratio = pd.to_numeric(attempts["compute_s_per_token"], errors="coerce") / cpu.where(cpu > 0)
+    if "majflt_per_token" in attempts:  # a fault's wait is compute off the CPU too
+        faults = pd.to_numeric(attempts["majflt_per_token"], errors="coerce")
+        ratio = ratio.where(~(faults >= 1))
     return ratio.groupby(attempts["cell"].astype(str)).median()
 
 

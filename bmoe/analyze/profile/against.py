@@ -74,7 +74,11 @@ def _attempt(label: str, run: ProfileRun, config: RunConfig, frame, tok_s: float
 
 def _contention(state: dict) -> dict[str, float | None]:
     """A file's off-CPU share and its compute over its CPU time per thread."""
-    return {"off_cpu_pct": state["off_cpu_pct"], "compute_over_cpu": state["compute_over_cpu"]}
+    return {
+        "off_cpu_pct": state["off_cpu_pct"],
+        "compute_over_cpu": state["compute_over_cpu"],
+        "contended": state["contended"],
+    }
 
 
 def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict]:
@@ -107,10 +111,10 @@ def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict
 
 def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile) -> list:
     """Per file, why its own figure is not firm: the verdict's reasons (the repeat count aside),
-    or that its compute took more than :data:`CONTENDED_RATIO` times its CPU time per thread
-    (the compute threads waited for a core: the figure measures the machine's load), after
+    or that its compute waited for a core (``run_state``'s ``contended``: the figure measures
+    the machine's load), after
     "a profile run (in sample)" where the profile was built from it."""
-    from bmoe.analyze.verdict import CONTENDED, CONTENDED_RATIO, FEW_REPEATS, cell_stability
+    from bmoe.analyze.verdict import CONTENDED, FEW_REPEATS, cell_stability
 
     ranked = pd.DataFrame(
         {
@@ -125,11 +129,11 @@ def _judged(table: pd.DataFrame, attempts: pd.DataFrame, profile: DeviceProfile)
     stability = cell_stability(ranked, attempts).set_index("cell")["unstable"]
     sources = {str(Path(s).resolve()) for s in profile.sources}
     judged: list[str | None] = []
-    for cell, file, ratio in zip(
-        table["cell"], table["file"], table["compute_over_cpu"], strict=True
+    for cell, file, ratio, contended in zip(
+        table["cell"], table["file"], table["compute_over_cpu"], table["contended"], strict=True
     ):
         parts = [p for p in str(stability.get(cell) or "").split(", ") if p and p != FEW_REPEATS]
-        if ratio is not None and ratio == ratio and ratio > CONTENDED_RATIO and not parts:
+        if contended and not parts:
             parts.append(f"{CONTENDED} ({ratio:.1f}x its CPU time)")
         if str(Path(file).resolve()) in sources:
             parts.insert(0, IN_SAMPLE)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.predict import request_latency_ms
+from bmoe.analyze.profile.contention import scaled, slowdowns
 from bmoe.analyze.profile.evidence import Evidence
 from bmoe.analyze.profile.holdout import model_error_section
 from bmoe.analyze.profile.model import model_section
@@ -59,7 +60,9 @@ def _configs(runs: Sequence[ProfileRun]) -> dict[str, RunConfig]:
 
 
 def _evidence(runs: Sequence[ProfileRun], configs: dict[str, RunConfig], model: dict) -> Evidence:
-    """Per run its tokens in the model's read units and its system state."""
+    """Per run its tokens in the model's read units and its system state; a contended run's
+    token times scaled to the machine uncontended (see
+    :mod:`bmoe.analyze.profile.contention`)."""
     sized = bool(model["expert_bytes"])
     unit = float(model["read_unit_bytes"])
     n_layers = len(model["expert_bytes"]) or None
@@ -67,7 +70,18 @@ def _evidence(runs: Sequence[ProfileRun], configs: dict[str, RunConfig], model: 
     req = float(np.median(list(model["expert_bytes"].values()))) / slices if sized else unit
     tokens = {r.name: token_frame(r, unit, n_layers) for r in runs}
     states = [run_state(r, tokens[r.name].frame, configs[r.name]) for r in runs]
-    return Evidence(list(runs), configs, tokens, states, slices, req)
+    factors = slowdowns(runs, tokens, configs, states)
+    for state in states:
+        state["slowdown"] = factors.get(state["name"])
+    tokens = {n: scaled(t, factors[n]) if n in factors else t for n, t in tokens.items()}
+    ev = Evidence(list(runs), configs, tokens, states, slices, req)
+    if factors:
+        named = ", ".join(f"{Path(n).name} {f:.2f}x" for n, f in factors.items())
+        ev.caveats.append(
+            f"contended runs' token times divided by their compute's slowdown ({named}): an "
+            "estimate of the machine uncontended"
+        )
+    return ev
 
 
 def _input_caveats(ev: Evidence, sized: bool) -> None:

@@ -60,8 +60,9 @@ def _closing_notes(ev: Evidence) -> None:
     if contended:
         ev.unsettled.append(
             f"{len(contended)} of {len(ev.timing)} timing runs were contended (their compute "
-            "waited for a core): compute comes from their CPU time, but their flash wait and "
-            "management are wall times that include the waiting; measure on a quieter machine"
+            "waited for a core): compute comes from their CPU time and their other token times "
+            "are scaled down by their compute's slowdown, an estimate (flash that waits for a "
+            "device, not a CPU, is scaled down too far); measure on a quieter machine"
         )
     runs = ev.runs
     if len(runs) == 1 and len(ev.frame(runs[0])) < 2 * BLOCK_TOKENS:

@@ -51,7 +51,8 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
     off-CPU share (the verdict's measure: wall time that was neither CPU time per thread nor
     a measured wait; the median over its tokens), whether it was starved of a core, its
     compute time over its CPU time per thread, and whether it was contended (starved, or its
-    compute took more than :data:`CONTENDED_RATIO` times its CPU time per thread)."""
+    compute took more than :data:`CONTENDED_RATIO` times its CPU time per thread while it
+    took no major faults: a fault's wait is compute time off the CPU too)."""
     record = run.record or {}
     entry = record.get("entry") if isinstance(record.get("entry"), dict) else {}
     wall = float(np.nansum(tokens["wall_ms"]))
@@ -65,6 +66,8 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
     off_value = None if off != off else float(off)
     ratio = compute_over_cpu(tokens, config.threads)
     starved = bool(off_value is not None and off_value > OFF_CPU_PCT)
+    faults = pd.to_numeric(tokens["majflt"], errors="coerce") if "majflt" in tokens else None
+    faulting = faults is not None and bool(faults.notna().any()) and float(faults.mean()) >= 1
     return {
         "name": run.name,
         "version": run.metrics.version,
@@ -83,7 +86,7 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
         "off_cpu_pct": off_value,
         "starved": starved,
         "compute_over_cpu": None if ratio != ratio else ratio,
-        "contended": starved or bool(ratio == ratio and ratio > CONTENDED_RATIO),
+        "contended": starved or bool(not faulting and ratio == ratio and ratio > CONTENDED_RATIO),
     }
 
 
