@@ -160,7 +160,9 @@ def interval_kind(profile: DeviceProfile) -> tuple[str, bool]:
         f"from {error.k} held-out configuration{'s' if error.k != 1 else ''}"
     )
     span = read_range(profile)
-    inner = model_error(profile, (span[0] + span[1]) / 2) if span is not None else error
+    if span is None:
+        return text + ")", True
+    inner = model_error(profile, (span[0] + span[1]) / 2)
     if inner.inside:
         text += (
             f"; {100 * (inner.sd_rel or 0):.0f} % from the {inner.k} inside the others' read "

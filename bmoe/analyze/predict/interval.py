@@ -99,7 +99,7 @@ MIN_INSIDE = 2
 
 def read_range(profile: DeviceProfile) -> tuple[float, float] | None:
     """The MiB read per token a profile's compute points span (None: one read volume)."""
-    points = (profile.compute or {}).get("by_read") or []
+    points: list[Any] = list((profile.compute or {}).get("by_read") or [])  # type: ignore[arg-type]
     if len(points) < 2:
         return None
     mib = [float(p["read_mib"]) for p in points]
