@@ -686,11 +686,7 @@ def test_bmoe_profile_shows_compute_per_read_volume(tmp_path, capsys):
 def contended_rows(n=32, waited=8.0):
     """Serial tokens whose compute took `waited` ms more than its CPU time per thread (the
     compute threads waited for a core), not enough off-CPU time to count as starved."""
-    out = serial_rows(n)
-    for row in out:
-        row["compute_ms"] += waited
-        row["wall_ms"] += waited
-    return out
+    return starved_rows(n, stolen=waited)
 
 
 def test_a_contended_run_takes_compute_from_cpu_time_calibrated_by_an_uncontended_one(tmp_path):
