@@ -5,8 +5,9 @@ Each round runs, in each of two conditions (``quiet``: nothing started by the be
 ``busy``: one spinning process per CPU, started before the block and stopped after it), seven
 profile runs of the embedded engine on the ``small`` model (generated, ~1 GB) -- one with route
 and io traces (the routing, the reads' alignment) and six untraced ones at budgets and lanes
-whose reads per token span the cells' (the timing) -- then six untraced cells no profile run
-used (``cache_mb`` x ``io_threads``), each ``--repeats`` times in passes over the cells. The
+whose reads per token span the cells' (the timing), each ``--profile-repeats`` times in passes
+-- then six untraced cells no profile run used (``cache_mb`` x ``io_threads``), each
+``--repeats`` times in passes over the cells. The
 order of the conditions is reversed every second round. Each condition's profile then predicts
 each condition's cells (``against_files`` with the traced run's routing): quiet->quiet,
 busy->quiet, quiet->busy, busy->busy. A cell is compared by its mean tok/s over its repeats;
@@ -19,6 +20,7 @@ average the runs saw. ``--use`` picks the profile runs a profile is made of (``0
 traced run and two timing runs, the earlier design).
 
 Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 48] [--repeats 2]
+       [--profile-repeats 2]
        [--threads 2] [--spinners N] [--model PATH] [--out DIR [--again]] [--use 0,1,...]
 """
 
@@ -108,10 +110,14 @@ def _block(model: Path, folder: Path, condition: str, args) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     spinners = args.spinners if condition == "busy" else 0
     with Spinners(spinners):
-        for i, (cache_mb, lanes, traced) in enumerate(PROFILE_RUNS):
-            load = _run(model, folder, f"profile{i}", cache_mb, lanes, traced, args)
-            print(f"  {condition} profile{i} {cache_mb} MiB {lanes}L traced={traced}: "
-                  f"load {load:.1f}", flush=True)  # fmt: skip
+        for rep in range(1, args.profile_repeats + 1):  # passes over the profile runs
+            for i, (cache_mb, lanes, traced) in enumerate(PROFILE_RUNS):
+                if traced and rep > 1:
+                    continue  # the routing needs one traced run
+                name = f"profile{i}" if rep == 1 else f"profile{i}_r{rep}"
+                load = _run(model, folder, name, cache_mb, lanes, traced, args)
+                print(f"  {condition} {name} {cache_mb} MiB {lanes}L traced={traced}: "
+                      f"load {load:.1f}", flush=True)  # fmt: skip
         for rep in range(1, args.repeats + 1):  # passes over the cells, interleaved
             for cache_mb, lanes in CELLS:
                 name = f"cell_{cache_mb}_{lanes}_r{rep}"
@@ -173,7 +179,9 @@ def analyze(out: Path, use: tuple[int, ...]) -> pd.DataFrame:
             folder = round_dir / condition
             if not folder.is_dir():
                 continue
-            runs = _quiet(read_runs, [folder / f"profile{i}.csv" for i in use])
+            files = [folder / f"profile{i}.csv" for i in use]
+            files += [f for i in use for f in sorted(folder.glob(f"profile{i}_r*.csv"))]
+            runs = _quiet(read_runs, files)
             profiles[condition] = (_quiet(build_profile, runs), runs[0].route)
             cells[condition] = _quiet(read_runs, sorted(folder.glob("cell_*.csv")))
         for (p_cond, (profile, trace)), c_cond in itertools.product(profiles.items(), cells):
@@ -216,6 +224,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each cell")
+    parser.add_argument(
+        "--profile-repeats", type=int, default=2, help="runs of each untraced profile run"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--spinners", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--model", type=Path, default=None, help="the small model (generated)")
