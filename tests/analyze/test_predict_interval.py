@@ -30,7 +30,13 @@ from bmoe.formats.profile import read_profile, write_profile
 from bmoe.formats.route import read_route_trace
 from bmoe.sweep.archive import load_results
 from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
-from tests.analyze.test_predict_metrics import overlap_rows, profile_of, serial_rows, write
+from tests.analyze.test_predict_metrics import (
+    overlap_rows,
+    profile_of,
+    route_trace,
+    serial_rows,
+    write,
+)
 
 SMALL = Path(__file__).resolve().parents[2] / "bench-data" / "2026-11-29-small-traces"
 
@@ -99,23 +105,6 @@ def test_most_likely_model_error_hand_worked():
 
 
 # ----------------------------------------------------------------------------- held out
-
-
-def route_trace(path: Path) -> Path:
-    """A route trace of the synthetic files' model (2 layers of 1 MiB experts, top-2)."""
-    lines = [
-        "# route_trace v1",
-        "# model=hand.gguf arch=qwen3moe n_layer=2 n_expert=8 n_expert_used=2",
-        "# layer=0 expert_bytes=1048576 dense_bytes=0",
-        "# layer=1 expert_bytes=1048576 dense_bytes=0",
-        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped",
-    ]
-    for step in range(3, 40):
-        for layer in range(2):
-            for slot in range(2):
-                lines.append(f"0,1,{step},{layer},{slot},{(step + slot) % 8},0.5,0,1048576,0")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def two_configurations(tmp_path: Path):

@@ -471,13 +471,14 @@ def test_a_profile_of_starved_runs_only_is_unsettled_and_strict_refuses(tmp_path
     assert "unsettled:" in err and "starved" in err.replace("\n", " ")
     # every predict that uses it says so; --strict refuses it
     trace = tmp_path / "t.route.csv"
-    _write_trace(trace)
+    route_trace(trace)
     assert main(["predict", str(trace), "-p", str(out), "-g", "cache_mb=0"]) == 0
     assert "unsettled:" in capsys.readouterr().err
     assert main(["predict", str(trace), "-p", str(out), "-g", "cache_mb=0", "--strict"]) == 2
 
 
-def _write_trace(path: Path) -> None:
+def route_trace(path: Path) -> Path:
+    """A route trace of the synthetic files' model (2 layers of 1 MiB experts, top-2)."""
     lines = [
         "# route_trace v1",
         "# model=hand.gguf arch=qwen3moe n_layer=2 n_expert=8 n_expert_used=2",
@@ -490,6 +491,7 @@ def _write_trace(path: Path) -> None:
             for slot in range(2):
                 lines.append(f"0,1,{step},{layer},{slot},{(step + slot) % 8},0.5,0,1048576,0")
     path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def test_traced_runs_give_routing_and_untraced_runs_the_timing(tmp_path):
@@ -497,7 +499,7 @@ def test_traced_runs_give_routing_and_untraced_runs_the_timing(tmp_path):
     configuration: compute and management come from the untraced run, the overhead is
     measured (4 ms), and the profile says which."""
     traced = write(tmp_path / "t.csv", serial_rows(compute=14.0))
-    _write_trace(tmp_path / "t.route.csv")
+    route_trace(tmp_path / "t.route.csv")
     plain = write(tmp_path / "u.csv", serial_rows(compute=10.0))
     prof = profile_of(traced, plain)
     assert prof.compute["token_ms"] == pytest.approx(10.0)
@@ -613,7 +615,7 @@ def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
     from bmoe.formats.route import read_route_trace
 
     traced = write(tmp_path / "t.csv", serial_rows())
-    _write_trace(tmp_path / "t.route.csv")
+    route_trace(tmp_path / "t.route.csv")
     io = [
         "# io_trace v1",
         "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=1",
