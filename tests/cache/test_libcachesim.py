@@ -142,6 +142,17 @@ def skewed_requests(n: int, seed: int) -> list[tuple[int, int]]:
     return out + rng.choices(keys, weights=first[::-1], k=n - n // 2)
 
 
+def libcachesim_hits(lcs, cache, requests: list[tuple[int, int]]) -> list[int]:
+    """Per (layer, expert) request, 1 where libCacheSim's `cache` hit (sized by `SIZES`)."""
+    req = lcs.Request()
+    hits = []
+    for layer, e in requests:
+        req.obj_id = (layer << 16) | e
+        req.obj_size = SIZES[layer]
+        hits.append(int(cache.get(req)))
+    return hits
+
+
 @pytest.mark.parametrize(
     ("policy", "theirs"), [("lfuda-libcachesim", "LFUDA"), ("lfu-incache", "LFU"), ("lru", "LRU")]
 )
@@ -156,13 +167,7 @@ def test_replay_equals_libcachesim_request_for_request(policy, theirs, budget, n
     and 33 strand keys below the age: a rule that counted them would differ."""
     lcs = pytest.importorskip("libcachesim")
     requests = skewed_requests(n, seed=seed)
-    cache = getattr(lcs, theirs)(budget)
-    req = lcs.Request()
-    expected = []
-    for layer, e in requests:
-        req.obj_id = (layer << 16) | e
-        req.obj_size = SIZES[layer]
-        expected.append(int(cache.get(req)))
+    expected = libcachesim_hits(lcs, getattr(lcs, theirs)(budget), requests)
     hits = rp.simulate(one_request_per_batch(requests), policy, budget)
     assert 0 < sum(expected) < len(expected)
     assert hits.tolist() == expected
@@ -176,13 +181,7 @@ def test_s3fifo_libcachesim_equals_libcachesim_request_for_request(budget, n, se
     (libCacheSim admits nothing larger)."""
     lcs = pytest.importorskip("libcachesim")
     requests = skewed_requests(n, seed=seed)
-    cache = lcs.S3FIFO(budget)
-    req = lcs.Request()
-    expected = []
-    for layer, e in requests:
-        req.obj_id = (layer << 16) | e
-        req.obj_size = SIZES[layer]
-        expected.append(int(cache.get(req)))
+    expected = libcachesim_hits(lcs, lcs.S3FIFO(budget), requests)
     hits = rp.simulate(one_request_per_batch(requests), "s3fifo-libcachesim", budget)
     assert 0 < sum(expected) < len(expected)
     assert hits.tolist() == expected

@@ -8,7 +8,13 @@ import pytest
 from bmoe.analyze import replay as rp
 from bmoe.cache import ExpertCache
 from bmoe.cache.kernels import sieve
-from tests.cache.test_libcachesim import SIZES, one_request_per_batch, run, skewed_requests
+from tests.cache.test_libcachesim import (
+    SIZES,
+    libcachesim_hits,
+    one_request_per_batch,
+    run,
+    skewed_requests,
+)
 
 
 def test_sieve_by_hand() -> None:
@@ -57,13 +63,7 @@ def test_sieve_equals_libcachesim_request_for_request(budget, n, seed) -> None:
     """One lookup per batch is libCacheSim's request-at-a-time semantics."""
     lcs = pytest.importorskip("libcachesim")
     requests = skewed_requests(n, seed=seed)
-    cache = lcs.Sieve(budget)
-    req = lcs.Request()
-    expected = []
-    for layer, e in requests:
-        req.obj_id = (layer << 16) | e
-        req.obj_size = SIZES[layer]
-        expected.append(int(cache.get(req)))
+    expected = libcachesim_hits(lcs, lcs.Sieve(budget), requests)
     batches = one_request_per_batch(requests)
     hits = rp.simulate(batches, "sieve", budget)
     assert 0 < sum(expected) < len(expected)
