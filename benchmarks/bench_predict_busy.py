@@ -15,9 +15,11 @@ it is firm when no repeat is labelled (mostly off-CPU, or its compute waited for
 Printed per pair: the median |tok/s error| over the firm cells (and over all), the share of
 firm cells the stated 80 % interval covers (apart from intervals too wide to count: more than
 100 % of the prediction) and the share within its bounds, the median interval width, the
-cells' own repeat CV (how far a perfect prediction would still miss), and the 1-minute load
-average the runs saw. ``--use`` picks the profile runs a profile is made of (``0,1,2``: the
-traced run and two timing runs, the earlier design).
+cells' own repeat CV (how far a perfect prediction would still miss), whether the count within
+the bounds is consistent with 80 % (and which coverages it is consistent with), per pair and
+over every pair's firm cells, and the 1-minute load average the runs saw. ``--use`` picks
+the profile runs a profile is made of (``0,1,2``: the traced run and two timing runs, the
+earlier design).
 
 Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 48] [--repeats 2]
        [--profile-repeats 2]
@@ -43,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bmoe.analyze.predict import WIDEST_INTERVAL_PCT  # noqa: E402
+from bmoe.analyze.predict import WIDEST_INTERVAL_PCT, coverage_check  # noqa: E402
 from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
@@ -268,6 +270,11 @@ def main() -> None:
                 f"{part['width_pct'].median():.0f} %; cells' repeat CV "
                 f"{part['repeat_cv_pct'].median():.0f} %"
             )
+            check = coverage_check(int(firm["within"].sum()), len(firm), 0.8)
+            print(f"  {check['verdict']}")
+        firm = cells[cells["firm"]]
+        check = coverage_check(int(firm["within"].sum()), len(firm), 0.8)
+        print(f"every pair's firm cells together: {check['verdict']}")
         print(f"load average {table['load_min'].min():.1f}-{table['load_max'].max():.1f}")
     finally:
         if args.out is None:

@@ -236,6 +236,7 @@ def against_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
         "interval coverage achieved %": summary.get("coverage_pct"),
         "inside the interval": f"{summary.get('inside_interval', 0)} of {compared}",
         "within its bounds (too wide or not)": f"{summary.get('within_bounds', 0)} of {compared}",
+        "stated coverage checked": summary.get("coverage_check"),
         "median interval width %": summary.get("median_interval_width_pct"),
         "intervals too wide to count": summary.get("intervals_too_wide"),
         "reads": summary.get("reads", "replay"),

@@ -14,8 +14,11 @@ import pandas as pd
 import pytest
 
 from bmoe.analyze.predict import (
+    COVERAGE_ALPHA,
     against,
+    binomial_p,
     compare_cells,
+    coverage_check,
     half_width,
     interval_kind,
     model_error,
@@ -212,6 +215,47 @@ def test_the_summary_counts_measurements_within_bounds_apart_from_too_wide_inter
     summary = compare_cells(cells, round_profile())["summary"]
     assert (summary["inside_interval"], summary["within_bounds"]) == (1, 3)
     assert summary["intervals_too_wide"] == 2
+    # the calibration check counts the measurements within the bounds, not the useful ones
+    assert summary["coverage_check"].startswith("3 of 4 within their bounds")
+    assert summary["coverage_p"] == pytest.approx(_two_sided(3, 4, 0.8))
+
+
+# ----------------------------------------------------------------------------- the check
+
+
+def _two_sided(k: int, n: int, p: float) -> float:
+    """The exact two-sided binomial p-value, count by count (the oracle)."""
+    pmf = [math.comb(n, c) * p**c * (1 - p) ** (n - c) for c in range(n + 1)]
+    return min(1.0, sum(x for x in pmf if x <= pmf[k] * (1 + 1e-7)))
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "p"), [(12, 12, 0.8), (6, 12, 0.8), (0, 5, 0.3), (7, 9, 0.5), (20, 20, 1.0)]
+)
+def test_the_binomial_p_value_is_the_sum_of_the_counts_no_likelier(k, n, p):
+    assert binomial_p(k, n, p)[0] == pytest.approx(_two_sided(k, n, p))
+
+
+def test_the_stated_coverage_is_checked_against_what_so_few_cells_can_tell():
+    """12 of 12 inside 80 % intervals is no proof of 100 %: consistent with 80 %, and the
+    range says so; 40 of 40 is too many, 15 of 40 too few; the range of coverages holds the
+    observed share and every coverage in it passes the test, those just outside do not."""
+    few = coverage_check(12, 12, 0.8)
+    assert few["p"] > COVERAGE_ALPHA
+    assert "the stated 80 % among them" in few["verdict"]
+    assert few["consistent_high_pct"] == 100.0 and few["consistent_low_pct"] < 80.0
+    assert "wider than they need be" in coverage_check(40, 40, 0.8)["verdict"]
+    assert "narrower than the stated 80 %" in coverage_check(15, 40, 0.8)["verdict"]
+    for k, n in ((15, 40), (28, 30), (10, 12)):
+        check = coverage_check(k, n, 0.8)
+        low, high = check["consistent_low_pct"] / 100, check["consistent_high_pct"] / 100
+        assert low <= k / n <= high
+        assert _two_sided(k, n, low) >= COVERAGE_ALPHA and _two_sided(k, n, high) >= COVERAGE_ALPHA
+        if low > 0.002:
+            assert _two_sided(k, n, low - 0.002) < COVERAGE_ALPHA
+        if high < 0.998:
+            assert _two_sided(k, n, high + 0.002) < COVERAGE_ALPHA
+    assert coverage_check(0, 0, 0.8)["p"] is None
 
 
 # ----------------------------------------------------------------------------- unpriced

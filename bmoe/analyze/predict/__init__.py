@@ -52,7 +52,10 @@ from bmoe.analyze.predict.compare import (
 )
 from bmoe.analyze.predict.grid import GRID_AXES, grid_cells, parse_grid
 from bmoe.analyze.predict.interval import (
+    COVERAGE_ALPHA,
     ModelError,
+    binomial_p,
+    coverage_check,
     half_width,
     interval_z,
     model_error,
@@ -72,6 +75,7 @@ from bmoe.analyze.predict.sweeps import sweep_duration
 from bmoe.analyze.predict.timing import memory_faults, predict_cell, token_times
 
 __all__ = [
+    "COVERAGE_ALPHA",
     "GRID_AXES",
     "IN_SAMPLE",
     "OVERLAP_SOURCE",
@@ -82,10 +86,12 @@ __all__ = [
     "ModelError",
     "against",
     "batch_flash_ms",
+    "binomial_p",
     "cell_reads",
     "check_model",
     "check_settled",
     "compare_cells",
+    "coverage_check",
     "grid_cells",
     "half_width",
     "in_sample_cells",

@@ -13,7 +13,7 @@ import pandas as pd
 
 from bmoe.analyze.predict.cells import grid_defaults, predict
 from bmoe.analyze.predict.grid import GRID_AXES
-from bmoe.analyze.predict.interval import model_error, read_range
+from bmoe.analyze.predict.interval import coverage_check, model_error, read_range
 from bmoe.cache import DEFAULT_POLICY, policy_name
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
@@ -181,7 +181,8 @@ def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]
     whose measurement is firm and whose prediction is priced; an interval wider than
     :data:`WIDEST_INTERVAL_PCT` % of its prediction covers nothing (``within_bounds`` counts
     the measurements between the bounds all the same: how well the width is calibrated,
-    apart from how useful it is)."""
+    apart from how useful it is; ``coverage_check`` says whether that count is consistent
+    with the stated coverage, and which coverages it is consistent with)."""
     cells = _errors(cells.copy())
     for column in ("measurement", "unpriced"):
         if column not in cells:
@@ -200,6 +201,14 @@ def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]
     summary["within_bounds_pct"] = (
         100.0 * summary["within_bounds"] / int(firm.sum()) if firm.any() else float("nan")
     )
+    check = coverage_check(summary["within_bounds"], int(firm.sum()), profile.coverage)
+    summary["coverage_p"] = check["p"]
+    summary["coverage_consistent_pct"] = (
+        None
+        if check["consistent_low_pct"] is None
+        else [check["consistent_low_pct"], check["consistent_high_pct"]]
+    )
+    summary["coverage_check"] = check["verdict"]
     summary["steady_inside_interval"] = int((_inside(cells, "steady_tok_s") & firm).sum())
     return {"cells": cells, "summary": summary}
 

@@ -121,9 +121,65 @@ def half_width(coverage: float, spread_sd: float, error: ModelError) -> tuple[fl
     return q * math.sqrt(total), q
 
 
+def binomial_p(k: int, n: int, p: float | np.ndarray) -> np.ndarray:
+    """The exact two-sided p-value of `k` successes in `n` trials at success probability
+    `p` (an array of them allowed): the probability of every count no likelier than `k`."""
+    probs = np.atleast_1d(np.asarray(p, dtype=np.float64))
+    counts = np.arange(n + 1)
+    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(c + 1) - math.lgamma(n - c + 1)
+                           for c in counts])  # fmt: skip
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = (
+            log_choose[None, :]
+            + counts[None, :] * np.log(probs[:, None])
+            + (n - counts[None, :]) * np.log1p(-probs[:, None])
+        )
+    logs = np.where(np.isnan(logs), -np.inf, logs)
+    pmf = np.exp(logs)
+    # p = 0 or 1 puts all the mass on one count (0 ** 0 == 1)
+    pmf[probs == 0.0, :] = counts == 0
+    pmf[probs == 1.0, :] = counts == n
+    observed = pmf[:, k : k + 1]
+    return np.minimum(1.0, (pmf * (pmf <= observed * (1 + 1e-7))).sum(axis=1))
+
+
+#: A stated coverage is called wrong when the cells it was checked on make it less likely
+#: than this (the exact two-sided binomial test).
+COVERAGE_ALPHA = 0.05
+
+
+def coverage_check(within: int, n: int, stated: float) -> dict[str, Any]:
+    """Whether `within` of `n` measurements inside intervals that state coverage `stated`
+    (0.8) is consistent with it: the two-sided binomial p-value, the coverages the count is
+    consistent with (every coverage its test would not reject), and a sentence: consistent,
+    narrower than stated, or wider than they need be. Few cells are consistent with almost
+    any coverage, and the sentence gives the range so that nobody reads 12 of 12 as proof
+    of 100 %."""
+    if n <= 0:
+        return {"p": None, "consistent_low_pct": None, "consistent_high_pct": None,
+                "verdict": "no firm cell to check the intervals on"}  # fmt: skip
+    grid = np.linspace(0.0, 1.0, 1001)
+    keep = grid[binomial_p(within, n, grid) >= COVERAGE_ALPHA]
+    low, high = 100.0 * float(keep.min()), 100.0 * float(keep.max())
+    p_value = float(binomial_p(within, n, stated)[0])
+    share = f"{within} of {n} within their bounds"
+    span = f"consistent with any coverage from {low:.0f} to {high:.0f} %"
+    if p_value >= COVERAGE_ALPHA:
+        verdict = f"{share}: {span}, the stated {100 * stated:.0f} % among them"
+    elif within / n < stated:
+        verdict = f"{share}: narrower than the stated {100 * stated:.0f} % ({span})"
+    else:
+        verdict = f"{share}: wider than they need be for {100 * stated:.0f} % ({span})"
+    return {"p": p_value, "consistent_low_pct": low, "consistent_high_pct": high,
+            "verdict": verdict}  # fmt: skip
+
+
 __all__ = [
+    "COVERAGE_ALPHA",
     "MIN_INSIDE",
     "ModelError",
+    "binomial_p",
+    "coverage_check",
     "half_width",
     "interval_z",
     "model_error",
