@@ -1,23 +1,30 @@
 """A profile recorded while the machine is busy says so: a short embedded run (``bmoe run`` in
-its own process) pinned to one core beside a spinning process pinned to the same core, at a
-lower priority than the spinner (nice 10 against 0: about a tenth of the core), then
-``bmoe profile`` of it marks the run starved of a core, takes compute from its CPU time, calls
-the profile unsettled, and ``--strict`` refuses it. Pinning and priority make the starvation
-the same on any machine: spinners spread over every core at equal priority left the engine
-half a core or more (the scheduler favours a thread that has been waiting), not starved.
+its own process) kept off its core most of the time, then ``bmoe profile`` of it marks the
+run starved of a core, takes compute from its CPU time, calls the profile unsettled, and
+``--strict`` refuses it.
+
+The engine is held off the CPU by the test itself, on a duty cycle (stopped for
+:data:`OFF_MS`, continued for :data:`ON_MS`), not by spinning processes: how much of a core
+a spinner leaves the engine depends on the kernel's scheduler. One kernel gave a nice-10
+engine pinned beside a nice-0 spinner a tenth of the core; another (6.18, EEVDF) gave it
+34-69 % of the core while it decoded (while a plain Python loop in the same place got 10 %),
+so its tokens were mostly never interrupted. A stopped process is off the CPU on any kernel,
+and to the engine it looks the same as a busy machine: wall time passes that is neither its
+CPU time nor a wait it measured.
 
 The model is a synthetic one with a few milliseconds of compute a token on one thread (the
-``tiny`` preset's third of a millisecond is shorter than a scheduler's time slice, so the time
-a spinner takes lands anywhere in a token), and a cache that holds every expert, so that the
-run waits for a core, not for flash."""
+``tiny`` preset's third of a millisecond is shorter than the duty cycle's period, so the time
+the engine is stopped would land in few tokens), and a cache that holds every expert, so
+that the run waits for a core, not for flash."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,23 +38,23 @@ from bmoe.engine.synth import synth_model
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
+#: The duty cycle: milliseconds the engine is stopped, then running.
+OFF_MS, ON_MS = 8.0, 2.0
 
 
-def _pinned(cpu: int, nice: int) -> Callable[[], None]:
-    def setup() -> None:
-        os.sched_setaffinity(0, {cpu})
-        os.nice(nice)
-
-    return setup
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
+def _duty_cycle(proc: subprocess.Popen, done: threading.Event) -> None:
+    """Stop and continue `proc` on the duty cycle until `done` (or it exits); left running."""
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        while not done.is_set() and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGSTOP)
+            time.sleep(OFF_MS / 1000.0)
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(ON_MS / 1000.0)
+    except ProcessLookupError:
+        return
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
 
 
 def test_a_run_on_a_busy_machine_is_starved_unsettled_and_refused_under_strict(
@@ -64,22 +71,26 @@ def test_a_run_on_a_busy_machine_is_starved_unsettled_and_refused_under_strict(
         n_head_kv=4,
         n_ff_shexp=512,
         type="f16",
-    )  # fmt: skip  (55 MiB; ~3 ms of compute a token on one thread)
+    )  # fmt: skip  (55 MiB; ~2-3 ms of compute a token on one thread)
     csv = tmp_path / "busy.csv"
-    cpu = min(os.sched_getaffinity(0))
-    spinner = subprocess.Popen(
-        [sys.executable, "-c", "while True:\n    pass"], preexec_fn=_pinned(cpu, 0)
-    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from bmoe.cli import main; sys.exit(main())",
+         "run", "-m", str(model), "-p", PROMPT, "-n", "32", "-t", "1", "--moe-stream",
+         "--cache-mb", "64", "--io-threads", "1", "--csv", str(csv)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    done = threading.Event()
+    cycle = threading.Thread(target=_duty_cycle, args=(proc, done), daemon=True)
+    cycle.start()
     try:
-        time.sleep(0.3)  # the spinner has the core before the run starts
-        run = subprocess.run(
-            [sys.executable, "-c", "import sys; from bmoe.cli import main; sys.exit(main())",
-             "run", "-m", str(model), "-p", PROMPT, "-n", "32", "-t", "1", "--moe-stream",
-             "--cache-mb", "64", "--io-threads", "1", "--csv", str(csv)],
-            preexec_fn=_pinned(cpu, 10), capture_output=True, timeout=300,
-        )  # fmt: skip
+        _out, stderr = proc.communicate(timeout=300)
     finally:
-        _stop(spinner)
+        done.set()
+        cycle.join(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    run = subprocess.CompletedProcess(proc.args, proc.returncode, b"", stderr)
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
     runs = read_runs([csv])
     prof = build_profile(runs)
