@@ -17,9 +17,10 @@ firm cells the stated 80 % interval covers (apart from intervals too wide to cou
 100 % of the prediction) and the share within its bounds, the median interval width, the
 cells' own repeat CV (how far a perfect prediction would still miss), whether the count within
 the bounds is consistent with 80 % (and which coverages it is consistent with), per pair and
-over every pair's firm cells, and the 1-minute load average the runs saw. ``--use`` picks
-the profile runs a profile is made of (``0,1,2``: the traced run and two timing runs, the
-earlier design).
+over every pair's firm cells, the same for the firm runs one by one (what the interval
+speaks of: a run, not a mean of repeats), and the 1-minute load average the runs saw.
+``--use`` picks the profile runs a profile is made of (``0,1,2``: the traced run and two
+timing runs, the earlier design).
 
 Usage: python benchmarks/bench_predict_busy.py [--rounds 1] [--tokens 48] [--repeats 2]
        [--profile-repeats 2]
@@ -171,6 +172,17 @@ def per_cell(files: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def per_run(files: pd.DataFrame) -> tuple[int, int]:
+    """(how many firm runs lie within their interval's bounds, how many firm runs): the unit
+    the interval speaks of, a run of the configuration; a cell's mean over its repeats moves
+    less than one run does."""
+    firm = files["measurement"].isna()
+    within = (files["tok_s"] >= files["tok_s_low_predicted"]) & (
+        files["tok_s"] <= files["tok_s_high_predicted"]
+    )
+    return int(within[firm].sum()), int(firm.sum())
+
+
 def analyze(out: Path, use: tuple[int, ...]) -> pd.DataFrame:
     """Every (profile condition, cells condition) pair of every round, the profiles made of
     the profile runs numbered `use`; and every cell of every pair."""
@@ -189,7 +201,9 @@ def analyze(out: Path, use: tuple[int, ...]) -> pd.DataFrame:
         for (p_cond, (profile, trace)), c_cond in itertools.product(profiles.items(), cells):
             result = _quiet(against_files, trace, profile, cells[c_cond])
             table = per_cell(result["cells"])
-            pooled.append(table.assign(profile=p_cond, cells=c_cond))
+            runs_within, runs_firm = per_run(result["cells"])
+            pooled.append(table.assign(profile=p_cond, cells=c_cond, runs_within=0, runs_firm=0))
+            pooled[-1].loc[0, ["runs_within", "runs_firm"]] = (runs_within, runs_firm)
             err = table["error_pct"].abs()
             firm = table["firm"]
             lo = loads(round_dir / p_cond) + loads(round_dir / c_cond)
@@ -271,10 +285,15 @@ def main() -> None:
                 f"{part['repeat_cv_pct'].median():.0f} %"
             )
             check = coverage_check(int(firm["within"].sum()), len(firm), 0.8)
-            print(f"  {check['verdict']}")
+            print(f"  cells: {check['verdict']}")
+            runs = coverage_check(int(part["runs_within"].sum()), int(part["runs_firm"].sum()), 0.8)
+            print(f"  runs:  {runs['verdict']}")
         firm = cells[cells["firm"]]
         check = coverage_check(int(firm["within"].sum()), len(firm), 0.8)
         print(f"every pair's firm cells together: {check['verdict']}")
+        runs = coverage_check(int(cells["runs_within"].sum()), int(cells["runs_firm"].sum()), 0.8)
+        print(f"every pair's firm runs together: {runs['verdict']} (a cell's runs share its "
+              "prediction: not independent, the range is narrower than it should be)")  # fmt: skip
         print(f"load average {table['load_min'].min():.1f}-{table['load_max'].max():.1f}")
     finally:
         if args.out is None:

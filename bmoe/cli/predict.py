@@ -296,6 +296,18 @@ def _print_caveats(profile) -> None:
         err_console.print(labelled("unsettled:", "red", item), highlight=False)
 
 
+def _by_distance(profile) -> dict:
+    """The model error at a measured configuration's reads and at twice or half them (%)."""
+    from bmoe.analyze.predict.interval import DOUBLE, error_at_distance
+
+    zero = error_at_distance(profile.model_error, 0.0)
+    double = error_at_distance(profile.model_error, DOUBLE)
+    return {
+        "model_error_at_reads_pct": None if zero is None else 100.0 * zero,
+        "model_error_at_twice_pct": None if double is None else 100.0 * double,
+    }
+
+
 def _profile_views(profile) -> dict:
     figures = {
         "mode": profile.mode,
@@ -312,6 +324,7 @@ def _profile_views(profile) -> dict:
         if profile.model_error.get("sd_rel") is None
         else 100.0 * profile.model_error["sd_rel"],
         "model_error_configurations": profile.model_error.get("configurations"),
+        **_by_distance(profile),
         "model_error_why_unknown": profile.model_error.get("why"),
         "runs": len(profile.sources),
         "settled": profile.settled,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from bmoe.analyze.predict.interval import MIN_INSIDE
+from bmoe.analyze.predict.interval import DOUBLE, MIN_INSIDE, error_at_distance
 
 #: Digits per column of the narrow views.
 VIEW_DIGITS = {
@@ -149,6 +149,14 @@ def model_error_figure(profile: Any) -> str:
     if sd is None or k < 1:
         return f"unknown ({error.get('why') or 'not measured'}): intervals are spread only"
     plural = "s" if k != 1 else ""
+    at_zero = error_at_distance(error, 0.0)
+    if at_zero is not None:
+        at_double = error_at_distance(error, DOUBLE) or 0.0
+        return (
+            f"{100 * at_zero:.1f} % at the reads a token of the nearest measured "
+            f"configuration, {100 * at_double:.1f} % at twice or half them "
+            f"({k} held-out configuration{plural}; {100 * sd:.1f} % without distance)"
+        )
     text = f"{100 * sd:.1f} % ({k} held-out configuration{plural})"
     inside = error.get("sd_rel_inside")
     k_inside = int(error.get("configurations_inside") or 0)
@@ -160,7 +168,8 @@ def model_error_figure(profile: Any) -> str:
 def held_out_view(profile: Any) -> pd.DataFrame:
     """Per run held out when the profile measured its own error: measured and predicted
     tok/s (from the other configurations' runs), the error and the spread the prediction
-    stated, or why it could not be predicted."""
+    stated, its distance from the configurations left in (an older profile's: whether it
+    was inside their read range), or why it could not be predicted."""
     rows = []
     configs = {str(r.get("name")): cell_label(r) for r in profile.runs}
     for record in (profile.model_error or {}).get("held_out") or []:
@@ -174,12 +183,15 @@ def held_out_view(profile: Any) -> pd.DataFrame:
                 "error %": record.get("error_pct"),
                 "spread %": record.get("spread_pct"),
                 "MiB/token": record.get("read_mib"),
+                "distance": record.get("distance"),
                 "inside": record.get("inside"),
                 "why not": record.get("why"),
             }
         )
     columns = ["run", "config", "measured", "predicted", "error %", "spread %", "MiB/token"]
-    return pd.DataFrame(rows, columns=[*columns, "inside", "why not"])
+    frame = pd.DataFrame(rows, columns=[*columns, "distance", "inside", "why not"])
+    # a profile has one or the other: distance since it was measured, inside before
+    return frame.drop(columns=[c for c in ("distance", "inside") if frame[c].isna().all()])
 
 
 def against_view(cells: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:

@@ -23,11 +23,12 @@ from bmoe.analyze.predict import (
     interval_kind,
     model_error,
     predict,
+    read_distance,
     t_quantile,
 )
 from bmoe.analyze.predict.interval import ModelError
 from bmoe.analyze.profile import against_files, read_runs
-from bmoe.analyze.profile.holdout import most_likely_sd
+from bmoe.analyze.profile.holdout import most_likely_by_distance, most_likely_sd
 from bmoe.cli import main
 from bmoe.formats.profile import read_profile, write_profile
 from bmoe.formats.route import read_route_trace
@@ -137,27 +138,107 @@ def test_each_configuration_held_out_is_predicted_from_the_others_hand_worked(tm
     assert error["sd_rel"] == pytest.approx(rms, rel=3e-3)
     assert error["configurations"] == 2 and error["why"] is None
     assert model_error(prof) == ModelError(pytest.approx(rms, rel=3e-3), 2)
+    # both read alike at one lane: the error is all at distance 0, none grows with it
+    assert error["sd_rel_zero"] == pytest.approx(rms, rel=3e-3) and error["sd_rel_unit"] == 0
+    kind, claimed = interval_kind(prof)
+    assert claimed and "10 % at its reads a token, 10 % at twice or half them" in kind
+    assert "from 2 held-out configurations" in kind
+    from bmoe.render.predict import model_error_figure
+
+    figure = model_error_figure(prof)
+    assert figure.startswith("9.8 % at the reads a token of the nearest measured configuration")
+
+
+def test_bmoe_profile_lists_each_held_out_runs_distance(tmp_path, capsys):
+    a, b = two_configurations(tmp_path)
+    assert main(["profile", str(a), str(b), "-f", "json"]) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    held = data["held_out"]
+    assert [row["distance"] for row in held] == [0.0, 0.0]
+    assert "inside" not in held[0]
+    figures = data["profile"]
+    assert figures["model_error_at_reads_pct"] == pytest.approx(9.79, abs=0.02)
+    assert figures["model_error_at_twice_pct"] == pytest.approx(9.79, abs=0.02)
 
 
 def test_the_interval_of_a_profile_with_a_model_error_hand_worked(tmp_path):
-    """The two-run profile computes 11 ms a token, its runs' means 10 and 12 (relative sd
-    0.1286 between runs); flash and management do not move. A cell of the profile's
-    reads: 20.5 ms a token, spread 0.1286 x 11 / 20.5 = 0.0690; with the model error m of
-    9.79 %: sd sqrt(0.0690^2 + m^2), at t of nu = (0.0690^2 + m^2)^2 / (m^4 / 2)."""
+    """The two runs are two configurations, run once each: how far their compute (10 and 12
+    ms) differs is the model's error, not a repeat's spread, and no token moves within a run,
+    so the spread is 0. Both read alike at one lane, so each held out lies at distance 0 from
+    the other: the model error at distance 0 is their root mean square, 9.79 %. A cell of
+    the profile's reads: 20.5 ms a token, interval t(0.9, 2) x 9.79 % (nu = m^4 / (m^4 / 2))."""
     a, b = two_configurations(tmp_path)
     prof = profile_of(a, b)
     runs = read_runs([a])
     cells = against_files(None, prof, runs)["cells"]
     row = cells.iloc[0]
-    spread = np.std([10 / 11, 12 / 11], ddof=1) * 11 / 20.5
-    m = prof.model_error["sd_rel"]
-    nu = (spread**2 + m**2) ** 2 / (m**4 / 2)
-    rel = t_quantile(0.9, nu) * math.sqrt(spread**2 + m**2)
+    m = prof.model_error["sd_rel_zero"]
+    assert m == pytest.approx(prof.model_error["sd_rel"], rel=3e-3)
+    assert [r["distance"] for r in prof.model_error["held_out"]] == [0.0, 0.0]
+    rel = t_quantile(0.9, 2.0) * m
     assert row["tok_s_predicted"] == pytest.approx(1000 / 20.5)
-    assert row["spread_pct_predicted"] == pytest.approx(100 * Z80 * spread)
+    assert row["spread_pct_predicted"] == pytest.approx(0.0, abs=1e-9)
     assert row["interval_pct_predicted"] == pytest.approx(100 * rel)
     assert row["tok_s_low_predicted"] == pytest.approx(1000 / (20.5 * (1 + rel)))
     assert row["tok_s_high_predicted"] == pytest.approx(1000 / (20.5 * (1 - rel)))
+
+
+def test_a_repeat_of_a_configuration_is_the_spread_a_different_configuration_is_not():
+    """Two configurations run twice each, their runs' means 10 and 10.4 ms, 14 and 14.4: a
+    repeat moves a run's ratio by +-0.4/20.4 and +-0.4/28.4 about its configuration's mean,
+    pooled sqrt(0.0196^2 + 0.0141^2) = 2.41 %; counted across every run, as if the two
+    configurations were repeats, it would be 17 %. A single run's quarters (8, 12, 8, 12 ms)
+    move its mean by their relative sd over sqrt(4), and a run predicted from it by that
+    times sqrt(2): 0.2309 / sqrt(2)."""
+    from bmoe.analyze.profile.spread import term_spread
+
+    means = {"a1": 10.0, "a2": 10.4, "b1": 14.0, "b2": 14.4}
+    per_run = {name: np.full(16, value) for name, value in means.items()}
+    configs = {"a1": "a", "a2": "a", "b1": "b", "b2": "b"}
+    spread = term_spread(per_run, configs=configs)
+    pooled = math.sqrt((0.4 / 20.4) ** 2 + (0.4 / 28.4) ** 2)
+    assert spread["sd_rel"] == pytest.approx(pooled, rel=1e-6)
+    assert spread["repeat_cv_pct"] == pytest.approx(100 * pooled, rel=1e-6)
+    across = term_spread(per_run)
+    assert across["sd_rel"] == pytest.approx(np.std(list(means.values()), ddof=1) / 12.2)
+    assert across["sd_rel"] > 0.15
+    quarters = np.repeat([8.0, 12.0, 8.0, 12.0], 4)
+    alone = term_spread({"run": quarters})
+    assert alone["repeat_cv_pct"] is None
+    assert alone["sd_rel"] == pytest.approx(np.std([0.8, 1.2, 0.8, 1.2], ddof=1) / math.sqrt(2))
+
+
+def test_read_distance_is_the_log_ratio_to_the_nearest_configuration_at_the_same_lanes():
+    points = [(1, 3.0), (1, 12.0), (4, 6.0)]
+    assert read_distance(6.0, 1, points) == pytest.approx(math.log(2))
+    assert read_distance(3.0, 1, points) == 0.0
+    assert read_distance(6.0, 4, points) == 0.0
+    assert read_distance(1.5, 4, points) == pytest.approx(math.log(4))
+    # no configuration at 2 lanes: the nearest at any
+    assert read_distance(7.0, 2, points) == pytest.approx(math.log(7 / 6))
+    assert read_distance(24.0, None, points) == pytest.approx(math.log(2))
+    assert math.isnan(read_distance(6.0, 1, []))
+    assert math.isnan(read_distance(float("nan"), 1, points))
+    # reading nothing is a finite distance from reading little
+    assert math.isfinite(read_distance(0.0, 1, points))
+
+
+def test_most_likely_model_error_by_distance_recovers_what_made_the_errors():
+    """Errors drawn normal with variance s^2 + z^2 + u^2 d (s 0.03, z 0.05, u 0.2, d from 0
+    to 2): the search finds z and u near what made them; errors all at distance 0 give the
+    model error without distance as z."""
+    rng = np.random.default_rng(7)
+    d = rng.uniform(0.0, 2.0, 6000)
+    s = np.full_like(d, 0.03)
+    e = rng.normal(0.0, np.sqrt(s**2 + 0.05**2 + 0.2**2 * d))
+    zero, unit = most_likely_by_distance(e, s, d)
+    assert zero == pytest.approx(0.05, rel=0.2)
+    assert unit == pytest.approx(0.2, rel=0.05)
+    e0, s0 = np.array([0.3, -0.3]), np.array([0.1, 0.1])
+    zero, _unit = most_likely_by_distance(e0, s0, np.zeros(2))
+    assert zero == pytest.approx(most_likely_sd(e0, s0), rel=0.03)
 
 
 def test_one_run_or_one_configuration_leaves_the_model_error_unknown(tmp_path, capsys):

@@ -726,13 +726,14 @@ def test_a_cell_whose_compute_waited_for_a_core_is_labelled_and_kept_out_of_the_
     assert out["summary"]["median_abs_tok_s_error_pct"] == pytest.approx(0.0, abs=0.1)
 
 
-def test_the_model_error_inside_the_read_range_comes_from_the_configurations_inside_it(
-    tmp_path,
-):
-    """Four configurations reading 3, 6, 9 and 12 MiB a token: held out in turn, the two in
-    the middle are inside the others' read range (interpolated), the two at the ends are not;
-    a configuration inside the profile's range gets the model error measured inside it, one
-    outside gets the whole one."""
+def test_the_model_error_grows_with_the_distance_from_the_measured_configurations(tmp_path):
+    """Four configurations reading 3, 6, 9 and 12 MiB a token at one lane: held out in turn,
+    each lies |ln(reads / nearest other)| from the others (ln 2, ln 1.5, ln 4/3, ln 4/3); the
+    two in the middle are interpolated and predicted, the two at the ends are held at the
+    nearest point's compute and are not. The profile keeps where its configurations lie, so
+    that a configuration reading what one of them read has the model error at distance 0,
+    and one between them more."""
+    import math
     from dataclasses import replace
 
     from bmoe.analyze.predict import model_error
@@ -743,20 +744,44 @@ def test_the_model_error_inside_the_read_range_comes_from_the_configurations_ins
     ]
     prof = profile_of(*paths)
     section = prof.model_error
-    inside = {Path(r["run"]).name: r["inside"] for r in section["held_out"]}
-    assert inside == {"r2.csv": False, "r4.csv": True, "r6.csv": True, "r8.csv": False}
-    assert section["configurations"] == 4 and section["configurations_inside"] == 2
+    distance = {Path(r["run"]).name: r["distance"] for r in section["held_out"]}
+    assert distance == {
+        "r2.csv": pytest.approx(math.log(2)),
+        "r4.csv": pytest.approx(math.log(1.5)),
+        "r6.csv": pytest.approx(math.log(4 / 3)),
+        "r8.csv": pytest.approx(math.log(4 / 3)),
+    }
+    lanes = {p["io_threads"] for p in section["configurations_at"]}
+    assert len(lanes) == 1
+    assert [p["read_mib"] for p in section["configurations_at"]] == [
+        pytest.approx(v) for v in (3.0, 6.0, 9.0, 12.0)
+    ]
     # compute is a line in the read volume: interpolated, the runs inside are predicted;
     # the ends, held at the nearest point's compute, are not
     errors = {Path(r["run"]).name: abs(r["error_pct"]) for r in section["held_out"]}
     assert errors["r4.csv"] < 1.0 and errors["r6.csv"] < 1.0
     assert errors["r2.csv"] > 5.0 and errors["r8.csv"] > 5.0
-    assert section["sd_rel_inside"] < 0.01 < section["sd_rel"]
-    wide = replace(prof, model_error={**section, "sd_rel": 0.4, "sd_rel_inside": 0.05})
+    assert section["sd_rel_unit"] > 0.05
+    (one,) = lanes
+    at = replace(prof, model_error={**section, "sd_rel_zero": 0.02, "sd_rel_unit": 0.3})
+    assert model_error(at, 6.0, one).sd_rel == pytest.approx(0.02)
+    assert model_error(at, 6.0, one).distance == 0.0
+    between = model_error(at, 6.6, one)  # nearer 6 than 9
+    assert between.distance == pytest.approx(math.log(1.1))
+    assert between.sd_rel == pytest.approx(math.sqrt(0.02**2 + 0.09 * math.log(1.1)))
+    assert model_error(at, 24.0, one).sd_rel == pytest.approx(
+        math.sqrt(0.02**2 + 0.09 * math.log(2))
+    )
+    assert model_error(at, 6.0, one).k == 4
+    # without the reads, the model error without distance
+    assert model_error(at).sd_rel == pytest.approx(section["sd_rel"])
+    # a profile written before distance was measured keeps its model error inside its range
+    old = {k: v for k, v in section.items() if k not in ("sd_rel_zero", "sd_rel_unit")}
+    wide = replace(prof, model_error={**old, "sd_rel": 0.4, "sd_rel_inside": 0.05,
+                                      "configurations_inside": 2})  # fmt: skip
     assert model_error(wide, 7.5).sd_rel == pytest.approx(0.05)
     assert model_error(wide, 7.5).inside and model_error(wide, 7.5).k == 2
     assert model_error(wide, 20.0).sd_rel == pytest.approx(0.4)
-    assert model_error(wide).sd_rel == pytest.approx(0.4)
     one_inside = replace(wide, model_error={**wide.model_error, "configurations_inside": 1})
     assert model_error(one_inside, 7.5).sd_rel == pytest.approx(0.4)  # too few inside
 

@@ -59,6 +59,7 @@ from bmoe.analyze.predict.interval import (
     half_width,
     interval_z,
     model_error,
+    read_distance,
     read_range,
     t_quantile,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "per_lane_ms",
     "predict",
     "predict_cell",
+    "read_distance",
     "read_range",
     "request_latency_ms",
     "stall_per_miss",

@@ -13,7 +13,13 @@ import pandas as pd
 
 from bmoe.analyze.predict.cells import grid_defaults, predict
 from bmoe.analyze.predict.grid import GRID_AXES
-from bmoe.analyze.predict.interval import coverage_check, model_error, read_range
+from bmoe.analyze.predict.interval import (
+    DOUBLE,
+    coverage_check,
+    error_at_distance,
+    model_error,
+    read_range,
+)
 from bmoe.cache import DEFAULT_POLICY, policy_name
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
@@ -155,10 +161,18 @@ def interval_kind(profile: DeviceProfile) -> tuple[str, bool]:
     error = model_error(profile)
     if not error.known:
         return f"the terms' spread only (model error unknown: {error.why})", False
-    text = (
-        f"the terms' spread and the model's own error ({100 * (error.sd_rel or 0):.0f} %, "
-        f"from {error.k} held-out configuration{'s' if error.k != 1 else ''}"
-    )
+    held = f"from {error.k} held-out configuration{'s' if error.k != 1 else ''}"
+    at_zero = error_at_distance(profile.model_error, 0.0)
+    if at_zero is not None:
+        at_double = error_at_distance(profile.model_error, DOUBLE) or 0.0
+        return (
+            f"the terms' spread and the model's own error, which grows with a "
+            f"configuration's distance from the nearest the profile measured ({held}): "
+            f"{100 * at_zero:.0f} % at its reads a token, {100 * at_double:.0f} % at twice "
+            "or half them",
+            True,
+        )
+    text = f"the terms' spread and the model's own error ({100 * (error.sd_rel or 0):.0f} %, {held}"
     span = read_range(profile)
     if span is None:
         return text + ")", True

@@ -1,6 +1,15 @@
-"""How wide a prediction's interval is: the terms' spread (how much a run's mean of each term
-moves) and the model's own error (how far the profile's runs, each held out and predicted
-from the others, fell from their prediction), at the profile's stated coverage.
+"""How wide a prediction's interval is: the terms' spread (how much a repeat moves the mean of
+each term) and the model's own error (how far the profile's runs, each configuration held
+out and predicted from the others, fell from their prediction), at the profile's stated
+coverage.
+
+The model error grows with a configuration's distance from the configurations the profile
+measured (see :mod:`bmoe.analyze.profile.holdout`): ``m = sqrt(z^2 + u^2 d)``, ``d`` the
+distance (:func:`read_distance`), ``z`` and ``u`` the profile's ``sd_rel_zero`` and
+``sd_rel_unit``. A configuration that reads what a measured one read, at its lanes, has the
+spread and ``z`` alone. A configuration whose reads are not
+known, or a profile written before distance was measured, has the model error without
+distance (``sd_rel``; an older profile's ``sd_rel_inside`` inside its read range).
 
 The model error's variance is estimated from the profile's held-out configurations, so it is
 uncertain with few of them: the interval uses Student's t at the Welch-Satterthwaite degrees
@@ -8,16 +17,12 @@ of freedom of the sum (the spread taken as known, the model error's from ``k`` h
 configurations): ``nu = (s^2 + m^2)^2 / (m^4 / k)``. Without a model error (one run, one
 configuration, or none of the held-out runs predictable) the interval is the spread's alone
 and says so: it does not claim the stated coverage.
-
-A configuration that reads a volume a token inside the range the profile's compute points
-span is an interpolation; the held-out configurations that were inside the others' range give
-its model error where there are two of them or more (``sd_rel_inside``): the ones at the ends
-of the range are extrapolations, which err more, and would widen every interval inside it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
@@ -61,23 +66,61 @@ class ModelError:
     sd_rel: float | None
     k: int
     why: str | None = None
-    inside: bool = False  # from the held-out configurations inside the others' read range
+    inside: bool = False  # an older profile's, from the configurations inside its read range
+    distance: float | None = None  # from the nearest measured configuration, where known
 
     @property
     def known(self) -> bool:
         return self.sd_rel is not None and self.k > 0
 
 
-def model_error(profile: DeviceProfile, read_mib: float | None = None) -> ModelError:
+def read_distance(read_mib: float, lanes: int | None, points: Sequence[tuple[int, float]]) -> float:
+    """How far a configuration reading `read_mib` a token at `lanes` io lanes lies from the
+    measured configurations `points` ((lanes, read MiB a token) each): ``|ln(read_mib /
+    nearest)|`` over the points at the same lanes (every point when none is; NaN without
+    points or reads). 0 reads the same as ln of a tenth of a KiB, not minus infinity."""
+    if not points or read_mib is None or not np.isfinite(read_mib):
+        return float("nan")
+    same = [mib for n, mib in points if lanes is not None and int(n) == int(lanes)]
+    volumes = np.asarray(same or [mib for _n, mib in points], dtype=np.float64)
+    floor = 1e-4  # MiB: a configuration that reads nothing is near one that reads little
+    gaps = np.abs(np.log(max(read_mib, floor)) - np.log(np.maximum(volumes, floor)))
+    return float(gaps.min())
+
+
+def error_at_distance(section: dict[str, Any] | None, distance: float) -> float | None:
+    """A profile's model error (relative sd) at `distance` from its nearest measured
+    configuration, from its ``model_error`` section (None: not measured by distance)."""
+    zero, unit = (section or {}).get("sd_rel_zero"), (section or {}).get("sd_rel_unit")
+    if zero is None or unit is None:
+        return None
+    return math.sqrt(float(zero) ** 2 + float(unit) ** 2 * distance)
+
+
+#: Twice or half the reads a token of the nearest measured configuration: the distance a
+#: profile's model error is quoted at.
+DOUBLE = math.log(2.0)
+
+
+def model_error(
+    profile: DeviceProfile, read_mib: float | None = None, lanes: int | None = None
+) -> ModelError:
     """The profile's model error as its ``model_error`` section records it (unknown for a
-    profile written before it was measured); for a configuration reading `read_mib` a token
-    inside the profile's read range, the one measured inside it where there is one."""
+    profile written before it was measured): for a configuration reading `read_mib` a token
+    at `lanes` io lanes, the one at its distance from the measured configurations; without
+    them (or in an older profile), the one without distance."""
     section: dict[str, Any] = profile.model_error or {}
     sd = section.get("sd_rel")
     k = int(section.get("configurations") or 0)
     if sd is None or k < 1:
         why = section.get("why") or "not measured (a profile written before it was)"
         return ModelError(None, 0, str(why))
+    points = [(int(p["io_threads"]), float(p["read_mib"]))
+              for p in section.get("configurations_at") or []]  # fmt: skip
+    if points and read_mib is not None and error_at_distance(section, 0.0) is not None:
+        d = read_distance(read_mib, lanes, points)
+        if np.isfinite(d):
+            return ModelError(error_at_distance(section, d), k, distance=d)
     inside_sd = section.get("sd_rel_inside")
     inside_k = int(section.get("configurations_inside") or 0)
     span = read_range(profile)
@@ -92,8 +135,8 @@ def model_error(profile: DeviceProfile, read_mib: float | None = None) -> ModelE
     return ModelError(float(sd), k)
 
 
-#: Held-out configurations inside the others' read range it takes to give the model error
-#: of a configuration inside the profile's range.
+#: Held-out configurations inside the others' read range it took an older profile to give
+#: the model error of a configuration inside its range.
 MIN_INSIDE = 2
 
 
@@ -176,13 +219,16 @@ def coverage_check(within: int, n: int, stated: float) -> dict[str, Any]:
 
 __all__ = [
     "COVERAGE_ALPHA",
+    "DOUBLE",
     "MIN_INSIDE",
     "ModelError",
     "binomial_p",
     "coverage_check",
+    "error_at_distance",
     "half_width",
     "interval_z",
     "model_error",
+    "read_distance",
     "read_range",
     "t_quantile",
 ]

@@ -203,7 +203,7 @@ def predict_cell(
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
     spread = _spread(profile, parts, bool(overlap), token_ms)
-    rel, _q = half_width(profile.coverage, spread, model_error(profile, read_mib))
+    rel, _q = half_width(profile.coverage, spread, model_error(profile, read_mib, lanes))
     moved_mib = np.bincount(reads.step, weights=moved, minlength=reads.n_tokens) / MIB
     steady = steady_state(pd.DataFrame({"wall_ms": mid["wall_ms"], "read_mib": moved_mib}))
     window = steady.mask()

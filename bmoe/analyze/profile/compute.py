@@ -139,7 +139,7 @@ def compute_section(
     ev.terms["compute"] = provenance(
         [r.name for r in ev.timing],
         columns,
-        term_spread(per_run, _by_read_model(ev, per_run, by_read)),
+        term_spread(per_run, _by_read_model(ev, per_run, by_read), ev.config_keys(ev.timing)),
         note="; ".join(notes),
     )
     every = np.concatenate(list(per_run.values()))

@@ -75,6 +75,20 @@ class Evidence:
     def starved(self, run: ProfileRun) -> bool:
         return bool(self.state[run.name]["starved"])
 
+    def config_key(self, run: ProfileRun) -> tuple:
+        """What makes two runs repeats of one configuration: the grid axes, top-k and the
+        dense weights' placement."""
+        config = self.configs[run.name]
+        return (
+            tuple(config.axes().items()),
+            config.n_expert_used,
+            run.metrics.params.get("dense_weights"),
+        )
+
+    def config_keys(self, runs: list[ProfileRun]) -> dict[str, tuple]:
+        """Each run's configuration key by name (see :meth:`config_key`)."""
+        return {r.name: self.config_key(r) for r in runs}
+
     def contended(self, run: ProfileRun) -> bool:
         """Starved, or its compute waited for a core (see ``run_state``)."""
         state = self.state[run.name]

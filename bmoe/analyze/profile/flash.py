@@ -261,7 +261,7 @@ def flash_section(ev: Evidence) -> pd.DataFrame:
     ev.terms["flash"] = provenance(
         [r.name for r in flash_runs],
         flash_cols,
-        term_spread(measured, _fitted(ev, table, flash_runs)),
+        term_spread(measured, _fitted(ev, table, flash_runs), ev.config_keys(flash_runs)),
         note=_lane_note(table),
     )
     return table

@@ -1,16 +1,27 @@
 """The model's own error: each configuration the profile's runs measured is held out in turn,
 the others make a profile (the same sections, the same read units), and that profile predicts
-each held-out run from the reads it recorded itself, with its own configuration. A held-out
-run's relative error ``e`` of decode time is taken as normal around 0 with the variance its
-prediction's spread states (``s^2``) plus the model's own (``m^2``): ``m`` is the maximum
-likelihood estimate over the held-out runs (a grid search; 0 when the spreads explain the
-errors). Weighing each error by its own spread matters: one held-out prediction with a wide
-spread must not hide another's large error made with a narrow one. The number of
-configurations held out is how well ``m`` is known (see :mod:`bmoe.analyze.predict.interval`).
-The held-out configurations whose read volume a token lies inside the range the others'
-compute points span give ``m`` again on their own (``sd_rel_inside``): a configuration at an
-end of the range is predicted by extrapolation, the configurations a profile is asked about
-mostly by interpolation.
+each held-out run from the reads it recorded itself, with its own configuration.
+
+A prediction errs more the further its configuration lies from the ones the profile measured:
+a configuration that reads what a measured one read, at its lanes, is predicted about as well
+as a repeat; one between two measured ones, from both; one beyond them, by holding the
+nearest. The distance is ``|ln(read_mib / nearest)|``, the nearest being the measured
+configuration at the same io lanes (any, when none used them) whose read volume a token is
+closest. A held-out run's relative error ``e`` of decode time is taken as normal around 0
+with the variance its prediction's spread states (``s^2``) plus the model's own: a part that
+does not depend on distance (``z^2``: configurations that read alike but differ otherwise,
+in cache budget or policy) and a part that grows in proportion to it (``u^2 d``: the error of
+a random walk, a linear variogram). ``z`` and ``u`` (``sd_rel_zero``, ``sd_rel_unit``) are the
+maximum likelihood estimates over the held-out runs, each at its distance from the
+configurations left in (a grid search; 0 when the spreads explain the errors). Holding a
+configuration out leaves its neighbours twice as far apart as they are in the whole profile;
+a model error that ignored distance took the held-out errors, made across those wide gaps,
+as the error of every configuration, and its intervals were wider than their coverage
+needed. ``sd_rel`` is the same estimate without distance, for a configuration whose
+reads are not known; weighing each error by its own spread matters in both: one held-out
+prediction with a wide spread must not hide another's large error made with a narrow one.
+The number of configurations held out is how well the model error is known (see
+:mod:`bmoe.analyze.predict.interval`).
 
 Whole configurations are held out, not single runs, because a prediction is asked of
 configurations never run: a repeat of a configuration the profile already measured would be
@@ -24,7 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from bmoe.analyze.predict import interval_z, measured_reads, predict_cell, read_range, unpriced
+from bmoe.analyze.predict import (
+    interval_z,
+    measured_reads,
+    predict_cell,
+    read_distance,
+    unpriced,
+)
 from bmoe.analyze.profile.evidence import Evidence
 from bmoe.analyze.profile.matching import not_comparable
 from bmoe.analyze.profile.runs import ProfileRun
@@ -40,13 +57,7 @@ def _groups(ev: Evidence) -> list[list[ProfileRun]]:
     """The runs by configuration (the grid axes, dense weights and top-k), in order."""
     groups: dict[tuple, list[ProfileRun]] = {}
     for run in ev.runs:
-        config = ev.configs[run.name]
-        key = (
-            tuple(config.axes().items()),
-            config.n_expert_used,
-            run.metrics.params.get("dense_weights"),
-        )
-        groups.setdefault(key, []).append(run)
+        groups.setdefault(ev.config_key(run), []).append(run)
     return list(groups.values())
 
 
@@ -81,16 +92,14 @@ def _held_out(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> dict[str,
     measured = 1000.0 * len(ev.frame(run)) / wall if wall > 0 else float("nan")
     predicted = float(figures["tok_s"])
     spread = float(figures["spread_pct"]) / 100.0 / interval_z(others.coverage)
-    mib = float(figures["mib_per_token"])
-    span = read_range(others)
     return {
         "run": run.name,
         "measured_tok_s": measured,
         "predicted_tok_s": predicted,
         "error_pct": 100.0 * (predicted / measured - 1.0),  # the decode time's, relative
         "spread_pct": 100.0 * spread,
-        "read_mib": mib,
-        "inside": bool(span is not None and span[0] <= mib <= span[1]),
+        "read_mib": float(figures["mib_per_token"]),
+        "io_threads": int(config.io_threads),
     }
 
 
@@ -123,6 +132,49 @@ def most_likely_sd(errors: np.ndarray, spreads: np.ndarray) -> float:
     return float(SD_GRID[int(np.argmax(log_lik))])
 
 
+#: The model errors at distance 0 and per unit distance searched (relative sd): 0, then
+#: 1e-3 to 4.
+PAIR_GRID = np.concatenate([[0.0], np.geomspace(1e-3, 4.0, 400)])
+
+
+def _best_pair(
+    errors: np.ndarray,
+    spreads: np.ndarray,
+    distances: np.ndarray,
+    zeros: np.ndarray,
+    units: np.ndarray,
+) -> tuple[float, float]:
+    """The (zero, unit) of `zeros` x `units` whose variance makes `errors` most likely."""
+    grow = units[:, None] ** 2 * distances[None, :]  # (unit, run)
+    best, at = -np.inf, (0.0, 0.0)
+    for zero in zeros:
+        var = np.maximum(spreads[None, :] ** 2 + zero**2 + grow, 1e-12)
+        log_lik = -0.5 * (np.log(var) + errors[None, :] ** 2 / var).sum(axis=1)
+        i = int(np.argmax(log_lik))
+        if log_lik[i] > best:
+            best, at = float(log_lik[i]), (float(zero), float(units[i]))
+    return at
+
+
+def most_likely_by_distance(
+    errors: np.ndarray, spreads: np.ndarray, distances: np.ndarray
+) -> tuple[float, float]:
+    """The model error at distance 0 (``z``) and per unit distance (``u``) that make `errors`
+    most likely when each is normal around 0 with variance ``spread^2 + z^2 + u^2 *
+    distance``: searched over :data:`PAIR_GRID` squared, then again on a grid a hundred times
+    finer about the best pair."""
+    e, s, d = (np.asarray(a, dtype=np.float64) for a in (errors, spreads, distances))
+    zero, unit = _best_pair(e, s, d, PAIR_GRID, PAIR_GRID)
+    step = float(PAIR_GRID[2] / PAIR_GRID[1])  # the coarse grid's ratio
+
+    def around(x: float) -> np.ndarray:
+        if x == 0.0:
+            return np.concatenate([[0.0], np.linspace(PAIR_GRID[1] / 100, PAIR_GRID[1], 100)])
+        return np.geomspace(x / step, x * step, 101)
+
+    return _best_pair(e, s, d, around(zero), around(unit))
+
+
 def _unknown(why: str, held: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "method": METHOD,
@@ -132,50 +184,79 @@ def _unknown(why: str, held: list[dict[str, Any]]) -> dict[str, Any]:
         "spread_rms_pct": None,
         "held_out": held,
         "why": why,
-        "sd_rel_inside": None,
-        "configurations_inside": 0,
+        "sd_rel_zero": None,
+        "sd_rel_unit": None,
+        "configurations_at": [],
     }
 
 
 def model_error_section(ev: Evidence, model: dict, *, allow_traced: bool) -> dict[str, Any]:
     """The profile's ``model_error`` section (see the module docstring): ``sd_rel`` the
-    relative sd of a prediction's decode time beyond its stated spread (the held-out runs'
-    mean square error less their mean square spread, never below 0), ``configurations`` how
-    many held-out configurations it comes from, the same inside the others' read range
-    (``sd_rel_inside``, ``configurations_inside``), ``held_out`` each run's record; unknown,
-    with ``why``, for one run, one configuration, or when none could be predicted."""
+    relative sd of a prediction's decode time beyond its stated spread (maximum likelihood
+    over the held-out runs), ``configurations`` how many held-out configurations it comes
+    from, ``sd_rel_zero`` and ``sd_rel_unit`` the model error at distance 0 and its growth
+    per unit distance (see the module docstring), ``configurations_at`` the lanes and read
+    volume a token of each configuration (what a prediction's distance is measured from),
+    ``held_out`` each run's record with its ``distance``; unknown, with ``why``, for one
+    run, one configuration, or when none could be predicted."""
     if len(ev.runs) < 2:
         return _unknown("one run: no other run to predict it from", [])
     groups = _groups(ev)
     if len(groups) < 2:
         return _unknown("every run measured one configuration: nothing held out to predict", [])
     held: list[dict[str, Any]] = []
-    k = k_inside = 0
+    folds: list[list[dict[str, Any]]] = []
     for group in groups:
         records = _fold(ev, group, model, allow_traced)
-        k += any("error_pct" in r for r in records)
-        k_inside += any(r.get("inside") for r in records)
+        folds.append([r for r in records if "error_pct" in r])
         held.extend(records)
-    scored = [r for r in held if "error_pct" in r]
+    scored = [r for fold in folds for r in fold]
     if not scored:
         reasons = sorted({str(r["why"]) for r in held})
         return _unknown(f"no held-out run could be predicted from the others ({reasons[0]})", held)
+    points = [_configuration_at(fold) for fold in folds]
+    for i, fold in enumerate(folds):
+        others = [p for j, p in enumerate(points) if j != i and p is not None]
+        for record in fold:
+            record["distance"] = read_distance(record["read_mib"], record["io_threads"], others)
     errors = np.array([r["error_pct"] for r in scored]) / 100.0
     spreads = np.array([r["spread_pct"] for r in scored]) / 100.0
-    mean_square = float(np.mean(errors**2))
-    spread_square = float(np.mean(spreads**2))
-    inside = np.array([bool(r.get("inside")) for r in scored])
+    distances = np.array([r["distance"] for r in scored], dtype=np.float64)
+    known = np.isfinite(distances)
+    zero, unit = (
+        most_likely_by_distance(errors[known], spreads[known], distances[known])
+        if known.any()
+        else (None, None)
+    )
     return {
         "method": METHOD,
         "sd_rel": most_likely_sd(errors, spreads),
-        "configurations": k,
-        "sd_rel_inside": most_likely_sd(errors[inside], spreads[inside]) if k_inside else None,
-        "configurations_inside": k_inside,
-        "rms_pct": 100.0 * math.sqrt(mean_square),
-        "spread_rms_pct": 100.0 * math.sqrt(spread_square),
+        "configurations": sum(1 for fold in folds if fold),
+        "sd_rel_zero": zero,
+        "sd_rel_unit": unit,
+        "configurations_at": [
+            {"io_threads": p[0], "read_mib": p[1]} for p in sorted(p for p in points if p)
+        ],
+        "rms_pct": 100.0 * math.sqrt(float(np.mean(errors**2))),
+        "spread_rms_pct": 100.0 * math.sqrt(float(np.mean(spreads**2))),
         "held_out": held,
         "why": None,
     }
 
 
-__all__ = ["METHOD", "SD_GRID", "model_error_section", "most_likely_sd"]
+def _configuration_at(records: list[dict[str, Any]]) -> tuple[int, float] | None:
+    """A configuration's io lanes and read MiB a token (its predicted runs' mean), None when
+    none of its runs was predicted."""
+    if not records:
+        return None
+    return int(records[0]["io_threads"]), float(np.mean([r["read_mib"] for r in records]))
+
+
+__all__ = [
+    "METHOD",
+    "PAIR_GRID",
+    "SD_GRID",
+    "model_error_section",
+    "most_likely_by_distance",
+    "most_likely_sd",
+]

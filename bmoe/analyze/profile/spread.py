@@ -1,9 +1,19 @@
 """How settled a term of the profile is: the spread of its per-run means and of its means
-over blocks of tokens, and the record of where it came from."""
+over blocks of tokens, and the record of where it came from.
+
+A term's ``sd_rel`` (the spread an interval is built from) is how much a repeat of one
+configuration moves the term's mean: the runs' ratios to the term's model, each against the
+mean of its configuration's runs, pooled over the configurations run more than once; never
+less than what a run's drift from quarter to quarter implies: a run's mean moves by the
+quarters' relative sd over the square root of their number, and a prediction from one run
+compared with another run moves by that times the square root of two. How far whole
+configurations sit from the term's model is not a repeat's noise but the model's error,
+which the profile measures on its own by holding configurations out
+(:mod:`bmoe.analyze.profile.holdout`); counting it here as well counted it twice."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +54,22 @@ def _drift(values: dict[str, np.ndarray], model: dict[str, np.ndarray]) -> float
     return float(np.sqrt(np.mean(np.square(spreads)))) if spreads else 0.0
 
 
+def _repeat_cv(ratios: Mapping[str, float], configs: Mapping[str, Hashable] | None) -> float:
+    """The relative sd of a repeat's ratio about its configuration's mean, pooled over the
+    configurations with two runs or more (every run one configuration without `configs`);
+    NaN when no configuration was repeated."""
+    groups: dict[Hashable, list[float]] = {}
+    for name, ratio in ratios.items():
+        groups.setdefault(configs.get(name, name) if configs else 0, []).append(ratio)
+    squares, dof = 0.0, 0
+    for values in groups.values():
+        arr = np.asarray(values)
+        if len(arr) > 1 and arr.mean() > 0:
+            squares += float(np.sum(np.square(arr / arr.mean() - 1.0)))
+            dof += len(arr) - 1
+    return float(np.sqrt(squares / dof)) if dof else float("nan")
+
+
 def _run_ratios(values: dict[str, np.ndarray], model: dict[str, np.ndarray]) -> dict[str, float]:
     """Per run, its measured total over its modelled total."""
     out = {}
@@ -56,14 +82,17 @@ def _run_ratios(values: dict[str, np.ndarray], model: dict[str, np.ndarray]) -> 
 
 
 def term_spread(
-    per_run: Mapping[str, np.ndarray], fitted: Mapping[str, np.ndarray] | None = None
+    per_run: Mapping[str, np.ndarray],
+    fitted: Mapping[str, np.ndarray] | None = None,
+    configs: Mapping[str, Hashable] | None = None,
 ) -> dict[str, Any]:
     """How settled a term is, from its per-token values in each run it came from, as ratios
     to what the term's model says per token (`fitted`: its fit, where the term depends on the
     reads; else its mean): the mean, each run's ratio, the coefficient of variation of the
-    ratios over blocks of tokens (within runs) and over runs, the standard error of the
-    mean from the blocks, and ``sd_rel``, how much a run's mean of the term moves (between
-    runs or between quarters of a run, whichever is larger)."""
+    ratios over blocks of tokens (within runs), over runs, and over repeats of a
+    configuration (`configs`: each run's configuration key), the standard error of the mean
+    from the blocks, and ``sd_rel``, how much a repeat moves the term's mean (see the module
+    docstring)."""
     values = {n: np.asarray(v, dtype=np.float64) for n, v in per_run.items()}
     every: np.ndarray = (
         np.concatenate([v[np.isfinite(v)] for v in values.values()]) if values else np.array([])
@@ -86,6 +115,8 @@ def term_spread(
         disagree = float(100.0 * (run_values.max() / max(run_values.min(), 1e-12) - 1.0))
     else:
         run_cv, disagree = float("nan"), 0.0
+    repeat_cv = _repeat_cv(run_ratio, configs)
+    floor = drift * float(np.sqrt(2.0 / RUN_PARTS))
     return {
         "value": mean,
         "p10": float(np.quantile(every, 0.1)) if len(every) else float("nan"),
@@ -97,7 +128,8 @@ def term_spread(
         "run_cv_pct": 100.0 * run_cv if run_cv == run_cv else None,
         "runs_disagree_pct": disagree,
         "drift_cv_pct": 100.0 * drift,
-        "sd_rel": max(drift, run_cv) if len(run_values) > 1 else drift,
+        "repeat_cv_pct": 100.0 * repeat_cv if repeat_cv == repeat_cv else None,
+        "sd_rel": max(floor, repeat_cv) if repeat_cv == repeat_cv else floor,
         "tokens": len(every),
     }
 

@@ -42,6 +42,7 @@ def mgmt_section(ev: Evidence) -> tuple[dict[str, float], bool]:
         term_spread(
             {r.name: ev.values(r, "mgmt_ms") for r in runs},
             {r.name: base + per_admit * ev.admits(r) for r in runs},
+            ev.config_keys(runs),
         ),
         note=f"{base:.3g} ms per token + {per_admit:.3g} ms per read admitted",
     )
@@ -148,6 +149,7 @@ def stall_section(ev: Evidence) -> dict[str, Any]:
         term_spread(
             {r.name: ev.values(r, "stall_ms") for r in runs},
             {r.name: a + b * ev.values(r, "misses") for r in runs},
+            ev.config_keys(runs),
         ),
         note=f"{a:.3g} ms per token + {b:.3g} ms per read missed",
     )
