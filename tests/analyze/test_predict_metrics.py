@@ -629,6 +629,38 @@ def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
     assert sources[1] == "io trace" and sources[4] == "io_ms"
 
 
+def test_an_io_traced_runs_latencies_are_brought_to_its_untraced_twins_level(tmp_path):
+    """The io trace says 2 ms a request, and its run's io_ms agrees (9 and 5 ms a token); an
+    untraced run of the same configuration waited half as long (4.5 and 2.5 ms): the
+    profile's latency at that lane count is the trace's times 0.5. An untraced run of
+    another configuration changes nothing."""
+    from bmoe.formats.route import read_route_trace
+
+    traced = write(tmp_path / "t.csv", serial_rows())
+    route_trace(tmp_path / "t.route.csv")
+    io = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=1",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns",
+    ]
+    io += [f"0,1,{3 + i},0,{i % 8},0,0,0,0,1048576,1048576,2000000" for i in range(32)]
+    (tmp_path / "t.io.csv").write_text("\n".join(io) + "\n")
+    trace = read_route_trace(tmp_path / "t.route.csv")
+    other = write(tmp_path / "o.csv", serial_rows(overhead=0.25, latency=1.0), cache_mb=7)
+    alone = profile_of(traced, other, trace=trace).flash.set_index("lanes")
+    assert alone.loc[1, "latency_ms"] == pytest.approx(2.0)
+    twin = write(tmp_path / "u.csv", serial_rows(overhead=0.25, latency=1.0))
+    prof = profile_of(traced, twin, other, trace=trace)
+    flash = prof.flash.set_index("lanes")
+    assert flash.loc[1, "latency_ms"] == pytest.approx(1.0)
+    assert flash.loc[1, "source"] == "io trace"
+    assert flash.loc[1, "batch_overhead_ms"] == pytest.approx(0.25, abs=0.02)
+    runs = read_runs([traced, twin])
+    assert runs[0].io is not None and runs[1].io is None
+    note = prof.terms["flash"]["note"]
+    assert "x0.5 to the untraced runs of its configurations" in note
+
+
 def _rows_reading(reads_even: int, reads_odd: int, compute: float, n: int = 32) -> list[dict]:
     """Serial tokens at one lane as in serial_rows, reading `reads_even` / `reads_odd` experts
     of 1 MiB, with `compute` ms of compute each."""

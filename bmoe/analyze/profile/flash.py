@@ -199,16 +199,57 @@ def _fitted(ev: Evidence, table: pd.DataFrame, runs: Sequence[ProfileRun]) -> di
     return {r.name: out[r.name] for r in runs}
 
 
+def _mean_io(ev: Evidence, runs: Sequence[ProfileRun]) -> float:
+    """The runs' mean ``io_ms`` a token, each run weighed alike (NaN without any)."""
+    means = [float(np.nanmean(ev.values(r, "io_ms"))) for r in runs if ev.measured(r, "io_ms")]
+    return float(np.mean(means)) if means else float("nan")
+
+
+def trace_levels(ev: Evidence, serial: Sequence[ProfileRun]) -> dict[int, dict[str, float]]:
+    """Per lane count, how the io-traced runs' flash wait compares with the untraced runs of
+    the same configurations: ``factor`` (their mean ``io_ms`` a token over the traced runs'),
+    ``traced_ms`` and ``untraced_ms``; lane counts without such a pair are left out. An io
+    trace gives the latency of each request of one run; how long the reads take in the
+    configurations a profile predicts is what the untraced runs measured, every one of them
+    (a single traced run, the first of a session or slowed by writing its trace, set the
+    level of every prediction at its lanes)."""
+    out: dict[int, dict[str, float]] = {}
+    traced = [r for r in serial if r.io is not None]
+    for lanes in sorted({ev.configs[r.name].io_threads for r in traced}):
+        at = [r for r in traced if ev.configs[r.name].io_threads == lanes]
+        keys = {ev.config_key(r) for r in at}
+        twins = [r for r in serial if r.io is None and not r.traced and ev.config_key(r) in keys]
+        paired = [r for r in at if ev.config_key(r) in {ev.config_key(t) for t in twins}]
+        traced_ms, untraced_ms = _mean_io(ev, paired), _mean_io(ev, twins)
+        if traced_ms > 0 and untraced_ms > 0:
+            out[int(lanes)] = {
+                "factor": untraced_ms / traced_ms,
+                "traced_ms": traced_ms,
+                "untraced_ms": untraced_ms,
+            }
+    return out
+
+
 def _from_io_traces(ev: Evidence, serial: Sequence[ProfileRun]):
     """The table of the serial runs' io traces (per-batch overhead from their ``io_ms``),
-    completed by lane counts only untraced serial runs measured; its runs and columns."""
+    each lane count's latencies brought to the level of the untraced runs of the traced
+    runs' configurations (:func:`trace_levels`), completed by lane counts only untraced
+    serial runs measured; its runs and columns."""
     configs = ev.configs
     table = flash_table((r.io, configs[r.name].io_threads) for r in serial if r.io is not None)
     if not len(table):
         return table, [], []
+    levels = trace_levels(ev, serial)
+    for lanes, level in levels.items():
+        rows = table["lanes"] == lanes
+        for column in ("latency_ms", "latency_ms_p10", "latency_ms_p90"):
+            table.loc[rows, column] = table.loc[rows, column] * level["factor"]
+        table.loc[rows, "mib_s"] = table.loc[rows, "mib_s"] / level["factor"]
     table["batch_overhead_ms"] = 0.0
     for lanes in sorted(table["lanes"].unique()):
         at = [r for r in serial if configs[r.name].io_threads == lanes]
+        if int(lanes) in levels:  # the traced runs' io_ms is the level the untraced replaced
+            at = [r for r in at if r.io is None]
         table.loc[table["lanes"] == lanes, "batch_overhead_ms"] = _batch_overhead(
             table, at, ev.tokens, int(lanes), ev.slices, ev.req
         )
@@ -258,11 +299,18 @@ def flash_section(ev: Evidence) -> pd.DataFrame:
             "with an io_ms column"
         )
     measured = {r.name: ev.values(r, "io_ms") for r in flash_runs}
+    levels = trace_levels(ev, serial) if "io trace latency_ns" in flash_cols else {}
+    scaled = [
+        f"io trace latencies at {lanes} lane{'s' if lanes != 1 else ''} scaled "
+        f"x{level['factor']:.3g} to the untraced runs of its configurations (io_ms "
+        f"{level['untraced_ms']:.3g} against {level['traced_ms']:.3g} ms a token)"
+        for lanes, level in levels.items()
+    ]
     ev.terms["flash"] = provenance(
         [r.name for r in flash_runs],
         flash_cols,
         term_spread(measured, _fitted(ev, table, flash_runs), ev.config_keys(flash_runs)),
-        note=_lane_note(table),
+        note="; ".join([_lane_note(table), *scaled]),
     )
     return table
 
@@ -273,5 +321,6 @@ __all__ = [
     "flash_from_overlap",
     "flash_section",
     "flash_table",
+    "trace_levels",
     "waves",
 ]
