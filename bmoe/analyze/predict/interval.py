@@ -7,9 +7,9 @@ The model error grows with a configuration's distance from the configurations th
 measured (see :mod:`bmoe.analyze.profile.holdout`): ``m = sqrt(z^2 + u^2 d)``, ``d`` the
 distance (:func:`read_distance`), ``z`` and ``u`` the profile's ``sd_rel_zero`` and
 ``sd_rel_unit``. A configuration that reads what a measured one read, at its lanes, has the
-spread and ``z`` alone. A configuration whose reads are not
-known, or a profile written before distance was measured, has the model error without
-distance (``sd_rel``; an older profile's ``sd_rel_inside`` inside its read range).
+spread and ``z`` alone. A configuration whose reads are not known, or a profile written
+before distance was measured, has the model error without distance (``sd_rel``; an older
+profile's ``sd_rel_inside`` inside its read range).
 
 The model error's variance is estimated from the profile's held-out configurations, so it is
 uncertain with few of them: the interval uses Student's t at the Welch-Satterthwaite degrees
