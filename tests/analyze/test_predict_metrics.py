@@ -609,9 +609,9 @@ def test_expert_sizes_from_the_model_file(tmp_path, capsys):
     assert str(model) in data["model"]["sizes_from"]
 
 
-def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
-    """An io trace at one lane count and an untraced run at another: the table has both,
-    the second from the untraced run's io_ms."""
+def io_traced_run(tmp_path: Path):
+    """A serial run at one lane (serial_rows) with its route trace and an io trace of 1 MiB
+    requests that each took 2 ms: the run's path and the route trace."""
     from bmoe.formats.route import read_route_trace
 
     traced = write(tmp_path / "t.csv", serial_rows())
@@ -623,8 +623,15 @@ def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
     ]
     io += [f"0,1,{3 + i},0,{i % 8},0,0,0,0,1048576,1048576,2000000" for i in range(32)]
     (tmp_path / "t.io.csv").write_text("\n".join(io) + "\n")
+    return traced, read_route_trace(tmp_path / "t.route.csv")
+
+
+def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
+    """An io trace at one lane count and an untraced run at another: the table has both,
+    the second from the untraced run's io_ms."""
+    traced, trace = io_traced_run(tmp_path)
     wide = write(tmp_path / "w.csv", serial_rows(latency=3.0), io_threads=4)
-    prof = profile_of(traced, wide, trace=read_route_trace(tmp_path / "t.route.csv"))
+    prof = profile_of(traced, wide, trace=trace)
     sources = prof.flash.set_index("lanes")["source"]
     assert sources[1] == "io trace" and sources[4] == "io_ms"
 
@@ -634,18 +641,7 @@ def test_an_io_traced_runs_latencies_are_brought_to_its_untraced_twins_level(tmp
     untraced run of the same configuration waited half as long (4.5 and 2.5 ms): the
     profile's latency at that lane count is the trace's times 0.5. An untraced run of
     another configuration changes nothing."""
-    from bmoe.formats.route import read_route_trace
-
-    traced = write(tmp_path / "t.csv", serial_rows())
-    route_trace(tmp_path / "t.route.csv")
-    io = [
-        "# io_trace v1",
-        "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=1",
-        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns",
-    ]
-    io += [f"0,1,{3 + i},0,{i % 8},0,0,0,0,1048576,1048576,2000000" for i in range(32)]
-    (tmp_path / "t.io.csv").write_text("\n".join(io) + "\n")
-    trace = read_route_trace(tmp_path / "t.route.csv")
+    traced, trace = io_traced_run(tmp_path)
     other = write(tmp_path / "o.csv", serial_rows(overhead=0.25, latency=1.0), cache_mb=7)
     alone = profile_of(traced, other, trace=trace).flash.set_index("lanes")
     assert alone.loc[1, "latency_ms"] == pytest.approx(2.0)

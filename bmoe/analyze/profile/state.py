@@ -109,7 +109,8 @@ def tracing_section(
     if untraced:
         out["how"] = (
             "compute, management and stall from the untraced runs; routing and flash "
-            "latency from the traced ones"
+            "latency from the traced ones (its level from the untraced runs of their "
+            "configurations, where there are any: see the flash note)"
         )
     else:
         out["how"] = "not removed"
