@@ -219,7 +219,8 @@ def trace_levels(ev: Evidence, serial: Sequence[ProfileRun]) -> dict[int, dict[s
         at = [r for r in traced if ev.configs[r.name].io_threads == lanes]
         keys = {ev.config_key(r) for r in at}
         twins = [r for r in serial if r.io is None and not r.traced and ev.config_key(r) in keys]
-        paired = [r for r in at if ev.config_key(r) in {ev.config_key(t) for t in twins}]
+        twin_keys = {ev.config_key(t) for t in twins}
+        paired = [r for r in at if ev.config_key(r) in twin_keys]
         traced_ms, untraced_ms = _mean_io(ev, paired), _mean_io(ev, twins)
         if traced_ms > 0 and untraced_ms > 0:
             out[int(lanes)] = {
@@ -230,16 +231,17 @@ def trace_levels(ev: Evidence, serial: Sequence[ProfileRun]) -> dict[int, dict[s
     return out
 
 
-def _from_io_traces(ev: Evidence, serial: Sequence[ProfileRun]):
+def _from_io_traces(
+    ev: Evidence, serial: Sequence[ProfileRun], levels: dict[int, dict[str, float]]
+):
     """The table of the serial runs' io traces (per-batch overhead from their ``io_ms``),
     each lane count's latencies brought to the level of the untraced runs of the traced
-    runs' configurations (:func:`trace_levels`), completed by lane counts only untraced
+    runs' configurations (`levels`, :func:`trace_levels`), completed by lane counts only untraced
     serial runs measured; its runs and columns."""
     configs = ev.configs
     table = flash_table((r.io, configs[r.name].io_threads) for r in serial if r.io is not None)
     if not len(table):
         return table, [], []
-    levels = trace_levels(ev, serial)
     for lanes, level in levels.items():
         rows = table["lanes"] == lanes
         for column in ("latency_ms", "latency_ms_p10", "latency_ms_p90"):
@@ -281,7 +283,8 @@ def flash_section(ev: Evidence) -> pd.DataFrame:
     configs = ev.configs
     serial = [r for r in ev.runs if not configs[r.name].overlap]
     overlapped = [r for r in ev.runs if configs[r.name].overlap]
-    table, flash_runs, flash_cols = _from_io_traces(ev, serial)
+    levels = trace_levels(ev, serial)
+    table, flash_runs, flash_cols = _from_io_traces(ev, serial, levels)
     if not len(table):
         table = flash_from_metrics(serial, ev.tokens, configs, ev.slices, ev.req)
         flash_runs = [r for r in serial if ev.measured(r, "io_ms")]
@@ -299,7 +302,8 @@ def flash_section(ev: Evidence) -> pd.DataFrame:
             "with an io_ms column"
         )
     measured = {r.name: ev.values(r, "io_ms") for r in flash_runs}
-    levels = trace_levels(ev, serial) if "io trace latency_ns" in flash_cols else {}
+    if "io trace latency_ns" not in flash_cols:
+        levels = {}
     scaled = [
         f"io trace latencies at {lanes} lane{'s' if lanes != 1 else ''} scaled "
         f"x{level['factor']:.3g} to the untraced runs of its configurations (io_ms "
