@@ -269,6 +269,16 @@ def _show_profile(profile, fmt: str) -> None:
                 for p in profile.compute.get("by_read") or []
             )
             or "one figure (one read volume)",
+            "flash by MiB read/token": "; ".join(
+                f"{lanes} lanes: "
+                + ", ".join(
+                    f"x{p['scale']:.3g} at {p['read_mib']:.3g}"
+                    for p in profile.flash_by_read
+                    if int(p["lanes"]) == lanes
+                )
+                for lanes in sorted({int(p["lanes"]) for p in profile.flash_by_read})
+            )
+            or "the table alone (one read volume per lane count)",
             "interval coverage": profile.coverage,
             "model error": model_error_figure(profile),
             "runs": len(profile.sources),
@@ -348,6 +358,9 @@ def _profile_views(profile) -> dict:
     return {
         "profile": figures,
         "flash": profile.flash,
+        "flash_by_read": pd.DataFrame(
+            profile.flash_by_read, columns=["lanes", "read_mib", "scale"]
+        ),
         "terms": terms,
         "absent": dict(profile.absent),
         "runs": runs,

@@ -17,6 +17,9 @@ Layout (``version`` 2)::
                "read_unit_bytes": bytes one priced read moves},
      "flash": [{"lanes", "req_bytes", "latency_ms", "latency_ms_p10", "latency_ms_p90",
                 "batch_overhead_ms", "mib_s", "reads", "source"}, ...],
+     "flash_by_read": [{"lanes", "read_mib", "scale"}, ...] (the serial runs' measured flash
+                      wait over the table's, by lanes and MiB read a token; none where a lane
+                      count's runs read one volume),
      "overlap": {"stall_ms", "stall_ms_per_miss", "lanes"} (runs with --overlap only),
      "compute": {"token_ms", "token_ms_p10", "token_ms_p90", "expert_share", "source"},
      "mgmt": {"token_ms", "per_admit_ms"},
@@ -95,6 +98,7 @@ class DeviceProfile:
     coverage: float = DEFAULT_COVERAGE
     unsettled: list[str] = field(default_factory=list)
     model_error: dict[str, Any] = field(default_factory=dict)
+    flash_by_read: list[dict[str, float]] = field(default_factory=list)
     version: int = PROFILE_VERSION  # of the file it was read from
 
     def expert_bytes(self) -> dict[int, int]:
@@ -138,6 +142,7 @@ class DeviceProfile:
             "flash": [
                 {k: _plain(v) for k, v in row.items()} for row in flash.to_dict(orient="records")
             ],
+            "flash_by_read": _jsonable(self.flash_by_read),
             "overlap": self.overlap,
             "compute": self.compute,
             "mgmt": self.mgmt,
@@ -266,6 +271,10 @@ SCHEMA: dict[str, Field] = {
     "flash[].mib_s": Field("number", nullable=True, high=1e9),
     "flash[].reads": Field("count", required=True, high=2**53),
     "flash[].source": _TEXT,
+    "flash_by_read": Field("rows", nullable=True, high=MAX_ENTRIES),
+    "flash_by_read[].lanes": Field("count", required=True, low=1, high=4096),
+    "flash_by_read[].read_mib": Field("number", required=True, high=_BYTES),
+    "flash_by_read[].scale": Field("number", required=True, positive=True, high=1e6),
     "overlap": Field("section", nullable=True),
     "overlap.stall_ms": _ms(),
     "overlap.stall_ms_per_miss": _ms(required=True),
@@ -668,6 +677,7 @@ def profile_from_dict(data: Any, path: str | None = None) -> DeviceProfile:
         coverage=DEFAULT_COVERAGE if coverage is None else float(coverage),
         unsettled=[str(s) for s in data.get("unsettled") or []],
         model_error=dict(data.get("model_error") or {}),
+        flash_by_read=[dict(p) for p in data.get("flash_by_read") or []],
         version=int(version),
     )
 

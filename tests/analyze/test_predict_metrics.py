@@ -713,6 +713,85 @@ def test_bmoe_profile_shows_compute_per_read_volume(tmp_path, capsys):
     assert "compute by MiB read/token │ 10 ms at 3, 16 ms at 6" in out
 
 
+def _rows_at_latency(reads_even: int, reads_odd: int, latency: float, n: int = 32) -> list[dict]:
+    """Serial tokens at one lane as in _rows_reading (10 ms of compute), each read waiting
+    `latency` ms: flash slower at one read volume than at another."""
+    out = _rows_reading(reads_even, reads_odd, 10.0, n)
+    for i, row in enumerate(out):
+        reads = reads_even if i % 2 == 0 else reads_odd
+        io = 1.0 + latency * reads
+        row["wall_ms"] += io - row["io_ms"]
+        row["io_ms"] = io
+    return out
+
+
+def test_flash_follows_the_read_volume_between_runs(tmp_path):
+    """Two runs at one lane reading 3 and 6 MiB a token, their reads waiting 2 and 3 ms: the
+    table's one line prices neither, so the profile keeps, per read volume, the measured
+    wait over the table's (faster than the table at 3 MiB, slower at 6), interpolated
+    between and held beyond; a new configuration reading what one of them read is then
+    predicted as that run measured, and without the scale it is not."""
+    import dataclasses
+
+    from bmoe.analyze.predict import flash_scale_at
+    from bmoe.analyze.profile.build import with_probe
+
+    a = write(tmp_path / "a.csv", _rows_at_latency(4, 2, 2.0), cache_mb=3)
+    b = write(tmp_path / "b.csv", _rows_at_latency(8, 4, 3.0), cache_mb=1)
+    prof = profile_of(a, b)
+    row = prof.flash.iloc[0]
+    overhead, latency = float(row["batch_overhead_ms"]), float(row["latency_ms"])
+
+    def scale(reads_even: int, reads_odd: int, wave_ms: float) -> float:
+        measured = sum(1.0 + wave_ms * r for r in (reads_even, reads_odd))
+        priced = sum(2 * overhead + latency * r for r in (reads_even, reads_odd))
+        return measured / priced
+
+    assert prof.flash_by_read == [
+        {"lanes": 1, "read_mib": pytest.approx(3.0), "scale": pytest.approx(scale(4, 2, 2.0))},
+        {"lanes": 1, "read_mib": pytest.approx(6.0), "scale": pytest.approx(scale(8, 4, 3.0))},
+    ]
+    low, high = (p["scale"] for p in prof.flash_by_read)
+    assert low < 1.0 < high
+    assert flash_scale_at(prof, 4.5, 1) == pytest.approx((low + high) / 2)
+    assert flash_scale_at(prof, 1.0, 1) == pytest.approx(low)
+    assert flash_scale_at(prof, 12.0, 1) == pytest.approx(high)
+    assert flash_scale_at(prof, 4.5, 2) == 1.0  # no run measured two lanes
+    # the flash term's runs differ by their volumes, not by chance
+    assert prof.terms["flash"]["runs_disagree_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert "by MiB read a token" in prof.terms["flash"]["note"]
+
+    c = write(tmp_path / "c.csv", _rows_at_latency(8, 4, 3.0), cache_mb=2)
+    d = write(tmp_path / "d.csv", _rows_at_latency(4, 2, 2.0), cache_mb=4)
+    cells = against_files(None, prof, read_runs([c, d]))["cells"].set_index("cell")
+    for name in ("c", "d"):
+        assert cells.loc[name, "tok_s_predicted"] == pytest.approx(cells.loc[name, "tok_s"])
+    flat = dataclasses.replace(prof, flash_by_read=[])
+    unscaled = against_files(None, flat, read_runs([c, d]))["cells"].set_index("cell")
+    for name in ("c", "d"):
+        off = unscaled.loc[name, "tok_s_predicted"] / unscaled.loc[name, "tok_s"] - 1.0
+        assert abs(off) > 0.01
+    # the points survive the JSON and the schema; a probe's latencies drop them
+    out = tmp_path / "p.json"
+    write_profile(prof, out)
+    assert read_profile(out).flash_by_read == prof.flash_by_read
+    assert with_probe(prof, prof.flash, "a test").flash_by_read == []
+    # runs of one read volume: the table alone
+    e = write(tmp_path / "e.csv", _rows_at_latency(4, 3, 2.5), cache_mb=2)
+    assert profile_of(a, e).flash_by_read == []
+
+
+def test_bmoe_profile_shows_flash_per_read_volume(tmp_path, capsys):
+    a = write(tmp_path / "a.csv", _rows_at_latency(4, 2, 2.0), cache_mb=3)
+    b = write(tmp_path / "b.csv", _rows_at_latency(8, 4, 3.0), cache_mb=1)
+    assert main(["profile", str(a), str(b)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "flash by MiB read/token │ 1 lanes: x0." in out
+    assert main(["profile", str(a), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["flash_by_read"] == []
+
+
 def contended_rows(n=32, waited=8.0):
     """Serial tokens whose compute took `waited` ms more than its CPU time per thread (the
     compute threads waited for a core), not enough off-CPU time to count as starved."""

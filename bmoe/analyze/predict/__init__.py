@@ -7,9 +7,12 @@ DeviceProfile` then turns those misses into time, token by token:
 
 * flash wait: for every layer that misses ``m`` experts of ``s`` slices each, the lanes read
   ``m * s`` requests: ``batch_overhead + latency(request size, lanes) * ceil(m * s / lanes)``
-  (serial engines); under ``--overlap`` the stall per missed expert;
+  (serial engines), times the profile's measured-over-priced flash wait at the
+  configuration's lanes and MiB read a token where its runs read several volumes
+  (``flash_by_read``); under ``--overlap`` the stall per missed expert;
 * cache management: ``token_ms + per_admit_ms * (misses + prefetched experts)``;
-* compute: the profile's time per token, the same for every configuration of one model;
+* compute: the profile's time per token at the configuration's MiB read a token (its
+  ``by_read`` points interpolated, the nearest held beyond them);
 * prefetch (``--prefetch K``): the speculative reads' lane time beyond what compute hides.
 
 Latency for a lane count the profile lacks is interpolated per lane (throughput saturates
@@ -73,7 +76,12 @@ from bmoe.analyze.predict.lanes import (
 )
 from bmoe.analyze.predict.reads import CellReads, cell_reads
 from bmoe.analyze.predict.sweeps import sweep_duration
-from bmoe.analyze.predict.timing import memory_faults, predict_cell, token_times
+from bmoe.analyze.predict.timing import (
+    flash_scale_at,
+    memory_faults,
+    predict_cell,
+    token_times,
+)
 
 __all__ = [
     "COVERAGE_ALPHA",
@@ -93,6 +101,7 @@ __all__ = [
     "check_settled",
     "compare_cells",
     "coverage_check",
+    "flash_scale_at",
     "grid_cells",
     "half_width",
     "in_sample_cells",

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.profile.evidence import Evidence
+from bmoe.analyze.profile.fits import volume_groups
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.profile.spread import provenance, term_spread
 from bmoe.formats.op_traces import ComputeTrace
@@ -186,28 +187,17 @@ def _run_mib(ev: Evidence, name: str) -> float:
     return float(np.nanmean(mib)) if np.isfinite(mib).any() else float("nan")
 
 
-#: Timing runs whose read volumes a token are within this factor count as one volume.
-SAME_VOLUME = 1.25
-
-
 def compute_by_read(ev: Evidence, per_run: Mapping[str, np.ndarray]) -> list[dict[str, float]]:
     """Compute per token against the MiB read per token, one point per read volume (runs of
     one volume averaged token by token), ascending; empty unless there are two volumes at
-    least :data:`SAME_VOLUME` apart."""
-    points = sorted(
-        (
+    least :data:`~bmoe.analyze.profile.fits.SAME_VOLUME` apart."""
+    groups = volume_groups(
+        [
             (float(np.nanmean(ev.values(r, "read_mib"))), per_run[r.name])
             for r in ev.timing
             if len(per_run[r.name]) and np.isfinite(ev.values(r, "read_mib")).any()
-        ),
-        key=lambda point: point[0],
+        ]
     )
-    groups: list[list[tuple[float, np.ndarray]]] = []
-    for mib, values in points:
-        if groups and mib <= max(groups[-1][0][0], 1.0) * SAME_VOLUME:
-            groups[-1].append((mib, values))
-        else:
-            groups.append([(mib, values)])
     if len(groups) < 2:
         return []
     return [

@@ -1,8 +1,14 @@
-"""Least-squares fits with non-negative coefficients, as the profile's terms need them."""
+"""Least-squares fits with non-negative coefficients, as the profile's terms need them, and
+the grouping of runs by the volume they read a token that the per-volume figures share."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 import numpy as np
+
+T = TypeVar("T")
 
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -40,4 +46,20 @@ def fit_two(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float, float
     return 0.0, float(max(np.sum(y), 0.0) / np.sum(x2))
 
 
-__all__ = ["fit_line", "fit_two"]
+#: Runs whose read volumes a token are within this factor count as one volume.
+SAME_VOLUME = 1.25
+
+
+def volume_groups(points: Sequence[tuple[float, T]]) -> list[list[tuple[float, T]]]:
+    """`points` (MiB read a token, anything) in ascending volume, cut where a volume is more
+    than :data:`SAME_VOLUME` times the first of its group (volumes under 1 MiB count as 1)."""
+    groups: list[list[tuple[float, T]]] = []
+    for mib, item in sorted(points, key=lambda point: point[0]):
+        if groups and mib <= max(groups[-1][0][0], 1.0) * SAME_VOLUME:
+            groups[-1].append((mib, item))
+        else:
+            groups.append([(mib, item)])
+    return groups
+
+
+__all__ = ["SAME_VOLUME", "fit_line", "fit_two", "volume_groups"]

@@ -11,7 +11,7 @@ import pandas as pd
 
 from bmoe.analyze.predict import OVERLAP_SOURCE, batch_flash_ms, request_latency_ms
 from bmoe.analyze.profile.evidence import Evidence
-from bmoe.analyze.profile.fits import fit_two
+from bmoe.analyze.profile.fits import fit_two, volume_groups
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.profile.spread import provenance, term_spread
 from bmoe.analyze.profile.tokens import Tokens
@@ -267,6 +267,65 @@ def _from_io_traces(
     return table, runs, columns
 
 
+def flash_by_read(ev: Evidence, table: pd.DataFrame) -> list[dict[str, float]]:
+    """Per lane count, how the serial runs' measured ``io_ms`` compares with what the flash
+    table prices for their reads, one point per read volume (``scale``: measured over
+    priced, the runs of one volume summed), ascending; a lane count only where its runs read
+    two volumes at least :data:`~bmoe.analyze.profile.fits.SAME_VOLUME` apart. Runs without
+    any trace are used where a lane count has them (a traced run's flash is slowed by its
+    trace). The table is one curve over all the configurations of a lane count; where flash
+    is faster at some read volumes than at others (the page cache keeps more of a small
+    working set, the reads of a large one queue), a configuration is priced from the runs
+    nearest its volume (:func:`bmoe.analyze.predict.timing.flash_scale_at`)."""
+    configs = ev.configs
+    serial = [r for r in ev.runs if not configs[r.name].overlap and ev.measured(r, "io_ms")]
+    serial = [r for r in serial if np.isfinite(ev.values(r, "read_mib")).any()]
+    if not serial or not len(table):
+        return []
+    priced = _fitted(ev, table, serial)
+    out: list[dict[str, float]] = []
+    for lanes in sorted({configs[r.name].io_threads for r in serial}):
+        at = [r for r in serial if configs[r.name].io_threads == lanes]
+        at = [r for r in at if not r.traced] or at
+        points = []
+        for run in at:
+            spent, model = ev.values(run, "io_ms"), priced[run.name]
+            keep = np.isfinite(spent) & np.isfinite(model)
+            sums = (float(spent[keep].sum()), float(model[keep].sum()))
+            points.append((float(np.nanmean(ev.values(run, "read_mib"))), sums))
+        groups = volume_groups(points)
+        rows = [
+            {
+                "lanes": int(lanes),
+                "read_mib": float(np.mean([m for m, _s in g])),
+                "scale": sum(s[0] for _m, s in g) / sum(s[1] for _m, s in g),
+            }
+            for g in groups
+            if sum(s[1] for _m, s in g) > 0 and sum(s[0] for _m, s in g) > 0
+        ]
+        if len(rows) >= 2:
+            out += rows
+    return out
+
+
+def _scaled(
+    ev: Evidence, fitted: dict[str, np.ndarray], by_read: list[dict[str, float]]
+) -> dict[str, np.ndarray]:
+    """`fitted` (each run's priced ``io_ms``) times the per-volume scale at the run's lanes
+    and volume: runs that differ because they read different volumes do not disagree."""
+    out = dict(fitted)
+    for name, values in fitted.items():
+        config = ev.configs[name]
+        points = [p for p in by_read if p["lanes"] == config.io_threads]
+        mib = ev.tokens[name].values("read_mib")
+        if config.overlap or len(points) < 2 or not np.isfinite(mib).any():
+            continue
+        xs = [p["read_mib"] for p in points]
+        ys = [p["scale"] for p in points]
+        out[name] = values * float(np.interp(float(np.nanmean(mib)), xs, ys))
+    return out
+
+
 def _lane_note(table: pd.DataFrame) -> str:
     lanes_seen = sorted(int(x) for x in table["lanes"].unique())
     if len(lanes_seen) == 1:
@@ -277,9 +336,10 @@ def _lane_note(table: pd.DataFrame) -> str:
     return f"lane curve from {', '.join(map(str, lanes_seen))} lanes"
 
 
-def flash_section(ev: Evidence) -> pd.DataFrame:
+def flash_section(ev: Evidence) -> tuple[pd.DataFrame, list[dict[str, float]]]:
     """The flash table (io traces, else the serial runs' io_ms, else the overlap runs' lane
-    time) and its term record in ``ev.terms``; refused when no run measured flash."""
+    time), its per-volume scale (:func:`flash_by_read`) and its term record in
+    ``ev.terms``; refused when no run measured flash."""
     configs = ev.configs
     serial = [r for r in ev.runs if not configs[r.name].overlap]
     overlapped = [r for r in ev.runs if configs[r.name].overlap]
@@ -302,6 +362,7 @@ def flash_section(ev: Evidence) -> pd.DataFrame:
             "with an io_ms column"
         )
     measured = {r.name: ev.values(r, "io_ms") for r in flash_runs}
+    by_read = flash_by_read(ev, table)
     if "io trace latency_ns" not in flash_cols:
         levels = {}
     scaled = [
@@ -310,16 +371,34 @@ def flash_section(ev: Evidence) -> pd.DataFrame:
         f"{level['untraced_ms']:.3g} against {level['traced_ms']:.3g} ms a token)"
         for lanes, level in levels.items()
     ]
+    fitted = _scaled(ev, _fitted(ev, table, flash_runs), by_read)
     ev.terms["flash"] = provenance(
         [r.name for r in flash_runs],
         flash_cols,
-        term_spread(measured, _fitted(ev, table, flash_runs), ev.config_keys(flash_runs)),
-        note="; ".join([_lane_note(table), *scaled]),
+        term_spread(measured, fitted, ev.config_keys(flash_runs)),
+        note="; ".join([_lane_note(table), *scaled, *_by_read_notes(by_read)]),
     )
-    return table
+    return table, by_read
+
+
+def _by_read_notes(by_read: list[dict[str, float]]) -> list[str]:
+    """One note per lane count with a per-volume scale."""
+    notes = []
+    for lanes in sorted({int(p["lanes"]) for p in by_read}):
+        points = ", ".join(
+            f"x{p['scale']:.3g} at {p['read_mib']:.3g} MiB"
+            for p in by_read
+            if int(p["lanes"]) == lanes
+        )
+        notes.append(
+            f"measured flash wait over the table's at {lanes} lane{'s' if lanes != 1 else ''} "
+            f"by MiB read a token: {points} (interpolated, held beyond)"
+        )
+    return notes
 
 
 __all__ = [
+    "flash_by_read",
     "flash_fitted",
     "flash_from_metrics",
     "flash_from_overlap",

@@ -90,7 +90,7 @@ def measure(
     mgmt, mgmt_fitted = mgmt_section(ev)
     memory, fault_ms = memory_section(ev)
     compute = compute_section(ev, mgmt if mgmt_fitted else None, fault_ms)
-    flash = flash_section(ev)
+    flash, flash_local = flash_section(ev)
     overlap = stall_section(ev)
     prefill = prefill_section(ev.runs)
     if not prefill:
@@ -100,6 +100,7 @@ def measure(
         mode=_mode(ev),
         model=model,
         flash=flash,
+        flash_by_read=flash_local,
         compute=compute,
         mgmt=mgmt,
         prefill=prefill,
