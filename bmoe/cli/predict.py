@@ -269,10 +269,10 @@ def _show_profile(profile, fmt: str) -> None:
                 for p in profile.compute.get("by_read") or []
             )
             or "one figure (one read volume)",
-            "flash by MiB read/token": "; ".join(
+            "flash beyond the table": "; ".join(
                 f"{lanes} lanes: "
                 + ", ".join(
-                    f"x{p['scale']:.3g} at {p['read_mib']:.3g}"
+                    f"{p['excess_ms']:+.3g} ms at {p['read_mib']:.3g} MiB/token"
                     for p in profile.flash_by_read
                     if int(p["lanes"]) == lanes
                 )
@@ -359,7 +359,7 @@ def _profile_views(profile) -> dict:
         "profile": figures,
         "flash": profile.flash,
         "flash_by_read": pd.DataFrame(
-            profile.flash_by_read, columns=["lanes", "read_mib", "scale"]
+            profile.flash_by_read, columns=["lanes", "read_mib", "excess_ms"]
         ),
         "terms": terms,
         "absent": dict(profile.absent),

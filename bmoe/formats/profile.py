@@ -17,9 +17,9 @@ Layout (``version`` 2)::
                "read_unit_bytes": bytes one priced read moves},
      "flash": [{"lanes", "req_bytes", "latency_ms", "latency_ms_p10", "latency_ms_p90",
                 "batch_overhead_ms", "mib_s", "reads", "source"}, ...],
-     "flash_by_read": [{"lanes", "read_mib", "scale"}, ...] (the serial runs' measured flash
-                      wait over the table's, by lanes and MiB read a token; none where a lane
-                      count's runs read one volume),
+     "flash_by_read": [{"lanes", "read_mib", "excess_ms"}, ...] (the serial runs' measured
+                      flash wait a token beyond the table's, by lanes and MiB read a token;
+                      none where a lane count's runs read one volume),
      "overlap": {"stall_ms", "stall_ms_per_miss", "lanes"} (runs with --overlap only),
      "compute": {"token_ms", "token_ms_p10", "token_ms_p90", "expert_share", "source"},
      "mgmt": {"token_ms", "per_admit_ms"},
@@ -274,7 +274,7 @@ SCHEMA: dict[str, Field] = {
     "flash_by_read": Field("rows", nullable=True, high=MAX_ENTRIES),
     "flash_by_read[].lanes": Field("count", required=True, low=1, high=4096),
     "flash_by_read[].read_mib": Field("number", required=True, high=_BYTES),
-    "flash_by_read[].scale": Field("number", required=True, positive=True, high=1e6),
+    "flash_by_read[].excess_ms": Field("number", required=True, low=-MAX_MS, high=MAX_MS),
     "overlap": Field("section", nullable=True),
     "overlap.stall_ms": _ms(),
     "overlap.stall_ms_per_miss": _ms(required=True),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -728,12 +729,12 @@ def _rows_at_latency(reads_even: int, reads_odd: int, latency: float, n: int = 3
 def test_flash_follows_the_read_volume_between_runs(tmp_path):
     """Two runs at one lane reading 3 and 6 MiB a token, their reads waiting 2 and 3 ms: the
     table's one line prices neither, so the profile keeps, per read volume, the measured
-    wait over the table's (faster than the table at 3 MiB, slower at 6), interpolated
-    between and held beyond; a new configuration reading what one of them read is then
-    predicted as that run measured, and without the scale it is not."""
+    wait a token beyond the table's (less at 3 MiB, more at 6), interpolated between and
+    carried beyond as the nearest point's excess a MiB; a new configuration reading what
+    one of them read is then predicted as that run measured, and without it is not."""
     import dataclasses
 
-    from bmoe.analyze.predict import flash_scale_at
+    from bmoe.analyze.predict import excess_at, flash_factor
     from bmoe.analyze.profile.build import with_probe
 
     a = write(tmp_path / "a.csv", _rows_at_latency(4, 2, 2.0), cache_mb=3)
@@ -742,21 +743,24 @@ def test_flash_follows_the_read_volume_between_runs(tmp_path):
     row = prof.flash.iloc[0]
     overhead, latency = float(row["batch_overhead_ms"]), float(row["latency_ms"])
 
-    def scale(reads_even: int, reads_odd: int, wave_ms: float) -> float:
-        measured = sum(1.0 + wave_ms * r for r in (reads_even, reads_odd))
-        priced = sum(2 * overhead + latency * r for r in (reads_even, reads_odd))
-        return measured / priced
+    def excess(reads_even: int, reads_odd: int, wave_ms: float) -> float:
+        """Mean measured minus priced io_ms over a token pair (2 batches a token)."""
+        pair = (reads_even, reads_odd)
+        return sum((1.0 + wave_ms * r) - (2 * overhead + latency * r) for r in pair) / 2
 
+    low, high = excess(4, 2, 2.0), excess(8, 4, 3.0)
+    assert low < 0.0 < high
     assert prof.flash_by_read == [
-        {"lanes": 1, "read_mib": pytest.approx(3.0), "scale": pytest.approx(scale(4, 2, 2.0))},
-        {"lanes": 1, "read_mib": pytest.approx(6.0), "scale": pytest.approx(scale(8, 4, 3.0))},
+        {"lanes": 1, "read_mib": pytest.approx(3.0), "excess_ms": pytest.approx(low)},
+        {"lanes": 1, "read_mib": pytest.approx(6.0), "excess_ms": pytest.approx(high)},
     ]
-    low, high = (p["scale"] for p in prof.flash_by_read)
-    assert low < 1.0 < high
-    assert flash_scale_at(prof, 4.5, 1) == pytest.approx((low + high) / 2)
-    assert flash_scale_at(prof, 1.0, 1) == pytest.approx(low)
-    assert flash_scale_at(prof, 12.0, 1) == pytest.approx(high)
-    assert flash_scale_at(prof, 4.5, 2) == 1.0  # no run measured two lanes
+    points = prof.flash_by_read
+    assert excess_at(points, 4.5, 1) == pytest.approx((low + high) / 2)
+    assert excess_at(points, 1.0, 1) == pytest.approx(low / 3)  # its excess a MiB, carried
+    assert excess_at(points, 12.0, 1) == pytest.approx(2 * high)
+    assert excess_at(points, 4.5, 2) == 0.0  # no run measured two lanes
+    assert flash_factor(-3.0, 2.0) == 0.0  # never a negative wait
+    assert flash_factor(1.0, 0.0) == 1.0  # nothing read, nothing added
     # the flash term's runs differ by their volumes, not by chance
     assert prof.terms["flash"]["runs_disagree_pct"] == pytest.approx(0.0, abs=1e-9)
     assert "by MiB read a token" in prof.terms["flash"]["note"]
@@ -786,7 +790,10 @@ def test_bmoe_profile_shows_flash_per_read_volume(tmp_path, capsys):
     b = write(tmp_path / "b.csv", _rows_at_latency(8, 4, 3.0), cache_mb=1)
     assert main(["profile", str(a), str(b)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "flash by MiB read/token │ 1 lanes: x0." in out
+    # less than the table at 3 MiB a token, more at 6 (the hand-worked figures are above)
+    assert re.search(
+        r"flash beyond the table │ 1 lanes: -[0-9.]+ ms at 3 MiB/token, \+[0-9.]+ ms at 6", out
+    )
     assert main(["profile", str(a), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["flash_by_read"] == []

@@ -7,9 +7,10 @@ DeviceProfile` then turns those misses into time, token by token:
 
 * flash wait: for every layer that misses ``m`` experts of ``s`` slices each, the lanes read
   ``m * s`` requests: ``batch_overhead + latency(request size, lanes) * ceil(m * s / lanes)``
-  (serial engines), times the profile's measured-over-priced flash wait at the
-  configuration's lanes and MiB read a token where its runs read several volumes
-  (``flash_by_read``); under ``--overlap`` the stall per missed expert;
+  (serial engines), plus the wait a token the profile's runs measured beyond that at the
+  configuration's lanes and MiB read a token, where they read several volumes
+  (``flash_by_read``, spread over the tokens in proportion to their wait); under
+  ``--overlap`` the stall per missed expert;
 * cache management: ``token_ms + per_admit_ms * (misses + prefetched experts)``;
 * compute: the profile's time per token at the configuration's MiB read a token (its
   ``by_read`` points interpolated, the nearest held beyond them);
@@ -77,7 +78,8 @@ from bmoe.analyze.predict.lanes import (
 from bmoe.analyze.predict.reads import CellReads, cell_reads
 from bmoe.analyze.predict.sweeps import sweep_duration
 from bmoe.analyze.predict.timing import (
-    flash_scale_at,
+    excess_at,
+    flash_factor,
     memory_faults,
     predict_cell,
     token_times,
@@ -101,7 +103,8 @@ __all__ = [
     "check_settled",
     "compare_cells",
     "coverage_check",
-    "flash_scale_at",
+    "excess_at",
+    "flash_factor",
     "grid_cells",
     "half_width",
     "in_sample_cells",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,13 +69,10 @@ def token_times(
     latency: str = "latency_ms",
     overlap: bool | None = None,
     fault_ms: float = 0.0,
-    flash_scale: float = 1.0,
 ) -> pd.DataFrame:
     """Per decode token: compute, flash wait, mgmt and wall milliseconds (see the module
     docstring). `overlap` picks the overlap's stall (default: the profile's mode);
-    `fault_ms` is the major-fault time per token the configuration's memory costs;
-    `flash_scale` multiplies a serial configuration's flash wait
-    (:func:`flash_scale_at`)."""
+    `fault_ms` is the major-fault time per token the configuration's memory costs."""
     slices = int(profile.model["slices_per_expert"])
     req = request_bytes(profile)
     n_tok = reads.n_tokens
@@ -101,12 +98,10 @@ def token_times(
                 - np.maximum(demand - compute, 0.0)
             )
     else:
-        per_batch = flash_scale * batch_flash_ms(
-            profile.flash, reads.misses * slices, req, lanes, latency
-        )
+        per_batch = batch_flash_ms(profile.flash, reads.misses * slices, req, lanes, latency)
         flash = np.bincount(reads.step, weights=per_batch, minlength=n_tok).astype(np.float64)
         if spec.any():
-            spec_ms = flash_scale * batch_flash_ms(profile.flash, spec, req, lanes, latency)
+            spec_ms = batch_flash_ms(profile.flash, spec, req, lanes, latency)
             flash = flash + np.maximum(spec_ms - compute, 0.0)
     admits = np.bincount(reads.step, weights=reads.misses + reads.prefetched, minlength=n_tok)
     mgmt = profile.mgmt["token_ms"] + profile.mgmt["per_admit_ms"] * admits
@@ -177,21 +172,31 @@ def compute_at(compute: Mapping[str, Any], read_mib: float) -> float:
     return float(np.interp(read_mib, xs, ys))
 
 
-def flash_scale_at(profile: DeviceProfile, read_mib: float, lanes: int) -> float:
-    """What a serial configuration's flash wait is scaled by, at `lanes` lanes reading
-    `read_mib` a token: the profile's ``flash_by_read`` points at those lanes interpolated
-    (the nearest point's beyond them; held, as :func:`compute_at` holds); 1 at lane counts
-    whose runs read one volume. The flash table is one curve per lane count over every
-    configuration that ran at it; on a laptop a lane count's configurations sat 0.82 to 1.13
-    times that curve by the volume they read, and a configuration held out from the others
-    was predicted with a median error of 7.3 % against 6.4 % with this scale (recording E of
-    ``benchmarks/bench_predict_busy.py``)."""
-    points = [p for p in profile.flash_by_read if int(p["lanes"]) == int(lanes)]
-    if len(points) < 2 or not np.isfinite(read_mib):
-        return 1.0
-    xs = [float(p["read_mib"]) for p in points]
-    ys = [float(p["scale"]) for p in points]
+def excess_at(points: Sequence[Mapping[str, Any]], read_mib: float, lanes: int) -> float:
+    """The measured flash wait a token beyond the flash table's (ms) for a serial
+    configuration at `lanes` lanes reading `read_mib` a token: a profile's ``flash_by_read``
+    points at those lanes interpolated, and beyond them the nearest point's excess a MiB
+    read (a volume half the smallest point's waits half its excess: held in ms, a fixed
+    cost of a run that read 23 MiB a token took the whole flash wait of one that read 2);
+    0 at lane counts whose runs read one volume."""
+    at = [p for p in points if int(p["lanes"]) == int(lanes)]
+    if len(at) < 2 or not np.isfinite(read_mib):
+        return 0.0
+    xs = [float(p["read_mib"]) for p in at]
+    ys = [float(p["excess_ms"]) for p in at]
+    if read_mib < xs[0] or read_mib > xs[-1]:
+        end = 0 if read_mib < xs[0] else -1
+        return ys[end] * read_mib / xs[end] if xs[end] > 0 else ys[end]
     return float(np.interp(read_mib, xs, ys))
+
+
+def flash_factor(excess_ms: float, priced_ms: float) -> float:
+    """What a configuration's priced flash wait (`priced_ms` a token) is multiplied by to
+    add `excess_ms` a token (:func:`excess_at`): its tokens keep their shape, a token that
+    reads nothing waits nothing, and the wait never goes below zero."""
+    if priced_ms <= 0 or not np.isfinite(excess_ms):
+        return 1.0
+    return max(0.0, 1.0 + excess_ms / priced_ms)
 
 
 def predict_cell(
@@ -219,14 +224,12 @@ def predict_cell(
     read_mib = float(np.sum(moved)) / n / MIB
     compute_ms = compute_at(c, read_mib)
     mid = token_times(
-        profile,
-        reads,
-        lanes,
-        compute_ms=compute_ms,
-        overlap=overlap,
-        fault_ms=fault_ms,
-        flash_scale=1.0 if overlap else flash_scale_at(profile, read_mib, lanes),
+        profile, reads, lanes, compute_ms=compute_ms, overlap=overlap, fault_ms=fault_ms
     )
+    if not overlap:  # the wait the runs nearest its read volume measured beyond the table
+        excess = excess_at(profile.flash_by_read, read_mib, lanes)
+        mid["flash_ms"] *= flash_factor(excess, float(mid["flash_ms"].mean()))
+        mid["wall_ms"] = mid["compute_ms"] + mid["flash_ms"] + mid["mgmt_ms"]
     wall = float(mid["wall_ms"].sum())
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
@@ -271,4 +274,11 @@ def predict_cell(
     }
 
 
-__all__ = ["compute_at", "flash_scale_at", "memory_faults", "predict_cell", "token_times"]
+__all__ = [
+    "compute_at",
+    "excess_at",
+    "flash_factor",
+    "memory_faults",
+    "predict_cell",
+    "token_times",
+]

@@ -129,8 +129,8 @@ def build_profile(
 def with_probe(profile: DeviceProfile, flash: pd.DataFrame, where: str) -> DeviceProfile:
     """`profile` with its flash latencies replaced by a probe's (`where` it was measured);
     the per-batch overhead the runs measured (the engine's, not the device's) is kept, per
-    lane count as the prediction interpolates it; the runs' per-volume flash scale, a ratio
-    to the runs' table, is dropped."""
+    lane count as the prediction interpolates it; the runs' per-volume flash excess, measured
+    against the runs' table, is dropped."""
     table = flash.copy()
     req = float(table["req_bytes"].median())
     table["batch_overhead_ms"] = [
@@ -139,7 +139,7 @@ def with_probe(profile: DeviceProfile, flash: pd.DataFrame, where: str) -> Devic
     table["source"] = "probe"
     data = profile.to_dict()
     data["flash"] = table.to_dict(orient="records")
-    data["flash_by_read"] = []  # the runs' wait against the runs' table, not the probe's
+    data["flash_by_read"] = []  # measured against the runs' table, not the probe's
     data["caveats"] = [*profile.caveats, f"flash latency measured by probe on {where}"]
     if "flash" in data.get("terms", {}):
         data["terms"]["flash"]["note"] = f"probe on {where}"

@@ -9,7 +9,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.predict import OVERLAP_SOURCE, batch_flash_ms, request_latency_ms
+from bmoe.analyze.predict import (
+    OVERLAP_SOURCE,
+    batch_flash_ms,
+    excess_at,
+    flash_factor,
+    request_latency_ms,
+)
 from bmoe.analyze.profile.evidence import Evidence
 from bmoe.analyze.profile.fits import fit_two, volume_groups
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
@@ -268,15 +274,19 @@ def _from_io_traces(
 
 
 def flash_by_read(ev: Evidence, table: pd.DataFrame) -> list[dict[str, float]]:
-    """Per lane count, how the serial runs' measured ``io_ms`` compares with what the flash
-    table prices for their reads, one point per read volume (``scale``: measured over
-    priced, the runs of one volume summed), ascending; a lane count only where its runs read
-    two volumes at least :data:`~bmoe.analyze.profile.fits.SAME_VOLUME` apart. Runs without
-    any trace are used where a lane count has them (a traced run's flash is slowed by its
-    trace). The table is one curve over all the configurations of a lane count; where flash
-    is faster at some read volumes than at others (the page cache keeps more of a small
-    working set, the reads of a large one queue), a configuration is priced from the runs
-    nearest its volume (:func:`bmoe.analyze.predict.timing.flash_scale_at`)."""
+    """Per lane count, how much longer the serial runs' measured ``io_ms`` is than what the
+    flash table prices for their reads, one point per read volume (``excess_ms``: ms a
+    token, the runs of one volume pooled; negative where the table prices too much),
+    ascending; a lane count only where its runs read two volumes at least
+    :data:`~bmoe.analyze.profile.fits.SAME_VOLUME` apart. Runs without any trace are used
+    where a lane count has them (a traced run's flash is slowed by its trace). The table is
+    one curve over all the configurations of a lane count; a configuration that reads
+    another volume waits more or less than it says (the page cache keeps more of a small
+    working set; a token's fixed costs weigh more where it reads little), so a
+    configuration is priced from the runs nearest its volume
+    (:func:`bmoe.analyze.predict.timing.flash_factor`). In ms, not as a ratio: where a run
+    reads little, a fixed cost a token is a large ratio that, carried to a volume six
+    times larger, priced its flash 1.5 times too high."""
     configs = ev.configs
     serial = [r for r in ev.runs if not configs[r.name].overlap and ev.measured(r, "io_ms")]
     serial = [r for r in serial if np.isfinite(ev.values(r, "read_mib")).any()]
@@ -291,38 +301,37 @@ def flash_by_read(ev: Evidence, table: pd.DataFrame) -> list[dict[str, float]]:
         for run in at:
             spent, model = ev.values(run, "io_ms"), priced[run.name]
             keep = np.isfinite(spent) & np.isfinite(model)
-            sums = (float(spent[keep].sum()), float(model[keep].sum()))
-            points.append((float(np.nanmean(ev.values(run, "read_mib"))), sums))
+            if keep.any():
+                sums = (float(spent[keep].sum() - model[keep].sum()), int(keep.sum()))
+                points.append((float(np.nanmean(ev.values(run, "read_mib"))), sums))
         groups = volume_groups(points)
-        rows = [
-            {
-                "lanes": int(lanes),
-                "read_mib": float(np.mean([m for m, _s in g])),
-                "scale": sum(s[0] for _m, s in g) / sum(s[1] for _m, s in g),
-            }
-            for g in groups
-            if sum(s[1] for _m, s in g) > 0 and sum(s[0] for _m, s in g) > 0
-        ]
-        if len(rows) >= 2:
-            out += rows
+        if len(groups) >= 2:
+            out += [
+                {
+                    "lanes": int(lanes),
+                    "read_mib": float(np.mean([m for m, _s in g])),
+                    "excess_ms": sum(s[0] for _m, s in g) / sum(s[1] for _m, s in g),
+                }
+                for g in groups
+            ]
     return out
 
 
-def _scaled(
+def _with_excess(
     ev: Evidence, fitted: dict[str, np.ndarray], by_read: list[dict[str, float]]
 ) -> dict[str, np.ndarray]:
-    """`fitted` (each run's priced ``io_ms``) times the per-volume scale at the run's lanes
-    and volume: runs that differ because they read different volumes do not disagree."""
+    """`fitted` (each run's priced ``io_ms``) as a prediction of the run prices it: times
+    the factor the per-volume excess at its lanes and volume makes (runs that differ
+    because they read different volumes do not disagree)."""
     out = dict(fitted)
     for name, values in fitted.items():
         config = ev.configs[name]
-        points = [p for p in by_read if p["lanes"] == config.io_threads]
         mib = ev.tokens[name].values("read_mib")
-        if config.overlap or len(points) < 2 or not np.isfinite(mib).any():
+        if config.overlap or not np.isfinite(mib).any():
             continue
-        xs = [p["read_mib"] for p in points]
-        ys = [p["scale"] for p in points]
-        out[name] = values * float(np.interp(float(np.nanmean(mib)), xs, ys))
+        excess = excess_at(by_read, float(np.nanmean(mib)), config.io_threads)
+        priced = float(np.nanmean(values)) if np.isfinite(values).any() else 0.0
+        out[name] = values * flash_factor(excess, priced)
     return out
 
 
@@ -371,7 +380,7 @@ def flash_section(ev: Evidence) -> tuple[pd.DataFrame, list[dict[str, float]]]:
         f"{level['untraced_ms']:.3g} against {level['traced_ms']:.3g} ms a token)"
         for lanes, level in levels.items()
     ]
-    fitted = _scaled(ev, _fitted(ev, table, flash_runs), by_read)
+    fitted = _with_excess(ev, _fitted(ev, table, flash_runs), by_read)
     ev.terms["flash"] = provenance(
         [r.name for r in flash_runs],
         flash_cols,
@@ -382,17 +391,18 @@ def flash_section(ev: Evidence) -> tuple[pd.DataFrame, list[dict[str, float]]]:
 
 
 def _by_read_notes(by_read: list[dict[str, float]]) -> list[str]:
-    """One note per lane count with a per-volume scale."""
+    """One note per lane count with a per-volume excess."""
     notes = []
     for lanes in sorted({int(p["lanes"]) for p in by_read}):
         points = ", ".join(
-            f"x{p['scale']:.3g} at {p['read_mib']:.3g} MiB"
+            f"{p['excess_ms']:+.3g} ms at {p['read_mib']:.3g} MiB"
             for p in by_read
             if int(p["lanes"]) == lanes
         )
         notes.append(
-            f"measured flash wait over the table's at {lanes} lane{'s' if lanes != 1 else ''} "
-            f"by MiB read a token: {points} (interpolated, held beyond)"
+            f"measured flash wait a token beyond the table's at {lanes} "
+            f"lane{'s' if lanes != 1 else ''} "
+            f"by MiB read a token: {points} (interpolated; beyond them, the nearest one's a MiB)"
         )
     return notes
 
