@@ -4,7 +4,7 @@ busy time of ``--overlap`` runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -273,9 +273,10 @@ def _from_io_traces(
     return table, runs, columns
 
 
-def flash_by_read(ev: Evidence, table: pd.DataFrame) -> list[dict[str, float]]:
+def flash_by_read(ev: Evidence, priced: Mapping[str, np.ndarray]) -> list[dict[str, float]]:
     """Per lane count, how much longer the serial runs' measured ``io_ms`` is than what the
-    flash table prices for their reads, one point per read volume (``excess_ms``: ms a
+    flash table prices for their reads (`priced`: per run, as :func:`flash_fitted` prices
+    it; the runs it names are the candidates), one point per read volume (``excess_ms``: ms a
     token, the runs of one volume pooled; negative where the table prices too much),
     ascending; a lane count only where its runs read two volumes at least
     :data:`~bmoe.analyze.profile.fits.SAME_VOLUME` apart. Runs without any trace are used
@@ -284,15 +285,11 @@ def flash_by_read(ev: Evidence, table: pd.DataFrame) -> list[dict[str, float]]:
     another volume waits more or less than it says (the page cache keeps more of a small
     working set; a token's fixed costs weigh more where it reads little), so a
     configuration is priced from the runs nearest its volume
-    (:func:`bmoe.analyze.predict.timing.flash_factor`). In ms, not as a ratio: where a run
+    (:func:`bmoe.analyze.predict.timing.excess_at`). In ms, not as a ratio: where a run
     reads little, a fixed cost a token is a large ratio that, carried to a volume six
     times larger, priced its flash 1.5 times too high."""
     configs = ev.configs
-    serial = [r for r in ev.runs if not configs[r.name].overlap and ev.measured(r, "io_ms")]
-    serial = [r for r in serial if np.isfinite(ev.values(r, "read_mib")).any()]
-    if not serial or not len(table):
-        return []
-    priced = _fitted(ev, table, serial)
+    serial = [r for r in ev.runs if r.name in priced and not configs[r.name].overlap]
     out: list[dict[str, float]] = []
     for lanes in sorted({configs[r.name].io_threads for r in serial}):
         at = [r for r in serial if configs[r.name].io_threads == lanes]
@@ -320,9 +317,9 @@ def flash_by_read(ev: Evidence, table: pd.DataFrame) -> list[dict[str, float]]:
 def _with_excess(
     ev: Evidence, fitted: dict[str, np.ndarray], by_read: list[dict[str, float]]
 ) -> dict[str, np.ndarray]:
-    """`fitted` (each run's priced ``io_ms``) as a prediction of the run prices it: times
-    the factor the per-volume excess at its lanes and volume makes (runs that differ
-    because they read different volumes do not disagree)."""
+    """`fitted` (each run's priced ``io_ms``) with the per-volume excess at the run's lanes
+    and volume added as a prediction adds it (runs that differ because they read different
+    volumes do not disagree)."""
     out = dict(fitted)
     for name, values in fitted.items():
         config = ev.configs[name]
@@ -347,7 +344,7 @@ def _lane_note(table: pd.DataFrame) -> str:
 
 def flash_section(ev: Evidence) -> tuple[pd.DataFrame, list[dict[str, float]]]:
     """The flash table (io traces, else the serial runs' io_ms, else the overlap runs' lane
-    time), its per-volume scale (:func:`flash_by_read`) and its term record in
+    time), its per-volume excess (:func:`flash_by_read`) and its term record in
     ``ev.terms``; refused when no run measured flash."""
     configs = ev.configs
     serial = [r for r in ev.runs if not configs[r.name].overlap]
@@ -371,7 +368,11 @@ def flash_section(ev: Evidence) -> tuple[pd.DataFrame, list[dict[str, float]]]:
             "with an io_ms column"
         )
     measured = {r.name: ev.values(r, "io_ms") for r in flash_runs}
-    by_read = flash_by_read(ev, table)
+    local = [
+        r for r in serial if ev.measured(r, "io_ms") and np.isfinite(ev.values(r, "read_mib")).any()
+    ]
+    priced = _fitted(ev, table, list({id(r): r for r in [*flash_runs, *local]}.values()))
+    by_read = flash_by_read(ev, {r.name: priced[r.name] for r in local})
     if "io trace latency_ns" not in flash_cols:
         levels = {}
     scaled = [
@@ -380,7 +381,7 @@ def flash_section(ev: Evidence) -> tuple[pd.DataFrame, list[dict[str, float]]]:
         f"{level['untraced_ms']:.3g} against {level['traced_ms']:.3g} ms a token)"
         for lanes, level in levels.items()
     ]
-    fitted = _with_excess(ev, _fitted(ev, table, flash_runs), by_read)
+    fitted = _with_excess(ev, {r.name: priced[r.name] for r in flash_runs}, by_read)
     ev.terms["flash"] = provenance(
         [r.name for r in flash_runs],
         flash_cols,
