@@ -541,6 +541,16 @@ def decide(
             sentence += f"; each of the {len(contenders)} cell(s) that could reach it is worse"
         else:
             sentence += "; no other cell's interval reaches it"
+    elif not good:  # nothing measured meets every constraint: no "best so far" to name
+        sentence = (
+            "no cell measured yet meets every constraint; "
+            + (
+                f"the predicted best is {name(incumbent)}, and {len(contenders)} other cell(s) "
+                "could reach it"
+                if chosen
+                else "nothing is left to run"
+            )
+        )
     elif not chosen:
         sentence = (
             f"{name(incumbent)} is the best found; the cells that could still beat it "

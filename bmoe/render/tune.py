@@ -34,8 +34,15 @@ def tune_report(state: Mapping[str, Any]) -> str:
             lines.append("  worst run: " + ", ".join(worst))
         lines += ["  command: " + best["command"], "  toml:"]
         lines += ["    " + line for line in best["toml"].strip().splitlines()]
+    elif result.get("cells_measured") == 0:
+        lines.append("no cell was measured")
     else:
-        lines.append("no cell was measured that satisfies every constraint")
+        n = result.get("cells_measured")
+        lines.append(
+            f"none of the {n} cells measured satisfies every constraint"
+            if n
+            else "no cell was measured that satisfies every constraint"
+        )
     runner = result.get("runner_up")
     if best and runner:
         span = f"{_num(runner['ratio_low'])} to {_num(runner['ratio_high'])}"

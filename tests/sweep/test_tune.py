@@ -272,14 +272,16 @@ def tiny(tmp_path_factory) -> Path:
     return Path(synth_model(tmp_path_factory.mktemp("model") / "tiny.gguf", preset="tiny"))
 
 
-def _tune_config(tmp_path: Path, model: Path, tune: str, n_predict: int = 16) -> Path:
+def _tune_config(
+    tmp_path: Path, model: Path, tune: str, n_predict: int = 16, output: str | None = None
+) -> Path:
     return write_config(
         tmp_path,
         f"""\
         [sweep]
         name = "tt"
         engine = "embedded"
-        output = "{tmp_path / "out"}"
+        output = "{output or tmp_path / "out"}"
         timeout_s = 300
 
         [base]
@@ -299,10 +301,10 @@ def _tune_config(tmp_path: Path, model: Path, tune: str, n_predict: int = 16) ->
     )
 
 
-def _tune(cfg: Path, *extra: str) -> subprocess.Popen:
+def _tune(cfg: Path, *extra: str, cwd: Path = ROOT) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "bmoe", "tune", str(cfg), "--plain", *extra],
-        cwd=ROOT,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -340,6 +342,49 @@ def test_a_tune_keeps_its_budget_and_recommends_only_a_feasible_cell(tmp_path, t
         )
         assert done.returncode == 0, done.stderr.decode()
     assert "Speed against fidelity" in report.read_text(encoding="utf-8")  # the report plots it
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_tune_with_a_relative_output_finds_its_fidelity_reference(tmp_path, tiny):
+    """The default output is relative to the working directory, and every run works in its
+    own staging folder: the calibration run's fidelity reference must reach them all."""
+    cfg = _tune_config(tmp_path, tiny, "budget = 4\nmin_fidelity = 0.5", output="out")
+    proc = _tune(cfg.name, cwd=tmp_path)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err.decode()
+    lines = manifest(sweep_folder(tmp_path / "out"))
+    assert len(lines) <= 4
+    assert [r["status"] for r in lines] == ["ok"] * len(lines), [r.get("error") for r in lines]
+    assert "best: " in out.decode()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_tune_whose_every_attempt_fails_the_same_way_stops_within_its_budget(tmp_path, tiny):
+    """A mistake every cell shares (here a fidelity reference that is no reference) ends the
+    tune after its first round, as it ends a sweep; a failed attempt counts against the budget,
+    retries included, and nothing unmeasured is called the best."""
+    (tmp_path / "ref.npz").write_bytes(b"not a reference")
+    cfg = _tune_config(
+        tmp_path, tiny, 'budget = 6\nper_round = 3\nmin_fidelity = 0.5\nfidelity_ref = "ref.npz"'
+    )
+    text = cfg.read_text().replace("timeout_s = 300", "timeout_s = 300\nretries = 1")
+    cfg.write_text(text)
+    proc = _tune(cfg)
+    out, err = proc.communicate(timeout=900)
+    text = out.decode() + err.decode()
+    assert proc.returncode == 1, text
+    lines = manifest(sweep_folder(tmp_path / "out"))
+    assert len(lines) <= 6  # the budget, the calibration run and every retry counted
+    candidates = [r for r in lines if not r["cell"].startswith("calibrate")]
+    assert candidates and {r["status"] for r in candidates} == {"crashed"}
+    # the first round's runs failed alike: no second round
+    assert {r["cell"] for r in candidates} == {r["cell"] for r in candidates[:3]}
+    assert "failed the same way" in text and "ref.npz" in text
+    assert "best so far" not in text and "best:" not in text
 
 
 @pytest.mark.engine
