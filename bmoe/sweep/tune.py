@@ -153,6 +153,7 @@ class Tuner:
             "confidence": self.tune.confidence,
             "budget": {"runs": self.tune.budget_runs, "device_s": self.tune.budget_s},
             "grid_cells": len(self.grid_cells),
+            "axes": self.axes,
             "rounds": [],
             "runs": [],
             "stop": None,
@@ -523,6 +524,9 @@ class Tuner:
                     {
                         "run": run.id,
                         "cell": run.cell.id,
+                        "short": "/".join(
+                            [*(str(run.cell.params.get(a)) for a in self.axes), f"r{run.repeat}"]
+                        ),
                         "repeat": run.repeat,
                         "round": run.round,
                         "why": why,
@@ -621,7 +625,7 @@ class Tuner:
             + (f"; running {len(chosen)}" if chosen and not stop else "")
             + (f" ({refit})" if refit else "")
         )
-        self.last = (decision, table, measured)
+        self.last = (decision, table, measured, feasible, excluded)
         if stop:
             self.state["stop"] = {"reason": stop, "sentence": _stop_sentence(stop, decision)}
             return None, table
@@ -703,7 +707,7 @@ class Tuner:
         against measured per run; written to ``tune.json``."""
         if self.stop.is_set() and not self.state.get("stop"):
             self.state["stop"] = {"reason": "interrupted", "sentence": "interrupted"}
-        decision, table, measured = self.last
+        decision, table, measured, feasible, excluded = self.last
         t = table.set_index("cell")
         results = results_frame(self.root)
         by_id = {c.id: c for c in self.current_cells}
@@ -712,13 +716,24 @@ class Tuner:
         result.update(used_runs=used_runs, used_device_s=round(used_s, 1))
         result.update(self._grid_time(table))
         result["cells_measured"] = len(measured)
-        best = decision.incumbent
-        good = (
-            best is not None
-            and best in set(measured["cell"])
-            and bool(measured.set_index("cell").at[best, "feasible"])
-        )
-        if good and best is not None:
+        if not decision.settled and (self.state["stop"] or {}).get("reason") == "budget":
+            result["settle_runs"] = decision.more_runs
+        labels = {c.id: _label(c, self.axes) for c in self.current_cells}
+        broken = measured.set_index("cell")["broken"] if len(measured) else pd.Series()
+        result["infeasible"] = {
+            labels.get(c, c): broken.get(c) or "every attempt failed"
+            for c, ok in feasible.items()
+            if not ok
+        }
+        result["excluded"] = len(excluded)
+        costs = {c.id: decide_mod.cost_key(c.params, self._lossless(c)) for c in self.current_cells}
+        rec = decide_mod.recommend(
+            table, feasible, confidence=self.tune.confidence, min_repeats=self.tune.min_repeats,
+            costs=costs, labels=labels, unit=self._value,
+        )  # fmt: skip
+        result["reasons"] = rec.reasons
+        best = rec.cell
+        if best is not None:
             cell = by_id[best]
             n = int(t.at[best, "n"])
             mean, low, high = (self._value(t.at[best, k]) for k in ("mean", "low", "high"))
@@ -742,9 +757,9 @@ class Tuner:
                     for c in self.tune.constraints
                 },
             }
-            if decision.runner_up is not None and decision.ratio is not None:
-                ru = by_id[decision.runner_up]
-                ratio, rlow, rhigh = decision.ratio
+            if rec.runner_up is not None and rec.ratio is not None:
+                ru = by_id[rec.runner_up]
+                ratio, rlow, rhigh = rec.ratio
                 result["runner_up"] = {
                     "cell": ru.id,
                     "label": _label(ru, self.axes),
@@ -753,7 +768,7 @@ class Tuner:
                     "ratio": _finite(ratio),
                     "ratio_low": _finite(rlow),
                     "ratio_high": _finite(rhigh),
-                    "distinguishable": decision.distinguishable,
+                    "distinguishable": rec.distinguishable,
                 }
         else:
             result["best"] = None
@@ -822,7 +837,7 @@ def _error(candidates: pd.DataFrame, measured: pd.DataFrame) -> float | None:
 def _stop_sentence(reason: str, decision: decide_mod.Decision) -> str:
     return {
         "settled": f"settled: {decision.sentence}",
-        "budget": f"budget spent: {decision.sentence}",
+        "budget": f"budget spent before the answer was settled: {decision.sentence}",
         "exhausted": f"nothing left to run: {decision.sentence}",
         "infeasible": "no cell satisfies the constraints",
     }.get(reason, reason)
