@@ -426,8 +426,9 @@ def predict_command(
         None,
         "--grid",
         "-g",
-        help="Configurations: cache_mb=64,128,io_threads=1,4,prefetch=0,1,overlap=0,1 (axes "
-        "may also be given one per --grid). Every combination is predicted.",
+        help="Configurations, an axis a --grid (or several in one: "
+        "cache_mb=64,128,io_threads=1,4): -g cache_mb=64,128 -g io_threads=1,4 -g prefetch=0,1 "
+        "-g overlap=0,1. Every combination is predicted.",
     ),
     policy: str = typer.Option("lru", "--policy", help="Cache policy of the replay."),
     drop: float | None = typer.Option(

@@ -91,7 +91,7 @@ def analyze_replay(
         None,
         "--policies",
         help=f"Policies, comma-separated, from: {', '.join(POLICIES)} (default: "
-        f"{','.join(REFERENCE_POLICIES)}).",
+        f"{', '.join(REFERENCE_POLICIES)}).",
     ),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
     validate: float | None = typer.Option(
@@ -107,7 +107,8 @@ def analyze_replay(
         None,
         "--csv",
         metavar="OUT",
-        help="Write budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib (the reference CSV).",
+        help="Write the reference CSV: columns budget_mib, policy, hit_pct_cum, "
+        "hit_pct_decode, read_mib.",
     ),
     fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
     plot: Path | None = typer.Option(

@@ -119,6 +119,7 @@ def test_an_all_zero_profile_is_refused_not_divided_by(corpus, tmp_path, profile
     config = tmp_path / "s.toml"
     config.write_text('[sweep]\nname = "z"\nengine = "embedded"\nprofile = "p.json"\n'
                       '[base]\nmodel = "m.gguf"\n')  # fmt: skip
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")  # (the dry run refuses a missing model first)
     _one_error(run_in_process(["sweep", str(config), "--dry-run"]), "compute.token_ms")
 
 
