@@ -837,7 +837,10 @@ def _error(candidates: pd.DataFrame, measured: pd.DataFrame) -> float | None:
 def _stop_sentence(reason: str, decision: decide_mod.Decision) -> str:
     return {
         "settled": f"settled: {decision.sentence}",
-        "budget": f"budget spent before the answer was settled: {decision.sentence}",
+        "budget": (
+            f"budget spent before the answer was settled: {len(decision.contenders)} cell(s) "
+            "could still reach the best measured"
+        ),
         "exhausted": f"nothing left to run: {decision.sentence}",
         "infeasible": "no cell satisfies the constraints",
     }.get(reason, reason)
