@@ -134,7 +134,7 @@ def convert(
     Every reader accepts the Parquet file in place of the CSV; --to csv gives the original bytes.
     An output that exists already is left alone unless --force; an input never is overwritten.
 
-    Example: bmoe convert run.csv trace.route.csv --to parquet -o parquet/
+    Example: bmoe convert run.csv trace.route.csv --to parquet -o converted/
     """
     from bmoe.formats.convert import convert_file, output_path
 

@@ -148,8 +148,8 @@ def profile_command(
     configuration the runs measured and predicting it from the others (unknown, and the
     intervals the spread's only, with one configuration).
 
-    Example: bmoe profile runs/ -o device.json
-    Example: bmoe profile phone/*.csv --trace gemma.route.csv -o phone.json
+    Example: bmoe profile bench-data/2026-11-29-tiny-cache-lanes -o tiny.json
+    Example: bmoe profile phone/*.csv --trace gemma.route.csv -o gemma.json
     Example: bmoe profile a.csv b.csv --model model.gguf --strict -o device.json
     Example: bmoe profile runs/ --probe local --probe-file model.gguf -o device.json
     """
@@ -467,7 +467,7 @@ def predict_command(
 
     Example: bmoe predict run.route.csv --profile device.json --grid cache_mb=64,256,1024
     Example: bmoe predict run.route.csv -p device.json -g cache_mb=128,256 -g io_threads=1,4
-    Example: bmoe predict run.route.csv -p device.json --against sweeps/2026-11-29-grid
+    Example: bmoe predict run.route.csv -p device.json --against bench-data/2026-11-29-small-traces
     Example: bmoe predict -p phone.json --against phone/*.csv
     """
     check_format(fmt)
