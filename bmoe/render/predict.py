@@ -78,7 +78,8 @@ def _text(value: Any) -> str | None:
 
 def cell_label(row: Mapping[str, Any]) -> str:
     """A short label of a configuration: ``<cache>M <lanes>L`` then ``p<k>`` with prefetch,
-    ``ov`` under overlap and the policy when it is not LRU (``64M 4L p1 ov``)."""
+    ``d<F>`` with dropping, ``ov`` under overlap and the policy when it is not LRU
+    (``64M 4L p1 ov``)."""
     cache = _number(row.get("cache_mb"))
     parts = [f"{cache:g}M" if cache is not None else "?M"]
     lanes = _number(row.get("io_threads"))
@@ -86,6 +87,9 @@ def cell_label(row: Mapping[str, Any]) -> str:
     prefetch = _number(row.get("prefetch"))
     if prefetch:
         parts.append(f"p{int(prefetch)}")
+    drop = _number(row.get("drop_cold_experts"))
+    if drop:
+        parts.append(f"d{drop:g}")
     if _number(row.get("overlap")):
         parts.append("ov")
     policy = row.get("policy")
@@ -358,13 +362,13 @@ def against_headline(summary: Mapping[str, Any]) -> list[str]:
     ones (and over all predicted), and how many the interval held against its claim."""
     cells, compared = summary.get("cells", 0), summary.get("compared", 0)
     head = f"against {cells} measured cells: "
-    if not compared:
-        return [
-            head + "no firm cell to compare (each is left out of the headline, and the notes "
-            "say why)"
-        ]
     error = _number(summary.get("median_abs_tok_s_error_pct"))
     every = _number(summary.get("median_abs_tok_s_error_pct_all"))
+    if not compared:
+        return [
+            head + "no firm cell to compare (each is left out of the headline: the notes say "
+            "why)" + (f"; median |error| {every:.1f} % over all predicted" if every else "")
+        ]
     lines = [
         head
         + (f"median |error| {error:.1f} % over the {compared} firm" if error is not None else "")

@@ -163,3 +163,14 @@ def test_predict_against_opens_on_its_error(tiny_profile: Path) -> None:
     table = next(i for i, line in enumerate(lines) if line.startswith("measured vs predicted"))
     assert table < 8
     assert "run.csv" not in "\n".join(lines) and "cache_mb-0_io~" not in "\n".join(lines)
+
+
+def test_a_stable_cell_has_no_label_and_a_comparison_with_one_does_not_fail() -> None:
+    """A cell the verdict finds stable has no reason (NaN): it was labelled "nan", and next
+    to a cell of the profile's own runs the label's join failed (predict --against of a
+    tune's folder stopped with an internal error)."""
+    from bmoe.analyze.predict.compare import _measurement_labels
+
+    ok = pd.DataFrame({"cell": ["a", "a", "a", "b"], "tok_s_mean": [100.0, 101.0, 99.0, 50.0],
+                       "status": "ok", "repeat": [1, 2, 3, 1], "order": [0, 1, 2, 3]})  # fmt: skip
+    assert _measurement_labels(ok, pd.Series(["a", "b"])) == [None, None]
