@@ -662,8 +662,14 @@ class Tuner:
             t = table.set_index("cell")
             kept, total = [], used_s
             results = results_frame(self.root)
+            # a run is given the longer of its prediction and the longest run so far: a busy
+            # machine runs slower than predicted, and the budget is a bound
+            longest = 0.0
+            if "duration_s" in results:
+                longest = float(pd.to_numeric(results["duration_s"], errors="coerce").max())
+                longest = longest if math.isfinite(longest) else 0.0
             for cell, why in out:
-                need = self.run_seconds(t.at[cell, "estimate"], results)
+                need = max(self.run_seconds(t.at[cell, "estimate"], results), longest)
                 if total + need > tune.budget_s:
                     break
                 kept.append((cell, why))

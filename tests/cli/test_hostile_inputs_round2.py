@@ -422,6 +422,7 @@ def test_a_large_grid_streams_within_a_limit_the_user_raised(tmp_path):
         f'[base]\nmodel = "m.gguf"\n[grid]\ncache_mb = {axis}\nio_threads = {axis}\n'
     )
     config.write_text(body)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")  # (the dry run refuses a missing model first)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bmoe", "sweep", str(config), "--dry-run"],
         stdout=subprocess.PIPE, text=True, cwd=tmp_path,
