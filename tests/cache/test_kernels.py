@@ -61,7 +61,18 @@ def _trace(seed: int) -> RouteTrace:
 
 def _whole_trace_calls(b: rp.ReplayBatches, budget: int) -> dict[str, Callable[[], np.ndarray]]:
     """Each policy's whole-trace call on the batches `b` (its own arguments, so by hand)."""
-    from bmoe.cache.kernels import arc, belady, clock, lfu, lfuda, lru, randomized, s3fifo, sieve
+    from bmoe.cache.kernels import (
+        arc,
+        belady,
+        clock,
+        fifo,
+        lfu,
+        lfuda,
+        lru,
+        randomized,
+        s3fifo,
+        sieve,
+    )
 
     one = np.zeros(len(b), dtype=np.int64)
     shift = k.counter_bits(len(b.look))
@@ -91,6 +102,7 @@ def _whole_trace_calls(b: rp.ReplayBatches, budget: int) -> dict[str, Callable[[
                                                 *k.mt_state(0)),
         "sieve": lambda: sieve.sieve(b.bounds, b.look, b.size, b.n_keys, budget),
         "clock": lambda: clock.clock(b.bounds, b.look, b.size, b.n_keys, budget),
+        "fifo": lambda: fifo.fifo(b.bounds, b.look, b.size, b.n_keys, budget),
     }  # fmt: skip
 
 
