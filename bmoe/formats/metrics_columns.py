@@ -70,6 +70,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("adopt_ms", 2, "cost", digits=3),
     Column("ra_issue_ms", 2, "cost", digits=3),
     Column("ra_wd_ms", 2, "cost", digits=3),
+    # the embedded engine's own, under --fidelity-ref: KL(reference || run) of the next-token
+    # distribution this token was chosen from, nats (the summary's fidelity_kl is their mean)
+    Column("fidelity_kl", 2, "gauge", native=False),
 )
 
 BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}

@@ -676,6 +676,8 @@ def _emit_group(
         row = _step_row(cfg, eng, writers.blank_row, len(gen.tokens), steps, turn,
                         step if i == 0 else None)  # fmt: skip
         row["mtp_batch"] = len(confirmed)
+        if "fidelity_kl" in row:
+            row["fidelity_kl"] = fidelity.step_kl(gen.sample, len(gen.tokens))
         gen.rows.append(row)
         if writers.metrics:
             writers.metrics.row(row)

@@ -83,8 +83,8 @@ def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, 
 def metrics_columns(cfg: EngineConfig) -> list[str]:
     """The per-token columns a run writes, in order: the native engine's v2 header (so the
     file reads as the native engine's), then the embedded engine's own columns whose feature
-    the run turns on."""
-    return native_columns(2)
+    the run turns on (``fidelity_kl`` under ``--fidelity-ref``)."""
+    return native_columns(2) + (["fidelity_kl"] if cfg.fidelity_ref else [])
 
 
 def blank_row(columns: list[str]) -> dict[str, Any]:
