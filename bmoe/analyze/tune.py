@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bmoe.analyze import stats
 from bmoe.analyze.verdict import ratio_interval, t_quantile
 from bmoe.errors import BmoeError
 
@@ -80,47 +81,14 @@ DEFAULT_SCATTER = 0.20
 # ----------------------------------------------------------------------------- statistics
 
 
-def _t_two_sided_cdf(t: float, dof: int) -> float:
-    """P(|T| < t) for Student's t with integer `dof` (the closed forms of Abramowitz and
-    Stegun 26.7.3 and 26.7.4)."""
-    theta = math.atan(t / math.sqrt(dof))
-    c2 = math.cos(theta) ** 2
-    if dof % 2 == 1:
-        term, total = 1.0, 1.0 if dof > 1 else 0.0
-        for k in range(1, (dof - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        inner = math.sin(theta) * math.cos(theta) * total if dof > 1 else 0.0
-        return 2.0 / math.pi * (theta + inner)
-    term, total = 1.0, 1.0
-    for k in range(1, dof // 2):
-        term *= c2 * (2 * k - 1) / (2 * k)
-        total += term
-    return math.sin(theta) * total
-
-
 def t_at(level: float, dof: float) -> float:
-    """The two-sided `level` quantile of Student's t (NaN below one degree of freedom; the
-    normal quantile past 1000)."""
+    """The two-sided `level` quantile of Student's t at `dof` degrees of freedom, rounded
+    down (NaN below one degree of freedom or at infinity)."""
     if not math.isfinite(dof) or dof < 1:
         return float("nan")
     if not 0.0 < level < 1.0:
         raise BmoeError(f"confidence {level}: a level between 0 and 1")
-    dof = int(dof)
-    if dof > 1000:
-        from statistics import NormalDist
-
-        return NormalDist().inv_cdf(0.5 + level / 2.0)
-    low, high = 0.0, 1.0
-    while _t_two_sided_cdf(high, dof) < level:
-        high *= 2.0
-    for _ in range(100):
-        mid = (low + high) / 2.0
-        if _t_two_sided_cdf(mid, dof) < level:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2.0
+    return float(stats.t_quantile(0.5 + level / 2.0, math.floor(dof))[0])
 
 
 def ratio_at(

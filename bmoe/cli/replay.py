@@ -4,8 +4,9 @@ caches, and what cache-aware expert dropping would have saved."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 
@@ -78,7 +79,19 @@ DROPPING_NOTE = (
 )
 
 
+Command = TypeVar("Command", bound=Callable[..., None])
+
+
+def _with_policy_list(command: Command) -> Command:
+    """`command` with ``{policies}`` in its docstring (the help) replaced by the registry's
+    policies, one line each: its name and what it evicts."""
+    listed = "".join(f"    - {name}: {cls.summary}\n" for name, cls in POLICIES.items())
+    command.__doc__ = (command.__doc__ or "").replace("    {policies}\n", listed)
+    return command
+
+
 @analyze_app.command("replay")
+@_with_policy_list
 def analyze_replay(
     trace_path: Path = typer.Argument(..., metavar="TRACE", help="A route trace (CSV or Parquet)."),
     budgets: str | None = typer.Option(
@@ -150,21 +163,7 @@ def analyze_replay(
     The policies (each evicts, after a batch, until the cache fits its budget; never an expert
     of the current batch):
 
-    - belady: the expert used again furthest in the future (it knows the future: the bound).
-    - lru: the least recently used expert.
-    - lfu: the least often used, counting every lookup since the start (perfect LFU).
-    - random: one at random (--seed).
-    - layer: each layer gets budget / layers and evicts its own least recently used; it keeps
-    its current batch whatever the budget, so below T it holds more than the budget.
-    - layerlfu: layer with the least often used in place of the least recently used.
-    - arc: ARC, recency and frequency lists with ghosts, sizes in bytes.
-    - s3fifo: S3-FIFO, a small FIFO (a tenth of the budget) in front of a main FIFO, with ghosts.
-    - lfuda: LFU with dynamic aging (priority = lookups since admission + the age).
-    - lfu-incache: LFU counting only while an expert is cached.
-    - lfuda-libcachesim: libCacheSim's LFUDA, rule for rule (its hit adds the age).
-    - s3fifo-libcachesim: libCacheSim's S3FIFO, rule for rule (two hits to move to main).
-    - sieve: SIEVE, a FIFO with a visited bit and a hand that passes over visited keys.
-    - clock: CLOCK, a FIFO whose oldest key goes back in once if it was hit (second chance).
+    {policies}
 
     Example: bmoe analyze replay trace.route.csv
     Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv

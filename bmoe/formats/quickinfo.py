@@ -18,14 +18,14 @@ from typing import Any
 
 from bmoe.formats import kv
 from bmoe.formats.detect import BOM, PathLike, detect_bytes
-from bmoe.formats.metrics_columns import INT_COLUMN_BITS, ROW_PRECISION
+from bmoe.formats.metrics_columns import FLOAT_COLUMNS, INT_COLUMN_BITS
 
 #: Files up to this size take the quick path (bytes); a metrics CSV is ~200 bytes a token.
 QUICK_LIMIT = 1 << 20
 
 #: The columns the metrics reader types: integer ones and float ones.
 _INT_COLUMNS = frozenset(INT_COLUMN_BITS)
-_FLOAT_COLUMNS = frozenset(ROW_PRECISION)
+_FLOAT_COLUMNS = frozenset(FLOAT_COLUMNS)
 #: ``# summary`` keys typed float even when spelled like an integer (``metrics.SUMMARY_PRECISION``
 #: among the keys ``bmoe info`` shows).
 _SUMMARY_FLOATS = frozenset(

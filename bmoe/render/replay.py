@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from bmoe.cache.policies import POLICIES
+
 #: Display precision per column (the DataFrames keep full precision).
 DIGITS = {
     "hit_pct_cum": 3,
@@ -44,8 +46,8 @@ def t_text(t_mib: float) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-#: Policies that keep each layer's current batch whatever the budget.
-BATCH_HOLDERS = ("layer", "layerlfu")
+#: Policies that keep each layer's current batch whatever the budget: the per-layer ones.
+BATCH_HOLDERS = tuple(name for name, cls in POLICIES.items() if cls.per_layer)
 
 
 def budget_notes(curve: pd.DataFrame, t_mib: float | None) -> list[str]:

@@ -1,7 +1,9 @@
-"""Hostile input, second round: one test per kind of failure the audit of the commands added
-since the first round found (the device profile, Parquet schemas, text trace headers, control
-characters, configurations asking for unbounded work, special paths). The special-file and
-huge-value cases run in a child process under a memory cap, as on the machine they took down.
+"""Crafted inputs, one test per kind: device profiles with bad values, Parquet files with a
+wrong schema, text trace headers, control characters, configurations asking for unbounded
+work and special paths (FIFOs, symlink loops, huge sparse files, a full disk). Each is refused
+with a one-line error naming the file and the problem, or shown escaped, never a traceback.
+The special-file and huge-value cases run in a child process under a memory cap, as on the
+machine they took down.
 """
 
 from __future__ import annotations
