@@ -18,14 +18,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup, counter_bits
 from bmoe.cache.kernels.shared import OPTS, sift_down, sift_up
 from bmoe.cache.policies.belady import Belady
+from bmoe.compiled import njit
 from bmoe.errors import BmoeError
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
 class BeladyState(NamedTuple):

@@ -20,8 +20,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup, counter_bits
 from bmoe.cache.kernels.shared import (
@@ -34,8 +32,11 @@ from bmoe.cache.kernels.shared import (
     restamp_heap,
 )
 from bmoe.cache.policies.lfu import LFU, InCacheLFU
+from bmoe.compiled import njit, numba_global
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
+
+trailing_zeros = numba_global("numba.cpython.unsafe.numbers", "trailing_zeros")
 
 
 class LFUState(NamedTuple):

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.lru import LRU
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
 class LRUState(NamedTuple):
@@ -38,7 +38,7 @@ def lru_state(n_parts: int, n_keys: int) -> LRUState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i4 b1 i8 i8"), 0, lru_state(1, 1)), **OPTS)
 def lru_continue(bounds, look, rec, repeated, size, part, capacity, state):
     """Replay the batches from `state` (updated in place), each slice holding `capacity`
     bytes. A batch's keys end at the tail, so while more keys are resident in the slice than
