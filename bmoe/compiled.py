@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +60,17 @@ BUILD_TIMEOUT_S = 900
 STALE_S = 30 * 86400
 
 
-def njit(
-    func: Callable | None = None,
-    *,
-    ahead: Callable[[], Sequence[Any]] | None = None,
-    **options: Any,
-) -> Any:
+def njit(**options: Any) -> Callable[[Callable], Kernel]:
     """numba's ``njit`` with these `options`, compiled when first needed; with `ahead` (a
     callable giving example arguments, or a list of argument tuples) also compiled ahead of
     time for those argument types (see the module docstring)."""
 
+    ahead = options.pop("ahead", None)
+
     def wrap(f: Callable) -> Kernel:
         return Kernel(f, options, ahead)
 
-    return wrap(func) if func is not None else wrap
+    return wrap
 
 
 def arrays(codes: str) -> tuple[np.ndarray, ...]:
@@ -382,7 +379,7 @@ def _compile(module: str, out: Path, key: str) -> None:
         made.release_gil = True
         return made
 
-    pycc_compiler.Flags = flags  # type: ignore[misc,assignment]
+    pycc_compiler.Flags = flags
     cc = CC(_extension_name(module), source_module=imported)
     cc.output_dir = str(out)
     cc.verbose = False

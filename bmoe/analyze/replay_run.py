@@ -16,12 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import pandas as pd
 
 from bmoe.cache import POLICIES
 from bmoe.units import MIB
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from bmoe.cache.kernels import Chunk
 
 CURVE_COLUMNS = ("budget_mib", "policy", "hit_pct_cum", "hit_pct_decode", "read_mib")
@@ -74,8 +75,24 @@ class Tally:
 
     def curve(self, cells: Sequence[Cell]) -> pd.DataFrame:
         """The curve rows of `cells` (the first cells of the tally)."""
-        rows = [{"budget_mib": b, "policy": p, **self.figures(i)} for i, (b, p) in enumerate(cells)]
-        return pd.DataFrame(rows, columns=list(CURVE_COLUMNS))
+        return as_frame(self.curve_columns(cells))
+
+    def curve_columns(self, cells: Sequence[Cell]) -> dict[str, list]:
+        """:meth:`curve` as columns (name -> values), without pandas."""
+        columns: dict[str, list] = {name: [] for name in CURVE_COLUMNS}
+        for i, (budget, policy) in enumerate(cells):
+            columns["budget_mib"].append(budget)
+            columns["policy"].append(policy)
+            for name, value in self.figures(i).items():
+                columns[name].append(value)
+        return columns
+
+
+def as_frame(columns: dict[str, list]) -> pd.DataFrame:
+    """Columns (name -> values) as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(columns)
 
 
 class Replays:

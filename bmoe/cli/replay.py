@@ -3,20 +3,21 @@ caches, and what cache-aware expert dropping would have saved."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 import typer
 
-from bmoe.analyze import drop as drop_analysis
+from bmoe.analyze import drop as drop_analysis  # imports no pandas: the --fracs default
 from bmoe.analyze import replay as replay_analysis
 from bmoe.cache import POLICIES, REFERENCE_POLICIES
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
-from bmoe.formats.route import RouteTrace, read_route_trace
+from bmoe.formats.route import RouteColumns, RouteTrace, read_route_columns, read_route_trace
 from bmoe.render.messages import literal, note_line, warning_line
 from bmoe.render.tables import FORMATS, render
 
@@ -39,18 +40,33 @@ def parse_numbers(text: str, option: str) -> list[float]:
 
 def read_trace(path: Path, columns: Iterable[str] | None = None) -> RouteTrace:
     """The trace at `path` (only `columns` of its rows, when given), warnings printed."""
+    return _read(read_route_trace, path, columns)
+
+
+def read_columns(path: Path, columns: Iterable[str] | None = None) -> RouteColumns:
+    """:func:`read_trace` as numpy columns (no pandas for a plain CSV trace)."""
+    return _read(read_route_columns, path, columns)
+
+
+def _read(reader, path: Path, columns: Iterable[str] | None):
     with (
         warnings.catch_warnings(record=True) as caught,
-        err_console.status(literal("reading trace")),
+        _busy(literal("reading trace")),
     ):
         warnings.simplefilter("always")
-        trace = read_route_trace(path, columns)
+        trace = reader(path, columns)
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     return trace
 
 
-def _warn_ids(trace: RouteTrace) -> None:
+def _busy(what):
+    """A spinner on stderr while `what` runs, where stderr is a terminal (elsewhere rich's
+    status shows nothing, and would only start its refresh thread)."""
+    return err_console.status(what) if err_console.is_terminal else contextlib.nullcontext()
+
+
+def _warn_ids(trace: RouteTrace | RouteColumns) -> None:
     """Warn about expert ids at or above the preamble's n_expert (validate calls them errors)."""
     from bmoe.analyze.ids import experts_beyond_declared
 
@@ -192,8 +208,11 @@ def analyze_replay(
         )
         _show(views, fmt, validate, csv_out, plot, summary, params)
         return
-    trace = read_trace(trace_path, replay_analysis.REPLAY_COLUMNS)
-    _warn_ids(trace)
+    columns = read_columns(trace_path, replay_analysis.REPLAY_COLUMNS)
+    _warn_ids(columns)
+    # the prefetch replay reads the rows again, as a DataFrame
+    trace = columns.to_trace() if prefetch is not None else columns
+    del columns
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
     summary, params = _read_summary(metrics, validate)
@@ -225,6 +244,7 @@ def analyze_replay(
             jobs=jobs,
             progress=lambda done, total: bar.update(task, completed=done),
             batches=batches,
+            frames=fmt != "table" or plot is not None,  # the table's text needs no pandas
         )
     _show(views, fmt, validate, csv_out, plot, summary, params)
 

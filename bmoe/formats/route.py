@@ -131,6 +131,11 @@ class RouteColumns:
         """One column of the rows; None when the trace has no such column."""
         return self.columns.get(name)
 
+    @property
+    def recorded_with_dropping(self) -> bool:
+        dropped = self.columns.get("dropped")
+        return dropped is not None and bool(dropped.any())
+
     def to_trace(self) -> RouteTrace:
         """The same trace with its rows and layers as DataFrames."""
         import pandas as pd
@@ -213,22 +218,25 @@ def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = N
     return RouteTrace(sec.path, version, meta, _layers_frame(layers), rows, sec.warnings)
 
 
-def read_route_columns(source: PathLike | bytes) -> RouteColumns:
-    """Read a route trace as numpy columns. A plain CSV trace (rows under one header, no
-    ``#`` line among them, every row parsing with the compact types) is parsed straight into
-    columns, without pandas; any other file (Parquet, a file that needs the careful reader)
-    is read by :func:`read_route_trace` and its frame's columns are taken: the same rows and
-    the same errors either way."""
+def read_route_columns(
+    source: PathLike | bytes, columns: Iterable[str] | None = None
+) -> RouteColumns:
+    """Read a route trace as numpy columns (only `columns` of them the file has, when given).
+    A plain CSV trace (rows under one header, no ``#`` line among them, every row parsing with
+    the compact types) is parsed straight into columns, without pandas; any other file
+    (Parquet, a file that needs the careful reader) is read by :func:`read_route_trace` and
+    its frame's columns are taken: the same rows and the same errors either way."""
     from bmoe.formats import parquet
 
+    keep = None if columns is None else frozenset(columns)
     if not parquet.is_parquet(source):
         sec = load_sections(source, verify=False)
         version, meta, layers = _parse_preamble(sec)
-        columns = _stream_columns(sec, in_memory=True)
-        if columns is not None:
+        parsed = _stream_columns(sec, keep, in_memory=True)
+        if parsed is not None:
             pa.default_memory_pool().release_unused()  # as parquet.release_unused
-            return RouteColumns(sec.path, version, meta, layers, columns, sec.warnings)
-    return RouteColumns.of(read_route_trace(source))
+            return RouteColumns(sec.path, version, meta, layers, parsed, sec.warnings)
+    return RouteColumns.of(read_route_trace(source, keep))
 
 
 def read_route_preamble(source: PathLike) -> RouteTrace:
