@@ -4,9 +4,14 @@ caches, and what cache-aware expert dropping would have saved."""
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+
+# A replay uses no linear algebra: the thread pool OpenBLAS starts when numpy loads would
+# only spend CPU time. Set before numpy is imported; a value the user chose is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import typer
 

@@ -247,7 +247,7 @@ def iter_blocks(
         yield from blocks.rest()
         return
     buf = np.empty(CHUNK, dtype=np.uint8)
-    view = memoryview(buf)
+    view = memoryview(buf.data)
     with open(source, "rb", buffering=0) as fh:
         fh.seek(start)
         held = 0  # bytes of rows not parsed yet at the front of `buf`

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -313,7 +313,7 @@ def _streamable(sec: Sections, in_memory: bool = False) -> bool:
 
 
 #: a block of rows: numpy columns (name -> array) from the compiled loop, or pyarrow's batch
-Block = dict[str, np.ndarray] | pa.RecordBatch
+Block: TypeAlias = "dict[str, np.ndarray] | pa.RecordBatch"
 
 
 def _batches(
