@@ -275,7 +275,7 @@ def prepare_batches(
     expert = column_or(rows, "expert", 0)
 
     sizes = trace.expert_bytes()
-    present = np.unique(layer)
+    present = np.flatnonzero(np.bincount(layer))  # the layers that occur (ids checked above)
     missing = [int(x) for x in present if int(x) not in sizes]
     if missing:
         raise BmoeError(

@@ -209,8 +209,9 @@ def analyze_replay(
         check_output(csv_out, inputs, force=force)
     if stream:
         views, summary, params = _stream_views(
-            trace_path, budget_list, names, turn, mrc, validate, metrics, seed, jobs
-        )
+            trace_path, budget_list, names, turn, mrc, validate, metrics, seed, jobs,
+            frames=fmt != "table" or plot is not None,
+        )  # fmt: skip
         _show(views, fmt, validate, csv_out, plot, summary, params)
         return
     columns = read_columns(trace_path, replay_analysis.REPLAY_COLUMNS)
@@ -305,22 +306,22 @@ def _stream_views(
     metrics: Path | None,
     seed: int,
     jobs: int | None,
+    frames: bool = True,
 ):
-    """The replay's views of the file read block by block, and the metrics summary and
-    parameters."""
+    """The replay's views of the file read block by block (numpy columns), and the metrics
+    summary and parameters; the curve and validation as columns without `frames`."""
     from bmoe.analyze.replay_stream import stream_replay
-    from bmoe.formats.route import iter_route_rows, read_route_preamble
+    from bmoe.formats.route import iter_route_columns, read_route_head
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        preamble = read_route_preamble(trace_path)
+        preamble = read_route_head(trace_path)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(preamble, [validate] if validate else [])
     summary, params = _read_summary(metrics, validate)
-    blocks = iter_route_rows(trace_path, STREAM_BLOCK_ROWS, replay_analysis.REPLAY_COLUMNS)
+    blocks = iter_route_columns(trace_path, STREAM_BLOCK_ROWS, replay_analysis.REPLAY_COLUMNS)
     if turn is not None:
-        blocks = (b[b["turn"] == turn] if "turn" in b else b.iloc[: len(b) * (turn == 0)]
-                  for b in blocks)  # fmt: skip
+        blocks = (_of_turn(b, turn) for b in blocks)
     with (
         warnings.catch_warnings(record=True) as also,
         err_console.status(literal("replaying block by block")),
@@ -329,7 +330,7 @@ def _stream_views(
         try:
             views = stream_replay(
                 preamble, blocks, budget_list, names, mrc=mrc, validate_mib=validate,
-                metrics_summary=summary, seed=seed, jobs=jobs,
+                metrics_summary=summary, seed=seed, jobs=jobs, frames=frames,
             )  # fmt: skip
         except BmoeError as exc:
             if turn is not None and "no routing rows" in str(exc):
@@ -338,6 +339,15 @@ def _stream_views(
     for w in [*caught, *also]:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     return views, summary, params
+
+
+def _of_turn(block: dict, turn: int) -> dict:
+    """The rows of a block of columns in session turn `turn` (a trace without turns has
+    turn 0 only)."""
+    if "turn" in block:
+        keep = block["turn"] == turn
+        return {c: v[keep] for c, v in block.items()}
+    return {c: v[: len(v) * (turn == 0)] for c, v in block.items()}
 
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:

@@ -254,6 +254,71 @@ def read_route_preamble(source: PathLike) -> RouteTrace:
     return RouteTrace(sec.path, version, meta, _layers_frame(layers), rows, sec.warnings)
 
 
+def read_route_head(source: PathLike) -> RouteColumns:
+    """:func:`read_route_preamble` as :class:`RouteColumns` (no rows; without pandas for a
+    CSV): the preamble for :func:`iter_route_columns`' blocks."""
+    from bmoe.formats import parquet
+
+    if parquet.is_parquet(source):
+        return RouteColumns.of(read_route_preamble(source))
+    sec = load_sections(source, verify=False)
+    version, meta, layers = _parse_preamble(sec)
+    columns = {c: np.empty(0, dtype=NUMPY_TYPES.get(c, object)) for c in dict.fromkeys(sec.header)}
+    return RouteColumns(sec.path, version, meta, layers, columns, sec.warnings)
+
+
+def iter_route_columns(
+    source: PathLike, rows: int = 1 << 20, columns: Iterable[str] | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """:func:`iter_route_rows` as numpy columns (name -> array) in blocks of about `rows`
+    rows: a plain CSV trace's parsed straight into them (no pandas), Parquet's batches
+    taken as their arrays. Anything else is read as :func:`iter_route_rows` reads it (the
+    same rows and errors)."""
+    from bmoe.formats import parquet
+
+    keep = None if columns is None else frozenset(columns)
+    if parquet.is_parquet(source):
+        yield from parquet.iter_columns(source, rows, keep, parquet_schema())
+        return
+    sec = load_sections(source, verify=False)
+    if not _streamable(sec):
+        yield _frame_columns(read_route_trace(source, keep).rows)
+        return
+    assert sec.source is not None
+    types = {c: COLUMN_TYPES[c] for c in sec.header}
+    wanted = None if keep is None else [c for c in sec.header if c in keep]
+    parts: list[dict[str, np.ndarray]] = []
+    held = given = 0
+    try:
+        for batch in _batches(sec.source, sec.spans[0][0], types, wanted, rows):
+            block = _block_columns(batch)
+            if block is None:  # nulls: the careful read below names them
+                raise pa.ArrowInvalid("null")
+            parts.append(block)
+            held += len(next(iter(block.values()))) if block else 0
+            if held >= rows:
+                yield _joined(parts)
+                given += held
+                parts, held = [], 0
+    except (pa.ArrowInvalid, OSError):
+        pass  # the careful read below names the problem, or widens a column
+    else:
+        if parts:
+            yield _joined(parts)
+        return
+    yield _frame_columns(read_route_trace(source, keep).rows.iloc[given:])
+
+
+def _frame_columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    return {str(c): frame[c].to_numpy() for c in frame.columns}
+
+
+def _joined(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+
+
 def iter_route_rows(
     source: PathLike, rows: int = 1 << 20, columns: Iterable[str] | None = None
 ) -> Iterator[pd.DataFrame]:

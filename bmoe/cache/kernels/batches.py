@@ -168,3 +168,39 @@ def next_uses_continue(bounds, look, nextb, b0):
             out[i] = nextb[k]
             nextb[k] = b0 + b
     return out
+
+
+@njit(**{**OPTS, "inline": "always"})
+def _group(turn, phase, step, r):
+    """Row `r`'s batch group as one int64 growing in replay order: turn, then prefill (all
+    of it one group) before decode, then the decode step."""
+    dec = np.int64(1) if phase[r] != 0 else np.int64(0)
+    return (
+        ((np.int64(turn[r]) + (1 << 15)) << 41)
+        | (dec << 40)
+        | (dec * (np.int64(step[r]) + (1 << 31)))
+    )
+
+
+@njit(ahead=lambda: arrays(COLUMNS[:-6]), **OPTS)
+def last_group(turn, phase, step):
+    """Rows of a block by batch group (:func:`_group`): where the run of rows of the last
+    row's group that ends the block starts, whether no row before that run is of the
+    group, and the lowest and highest group before it (the last row's group when none)."""
+    n = len(step)
+    last = _group(turn, phase, step, n - 1)
+    start = n - 1
+    while start > 0 and _group(turn, phase, step, start - 1) == last:
+        start -= 1
+    lo = last
+    hi = last
+    alone = True
+    for r in range(start):
+        g = _group(turn, phase, step, r)
+        if g == last:
+            alone = False
+        if r == 0 or g < lo:
+            lo = g
+        if r == 0 or g > hi:
+            hi = g
+    return start, alone, lo, hi
