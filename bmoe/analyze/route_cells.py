@@ -352,9 +352,8 @@ class StepSequence:
                 pos = wk > 0
                 if pos.all():
                     wlogw = wk * np.log2(wk)
-                else:
-                    wlogw = np.zeros_like(wk)
-                    wlogw[pos] = wk[pos] * np.log2(wk[pos])
+                else:  # 0 where a weight is not positive (log2(1) is 0): no masked copies
+                    wlogw = np.where(pos, wk, 0.0) * np.log2(np.where(pos, wk, 1.0))
                 acc[a:b] = np.add.reduceat(wlogw, starts)
                 top[a:b] = np.maximum.reduceat(known_w, starts)
             self._weights = (complete, total, acc, top)

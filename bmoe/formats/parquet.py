@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from bmoe.formats import kv
 from bmoe.formats.errors import FormatError
 from bmoe.formats.inputs import is_regular_file, regular_file
+from bmoe.formats.lazy import lazy_module
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
+else:  # imported when a Parquet file is read or written (telling one costs nothing)
+    pa = lazy_module("pyarrow")
 
 MAGIC = b"PAR1"
 #: Schema metadata keys (all values are UTF-8 JSON except kind and version).
@@ -272,8 +275,10 @@ def _layers(meta: dict[bytes, bytes], name: str | None) -> pd.DataFrame:
 
 def release_unused() -> None:
     """Hand the memory Arrow's pool holds but no longer uses back to the system. Rows read
-    from Parquet live in that pool: dropping them frees nothing visible until this runs."""
-    pa.default_memory_pool().release_unused()
+    from Parquet live in that pool: dropping them frees nothing visible until this runs
+    (nothing to do where pyarrow was never imported)."""
+    if "pyarrow" in sys.modules:
+        pa.default_memory_pool().release_unused()
 
 
 def _rows(table: pa.Table) -> pd.DataFrame:

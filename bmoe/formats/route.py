@@ -5,14 +5,14 @@ as numpy columns without importing pandas (what a command that prints a few tabl
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pacsv
 
 from bmoe.formats import kv
 from bmoe.formats.csvtable import (
@@ -24,29 +24,47 @@ from bmoe.formats.csvtable import (
     read_options,
 )
 from bmoe.formats.errors import FormatError
+from bmoe.formats.lazy import lazy_module
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+else:  # imported when pyarrow parses rows (the compiled loop stopped) or Parquet is read
+    pa = lazy_module("pyarrow")
+    pacsv = lazy_module("pyarrow.csv")
 
 COLUMNS = (
     "turn", "phase", "step", "layer", "slot", "expert", "weight", "residency", "expert_bytes",
     "dropped",
 )  # fmt: skip
 
-COLUMN_TYPES: dict[str, pa.DataType] = {
-    "turn": pa.int16(),
-    "phase": pa.int8(),
-    "step": pa.int32(),
-    "layer": pa.int16(),
-    "slot": pa.int8(),
-    "expert": pa.int16(),
-    "weight": pa.float32(),
-    "residency": pa.int8(),
-    "expert_bytes": pa.int32(),
-    "dropped": pa.int8(),
+#: each column's compact type (as numpy dtypes; :data:`COLUMN_TYPES`: as pyarrow types)
+NUMPY_TYPES: dict[str, np.dtype] = {
+    "turn": np.dtype(np.int16),
+    "phase": np.dtype(np.int8),
+    "step": np.dtype(np.int32),
+    "layer": np.dtype(np.int16),
+    "slot": np.dtype(np.int8),
+    "expert": np.dtype(np.int16),
+    "weight": np.dtype(np.float32),
+    "residency": np.dtype(np.int8),
+    "expert_bytes": np.dtype(np.int32),
+    "dropped": np.dtype(np.int8),
 }
 
-NUMPY_TYPES = {c: np.dtype(t.to_pandas_dtype()) for c, t in COLUMN_TYPES.items()}
+
+@functools.cache
+def column_types() -> dict[str, pa.DataType]:
+    """:data:`NUMPY_TYPES` as pyarrow types (``COLUMN_TYPES``; pyarrow imported here)."""
+    return {c: pa.from_numpy_dtype(t) for c, t in NUMPY_TYPES.items()}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "COLUMN_TYPES":  # made on first use: reading a plain trace needs no pyarrow
+        return column_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 REQUIRED = ("step", "layer", "expert")
 #: Ids and indices that must fit 32 bits.
@@ -58,7 +76,7 @@ def parquet_schema():
     RowSchema`)."""
     from bmoe.formats.parquet import RowSchema
 
-    return RowSchema(COLUMN_TYPES, REQUIRED, IDS)
+    return RowSchema(column_types(), REQUIRED, IDS)
 
 
 @dataclass
@@ -206,7 +224,7 @@ def read_route_trace(source: PathLike | bytes, columns: Iterable[str] | None = N
     version, meta, layers = _parse_preamble(sec)
     columns = _stream_columns(sec, keep)
     if columns is None:
-        rows = frame_or_empty(sec, COLUMN_TYPES, REQUIRED)
+        rows = frame_or_empty(sec, column_types(), REQUIRED)
         if keep is not None:
             rows = rows.drop(columns=[c for c in rows.columns if c not in keep])
     else:
@@ -234,7 +252,8 @@ def read_route_columns(
         version, meta, layers = _parse_preamble(sec)
         parsed = _stream_columns(sec, keep, in_memory=True)
         if parsed is not None:
-            pa.default_memory_pool().release_unused()  # as parquet.release_unused
+            if "pyarrow" in sys.modules:  # pyarrow parsed some rows: as parquet.release_unused
+                pa.default_memory_pool().release_unused()
             return RouteColumns(sec.path, version, meta, layers, parsed, sec.warnings)
     return RouteColumns.of(read_route_trace(source, keep))
 
@@ -249,7 +268,7 @@ def read_route_preamble(source: PathLike) -> RouteTrace:
         return RouteTrace(p.name, p.version, p.meta, p.layers, p.rows, p.warnings)
     sec = load_sections(source, verify=False)
     version, meta, layers = _parse_preamble(sec)
-    types = {c: COLUMN_TYPES.get(c, pa.string()) for c in dict.fromkeys(sec.header)}
+    types = {c: column_types().get(c, pa.string()) for c in dict.fromkeys(sec.header)}
     rows = pa.schema(list(types.items())).empty_table().to_pandas()
     return RouteTrace(sec.path, version, meta, _layers_frame(layers), rows, sec.warnings)
 
@@ -285,7 +304,7 @@ def iter_route_columns(
         yield _frame_columns(read_route_trace(source, keep).rows)
         return
     assert sec.source is not None
-    types = {c: COLUMN_TYPES[c] for c in sec.header}
+    types = {c: NUMPY_TYPES[c] for c in sec.header}
     wanted = None if keep is None else [c for c in sec.header if c in keep]
     parts: list[dict[str, np.ndarray]] = []
     held = given = 0
@@ -337,7 +356,7 @@ def iter_route_rows(
     sec = load_sections(source, verify=False)
     if _streamable(sec):
         assert sec.source is not None
-        types = {c: COLUMN_TYPES[c] for c in sec.header}
+        types = {c: NUMPY_TYPES[c] for c in sec.header}
         wanted = None if keep is None else [c for c in sec.header if c in keep]
         parts: list[pd.DataFrame] = []
         held = given = 0
@@ -371,7 +390,7 @@ def _streamable(sec: Sections, in_memory: bool = False) -> bool:
         whole
         and not sec.cut
         and bool(sec.header_line)
-        and all(c in COLUMN_TYPES for c in header)
+        and all(c in NUMPY_TYPES for c in header)
         and len(set(header)) == len(header)
         and all(c in header for c in REQUIRED)
     )
@@ -382,14 +401,15 @@ Block: TypeAlias = "dict[str, np.ndarray] | pa.RecordBatch"
 
 
 def _batches(
-    source: str | pa.Buffer,
+    source: str | memoryview,
     start: int,
-    types: dict[str, pa.DataType],
+    types: dict[str, np.dtype],
     keep: list[str] | None = None,
     rows: int | None = None,
 ) -> Iterator[Block]:
     """The rows of a file (a path, from byte `start`, its header line) or of bytes in memory,
-    block by block; the columns named as `types` names them (the header split and stripped).
+    block by block; the columns named as `types` names them (the header split and stripped),
+    of the types :data:`NUMPY_TYPES` gives them.
 
     The compiled loop of :mod:`~bmoe.formats.numeric_csv` parses them (numpy columns, `rows`
     a block, all of them in one by default; about four times pyarrow's speed) up to the
@@ -397,7 +417,7 @@ def _batches(
     naming any problem."""
     from bmoe.formats import numeric_csv
 
-    end = os.path.getsize(source) if isinstance(source, str) else source.size
+    end = os.path.getsize(source) if isinstance(source, str) else len(source)
     if rows is None:  # a row takes two bytes a column at least
         rows = (end - start) // (2 * len(types)) + 1
     layout = numeric_csv.Layout(list(types), NUMPY_TYPES, None if keep is None else set(keep))
@@ -418,7 +438,7 @@ def _batches(
             read_options=options,
             parse_options=pacsv.ParseOptions(newlines_in_values=False),
             convert_options=pacsv.ConvertOptions(
-                column_types=types,
+                column_types={c: column_types()[c] for c in types},
                 null_values=[],
                 strings_can_be_null=False,
                 include_columns=keep,
@@ -447,13 +467,14 @@ def _stream_columns(
     if not _streamable(sec, in_memory):
         return None
     start, end = sec.spans[0]
-    source: str | pa.Buffer
+    source: str | memoryview
     if sec.streamed():
         assert sec.source is not None
         source = sec.source
     else:
-        source, start, end = sec.buffer(), 0, end - start
-    types = {c: COLUMN_TYPES[c] for c in header}
+        assert sec.data is not None
+        source, start, end = memoryview(sec.data)[start:end], 0, end - start
+    types = {c: NUMPY_TYPES[c] for c in header}
     most = (end - start) // (2 * len(header)) + 1
     wanted = [c for c in header if keep is None or c in keep]
     columns: dict[str, np.ndarray] | None = None  # the first block's, until a second comes
