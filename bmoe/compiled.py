@@ -149,6 +149,14 @@ class Kernel:
         found = self.ahead()
         return [tuple(a) for a in found] if isinstance(found, list) else [tuple(found)]
 
+    def takes(self, *args: Any) -> bool:
+        """Whether code compiled ahead takes these arguments (a caller with a numpy way of
+        its own can take that instead of numba's JIT)."""
+        fast = self._fast
+        if fast is None:
+            fast = self._fast = self._compiled_ahead()
+        return any(matches(args) for matches, _ in fast)
+
     def export_name(self, i: int) -> str:
         return f"{self.py_func.__name__}__{i}"
 
