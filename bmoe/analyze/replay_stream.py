@@ -226,9 +226,8 @@ class _Distances:
     def feed(self, c: Chunk) -> None:
         from bmoe.cache.kernels import distances
 
-        self.state = distances.distances_restart(
-            self.state, self.key_size(self.n_keys), len(c.look)
-        )
+        tree = distances.distances_restart(self.state, self.key_size(self.n_keys), len(c.look))
+        self.state = self.state._replace(tree=tree)
         dist = distances.lru_byte_distances_continue(
             c.bounds, c.look, c.rec, c.repeated, c.size, True, self.state
         )

@@ -154,3 +154,19 @@ def test_a_replay_runs_without_numba(corpus: Path) -> None:
     assert fast["code"] == 0 and not fast["numba"]
     slow = probe({**home, compiled.JIT_ONLY: "1"})
     assert slow["numba"] and slow["out"] == fast["out"]
+
+
+def test_every_kernel_with_examples_is_compiled_ahead() -> None:
+    """Each kernel module builds: none of its entry points falls back to the JIT unseen."""
+    from bmoe.cache import kernels
+
+    kernels.kernel_specs()  # imports every policy's kernel module
+    ahead(lru.lru_continue)
+    entries = [
+        k for name, ks in compiled._KERNELS.items() if name.startswith("bmoe.") for k in ks
+        if k.ahead is not None
+    ]  # fmt: skip
+    assert len(entries) >= 20
+    for kernel in entries:
+        for example in kernel.examples():
+            assert kernel.takes(*example), kernel

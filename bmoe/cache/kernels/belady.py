@@ -22,7 +22,7 @@ import numpy as np
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup, counter_bits
 from bmoe.cache.kernels.shared import OPTS, sift_down, sift_up
 from bmoe.cache.policies.belady import Belady
-from bmoe.compiled import njit
+from bmoe.compiled import arrays, njit
 from bmoe.errors import BmoeError
 
 SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
@@ -55,7 +55,7 @@ def belady_state(n_keys: int) -> BeladyState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i8 i4"), 0, 0, 0, 0, belady_state(1)), **OPTS)
 def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, state):
     """Replay the batches numbered from `b0` on of a replay of `n_total`, their next uses
     numbered so, from `state` (updated in place)."""

@@ -10,7 +10,7 @@ import numpy as np
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.clock import Clock
-from bmoe.compiled import njit
+from bmoe.compiled import arrays, njit
 
 SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
@@ -41,7 +41,7 @@ def clock_state(n_keys: int) -> ClockState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i8"), 0, clock_state(1)), **OPTS)
 def clock_continue(bounds, look, size, budget, state):
     """Replay the batches from `state` (updated in place)."""
     nxt, prv, resident, bit, mark, ksize, entering, scalars = state
