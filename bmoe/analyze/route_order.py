@@ -89,3 +89,15 @@ def layer_major(layer_idx, step_code, slot, keep):
             take[count[j]] = r
             count[j] += 1
     return STEP_MAJOR, take
+
+
+@njit(ahead=lambda: [(*arrays(f"{e} i4"), 1, 1) for e in ("i2", "i4")], **_OPTS)
+def cell_sets(expert, gcell, n_cells, words):
+    """Each cell's experts as a bitmask: (words, cells) uint64, expert e at bit e % 64 of
+    word e // 64; `gcell` gives each row's cell."""
+    masks = np.zeros((words, n_cells), dtype=np.uint64)
+    one = np.uint64(1)
+    for r in range(len(expert)):
+        e = np.int64(expert[r])
+        masks[e >> 6, gcell[r]] |= one << np.uint64(e & 63)
+    return masks

@@ -76,3 +76,18 @@ def test_the_selection_is_the_numpy_paths(order, monkeypatch) -> None:
     for name in cols:
         np.testing.assert_array_equal(fast[0][name], slow[0][name], err_msg=name)
     np.testing.assert_array_equal(fast[3], slow[3])
+
+
+def test_cell_sets_are_the_numpy_paths(corpus, monkeypatch) -> None:
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    trace = read_route_columns(corpus / "route-trace/gemma.route.csv")
+    for phase in ("decode", "prefill", "all"):
+        seq, _ = route_cells.sequence_of(route.select(trace, phase))
+        fast = route._cell_sets(seq)
+        with monkeypatch.context() as m:
+            m.setattr(route_order.cell_sets, "takes", lambda *args: False)
+            slow = route._cell_sets(seq)
+        assert fast.dtype == slow.dtype == np.uint64
+        np.testing.assert_array_equal(fast, slow)
