@@ -67,7 +67,7 @@ out = []
 def mark(label):
     now = time.process_time(); out.append((label, now - t[0])); t[0] = now
 import numpy; mark("import numpy")
-import bmoe.cli.replay; mark("import the CLI (typer, rich, pyarrow, bmoe)")
+import bmoe.cli.replay; mark("import the CLI (typer, rich, bmoe)")
 from bmoe.analyze import replay as rp
 from bmoe.formats.route import read_route_columns
 trace = read_route_columns(sys.argv[1], rp.REPLAY_COLUMNS); mark("read the CSV into columns")
