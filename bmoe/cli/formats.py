@@ -3,6 +3,7 @@ contract, and its Parquet form."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -35,6 +36,9 @@ def info(
 
     Example: bmoe info run.csv trace.route.csv run.out
     """
+    # a description uses no linear algebra: OpenBLAS's threads would only spend CPU time (set
+    # before numpy loads, for a route trace's columns; a value the user chose is kept)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from bmoe.formats.info import describe
     from bmoe.render.tables import render
 

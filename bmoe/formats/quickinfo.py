@@ -1,4 +1,5 @@
-"""``bmoe info`` of a small metrics CSV without pandas or pyarrow.
+"""``bmoe info`` of a small metrics CSV without pandas or pyarrow, and of a route trace's CSV
+through its numpy columns (:func:`describe_route_columns`).
 
 A command that describes one small file should start in a blink; importing pandas and pyarrow
 costs more than reading the file. :func:`describe_small_metrics` reads the preamble, the header,
@@ -52,6 +53,41 @@ def describe_small_metrics(
         return _describe(str(path), data, key_params, key_summary)
     except (_NotQuick, OSError, UnicodeDecodeError):
         return None
+
+
+def describe_route_columns(
+    path: PathLike, key_params: tuple[str, ...]
+) -> dict[str, dict[str, Any]] | None:
+    """The ``file`` and ``parameters`` views (and ``warnings``) of a route trace's CSV, read
+    as numpy columns (:func:`~bmoe.formats.route.read_route_columns`: no pandas for a plain
+    trace, the same rows and warnings as the full reader); None for anything else (Parquet,
+    other formats)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+    except OSError:
+        return None
+    if detect_bytes(head) != "route":
+        return None
+    import numpy as np
+
+    from bmoe.formats.route import read_route_columns
+
+    trace = read_route_columns(path)
+    step = trace.column("step")
+    rows = trace.n_rows
+    view: dict[str, Any] = {"file": str(path)}
+    view.update(format="route_trace", version=trace.version, rows=rows)
+    view["steps"] = len(np.unique(step)) if step is not None and rows else 0
+    view["layers with sizes"] = len(trace.expert_bytes())
+    view["recorded with dropping"] = trace.recorded_with_dropping
+    views = {"file": view, "parameters": {k: trace.meta[k] for k in key_params if k in trace.meta}}
+    if trace.warnings:
+        views["warnings"] = {f"warning {i + 1}": w for i, w in enumerate(trace.warnings)}
+    return views
 
 
 def _read_small(path: PathLike) -> bytes | None:
