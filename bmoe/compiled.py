@@ -290,11 +290,22 @@ def _machine() -> bytes:
     return b"\0".join(parts)
 
 
+def _sha256(data: bytes) -> Any:
+    """A SHA-256 hash object: CPython's own (``hashlib`` loads OpenSSL first, ~8 ms of every
+    command that looks up a kernel module) where the interpreter has it."""
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12 on
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found]
+        except ImportError:
+            from hashlib import sha256
+    return sha256(data)
+
+
 def build_key(module: str) -> str:
     """The digest a build of `module` is kept under (see the module docstring)."""
-    import hashlib
-
-    digest = hashlib.sha256(_machine())
+    digest = _sha256(_machine())
     for name in _dependencies(module):
         digest.update(name.encode())
         digest.update(Path(sys.modules[name].__file__ or "").read_bytes())

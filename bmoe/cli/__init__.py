@@ -228,5 +228,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> None:
+    """The ``bmoe`` script and ``python -m bmoe``: :func:`main`, then the exit. A process
+    that loaded pyarrow ends without the interpreter's teardown, once its exit handlers have
+    run and its output is flushed: pyarrow's C++ thread pools, destroyed in that teardown,
+    abort the process now and then (``terminate called without an active exception``, exit
+    134, after the command's work is done). Not with threads of its own still running: those
+    the normal exit waits for."""
+    code = main()
+    import threading
+
+    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if "pyarrow" not in sys.modules or any(not t.daemon for t in others):
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()
+    import contextlib
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`)
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
