@@ -1,6 +1,6 @@
-"""The ``bmoe`` script's exit: where pyarrow was loaded the process skips the interpreter's
-teardown (pyarrow's thread pools abort it there now and then), with the same output, exit
-code and exit handlers as a normal exit."""
+"""The ``bmoe`` script's exit skips the interpreter's teardown (where pyarrow's thread pools
+abort the process now and then), with the same output, exit code and exit handlers as a
+normal exit."""
 
 from __future__ import annotations
 
