@@ -21,7 +21,12 @@ import pyarrow as pa
 from bmoe.formats import kv
 from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections, split_sections
 from bmoe.formats.errors import FormatError, warn
-from bmoe.formats.metrics_columns import INT_COLUMN_BITS, ROW_PRECISION, SUMMARY_PRECISION
+from bmoe.formats.metrics_columns import (
+    INT_COLUMN_BITS,
+    ROW_PRECISION,
+    SUMMARY_PRECISION,
+    run_unfinished,
+)
 
 #: v2 column order, as the native engine writes it.
 COLUMNS_V2 = [
@@ -110,13 +115,9 @@ class MetricsRun:
 
     @property
     def partial(self) -> bool:
-        """Fewer rows than ``steps`` says, or no summary trailer: the run did not finish."""
-        if not self.summaries:
-            return True
-        if "turn" in self.rows and self.rows["turn"].nunique() > 1:
-            return False  # session: each turn has its own target
-        steps = self.steps
-        return steps is not None and len(self.rows) < steps
+        """The run did not finish (:func:`~bmoe.formats.metrics_columns.run_unfinished`)."""
+        turns = self.rows["turn"].nunique() if "turn" in self.rows else 1
+        return run_unfinished(self.summaries, len(self.rows), self.steps, turns)
 
 
 def _summary_value(key: str, text: str) -> Any:

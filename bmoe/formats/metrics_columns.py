@@ -1,7 +1,11 @@
-"""The metrics CSV's known columns and ``# summary`` keys as the native engine prints them:
-plain data (no pandas, no Arrow), shared by the full reader and the quick one of ``bmoe info``."""
+"""The metrics CSV's known columns and ``# summary`` keys as the native engine prints them, and
+when a run counts as finished: plain data (no pandas, no Arrow), shared by the full reader and
+the quick one of ``bmoe info``."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 #: Decimal places the native engine prints per column (absent = integer).
 ROW_PRECISION: dict[str, int] = {
@@ -29,3 +33,21 @@ SUMMARY_PRECISION: dict[str, int] = {
     "prefill_stall_s": 3, "prefill_mgmt_s": 3, "prefill_dev_read_mib": 1,
     "prefill_dev_stall_s": 3, "row_table_MiB": 1, "row_resident_MiB": 1, "row_read_MiB": 1,
 }  # fmt: skip
+
+
+def run_unfinished(
+    summaries: Sequence[Mapping[str, Any]], rows: int, steps: int | None, turns: int
+) -> bool:
+    """Whether a run did not finish: no ``# summary`` trailer, or rows other than the
+    summaries' ``tokens`` add up to (one per turn of a session). A run the model ended at its
+    end of sequence has fewer rows than ``steps`` and is finished. Without ``tokens`` (older
+    files) the rows of a one-turn file (`turns`: distinct turns in the rows) are held against
+    `steps`, the last row's target."""
+    if not summaries:
+        return True
+    counts = [s.get("tokens") for s in summaries]
+    if all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+        return rows != sum(counts)  # type: ignore[arg-type]
+    if turns > 1:
+        return False  # session: each turn has its own target
+    return steps is not None and rows < steps

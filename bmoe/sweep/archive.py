@@ -402,7 +402,9 @@ def csv_complete(path: Path) -> tuple[bool, str]:
     if run.tokens == 0:
         return False, f"{path.name}: no token rows"
     if run.partial:
-        return False, f"{path.name}: the run did not finish ({run.tokens} rows, no summary)"
+        said = run.summary.get("tokens") if run.summaries else None
+        why = "no summary" if said is None else f"the summary says tokens={said}"
+        return False, f"{path.name}: the run did not finish ({run.tokens} rows, {why})"
     return True, "ok"
 
 

@@ -297,6 +297,24 @@ def test_files_have_the_native_columns_and_keys(tiny_model, tmp_path, corpus) ->
     assert last["seq"].tolist() == list(range(len(last)))
 
 
+def test_a_run_the_model_ends_early_is_a_finished_run(tiny_model, tmp_path) -> None:
+    """The tiny model reaches its end of sequence at token 37 of 64 on this prompt (as the
+    native engine does on the same file): the summary is there and says the rows' count, so
+    the run is finished and the sweep archive takes it."""
+    from bmoe.sweep.archive import csv_complete
+
+    path = tmp_path / "run.csv"
+    cfg = EngineConfig(
+        model=str(tiny_model), prompt="=cmd|' /C calc'!A0 explain", n_predict=64, threads=1,
+        csv=str(path),
+    )  # fmt: skip
+    run_engine(cfg)
+    run = read_metrics(path)
+    assert run.tokens < run.steps == 64, "the model no longer ends early on this prompt"
+    assert run.summary["tokens"] == run.tokens and not run.partial
+    assert csv_complete(path) == (True, "ok")
+
+
 def test_validate_passes_on_every_file(tiny_model, tmp_path) -> None:
     validate = pytest.importorskip("bmoe.formats.validate")
     paths = [tmp_path / n for n in ("v.csv", "v.route.csv", "v.io.csv", "v.ctl.csv")]
