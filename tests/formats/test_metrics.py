@@ -57,7 +57,7 @@ def _cut(text: str, rows: int, tokens: int | None) -> str:
     lines = text.splitlines(keepends=True)
     head = [ln for ln in lines if ln.startswith("#") and not ln.startswith("# summary")]
     body = [ln for ln in lines if not ln.startswith("#")]
-    summary = [ln for ln in lines if ln.startswith("# summary")][0]
+    summary = next(ln for ln in lines if ln.startswith("# summary"))
     out = "".join(head + body[: rows + 1])
     if tokens is not None:
         out += summary.replace("tokens=24 ", f"tokens={tokens} ", 1)
