@@ -338,6 +338,11 @@ def test_sigkill_mid_cell_then_resume_loses_nothing_and_repeats_nothing(tmp_path
         assert record["started"] == started  # completed before the kill: not run again
     killed = [r for r in lines if r["status"] == "killed"]
     assert len(killed) == 1 and (root / killed[0]["dir"]).is_dir()
+    assert f"/r{killed[0]['repeat']}" in killed[0]["run"]
+    from hostile_inputs import run_in_process
+
+    report = run_in_process(["report", str(root), "-o", str(tmp_path / "r.html")])
+    assert report.code == 0 and report.traceback is None, report.err
     assert not list((root / "cells").glob("*/.*.staging"))
     assert len(pd.read_parquet(root / "results.parquet")) == len(lines)
     assert b"already complete" in stdout
