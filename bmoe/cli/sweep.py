@@ -101,6 +101,18 @@ def _install_sigterm() -> None:
         signal.signal(signal.SIGTERM, to_interrupt)
 
 
+def _refuse_a_tune_folder(folder: Path) -> None:
+    """A tune's folder is carried on by ``bmoe tune``: as a sweep it would run the whole grid
+    past the tune's budget and its ``sweep.toml`` would lose the ``[tune]`` table."""
+    from bmoe.sweep.archive import is_tune_folder, resume_command
+
+    if is_tune_folder(folder):
+        raise BmoeError(
+            f"{folder}: made by bmoe tune; resume it with: {resume_command(folder)} "
+            "(bmoe sweep CONFIG without --resume runs the whole grid in a new folder)"
+        )
+
+
 @app.command("sweep")
 def sweep_command(
     config: Path = typer.Argument(
@@ -143,6 +155,7 @@ def sweep_command(
         folder = config
         config = config / CONFIG
         resume = True
+        _refuse_a_tune_folder(folder)
     if config.exists():  # a FIFO or a device would block or never end: named instead
         from bmoe.formats.inputs import regular_file
 
@@ -155,6 +168,7 @@ def sweep_command(
         folder = find_latest(root, cfg.settings.name)
         if folder is None:
             raise BmoeError(f"no earlier folder of sweep {cfg.settings.name!r} under {root}")
+        _refuse_a_tune_folder(folder)
     _check_flags(cfg, plan)  # before the folder exists: a refused config leaves nothing
     if dry_run:
         _dry_run(cfg, plan, folder or new_folder(root, cfg.settings.name))
@@ -186,7 +200,7 @@ def _run_locked(
     cfg, plan, folder: Path | None, root: Path, text: str, plain: bool, keep_going: bool
 ) -> None:
     from bmoe.render.progress import LiveProgress, PlainProgress
-    from bmoe.sweep.archive import CONFIG, ArchiveWriter, write_atomic
+    from bmoe.sweep.archive import CONFIG, ArchiveWriter, resume_command, write_atomic
     from bmoe.sweep.lock import folder_lock
     from bmoe.sweep.predictions import sweep_predictions
     from bmoe.sweep.runner import run_sweep
@@ -221,7 +235,7 @@ def _run_locked(
             raise
         _write_summary(archive.root)
     if interrupted:
-        err_console.print(literal(f"interrupted; resume with: bmoe sweep {archive.root}"))
+        err_console.print(literal(f"interrupted; resume with: {resume_command(archive.root)}"))
         raise typer.Exit(130)
     assert outcome is not None
     failed = outcome.failed_runs
@@ -238,7 +252,7 @@ def _run_locked(
     if failed:
         err_console.print(literal("failed: " + ", ".join(failed)), highlight=False)
     if not_run:
-        err_console.print(literal(f"resume with: bmoe sweep {archive.root}"), highlight=False)
+        err_console.print(literal(f"resume with: {resume_command(archive.root)}"), highlight=False)
     if failed or not_run:
         raise typer.Exit(1)
 

@@ -104,7 +104,9 @@ def _run(cfg, archive, plain: bool) -> None:
         with sink:
             outcome = Tuner(cfg, archive, sink=sink).run()
     except KeyboardInterrupt:
-        err_console.print(literal(f"interrupted; resume with: bmoe tune {archive.root}"))
+        from bmoe.sweep.archive import resume_command
+
+        err_console.print(literal(f"interrupted; resume with: {resume_command(archive.root)}"))
         raise typer.Exit(130) from None
     console.print(literal(tune_report(outcome.state)), highlight=False, soft_wrap=True)
     if not outcome.result.get("best"):

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bmoe.errors import BmoeError
+from bmoe.sweep.shelltext import shell_join
 
 MANIFEST = "manifest.jsonl"
 CONFIG = "sweep.toml"
@@ -44,10 +45,34 @@ SUMMARY = "summary.md"
 RECORD = "record.json"
 CELLS = "cells"
 
+#: A tune's record of its rounds (:mod:`bmoe.sweep.tune`): its folder is resumed by ``bmoe tune``.
+TUNE_STATE = "tune.json"
+
 #: ``lost``: the host running the attempt (a farm node) or the task on it died.
 STATUSES = (
     "ok", "crashed", "timeout", "invalid", "error", "interrupted", "rejected", "killed", "lost",
 )  # fmt: skip
+
+
+def is_tune_folder(root: Path) -> bool:
+    """Whether `root` was made by ``bmoe tune``: its ``tune.json``, or a ``[tune]`` table in
+    its ``sweep.toml`` (a tune stopped before its first round was recorded)."""
+    import tomllib
+
+    root = Path(root)
+    if (root / TUNE_STATE).is_file():
+        return True
+    try:
+        with open(root / CONFIG, "rb") as fh:
+            head = fh.read(1 << 20)
+        return isinstance(tomllib.loads(head.decode("utf-8")).get("tune"), dict)
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
+def resume_command(root: Path) -> str:
+    """The command that carries on the sweep or tune of folder `root`, quoted to paste."""
+    return shell_join(["bmoe", "tune" if is_tune_folder(root) else "sweep", str(root)])
 
 
 def fsync_dir(path: Path) -> None:

@@ -34,13 +34,13 @@ import pandas as pd
 
 from bmoe.analyze import tune as decide_mod
 from bmoe.errors import BmoeError
-from bmoe.sweep.archive import ArchiveWriter, results_frame, write_atomic
+from bmoe.sweep.archive import TUNE_STATE, ArchiveWriter, results_frame, write_atomic
 from bmoe.sweep.attempt import NullSink, ProgressSink
 from bmoe.sweep.plan import Cell, Plan, Run, Unit, cell_id, expand
 from bmoe.sweep.runner import Executor, executor_for, run_sweep
 from bmoe.sweep.tune_config import LOSSY_FLAGS, TuneConfig
 
-TUNE_FILE = "tune.json"
+TUNE_FILE = TUNE_STATE
 PROFILE_FILE = "profile.json"
 CALIBRATE = "calibrate"
 #: Axes the profile prices (the rest are corrected per group of their values).
@@ -763,10 +763,10 @@ def _flags(cell: Cell) -> dict[str, Any]:
 
 
 def command_line(cell: Cell, engine: str) -> str:
-    """The recommended flags as one command line (``bmoe run`` or ``bmoe-cli``)."""
-    import shlex
-
+    """The recommended flags as one command line (``bmoe run`` or ``bmoe-cli``), quoted to
+    paste."""
     from bmoe.engine.native import flag_name, format_flag_value
+    from bmoe.sweep.shelltext import shell_join
 
     args = ["bmoe", "run"] if engine == "embedded" else ["bmoe-cli"]
     for key, value in _flags(cell).items():
@@ -775,7 +775,7 @@ def command_line(cell: Cell, engine: str) -> str:
         args.append(flag_name(key))
         if value is not True:
             args.append(format_flag_value(value))
-    return shlex.join(args)
+    return shell_join(args)
 
 
 def toml_snippet(cell: Cell, axes: Sequence[str]) -> str:

@@ -315,6 +315,36 @@ def test_a_full_disk_stops_the_sweep_with_one_clear_error(tmp_path, monkeypatch,
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("made_by", ["sweep", "tune"])
+def test_a_full_disk_names_the_command_that_made_the_folder(tmp_path, monkeypatch, made_by):
+    cfg = make_sweep(tmp_path, "cache_mb = [0, 8]")
+    config = load_config(cfg)
+    text = resolved_toml(config) + ("\n[tune]\nbudget = 3\n" if made_by == "tune" else "")
+    archive = ArchiveWriter.create(tmp_path / "out dir", "t", text)
+
+    def full(self, files, record):
+        raise OSError(errno.ENOSPC, "No space left on device", str(files.staging))
+
+    monkeypatch.setattr(ArchiveWriter, "finalize", full)
+    with pytest.raises(DiskFull) as info:
+        run_sweep(config, make_plan(config), archive)
+    assert str(info.value).endswith(f"resume with: bmoe {made_by} '{archive.root}')")
+
+
+def test_sweep_refuses_a_tune_folder_and_leaves_it_as_it_was(tmp_path):
+    from hostile_inputs import run_in_process
+
+    cfg = make_sweep(tmp_path, "cache_mb = [0, 8]")
+    text = resolved_toml(load_config(cfg)) + "\n[tune]\nbudget = 3\n"
+    root = ArchiveWriter.create(tmp_path / "out", "t", text).root
+    for args in ([str(root)], [str(cfg), "--resume"]):  # the folder, or found as the latest
+        result = run_in_process(["sweep", *args])
+        assert result.code == 2 and result.traceback is None, result.err
+        assert f"{root}: made by bmoe tune; resume it with: bmoe tune {root}" in result.err
+        assert (root / "sweep.toml").read_text() == text
+        assert not list(root.glob("sweep.*.toml")) and manifest(root) == []
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
 def test_output_capture_on_a_full_disk_keeps_draining_without_a_thread_traceback(monkeypatch):
     import io
