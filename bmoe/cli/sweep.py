@@ -208,6 +208,8 @@ def _run_locked(
     predicted = sweep_predictions(cfg, plan) if folder is None else None
     if folder is not None:
         archive = ArchiveWriter.open(folder)
+        if archive.mended:
+            err_console.print(literal(f"note: {folder}: {archive.mended}"), highlight=False)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
         if tomllib.loads(previous) != tomllib.loads(text):
             n = 1

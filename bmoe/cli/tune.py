@@ -59,6 +59,8 @@ def tune_command(
         if folder is not None:
             locks.enter_context(folder_lock(folder))
             archive = ArchiveWriter.open(folder)
+            if archive.mended:
+                err_console.print(literal(f"note: {folder}: {archive.mended}"), highlight=False)
         else:
             archive = ArchiveWriter.create(root, cfg.sweep.settings.name, resolved_tune_toml(cfg))
             locks.enter_context(folder_lock(archive.root))

@@ -39,6 +39,8 @@ from bmoe.errors import BmoeError
 from bmoe.sweep.shelltext import shell_join
 
 MANIFEST = "manifest.jsonl"
+#: Where a torn last line of the manifest is set aside.
+TORN = "manifest.jsonl.torn"
 CONFIG = "sweep.toml"
 RESULTS = "results.parquet"
 SUMMARY = "summary.md"
@@ -175,6 +177,7 @@ class ArchiveWriter:
         self.root = Path(root)
         self._lock = threading.Lock()
         self._attempts: dict[str, int] | None = None  # run -> highest attempt in the manifest
+        self.mended: str | None = None  # what :meth:`open` did to a torn manifest
 
     # -- creation
     @classmethod
@@ -203,7 +206,9 @@ class ArchiveWriter:
             raise BmoeError(f"{root}: not a sweep folder (no {CONFIG})")
         (root / CELLS).mkdir(exist_ok=True)
         clear_stale_tmp(root)
-        return cls(root)
+        archive = cls(root)
+        archive.mended = archive.mend_manifest()
+        return archive
 
     @property
     def state_dir(self) -> Path:
@@ -313,13 +318,63 @@ class ArchiveWriter:
     def _append_manifest(self, record: Mapping[str, Any]) -> None:
         self._note_attempt(record)
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
-        fd = os.open(self.root / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.root / MANIFEST, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            self._mend_tail(fd)
             os.write(fd, line.encode("utf-8"))
             os.fsync(fd)
         finally:
             os.close(fd)
         fsync_dir(self.root)
+
+    def mend_manifest(self) -> str | None:
+        """Set aside a torn last line of the manifest (see :meth:`_mend_tail`); returns what
+        was done, or None when the manifest ends whole."""
+        path = self.root / MANIFEST
+        if not path.is_file():
+            return None
+        with self._lock:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND)
+            try:
+                return self._mend_tail(fd)
+            finally:
+                os.close(fd)
+
+    def _mend_tail(self, fd: int) -> str | None:
+        """A manifest whose last line has no newline (a power loss or a kill mid-write) would
+        glue the next record to the fragment, losing both. A fragment that reads as a whole
+        record only lacks its newline, which is added; any other is moved to
+        ``manifest.jsonl.torn`` and cut from the manifest."""
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return None
+        start = size
+        while start > 0:  # back to the last newline, a block at a time
+            block = os.pread(fd, min(1 << 16, start), max(0, start - (1 << 16)))
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                start = start - len(block) + cut + 1
+                break
+            start -= len(block)
+        tail = os.pread(fd, size - start, start)
+        try:
+            whole = isinstance(json.loads(tail), dict)
+        except (ValueError, RecursionError):
+            whole = False
+        if whole:
+            os.write(fd, b"\n")
+            os.fsync(fd)
+            return f"{MANIFEST}: its last line lacked a newline; added"
+        with open(self.root / TORN, "ab") as aside:
+            aside.write(tail + b"\n")
+            aside.flush()
+            os.fsync(aside.fileno())
+        os.ftruncate(fd, start)
+        os.fsync(fd)
+        return (
+            f"{MANIFEST}: its last line was cut short ({len(tail)} bytes, a kill or power loss "
+            f"mid-write); set aside in {TORN}"
+        )
 
     def append_manifest(self, record: Mapping[str, Any]) -> None:
         with self._lock:
@@ -434,21 +489,34 @@ def csv_complete(path: Path) -> tuple[bool, str]:
 
 
 def read_manifest(path: Path) -> list[dict[str, Any]]:
-    """Manifest lines; a cut last line (a sweep killed mid-write) is skipped."""
+    """Manifest records; a line that is not one (a cut last line of a sweep killed mid-write,
+    damage) is skipped with a warning naming it."""
+    from bmoe.formats.errors import warn
+
     out: list[dict[str, Any]] = []
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return out
-    for line in text.splitlines():
+    lines = text.splitlines()
+    bad: list[tuple[int, str]] = []
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
+            cut = n == len(lines) and not text.endswith("\n")
+            bad.append((n, "cut short (a kill or power loss mid-write)" if cut else "not JSON"))
             continue
         if isinstance(record, dict):  # a damaged line may parse as a list or a number
             out.append(record)
+        else:
+            bad.append((n, "not a record"))
+    for n, why in bad[:3]:
+        warn(str(path), n, f"{why}: line skipped")
+    if len(bad) > 3:
+        warn(str(path), None, f"{len(bad) - 3} more lines skipped (not records)")
     return out
 
 

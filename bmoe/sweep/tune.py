@@ -417,14 +417,7 @@ class Tuner:
 
     def used(self) -> tuple[int, float]:
         """Device runs attempted (the calibration run included) and their device seconds."""
-        runs = 0
-        seconds = 0.0
-        for record in self.archive.manifest():
-            if record.get("status") in ("set_aside",) or not isinstance(record.get("run"), str):
-                continue
-            runs += 1
-            seconds += float(record.get("duration_s") or 0.0)
-        return runs, seconds
+        return device_use(self.archive.manifest())
 
     def run(self) -> TuneOutcome:
         """Calibrate (or resume), then rounds until settled or out of budget."""
@@ -752,6 +745,22 @@ def _stop_sentence(reason: str, decision: decide_mod.Decision) -> str:
         "exhausted": f"nothing left to run: {decision.sentence}",
         "infeasible": "no cell satisfies the constraints",
     }.get(reason, reason)
+
+
+def device_use(records: Sequence[dict[str, Any]]) -> tuple[int, float]:
+    """Attempts in manifest `records` and their device seconds, each attempt (a run and its
+    attempt number) once however many lines it has: a copied or replayed line is not a run.
+    Lines set aside stand for an attempt counted by its other line."""
+    seconds: dict[tuple[str, Any], float] = {}
+    for record in records:
+        run = record.get("run")
+        if record.get("status") == "set_aside" or not isinstance(run, str):
+            continue
+        attempt = record.get("attempt")
+        key = (run, attempt if isinstance(attempt, int | str) else repr(attempt))
+        spent = _finite(record.get("duration_s")) or 0.0
+        seconds[key] = max(seconds.get(key, 0.0), max(spent, 0.0))
+    return len(seconds), float(sum(seconds.values()))
 
 
 def _label(cell: Cell, axes: Sequence[str]) -> str:

@@ -380,6 +380,18 @@ def test_a_tune_killed_mid_run_resumes_without_repeating_a_finished_run(tmp_path
     assert len(lines) <= 9 + 1  # the budget, and the attempt the kill cut short
 
 
+def test_the_budget_counts_attempts_not_manifest_lines() -> None:
+    """A copied manifest repeats its ok lines; each attempt costs the device once."""
+    from bmoe.sweep.tune import device_use
+
+    ok = [{"run": f"c{i}/r1", "attempt": 1, "status": "ok", "duration_s": 2.0} for i in range(4)]
+    crashed = {"run": "c0/r1", "attempt": 2, "status": "crashed", "duration_s": 1.0}
+    aside = {"run": "c1/r1", "attempt": 1, "status": "set_aside", "duration_s": 2.0}
+    assert device_use(ok) == (4, 8.0)
+    assert device_use(ok + ok + ok[:2]) == (4, 8.0)  # duplicated lines
+    assert device_use([*ok, crashed, aside, {"run": 3}, {"status": "ok"}]) == (5, 9.0)
+
+
 def test_the_recommended_command_pastes_back_to_the_same_values() -> None:
     """A value holding a control character is quoted so that the printed line (plain text
     after the output filter) still names the same file when pasted into a shell."""
