@@ -422,11 +422,16 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
     with open(path, "rb", buffering=0) as fh:
         head = fh.read(head_size)
         whole_lines = head[: head.rfind(b"\n") + 1]
-        if not whole_lines:
-            return None
+        if not whole_lines:  # a large file is never read whole on the strength of no line
+            what = (
+                "binary data"
+                if b"\x00" in head[:65536]
+                else f"no line in its first {_mib(head_size)}"
+            )
+            raise FormatError(path, 1, f"{what}, not a text telemetry file")
         sec = split_sections(whole_lines, path)
         rest = head[len(whole_lines) :]
-        nul = rest.find(b"\x00", 0, 65536)
+        nul = rest.find(b"\x00")
         if nul >= 0:  # binary past the header (a sparse file, a damaged one): said now
             line = whole_lines.count(b"\n") + 1 + rest.count(b"\n", 0, nul)
             raise FormatError(path, line, "binary data, not a text telemetry file")
@@ -454,6 +459,8 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
             prev_newline = block.endswith(b"\n")
             last = block[-1:]
             size += len(block)
+    if last == b"\x00":  # a sparse or damaged end: the careful read would take it whole
+        raise FormatError(path, None, f"binary data at byte {size - 1}, not a text telemetry file")
     if last != b"\n":
         return None
     sec.data = None
@@ -461,6 +468,10 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
     sec.spans = [(start, size)]
     sec.verified = verify
     return sec
+
+
+def _mib(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size} bytes"
 
 
 #: Files above this size are scanned and streamed rather than read whole (bytes).

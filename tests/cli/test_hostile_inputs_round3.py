@@ -1,0 +1,157 @@
+"""Hostile input, third round: one test per kind of failure the audit of tunes, sessions,
+archives and output safety found (route traces and fidelity references too large to read,
+torn metrics files, formula cells, control characters in what ``bmoe run`` prints, special
+paths and out-of-range values in a ``[tune]`` table, archives whose files are not theirs).
+The huge-file cases run in a child process under a memory cap, as on the machine they took
+down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hostile_inputs import capped, one_error
+
+# ----------------------------------------------------------------------------- bounded reads
+
+
+@pytest.mark.slow
+def test_a_huge_sparse_file_given_as_a_route_trace_is_refused_early(corpus, tmp_path):
+    """20 GiB of NULs and no line at all: read whole before it was looked at (MemoryError)."""
+    path = tmp_path / "huge.route.csv"
+    with open(path, "wb") as fh:
+        fh.truncate(20 << 30)
+    metrics = corpus / "native-tiny/run.csv"
+    for args in (["analyze", "route", path], ["analyze", "route", "--stream", path],
+                 ["profile", metrics, "--trace", path, "--allow-traced"]):  # fmt: skip
+        result = capped(args, timeout=60)
+        one_error(result, "huge.route.csv", "binary")
+        assert result.seconds < 30, (args, result.seconds)  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- [tune] values
+
+TUNE = """
+[sweep]
+name = "t"
+engine = "embedded"
+
+[base]
+model = "m.gguf"
+n_predict = 8
+moe_stream = true
+
+[grid]
+cache_mb = [1, 2]
+
+[tune]
+"""
+
+
+def _tune_error(text: str, tmp_path: Path) -> str:
+    from bmoe.errors import BmoeError
+    from bmoe.sweep.tune_config import parse_tune_config
+
+    with pytest.raises(BmoeError) as info:
+        parse_tune_config(TUNE + text, str(tmp_path / "tune.toml"), base_dir=tmp_path)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("key", ["trace", "profile", "fidelity_ref"])
+def test_a_tune_input_that_is_not_a_file_is_named_for_what_it_is(corpus, tmp_path, key):
+    import json
+    import os
+
+    from hostile_inputs import good_profile
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    profile = tmp_path / "device.json"
+    profile.write_text(json.dumps(good_profile(corpus)))
+    good = {"trace": corpus / "native-tiny/run.route.csv", "profile": profile}
+    other = "profile" if key == "trace" else "trace"
+    pair = f'{other} = "{good[other]}"\n' if key != "fidelity_ref" else ""
+    for path, what in (("fifo", "is a FIFO (named pipe)"), ("folder", "is a directory"),
+                       ("/dev/zero", "is a character device")):  # fmt: skip
+        error = _tune_error(f'{key} = "{tmp_path / path}"\n{pair}', tmp_path)
+        assert f"tune.{key}" in error and what in error and "no such file" not in error, error
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ('budget = "\u0663 runs"', "a number of runs"),  # an Arabic-Indic digit
+        ("budget = 1000000000000000000000000000000", "at most 10000 runs"),
+        ('budget = "99999999 h"', "at most 30 days"),
+        ("per_round = 9223372036854775808", "must be at most 10000"),
+        ("max_repeats = 9223372036854775807", "must be at most 10000"),
+    ],
+)
+def test_tune_counts_are_ascii_and_bounded(tmp_path, line, said):
+    error = _tune_error(line + "\n", tmp_path)
+    assert "tune.toml:" in error and said in error, error
+
+
+# ----------------------------------------------------------------------------- fidelity refs
+
+
+def _npz(path: Path, logits_shape: tuple[int, ...], steps: int = 4) -> Path:
+    """A fidelity reference whose logits member declares `logits_shape` (its data: a few
+    bytes, compressed): what a reader inflating by the header would allocate."""
+    import json
+    import zipfile
+
+    import numpy as np
+
+    def member(array_header: dict, data: bytes) -> bytes:
+        import io
+
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, array_header)
+        return buf.getvalue() + data
+
+    header = json.dumps({"format": "bmoe_fidelity_ref", "version": 1, "prompt": "p",
+                         "model": "m.gguf"}).encode()  # fmt: skip
+    members = {
+        "header": ("|u1", (len(header),), header),
+        "tokens": ("<i4", (steps,), bytes(4 * steps)),
+        "logits": ("<f4", logits_shape, bytes(64)),
+    }
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, (descr, shape, data) in members.items():
+            array = {"descr": descr, "fortran_order": False, "shape": shape}
+            zf.writestr(f"{name}.npy", member(array, data))
+    return path
+
+
+@pytest.mark.parametrize("shape", [(4, 10**12), (4, 3 << 28), (2**40, 2**40)])
+def test_a_fidelity_reference_is_sized_by_its_headers_before_it_is_inflated(tmp_path, shape):
+    from bmoe.engine.embedded.fidelity import check_reference, read_reference
+    from bmoe.errors import BmoeError
+
+    path = _npz(tmp_path / "ref.npz", shape)
+    for read in (check_reference, read_reference):
+        with pytest.raises(BmoeError, match=r"ref.npz: logits declares .* more than 1 GiB"):
+            read(str(path))
+
+
+def test_a_fidelity_reference_that_is_not_one_is_one_error(tmp_path):
+    from bmoe.engine.embedded.fidelity import check_reference
+
+    for name, data in {"text.npz": b"not a zip", "empty.npz": b""}.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(Exception, match=f"{name}: not a fidelity reference"):
+            check_reference(str(tmp_path / name))
+    wide = _npz(tmp_path / "wide.npz", (4,))  # logits of one dimension
+    with pytest.raises(Exception, match=r"wide.npz: not a fidelity reference .*logits"):
+        check_reference(str(wide))
+
+
+@pytest.mark.slow
+def test_a_tune_refuses_a_vast_fidelity_reference_before_its_first_run(tmp_path):
+    """A 3 GiB reference was refused by every run of the tune after 15 s at 3.2 GB each."""
+    ref = _npz(tmp_path / "ref.npz", (4, 3 << 28))
+    (tmp_path / "tune.toml").write_text(TUNE + f'min_fidelity = 0.9\nfidelity_ref = "{ref}"\n')
+    result = capped(["tune", tmp_path / "tune.toml", "-o", tmp_path / "out"], timeout=60)
+    one_error(result, "tune.toml:", "tune.fidelity_ref", "more than 1 GiB")
+    assert not (tmp_path / "out").exists()  # no folder, no run
