@@ -155,3 +155,28 @@ def test_a_tune_refuses_a_vast_fidelity_reference_before_its_first_run(tmp_path)
     result = capped(["tune", tmp_path / "tune.toml", "-o", tmp_path / "out"], timeout=60)
     one_error(result, "tune.toml:", "tune.fidelity_ref", "more than 1 GiB")
     assert not (tmp_path / "out").exists()  # no folder, no run
+
+
+# ----------------------------------------------------------------------------- torn files
+
+
+@pytest.mark.parametrize("cut", [5, 20, 120])  # the first row is 149 bytes
+def test_predict_against_a_metrics_file_torn_in_its_first_row(corpus, tmp_path, cut):
+    """Cut inside the first data row: 'assignment destination is read-only' (exit 3)."""
+    import json
+
+    from hostile_inputs import good_profile, run_in_process
+
+    data = (corpus / "native-tiny/run.csv").read_bytes()
+    first = data.index(b"\n", data.index(b"step,")) + 1
+    torn = tmp_path / "torn.csv"
+    torn.write_bytes(data[: first + cut])
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(good_profile(corpus)))
+    result = run_in_process(
+        ["predict", str(corpus / "native-tiny/run.route.csv"), "-p", str(profile),
+         "--against", str(torn)]
+    )  # fmt: skip
+    assert result.traceback is None and result.code in (0, 1, 2), result.err
+    assert "torn.csv" in result.err  # the cut is named
+    assert "no token rows" in result.out and "not comparable" in result.out  # and why
