@@ -368,10 +368,18 @@ def _number(value: Any, digits: int | None) -> str:
     return f"{value:.{digits}f}"
 
 
+#: Characters JSON lets through raw that a terminal acts on (DEL, the C1 controls) or that
+#: reorder or break a line on display: written ``\uXXXX`` (the value reads back the same).
+_UNSHOWN = re.compile(r"[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
 def _json(value: Any) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return (
+        _UNSHOWN.sub(lambda m: f"\\u{ord(m.group()):04x}", text) if _UNSHOWN.search(text) else text
+    )
 
 
 def _format_value(spec: Key[Any] | None, value: Any) -> str:

@@ -180,3 +180,21 @@ def test_predict_against_a_metrics_file_torn_in_its_first_row(corpus, tmp_path, 
     assert result.traceback is None and result.code in (0, 1, 2), result.err
     assert "torn.csv" in result.err  # the cut is named
     assert "no token rows" in result.out and "not comparable" in result.out  # and why
+
+
+# ----------------------------------------------------------------------------- output safety
+
+
+def test_streamed_text_is_filtered_across_write_boundaries():
+    """A C1 control split between two writes (an answer is cut at token boundaries, which
+    need not be character boundaries) is still caught; undecodable bytes pass as they came."""
+    import io
+
+    from bmoe.render.messages import PrintableBytes
+
+    raw = io.BytesIO()
+    out = PrintableBytes(raw)
+    for piece in (b"a\xc2", b"\x9bb\x1b[2J", b"\x07\xff\xe2\x80", b"\xaeok\n\t", b"\xe2\x82"):
+        out.write(piece)
+    out.close()
+    assert raw.getvalue() == b"a\\x9bb\\x1b[2J\\x07\xff\\u202eok\n\t\xe2\x82"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import io
 import itertools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -495,6 +496,32 @@ def test_cli_run_and_errors(tiny_model, tmp_path, capsysbinary) -> None:
     rc = main(["run", "-m", str(tmp_path / "missing.gguf"), "-n", "1"])
     assert rc == 2
     assert "no such model file" in capsysbinary.readouterr().err.decode()
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_cli_run_never_sends_a_control_character_to_the_terminal(
+    tiny_model, capsysbinary, progress
+) -> None:
+    """The prompt echoed and the answer (the tiny model generates control bytes: BEL, NUL,
+    ...) go through the output filter; the progress lines stay JSON that reads back."""
+    from bmoe.cli import main
+
+    prompt = "x\x1b]0;PWNED\x07\x1b[2J\x9b"
+    extra = ["--progress"] if progress else []
+    assert main(["run", "-m", str(tiny_model), "-n", "64", "-t", "1", "-p", prompt, *extra]) == 0
+    out = capsysbinary.readouterr().out.decode("utf-8", "surrogateescape")
+    assert not CONTROL.search(out), repr(CONTROL.search(out))
+    raw = run_engine(EngineConfig(model=str(tiny_model), prompt=prompt, n_predict=64, threads=1))
+    assert CONTROL.search(raw.text.decode("utf-8", "replace"))  # there was something to filter
+    if progress:
+        events = [protocol.parse_line(ln) for ln in out.splitlines() if ln.startswith("BMOE_")]
+        text = "".join(e.data["delta_text"] for e in events if e.tag == "PROGRESS")
+        assert protocol.to_bytes(text) == raw.text  # the JSON carries the bytes exactly
+    else:
+        assert out.startswith("x\\x1b]0;PWNED\\x07\\x1b[2J\\x9b")
 
 
 def test_cli_model_synth(tmp_path, capsys) -> None:
