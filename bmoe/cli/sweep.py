@@ -14,7 +14,7 @@ from bmoe.cli import analyze_app, app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.render.messages import literal, printable
-from bmoe.render.outputs import FORMATS
+from bmoe.render.outputs import FORMAT_HELP
 
 
 def _dry_run(config, plan, archive_root: Path) -> None:
@@ -290,7 +290,7 @@ def analyze_sweep_command(
     outcome: str = typer.Option(
         "tok_s_mean", "--outcome", help="The figure cells are ranked by (a results column)."
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     plots: Path | None = typer.Option(
         None,
         "--plots",

@@ -198,3 +198,57 @@ def test_streamed_text_is_filtered_across_write_boundaries():
         out.write(piece)
     out.close()
     assert raw.getvalue() == b"a\\x9bb\\x1b[2J\\x07\xff\\u202eok\n\t\xe2\x82"
+
+
+FORMULAS = ("=cmd|' /C calc'!A0 explain", "+1+1", "-2+3", "@SUM(A1)", "\t=1", "\r=1")
+
+
+def _csv_cells(text: str) -> list[str]:
+    import csv
+    import io
+
+    rows = csv.reader(io.StringIO("\n".join(ln for ln in text.splitlines() if ln[:1] != "#")))
+    return [cell for row in rows for cell in row]
+
+
+def test_csv_output_neutralises_formula_cells_but_not_numbers():
+    import pandas as pd
+
+    from bmoe.render.tables import render_csv
+
+    values = [-1.5, 2.0, -3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, -10.0]
+    frame = pd.DataFrame({"=name": [*FORMULAS, "-1.5", "+3", "1e-3", "plain"], "value": values})
+    cells = _csv_cells(render_csv({"t": frame, "g": {"prompt": FORMULAS[0], "x": -2.5}}))
+    assert "'=name" in cells and "'=cmd|' /C calc'!A0 explain" in cells
+    for cell in ("'+1+1", "'-2+3", "'@SUM(A1)", "'\t=1"):
+        assert cell in cells, (cell, cells)
+    assert "'\\x0d=1" in cells  # the carriage return spelled out by the output filter
+    for number in ("-1.5", "+3", "1e-3", "-10.0", "-2.5", "plain"):
+        assert number in cells  # numbers and plain text as they were
+    assert not [
+        c for c in cells if c[:1] in "=+-@\t\r" and c not in ("-1.5", "+3", "-10.0", "-2.5", "-3.0")
+    ]
+
+
+def test_analyze_sweep_csv_of_a_prompt_axis_that_reads_as_a_formula(tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from hostile_inputs import run_in_process
+
+    root = tmp_path / "s"
+    src = Path(__file__).resolve().parents[2] / "bench-data" / "2026-12-02-tiny-cache-lanes"
+    if not src.is_dir():
+        pytest.skip("no tiny-cache-lanes sweep in bench-data/")
+    shutil.copytree(src, root)
+    table = pq.read_table(root / "results.parquet")
+    i = table.column_names.index("cell")
+    cells = [f"{FORMULAS[0]} {v}" for v in table.column(i).to_pylist()]
+    pq.write_table(table.set_column(i, "cell", pa.array(cells)), root / "results.parquet")
+    result = run_in_process(["analyze", "sweep", str(root), "-f", "csv"])
+    assert result.code == 0, result.err
+    written = _csv_cells(result.out)
+    assert any(c.startswith("'=cmd|") for c in written)
+    assert not any(c.startswith("=") for c in written)
+    assert "formula" in run_in_process(["analyze", "sweep", "--help"]).out
