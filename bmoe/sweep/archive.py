@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bmoe.errors import BmoeError
+from bmoe.formats.errors import warn
 from bmoe.sweep.shelltext import shell_join
 
 MANIFEST = "manifest.jsonl"
@@ -491,8 +492,6 @@ def csv_complete(path: Path) -> tuple[bool, str]:
 def read_manifest(path: Path) -> list[dict[str, Any]]:
     """Manifest records; a line that is not one (a cut last line of a sweep killed mid-write,
     damage) is skipped with a warning naming it."""
-    from bmoe.formats.errors import warn
-
     out: list[dict[str, Any]] = []
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
@@ -691,18 +690,44 @@ def load_results(root: Path) -> pd.DataFrame:
             table = pq.read_table(path)
             frame = table.to_pandas()
             meta = json.loads((table.schema.metadata or {}).get(b"bmoe_sweep", b"{}"))
-        except (pa.ArrowException, OSError, ValueError) as exc:
+        except (pa.ArrowException, OSError, ValueError, RecursionError) as exc:
             raise BmoeError(f"{path}: unreadable ({str(exc).splitlines()[0]})") from None
         meta = meta if isinstance(meta, dict) else {}
-        frame.attrs["axes"] = meta.get("axes", [])
-        frame.attrs["params"] = meta.get("params", [])
-        frame.attrs["name"] = meta.get("name")
-        return frame
-    if not (root / MANIFEST).is_file():
+        missing = [c for c in RESULT_KEYS if c not in frame.columns]
+        if not missing:
+            frame.attrs["axes"] = meta.get("axes", [])
+            frame.attrs["params"] = meta.get("params", [])
+            frame.attrs["name"] = meta.get("name")
+            _check_manifest(root, frame)
+            return frame
+        what = f"{path}: not a sweep's results table (no {', '.join(missing)} column)"
+        if not (root / MANIFEST).is_file():
+            raise BmoeError(what)
+        warn(str(path), None, f"not a sweep's results table (no {', '.join(missing)} column); "
+                              f"rebuilt from {MANIFEST}")  # fmt: skip
+    elif not (root / MANIFEST).is_file():
         raise BmoeError(f"{root}: not a sweep folder (no {RESULTS} or {MANIFEST})")
     frame = results_frame(root)
     frame.attrs["axes"] = _varying_columns(frame, frame.attrs.get("params", []))
     return frame
+
+
+#: The columns every results table has (the key of an attempt and its outcome).
+RESULT_KEYS = ("run", "cell", "attempt", "status")
+
+
+def _check_manifest(root: Path, frame: pd.DataFrame) -> None:
+    """Warn when ``results.parquet`` holds attempts its manifest does not (the manifest cut
+    short or replaced after the results were written); the manifest's own unreadable lines
+    are named as it is read."""
+    if not (root / MANIFEST).is_file():
+        return
+    listed = {(str(r.get("run")), str(r.get("attempt"))) for r in read_manifest(root / MANIFEST)}
+    keys = set(zip(frame["run"].astype(str), frame["attempt"].astype(str), strict=True))
+    extra = len(keys - listed)
+    if extra:
+        warn(str(root / RESULTS), None, f"{RESULTS} holds {extra} attempts the manifest does "
+                                        "not (the manifest cut short or replaced?)")  # fmt: skip
 
 
 def _varying_columns(frame: pd.DataFrame, params: list[str]) -> list[str]:

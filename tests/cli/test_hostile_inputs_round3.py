@@ -252,3 +252,49 @@ def test_analyze_sweep_csv_of_a_prompt_axis_that_reads_as_a_formula(tmp_path):
     assert any(c.startswith("'=cmd|") for c in written)
     assert not any(c.startswith("=") for c in written)
     assert "formula" in run_in_process(["analyze", "sweep", "--help"]).out
+
+
+# ----------------------------------------------------------------------------- archives
+
+
+def _sweep_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    src = Path(__file__).resolve().parents[2] / "bench-data" / "2026-12-02-tiny-cache-lanes"
+    if not src.is_dir():
+        pytest.skip("no tiny-cache-lanes sweep in bench-data/")
+    return Path(shutil.copytree(src, tmp_path / "s"))
+
+
+def test_an_archive_whose_results_are_another_files_parquet_says_so(corpus, tmp_path):
+    from hostile_inputs import run_in_process
+
+    from bmoe.formats.load import load_file, row_kind
+    from bmoe.formats.parquet import to_table
+
+    root = _sweep_copy(tmp_path)
+    before = run_in_process(["analyze", "sweep", str(root), "-f", "json"])
+    trace = load_file(corpus / "native-tiny/run.route.csv")
+    import pyarrow.parquet as pq
+
+    pq.write_table(to_table(trace, row_kind(trace)), root / "results.parquet")
+    result = run_in_process(["analyze", "sweep", str(root), "-f", "json"])
+    assert result.code == 0 and result.traceback is None, result.err
+    assert "results.parquet: not a sweep's results table" in result.err
+    assert "rebuilt from manifest.jsonl" in result.err
+    assert result.out == before.out  # the same analysis, from the manifest and the runs
+    (root / "manifest.jsonl").unlink()
+    one_error(run_in_process(["analyze", "sweep", str(root)]), "not a sweep's results table")
+
+
+def test_an_archive_whose_manifest_was_cut_says_so(tmp_path):
+    from hostile_inputs import run_in_process
+
+    root = _sweep_copy(tmp_path)
+    data = (root / "manifest.jsonl").read_bytes()
+    (root / "manifest.jsonl").write_bytes(data[: len(data) // 2])
+    for args in (["analyze", "sweep", str(root)], ["analyze", "contamination", str(root)]):
+        result = run_in_process(args)
+        assert result.code == 0 and result.traceback is None, result.err
+        assert "manifest.jsonl:" in result.err and "cut short" in result.err, result.err
+        assert "results.parquet holds 23 attempts the manifest does not" in result.err
