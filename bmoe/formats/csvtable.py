@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from bmoe.formats.errors import FormatError, warn
-from bmoe.formats.inputs import regular_file
+from bmoe.formats.inputs import check_room, regular_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -129,6 +129,7 @@ def read_bytes(source: PathLike | bytes) -> tuple[bytes, str | None]:
         return bytes(source), None
     path = regular_file(source)
     try:
+        check_room(path, os.path.getsize(path), "the file read whole")
         return Path(path).read_bytes(), path
     except FileNotFoundError:
         raise FormatError(path, None, "no such file") from None
@@ -423,12 +424,13 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
         head = fh.read(head_size)
         whole_lines = head[: head.rfind(b"\n") + 1]
         if not whole_lines:  # a large file is never read whole on the strength of no line
-            what = (
-                "binary data"
-                if b"\x00" in head[:65536]
-                else f"no line in its first {_mib(head_size)}"
-            )
-            raise FormatError(path, 1, f"{what}, not a text telemetry file")
+            if b"\x00" in head[:65536]:
+                raise FormatError(path, 1, "binary data, not a text telemetry file")
+            if len(head) >= head_size:
+                raise FormatError(
+                    path, 1, f"no line in its first {_mib(head_size)}, not a text telemetry file"
+                )
+            return None  # all of it is this short line: the careful read says what it is
         sec = split_sections(whole_lines, path)
         rest = head[len(whole_lines) :]
         nul = rest.find(b"\x00")

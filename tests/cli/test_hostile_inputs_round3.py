@@ -298,3 +298,43 @@ def test_an_archive_whose_manifest_was_cut_says_so(tmp_path):
         assert result.code == 0 and result.traceback is None, result.err
         assert "manifest.jsonl:" in result.err and "cut short" in result.err, result.err
         assert "results.parquet holds 23 attempts the manifest does not" in result.err
+
+
+# ----------------------------------------------------------------------------- compressed
+
+
+def test_a_parquet_file_is_sized_by_its_footer_before_it_is_read(corpus, tmp_path, monkeypatch):
+    """A few MB of Parquet can declare 500 M rows (2 GB of RSS, then a failed malloc): the
+    rows it declares are priced against the memory the process may still take."""
+    from hostile_inputs import run_in_process
+
+    from bmoe.formats import inputs
+
+    path = tmp_path / "trace.parquet"
+    assert run_in_process(["convert", str(corpus / "native-tiny/run.route.csv"), "--to",
+                           "parquet", "-o", str(tmp_path)]).code == 0  # fmt: skip
+    (tmp_path / "run.route.parquet").rename(path)
+    assert run_in_process(["analyze", "route", str(path)]).code == 0
+    monkeypatch.setattr(inputs, "readable_bytes", lambda: 1_000)
+    for args in (["analyze", "route", str(path)], ["info", str(path)], ["validate", str(path)]):
+        one_error(run_in_process(args), "trace.parquet", "rows", "more than this process")
+    assert run_in_process(["analyze", "route", "--stream", str(path)]).code == 0  # in blocks
+    big = tmp_path / "big.csv"
+    big.write_bytes((corpus / "native-tiny/run.csv").read_bytes())
+    one_error(run_in_process(["analyze", "metrics", str(big)]), "big.csv", "more than this process")
+
+
+def test_the_memory_a_read_may_take_is_what_the_address_space_cap_leaves():
+    import subprocess
+    import sys
+
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "from bmoe.formats.inputs import readable_bytes\n"
+        "size = next(int(l.split()[1]) << 10 for l in open('/proc/self/status')"
+        " if l.startswith('VmSize:'))\n"
+        "print(readable_bytes(), (3 << 30) - size)\n"
+    )
+    room, left = map(int, subprocess.check_output([sys.executable, "-c", code]).split())
+    assert 0 < room <= left and left - room < 64 << 20  # what the cap leaves, not the machine
