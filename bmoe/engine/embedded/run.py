@@ -146,6 +146,8 @@ def run_engine(
     are written to `err` as they happen (and kept in :attr:`RunResult.warnings`).
     """
     cfg.check()
+    if cfg.fidelity_ref:  # refused before the model loads, not after the prompt is echoed
+        fidelity.check_reference(cfg.fidelity_ref)
     origin_ns = time.monotonic_ns()
     sinks = Sinks(cfg)
     t_load = time.perf_counter()

@@ -187,6 +187,10 @@ def serve_session(
 ) -> None:
     """Load the model once and serve requests from `stdin` until ``close`` or its end."""
     cfg.check()
+    if cfg.fidelity_ref:
+        from bmoe.engine.embedded.fidelity import check_reference
+
+        check_reference(cfg.fidelity_ref)
     origin_ns = time.monotonic_ns()
     sinks = Sinks(cfg)
     eng: EmbeddedEngine | None = None
