@@ -1077,7 +1077,8 @@ def fidelity_reference(path: Path, logits_shape: tuple[int, ...], inflate: int =
                        "model": "m.gguf"}).encode()  # fmt: skip
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("header.npy", member((len(head),), "|u1") + head)
-        zf.writestr("tokens.npy", member((logits_shape[0],), "<i4") + bytes(4 * logits_shape[0]))
+        tokens = bytes(4 * min(logits_shape[0], 1024))  # what it declares, or a few bytes of it
+        zf.writestr("tokens.npy", member((logits_shape[0],), "<i4") + tokens)
         with zf.open("logits.npy", "w", force_zip64=True) as fh:
             fh.write(member(logits_shape, "<f4"))
             zeros = bytes(1 << 20)
@@ -1345,20 +1346,23 @@ def tune_problems(root: Path, budget: int, faults: int) -> dict[str, int]:
     }
 
 
-#: Runs `bmoe tune ARGS` with the disk "full" at the `k`-th completed run's rename (ENOSPC).
-FULL_DISK_TUNE = """
-import errno, sys
-from bmoe.sweep.archive import ArchiveWriter
-k, calls, finalize = int(sys.argv[1]), [], ArchiveWriter.finalize
-def full(self, files, record):
-    calls.append(1)
-    if len(calls) >= k:
-        raise OSError(errno.ENOSPC, "No space left on device", str(files.staging))
-    return finalize(self, files, record)
-ArchiveWriter.finalize = full
-from bmoe.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
+def inject_full_disk(k: int) -> None:
+    """Make this process's sweep archive "full" (ENOSPC) at the `k`-th completed run's
+    rename: what a full disk does to the runner, without filling one."""
+    import errno
+
+    from bmoe.sweep.archive import ArchiveWriter
+
+    calls: list[int] = []
+    finalize = ArchiveWriter.finalize
+
+    def full(self, files, record):
+        calls.append(1)
+        if len(calls) >= k:
+            raise OSError(errno.ENOSPC, "No space left on device", str(files.staging))
+        return finalize(self, files, record)
+
+    ArchiveWriter.finalize = full  # type: ignore[method-assign]
 
 
 # ----------------------------------------------------------------------------- test helpers

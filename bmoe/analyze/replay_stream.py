@@ -66,8 +66,32 @@ def _whole_groups(blocks: Iterable[pd.DataFrame]) -> Iterator[tuple[pd.DataFrame
         last = groups == groups[-1]
         yield rows[~last], groups[~last]
         carry = rows[last]
+        if len(carry) > _CARRY_CHECKED:
+            _check_carry(carry)
     if carry is not None:
         yield carry, _groups(carry)
+
+
+#: Rows of one batch past which what holding it takes is checked (a decode step of a large
+#: model is some thousand rows; a long prompt's prefill some million).
+_CARRY_CHECKED = 1 << 20
+
+
+def _check_carry(carry: pd.DataFrame) -> None:
+    """Refuse a batch that has outgrown what the process may hold while it waits for its
+    end (the blocks it is joined with, their copies and the replay: 16x the rows): a few MB
+    can declare hundreds of millions of rows of one step."""
+    from bmoe.formats.inputs import readable_bytes
+
+    room = readable_bytes()
+    held = int(carry.memory_usage(index=False).sum())
+    if room is not None and 16 * held > room:
+        phase = "decode step" if int(column_or(carry, "phase", 1)[0]) else "prefill"
+        raise BmoeError(
+            f"one batch of the trace ({phase} of turn {int(column_or(carry, 'turn', 0)[0])}) "
+            f"holds {len(carry):,} rows and counting: more than a streamed replay may hold at "
+            f"once here ({room >> 20} MiB free); a batch is one step's routings, or a prompt's"
+        )
 
 
 class _Blocks:

@@ -338,3 +338,19 @@ def test_the_memory_a_read_may_take_is_what_the_address_space_cap_leaves():
     )
     room, left = map(int, subprocess.check_output([sys.executable, "-c", code]).split())
     assert 0 < room <= left and left - room < 64 << 20  # what the cap leaves, not the machine
+
+
+def test_a_streamed_replay_refuses_a_batch_that_outgrows_memory(corpus, tmp_path, monkeypatch):
+    """500 M rows of one prefill in 17 MB of Parquet: the stream held the batch until its end
+    (2.4 GB, then MemoryError)."""
+    from hostile_inputs import _route_parquet_rows, run_in_process
+
+    from bmoe.formats import inputs
+
+    path = tmp_path / "one-batch.parquet"
+    _route_parquet_rows(corpus, 2_000_000)(path)
+    args = ["analyze", "replay", str(path), "--stream", "--policies", "lru"]
+    monkeypatch.setattr(inputs, "readable_bytes", lambda: 200 << 20)
+    one_error(run_in_process(args), "one batch of the trace (prefill of turn 0)", "rows")
+    monkeypatch.setattr(inputs, "readable_bytes", lambda: 64 << 30)
+    assert run_in_process(args).code == 0  # with the room it needs, it is replayed
