@@ -1104,13 +1104,13 @@ def _reference_case(name: str, shape: tuple[int, ...], inflate: int = 0) -> Case
 def oversized_cases(corpus: Path, sparse_gb: int = 20) -> list[Case]:
     """Inputs whose size, or whose declared size once inflated, is beyond reason: sparse
     route traces (no line at all, a header then NULs, rows then NULs), a few MB of Parquet
-    declaring 500 M rows, fidelity references declaring vast arrays or inflating to GiBs."""
+    declaring 200 M rows, fidelity references declaring vast arrays or inflating to GiBs."""
     size = sparse_gb << 30
     cases = [Case(f"oversized.{name}", "route", name, None, build) for name, build in (
         ("sparse-route-nul", _sparse_route(corpus, size, -1)),
         ("sparse-route-header", _sparse_route(corpus, size, 0)),
         ("sparse-route-tail", _sparse_route(corpus, size, 2)),
-        ("parquet-500M-rows", _route_parquet_rows(corpus, 500_000_000)),
+        ("parquet-200M-rows", _route_parquet_rows(corpus, 200_000_000)),
     )]  # fmt: skip
     cases += [
         _reference_case("npz-declares-4e12", (4, 10**12)),

@@ -100,6 +100,7 @@ HOSTILE_REQUESTS = [
     (99999999999, b'{"cmd": "generate", "id": 99999999999, "prompt": "hi"}'),
     (8, b'{"cmd": "generate", "id": 8, "prompt": {"a": [[1]]}}'),
     (-1, b"\xff\xfe not json"),
+    (10, b'{"cmd": "generate", "id": 10, "prompt": "' + b"z " * 200_000 + b'"}'),  # minutes
 ]
 
 
@@ -123,6 +124,7 @@ def test_a_session_answers_each_hostile_request_and_serves_the_next(tiny_model, 
     assert "lone surrogate" in errors[3] and "longer than 4 MiB" in errors[4]
     assert "from 0 to 2147483647" in errors[5] and "from -2147483648" in errors[6]
     assert '"prompt" must be a string' in errors[7]
+    assert "prompt of 400,000 bytes cannot fit the 2040 positions" in errors[9]
     stderr_lines = [ln for ln in err.decode().splitlines() if ln.startswith("error: stdin:")]
     assert len(stderr_lines) == sum(1 for rid, _ in HOSTILE_REQUESTS if rid == -1)
     assert len(out.splitlines()) < 400  # no echo of the oversized line

@@ -270,6 +270,8 @@ def _generate(
     o_direct = bool(eng.reader and eng.reader.o_direct)
     writers = Writers(cfg, eng, sinks, o_direct)
     prompt = cfg.prompt.encode("utf-8", "surrogateescape")
+    if model.n_ctx > cfg.n_predict:  # (else the check below says so)
+        model.check_fits(prompt, model.n_ctx - cfg.n_predict)
     chat = None
     if cfg.chatml:  # the prompt as the user's message, in the model's template
         message = {"role": "user", "content": cfg.prompt}

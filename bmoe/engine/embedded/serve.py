@@ -245,6 +245,11 @@ def serve_session(
                 _event(out, "ERROR", {"id": rid, "fatal": False, "msg": str(exc)})
                 continue
             _event(out, "BEGIN", {"id": rid})
+            try:
+                model.check_fits(protocol.to_bytes(prompt), model.n_ctx - CTX_MARGIN)
+            except BmoeError as exc:
+                _event(out, "ERROR", {"id": rid, "fatal": False, "msg": str(exc)})
+                continue
             plan = conv.plan(model, prompt, clear=clear, think=think)
             if (
                 plan.n_tokens + n_predict + CTX_MARGIN > model.n_ctx
