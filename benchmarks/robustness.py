@@ -21,20 +21,32 @@ generates from the real corpus, in families (``--families``, all by default):
 - ``special``: symlink loops, dangling links, directories, links to devices, a 20 GB sparse
   file that starts like a metrics CSV (``--sparse-gb``);
 - ``writers``: every command that writes a file, over an existing file without --force and
-  over its input (and a link to it) with --force.
+  over its input (and a link to it) with --force;
+- ``oversized``: 20 GB sparse route traces (no line, a header then NULs, rows then NULs), a
+  few MB of Parquet declaring 200 M rows, fidelity references declaring vast arrays or
+  inflating to 2 GiB (through ``run --fidelity-ref`` and a tune's ``fidelity_ref``);
+- ``formulas``: text a spreadsheet runs (``=cmd|...``, ``+``, ``-``, ``@``, tab, CR) in a
+  preamble and a sweep's cells, through every CSV output (``-f csv``, ``--csv``): any such
+  cell written as it is counts;
+- ``session``: each of ~40 hostile requests (nesting 200,000 deep, 5,000-digit numbers,
+  lone surrogates, 64 MiB lines, wrong types, ...) alone in a ``bmoe run --session`` of a
+  generated tiny model, then a valid one: answered for its id, the next served;
+- ``tune``: tunes of that model, faulted (SIGKILL 1-3 times, a full disk at a completed run,
+  then its hint followed and ``bmoe sweep`` of the folder refused, a torn last manifest line,
+  duplicated ``ok`` lines), resumed to their end: runs lost, counted twice, over budget.
 
 Each run goes through the CLI's main() in a worker process under an address-space cap
 (``--memory-cap-gb``) with a per-run timeout; the worker's peak RSS mark is reset before
 every run. Prints runs, tracebacks, internal errors (exit 3), hangs (killed at the timeout),
 escapes (a control character on stdout, stderr or in a file a command rendered), overwrites
-(a writer that changed the file it had to leave alone), other exit codes, and the largest
-peak RSS.
+(a writer that changed the file it had to leave alone), formula cells, other exit codes, and
+the largest peak RSS; the session and tune families run their own processes (the same cap).
 
 With ``--rows N`` it also measures peak memory of ``validate``, ``analyze route``,
 ``analyze drop`` and ``analyze replay`` on an N-row route trace against the size of the
 trace's DataFrame (the target: within 3x).
 
-    python benchmarks/robustness.py                   # every family (~47 k runs, ~2 h)
+    nice python benchmarks/robustness.py              # every family (~59 k runs, ~2.5 h)
     python benchmarks/robustness.py --families file   # the first round's cases (~21 k runs)
     python benchmarks/robustness.py --every           # every command on every case
     python benchmarks/robustness.py --sample 300      # a quick run
@@ -416,12 +428,13 @@ def tune_audit(args: argparse.Namespace, folder: Path, model: Path, tally: Tally
                     child.wait(60)
                     tally.peak(child.hwm_kib, label)
                     root = _sweep_root(base / "out")
-                    if root is not None and (root / "manifest.jsonl").is_file():
+                    if root is not None:  # resumed by its folder from now on
                         target = root
-                        if k == 0 and scenario == "torn":
-                            h.tear_manifest(root, rng)
-                        elif k == 0 and scenario == "duplicated":
-                            h.duplicate_ok_lines(root)
+                        if (root / "manifest.jsonl").is_file() and k == 0:
+                            if scenario == "torn":
+                                h.tear_manifest(root, rng)
+                            elif scenario == "duplicated":
+                                h.duplicate_ok_lines(root)
                     continue
                 tally.child(child, label, child.wait(args.tune_timeout))
                 final = child
