@@ -712,8 +712,8 @@ def load_results(root: Path) -> pd.DataFrame:
     return frame
 
 
-#: The columns every results table has (the key of an attempt and its outcome).
-RESULT_KEYS = ("run", "cell", "attempt", "status")
+#: The columns every results table has (what an attempt ran and its outcome).
+RESULT_KEYS = ("run", "cell", "status")
 
 
 def _check_manifest(root: Path, frame: pd.DataFrame) -> None:
@@ -722,8 +722,12 @@ def _check_manifest(root: Path, frame: pd.DataFrame) -> None:
     are named as it is read."""
     if not (root / MANIFEST).is_file():
         return
-    listed = {(str(r.get("run")), str(r.get("attempt"))) for r in read_manifest(root / MANIFEST)}
-    keys = set(zip(frame["run"].astype(str), frame["attempt"].astype(str), strict=True))
+    records = read_manifest(root / MANIFEST)
+    if "attempt" in frame:
+        listed = {(str(r.get("run")), str(r.get("attempt"))) for r in records}
+        keys = set(zip(frame["run"].astype(str), frame["attempt"].astype(str), strict=True))
+    else:
+        listed, keys = {str(r.get("run")) for r in records}, set(frame["run"].astype(str))
     extra = len(keys - listed)
     if extra:
         warn(str(root / RESULTS), None, f"{RESULTS} holds {extra} attempts the manifest does "
