@@ -62,10 +62,10 @@ class _ProgressView:
     """``--progress`` in a terminal: the BMOE_* lines drawn as a progress bar with the
     token rate, hit rate and reads; the answer and end-of-run lines printed as they come."""
 
-    def __init__(self, out: Any) -> None:
+    def __init__(self, out: Any = None) -> None:
         from rich.progress import Progress, TextColumn
 
-        self._out = out  # where the answer goes (the output filter)
+        self._out = out or sys.stdout.buffer  # where the answer goes (the run: the filter)
         self._progress = Progress(
             *Progress.get_default_columns()[:3],
             TextColumn("{task.fields[info]}"),
