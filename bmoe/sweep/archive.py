@@ -723,6 +723,8 @@ def _check_manifest(root: Path, frame: pd.DataFrame) -> None:
     if not (root / MANIFEST).is_file():
         return
     records = read_manifest(root / MANIFEST)
+    listed: set[object]
+    keys: set[object]
     if "attempt" in frame:
         listed = {(str(r.get("run")), str(r.get("attempt"))) for r in records}
         keys = set(zip(frame["run"].astype(str), frame["attempt"].astype(str), strict=True))
