@@ -368,6 +368,8 @@ def _config_named(path: Path):
         doc = tomllib.loads(text)
     except (BmoeError, tomllib.TOMLDecodeError):
         raise neither from None
+    except RecursionError:  # nested deeper than the parser descends: the checks say so
+        return parse_config(text, str(path), base_dir=path.resolve().parent)
     if not isinstance(doc.get("sweep"), dict):
         raise neither
     return parse_config(text, str(path), base_dir=path.resolve().parent)

@@ -29,6 +29,30 @@ def test_a_huge_sparse_file_given_as_a_route_trace_is_refused_early(corpus, tmp_
         assert result.seconds < 30, (args, result.seconds)  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
+def test_a_huge_sparse_route_trace_given_to_a_tune_is_refused_before_its_first_run(
+    corpus, tmp_path
+):
+    """A route trace's preamble, then 20 GiB of NULs, as a tune's `trace`: refused with its
+    key when the configuration is read, no folder made, no run spent."""
+    import json
+
+    from hostile_inputs import good_profile
+
+    head = (corpus / "native-tiny/run.route.csv").read_bytes()
+    path = tmp_path / "huge.route.csv"
+    with open(path, "wb") as fh:
+        fh.write(head[: head.index(b"\n", head.index(b"turn,")) + 1])
+        fh.truncate(20 << 30)
+    profile = tmp_path / "device.json"
+    profile.write_text(json.dumps(good_profile(corpus)))
+    (tmp_path / "tune.toml").write_text(TUNE + f'trace = "{path}"\nprofile = "{profile}"\n')
+    result = capped(["tune", tmp_path / "tune.toml", "-o", tmp_path / "out"], timeout=60)
+    one_error(result, "tune.toml:", "tune.trace", "huge.route.csv")
+    assert result.seconds < 30, result.seconds  # type: ignore[attr-defined]
+    assert not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------------------- [tune] values
 
 TUNE = """
@@ -90,6 +114,19 @@ def test_a_tune_input_that_is_not_a_file_is_named_for_what_it_is(corpus, tmp_pat
 def test_tune_counts_are_ascii_and_bounded(tmp_path, line, said):
     error = _tune_error(line + "\n", tmp_path)
     assert "tune.toml:" in error and said in error, error
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["x = " + "[" * 100_000 + "]" * 100_000, "x = " + "{a = " * 10_000 + "1" + "}" * 10_000],
+)
+def test_analyze_sweep_of_a_configuration_nested_too_deep_is_one_error(tmp_path, text):
+    """A configuration named in place of its folder was parsed bare: RecursionError."""
+    from hostile_inputs import run_in_process
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(text + "\n")
+    one_error(run_in_process(["analyze", "sweep", str(path)]), "sweep.toml", "nested too deep")
 
 
 # ----------------------------------------------------------------------------- fidelity refs
