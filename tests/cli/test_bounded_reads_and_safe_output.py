@@ -1,8 +1,8 @@
-"""Hostile input, third round: one test per kind of failure the audit of tunes, sessions,
-archives and output safety found (route traces and fidelity references too large to read,
-torn metrics files, formula cells, control characters in what ``bmoe run`` prints, special
-paths and out-of-range values in a ``[tune]`` table, archives whose files are not theirs).
-The huge-file cases run in a child process under a memory cap, as on the machine they took
+"""Bounded reads and safe output: one test per kind of failure hostile tunes, archives and
+outputs met (route traces and fidelity references too large to read, torn metrics files,
+formula cells, control characters in what ``bmoe run`` prints, special paths and
+out-of-range values in a ``[tune]`` table, archives whose files are not theirs). The
+huge-file cases run in a child process under a memory cap, as on the machine they took
 down."""
 
 from __future__ import annotations
