@@ -129,6 +129,34 @@ def test_analyze_sweep_of_a_configuration_nested_too_deep_is_one_error(tmp_path,
     one_error(run_in_process(["analyze", "sweep", str(path)]), "sweep.toml", "nested too deep")
 
 
+# ----------------------------------------------------------------------------- vast budgets
+
+
+def test_a_budget_past_int64_bytes_replays_as_one_that_holds_everything(corpus, tmp_path):
+    """1e30 MiB (a hand-made ``--budgets``, a metrics preamble's ``cache_mb``) reached the
+    compiled kernels as a Python int: internal error, "Int value is too large"."""
+    import json
+
+    from hostile_inputs import good_profile, run_in_process
+
+    trace = str(corpus / "native-tiny/run.route.csv")
+    for stream in ([], ["--stream"]):
+        result = run_in_process(["analyze", "replay", trace, "--budgets", "1e30,4096",
+                                 "--policies", "lru,lfu,layer", "-f", "json", *stream])  # fmt: skip
+        assert result.code == 0, result.err
+        curve = json.loads(result.out)["curve"]
+        vast = [r["hit_pct_cum"] for r in curve if r["budget_mib"] > 1e29]
+        assert vast == [r["hit_pct_cum"] for r in curve if r["budget_mib"] == 4096]
+    metrics = (corpus / "native-tiny/run.csv").read_text()
+    vast = tmp_path / "vast.csv"
+    vast.write_text(metrics.replace(" cache_mb=2 ", " cache_mb=" + "9" * 30 + " ", 1))
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(good_profile(corpus)))
+    for args in (["--against", str(vast)], ["-g", "cache_mb=1e30"]):
+        result = run_in_process(["predict", trace, "-p", str(profile), *args])
+        assert result.code == 0 and result.traceback is None, result.err
+
+
 # ----------------------------------------------------------------------------- fidelity refs
 
 
