@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from bmoe.cli import app, console, err_console
+from bmoe.render.messages import PrintableBytes
 
 model_app = typer.Typer(help="Make and inspect model files.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
@@ -61,9 +62,10 @@ class _ProgressView:
     """``--progress`` in a terminal: the BMOE_* lines drawn as a progress bar with the
     token rate, hit rate and reads; the answer and end-of-run lines printed as they come."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: Any = None) -> None:
         from rich.progress import Progress, TextColumn
 
+        self._out = out or sys.stdout.buffer  # where the answer goes (the run: the filter)
         self._progress = Progress(
             *Progress.get_default_columns()[:3],
             TextColumn("{task.fields[info]}"),
@@ -77,7 +79,7 @@ class _ProgressView:
 
     def write(self, data: bytes) -> int:
         if self._done:
-            sys.stdout.buffer.write(data)
+            self._out.write(data)
             return len(data)
         self._buffer += data
         while not self._done and b"\n" in self._buffer:
@@ -92,7 +94,7 @@ class _ProgressView:
         if event is None:
             if line.strip():  # the answer banner: the bar is done, the rest is text
                 self.close()
-                sys.stdout.buffer.write(line + self._buffer)
+                self._out.write(line + self._buffer)
                 self._buffer = b""
             return
         if event.tag != "PROGRESS":
@@ -109,7 +111,7 @@ class _ProgressView:
 
     def flush(self) -> None:
         if self._done:
-            sys.stdout.buffer.flush()
+            self._out.flush()
 
     def close(self) -> None:
         if not self._done:
@@ -139,19 +141,23 @@ def run(ctx: typer.Context) -> None:
         console.out(engine_version(), highlight=False)
         return
     _check_outputs(cfg)
-    if cfg.session:
-        from bmoe.engine.embedded.serve import serve_session
+    # the prompt echoed and the answer through the output filter (BMOE_* lines carry none)
+    out = PrintableBytes(sys.stdout.buffer)
+    try:
+        if cfg.session:
+            from bmoe.engine.embedded.serve import serve_session
 
-        serve_session(cfg, stdin=sys.stdin.buffer, out=sys.stdout.buffer, err=sys.stderr)
-        return
-    if cfg.progress and sys.stdout.isatty():  # a person is watching: draw, do not dump JSON
-        view = _ProgressView()
-        try:
-            run_engine(cfg, out=view, err=sys.stderr)  # type: ignore[arg-type]
-        finally:
-            view.close()
-        return
-    run_engine(cfg, out=sys.stdout.buffer, err=sys.stderr)
+            serve_session(cfg, stdin=sys.stdin.buffer, out=out, err=sys.stderr)  # type: ignore[arg-type]
+        elif cfg.progress and sys.stdout.isatty():  # a person is watching: draw, not JSON
+            view = _ProgressView(out)
+            try:
+                run_engine(cfg, out=view, err=sys.stderr)  # type: ignore[arg-type]
+            finally:
+                view.close()
+        else:
+            run_engine(cfg, out=out, err=sys.stderr)  # type: ignore[arg-type]
+    finally:
+        out.close()
 
 
 def _shards(model: Path) -> list[Path]:

@@ -25,7 +25,8 @@ from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
 from bmoe.formats.route import RouteColumns, RouteTrace, read_route_columns, read_route_trace
 from bmoe.render.messages import literal, note_line, warning_line
-from bmoe.render.tables import FORMATS, render
+from bmoe.render.outputs import FORMAT_HELP
+from bmoe.render.tables import render
 
 
 def parse_numbers(text: str, option: str) -> list[float]:
@@ -144,7 +145,7 @@ def analyze_replay(
         help="Write the reference CSV: columns budget_mib, policy, hit_pct_cum, "
         "hit_pct_decode, read_mib.",
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     plot: Path | None = typer.Option(
         None,
         "--plot",
@@ -409,7 +410,7 @@ def analyze_drop(
         help="Thresholds as fractions of the uniform share 1/k, comma-separated.",
     ),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Drop replay: the miss bytes cache-aware dropping would save, and the gate weight it
     would lose, against dropping the last slots (static top-k).

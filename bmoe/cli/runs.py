@@ -15,8 +15,9 @@ from bmoe.analyze.stall import memory_picture, stall_attribution
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format, check_plot
 from bmoe.render.messages import literal, note_line
+from bmoe.render.outputs import FORMAT_HELP
 from bmoe.render.runs import DIGITS
-from bmoe.render.tables import FORMATS, render, transposed
+from bmoe.render.tables import render, transposed
 
 
 def _emit(views: dict, fmt: str) -> None:
@@ -28,7 +29,7 @@ def _emit(views: dict, fmt: str) -> None:
 @analyze_app.command("metrics")
 def metrics_command(
     files: list[Path] = typer.Argument(..., help="Metrics CSVs (any version)."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Per-run summary: tok/s (mean, median, p5/p95, min/max, steady state, effective),
     prefill, TTFT, cache hit, MiB/token, stall and mgmt ms/token, and the pressure table from a
@@ -114,7 +115,7 @@ def stall_command(
     ),
     tokens: bool = typer.Option(False, "--tokens", help="Also print the per-token rows."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Where each token's time went, in parts that add up to the wall time: flash wait (io_ms
     serial, stall_ms under overlap), cache mgmt, compute (cpu_ms / threads, up to the wall the
@@ -159,7 +160,7 @@ def compare_command(
     force: bool = typer.Option(False, "--force", help="Compare even where the runs differ."),
     boot: int = typer.Option(2000, "--boot", help="Bootstrap resamples."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Is B faster than A? Difference in mean and median tok/s with a bootstrap interval over
     steady-state tokens, change in hit rate, MiB/token and each attribution component. Refuses
@@ -195,7 +196,7 @@ def contamination_command(
     paths: list[Path] = typer.Argument(
         ..., help="Metrics files, directories, or a sweep folder (its results.parquet)."
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Flag cells whose numbers measure the device rather than the config: compute s/token
     rising as n_expert_used falls, major faults per token an order of magnitude above
@@ -204,7 +205,12 @@ def contamination_command(
     Example: bmoe analyze contamination bench-data/2026-11-29-tiny-cache-lanes --format json
     """
     check_format(fmt)
-    cells = cells_from_paths(paths)
+    if len(paths) == 1 and (paths[0] / "results.parquet").is_file():
+        from bmoe.sweep.archive import load_results  # the archive's reader: its checks too
+
+        cells = load_results(paths[0])
+    else:
+        cells = cells_from_paths(paths)
     flags = contamination_flags(cells)
     not_checked = flags.attrs.get("not_checked", [])
     if fmt == "json":

@@ -14,7 +14,7 @@ from bmoe.cli import analyze_app, app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.render.messages import literal, printable
-from bmoe.render.outputs import FORMATS
+from bmoe.render.outputs import FORMAT_HELP
 
 
 def _dry_run(config, plan, archive_root: Path) -> None:
@@ -101,6 +101,18 @@ def _install_sigterm() -> None:
         signal.signal(signal.SIGTERM, to_interrupt)
 
 
+def _refuse_a_tune_folder(folder: Path) -> None:
+    """A tune's folder is carried on by ``bmoe tune``: as a sweep it would run the whole grid
+    past the tune's budget and its ``sweep.toml`` would lose the ``[tune]`` table."""
+    from bmoe.sweep.archive import is_tune_folder, resume_command
+
+    if is_tune_folder(folder):
+        raise BmoeError(
+            f"{folder}: made by bmoe tune; resume it with: {resume_command(folder)} "
+            "(bmoe sweep CONFIG without --resume runs the whole grid in a new folder)"
+        )
+
+
 @app.command("sweep")
 def sweep_command(
     config: Path = typer.Argument(
@@ -147,6 +159,7 @@ def sweep_command(
         folder = config
         config = config / CONFIG
         resume = True
+        _refuse_a_tune_folder(folder)
     if config.exists():  # a FIFO or a device would block or never end: named instead
         from bmoe.formats.inputs import regular_file
 
@@ -159,6 +172,7 @@ def sweep_command(
         folder = find_latest(root, cfg.settings.name)
         if folder is None:
             raise BmoeError(f"no earlier folder of sweep {cfg.settings.name!r} under {root}")
+        _refuse_a_tune_folder(folder)
     _check_flags(cfg, plan)  # before the folder exists: a refused config leaves nothing
     if dry_run:
         _dry_run(cfg, plan, folder or new_folder(root, cfg.settings.name))
@@ -190,7 +204,7 @@ def _run_locked(
     cfg, plan, folder: Path | None, root: Path, text: str, plain: bool, keep_going: bool
 ) -> None:
     from bmoe.render.progress import LiveProgress, PlainProgress
-    from bmoe.sweep.archive import CONFIG, ArchiveWriter, write_atomic
+    from bmoe.sweep.archive import CONFIG, ArchiveWriter, resume_command, write_atomic
     from bmoe.sweep.lock import folder_lock
     from bmoe.sweep.predictions import sweep_predictions
     from bmoe.sweep.runner import run_sweep
@@ -198,6 +212,8 @@ def _run_locked(
     predicted = sweep_predictions(cfg, plan) if folder is None else None
     if folder is not None:
         archive = ArchiveWriter.open(folder)
+        if archive.mended:
+            err_console.print(literal(f"note: {folder}: {archive.mended}"), highlight=False)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
         if tomllib.loads(previous) != tomllib.loads(text):
             n = 1
@@ -225,7 +241,7 @@ def _run_locked(
             raise
         _write_summary(archive.root)
     if interrupted:
-        err_console.print(literal(f"interrupted; resume with: bmoe sweep {archive.root}"))
+        err_console.print(literal(f"interrupted; resume with: {resume_command(archive.root)}"))
         raise typer.Exit(130)
     assert outcome is not None
     failed = outcome.failed_runs
@@ -243,7 +259,7 @@ def _run_locked(
     if failed:
         err_console.print(literal("failed: " + ", ".join(failed)), highlight=False)
     if not_run:
-        err_console.print(literal(f"resume with: bmoe sweep {archive.root}"), highlight=False)
+        err_console.print(literal(f"resume with: {resume_command(archive.root)}"), highlight=False)
     if failed or not_run:
         raise typer.Exit(1)
 
@@ -279,7 +295,7 @@ def analyze_sweep_command(
     outcome: str = typer.Option(
         "tok_s_mean", "--outcome", help="The figure cells are ranked by (a results column)."
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     plots: Path | None = typer.Option(
         None,
         "--plots",
@@ -352,6 +368,8 @@ def _config_named(path: Path):
         doc = tomllib.loads(text)
     except (BmoeError, tomllib.TOMLDecodeError):
         raise neither from None
+    except RecursionError:  # nested deeper than the parser descends: the checks say so
+        return parse_config(text, str(path), base_dir=path.resolve().parent)
     if not isinstance(doc.get("sweep"), dict):
         raise neither
     return parse_config(text, str(path), base_dir=path.resolve().parent)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import io
 import itertools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -297,6 +298,24 @@ def test_files_have_the_native_columns_and_keys(tiny_model, tmp_path, corpus) ->
     assert last["seq"].tolist() == list(range(len(last)))
 
 
+def test_a_run_the_model_ends_early_is_a_finished_run(tiny_model, tmp_path) -> None:
+    """The tiny model reaches its end of sequence at token 37 of 64 on this prompt (as the
+    native engine does on the same file): the summary is there and says the rows' count, so
+    the run is finished and the sweep archive takes it."""
+    from bmoe.sweep.archive import csv_complete
+
+    path = tmp_path / "run.csv"
+    cfg = EngineConfig(
+        model=str(tiny_model), prompt="=cmd|' /C calc'!A0 explain", n_predict=64, threads=1,
+        csv=str(path),
+    )  # fmt: skip
+    run_engine(cfg)
+    run = read_metrics(path)
+    assert run.tokens < run.steps == 64, "the model no longer ends early on this prompt"
+    assert run.summary["tokens"] == run.tokens and not run.partial
+    assert csv_complete(path) == (True, "ok")
+
+
 def test_validate_passes_on_every_file(tiny_model, tmp_path) -> None:
     validate = pytest.importorskip("bmoe.formats.validate")
     paths = [tmp_path / n for n in ("v.csv", "v.route.csv", "v.io.csv", "v.ctl.csv")]
@@ -477,6 +496,32 @@ def test_cli_run_and_errors(tiny_model, tmp_path, capsysbinary) -> None:
     rc = main(["run", "-m", str(tmp_path / "missing.gguf"), "-n", "1"])
     assert rc == 2
     assert "no such model file" in capsysbinary.readouterr().err.decode()
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_cli_run_never_sends_a_control_character_to_the_terminal(
+    tiny_model, capsysbinary, progress
+) -> None:
+    """The prompt echoed and the answer (the tiny model generates control bytes: BEL, NUL,
+    ...) go through the output filter; the progress lines stay JSON that reads back."""
+    from bmoe.cli import main
+
+    prompt = "x\x1b]0;PWNED\x07\x1b[2J\x9b"
+    extra = ["--progress"] if progress else []
+    assert main(["run", "-m", str(tiny_model), "-n", "64", "-t", "1", "-p", prompt, *extra]) == 0
+    out = capsysbinary.readouterr().out.decode("utf-8", "surrogateescape")
+    assert not CONTROL.search(out), repr(CONTROL.search(out))
+    raw = run_engine(EngineConfig(model=str(tiny_model), prompt=prompt, n_predict=64, threads=1))
+    assert CONTROL.search(raw.text.decode("utf-8", "replace"))  # there was something to filter
+    if progress:
+        events = [protocol.parse_line(ln) for ln in out.splitlines() if ln.startswith("BMOE_")]
+        text = "".join(e.data["delta_text"] for e in events if e.tag == "PROGRESS")
+        assert protocol.to_bytes(text) == raw.text  # the JSON carries the bytes exactly
+    else:
+        assert out.startswith("x\\x1b]0;PWNED\\x07\\x1b[2J\\x9b")
 
 
 def test_cli_model_synth(tmp_path, capsys) -> None:

@@ -516,6 +516,37 @@ def test_a_tune_killed_mid_run_resumes_without_repeating_a_finished_run(tmp_path
     assert len(lines) <= 9 + 1  # the budget, and the attempt the kill cut short
 
 
+def test_the_budget_counts_attempts_not_manifest_lines() -> None:
+    """A copied manifest repeats its ok lines; each attempt costs the device once."""
+    from bmoe.sweep.tune import device_use
+
+    ok = [{"run": f"c{i}/r1", "attempt": 1, "status": "ok", "duration_s": 2.0} for i in range(4)]
+    crashed = {"run": "c0/r1", "attempt": 2, "status": "crashed", "duration_s": 1.0}
+    aside = {"run": "c1/r1", "attempt": 1, "status": "set_aside", "duration_s": 2.0}
+    assert device_use(ok) == (4, 8.0)
+    assert device_use(ok + ok + ok[:2]) == (4, 8.0)  # duplicated lines
+    assert device_use([*ok, crashed, aside, {"run": 3}, {"status": "ok"}]) == (5, 9.0)
+
+
+def test_the_recommended_command_pastes_back_to_the_same_values() -> None:
+    """A value holding a control character is quoted so that the printed line (plain text
+    after the output filter) still names the same file when pasted into a shell."""
+    from bmoe.render.messages import printable
+    from bmoe.sweep.plan import Cell
+    from bmoe.sweep.tune import command_line
+
+    model = "models/m\x1b]0;x\x07 it's\n.gguf"
+    cell = Cell("c", 0, {"model": model, "cache_mb": 8, "moe_stream": True}, {}, ())
+    line = command_line(cell, "embedded")
+    assert printable(line) == line  # nothing for the filter to spell out
+    words = subprocess.run(
+        ["bash", "-c", f'printf "%s\\0" {line}'], capture_output=True, check=True
+    ).stdout.split(b"\0")[:-1]
+    assert [w.decode() for w in words] == [
+        "bmoe", "run", "-m", model, "--cache-mb", "8", "--moe-stream"
+    ]  # fmt: skip
+
+
 def test_load_tune_config_reads_the_example(tmp_path) -> None:
     cfg = load_tune_config(ROOT / "sweeps" / "tiny-tune.toml")
     assert len(expand(cfg.sweep)) == 48

@@ -81,6 +81,10 @@ def _contention(state: dict) -> dict[str, float | None]:
     }
 
 
+#: Why a file without token rows (cut before its first row ended) is not compared.
+_NO_ROWS = "no token rows (the file ends before its first row does)"
+
+
 def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict]:
     """One file's row of :func:`measured_files` and its attempt."""
     from bmoe.analyze.metrics import run_summary
@@ -103,7 +107,7 @@ def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict
         "mib_per_token": float(frame["read_mib"].mean()) if tokens else float("nan"),
         "hit_pct": number(run.figure("cache_hit_pct")),
         **_contention(run_state(run, frame, config)),
-        "comparable": not_comparable(run, config, profile, k_trace),
+        "comparable": not_comparable(run, config, profile, k_trace) if tokens else _NO_ROWS,
         "notes": _notes(run, config),
     }
     return row, _attempt(label, run, config, frame, row["tok_s"])
