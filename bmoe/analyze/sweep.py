@@ -326,7 +326,8 @@ def analyze_sweep(
     """Every view of ``bmoe analyze sweep``: the verdict first, then attempts, ranking,
     neighbours compared, stability per cell, axes, predicted against measured tok/s (when
     the sweep recorded `predictions`, its ``predictions.csv``), drift with execution order
-    and contamination. Raises :class:`BmoeError` for an unknown `outcome`."""
+    and contamination, keyed by their slugs in :data:`bmoe.analyze.views.SWEEP` (titled with
+    ``outcome=``). Raises :class:`BmoeError` for an unknown `outcome`."""
     check_outcome(results, outcome)
     flags = contamination(results)
     verdict = sweep_verdict(results, outcome, stall=stall, traced=traced,
@@ -334,22 +335,22 @@ def analyze_sweep(
     views: dict[str, Any] = {
         "verdict": verdict.view(),
         "attempts": attempts_by_status(results),
-        f"cells ranked by {outcome}": rank_cells(results, outcome),
+        "ranking": rank_cells(results, outcome),
     }
     if len(verdict.neighbours):
-        views["neighbours in the ranking"] = verdict.neighbours[["sentence"]]
+        views["neighbours"] = verdict.neighbours[["sentence"]]
     if len(verdict.stability):
-        views["stability per cell"] = verdict.stability
+        views["stability"] = verdict.stability
     shown = [outcome, *[o for o in AXIS_VIEW_OUTCOMES if o != outcome]]
     effects = axis_table(results, shown)
     if len(effects):
-        views["outcomes by axis value (means)"] = effects
+        views["axis_means"] = effects
     if predictions is not None:
-        views["predicted against measured"] = predicted_vs_measured(results, predictions)
-    views["repeats against execution order"] = within_cell_drift(results, outcome)
+        views["predicted"] = predicted_vs_measured(results, predictions)
+    views["order_drift"] = within_cell_drift(results, outcome)
     rounds = reversed_rounds(results, outcome)
     if not rounds.empty:
-        views["forward vs reversed rounds"] = rounds
+        views["reversed_rounds"] = rounds
     views["contamination"] = flags
     return views
 
