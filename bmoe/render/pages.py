@@ -364,7 +364,8 @@ SWEEP_NOTES: Mapping[str, Sequence[str]] = {
 
 
 def _sweep_digits(slug: str, view: Any) -> Mapping[str, int] | None:
-    """The precision a sweep view's columns are printed with."""
+    """The precision a sweep view's columns are printed with: the run figures' (by column
+    name) unless the view prints its own columns otherwise."""
     from bmoe.render.runs import DIGITS
 
     if slug == "neighbours":
@@ -376,9 +377,7 @@ def _sweep_digits(slug: str, view: Any) -> Mapping[str, int] | None:
     if slug == "replay_checks":
         return {c: 2 for c in view.columns if c.endswith(("_pct_decode", "_pct_cum",
                                                            "cache_hit_pct"))}  # fmt: skip
-    if slug in ("ranking", "axis_means", "predicted", "fidelity", "reversed_rounds"):
-        return DIGITS
-    return None
+    return DIGITS  # the figures' own precision (render.runs), by column name
 
 
 def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> None:

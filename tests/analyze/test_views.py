@@ -81,8 +81,12 @@ def test_every_view_of_a_sweep_and_a_history_is_catalogued() -> None:
 
 
 def test_every_route_view_is_catalogued() -> None:
-    # the views --view names, and the prefetch table the command adds after the cache view
-    assert {*route.VIEWS, "prefetch_slots"} == set(ROUTE.slugs)
+    from tests.analyze.test_route import cells, make_trace
+
+    trace = make_trace(cells({10: {0: [1, 2]}, 11: {0: [2, 3]}, 12: {0: [1, 2]}}))
+    views = route.route_views(trace, route.VIEWS)
+    assert list(views) == list(route.VIEWS)  # every view --view names, in the catalogue's order
+    assert set(views) | {"prefetch_slots"} == set(ROUTE.slugs)  # (added by the command)
 
 
 def test_json_keys_are_slugs_and_tables_show_titles(tmp_path: Path, capsys) -> None:
