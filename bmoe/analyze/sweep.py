@@ -153,6 +153,33 @@ def axis_table(results: pd.DataFrame, outcomes: Sequence[str] | None = None) -> 
     return wide[["axis", "value", "n", *[o for o in order if o in wide]]]
 
 
+def axis_influence(results: pd.DataFrame, outcome: str = "tok_s_mean") -> pd.DataFrame:
+    """Which axis moves `outcome` most: per axis, how many values it took, its best and worst
+    value by the mean of their completed attempts (direction from the outcome's name) and
+    the gap between the two as a percentage of the overall mean, largest gap first.
+
+    Each value's mean is over every attempt that had it, whatever the other axes were (the
+    axis's main effect): in a full grid that compares like with like; where some cells are
+    missing, an axis can borrow the effect of another that moved with it."""
+    cols = ["axis", "values", "best", "best_mean", "worst", "worst_mean", "range_pct"]
+    effects = axis_effects(results, [outcome])
+    if effects.empty:
+        return pd.DataFrame(columns=cols)
+    ordered = effects.sort_values(
+        ["axis", "mean"], ascending=[True, outcome in LOWER_IS_BETTER], kind="stable"
+    )
+    grouped = ordered.groupby("axis", sort=False)
+    best, worst = grouped.first(), grouped.last()
+    overall = abs(_numeric(ok_attempts(results), outcome).mean())
+    table = pd.DataFrame({
+        "values": grouped.size(), "best": best["value"], "best_mean": best["mean"],
+        "worst": worst["value"], "worst_mean": worst["mean"],
+        "range_pct": 100.0 * (best["mean"] - worst["mean"]).abs() / overall if overall else np.nan,
+    })  # fmt: skip
+    table = table.reset_index().sort_values("range_pct", ascending=False, kind="stable")
+    return table[cols].reset_index(drop=True)
+
+
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     rx = pd.Series(x).rank().to_numpy()
     ry = pd.Series(y).rank().to_numpy()
@@ -345,6 +372,9 @@ def analyze_sweep(
     effects = axis_table(results, shown)
     if len(effects):
         views["axis_means"] = effects
+    influence = axis_influence(results, outcome)
+    if len(influence):
+        views["axis_influence"] = influence
     if predictions is not None:
         views["predicted"] = predicted_vs_measured(results, predictions)
     views["order_drift"] = within_cell_drift(results, outcome)

@@ -199,6 +199,8 @@ SWEEP = _group(
     ("neighbours", "neighbours in the ranking", "Ranking"),
     ("stability", "stability per cell", "Ranking"),
     ("axis_means", "outcomes by axis value (means)", "Ranking"),
+    ("axis_influence", "how far each axis moves {outcome} (its best and worst value)",
+     "Ranking"),
     ("stall_by_cell", "stall attribution per cell", "Stall attribution per cell"),
     ("predicted", "predicted against measured", "Predicted against measured"),
     ("fidelity", "each cell's mean and its worst fidelity", "Speed against fidelity"),
