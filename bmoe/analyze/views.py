@@ -164,6 +164,18 @@ REPLAY = _group(
     ("prefetch", "previous-token prefetch, depth {depth}"),
 )
 
+DROP = _group(
+    "drop",
+    ("decode", "decode"),
+    ("decode_threshold", "decode_threshold"),
+    ("decode_static_k", "decode_static_k"),
+    ("decode_survivors", "decode_survivors"),
+    ("prefill", "prefill"),
+    ("prefill_threshold", "prefill_threshold"),
+    ("prefill_static_k", "prefill_static_k"),
+    ("prefill_survivors", "prefill_survivors"),
+)
+
 COMPUTE = _group(
     "compute",
     ("summary", "summary"),
@@ -206,10 +218,10 @@ SWEEP = _group(
     ("fidelity", "each cell's mean and its worst fidelity", "Speed against fidelity"),
     ("order_drift", "repeats against execution order", "Order and contamination"),
     ("reversed_rounds", "forward vs reversed rounds", "Order and contamination"),
-    ("contamination", "contamination", "Order and contamination"),
+    ("contamination", "contamination tells", "Order and contamination"),
     ("replay_checks", "recorded hit rate against the replay",
      "Recorded hit rate against the replay"),
-    ("attempts", "attempts", "What ran"),
+    ("attempts", "attempts by target and status", "What ran"),
 )  # fmt: skip
 
 HISTORY = _group(
@@ -224,8 +236,8 @@ HISTORY = _group(
 #: Every group, by name.
 GROUPS: Mapping[str, Group] = {
     g.name: g
-    for g in (INFO, METRICS, STALL, COMPARE, CONTAMINATION, ROUTE, REPLAY, COMPUTE, IO, SWEEP,
-              HISTORY)
+    for g in (INFO, METRICS, STALL, COMPARE, CONTAMINATION, ROUTE, REPLAY, DROP, COMPUTE, IO,
+              SWEEP, HISTORY)
 }  # fmt: skip
 
 

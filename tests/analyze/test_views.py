@@ -101,3 +101,15 @@ def test_json_keys_are_slugs_and_tables_show_titles(tmp_path: Path, capsys) -> N
     csv = render({"ranking": pd.DataFrame({"cell": ["a"]})}, "csv",
                  titles=SWEEP.titles(outcome="ttft_s"))  # fmt: skip
     assert csv.startswith("# view=ranking\n")
+
+
+def test_every_drop_view_is_catalogued() -> None:
+    from bmoe.analyze.drop import drop_replay
+    from bmoe.analyze.views import DROP
+    from bmoe.render.replay import drop_views
+    from tests.analyze.test_route import cells, make_trace
+
+    spec = {10: {0: [1, 2]}, 11: {0: [2, 3]}, 12: {0: [1, 2]}}
+    trace = make_trace(cells(spec) + cells({1: {0: [4, 5]}}, phase=0))
+    views = drop_views(drop_replay(trace))
+    assert list(views) == list(DROP.slugs)  # decode, then prefill, each summary first
