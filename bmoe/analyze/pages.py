@@ -200,7 +200,7 @@ def sweep_page(
     if len(fidelity):
         views["fidelity"] = fidelity
     if replayed is not None:
-        views["replay_checks"] = replay_checks(replayed)
+        views["recorded_vs_replay"] = replay_checks(replayed)
     return views
 
 

@@ -371,13 +371,13 @@ def analyze_sweep(
     shown = [outcome, *[o for o in AXIS_VIEW_OUTCOMES if o != outcome]]
     effects = axis_table(results, shown)
     if len(effects):
-        views["axis_means"] = effects
+        views["axis_table"] = effects
     influence = axis_influence(results, outcome)
     if len(influence):
         views["axis_influence"] = influence
     if predictions is not None:
         views["predicted"] = predicted_vs_measured(results, predictions)
-    views["order_drift"] = within_cell_drift(results, outcome)
+    views["order_effect"] = within_cell_drift(results, outcome)
     rounds = reversed_rounds(results, outcome)
     if not rounds.empty:
         views["reversed_rounds"] = rounds

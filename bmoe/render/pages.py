@@ -356,7 +356,7 @@ SWEEP_NOTES: Mapping[str, Sequence[str]] = {
         "flash wait, cache mgmt and unattributed add up to the wall; overlapped is time the "
         "proxies counted that ran alongside the waits (not wall time)"
     ],
-    "replay_checks": [
+    "recorded_vs_replay": [
         "each run's own routing replayed through the LRU cache at its budget, and the exact "
         "LRU curve there, next to what the run recorded"
     ],
@@ -374,7 +374,7 @@ def _sweep_digits(slug: str, view: Any) -> Mapping[str, int] | None:
         return {c: 1 for c in ("ci_pct", "cv_pct", "drift_pct", "off_cpu_pct", "cpu_pct")}
     if slug == "stall_by_cell":
         return {c: 1 for c in view.columns if c.endswith(("_ms", "_pct"))}
-    if slug == "replay_checks":
+    if slug == "recorded_vs_replay":
         return {c: 2 for c in view.columns if c.endswith(("_pct_decode", "_pct_cum",
                                                            "cache_hit_pct"))}  # fmt: skip
     return DIGITS  # the figures' own precision (render.runs), by column name

@@ -103,6 +103,6 @@ def test_axis_influence_by_hand():
 
 def test_analyze_sweep_views():
     views = analyze_sweep(results(grid_rows()))
-    assert {"attempts", "ranking", "order_drift", "reversed_rounds", "verdict"} <= set(views)
+    assert {"attempts", "ranking", "order_effect", "reversed_rounds", "verdict"} <= set(views)
     assert "contamination" in views
     assert views["axis_influence"]["axis"].tolist() == ["cache_mb", "io_threads"]

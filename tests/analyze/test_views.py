@@ -72,7 +72,7 @@ def test_sections_keep_the_catalogue_order() -> None:
 def test_every_view_of_a_sweep_and_a_history_is_catalogued() -> None:
     views = analyze_sweep(grid(), "tok_s_mean", predictions=pd.DataFrame(
         {"cell": ["cache_mb-0-io-1"], "tok_s": [11.0]}))  # fmt: skip
-    assert {"verdict", "ranking", "predicted", "order_drift"} <= set(views)
+    assert {"verdict", "ranking", "predicted", "order_effect"} <= set(views)
     assert set(views) <= set(SWEEP.slugs)
     found = hist.history_of({"old": grid(0.0, 1), "new": grid(-3.0, 2)})
     assert list(found.views()) == list(HISTORY.slugs)
