@@ -267,6 +267,7 @@ def _run_locked(
 def _write_summary(root: Path) -> None:
     """``summary.md``: the analysis of what the folder holds, as markdown."""
     from bmoe.analyze.sweep import analyze_sweep
+    from bmoe.analyze.views import SWEEP
     from bmoe.render.tables import render_markdown
     from bmoe.sweep.archive import SUMMARY, load_results, write_atomic
 
@@ -279,7 +280,8 @@ def _write_summary(root: Path) -> None:
     views = analyze_sweep(results)
     title = f"# Sweep {results.attrs.get('name') or root.name}\n\n"
     try:
-        write_atomic(root / SUMMARY, title + render_markdown(views))
+        text = render_markdown(views, titles=SWEEP.titles(outcome="tok_s_mean"))
+        write_atomic(root / SUMMARY, title + text)
     except OSError as exc:
         err_console.print(f"could not write {root / SUMMARY}: {exc.strerror or exc}",
                           highlight=False, markup=False)  # fmt: skip
@@ -315,6 +317,7 @@ def analyze_sweep_command(
     """
     check_format(fmt)
     from bmoe.analyze.sweep import analyze_sweep
+    from bmoe.analyze.views import SWEEP
     from bmoe.render.tables import render
     from bmoe.sweep.archive import find_latest, load_results
 
@@ -336,14 +339,14 @@ def analyze_sweep_command(
         from bmoe.render.cells import with_short_ids
 
         shown = with_short_ids(views, results["cell"], axes_of(results))
-    text = render(shown, fmt, console)
+    text = render(shown, fmt, console, titles=SWEEP.titles(outcome=outcome))
     if text is not None:
         console.out(text, end="")
     else:  # the terminal: the verdict again where the eye lands, after the tables
         console.print(views["verdict"]["verdict"], highlight=False)
     if plots is not None:
         _answer_plots(results, outcome, plots, force)
-        compared = views.get("predicted against measured")
+        compared = views.get("predicted")
         if compared is not None and len(compared):
             from bmoe.formats.outputs import check_output
             from bmoe.render.plots import save_figure
