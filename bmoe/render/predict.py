@@ -234,7 +234,8 @@ def against_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The figures a reader checks first: the headline error over firm cells, the coverage
     the interval achieved against the one it states, its median width."""
     compared = summary.get("compared", 0)
-    return {
+    out: dict[str, Any] = {"headline": summary["no_headline"]} if summary.get("no_headline") else {}
+    return out | {
         "cells": summary.get("cells"),
         "compared (firm, predicted)": compared,
         "left out (labelled)": summary.get("labelled"),

@@ -6,6 +6,7 @@ measured, are labelled and kept out of the headline."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from bmoe.analyze.profile import against_files, read_runs
 from bmoe.analyze.profile.holdout import most_likely_by_distance, most_likely_sd
 from bmoe.cli import main
 from bmoe.formats.profile import read_profile, write_profile
-from bmoe.formats.route import read_route_trace
+from bmoe.formats.route import read_route_trace, write_route_trace
 from bmoe.sweep.archive import load_results
 from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
 from tests.analyze.test_predict_metrics import (
@@ -421,3 +422,49 @@ def test_the_model_file_is_checked_against_the_runs(tiny_model, tmp_path, capsys
     v0 = write(tmp_path / "v0.csv", serial_rows(), version=0)
     assert main(["profile", str(v0), "--model", str(tiny_model), "-o", str(out), "--force"]) == 0
     assert "not checked" in read_profile(out).model["sizes_from"]
+
+
+TINY_SWEEPS = sorted((SMALL.parent).glob("*-tiny-cache-lanes"))
+
+
+def tiny_routing(tmp_path: Path) -> Path:
+    """A route trace of the ``tiny`` preset's shape (4 MoE layers, 8 experts of 196,608 bytes,
+    top-2): the routing the archived tiny sweeps are predicted from."""
+    rng = np.random.default_rng(0)
+    ids = [[list(rng.choice(8, 2, replace=False)) for _ in range(4)] for _ in range(40)]
+    trace = make_trace(ids[:8], ids[8:], size=196_608)
+    trace.meta["n_layer"] = 4
+    path = tmp_path / "tiny.route.csv"
+    write_route_trace(trace, path)
+    return path
+
+
+@pytest.mark.skipif(len(TINY_SWEEPS) < 2, reason="bench-data tiny sweeps absent")
+def test_against_the_profiles_own_sweep_and_another_days_runs_clean(tmp_path, capsys):
+    """The profile of a whole sweep predicted against that sweep (every cell in sample) and
+    against the sweep of another day: both run clean, no label reads nan, and where every
+    cell is left out of the headline the summary says why in one sentence."""
+    own, other = TINY_SWEEPS[0], TINY_SWEEPS[1]
+    path = tmp_path / "tiny.json"
+    assert main(["profile", str(own), "-o", str(path)]) == 0
+    trace = tiny_routing(tmp_path)
+    capsys.readouterr()
+    for sweep, all_in_sample in ((own, True), (other, False)):
+        assert main(["predict", str(trace), "-p", str(path), "--against", str(sweep)]) == 0
+        table = capsys.readouterr().out
+        assert "nan" not in table.lower()
+        assert ("No cell counts in the headline" in table) == all_in_sample
+        assert main(["predict", str(trace), "-p", str(path), "--against", str(sweep),
+                     "-f", "json"]) == 0  # fmt: skip
+        views = json.loads(capsys.readouterr().out)
+        for cell in views["cells"]:
+            for column in {"measurement", "unpriced", "comparable"} & set(cell):
+                assert cell[column] is None or "nan" not in cell[column]
+        why = views["summary"]["no_headline"]
+        if all_in_sample:
+            assert why == (
+                "No cell counts in the headline: 15 of 15 measured by the profile's own runs "
+                "(in sample)."
+            )
+        else:
+            assert why is None and views["summary"]["compared"] > 0
