@@ -27,6 +27,7 @@ from bmoe.cli import main
 from bmoe.errors import BmoeError
 from bmoe.formats.metrics import MetricsRun, write_metrics
 from bmoe.formats.profile import read_profile, write_profile
+from bmoe.formats.route import read_route_trace
 from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
 
 MIB = 1 << 20
@@ -49,7 +50,8 @@ def write(path: Path, rows: list[dict], version: int = 2, summary=None, **params
     tokens = len(frame)
     wall = float(frame["wall_ms"].sum())
     trailer = {"tokens": tokens, "tok/s": round(1000 * tokens / wall, 3)} | (summary or {})
-    run = MetricsRun(str(path), version, {} if version == 0 else {**PARAMS, **params}, frame,
+    preamble = {k: v for k, v in {**PARAMS, **params}.items() if v is not None}  # None: left out
+    run = MetricsRun(str(path), version, {} if version == 0 else preamble, frame,
                      [trailer])  # fmt: skip
     write_metrics(run, path)
     return path
@@ -411,6 +413,70 @@ def test_a_trace_of_another_model_is_refused_naming_both(tmp_path):
     wider.meta["n_expert_used"] = 3
     with pytest.raises(BmoeError, match=r"routes top-3 but .*run\.csv ran top-2"):
         profile_of(path, trace=wider)
+
+
+def sized_trace(path: Path, sizes: dict[int, float], n_layer: int, k: int = 2) -> Path:
+    """A route trace of a model whose MoE layers `sizes` (layer -> MiB an expert) differ, as
+    a K-quant's do; layers of `n_layer` not in `sizes` are dense (route nothing)."""
+    lines = [
+        "# route_trace v1",
+        f"# model=hand.gguf arch=qwen3moe n_layer={n_layer} n_expert=8 n_expert_used={k}",
+        *(f"# layer={i} expert_bytes={round(mib * MIB)} dense_bytes=0" for i, mib in sizes.items()),
+        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped",
+    ]
+    for step in range(3, 40):
+        for layer, mib in sizes.items():
+            for slot in range(k):
+                lines.append(
+                    f"0,1,{step},{layer},{slot},{(step + slot) % 8},0.5,0,{round(mib * MIB)},0"
+                )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# a K-quant-like model: 4 MoE layers whose experts are 1.5, 1, 1 and 1 MiB (one layer of a
+# wider type); at top-2 a token routes 2 x 4.5 = 9 MiB, its widest layer 2 x 1.5 = 3 MiB
+MIXED = {0: 1.5, 1: 1.0, 2: 1.0, 3: 1.0}
+
+
+def test_a_k_quant_like_model_profiles_without_refusal(tmp_path):
+    """Layers of different expert sizes (a mixed-quantisation model): the contract's
+    figures read as it defines them (layer_demand_MiB the widest layer, token_demand_MiB and
+    cache_cycle_mb k x the sum) agree with the trace's per-layer sizes; so do a model's dense
+    layers, which route nothing (cache_cycle_mb is over the MoE layers only)."""
+    trace = sized_trace(tmp_path / "mixed.route.csv", MIXED, n_layer=4)
+    v1 = write(tmp_path / "v1.csv", serial_rows(), version=1, n_layer=4, cache_cycle_mb=None,
+               summary={"token_demand_MiB": 9.0, "layer_demand_MiB": 3.0})  # fmt: skip
+    v2 = write(tmp_path / "v2.csv", serial_rows(), n_layer=4, cache_cycle_mb=9)
+    for path in (v1, v2):
+        prof = profile_of(path, trace=read_route_trace(trace))
+        assert prof.expert_bytes() == {i: round(m * MIB) for i, m in MIXED.items()}
+    # without a trace the summary alone gives the mean size: 9 MiB / (4 layers x top-2)
+    alone = profile_of(v1)
+    assert set(alone.expert_bytes().values()) == {round(9 * MIB / 8)}
+    # a deepseek2-like model: layer 0 dense, layers 1-2 of 1 MiB experts; v2's
+    # cache_cycle_mb is 2 MoE layers x top-2 x 1 MiB = 4, not divided over the 3 layers
+    dense = sized_trace(tmp_path / "dense.route.csv", {1: 1.0, 2: 1.0}, n_layer=3)
+    path = write(tmp_path / "ds.csv", serial_rows(), n_layer=3, cache_cycle_mb=4)
+    prof = profile_of(path, trace=read_route_trace(dense))
+    assert prof.expert_bytes() == {1: MIB, 2: MIB}
+    # the profile of the preamble alone predicts the trace of that model
+    out = predict(read_route_trace(dense), profile_of(path), {"cache_mb": [0]})
+    assert out["mib_per_token"].iloc[0] == pytest.approx(4.0)
+
+
+def test_a_trace_whose_sizes_give_other_demand_figures_is_refused(tmp_path):
+    """Sizes that do not give the run's figures (another quantisation): refused, naming the
+    figure; the widest layer is checked as well as the sum."""
+    even = sized_trace(tmp_path / "even.route.csv", {i: 1.125 for i in range(4)}, n_layer=4)
+    path = write(tmp_path / "v1.csv", serial_rows(), version=1, n_layer=4, cache_cycle_mb=None,
+                 summary={"token_demand_MiB": 9.0, "layer_demand_MiB": 3.0})  # fmt: skip
+    with pytest.raises(BmoeError, match=r"widest MoE layer's expert is 2\.250 MiB but .*"
+                       r"v1\.csv says layer_demand_MiB=3\.000"):  # fmt: skip
+        profile_of(path, trace=read_route_trace(even))
+    other = sized_trace(tmp_path / "q8.route.csv", {i: 2.0 for i in range(4)}, n_layer=4)
+    with pytest.raises(BmoeError, match=r"summed is 16\.000 MiB but .*token_demand_MiB=9\.000"):
+        profile_of(path, trace=read_route_trace(other))
 
 
 def test_a_metrics_file_without_io_ms_is_refused(tmp_path):

@@ -34,6 +34,7 @@ from bmoe.analyze.tune import (
     t_at,
 )
 from bmoe.analyze.verdict import ratio_interval
+from bmoe.engine.synth import ARCHS
 from bmoe.errors import BmoeError
 from bmoe.sweep.config import parse_config
 from bmoe.sweep.plan import expand
@@ -378,6 +379,55 @@ def test_a_tune_killed_mid_run_resumes_without_repeating_a_finished_run(tmp_path
     state = json.loads((root / "tune.json").read_text())
     assert {r["run"] for r in state["runs"]} <= set(ok)
     assert len(lines) <= 9 + 1  # the budget, and the attempt the kill cut short
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_tune_runs_on_every_generated_family(tmp_path, arch) -> None:
+    """Every family the project generates calibrates, profiles, predicts and tunes: the
+    expert sizes of its route trace agree with its runs' summary figures, dense layers and
+    a weight type per layer included (deepseek2's leading dense layer and gemma4's dense
+    layers route nothing, so cache_cycle_mb is over the MoE layers only)."""
+    from bmoe.engine.synth import synth_model
+
+    extra = {"layer_types": ("q8_0", "q4_0")} if arch == "qwen3moe" else {}
+    kind = "mxfp4" if arch == "gpt-oss" else "q8_0" if extra else "f32"
+    model = synth_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, type=kind, **extra)
+    cfg = write_config(
+        tmp_path,
+        f"""\
+        [sweep]
+        name = "fam"
+        engine = "embedded"
+        output = "{tmp_path / "out"}"
+        timeout_s = 300
+
+        [base]
+        model = "{model}"
+        n_predict = 12
+        threads = 1
+        moe_stream = true
+
+        [grid]
+        cache_mb = [0.25, 1, 4]
+
+        [tune]
+        budget = 3
+        per_round = 2
+        """,
+        name="tune.toml",
+    )
+    proc = _tune(cfg)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode in (0, 1), err.decode()
+    assert "another model" not in out.decode() + err.decode()
+    root = sweep_folder(tmp_path / "out")
+    state = json.loads((root / "tune.json").read_text())
+    assert state["result"]["stop"]["reason"] in ("budget", "settled", "exhausted")
+    assert any(r.get("predicted") is not None for r in state["runs"])  # the profile priced it
+    assert (root / "profile.json").is_file()
 
 
 def test_load_tune_config_reads_the_example(tmp_path) -> None:

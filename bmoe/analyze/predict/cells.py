@@ -101,6 +101,9 @@ def predict(
     if not batches.n_decode:
         raise BmoeError(f"{trace.path or 'trace'}: no decode steps to predict")
     read_bytes = profile.read_bytes_per_expert()
+    if "preamble" in str(profile.model.get("sizes_from") or ""):
+        # sizes the preamble implies are one mean over every layer; the trace has each one's
+        read_bytes = {**read_bytes, **trace.expert_bytes()}
     bets = last_token_keys(trace) if (cells["prefetch"] > 0).any() else None
     rows = []
     for cell, cell_policy in zip(cells.itertuples(index=False), policies, strict=True):
