@@ -418,7 +418,8 @@ def test_the_model_file_is_checked_against_the_runs(tiny_model, tmp_path, capsys
     sizes = write(tmp_path / "sizes.csv", serial_rows(), **{**shape, "cache_cycle_mb": 3})
     assert main(["profile", str(sizes), "--model", str(tiny_model)]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "0.188 MiB on average" in err and "0.375 MiB" in err
+    assert "0.188 MiB on average" in err and "summed is 1.500 MiB" in err
+    assert "sizes.csv says cache_cycle_mb=3.000" in err
     v0 = write(tmp_path / "v0.csv", serial_rows(), version=0)
     assert main(["profile", str(v0), "--model", str(tiny_model), "-o", str(out), "--force"]) == 0
     assert "not checked" in read_profile(out).model["sizes_from"]

@@ -215,7 +215,9 @@ def test_v0_file_without_sizes_prices_mib_and_says_so(tmp_path):
 def test_against_files_matches_each_file_by_its_preamble(tmp_path):
     """Loose files, each predicted with its own configuration (from its preamble, the policy
     as the engine names it): reads from the file itself when no trace is given. A profile of
-    file a predicts file b exactly where b is the same device with another budget."""
+    file a predicts file b exactly where b is the same device with another budget; but b's
+    policy and budget are levers no run of the profile measured: b is labelled unpriced
+    (both named) and kept out of the headline."""
     a = write(tmp_path / "a.csv", serial_rows())
     b = write(tmp_path / "b.csv", serial_rows(), cache_mb=8, cache_policy="layer-lfu")
     mmap = write(tmp_path / "mmap.csv", serial_rows(), moe_stream=0)
@@ -226,8 +228,10 @@ def test_against_files_matches_each_file_by_its_preamble(tmp_path):
     assert cells.loc["b", "tok_s_predicted"] == pytest.approx(cells.loc["b", "tok_s"], rel=1e-3)
     assert cells.loc["a", "measurement"] == "a profile run (in sample)"
     assert "plain mmap" in cells.loc["mmap", "comparable"]
+    assert cells.loc["b", "unpriced_levers"] == "policy, cache_mb"
+    assert "cache policy layerlfu" in cells.loc["b", "unpriced"]
     summary = out["summary"]
-    assert (summary["compared"], summary["labelled"], summary["not_predicted"]) == (1, 1, 1)
+    assert (summary["compared"], summary["labelled"], summary["not_predicted"]) == (0, 2, 1)
     assert summary["reads"] == "measured"
 
 
@@ -896,9 +900,10 @@ def test_a_cell_whose_compute_waited_for_a_core_is_labelled_and_kept_out_of_the_
     tmp_path,
 ):
     a = write(tmp_path / "a.csv", serial_rows())
+    a16 = write(tmp_path / "a16.csv", serial_rows(), cache_mb=16)  # 8 MiB is inside the runs'
     quiet = write(tmp_path / "quiet.csv", serial_rows(), cache_mb=8)
     busy = write(tmp_path / "busy.csv", contended_rows(), cache_mb=16)
-    out = against_files(None, profile_of(a), read_runs([quiet, busy]))
+    out = against_files(None, profile_of(a, a16), read_runs([quiet, busy]))
     cells = out["cells"].set_index("cell")
     assert pd.isna(cells.loc["quiet", "measurement"])
     assert "compute waited for a core (1.8x its CPU time)" in cells.loc["busy", "measurement"]
@@ -1008,3 +1013,110 @@ def test_a_contended_runs_token_times_are_divided_by_its_compute_slowdown(tmp_pa
     assert both.flash["latency_ms"].iloc[0] == pytest.approx(alone.flash["latency_ms"].iloc[0])
     assert both.compute["token_ms"] == pytest.approx(10.0)
     assert any("busy.csv 1.80x" in c for c in both.caveats)
+
+
+# ----------------------------------------------------------------------------- levers
+
+
+def two_budget_profile(tmp_path, **params):
+    """Serial runs at 2 and 8 MiB of cache, prefetch 0, LRU, one lane, 2 threads."""
+    a = write(tmp_path / "a.csv", serial_rows(), cache_mb=2, **params)
+    b = write(tmp_path / "b.csv", serial_rows(), cache_mb=8, **params)
+    return profile_of(a, b)
+
+
+@pytest.mark.parametrize(
+    ("grid", "kw", "lever"),
+    [
+        ({"cache_mb": [4], "prefetch": [1]}, {}, "prefetch"),
+        ({"cache_mb": [4]}, {"policy": "lfu"}, "policy"),
+        ({"cache_mb": [4], "io_threads": [4]}, {}, "io_threads"),
+        ({"cache_mb": [64]}, {}, "cache_mb"),
+    ],
+)
+def test_a_prediction_changing_an_unmeasured_lever_is_labelled_and_widened(
+    tmp_path, grid, kw, lever
+):
+    """Runs of one prefetch depth, policy and lane count, at budgets of 2-8 MiB: a cell that
+    changes one of those levers (or a budget far beyond) is unpriced, names the lever, and
+    its interval's half-width is at least the lever's recorded effect; the same cell without
+    the change is priced."""
+    from bmoe.analyze.predict.effects import effect_of
+
+    prof = two_budget_profile(tmp_path)
+    trace = read_route_trace(route_trace(tmp_path / "r.route.csv"))
+    changed = predict(trace, prof, grid, **kw).iloc[0]
+    plain = predict(trace, prof, {"cache_mb": [4]}).iloc[0]
+    assert plain["unpriced"] is None and plain["lever_effect_pct"] == 0.0
+    assert changed["unpriced_levers"] == lever
+    effect = effect_of(lever)
+    assert effect.sd_rel > 0 and effect.where
+    assert changed["lever_effect_pct"] == pytest.approx(effect.effect_pct)
+    assert changed["interval_pct"] >= effect.effect_pct
+    assert changed["tok_s_low"] <= changed["tok_s"] / (1 + effect.sd_rel)
+    assert f"+-{effect.effect_pct:.0f} % seen" in changed["unpriced"]
+    # kept out of the headline: compared with itself, it is labelled, not counted
+    measured = {"cell": "x", "tok_s": changed["tok_s"], "steady_tok_s": np.nan,
+                "mib_per_token": 1.0, "hit_pct": 50.0, "measurement": None}  # fmt: skip
+    cells = pd.DataFrame([measured])
+    for f in ("tok_s", "tok_s_low", "tok_s_high", "steady_tok_s", "steady_tok_s_low",
+              "steady_tok_s_high", "mib_per_token", "hit_pct"):  # fmt: skip
+        cells[f"{f}_predicted"] = changed[f]
+    cells["unpriced"] = changed["unpriced"]
+    summary = compare_cells(cells, prof)["summary"]
+    assert summary["compared"] == 0 and summary["labelled"] == 1
+    assert summary["no_headline"].endswith("1 of 1 predicted with a lever the profile does "
+                                           "not price (see unpriced).")  # fmt: skip
+
+
+def test_a_profile_that_mixes_prefetch_depths_prices_each_with_its_own_term(tmp_path):
+    """Run a at prefetch 0 and run b at prefetch 1 whose tokens take 20 % longer than their
+    reads explain (its speculative reads compete with the demand reads): the profile's terms
+    come from a alone (compute 10 ms, not a blend), prefetch 1 gets a term of x1.2 measured
+    on b, and a prefetch-1 cell is priced with it; a prefetch-2 cell is unpriced."""
+    a = write(tmp_path / "a.csv", serial_rows(), cache_mb=2)
+    slow = []
+    for r in serial_rows():
+        compute = r["compute_ms"] + 0.2 * r["wall_ms"]
+        slow.append(dict(r, compute_ms=compute, wall_ms=1.2 * r["wall_ms"], cpu_ms=2 * compute))
+    b = write(tmp_path / "b.csv", slow, cache_mb=2, prefetch=1)
+    prof = profile_of(a, b)
+    assert prof.compute["token_ms"] == pytest.approx(10.0)
+    assert prof.levers["baseline"]["prefetch"] == "0"
+    (term,) = prof.levers["terms"]
+    assert (term["lever"], term["value"]) == ("prefetch", "1")
+    assert term["factor"] == pytest.approx(1.2, rel=1e-3) and term["runs"] == [str(b)]
+    assert {r["name"]: r["lever_term"] for r in prof.runs} == {str(a): None, str(b): "prefetch 1"}
+    out = against_files(None, prof, read_runs([a, b]))["cells"].set_index("cell")
+    assert out.loc["b", "tok_s_predicted"] == pytest.approx(out.loc["b", "tok_s"], rel=1e-3)
+    assert pd.isna(out.loc["b", "unpriced"]) and out.loc["b", "lever_factor_predicted"] > 1.19
+    trace = read_route_trace(route_trace(tmp_path / "r.route.csv"))
+    cells = predict(trace, prof, {"cache_mb": [2], "prefetch": [0, 1, 2]}).set_index("prefetch")
+    assert cells.loc[0, "lever_factor"] == 1.0 and cells.loc[1, "lever_factor"] > 1.19
+    assert cells.loc[1, "unpriced"] is None and cells.loc[2, "unpriced_levers"] == "prefetch"
+    assert "prefetch depth 2: the profile's runs priced 0, 1 only" in cells.loc[2, "unpriced"]
+
+
+def test_a_configuration_asking_more_memory_than_any_run_says_so(tmp_path):
+    """Runs that asked 3 and 4 MiB of a device with 6 available, the larger leaving 2 MiB: a
+    budget asking 4.2 MiB (0.2 MiB more: a tenth of what the largest run left) is noted; one
+    asking 6 MiB (2 more: all that was left) is unpriced, its memory named. Where the largest
+    run already took major faults, any budget beyond it is unpriced."""
+    a = write(tmp_path / "a.csv", memory_rows(32, 0, cache=2, rss=3, avail=3), cache_mb=2)
+    b = write(tmp_path / "b.csv", memory_rows(32, 0, cache=3, rss=4, avail=2), cache_mb=3)
+    prof = profile_of(a, b)
+    trace = make_trace([[[0]]], [[[e]] for e in [0, 1, 2] * 12])
+    trace.layers = pd.DataFrame({"layer": [0, 1], "expert_bytes": [MIB, MIB]})
+    trace.meta["n_expert_used"] = 2
+    out = predict(trace, prof, {"cache_mb": [2.5, 3.2, 5]}).set_index("cache_mb")
+    assert out.loc[2.5, "unpriced"] is None and out.loc[2.5, "memory_note"] is None
+    assert "more than any profile run" in out.loc[3.2, "memory_note"]
+    assert out.loc[3.2, "unpriced"] is None
+    assert "memory" in out.loc[5, "unpriced_levers"].split(", ")
+    assert (
+        "asks 6 MiB of memory, 2 more than any profile run (the largest left 2 MiB"
+        in (out.loc[5, "unpriced"])
+    )
+    faulting = predict(trace, memory_profile(tmp_path), {"cache_mb": [3.2]}).iloc[0]
+    assert faulting["unpriced_levers"] == "memory"
+    assert "100 major faults a token" in faulting["unpriced"]

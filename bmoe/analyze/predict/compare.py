@@ -41,7 +41,11 @@ PREDICTED_FIGURES = (
     "interval_pct",
     "spread_pct",
     "faults_per_token",
+    "lever_effect_pct",
+    "lever_factor",
 )
+#: What a prediction says of its levers, in words (see :mod:`bmoe.analyze.predict.levers`).
+LEVER_TEXTS = ("unpriced", "unpriced_levers", "memory_note")
 #: The label of a measured cell that a profile run measured (its error is not a prediction's).
 IN_SAMPLE = "a profile run (in sample)"
 
@@ -349,12 +353,14 @@ def against(
     cells = measured.copy()
     for col in PREDICTED_FIGURES:
         cells[f"{col}_predicted"] = predicted[col].to_numpy()
-    cells["unpriced"] = predicted["unpriced"].to_numpy()
+    for text in LEVER_TEXTS:
+        cells[text] = predicted[text].to_numpy()
     return compare_cells(cells, profile)
 
 
 __all__ = [
     "IN_SAMPLE",
+    "LEVER_TEXTS",
     "PREDICTED_FIGURES",
     "WIDEST_INTERVAL_PCT",
     "against",

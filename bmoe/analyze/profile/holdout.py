@@ -70,7 +70,7 @@ def _why_not(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> str | None
     return why or unpriced(others, config.overlap)
 
 
-def _held_out(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> dict[str, Any]:
+def held_out_record(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> dict[str, Any]:
     """One held-out run predicted by the others' profile: measured and predicted tok/s, the
     relative error of the predicted decode time, and the spread the prediction stated."""
     why = _why_not(run, ev, others)
@@ -115,7 +115,7 @@ def _fold(
         )
     except BmoeError as exc:
         return [{"run": r.name, "why": f"the other runs make no profile ({exc})"} for r in group]
-    return [_held_out(r, ev, others) for r in group]
+    return [held_out_record(r, ev, others) for r in group]
 
 
 #: The model errors (relative sd) the likelihood is searched over: 0, then 1e-4 to 4.
@@ -256,6 +256,7 @@ __all__ = [
     "METHOD",
     "PAIR_GRID",
     "SD_GRID",
+    "held_out_record",
     "model_error_section",
     "most_likely_by_distance",
     "most_likely_sd",
