@@ -4,9 +4,9 @@ declared unpriced.
 A lever is priced when the profile measured it: its runs used that value (the prefetch
 depth, the policy, dropping, the overlap mode, the compute threads; the profile's term for
 a value other than its baseline, :mod:`bmoe.analyze.profile.levers`), the flash table holds
-or brackets the lane count, the cache budget lies within the runs' budgets (the bytes it
-reads are the replay's, exact; beyond, what a larger cache does to memory and compute is
-not), and it asks no more memory than a profile run did, or no more than a quarter more of
+or brackets the lane count, the cache budget lies within the runs' budgets or below them
+(the bytes it reads are the replay's, exact, and its distance from the measured reads widens
+its interval; above them, what a larger cache does to memory and compute is not measured), and it asks no more memory than a profile run did, or no more than a quarter more of
 what the largest of them left available, or memory its runs bracket. Otherwise the lever is
 unpriced: named in the prediction's row, its interval widened by the spread of what that
 lever has been seen to do (:mod:`bmoe.analyze.predict.effects`), and the prediction kept out
@@ -131,7 +131,7 @@ def _budget(check: LeverCheck, profile: DeviceProfile, cache_mb: float) -> None:
     if not budgets or not math.isfinite(cache_mb):
         return
     low, high = min(budgets), max(budgets)
-    if cache_mb > high * BUDGET_SLACK or (low > 0 and cache_mb * BUDGET_SLACK < low):
+    if cache_mb > high * BUDGET_SLACK:  # a smaller one reads more: the replay's, priced
         check.unpriced["cache_mb"] = (
             f"a {cache_mb:g} MiB cache, beyond the profile's runs ({low:g}-{high:g} MiB): its "
             "reads are the replay's, its memory and compute at that size unmeasured"
