@@ -1117,6 +1117,15 @@ def test_a_configuration_asking_more_memory_than_any_run_says_so(tmp_path):
         "asks 6 MiB of memory, 2 more than any profile run (the largest left 2 MiB"
         in (out.loc[5, "unpriced"])
     )
-    faulting = predict(trace, memory_profile(tmp_path), {"cache_mb": [3.2]}).iloc[0]
+    pressed = predict(trace, memory_profile(tmp_path), {"cache_mb": [2.5, 3.2]})
+    faulting = pressed.iloc[1]
     assert faulting["unpriced_levers"] == "memory"
     assert "100 major faults a token" in faulting["unpriced"]
+    # between a run without pressure (3 MiB asked) and one under it (4 MiB, 100 faults a
+    # token): priced between the two, and said so
+    between = pressed.iloc[0]
+    assert between["unpriced"] is None
+    assert (
+        "between a profile run without pressure (3 MiB) and one under it (4 MiB"
+        in (between["memory_note"])
+    )

@@ -156,8 +156,9 @@ def test_another_cache_policy_streams_identically_and_the_replay_reproduces_it(
 ) -> None:
     """--cache-policy: the engine's cache evicts by another of the replay's policies (what a
     profile of LRU runs is asked to predict); the tokens are plain decoding's, the preamble
-    names the policy, and the replay of the run's routing through that policy gives its hits
-    exactly. Future-reading policies and unknown names are refused."""
+    names the policy (an LRU run names none, as the native engine's), and the replay of the
+    run's routing through that policy gives its hits exactly. Future-reading policies and
+    unknown names are refused."""
     from bmoe.analyze.predict import cell_reads
     from bmoe.analyze.replay import prepare_batches
 

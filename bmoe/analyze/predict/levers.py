@@ -150,6 +150,7 @@ def _memory(check: LeverCheck, profile: DeviceProfile, cache_mb: float) -> None:
     asked = cache_mb + max(other, 0.0)
     top = float(largest["asked_mib"])
     if asked <= top * 1.01:
+        _bracketed(check, runs, asked)
         return
     left = largest.get("left_min_mib")
     if left is None and largest.get("available_mib") is not None:
@@ -162,12 +163,7 @@ def _memory(check: LeverCheck, profile: DeviceProfile, cache_mb: float) -> None:
         )
         return
     left = float(left)
-    pressure = [
-        f"swap {float(largest['swap_mib']):.0f} MiB" if (largest.get("swap_mib") or 0) > 0 else "",
-        f"{float(largest['majflt_per_token']):.0f} major faults a token"
-        if (largest.get("majflt_per_token") or 0) >= 1 else "",
-    ]  # fmt: skip
-    seen = ", ".join(p for p in pressure if p)
+    seen = _pressed(largest)
     text = (
         f"asks {asked:.0f} MiB of memory, {more:.0f} more than any profile run (the largest "
         f"left {left:.0f} MiB available{'; ' + seen if seen else ''})"
@@ -176,6 +172,32 @@ def _memory(check: LeverCheck, profile: DeviceProfile, cache_mb: float) -> None:
         check.unpriced["memory"] = text + ": memory pressure it may meet is unmeasured"
     else:
         check.notes.append(text + ": far from the device's limit, not priced as pressure")
+
+
+def _pressed(run: Mapping[str, Any]) -> str:
+    """What a run shows of memory pressure (empty: nothing): swap, major faults."""
+    signs = []
+    if (run.get("swap_mib") or 0) > 0:
+        signs.append(f"swap {float(run['swap_mib']):.0f} MiB")
+    if (run.get("majflt_per_token") or 0) >= 1:
+        signs.append(f"{float(run['majflt_per_token']):.0f} major faults a token")
+    return ", ".join(signs)
+
+
+def _bracketed(check: LeverCheck, runs: list[dict[str, Any]], asked: float) -> None:
+    """A note where the memory a configuration asks lies between a run that showed no
+    pressure and one that did: the slowdown is priced between them (their compute is
+    interpolated by read volume, their major faults by the memory asked)."""
+    below = [r for r in runs if float(r["asked_mib"]) <= asked and not _pressed(r)]
+    above = [r for r in runs if float(r["asked_mib"]) >= asked and _pressed(r)]
+    if below and above:
+        low = max(below, key=lambda r: float(r["asked_mib"]))
+        high = min(above, key=lambda r: float(r["asked_mib"]))
+        check.notes.append(
+            f"asks {asked:.0f} MiB of memory, between a profile run without pressure "
+            f"({float(low['asked_mib']):.0f} MiB) and one under it ({float(high['asked_mib']):.0f}"
+            f" MiB: {_pressed(high)}): the slowdown priced between the two"
+        )
 
 
 def check_levers(

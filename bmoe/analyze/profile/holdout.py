@@ -67,6 +67,12 @@ def _why_not(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> str | None
     why = not_comparable(run, config, others, None)
     if why is None and config.overlap and not others.overlap:
         why = "an --overlap run: the others used no --overlap"
+    if why is None and not config.overlap:
+        lanes = sorted({int(x) for x in others.flash["lanes"]}) if len(others.flash) else []
+        if lanes and not lanes[0] <= config.io_threads <= lanes[-1]:
+            # its error would be the lane count's, a lever the others never measured
+            why = (f"{config.io_threads} read lanes, beyond the others' "
+                   f"{', '.join(map(str, lanes))}: a lever, not the model's error")  # fmt: skip
     return why or unpriced(others, config.overlap)
 
 
