@@ -697,6 +697,35 @@ def io_traced_run(tmp_path: Path):
     return traced, read_route_trace(tmp_path / "t.route.csv")
 
 
+def test_the_flash_table_prices_a_wave_by_what_it_adds_to_a_batch(tmp_path):
+    """Four lanes whose requests start 0.1 ms apart and take 0.3 ms each: a batch of n
+    requests lasts 0.3 + 0.1 (n - 1) ms, so each wave of four adds 0.4 ms, more than a
+    request's 0.3 ms latency; the table's latency is the wave's (the median request's
+    where the trace does not say when requests started)."""
+    from bmoe.analyze.profile import flash_table
+    from bmoe.formats.op_traces import read_io_trace
+
+    lines = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=4",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns,"
+        "start_ns",
+    ]
+    t = 0
+    for step in range(3, 35):
+        n = 4 * (1 + step % 3)  # 1, 2 or 3 waves
+        for i in range(n):
+            lines.append(f"0,1,{step},0,{i},0,{i % 4},0,0,1048576,1048576,300000,{t + 100000 * i}")
+        t += 10_000_000
+    (tmp_path / "w.io.csv").write_text("\n".join(lines) + "\n")
+    trace = read_io_trace(tmp_path / "w.io.csv")
+    table = flash_table([(trace, 4)])
+    assert table["latency_ms"].iloc[0] == pytest.approx(0.4)
+    untimed = read_io_trace(tmp_path / "w.io.csv")
+    untimed.rows = untimed.rows.drop(columns=["start_ns"])
+    assert flash_table([(untimed, 4)])["latency_ms"].iloc[0] == pytest.approx(0.3)
+
+
 def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
     """An io trace at one lane count and an untraced run at another: the table has both,
     the second from the untraced run's io_ms."""
