@@ -40,50 +40,61 @@ def _effect(lever: str, seen: tuple[float, ...], where: str) -> LeverEffect:
     return LeverEffect(lever, _rms_log(seen), seen, where)
 
 
+#: Leave one lever out on the corpus and the archives (``benchmarks/bench_predict_corpus.py``,
+#: recorded 2026-12-03), and phone runs of other days held out from the corpus.
+_PHONE_HELD_OUT = (
+    "phone runs of a 48-layer Q4_K_M model recorded on other days, predicted from two-run "
+    "profiles of that model"
+)
 _RECORDED = (
     _effect(
         "prefetch",
-        (58.0, -9.7, -21.5, -4.4, -11.0, -12.9, -8.1, -11.0),
-        "phone: a 48-layer Q4_K_M model's prefetch-1 run (8 lanes, overlap) from a profile of "
-        "two prefetch-0 runs, recorded on another day (+58 %); the corpus's qwen_pf2 from "
-        "profiles of prefetch-0 --overlap runs of one and two files (-22 to -4 %)",
+        (58.0, -21.5, -4.4, -11.0, -12.9, -8.1, -11.0, -5.8, -12.3, -7.8, -4.3),
+        f"{_PHONE_HELD_OUT}: a prefetch-1 run (8 lanes, overlap) from a profile of two "
+        "prefetch-0 runs (+58 %); the corpus's qwen_pf2 from profiles of one and two prefetch-0 "
+        "files (-22 to -4 %); native-tiny's pf run from its run without prefetch (-4 %)",
     ),
     _effect(
         "cache_mb",
-        (43.0, 18.2, 23.4, 27.1, 25.4, 13.5),
-        "phone: a 4,000 MiB run from a profile whose largest cached 3,000 MiB (+43 %, its "
-        "MemAvailable 1.5 GB against 2.7); the corpus's qwen_auto_ov (4,675 MiB) from "
-        "profiles of 4,000 MiB runs (+14 to +27 %)",
-    ),
+        (43.0, 27.1, 18.3, 13.5, 23.4, 13.6, 54.6, 74.0, 100.2, 149.6, 132.2, 186.8, -28.2,
+         -15.4, -29.0, -31.9, -10.3, -31.1, -23.2, -43.3, -28.6, -59.3, -38.9, -55.8),
+        f"{_PHONE_HELD_OUT}: a 4,000 MiB run from a profile whose largest run cached 3,000 "
+        "MiB (+43 %); the corpus's qwen_auto_ov (4,675 MiB) from profiles of the 4,000 MiB "
+        "files (+14 to +27 %); the archived tiny-cache-lanes sweep, its 4 and 8 MiB cells "
+        "from profiles of its 0 and 1 MiB cells at each lane count (-59 to +187 %)",
+    ),  # fmt: skip
     _effect(
         "policy",
         (52.0,),
-        "phone: a cache_policy=layer-lfu run from an LRU-only profile (+52 %, compute 0.19 s "
-        "a token against 0.10)",
+        f"{_PHONE_HELD_OUT}: a cache_policy=layer-lfu run from an LRU-only profile (+52 %, "
+        "compute 0.19 s a token against 0.10)",
     ),
     _effect(
         "io_threads",
-        (-44.0, -36.6, 38.0, 25.0, -20.0),
-        "host: the archived tiny-cache-lanes sweep, profiles of one lane count predicting "
-        "the others' cells (-44 to +38 %)",
-    ),
+        (-27.2, -36.2, -37.8, -30.1, -24.9, -36.2, -52.3, -43.9, -52.9, -42.0, -57.2, -46.1,
+         -4.1, 2.5, -7.0, 14.9, 23.4, 4.8, 55.4, 74.8, 101.1, -4.1, -29.3, -10.8, -6.3, 0.1,
+         -9.2, 13.4, -0.6, -3.1, 52.3, 71.4, 97.2, -22.8, -9.0, -23.6),
+        "the archived tiny-cache-lanes sweep: each lane count's cells predicted from a "
+        "profile of another lane count's (-57 to +101 %)",
+    ),  # fmt: skip
     _effect(
         "overlap",
-        (36.8, 30.6, 22.0, 8.9, 34.7, 33.7, 29.0, 29.0, 20.4, 26.2),
-        "phone: the corpus's serial qwen_c4000_l4 from profiles of --overlap runs only (lane "
-        "busy time taken for a serial batch's wait: +9 to +37 %)",
+        (36.8, 8.9, 30.6, 22.0, 8.9, 30.6, 22.0, 29.0, 20.4, 26.2),
+        "the corpus's serial qwen_c4000_l4 from profiles of --overlap files only (lane busy "
+        "time taken for a serial batch's wait: +9 to +37 %)",
     ),
     _effect(
         "drop",
-        (-13.0, -11.6),
-        "host: native-tiny's drop run (--drop-cold-experts 1.0) from a profile of runs that "
-        "did not drop, replayed with the drop (-13 and -12 %)",
+        (-9.6,),
+        "native-tiny's drop run (--drop-cold-experts 1.0) from its run without dropping, "
+        "replayed with the drop (-10 %)",
     ),
     _effect(
         "memory",
-        (43.0,),
-        "phone: the 4,000 MiB run above, which asked for more memory than any profile run "
-        "and ran with MemAvailable near 1.5 GB (+43 %)",
+        (43.0, 27.1, 18.3, 13.5, 23.4, 13.6),
+        f"{_PHONE_HELD_OUT}: the 4,000 MiB run above, which asked for more memory than any "
+        "profile run and ran with MemAvailable near 1.5 GB against 2.7 (+43 %); the corpus's "
+        "qwen_auto_ov, which asked 680 MiB more than any 4,000 MiB run (+14 to +27 %)",
     ),
 )
 
