@@ -46,6 +46,7 @@ _PHONE_HELD_OUT = (
     "phone runs of a 48-layer Q4_K_M model recorded on other days, predicted from two-run "
     "profiles of that model"
 )
+# fmt: off
 _RECORDED = (
     _effect(
         "prefetch",
@@ -56,32 +57,8 @@ _RECORDED = (
     ),
     _effect(
         "cache_mb",
-        (
-            43.0,
-            27.1,
-            18.3,
-            13.5,
-            23.4,
-            13.6,
-            54.6,
-            74.0,
-            100.2,
-            149.6,
-            132.2,
-            186.8,
-            -28.2,
-            -15.4,
-            -29.0,
-            -31.9,
-            -10.3,
-            -31.1,
-            -23.2,
-            -43.3,
-            -28.6,
-            -59.3,
-            -38.9,
-            -55.8,
-        ),
+        (43.0, 27.1, 18.3, 13.5, 23.4, 13.6, 54.6, 74.0, 100.2, 149.6, 132.2, 186.8, -28.2,
+         -15.4, -29.0, -31.9, -10.3, -31.1, -23.2, -43.3, -28.6, -59.3, -38.9, -55.8),
         f"{_PHONE_HELD_OUT}: a 4,000 MiB run from a profile whose largest run cached 3,000 "
         "MiB (+43 %); the corpus's qwen_auto_ov (4,675 MiB) from profiles of the 4,000 MiB "
         "files (+14 to +27 %); the archived tiny-cache-lanes sweep, its 4 and 8 MiB cells "
@@ -95,44 +72,9 @@ _RECORDED = (
     ),
     _effect(
         "io_threads",
-        (
-            -27.2,
-            -36.2,
-            -37.8,
-            -30.1,
-            -24.9,
-            -36.2,
-            -52.3,
-            -43.9,
-            -52.9,
-            -42.0,
-            -57.2,
-            -46.1,
-            -4.1,
-            2.5,
-            -7.0,
-            14.9,
-            23.4,
-            4.8,
-            55.4,
-            74.8,
-            101.1,
-            -4.1,
-            -29.3,
-            -10.8,
-            -6.3,
-            0.1,
-            -9.2,
-            13.4,
-            -0.6,
-            -3.1,
-            52.3,
-            71.4,
-            97.2,
-            -22.8,
-            -9.0,
-            -23.6,
-        ),
+        (-27.2, -36.2, -37.8, -30.1, -24.9, -36.2, -52.3, -43.9, -52.9, -42.0, -57.2, -46.1,
+         -4.1, 2.5, -7.0, 14.9, 23.4, 4.8, 55.4, 74.8, 101.1, -4.1, -29.3, -10.8, -6.3, 0.1,
+         -9.2, 13.4, -0.6, -3.1, 52.3, 71.4, 97.2, -22.8, -9.0, -23.6),
         "the archived tiny-cache-lanes sweep: each lane count's cells predicted from a "
         "profile of another lane count's (-57 to +101 %)",
     ),
@@ -156,6 +98,7 @@ _RECORDED = (
         "qwen_auto_ov, which asked 680 MiB more than any 4,000 MiB run (+14 to +27 %)",
     ),
 )
+# fmt: on
 
 #: The recorded effects by lever.
 EFFECTS: dict[str, LeverEffect] = {e.lever: e for e in _RECORDED}
