@@ -407,6 +407,7 @@ SCHEMA: dict[str, Field] = {
     "model_error.held_out[].inside": _FLAG,
     "model_error.held_out[].io_threads": _COUNT,
     "model_error.held_out[].distance": _figure(),
+    "model_error.held_out[].lanes_from_profile": _FLAG,
     "levers": Field("section", nullable=True),
     "levers.baseline": Field("map", nullable=True, high=64),
     "levers.baseline{}": Field("text"),

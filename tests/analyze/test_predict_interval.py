@@ -369,6 +369,26 @@ def test_a_serial_and_an_overlap_run_cannot_measure_each_others_error(tmp_path):
     assert "--overlap runs only" in why["serial.csv"]
 
 
+def test_a_configuration_at_lanes_the_others_never_ran_is_held_out_with_the_lane_row(tmp_path):
+    """Two serial configurations, one at 1 lane and 8 MiB, one at 4 lanes and 2 MiB (the
+    laptop's design): holding either out leaves a profile that never ran its lane count. The
+    held-out prediction takes the whole profile's flash row at those lanes (a lever the
+    profile measured), so what it tests is the rest, and the profile has a model error from
+    both configurations; it is not the error of carrying one lane count's latency to another
+    (a prediction that does that is unpriced: the io_threads lever)."""
+    one = write(tmp_path / "one.csv", serial_rows(), io_threads=1, cache_mb=8)
+    four = write(tmp_path / "four.csv", serial_rows(latency=1.0), io_threads=4, cache_mb=2)
+    prof = profile_of(one, four)
+    error = prof.model_error
+    assert error["configurations"] == 2 and error["sd_rel"] is not None
+    assert all(r.get("lanes_from_profile") for r in error["held_out"])
+    assert all(abs(r["error_pct"]) < 1.0 for r in error["held_out"])  # the same tokens
+    only_one = profile_of(one)
+    trace = read_route_trace(route_trace(tmp_path / "r.route.csv"))
+    cell = predict(trace, only_one, {"cache_mb": [8], "io_threads": [4]}).iloc[0]
+    assert cell["unpriced_levers"] == "io_threads"
+
+
 # ----------------------------------------------------------------------------- sweeps
 
 

@@ -128,7 +128,9 @@ def build_profile(
                                     coverage)  # fmt: skip
     else:
         profile = measure(ev, model, allow_traced=allow_traced, coverage=coverage)
-        profile.model_error = model_error_section(ev, model, allow_traced=allow_traced)
+        profile.model_error = model_error_section(
+            ev, model, allow_traced=allow_traced, flash=profile.flash
+        )
         profile.levers = {"baseline": base, "terms": []}
     return profile_from_dict(json.loads(json.dumps(profile.to_dict())))  # validated
 
@@ -155,7 +157,9 @@ def _with_lever_terms(
         profile = measure(sub, model, allow_traced=allow_traced, coverage=coverage)
     except BmoeError as exc:
         profile = measure(ev, model, allow_traced=allow_traced, coverage=coverage)
-        profile.model_error = model_error_section(ev, model, allow_traced=allow_traced)
+        profile.model_error = model_error_section(
+            ev, model, allow_traced=allow_traced, flash=profile.flash
+        )
         profile.levers = {"baseline": base, "terms": []}
         profile.caveats.append(
             "the runs mix "
@@ -164,7 +168,9 @@ def _with_lever_terms(
             "terms pooled, the levers' costs not told apart"
         )
         return profile
-    profile.model_error = model_error_section(sub, model, allow_traced=allow_traced)
+    profile.model_error = model_error_section(
+        sub, model, allow_traced=allow_traced, flash=profile.flash
+    )
     terms, notes = [], []
     for (lever, value), runs in sorted(variants.items()):
         records = [held_out_record(r, ev, profile) for r in runs]
