@@ -267,6 +267,9 @@ def summarise(table: pd.DataFrame, label: str) -> None:
     )
     print(f"  cells: {cells['verdict']}")
     print(f"  runs:  {runs['verdict']}")
+    by_hit = table.groupby(table["hit_pct"].round(-1))["error_pct"].mean()
+    print("  signed error by hit rate (a tilt shows as a trend): "
+          + ", ".join(f"{h:.0f} %: {e:+.1f} %" for h, e in by_hit.items()))  # fmt: skip
 
 
 def main() -> None:
