@@ -541,6 +541,8 @@ def _interval_notes(profile, table) -> None:
         )  # fmt: skip
     for line in unpriced_notes(table) if table is not None else []:
         err_console.print(labelled("unpriced:", "yellow", line), highlight=False)
+    for line in unpriced_notes(table, "memory_note") if table is not None else []:
+        err_console.print(labelled("memory:", "cyan", line), highlight=False)
 
 
 def _against(trace, profile, measured: list[Path], policy: str, drop: float | None) -> dict:

@@ -128,13 +128,14 @@ def predict_views(
     }
 
 
-def unpriced_notes(table: pd.DataFrame) -> list[str]:
-    """One line per reason some cells' time is not priced by the profile, naming the cells."""
-    if "unpriced" not in table:
+def unpriced_notes(table: pd.DataFrame, column: str = "unpriced") -> list[str]:
+    """One line per reason some cells' time is not priced by the profile (or, with
+    ``column="memory_note"``, per note on the memory they ask), naming the cells."""
+    if column not in table:
         return []
     groups: dict[str, list[str]] = {}
     for row in table.to_dict("records"):
-        why = _text(row.get("unpriced"))
+        why = _text(row.get(column))
         if why is not None:
             groups.setdefault(why, []).append(cell_label(row))
     return [f"{', '.join(cells)}: {why}" for why, cells in groups.items()]

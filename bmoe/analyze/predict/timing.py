@@ -53,10 +53,11 @@ def memory_faults(profile: DeviceProfile, cache_mb: float) -> tuple[float, str |
             value = float(y[-1] + slope * (asked - x[-1]))
         else:
             value = float(y[-1])
-        note = (
-            f"asks {100 * asked:.0f} % of the available memory, more than any profile run "
-            f"({100 * x[-1]:.0f} %): its major faults are extrapolated"
-        )
+        if y[-1] > 0:  # faults measured: extrapolated; none anywhere: nothing to say
+            note = (
+                f"asks {100 * asked:.0f} % of the available memory, more than any profile run "
+                f"({100 * x[-1]:.0f} %): its major faults are extrapolated"
+            )
     return max(value, 0.0), note
 
 
