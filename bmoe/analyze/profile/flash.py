@@ -76,7 +76,8 @@ def flash_table(io_traces: Iterable[tuple[IoTrace, int]]) -> pd.DataFrame:
     started (:func:`wave_latency`), else the median request's; 10th and 90th percentile
     (ms, on the same scale), throughput at that many lanes, reads. Demand reads only
     (speculative ones queue behind them)."""
-    parts, waves = [], {}
+    parts: list[pd.DataFrame] = []
+    waves: dict[tuple[int, int], list[float]] = {}
     for trace, lanes in io_traces:
         rows = trace.rows
         if not len(rows):
