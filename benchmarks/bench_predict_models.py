@@ -44,6 +44,7 @@ import pandas as pd  # noqa: E402
 from bmoe.analyze import replay  # noqa: E402
 from bmoe.analyze.predict import coverage_check, predict  # noqa: E402
 from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
+from bmoe.analyze.verdict import CONTENDED_RATIO  # noqa: E402
 from bmoe.formats.metrics import read_metrics  # noqa: E402
 from bmoe.formats.route import read_route_trace  # noqa: E402
 
@@ -180,6 +181,25 @@ def _measured(path: Path) -> dict:
     }
 
 
+def _slowdowns(measured: pd.DataFrame, baseline: float, threads: int) -> np.ndarray:
+    """Per run, the slowdown the profile's own estimator gives a contended run (its compute
+    over its CPU time per thread, over `baseline`; 1 where not contended)."""
+    ratio = (measured["compute_ms"] / (measured["cpu_ms"] / max(threads, 1))).to_numpy()
+    factor = np.where(ratio > CONTENDED_RATIO, np.maximum(ratio / baseline, 1.0), 1.0)
+    return np.where(np.isfinite(factor), factor, 1.0)
+
+
+def _baseline(profile) -> float:
+    """The compute over CPU-per-thread ratio of the profile's uncontended runs (1 without
+    any), as the profile's contention estimate takes it."""
+    clean = [Path(r["name"]) for r in profile.runs if not r.get("contended")]
+    if not clean:
+        return 1.0
+    rows = pd.DataFrame([_measured(f) for f in clean])
+    per_thread = rows["cpu_ms"].sum() / max(int(profile.compute.get("threads") or 1), 1)
+    return float(rows["compute_ms"].sum() / per_thread) if per_thread > 0 else 1.0
+
+
 def analyze(model_name: str, out: Path, args) -> pd.DataFrame:
     """Every cell of one model: measured (mean over repeats) against predicted."""
     import json
@@ -200,6 +220,7 @@ def analyze(model_name: str, out: Path, args) -> pd.DataFrame:
     labels = _quiet(against_files, trace, profile, _quiet(read_runs, cell_files))["cells"]
     firm_files = {Path(f).stem for f, m in zip(labels["file"], labels["measurement"], strict=True)
                   if not isinstance(m, str)}  # fmt: skip
+    baseline = _baseline(profile)
     budgets = [mb for mb, _l in plan["profile"]]
     lanes_measured = sorted({lanes for _mb, lanes in plan["profile"]})
     rows = []
@@ -210,6 +231,10 @@ def analyze(model_name: str, out: Path, args) -> pd.DataFrame:
         mean = measured.mean()
         low, high = pred["tok_s_low"], pred["tok_s_high"]
         within_runs = int(((measured["tok_s"] >= low) & (measured["tok_s"] <= high)).sum())
+        # the cell as the profile would have read it: a contended run's times divided by
+        # its slowdown (the profile's runs were), so that the comparison is like with like
+        slowdown = _slowdowns(measured, baseline, args.threads)
+        scaled = float((measured["tok_s"] * slowdown).mean())
         rows.append(
             {
                 "model": model_name,
@@ -228,6 +253,10 @@ def analyze(model_name: str, out: Path, args) -> pd.DataFrame:
                 "error_pct": 100.0 * (pred["tok_s"] / mean["tok_s"] - 1.0),
                 "width_pct": 100.0 * (high - low) / pred["tok_s"],
                 "within": bool(low <= mean["tok_s"] <= high),
+                "slowdown": float(slowdown.mean()),
+                "tok_s_scaled": scaled,
+                "error_scaled_pct": 100.0 * (pred["tok_s"] / scaled - 1.0),
+                "within_scaled": bool(low <= scaled <= high),
                 "runs_within": within_runs,
                 "compute_ms": mean["compute_ms"],
                 "compute_ms_p": pred["compute_ms"],
@@ -269,6 +298,17 @@ def summarise(table: pd.DataFrame, label: str) -> None:
     print(f"  runs:  {runs['verdict']}")
     by_hit = table.groupby(table["hit_pct"].round(-1))["error_pct"].mean()
     print("  signed error by hit rate (a tilt shows as a trend): "
+          + ", ".join(f"{h:.0f} %: {e:+.1f} %" for h, e in by_hit.items()))  # fmt: skip
+    scaled = coverage_check(int(table["within_scaled"].sum()), len(table), 0.8)
+    print(
+        f"  against the cells scaled as the profile scales its contended runs (median "
+        f"slowdown {table['slowdown'].median():.2f}x): median |tok/s error| "
+        f"{inside['error_scaled_pct'].abs().median():.1f} % inside the range, "
+        f"{table['error_scaled_pct'].abs().median():.1f} % over all (signed "
+        f"{table['error_scaled_pct'].median():+.1f} %); cells: {scaled['verdict']}"
+    )
+    by_hit = table.groupby(table["hit_pct"].round(-1))["error_scaled_pct"].mean()
+    print("  scaled, signed by hit rate: "
           + ", ".join(f"{h:.0f} %: {e:+.1f} %" for h, e in by_hit.items()))  # fmt: skip
 
 

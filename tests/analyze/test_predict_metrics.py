@@ -726,6 +726,34 @@ def test_the_flash_table_prices_a_wave_by_what_it_adds_to_a_batch(tmp_path):
     assert flash_table([(untimed, 4)])["latency_ms"].iloc[0] == pytest.approx(0.3)
 
 
+def test_a_batch_mixing_request_sizes_prices_each_size_by_its_own_latency(tmp_path):
+    """One lane; each batch alternates a 2 MiB request of 0.6 ms (a fused gate_up) and a
+    1 MiB one of 0.3 ms (the down projection), back to back: a batch of n pairs lasts
+    0.9 n ms. Each size keeps its own latency (0.6 and 0.3 ms): the 1 MiB requests of a
+    batch span the 2 MiB ones between them, and fitting one size alone would price a 1 MiB
+    request at 0.9 ms."""
+    from bmoe.analyze.profile import flash_table
+    from bmoe.formats.op_traces import read_io_trace
+
+    lines = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=gemma4 n_layer=2 n_threads=2 io_threads=1",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns,"
+        "start_ns",
+    ]
+    t = 0
+    for step in range(3, 35):
+        for pair in range(1 + step % 3):  # 1, 2 or 3 pairs
+            for proj, size, ns in ((3, 2 * MIB, 600_000), (2, MIB, 300_000)):
+                lines.append(f"0,1,{step},0,{pair},{proj},0,0,0,{size},{size},{ns},{t}")
+                t += ns
+        t += 10_000_000
+    (tmp_path / "m.io.csv").write_text("\n".join(lines) + "\n")
+    table = flash_table([(read_io_trace(tmp_path / "m.io.csv"), 1)]).set_index("req_bytes")
+    assert table.loc[2 * MIB, "latency_ms"] == pytest.approx(0.6, rel=1e-3)
+    assert table.loc[MIB, "latency_ms"] == pytest.approx(0.3, rel=1e-3)
+
+
 def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
     """An io trace at one lane count and an untraced run at another: the table has both,
     the second from the untraced run's io_ms."""

@@ -83,10 +83,15 @@ def flash_table(io_traces: Iterable[tuple[IoTrace, int]]) -> pd.DataFrame:
         if not len(rows):
             continue
         rows = rows[rows["spec"] == 0] if "spec" in rows else rows
-        for size, part in rows.groupby("req_bytes"):
-            wave = wave_latency(part, lanes)
-            if wave is not None:
-                waves.setdefault((lanes, int(size)), []).append(wave)
+        # fitted over whole batches, as a ratio to what the sizes' median requests take on
+        # average: a batch that mixes request sizes (a fused gate_up beside a down
+        # projection) lasts all of them, and one size's requests alone span the others' too
+        wave = wave_latency(rows, lanes)
+        by_size = rows.groupby("req_bytes")["latency_ns"].agg(["median", "size"])
+        typical = float((by_size["median"] * by_size["size"]).sum() / by_size["size"].sum())
+        if wave is not None and typical > 0:
+            for size in by_size.index:
+                waves.setdefault((lanes, int(size)), []).append(wave / (typical / 1e6))
         parts.append(
             pd.DataFrame(
                 {
@@ -107,9 +112,9 @@ def flash_table(io_traces: Iterable[tuple[IoTrace, int]]) -> pd.DataFrame:
         latency_ms_p90=lambda s: s.quantile(0.9),
         reads="size",
     )
-    for key, fitted in waves.items():
+    for key, ratios in waves.items():
         if key in table.index:  # the percentiles scaled with it
-            scale = float(np.median(fitted)) / float(table.loc[key, "latency_ms"])
+            scale = float(np.median(ratios))
             for column in ("latency_ms", "latency_ms_p10", "latency_ms_p90"):
                 table.loc[key, column] = float(table.loc[key, column]) * scale
     moved = grouped["read_bytes"].median()
