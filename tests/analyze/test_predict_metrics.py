@@ -785,6 +785,33 @@ def test_an_io_traced_runs_latencies_are_brought_to_its_untraced_twins_level(tmp
     assert "x0.5 to the untraced runs of its configurations" in note
 
 
+def test_a_contended_io_traced_runs_latencies_are_scaled_as_its_tokens_are(tmp_path):
+    """A quiet untraced run: 2 ms a request. An io-traced run of the same configuration
+    whose every time took twice as long (its compute 2x its CPU time per thread: slowdown 2),
+    its io trace saying 4 ms a request: its token times are divided by 2, and so are its
+    requests' latencies: the profile's flash latency is 2 ms, not 4 (its level against the
+    quiet twin is 1: both waits, scaled, agree)."""
+    from bmoe.formats.route import read_route_trace
+
+    busy = serial_rows(overhead=1.0, latency=4.0, compute=20.0, mgmt=(2.0, 1.0), cpu=10.0)
+    traced = write(tmp_path / "t.csv", busy)
+    route_trace(tmp_path / "t.route.csv")
+    io = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=1",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns",
+    ]
+    io += [f"0,1,{3 + i},0,{i % 8},0,0,0,0,1048576,1048576,4000000" for i in range(32)]
+    (tmp_path / "t.io.csv").write_text("\n".join(io) + "\n")
+    quiet = write(tmp_path / "q.csv", serial_rows())
+    prof = profile_of(traced, quiet, trace=read_route_trace(tmp_path / "t.route.csv"))
+    state = {Path(r["name"]).name: r for r in prof.runs}
+    assert state["t.csv"]["slowdown"] == pytest.approx(2.0)
+    flash = prof.flash.set_index("lanes")
+    assert flash.loc[1, "source"] == "io trace"
+    assert flash.loc[1, "latency_ms"] == pytest.approx(2.0, rel=1e-3)
+
+
 def _rows_reading(reads_even: int, reads_odd: int, compute: float, n: int = 32) -> list[dict]:
     """Serial tokens at one lane as in serial_rows, reading `reads_even` / `reads_odd` experts
     of 1 MiB, with `compute` ms of compute each."""

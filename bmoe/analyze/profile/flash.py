@@ -5,6 +5,7 @@ busy time of ``--overlap`` runs."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -296,6 +297,23 @@ def trace_levels(ev: Evidence, serial: Sequence[ProfileRun]) -> dict[int, dict[s
     return out
 
 
+def _uncontended(ev: Evidence, run: ProfileRun) -> IoTrace:
+    """A run's io trace on the scale of its tokens: a contended run's token times are divided
+    by its slowdown (:mod:`bmoe.analyze.profile.contention`), and so are its requests'
+    latencies and start times, else the table and the level it is brought to
+    (:func:`trace_levels`, which compares scaled flash waits) would price one run's wait at
+    two scales."""
+    assert run.io is not None
+    factor = next((s.get("slowdown") for s in ev.states if s["name"] == run.name), None)
+    if not factor or factor == 1.0:
+        return run.io
+    rows = run.io.rows.copy()
+    for column in ("latency_ns", "start_ns"):
+        if column in rows:
+            rows[column] = rows[column].to_numpy(np.float64) / float(factor)
+    return replace(run.io, rows=rows)
+
+
 def _from_io_traces(
     ev: Evidence, serial: Sequence[ProfileRun], levels: dict[int, dict[str, float]]
 ):
@@ -304,7 +322,9 @@ def _from_io_traces(
     runs' configurations (`levels`, :func:`trace_levels`), completed by lane counts only untraced
     serial runs measured; its runs and columns."""
     configs = ev.configs
-    table = flash_table((r.io, configs[r.name].io_threads) for r in serial if r.io is not None)
+    table = flash_table(
+        (_uncontended(ev, r), configs[r.name].io_threads) for r in serial if r.io is not None
+    )
     if not len(table):
         return table, [], []
     for lanes, level in levels.items():
