@@ -19,6 +19,9 @@ budgets and lanes) and over all, the interval's median width, the share of cells
 single runs within their bounds and the coverages that share is consistent with, and the
 1-minute load average the runs saw (the machine may be shared: the runs are under ``nice``
 and the cells interleaved, so drift shows as disagreement between repeats, not as a tilt).
+The profile prices the machine uncontended (its contended runs' times divided by their
+slowdown); on a shared machine every figure is also given against each cell's runs scaled
+by the same estimate, which judges everything but that estimate.
 
 Usage: python benchmarks/bench_predict_models.py [--models dev] [--tokens 48] [--threads 2]
        [--repeats 2] [--profile-repeats 1] [--out DIR [--again]]
