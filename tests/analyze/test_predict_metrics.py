@@ -278,6 +278,26 @@ def test_memory_pressure_hand_worked(tmp_path):
     assert "more than any profile run" in note
 
 
+def test_predict_prints_the_memory_notes_among_what_to_weigh(tmp_path, capsys):
+    """The command line shows a cell's memory note after the answer, labelled memory:, naming
+    the cell: a budget between the run without pressure and the one under it."""
+    from bmoe.formats.route import write_route_trace
+
+    prof = memory_profile(tmp_path)
+    path = tmp_path / "p.json"
+    write_profile(prof, path)
+    trace = make_trace([[[0]]], [[[e]] for e in [0, 1, 2] * 12])
+    trace.layers = pd.DataFrame({"layer": [0, 1], "expert_bytes": [MIB, MIB]})
+    trace.meta["n_expert_used"] = 2
+    write_route_trace(trace, tmp_path / "m.route.csv")
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "m.route.csv"), "-p", str(path),
+                 "-g", "cache_mb=2.5"]) == 0  # fmt: skip
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "memory: 2.5M 1L: asks 4 MiB of memory" in shown
+    assert "between a profile run without pressure (3 MiB) and one under it" in shown
+
+
 def test_more_cache_that_pushes_memory_out_predicts_slower(tmp_path):
     """One layer routing experts 0, 1, 2 in turn: 2 MiB of cache holds two and misses every
     token (LRU), 3 MiB holds all three. The third MiB saves a read a token (2.5 ms of flash
