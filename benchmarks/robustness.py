@@ -21,20 +21,32 @@ generates from the real corpus, in families (``--families``, all by default):
 - ``special``: symlink loops, dangling links, directories, links to devices, a 20 GB sparse
   file that starts like a metrics CSV (``--sparse-gb``);
 - ``writers``: every command that writes a file, over an existing file without --force and
-  over its input (and a link to it) with --force.
+  over its input (and a link to it) with --force;
+- ``oversized``: 20 GB sparse route traces (no line, a header then NULs, rows then NULs), a
+  few MB of Parquet declaring 200 M rows, fidelity references declaring vast arrays or
+  inflating to 2 GiB (through ``run --fidelity-ref`` and a tune's ``fidelity_ref``);
+- ``formulas``: text a spreadsheet runs (``=cmd|...``, ``+``, ``-``, ``@``, tab, CR) in a
+  preamble and a sweep's cells, through every CSV output (``-f csv``, ``--csv``): any such
+  cell written as it is counts;
+- ``session``: each of ~40 hostile requests (nesting 200,000 deep, 5,000-digit numbers,
+  lone surrogates, 64 MiB lines, wrong types, ...) alone in a ``bmoe run --session`` of a
+  generated tiny model, then a valid one: answered for its id, the next served;
+- ``tune``: tunes of that model, faulted (SIGKILL 1-3 times, a full disk at a completed run,
+  then its hint followed and ``bmoe sweep`` of the folder refused, a torn last manifest line,
+  duplicated ``ok`` lines), resumed to their end: runs lost, counted twice, over budget.
 
 Each run goes through the CLI's main() in a worker process under an address-space cap
 (``--memory-cap-gb``) with a per-run timeout; the worker's peak RSS mark is reset before
 every run. Prints runs, tracebacks, internal errors (exit 3), hangs (killed at the timeout),
 escapes (a control character on stdout, stderr or in a file a command rendered), overwrites
-(a writer that changed the file it had to leave alone), other exit codes, and the largest
-peak RSS.
+(a writer that changed the file it had to leave alone), formula cells, other exit codes, and
+the largest peak RSS; the session and tune families run their own processes (the same cap).
 
 With ``--rows N`` it also measures peak memory of ``validate``, ``analyze route``,
 ``analyze drop`` and ``analyze replay`` on an N-row route trace against the size of the
 trace's DataFrame (the target: within 3x).
 
-    python benchmarks/robustness.py                   # every family (~47 k runs, ~2 h)
+    nice python benchmarks/robustness.py              # every family (~59 k runs, ~2.5 h)
     python benchmarks/robustness.py --families file   # the first round's cases (~21 k runs)
     python benchmarks/robustness.py --every           # every command on every case
     python benchmarks/robustness.py --sample 300      # a quick run
@@ -45,9 +57,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
+import re
 import select
 import subprocess
 import sys
@@ -64,7 +78,7 @@ sys.path.insert(0, sys.argv[1])
 cap = int(sys.argv[2])
 if cap:  # the memory cap of the machine the audit stands for: a runaway read fails, alone
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-from hostile_inputs import run_in_process
+from hostile_inputs import formula_cells, run_in_process
 import bmoe.cli
 bmoe.cli.register()
 # what a terminal acts on: C0 controls but tab and newline, DEL, C1 controls
@@ -103,6 +117,17 @@ def escape(r, out, files):
                 return f"{name}: {text[max(0, m.start() - 30):m.end() + 10]!r}"
     return ""
 
+def formulas(r, args, out):
+    # cells of the CSV a command printed (-f csv) or wrote (*.csv under out) a spreadsheet runs
+    printed = "csv" in args and ("-f" in args or "--format" in args)
+    found = formula_cells(r.out) if printed else []
+    for root, _dirs, names in os.walk(out) if out else ():
+        for name in names:
+            if name.endswith(".csv"):
+                with open(os.path.join(root, name), encoding="utf-8", errors="replace") as fh:
+                    found += formula_cells(fh.read(1 << 24))
+    return found[:3]
+
 print(json.dumps({"ready": hwm_kib()}), flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -110,7 +135,9 @@ for line in sys.stdin:
     r = run_in_process(job["args"])
     err = r.err.strip().splitlines()
     print(json.dumps({"code": r.code, "traceback": r.traceback, "err": err[-1] if err else "",
-                      "hwm_kib": hwm_kib(), "escape": escape(r, job["out"], job["files"])}),
+                      "hwm_kib": hwm_kib(), "escape": escape(r, job["out"], job["files"]),
+                      "formulas": formulas(r, job["args"], job["out"]) if job.get("csv")
+                      else []}),
           flush=True)
 """
 
@@ -131,8 +158,10 @@ class Worker:
         self, args: list[str], timeout: float, out: Path | None = None, files: bool = True
     ) -> dict | None:
         """The run's outcome, or None when it did not finish in `timeout` seconds. The files
-        written under `out` are searched for control characters when `files`."""
-        job = {"args": args, "out": str(out) if out else "", "files": files}
+        written under `out` are searched for control characters when `files`, and the CSV
+        the command printed or wrote for formula cells."""
+        csv = "csv" in args or "--csv" in args
+        job = {"args": args, "out": str(out) if out else "", "files": files, "csv": csv}
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -153,8 +182,9 @@ def special_cases(folder: Path) -> list[tuple[str, Path]]:
     return [("fifo", fifo), ("device", Path("/dev/zero"))]
 
 
-#: Case families (``--families``): the first round's, then the second's.
-FAMILIES = ("file", "sweep", "parquet", "text", "profile", "config", "special", "writers")
+#: Case families (``--families``): the first round's, the second's, then the third's.
+FAMILIES = ("file", "sweep", "parquet", "text", "profile", "config", "special", "writers",
+            "oversized", "formulas", "session", "tune")  # fmt: skip
 #: Commands whose files in the output folder are data, not rendered text (convert writes the
 #: input's bytes back, control characters included).
 DATA_COMMANDS = ("convert", "convert-csv")
@@ -172,6 +202,8 @@ def cases_of(families: set[str], corpus: Path, args: argparse.Namespace) -> list
         "profile": lambda: h.profile_cases(corpus),
         "config": h.config_cases,
         "special": lambda: h.special_cases(corpus, args.sparse_gb),
+        "oversized": lambda: h.oversized_cases(corpus, args.sparse_gb),
+        "formulas": lambda: h.formula_cases(corpus, sweep),
     }
     return [case for family in FAMILIES if family in families and family in made
             for case in made[family]()]  # fmt: skip
@@ -191,6 +223,235 @@ def writer_jobs(corpus: Path, folder: Path) -> list[tuple[str, str, list[str], P
     return jobs
 
 
+def tiny_model(folder: Path) -> Path:
+    """The generated tiny model the third round's engine runs use (made once)."""
+    from bmoe.engine.synth import synth_model
+
+    path = folder / "tiny.gguf"
+    if not path.is_file():
+        synth_model(path, "tiny")
+    return path
+
+
+#: A child process running ``bmoe ARGS`` under the address-space cap, its peak RSS written
+#: to stderr at exit; with BMOE_AUDIT_FULL_AT=k the disk is "full" at the k-th completed run.
+LAUNCHER = r"""
+import atexit, os, resource, sys
+cap = int(sys.argv[1])
+if cap:
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            os.write(2, f"\nBMOE_AUDIT_HWM {line.split()[1]}\n".encode())
+atexit.register(hwm)
+if os.environ.get("BMOE_AUDIT_FULL_AT"):
+    sys.path.insert(0, os.environ["BMOE_AUDIT_TESTS"])
+    from hostile_inputs import inject_full_disk
+    inject_full_disk(int(os.environ["BMOE_AUDIT_FULL_AT"]))
+from bmoe.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+class Child:
+    """``bmoe ARGS`` in a process of its own session (killed with its engines)."""
+
+    def __init__(self, args: list, cap: int, stdin: bytes | None = None, full_at: int = 0):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100",
+                   BMOE_AUDIT_TESTS=str(ROOT / "tests"))  # fmt: skip
+        if full_at:
+            env["BMOE_AUDIT_FULL_AT"] = str(full_at)
+        self.args = [str(a) for a in args]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, str(cap), *self.args], cwd=ROOT, env=env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        self.stdin = stdin
+        self.out = self.err = b""
+
+    def wait(self, timeout: float) -> bool:
+        """Whether it ended within `timeout` seconds (else it is killed: a hang)."""
+        try:
+            self.out, self.err = self.proc.communicate(self.stdin, timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.out, self.err = self.proc.communicate()
+            return False
+
+    def kill(self) -> None:
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    @property
+    def hwm_kib(self) -> int:
+        m = re.search(rb"BMOE_AUDIT_HWM (\d+)", self.err)
+        return int(m.group(1)) if m else 0
+
+    @property
+    def stderr(self) -> str:
+        return re.sub(r"\n?BMOE_AUDIT_HWM \d+\n", "", self.err.decode("utf-8", "replace"))
+
+
+class Tally:
+    """Counts, problem lines and the largest peak RSS of an audit part."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
+        self.problems: list[str] = []
+        self.peak_kib = 0
+        self.peak_run = ""
+
+    def problem(self, key: str, line: str) -> None:
+        self.counts[key] += 1
+        self.problems.append(line)
+
+    def peak(self, kib: int, run: str) -> None:
+        if kib > self.peak_kib:
+            self.peak_kib, self.peak_run = kib, run
+
+    def child(self, child: Child, label: str, ended: bool) -> None:
+        """A child's hang, traceback, internal error, escape and peak."""
+        err = child.stderr
+        if not ended:
+            self.problem("hangs", f"HANG {label}: bmoe {' '.join(child.args)[:200]}")
+        if "Traceback (most recent call last)" in err:
+            self.problem("tracebacks", f"TRACEBACK {label}: {err.strip().splitlines()[-1]}")
+        elif "internal error:" in err or child.proc.returncode == 3:
+            line = next((ln for ln in err.splitlines() if "internal error" in ln), err[-200:])
+            self.problem("internal errors", f"INTERNAL {label}: {line}")
+        for name, text in (("stdout", child.out.decode("utf-8", "replace")), ("stderr", err)):
+            m = CONTROL.search(text)
+            if m:
+                bad = text[max(0, m.start() - 30) : m.end() + 10]
+                self.problem("escapes", f"ESCAPE {label} {name}: {bad!r}")
+        self.peak(child.hwm_kib, label)
+
+
+#: What a terminal acts on: C0 controls but tab and newline, DEL, C1 controls.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def session_audit(args: argparse.Namespace, model: Path, tally: Tally) -> None:
+    """Each hostile request alone in a ``bmoe run --session``, then a valid one: answered for
+    its id (or -1), the next served, the session still up."""
+    import hostile_inputs as h
+
+    from bmoe.formats import protocol
+
+    cap = args.memory_cap_gb << 30
+    for n, (label, line, rid, answer) in enumerate(h.SESSION_REQUESTS):
+        good = h.SESSION_GOOD % (1000 + n)
+        feed = line + b"\n" + good + b"\n" + b'{"cmd":"close"}\n'
+        child = Child(["run", "-m", model, "-n", "2", "-t", "1", "--session"], cap, feed)
+        ended = child.wait(args.timeout * 2)
+        tally.counts["session requests"] += 1
+        tally.child(child, f"session {label}", ended)
+        events = [e for e in protocol.iter_events(child.out.splitlines())
+                  if e.tag in ("ERROR", "DONE")]  # fmt: skip
+        got = [(e.tag, e.data.get("id")) for e in events]
+        if got[:1] != [(answer, rid)]:
+            tally.problem("unanswered", f"UNANSWERED session {label}: {got[:2]} ({answer} {rid})")
+        if got[1:] != [("DONE", 1000 + n)]:
+            tally.problem("next dropped", f"DROPPED session {label}: {got[1:]}")
+        if child.proc.returncode != 0:
+            tally.problem("sessions died", f"DIED session {label}: exit {child.proc.returncode}")
+
+
+def _sweep_root(output: Path) -> Path | None:
+    found = [p for p in output.iterdir() if p.is_dir()] if output.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
+#: The tune fault scenarios, in the order they run (``--tune-trials`` takes the first N).
+TUNE_SCENARIOS = ("kill", "full-disk", "torn", "duplicated", "kill", "full-disk", "torn",
+                  "kill", "duplicated", "full-disk", "kill", "torn")  # fmt: skip
+
+
+def tune_audit(args: argparse.Namespace, folder: Path, model: Path, tally: Tally) -> None:
+    """Tunes of the tiny model, each faulted: SIGKILL (1-3 times), a full disk at a random
+    completed run (then its hint followed, and ``bmoe sweep`` of the folder refused), a torn
+    last manifest line after a kill, the ok lines duplicated after a kill; each resumed to
+    its end and its folder checked (:func:`hostile_inputs.tune_problems`)."""
+    import shlex
+    import signal
+
+    import hostile_inputs as h
+
+    rng = random.Random(0)
+    cap = args.memory_cap_gb << 30
+    budget = 7
+    for trial, scenario in enumerate(TUNE_SCENARIOS[: args.tune_trials]):
+        base = folder / f"tune-{trial}"
+        base.mkdir()
+        cfg = base / "tune.toml"
+        cfg.write_text(h.tune_text(model, base / "out", budget), encoding="utf-8")
+        label = f"tune {trial} ({scenario})"
+        tally.counts["tune trials"] += 1
+        faults = 0
+        if scenario == "full-disk":
+            child = Child(["tune", cfg, "--plain"], cap, full_at=rng.randint(1, 4))
+            tally.child(child, label, child.wait(args.tune_timeout))
+            errors = [ln for ln in child.stderr.splitlines() if ln.startswith("error:")]
+            hint = re.search(r"resume with: (bmoe tune .*)\)$", errors[-1]) if errors else None
+            root = _sweep_root(base / "out")
+            if child.proc.returncode != 2 or len(errors) != 1 or hint is None or root is None:
+                tally.problem("wrong hints", f"HINT {label}: exit {child.proc.returncode}, "
+                                             f"{errors[-1:] or child.stderr[-200:]}")  # fmt: skip
+                continue
+            faults = 1
+            before = (root / "sweep.toml").read_bytes()
+            sweep = Child(["sweep", root, "--plain"], cap)
+            tally.child(sweep, f"{label} sweep DIR", sweep.wait(args.timeout))
+            if sweep.proc.returncode != 2 or (root / "sweep.toml").read_bytes() != before:
+                tally.problem("wrong hints", f"SWEEP {label}: bmoe sweep of the tune folder "
+                                             f"exit {sweep.proc.returncode}")  # fmt: skip
+            resumed = Child([*shlex.split(hint.group(1))[1:], "--plain"], cap)
+            tally.child(resumed, f"{label} resumed", resumed.wait(args.tune_timeout))
+            final = resumed
+        else:
+            kills = rng.randint(1, 3) if scenario == "kill" else 1
+            target: Path = cfg
+            final = None
+            for k in range(kills + 1):
+                child = Child(["tune", target, "--plain"], cap)
+                if k < kills:
+                    try:
+                        child.proc.wait(timeout=rng.uniform(3.0, 20.0))
+                    except subprocess.TimeoutExpired:
+                        os.killpg(child.proc.pid, signal.SIGKILL)
+                        faults += 1
+                    child.wait(60)
+                    tally.peak(child.hwm_kib, label)
+                    root = _sweep_root(base / "out")
+                    if root is not None:  # resumed by its folder from now on
+                        target = root
+                        if (root / "manifest.jsonl").is_file() and k == 0:
+                            if scenario == "torn":
+                                h.tear_manifest(root, rng)
+                            elif scenario == "duplicated":
+                                h.duplicate_ok_lines(root)
+                    continue
+                tally.child(child, label, child.wait(args.tune_timeout))
+                final = child
+        root = _sweep_root(base / "out")
+        if final is None or root is None:
+            tally.problem("tunes failed", f"FAILED {label}: no folder")
+            continue
+        if final.proc.returncode not in (0, 1):
+            tally.problem("tunes failed", f"FAILED {label}: exit {final.proc.returncode}: "
+                                          f"{final.stderr.strip().splitlines()[-1:]}")  # fmt: skip
+        tally.counts["tune faults"] += faults
+        for key, value in h.tune_problems(root, budget, faults).items():
+            if value:
+                tally.problem(f"runs {key}" if key != "state" else "tune states wrong",
+                              f"TUNE {label}: {value} {key}")  # fmt: skip
+
+
 def audit(args: argparse.Namespace, folder: Path) -> None:
     from hostile_inputs import FILE_COMMANDS, argv, commands, fixtures, materialize
 
@@ -205,6 +466,8 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
     if args.sample:
         cases = random.Random(0).sample(cases, min(args.sample, len(cases)))
     extra = fixtures(corpus, folder)
+    model = tiny_model(folder) if families & {"oversized", "session", "tune"} else None
+    extra["model"] = model
     jobs: list[tuple[str, str, list[str], Path]] = []
     for case in cases:
         path = materialize(case, folder)
@@ -223,11 +486,9 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
     cap = args.memory_cap_gb << 30
     print(f"{len(cases)} cases ({', '.join(sorted(families))}), {len(jobs) + len(writers)} runs "
           f"({len(writers)} of writers), timeout {args.timeout:g} s, memory cap "
-          f"{args.memory_cap_gb or 'none'} GiB")  # fmt: skip
-    counts: collections.Counter = collections.Counter()
-    problems: list[str] = []
-    peak_kib = 0
-    peak_run = ""
+          f"{args.memory_cap_gb or 'none'} GiB", flush=True)  # fmt: skip
+    tally = Tally()
+    counts, problems = tally.counts, tally.problems
     started = time.monotonic()
     worker = Worker(cap)
     base_kib = worker.base_kib
@@ -244,6 +505,9 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
             if outcome.get("escape"):
                 counts["escapes"] += 1
                 problems.append(f"ESCAPE {name} on {label}: {outcome['escape']}")
+            if outcome.get("formulas"):
+                counts["formula cells"] += 1
+                problems.append(f"FORMULA {name} on {label}: {outcome['formulas']!r}")
             if outcome["traceback"]:
                 counts["tracebacks"] += 1
                 last = outcome["traceback"].strip().splitlines()[-1]
@@ -260,8 +524,7 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
                     continue
             else:
                 counts[f"exit {outcome['code']}"] += 1
-            if outcome["hwm_kib"] > peak_kib:
-                peak_kib, peak_run = outcome["hwm_kib"], f"{name} on {label}"
+            tally.peak(outcome["hwm_kib"], f"{name} on {label}")
             if args.progress and n % 500 == 0:
                 print(f"  {n}/{len(jobs)} runs, {time.monotonic() - started:.0f} s", flush=True)
         for scenario, name, cmd, keep in writers:
@@ -282,23 +545,54 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
                 counts["tracebacks"] += 1
             else:
                 counts[f"exit {outcome['code']}"] += 1
+            tally.peak(outcome["hwm_kib"], f"{name} ({scenario})")
     finally:
         worker.close()
+    worker_peak = (tally.peak_kib, tally.peak_run)
+    tally.peak_kib, tally.peak_run = 0, ""
+    if "session" in families and model is not None:
+        session_audit(args, model, tally)
+        print(f"  sessions done, {time.monotonic() - started:.0f} s", flush=True)
+    if "tune" in families and model is not None:
+        tune_audit(args, folder, model, tally)
+    child_peak = (tally.peak_kib, tally.peak_run)
     for line in problems[: args.show]:
         print(line)
     if len(problems) > args.show:
         print(f"... and {len(problems) - args.show} more")
     print()
     print(f"runs             {counts['runs']}")
-    for key in ("tracebacks", "internal errors", "hangs", "escapes", "overwrites"):
+    bad = ("tracebacks", "internal errors", "hangs", "escapes", "overwrites", "formula cells")
+    for key in bad:
         print(f"{key:<16} {counts[key]}")
     for key in sorted(k for k in counts if k.startswith("exit")):
         print(f"{key:<16} {counts[key]}")
-    print(f"peak RSS         {peak_kib / 1024:.0f} MiB ({peak_run}); worker at rest "
+    if "session" in families:
+        third = ("session requests", "unanswered", "next dropped", "sessions died")
+        print("  ".join(f"{k} {counts[k]}" for k in third))
+    if "tune" in families:
+        third = (
+            "tune trials",
+            "tune faults",
+            "tunes failed",
+            "wrong hints",
+            "runs lost",
+            "runs counted twice",
+            "runs over budget",
+            "runs unreadable",
+            "tune states wrong",
+        )
+        print("  ".join(f"{k} {counts[k]}" for k in third))  # fmt: skip
+    print(f"peak RSS         {worker_peak[0] / 1024:.0f} MiB ({worker_peak[1]}); worker at rest "
           f"{base_kib / 1024:.0f} MiB")  # fmt: skip
+    if child_peak[0]:
+        print(f"peak RSS (child) {child_peak[0] / 1024:.0f} MiB ({child_peak[1]}; a tune's "
+              "engine processes not included)")  # fmt: skip
     print(f"time             {time.monotonic() - started:.0f} s")
-    bad = ("tracebacks", "internal errors", "hangs", "escapes", "overwrites")
-    if args.check and any(counts[k] for k in bad):
+    bad_third = ("unanswered", "next dropped", "sessions died", "tunes failed", "wrong hints",
+                 "runs lost", "runs counted twice", "runs over budget", "runs unreadable",
+                 "tune states wrong")  # fmt: skip
+    if args.check and any(counts[k] for k in (*bad, *bad_third)):
         sys.exit(1)
 
 
@@ -395,6 +689,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--memory-cap-gb", type=int, default=4, help="address-space cap of the worker (0: none)"
+    )
+    parser.add_argument(
+        "--tune-trials", type=int, default=len(TUNE_SCENARIOS), help="faulted tunes to run"
+    )
+    parser.add_argument(
+        "--tune-timeout", type=float, default=900.0, help="seconds for one tune process"
     )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bmoe-robustness-"))

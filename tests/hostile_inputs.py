@@ -952,6 +952,8 @@ def commands(
     """(name, argv template) of the commands `case` goes through: the ones for its kind and
     the generic ones, or with `every` all of them (files of the wrong kind included); the
     commands of the second round too unless `second_round` is false."""
+    if case.kind in THIRD_COMMANDS:
+        return list(THIRD_COMMANDS[case.kind].items())
     if not second_round and case.kind in ("sweep", "file", *FOR_KIND, "none", "pressure",
                                           "state"):  # fmt: skip
         if case.kind == "sweep":
@@ -1005,3 +1007,403 @@ def run_in_process(args: list[str]) -> Result:
     if tb is None and "Traceback (most recent call last)" in err_text:
         tb = err_text
     return Result(code, out_text, err_text, tb)
+
+
+# ----------------------------------------------------------------------------- third round
+# Oversized and compressed inputs, CSV formula cells, session requests and tune faults.
+
+#: A text cell a spreadsheet would run (the prompt axis of the audit's sweep).
+FORMULA = "=cmd|' /C calc'!A0 explain"
+FORMULA_CELLS = (FORMULA, "+1+cmd", "-2+3", "@SUM(A1:A9)", "\t=1+1", "\r=1+1")
+
+
+def _route_parquet_rows(corpus: Path, rows: int):
+    """A route trace's Parquet form declaring `rows` rows of zeros: some MB on disk."""
+
+    def build(dest: Path) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from bmoe.formats.load import load_file, row_kind
+        from bmoe.formats.parquet import to_table
+
+        obj = load_file(corpus / "native-tiny/run.route.csv")
+        schema = to_table(obj, row_kind(obj)).schema
+        block = min(rows, 10_000_000)
+        chunk = pa.table({f.name: np.zeros(block, f.type.to_pandas_dtype()) for f in schema},
+                         schema=schema)  # fmt: skip
+        with pq.ParquetWriter(dest, schema, compression="zstd") as writer:
+            for _ in range(rows // block):
+                writer.write_table(chunk, row_group_size=block)
+
+    return build
+
+
+def _sparse_route(corpus: Path, size: int, rows_mib: int = 0):
+    """`size` bytes of NULs, after a route trace's preamble and header when `rows_mib` >= 0
+    (and that many MiB of its rows), none at all when it is negative."""
+
+    def build(dest: Path) -> None:
+        data = (corpus / "native-tiny/run.route.csv").read_bytes()
+        start = data.index(b"\n", data.index(b"turn,")) + 1
+        with open(dest, "wb") as fh:
+            if rows_mib >= 0:
+                fh.write(data[:start])
+                body = data[start:]
+                for _ in range((rows_mib << 20) // len(body) + (1 if rows_mib else 0)):
+                    fh.write(body)
+            fh.truncate(size)
+
+    return build
+
+
+def fidelity_reference(path: Path, logits_shape: tuple[int, ...], inflate: int = 0) -> Path:
+    """A fidelity reference whose logits declare `logits_shape`; its data: a few bytes, or
+    with `inflate`, that many bytes of zeros really deflated (a zip bomb) with the shape
+    saying so."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    def member(shape: tuple[int, ...], descr: str) -> bytes:
+        buf = io.BytesIO()
+        header = {"descr": descr, "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(buf, header)
+        return buf.getvalue()
+
+    head = json.dumps({"format": "bmoe_fidelity_ref", "version": 1, "prompt": "hi",
+                       "model": "m.gguf"}).encode()  # fmt: skip
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("header.npy", member((len(head),), "|u1") + head)
+        tokens = bytes(4 * min(logits_shape[0], 1024))  # what it declares, or a few bytes of it
+        zf.writestr("tokens.npy", member((logits_shape[0],), "<i4") + tokens)
+        with zf.open("logits.npy", "w", force_zip64=True) as fh:
+            fh.write(member(logits_shape, "<f4"))
+            zeros = bytes(1 << 20)
+            for _ in range(inflate >> 20):
+                fh.write(zeros)
+            fh.write(bytes(64 if not inflate else 0))
+    return path
+
+
+def _reference_case(name: str, shape: tuple[int, ...], inflate: int = 0) -> Case:
+    def build(dest: Path) -> None:
+        dest.mkdir()
+        fidelity_reference(dest / "ref.npz", shape, inflate)
+        (dest / "tune.toml").write_text(
+            '[sweep]\nname = "r"\nengine = "embedded"\n[base]\nmodel = "m.gguf"\n'
+            "n_predict = 4\nmoe_stream = true\n[grid]\ncache_mb = [1, 2]\n"
+            '[tune]\nmin_fidelity = 0.9\nfidelity_ref = "ref.npz"\n'
+        )
+
+    return Case(f"oversized.{name}", "reference", name, None, build)
+
+
+def oversized_cases(corpus: Path, sparse_gb: int = 20) -> list[Case]:
+    """Inputs whose size, or whose declared size once inflated, is beyond reason: sparse
+    route traces (no line at all, a header then NULs, rows then NULs), a few MB of Parquet
+    declaring 200 M rows, fidelity references declaring vast arrays or inflating to GiBs."""
+    size = sparse_gb << 30
+    cases = [Case(f"oversized.{name}", "route", name, None, build) for name, build in (
+        ("sparse-route-nul", _sparse_route(corpus, size, -1)),
+        ("sparse-route-header", _sparse_route(corpus, size, 0)),
+        ("sparse-route-tail", _sparse_route(corpus, size, 2)),
+        ("parquet-200M-rows", _route_parquet_rows(corpus, 200_000_000)),
+    )]  # fmt: skip
+    cases += [
+        _reference_case("npz-declares-4e12", (4, 10**12)),
+        _reference_case("npz-declares-3GiB", (4, 3 << 28)),
+        _reference_case("npz-declares-2^80", (2**40, 2**40)),
+        _reference_case("npz-inflates-2GiB", (4, 1 << 27), inflate=2 << 30),
+    ]
+    return cases
+
+
+def _formula_file(corpus: Path, rel: str):
+    def build(dest: Path) -> None:
+        data = (corpus / rel).read_bytes()
+        out = re.sub(rb"model=\S+", b"model=" + FORMULA.replace(" ", "_").encode(), data, count=1)
+        dest.write_bytes(out)
+
+    return build
+
+
+def _formula_sweep(source: Path):
+    def build(dest: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        shutil.copytree(source, dest)
+        table = pq.read_table(dest / "results.parquet")
+        for n, column in enumerate(("cell", "model", "prompt", "target")):
+            if column in table.column_names:
+                i = table.column_names.index(column)
+                mark = FORMULA_CELLS[n % len(FORMULA_CELLS)]
+                values = [f"{mark} {'' if v is None else v}" for v in table.column(i).to_pylist()]
+                table = table.set_column(i, column, pa.array(values, pa.string()))
+        pq.write_table(table, dest / "results.parquet")
+
+    return build
+
+
+def formula_cases(corpus: Path, sweep: Path) -> list[Case]:
+    """Text that a spreadsheet reads as a formula, where CSV output carries it: a model name
+    in a metrics and a route file's preamble, the cells, prompts and models of a sweep."""
+    cases = [
+        Case("formula.metrics", "formula-metrics", "model=" + FORMULA, None,
+             _formula_file(corpus, "native-tiny/run.csv")),
+        Case("formula.route", "formula-route", "model=" + FORMULA, None,
+             _formula_file(corpus, "native-tiny/run.route.csv")),
+    ]  # fmt: skip
+    if (sweep / "results.parquet").is_file():
+        cases.append(Case("formula.sweep", "formula-sweep", "cells", None, _formula_sweep(sweep)))
+    return cases
+
+
+#: The commands of the third round's kinds ({model}: a generated tiny model).
+THIRD_COMMANDS: dict[str, dict[str, list[str]]] = {
+    "reference": {
+        "tune-fidelity-ref": ["tune", "{f}/tune.toml", "-o", "{o}"],
+        "run-fidelity-ref": ["run", "-m", "{model}", "-n", "2", "-t", "1", "--fidelity-ref",
+                             "{f}/ref.npz"],
+    },
+    "formula-metrics": {
+        "info-csv": ["info", "{f}", "-f", "csv"],
+        "metrics-csv": ["analyze", "metrics", "{f}", "-f", "csv"],
+        "validate-csv": ["validate", "{f}", "-f", "csv"],
+        "compare-csv": ["analyze", "compare", "{f}", "{f}", "-f", "csv", "--force"],
+        "predict-against-csv": ["predict", "{trace}", "-p", "{profile}", "--against", "{f}",
+                                "--csv", "{o}/p.csv"],
+    },
+    "formula-route": {
+        "info-csv": ["info", "{f}", "-f", "csv"],
+        "route-csv": ["analyze", "route", "{f}", "-f", "csv"],
+        "predict-csv": ["predict", "{f}", "-p", "{profile}", "-g", "cache_mb=1,2", "--csv",
+                        "{o}/p.csv"],
+        "predict-format-csv": ["predict", "{f}", "-p", "{profile}", "-g", "cache_mb=1", "-f",
+                               "csv"],
+    },
+    "formula-sweep": {
+        "analyze-sweep-csv": ["analyze", "sweep", "{f}", "-f", "csv"],
+        "contamination-csv": ["analyze", "contamination", "{f}", "-f", "csv"],
+        "history-csv": ["history", "{f}", "{trace}/..", "-f", "csv"],
+        "predict-against-sweep-csv": ["predict", "{trace}", "-p", "{profile}", "--against",
+                                      "{f}", "--csv", "{o}/p.csv"],
+    },
+}  # fmt: skip
+
+
+def formula_cells(text: str) -> list[str]:
+    """The cells of CSV `text` (``#`` lines left out) that a spreadsheet would run: text
+    starting with = + - @, a tab or a carriage return that is not a number (``-inf`` and
+    ``-nan`` are numbers, as the engine and every float column print them: a spreadsheet
+    shows them as an error, it runs nothing)."""
+    import csv
+
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    number = re.compile(
+        r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:inf|infinity|nan)", re.I
+    )
+    return [
+        cell
+        for row in csv.reader(io.StringIO("\n".join(lines)))
+        for cell in row
+        if cell[:1] in ("=", "+", "-", "@", "\t", "\r") and not number.fullmatch(cell)
+    ]
+
+
+#: Session request lines that must each be answered on their own, the session serving the
+#: next: (label, the line, the id its answer names, the answer: ERROR or DONE).
+SESSION_REQUESTS: list[tuple[str, bytes, int, str]] = [
+    ("nested-200000", b'{"cmd":"generate","id":1,"prompt":' + b"[" * 200_000 + b"]" * 200_000
+     + b"}", 1, "ERROR"),
+    ("nested-65", b'{"cmd":"generate","id":2,"prompt":' + b"[" * 65 + b"]" * 65 + b"}", 2,
+     "ERROR"),
+    ("nested-object", b'{"cmd":"generate","id":3,"prompt":{"a":[[1]]}}', 3, "ERROR"),
+    ("id-5000-digits", b'{"cmd":"generate","id":' + b"9" * 5000 + b',"prompt":"hi"}', -1,
+     "ERROR"),
+    ("n-predict-5000-digits", b'{"cmd":"generate","id":5,"prompt":"hi","n_predict":'
+     + b"9" * 5000 + b"}", 5, "ERROR"),
+    ("id-2^31", b'{"cmd":"generate","id":2147483648,"prompt":"hi"}', 2147483648, "ERROR"),
+    ("id-float", b'{"cmd":"generate","id":7.5,"prompt":"hi"}', 7.5, "ERROR"),
+    ("id-string", b'{"cmd":"generate","id":"8","prompt":"hi"}', "8", "ERROR"),
+    ("id-null", b'{"cmd":"generate","id":null,"prompt":"hi"}', None, "ERROR"),
+    ("n-predict-2^31", b'{"cmd":"generate","id":10,"prompt":"hi","n_predict":2147483648}',
+     10, "ERROR"),
+    ("n-predict-negative", b'{"cmd":"generate","id":11,"prompt":"hi","n_predict":-1}', 11,
+     "ERROR"),
+    ("n-predict-float", b'{"cmd":"generate","id":12,"prompt":"hi","n_predict":2.0}', 12,
+     "ERROR"),
+    ("n-predict-1e18", b'{"cmd":"generate","id":13,"prompt":"hi","n_predict":'
+     b"1000000000000000000}", 13, "ERROR"),
+    ("lone-surrogate", b'{"cmd":"generate","id":14,"prompt":"a\\ud800b"}', 14, "ERROR"),
+    ("lone-low-surrogate", b'{"cmd":"generate","id":15,"prompt":"\\udfff"}', 15, "ERROR"),
+    ("prompt-5MiB", b'{"cmd":"generate","id":16,"prompt":"' + b"x" * (5 << 20) + b'"}', 16,
+     "ERROR"),
+    ("prompt-64MiB", b'{"cmd":"generate","id":17,"prompt":"' + b"y " * (32 << 20) + b'"}',
+     17, "ERROR"),
+    ("prompt-3MiB-over-ctx", b'{"cmd":"generate","id":18,"prompt":"' + b"z " * (3 << 19)
+     + b'"}', 18, "ERROR"),
+    ("prompt-number", b'{"cmd":"generate","id":19,"prompt":5}', 19, "ERROR"),
+    ("prompt-missing", b'{"cmd":"generate","id":20}', 20, "ERROR"),
+    ("id-missing", b'{"cmd":"generate","prompt":"hi"}', -1, "ERROR"),
+    ("clear-kv-text", b'{"cmd":"generate","id":22,"prompt":"hi","clear_kv":"yes"}', 22,
+     "ERROR"),
+    ("think-number", b'{"cmd":"generate","id":23,"prompt":"hi","think":1}', 23, "ERROR"),
+    ("cmd-unknown", b'{"cmd":"explode","id":24}', 24, "ERROR"),
+    ("cmd-number", b'{"cmd":5,"id":25}', 25, "ERROR"),
+    ("not-an-object", b"[1, 2, 3]", -1, "ERROR"),
+    ("json-string", b'"generate"', -1, "ERROR"),
+    ("not-json", b"{not json", -1, "ERROR"),
+    ("not-utf8", b"\xff\xfe\x00garbage", -1, "ERROR"),
+    ("nul-bytes", b"\x00" * 64, -1, "ERROR"),
+    ("decide", b'{"cmd":"decide","id":30,"prefix":"a","suffix":"b","choices":["x"]}', 30,
+     "ERROR"),
+    ("control-prompt", b'{"cmd":"generate","id":31,"prompt":"a\\u001b]0;PWNED\\u0007\\u009b'
+     b'b","n_predict":2}', 31, "DONE"),
+    ("not-utf8-prompt", b'{"cmd":"generate","id":32,"prompt":"a\xff\xfeb","n_predict":2}', 32,
+     "DONE"),
+    ("empty-prompt", b'{"cmd":"generate","id":33,"prompt":"","n_predict":2}', 33, "DONE"),
+    ("n-predict-0", b'{"cmd":"generate","id":34,"prompt":"hi","n_predict":0}', 34, "DONE"),
+    ("continue", b'{"cmd":"generate","id":35,"prompt":"more","n_predict":2,"clear_kv":false}',
+     35, "DONE"),
+    ("duplicate-keys", b'{"cmd":"generate","id":36,"id":37,"prompt":"hi","n_predict":2}', 37,
+     "DONE"),
+]  # fmt: skip
+#: The valid request each hostile one is followed by (its id: 1000 + the request's index).
+SESSION_GOOD = b'{"cmd":"generate","id":%d,"prompt":"hello","n_predict":2}'
+
+
+def tune_text(model: Path, output: Path, budget: int) -> str:
+    """A tune of the generated tiny model: 6 cells (a lossy axis: a fidelity reference run
+    first), `budget` runs, two a round."""
+    return (
+        f'[sweep]\nname = "audit"\nengine = "embedded"\noutput = "{output}"\ntimeout_s = 120\n'
+        f'[base]\nmodel = "{model}"\nn_predict = 8\nthreads = 1\nmoe_stream = true\n'
+        "[grid]\ncache_mb = [1, 2, 8]\ndrop_cold_experts = [0.0, 1.0]\n"
+        f"[tune]\nbudget = {budget}\nper_round = 2\nmin_fidelity = 0.5\n"
+    )
+
+
+def tear_manifest(root: Path, rng: random.Random) -> int:
+    """Cut the manifest's last line somewhere inside it (a power loss mid-write); returns the
+    bytes cut."""
+    path = root / "manifest.jsonl"
+    data = path.read_bytes()
+    body = data.rstrip(b"\n")
+    start = body.rfind(b"\n") + 1
+    if len(body) - start < 2:
+        return 0
+    cut = rng.randrange(start + 1, len(body))
+    path.write_bytes(data[:cut])
+    return len(data) - cut
+
+
+def duplicate_ok_lines(root: Path) -> int:
+    """Append a copy of every ``ok`` line (a manifest copied onto itself); returns how many."""
+    path = root / "manifest.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    ok = [ln for ln in lines if b'"status":"ok"' in ln]
+    with open(path, "ab") as fh:
+        fh.write(b"".join(ok))
+    return len(ok)
+
+
+def tune_problems(root: Path, budget: int, faults: int) -> dict[str, int]:
+    """What a tune folder got wrong after its last resume: runs ``lost`` (a completed folder
+    no ``ok`` line names, or an ``ok`` line whose folder is gone), runs ``counted twice`` (two
+    ``ok`` attempts of one run), runs ``over budget`` (attempts beyond the budget and the
+    attempts the `faults` cut short), ``unreadable`` manifest lines, and ``state`` (tune.json
+    counting other than the manifest)."""
+    from bmoe.sweep.tune import device_use
+
+    lines = (root / "manifest.jsonl").read_bytes().splitlines()
+    records = []
+    unreadable = 0
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            unreadable += 1
+    ok: dict[str, set] = {}
+    for r in records:
+        if isinstance(r, dict) and r.get("status") == "ok":
+            ok.setdefault(str(r.get("run")), set()).add(r.get("attempt"))
+    folders = {
+        f"{p.parent.parent.name}/{p.parent.name}"
+        for p in (root / "cells").glob("*/r*/record.json")
+        if json.loads(p.read_text()).get("status") == "ok"
+    }
+    named = {r.get("dir") for r in records if isinstance(r, dict) and r.get("status") == "ok"}
+    gone = sum(1 for d in named if isinstance(d, str) and not (root / d).is_dir())
+    used, _ = device_use([r for r in records if isinstance(r, dict)])
+    state = json.loads((root / "tune.json").read_text()) if (root / "tune.json").is_file() else {}
+    said = (state.get("result") or {}).get("used_runs")
+    return {
+        "lost": len(folders - set(ok)) + gone,
+        "counted twice": sum(1 for attempts in ok.values() if len(attempts) > 1),
+        "over budget": max(0, used - budget - faults),
+        "unreadable": unreadable,
+        "state": int(said is not None and said != used),
+    }
+
+
+def inject_full_disk(k: int) -> None:
+    """Make this process's sweep archive "full" (ENOSPC) at the `k`-th completed run's
+    rename: what a full disk does to the runner, without filling one."""
+    import errno
+
+    from bmoe.sweep.archive import ArchiveWriter
+
+    calls: list[int] = []
+    finalize = ArchiveWriter.finalize
+
+    def full(self, files, record):
+        calls.append(1)
+        if len(calls) >= k:
+            raise OSError(errno.ENOSPC, "No space left on device", str(files.staging))
+        return finalize(self, files, record)
+
+    ArchiveWriter.finalize = full  # type: ignore[method-assign]
+
+
+# ----------------------------------------------------------------------------- test helpers
+
+#: Bytes of address space of a capped child: the interpreter with numpy, pandas, pyarrow, numba.
+CAP = 3 << 30
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def capped(args: list[str], timeout: float = 120, cwd: Path | None = None):
+    """``bmoe ARGS`` in a child process whose address space is capped at :data:`CAP`."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({CAP}, {CAP}))\n"
+        "from bmoe.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(_ROOT), "COLUMNS": "100"},
+    )  # fmt: skip
+    done.seconds = time.monotonic() - started  # type: ignore[attr-defined]
+    return done
+
+
+def one_error(result, *needles: str) -> str:
+    """The single error line of a refused command (exit 2), which names each needle."""
+    err = result.err if hasattr(result, "err") else result.stderr
+    assert result.code == 2 if hasattr(result, "code") else result.returncode == 2, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]

@@ -107,7 +107,10 @@ def run_concerns(files: RunFiles) -> list[tuple[str, str]]:
         names = ", ".join(Path(t).name for t in files.traces)
         out.append((REFUSE, f"instrumented run: trace(s) recorded alongside ({names})"))
     if run.partial:
-        state = "has a summary" if run.summaries else "no summary: the run was killed"
+        said = run.summary.get("tokens")
+        state = (
+            f"its summary says tokens={said}" if run.summaries else "no summary: the run was killed"
+        )
         target = f"of {run.steps} steps" if run.steps is not None else "rows"
         out.append((REFUSE, f"partial run: {run.tokens} {target} ({state})"))
     temp = params.get("temp")

@@ -93,15 +93,41 @@ def _whole_groups(
         if alone:  # the last group's rows end the block, none before (rows in order): views
             yield {c: v[:start] for c, v in rows.items()}, lo, hi
             carry = {c: v[start:] for c, v in rows.items()}
+            _check_carry(carry)
             continue
         groups = _groups(rows)
         last = groups == groups[-1]
         rest = groups[~last]  # not empty: a row before the last run is of another group
         yield {c: v[~last] for c, v in rows.items()}, int(rest.min()), int(rest.max())
         carry = {c: v[last] for c, v in rows.items()}
+        _check_carry(carry)
     if carry is not None:  # one group, not empty
         group = int(_groups(carry)[0])
         yield carry, group, group
+
+
+#: Rows of one batch past which what holding it takes is checked (a decode step of a large
+#: model is some thousand rows; a long prompt's prefill some million).
+_CARRY_CHECKED = 1 << 20
+
+
+def _check_carry(carry: Rows) -> None:
+    """Refuse a batch that has outgrown what the process may hold while it waits for its
+    end (the blocks it is joined with, their copies and the replay: 16x the rows): a few MB
+    can declare hundreds of millions of rows of one step."""
+    if _n_rows(carry) <= _CARRY_CHECKED:
+        return
+    from bmoe.formats.inputs import readable_bytes
+
+    room = readable_bytes()
+    held = sum(int(v.nbytes) for v in carry.values())
+    if room is not None and 16 * held > room:
+        phase = "decode step" if int(column_or(carry, "phase", 1)[0]) else "prefill"
+        raise BmoeError(
+            f"one batch of the trace ({phase} of turn {int(column_or(carry, 'turn', 0)[0])}) "
+            f"holds {_n_rows(carry):,} rows and counting: more than a streamed replay may hold at "
+            f"once here ({room >> 20} MiB free); a batch is one step's routings, or a prompt's"
+        )
 
 
 class _Blocks:

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from bmoe.cli import app, console, err_console
+from bmoe.render.messages import PrintableBytes
 
 model_app = typer.Typer(help="Make and inspect model files.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
@@ -60,9 +61,10 @@ class _ProgressView:
     """``--progress`` in a terminal: the BMOE_* lines drawn as a progress bar with the
     token rate, hit rate and reads; the answer and end-of-run lines printed as they come."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: Any = None) -> None:
         from rich.progress import Progress, TextColumn
 
+        self._out = out or sys.stdout.buffer  # where the answer goes (the run: the filter)
         self._progress = Progress(
             *Progress.get_default_columns()[:3],
             TextColumn("{task.fields[info]}"),
@@ -76,7 +78,7 @@ class _ProgressView:
 
     def write(self, data: bytes) -> int:
         if self._done:
-            sys.stdout.buffer.write(data)
+            self._out.write(data)
             return len(data)
         self._buffer += data
         while not self._done and b"\n" in self._buffer:
@@ -91,7 +93,7 @@ class _ProgressView:
         if event is None:
             if line.strip():  # the answer banner: the bar is done, the rest is text
                 self.close()
-                sys.stdout.buffer.write(line + self._buffer)
+                self._out.write(line + self._buffer)
                 self._buffer = b""
             return
         if event.tag != "PROGRESS":
@@ -108,7 +110,7 @@ class _ProgressView:
 
     def flush(self) -> None:
         if self._done:
-            sys.stdout.buffer.flush()
+            self._out.flush()
 
     def close(self) -> None:
         if not self._done:
@@ -138,19 +140,23 @@ def run(ctx: typer.Context) -> None:
         console.out(engine_version(), highlight=False)
         return
     _check_outputs(cfg)
-    if cfg.session:
-        from bmoe.engine.embedded.serve import serve_session
+    # the prompt echoed and the answer through the output filter (BMOE_* lines carry none)
+    out = PrintableBytes(sys.stdout.buffer)
+    try:
+        if cfg.session:
+            from bmoe.engine.embedded.serve import serve_session
 
-        serve_session(cfg, stdin=sys.stdin.buffer, out=sys.stdout.buffer, err=sys.stderr)
-        return
-    if cfg.progress and sys.stdout.isatty():  # a person is watching: draw, do not dump JSON
-        view = _ProgressView()
-        try:
-            run_engine(cfg, out=view, err=sys.stderr)  # type: ignore[arg-type]
-        finally:
-            view.close()
-        return
-    run_engine(cfg, out=sys.stdout.buffer, err=sys.stderr)
+            serve_session(cfg, stdin=sys.stdin.buffer, out=out, err=sys.stderr)  # type: ignore[arg-type]
+        elif cfg.progress and sys.stdout.isatty():  # a person is watching: draw, not JSON
+            view = _ProgressView(out)
+            try:
+                run_engine(cfg, out=view, err=sys.stderr)  # type: ignore[arg-type]
+            finally:
+                view.close()
+        else:
+            run_engine(cfg, out=out, err=sys.stderr)  # type: ignore[arg-type]
+    finally:
+        out.close()
 
 
 def _shards(model: Path) -> list[Path]:
@@ -193,6 +199,13 @@ def synth(
     type_: str | None = typer.Option(
         None, "--type", help="Weight type: f32, f16, q8_0, q4_0, q5_0 or mxfp4 (experts)."
     ),
+    layer_types: str | None = typer.Option(
+        None,
+        "--layer-types",
+        metavar="T1,T2,...",
+        help="The experts' weight type layer by layer, cycled (q8_0,q4_0: even layers q8_0, "
+        "odd q4_0), as a K-quant mixes types: expert sizes differ by layer.",
+    ),
     seed: int | None = typer.Option(None, help="Random seed of the weights."),
     skew: float | None = typer.Option(None, help="Router skew: 0 = uniform; larger = hotter."),
     fused_gate_up: bool = typer.Option(
@@ -223,7 +236,8 @@ def synth(
     (biases on the router and the experts, attention sinks; its experts ship in MXFP4),
     gemma4 (fused ffn_gate_up_exps, a dense MLP beside the experts, dense layers mixed in).
 
-    Weight types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the rest f16).
+    Weight types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the rest f16);
+    --layer-types gives the experts a type per layer (mixed like a K-quant's).
 
     Larger models: every size of the preset can be overridden (--layers, --experts, --n-embd,
     --n-ff-exp, ...). A split model, as large models ship: --split-max-tensors N
@@ -232,6 +246,7 @@ def synth(
     Example: bmoe model synth tiny.gguf --preset tiny
     Example: bmoe model synth big.gguf --preset small --layers 48 --experts 128 --type q8_0
     Example: bmoe model synth split.gguf --split-max-tensors 16
+    Example: bmoe model synth mixed.gguf --type q8_0 --layer-types q8_0,q4_0,q5_0
     """
     from bmoe.engine.synth import estimate_bytes, preset_config, synth_model
     from bmoe.formats.outputs import check_output
@@ -256,6 +271,9 @@ def synth(
         "seed": seed,
         "skew": skew,
         "chat_template": chat_template,
+        "layer_types": tuple(t.strip() for t in layer_types.split(",") if t.strip())
+        if layer_types
+        else None,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     total = estimate_bytes(preset_config(preset, **overrides))

@@ -14,11 +14,11 @@ from bmoe.cli import app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.render.messages import error_line, literal, printable
-from bmoe.render.outputs import FORMATS
+from bmoe.render.outputs import FORMAT_HELP, FORMATS
 
 TARGETS = ("parquet", "csv")  # bmoe.formats.convert.TARGETS, named here for the help text
 
-_FORMAT_HELP = f"Output format: {', '.join(FORMATS)}."
+_FORMAT_HELP = FORMAT_HELP
 
 
 def _error(message: str) -> None:
@@ -39,6 +39,7 @@ def info(
     # a description uses no linear algebra: OpenBLAS's threads would only spend CPU time (set
     # before numpy loads, for a route trace's columns; a value the user chose is kept)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from bmoe.analyze.views import INFO
     from bmoe.formats.info import describe
     from bmoe.render.tables import render
 
@@ -51,7 +52,7 @@ def info(
             _error(str(exc))
             failed = True
             continue
-        text = render(views, fmt, console)
+        text = render(views, fmt, console, titles=INFO.titles())
         if text is not None:
             console.out(text, end="")
     if failed:
@@ -62,7 +63,7 @@ def info(
 def validate(
     files: list[Path] = typer.Argument(..., help="Telemetry files of any format."),
     fmt: str = typer.Option(
-        "text", "--format", "-f", help="text (one finding per line), table, csv, json, markdown."
+        "text", "--format", "-f", help=f"text (one finding per line), {FORMAT_HELP[7:]}"
     ),
 ) -> None:
     """Check files against the telemetry contract and list the findings with line numbers.

@@ -9,6 +9,7 @@ import typer
 from bmoe.cli import app, console, err_console
 from bmoe.errors import BmoeError
 from bmoe.render.messages import literal, note_line
+from bmoe.render.outputs import FORMAT_HELP
 
 
 @app.command("history")
@@ -31,7 +32,7 @@ def history_command(
         None, "--plot", help="Draw the outcome per cell across the sweeps (.png/.svg/.pdf)."
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json or markdown."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Line up the same cells (by their axis values) across sweeps ordered by when they
     started: the outcome per cell and sweep with the engine that ran it, the change to the
@@ -83,7 +84,7 @@ def history_command(
             label = str(folder)
         sweeps[label] = load_results(folder)
     found = hist.history_of(sweeps, outcome, limit)
-    text = render(found.views(), fmt, console)
+    text = render(found.views(), fmt, console, titles=found.titles())
     if text is not None:
         console.out(text, end="")
     if plot is not None:

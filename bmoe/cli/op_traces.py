@@ -14,7 +14,8 @@ from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
 from bmoe.render.messages import literal
 from bmoe.render.op_traces import COMPUTE_NOTE, DIGITS, IO_NOTE, STREAM_NOTE
-from bmoe.render.tables import FORMATS, render
+from bmoe.render.outputs import FORMAT_HELP
+from bmoe.render.tables import render
 
 decode_app = typer.Typer(
     help="Decode traces: where a token's time went (compute) and how the reads behaved (io).",
@@ -151,7 +152,7 @@ def compute(
         "--plot",
         help="Write time by op class per layer (or per segment) to this .png/.svg/.pdf.",
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
 ) -> None:
     """Where a token's compute time went: by op, faults, by layer, by op class (per-node
@@ -204,7 +205,7 @@ def io(
     steps: str | None = typer.Option(
         None, "--steps", help="Trace steps A-B the timeline shows (default: first 4 decodes)."
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     force: bool = typer.Option(False, "--force", help="Overwrite the --plot files if they exist."),
 ) -> None:
     """How the flash reads behaved: latency percentiles, bandwidth, alignment waste, request

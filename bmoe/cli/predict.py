@@ -16,7 +16,7 @@ from bmoe.cli import app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.render.messages import labelled, literal, printable, warning_line
-from bmoe.render.outputs import FORMATS
+from bmoe.render.outputs import CSV_FORMULAS, FORMAT_HELP
 
 if TYPE_CHECKING:
     pass
@@ -137,7 +137,7 @@ def profile_command(
         "65536,262144,1048576", "--probe-sizes", help="Request sizes in bytes."
     ),
     probe_lanes: str = typer.Option("1,2,4", "--probe-lanes", help="Lane counts."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     force: bool = typer.Option(False, "--force", help="Overwrite an -o file that exists."),
 ) -> None:
     """Build a device profile from recorded runs: flash latency by lanes, compute,
@@ -451,9 +451,9 @@ def predict_command(
         False, "--strict", help="Refuse (exit 2) a profile with an unsettled term."
     ),
     csv_out: Path | None = typer.Option(
-        None, "--csv", metavar="OUT", help="Also write the table as CSV."
+        None, "--csv", metavar="OUT", help=f"Also write the table as CSV ({CSV_FORMULAS})."
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     force: bool = typer.Option(False, "--force", help="Overwrite a --csv file that exists."),
 ) -> None:
     """Predict tok/s, MiB/token, hit % and the stall attribution (compute / flash wait /
@@ -539,7 +539,9 @@ def predict_command(
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         import pandas as pd
 
-        csv_out.write_text(pd.DataFrame(table).to_csv(index=False), encoding="utf-8")
+        from bmoe.render.tables import frame_csv
+
+        csv_out.write_text(frame_csv(pd.DataFrame(table)), encoding="utf-8")
         err_console.print(f"wrote {csv_out}", highlight=False)
 
 
@@ -556,6 +558,8 @@ def _interval_notes(profile, table) -> list[tuple[str, str]]:
                     f"{100 * profile.coverage:.0f} % coverage (give the profile runs of two "
                     "configurations or more)"))  # fmt: skip
     out += [("unpriced:", line) for line in (unpriced_notes(table) if table is not None else [])]
+    memory = unpriced_notes(table, "memory_note") if table is not None else []
+    out += [("memory:", line) for line in memory]
     return out
 
 

@@ -25,7 +25,8 @@ from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
 from bmoe.formats.route import RouteColumns, RouteTrace, read_route_columns, read_route_trace
 from bmoe.render.messages import literal, note_line, warning_line
-from bmoe.render.tables import FORMATS, render
+from bmoe.render.outputs import FORMAT_HELP
+from bmoe.render.tables import render
 
 
 def parse_numbers(text: str, option: str) -> list[float]:
@@ -144,7 +145,7 @@ def analyze_replay(
         help="Write the reference CSV: columns budget_mib, policy, hit_pct_cum, "
         "hit_pct_decode, read_mib.",
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     plot: Path | None = typer.Option(
         None,
         "--plot",
@@ -359,14 +360,17 @@ def _print_replay(views, fmt: str, validate: float | None) -> None:
         console.out(out or "", end="")
         return
     console.out(text.replay_text(views, validate, console.width), highlight=False, end="")
+    from bmoe.analyze.views import REPLAY
+
     extra = {}
     if "mrc_budgets" in views:
-        extra["exact LRU (stack distances) at the chosen budgets"] = views["mrc_budgets"]
+        extra["mrc_budgets"] = views["mrc_budgets"]
+    depth = 0
     if "prefetch" in views:
         depth = int(views["prefetch"]["depth"].iloc[0]) if len(views["prefetch"]) else 0
-        extra[f"previous-token prefetch, depth {depth}"] = text.prefetch_display(views["prefetch"])
-    for title, table in extra.items():  # laid out for the console's width
-        print_table(console, table_cells(table, text.DIGITS), title)
+        extra["prefetch"] = text.prefetch_display(views["prefetch"])
+    for slug, table in extra.items():  # laid out for the console's width
+        print_table(console, table_cells(table, text.DIGITS), REPLAY.title(slug, depth=depth))
     if "mrc" in views:
         console.print(
             f"exact LRU curve: {len(views['mrc'])} budget steps from 0 to "
@@ -409,7 +413,7 @@ def analyze_drop(
         help="Thresholds as fractions of the uniform share 1/k, comma-separated.",
     ),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Drop replay: the miss bytes cache-aware dropping would save, and the gate weight it
     would lose, against dropping the last slots (static top-k).

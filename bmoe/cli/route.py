@@ -21,7 +21,8 @@ from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
 from bmoe.formats.route import read_route_columns
 from bmoe.render.messages import literal, note_line, warning_line
-from bmoe.render.tables import FORMATS, render
+from bmoe.render.outputs import FORMAT_HELP
+from bmoe.render.tables import render
 
 PLOT_KINDS = ("auto", "reuse", "reuse-bytes", "heatmap", "heatmap-experts", "workset", "hot",
               "overlap")  # fmt: skip
@@ -139,7 +140,7 @@ def analyze_route(
         "experts", "--cells", help="Matrix cells: experts, weights, mb or hit."
     ),
     top: int = typer.Option(8, "--top", min=1, help="Hot experts listed per layer."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     plot: Path | None = typer.Option(
         None,
         "--plot",

@@ -15,20 +15,50 @@ from bmoe.analyze.stall import memory_picture, stall_attribution
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format, check_plot
 from bmoe.render.messages import literal, note_line
+from bmoe.render.outputs import FORMAT_HELP
 from bmoe.render.runs import DIGITS
-from bmoe.render.tables import FORMATS, render, transposed
+from bmoe.render.tables import render, transposed
 
 
-def _emit(views: dict, fmt: str) -> None:
-    text = render(views, fmt, console, DIGITS)
+def _emit(views: dict, fmt: str, titles: dict | None = None) -> None:
+    text = render(views, fmt, console, DIGITS, titles)
     if text is not None:
         console.out(text, end="")
+
+
+def _emit_comparisons(comparisons: list, fmt: str) -> None:
+    """Each comparison's table and method under its pair's titles; json and csv give one
+    ``comparison``, ``method`` and ``concerns`` view, every row led by its pair's files
+    (``baseline``, ``candidate``)."""
+    from bmoe.analyze.views import COMPARE
+
+    pairs = [{"baseline": Path(c.a).name, "candidate": Path(c.b).name} for c in comparisons]
+    if fmt == "table" or fmt == "markdown":
+        for comp, pair in zip(comparisons, pairs, strict=True):
+            views: dict = {"comparison": comp.table, "method": comp.method}
+            if fmt != "table" and len(comp.concerns):
+                views["concerns"] = comp.concerns
+            _emit(views, fmt, COMPARE.titles(a=pair["baseline"], b=pair["candidate"]))
+        return
+
+    both = list(zip(comparisons, pairs, strict=True))
+
+    def led(frames: list[pd.DataFrame]) -> pd.DataFrame:
+        parts = [pd.concat([pd.DataFrame(p, index=f.index), f], axis=1)
+                 for f, (_c, p) in zip(frames, both, strict=True)]  # fmt: skip
+        return pd.concat(parts, ignore_index=True)
+
+    _emit({
+        "comparison": led([c.table for c in comparisons]),
+        "method": pd.DataFrame([{**p, **c.method} for c, p in both]),
+        "concerns": led([c.concerns for c in comparisons]),
+    }, fmt)  # fmt: skip
 
 
 @analyze_app.command("metrics")
 def metrics_command(
     files: list[Path] = typer.Argument(..., help="Metrics CSVs (any version)."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Per-run summary: tok/s (mean, median, p5/p95, min/max, steady state, effective),
     prefill, TTFT, cache hit, MiB/token, stall and mgmt ms/token, and the pressure table from a
@@ -114,7 +144,7 @@ def stall_command(
     ),
     tokens: bool = typer.Option(False, "--tokens", help="Also print the per-token rows."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --plot file that exists."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Where each token's time went, in parts that add up to the wall time: flash wait (io_ms
     serial, stall_ms under overlap), cache mgmt, compute (cpu_ms / threads, up to the wall the
@@ -159,7 +189,7 @@ def compare_command(
     force: bool = typer.Option(False, "--force", help="Compare even where the runs differ."),
     boot: int = typer.Option(2000, "--boot", help="Bootstrap resamples."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Is B faster than A? Difference in mean and median tok/s with a bootstrap interval over
     steady-state tokens, change in hit rate, MiB/token and each attribution component. Refuses
@@ -172,14 +202,7 @@ def compare_command(
     check_format(fmt)
     loaded = [load_run_files(path) for path in files]
     comparisons = compare_many(loaded, force=force, n_boot=boot, seed=seed)
-    views: dict = {}
-    for comp in comparisons:
-        title = f"{Path(comp.a).name} (A) vs {Path(comp.b).name} (B)"
-        views[title] = comp.table
-        views[f"{title}: method"] = comp.method
-        if fmt != "table" and len(comp.concerns):
-            views[f"{title}: concerns"] = comp.concerns
-    _emit(views, fmt)
+    _emit_comparisons(comparisons, fmt)
     for comp in comparisons:  # after the figures, where they are read
         title = f"{Path(comp.a).name} (A) vs {Path(comp.b).name} (B)"
         for row in comp.concerns.itertuples():
@@ -195,7 +218,7 @@ def contamination_command(
     paths: list[Path] = typer.Argument(
         ..., help="Metrics files, directories, or a sweep folder (its results.parquet)."
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Flag cells whose numbers measure the device rather than the config: compute s/token
     rising as n_expert_used falls, major faults per token an order of magnitude above
@@ -204,7 +227,12 @@ def contamination_command(
     Example: bmoe analyze contamination bench-data/2026-11-29-tiny-cache-lanes --format json
     """
     check_format(fmt)
-    cells = cells_from_paths(paths)
+    if len(paths) == 1 and (paths[0] / "results.parquet").is_file():
+        from bmoe.sweep.archive import load_results  # the archive's reader: its checks too
+
+        cells = load_results(paths[0])
+    else:
+        cells = cells_from_paths(paths)
     flags = contamination_flags(cells)
     not_checked = flags.attrs.get("not_checked", [])
     if fmt == "json":
@@ -217,12 +245,14 @@ def contamination_command(
         if not shown.empty or fmt != "table":
             views["flags"] = shown
         if not_checked:
-            views["not checked"] = pd.DataFrame({"reason": not_checked})
+            views["not_checked"] = pd.DataFrame({"reason": not_checked})
         if fmt == "table" and "cell" in cells:  # c1, c2, ... and a legend
             from bmoe.render.cells import with_short_ids
 
             views = with_short_ids(views, cells["cell"])
-        _emit(views, fmt)
+        from bmoe.analyze.views import CONTAMINATION
+
+        _emit(views, fmt, CONTAMINATION.titles())
     if fmt == "table" and flags.empty:
         console.print("no contamination tells fired")
 

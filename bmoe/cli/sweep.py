@@ -13,7 +13,7 @@ from bmoe.cli import analyze_app, app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.render.messages import literal, printable
-from bmoe.render.outputs import FORMATS
+from bmoe.render.outputs import FORMAT_HELP
 
 
 def _dry_run(config, plan, archive_root: Path) -> None:
@@ -100,6 +100,18 @@ def _install_sigterm() -> None:
         signal.signal(signal.SIGTERM, to_interrupt)
 
 
+def _refuse_a_tune_folder(folder: Path) -> None:
+    """A tune's folder is carried on by ``bmoe tune``: as a sweep it would run the whole grid
+    past the tune's budget and its ``sweep.toml`` would lose the ``[tune]`` table."""
+    from bmoe.sweep.archive import is_tune_folder, resume_command
+
+    if is_tune_folder(folder):
+        raise BmoeError(
+            f"{folder}: made by bmoe tune; resume it with: {resume_command(folder)} "
+            "(bmoe sweep CONFIG without --resume runs the whole grid in a new folder)"
+        )
+
+
 @app.command("sweep")
 def sweep_command(
     config: Path = typer.Argument(
@@ -146,6 +158,7 @@ def sweep_command(
         folder = config
         config = config / CONFIG
         resume = True
+        _refuse_a_tune_folder(folder)
     if config.exists():  # a FIFO or a device would block or never end: named instead
         from bmoe.formats.inputs import regular_file
 
@@ -158,6 +171,7 @@ def sweep_command(
         folder = find_latest(root, cfg.settings.name)
         if folder is None:
             raise BmoeError(f"no earlier folder of sweep {cfg.settings.name!r} under {root}")
+        _refuse_a_tune_folder(folder)
     _check_flags(cfg, plan)  # before the folder exists: a refused config leaves nothing
     if dry_run:
         _dry_run(cfg, plan, folder or new_folder(root, cfg.settings.name))
@@ -191,7 +205,7 @@ def _run_locked(
     import tomllib
 
     from bmoe.render.progress import LiveProgress, PlainProgress
-    from bmoe.sweep.archive import CONFIG, ArchiveWriter, write_atomic
+    from bmoe.sweep.archive import CONFIG, ArchiveWriter, resume_command, write_atomic
     from bmoe.sweep.lock import folder_lock
     from bmoe.sweep.predictions import sweep_predictions
     from bmoe.sweep.runner import run_sweep
@@ -199,6 +213,8 @@ def _run_locked(
     predicted = sweep_predictions(cfg, plan) if folder is None else None
     if folder is not None:
         archive = ArchiveWriter.open(folder)
+        if archive.mended:
+            err_console.print(literal(f"note: {folder}: {archive.mended}"), highlight=False)
         previous = (folder / CONFIG).read_text(encoding="utf-8")
         if tomllib.loads(previous) != tomllib.loads(text):
             n = 1
@@ -226,7 +242,7 @@ def _run_locked(
             raise
         _write_summary(archive.root)
     if interrupted:
-        err_console.print(literal(f"interrupted; resume with: bmoe sweep {archive.root}"))
+        err_console.print(literal(f"interrupted; resume with: {resume_command(archive.root)}"))
         raise typer.Exit(130)
     assert outcome is not None
     failed = outcome.failed_runs
@@ -244,7 +260,7 @@ def _run_locked(
     if failed:
         err_console.print(literal("failed: " + ", ".join(failed)), highlight=False)
     if not_run:
-        err_console.print(literal(f"resume with: bmoe sweep {archive.root}"), highlight=False)
+        err_console.print(literal(f"resume with: {resume_command(archive.root)}"), highlight=False)
     if failed or not_run:
         raise typer.Exit(1)
 
@@ -252,6 +268,7 @@ def _run_locked(
 def _write_summary(root: Path) -> None:
     """``summary.md``: the analysis of what the folder holds, as markdown."""
     from bmoe.analyze.sweep import analyze_sweep
+    from bmoe.analyze.views import SWEEP
     from bmoe.render.tables import render_markdown
     from bmoe.sweep.archive import SUMMARY, load_results, write_atomic
 
@@ -264,7 +281,8 @@ def _write_summary(root: Path) -> None:
     views = analyze_sweep(results)
     title = f"# Sweep {results.attrs.get('name') or root.name}\n\n"
     try:
-        write_atomic(root / SUMMARY, title + render_markdown(views))
+        text = render_markdown(views, titles=SWEEP.titles(outcome="tok_s_mean"))
+        write_atomic(root / SUMMARY, title + text)
     except OSError as exc:
         err_console.print(f"could not write {root / SUMMARY}: {exc.strerror or exc}",
                           highlight=False, markup=False)  # fmt: skip
@@ -280,7 +298,7 @@ def analyze_sweep_command(
     outcome: str = typer.Option(
         "tok_s_mean", "--outcome", help="The figure cells are ranked by (a results column)."
     ),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"One of {', '.join(FORMATS)}."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     plots: Path | None = typer.Option(
         None,
         "--plots",
@@ -300,6 +318,7 @@ def analyze_sweep_command(
     """
     check_format(fmt)
     from bmoe.analyze.sweep import analyze_sweep
+    from bmoe.analyze.views import SWEEP
     from bmoe.render.tables import render
     from bmoe.sweep.archive import find_latest, load_results
 
@@ -321,14 +340,14 @@ def analyze_sweep_command(
         from bmoe.render.cells import with_short_ids
 
         shown = with_short_ids(views, results["cell"], axes_of(results))
-    text = render(shown, fmt, console)
+    text = render(shown, fmt, console, titles=SWEEP.titles(outcome=outcome))
     if text is not None:
         console.out(text, end="")
     else:  # the terminal: the verdict again where the eye lands, after the tables
         console.print(views["verdict"]["verdict"], highlight=False)
     if plots is not None:
         _answer_plots(results, outcome, plots, force)
-        compared = views.get("predicted against measured")
+        compared = views.get("predicted")
         if compared is not None and len(compared):
             from bmoe.formats.outputs import check_output
             from bmoe.render.plots import save_figure
@@ -355,6 +374,8 @@ def _config_named(path: Path):
         doc = tomllib.loads(text)
     except (BmoeError, tomllib.TOMLDecodeError):
         raise neither from None
+    except RecursionError:  # nested deeper than the parser descends: the checks say so
+        return parse_config(text, str(path), base_dir=path.resolve().parent)
     if not isinstance(doc.get("sweep"), dict):
         raise neither
     return parse_config(text, str(path), base_dir=path.resolve().parent)

@@ -59,6 +59,8 @@ def tune_command(
         if folder is not None:
             locks.enter_context(folder_lock(folder))
             archive = ArchiveWriter.open(folder)
+            if archive.mended:
+                err_console.print(literal(f"note: {folder}: {archive.mended}"), highlight=False)
         else:
             archive = ArchiveWriter.create(root, cfg.sweep.settings.name, resolved_tune_toml(cfg))
             locks.enter_context(folder_lock(archive.root))
@@ -106,7 +108,9 @@ def _run(cfg, archive, plain: bool) -> None:
         with sink:
             outcome = Tuner(cfg, archive, sink=sink).run()
     except KeyboardInterrupt:
-        err_console.print(literal(f"interrupted; resume with: bmoe tune {archive.root}"))
+        from bmoe.sweep.archive import resume_command
+
+        err_console.print(literal(f"interrupted; resume with: {resume_command(archive.root)}"))
         raise typer.Exit(130) from None
     console.print(literal(tune_report(outcome.state)), highlight=False, soft_wrap=True)
     if not outcome.result.get("best"):

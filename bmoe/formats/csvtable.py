@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bmoe.formats.errors import FormatError, warn
-from bmoe.formats.inputs import regular_file
+from bmoe.formats.inputs import check_room, regular_file
 from bmoe.formats.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -133,6 +133,7 @@ def read_bytes(source: PathLike | bytes) -> tuple[bytes, str | None]:
         return bytes(source), None
     path = regular_file(source)
     try:
+        check_room(path, os.path.getsize(path), "the file read whole")
         return Path(path).read_bytes(), path
     except FileNotFoundError:
         raise FormatError(path, None, "no such file") from None
@@ -426,11 +427,17 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
     with open(path, "rb", buffering=0) as fh:
         head = fh.read(head_size)
         whole_lines = head[: head.rfind(b"\n") + 1]
-        if not whole_lines:
-            return None
+        if not whole_lines:  # a large file is never read whole on the strength of no line
+            if b"\x00" in head[:65536]:
+                raise FormatError(path, 1, "binary data, not a text telemetry file")
+            if len(head) >= head_size:
+                raise FormatError(
+                    path, 1, f"no line in its first {_mib(head_size)}, not a text telemetry file"
+                )
+            return None  # all of it is this short line: the careful read says what it is
         sec = split_sections(whole_lines, path)
         rest = head[len(whole_lines) :]
-        nul = rest.find(b"\x00", 0, 65536)
+        nul = rest.find(b"\x00")
         if nul >= 0:  # binary past the header (a sparse file, a damaged one): said now
             line = whole_lines.count(b"\n") + 1 + rest.count(b"\n", 0, nul)
             raise FormatError(path, line, "binary data, not a text telemetry file")
@@ -458,6 +465,8 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
             prev_newline = block.endswith(b"\n")
             last = block[-1:]
             size += len(block)
+    if last == b"\x00":  # a sparse or damaged end: the careful read would take it whole
+        raise FormatError(path, None, f"binary data at byte {size - 1}, not a text telemetry file")
     if last != b"\n":
         return None
     sec.data = None
@@ -465,6 +474,10 @@ def scan_sections(path: str, head_size: int, chunk: int, verify: bool) -> Sectio
     sec.spans = [(start, size)]
     sec.verified = verify
     return sec
+
+
+def _mib(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size} bytes"
 
 
 #: Files above this size are scanned and streamed rather than read whole (bytes).

@@ -27,6 +27,7 @@ from bmoe.formats.metrics_columns import (
     ROW_PRECISION,
     SUMMARY_PRECISION,
     native_columns,
+    run_unfinished,
 )
 
 #: v2 column order, as the native engine writes it (the column table's native columns).
@@ -86,13 +87,9 @@ class MetricsRun:
 
     @property
     def partial(self) -> bool:
-        """Fewer rows than ``steps`` says, or no summary trailer: the run did not finish."""
-        if not self.summaries:
-            return True
-        if "turn" in self.rows and self.rows["turn"].nunique() > 1:
-            return False  # session: each turn has its own target
-        steps = self.steps
-        return steps is not None and len(self.rows) < steps
+        """The run did not finish (:func:`~bmoe.formats.metrics_columns.run_unfinished`)."""
+        turns = self.rows["turn"].nunique() if "turn" in self.rows else 1
+        return run_unfinished(self.summaries, len(self.rows), self.steps, turns)
 
 
 def _summary_value(key: str, text: str) -> Any:

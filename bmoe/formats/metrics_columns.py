@@ -1,12 +1,15 @@
 """The metrics CSV's per-token columns and ``# summary`` keys: one table of the columns
 (:data:`COLUMNS`: name, since which version, type or printed precision, role) from which
-every other layer's list is derived, and the summary keys' precision. Plain data (no pandas,
-no Arrow), shared by the full reader, the quick one of ``bmoe info``, the writer, the
-analysis and the embedded engine. ``docs/adding-a-column.md`` says how a column is added."""
+every other layer's list is derived, the summary keys' precision, and when a run counts as
+finished. Plain data (no pandas, no Arrow), shared by the full reader, the quick one of
+``bmoe info``, the writer, the analysis and the embedded engine. ``docs/adding-a-column.md``
+says how a column is added."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: What a column is, which decides what the layers above do with it:
 #: ``position`` where the token stands (step, target, turn); ``cost`` what the decode cost,
@@ -111,3 +114,21 @@ SUMMARY_PRECISION: dict[str, int] = {
     "prefill_stall_s": 3, "prefill_mgmt_s": 3, "prefill_dev_read_mib": 1,
     "prefill_dev_stall_s": 3, "row_table_MiB": 1, "row_resident_MiB": 1, "row_read_MiB": 1,
 }  # fmt: skip
+
+
+def run_unfinished(
+    summaries: Sequence[Mapping[str, Any]], rows: int, steps: int | None, turns: int
+) -> bool:
+    """Whether a run did not finish: no ``# summary`` trailer, or rows other than the
+    summaries' ``tokens`` add up to (one per turn of a session). A run the model ended at its
+    end of sequence has fewer rows than ``steps`` and is finished. Without ``tokens`` (older
+    files) the rows of a one-turn file (`turns`: distinct turns in the rows) are held against
+    `steps`, the last row's target."""
+    if not summaries:
+        return True
+    counts = [s.get("tokens") for s in summaries]
+    if all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+        return rows != sum(counts)  # type: ignore[arg-type]
+    if turns > 1:
+        return False  # session: each turn has its own target
+    return steps is not None and rows < steps

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from bmoe.formats import kv
 from bmoe.formats.errors import FormatError
-from bmoe.formats.inputs import is_regular_file, regular_file
+from bmoe.formats.inputs import check_room, is_regular_file, regular_file
 from bmoe.formats.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -154,11 +154,45 @@ def _open(
     _metadata(found, name, kind)
     if schema is not None:
         check_names(names, schema, name)
+    keep = None if columns is None else [c for c in names if c in columns]
+    if name is not None:
+        try:
+            meta = pq.read_metadata(src)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise FormatError(
+                name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})"
+            ) from None
+        _check_size(meta, found, keep, name)
     try:
-        keep = None if columns is None else [c for c in names if c in columns]
         return pq.read_table(src, columns=keep), name, names
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
+
+
+def _check_size(meta: Any, schema: pa.Schema, keep: list[str] | None, path: str) -> None:
+    """Refuse a file whose rows, once read (Arrow, then a DataFrame), would not fit in what
+    the process may still take: priced from the footer (rows x each column's width; a
+    column of variable width at its uncompressed size), so a few MB of well-compressed
+    Parquet cannot declare their way to a failed malloc at many GB."""
+    wanted = schema.names if keep is None else keep
+    width = 0
+    varying = set()
+    for column in schema:
+        if column.name not in wanted:
+            continue
+        try:
+            width += max(1, column.type.bit_width // 8)
+        except ValueError:  # strings, lists: no fixed width
+            varying.add(column.name)
+    extra = 0
+    if varying:
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                if chunk.path_in_schema in varying:
+                    extra += chunk.total_uncompressed_size
+    check_room(path, 2 * (meta.num_rows * width + extra), f"its {meta.num_rows:,} rows")
 
 
 def check_names(names: list[str], schema: RowSchema, path: str | None) -> None:

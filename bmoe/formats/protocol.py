@@ -21,6 +21,7 @@ import functools
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar, overload
@@ -367,10 +368,18 @@ def _number(value: Any, digits: int | None) -> str:
     return f"{value:.{digits}f}"
 
 
+#: Characters JSON lets through raw that a terminal acts on (DEL, the C1 controls) or that
+#: reorder or break a line on display: written ``\uXXXX`` (the value reads back the same).
+_UNSHOWN = re.compile(r"[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
 def _json(value: Any) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return (
+        _UNSHOWN.sub(lambda m: f"\\u{ord(m.group()):04x}", text) if _UNSHOWN.search(text) else text
+    )
 
 
 def _format_value(spec: Key[Any] | None, value: Any) -> str:
@@ -414,6 +423,13 @@ def format_event(event, data=None) -> str:
 
 # ----------------------------------------------------------------------------- session requests
 
+#: The longest request line a session reads (bytes): a prompt past it could not fit any
+#: context, and reading it whole would hold the session for minutes.
+MAX_REQUEST_BYTES = 4 << 20
+#: The deepest nesting of arrays and objects a request may have (a request needs 2).
+MAX_REQUEST_DEPTH = 64
+_ID_IN_LINE = re.compile(rb'"id"\s*:\s*(-?\d{1,10})(?![\d.eE])')
+
 #: Request commands and their required fields.
 REQUESTS: dict[str, tuple[str, ...]] = {
     "generate": ("id", "prompt"),
@@ -439,12 +455,24 @@ def encode_request(cmd: str, **fields: Any) -> str:
 def parse_request(
     line: str | bytes, *, path: str | None = None, lineno: int | None = None
 ) -> dict[str, Any]:
-    """A request line as a dict (``cmd`` plus its fields), checked like :func:`encode_request`."""
+    """A request line as a dict (``cmd`` plus its fields), checked like :func:`encode_request`
+    and bounded: at most :data:`MAX_REQUEST_BYTES` long, :data:`MAX_REQUEST_DEPTH` deep."""
+    if len(line) > MAX_REQUEST_BYTES:
+        raise FormatError(path, lineno, _too_long(len(line)))
     text = to_text(line).strip()
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise FormatError(path, lineno, f"request is not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise FormatError(path, lineno, _too_deep()) from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        limit = sys.get_int_max_str_digits()
+        raise FormatError(
+            path, lineno, f"request holds a number longer than {limit} digits ({exc})"
+        ) from None
+    if _depth(data) > MAX_REQUEST_DEPTH:
+        raise FormatError(path, lineno, _too_deep())
     if not isinstance(data, dict) or not isinstance(data.get("cmd"), str):
         raise FormatError(path, lineno, 'request is not a JSON object with a "cmd"')
     cmd = data["cmd"]
@@ -454,6 +482,39 @@ def parse_request(
     if missing:
         raise FormatError(path, lineno, f"request {cmd!r} lacks {', '.join(missing)}")
     return data
+
+
+def request_id_in(line: bytes) -> int:
+    """The ``"id"`` a request line that does not parse seems to give (-1 when none does),
+    so that its refusal can name the request."""
+    m = _ID_IN_LINE.search(line[: 1 << 16])
+    value = int(m.group(1)) if m else -1
+    return value if -(2**31) <= value < 2**31 else -1
+
+
+def _too_long(size: int) -> str:
+    return (
+        f"request line longer than {MAX_REQUEST_BYTES >> 20} MiB "
+        f"({size:,} bytes or more; the limit of a session request)"
+    )
+
+
+def _too_deep() -> str:
+    return f"request nested deeper than {MAX_REQUEST_DEPTH} levels (the limit of a session request)"
+
+
+def _depth(value: Any) -> int:
+    """The nesting depth of parsed JSON (1 for a flat object), without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_REQUEST_DEPTH:
+                children = node.values() if isinstance(node, dict) else node
+                stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 # ----------------------------------------------------------------------------- end-of-run lines

@@ -19,7 +19,7 @@ from typing import Any
 
 from bmoe.formats import kv
 from bmoe.formats.detect import BOM, PathLike, detect_bytes
-from bmoe.formats.metrics_columns import FLOAT_COLUMNS, INT_COLUMN_BITS
+from bmoe.formats.metrics_columns import FLOAT_COLUMNS, INT_COLUMN_BITS, run_unfinished
 
 #: Files up to this size take the quick path (bytes); a metrics CSV is ~200 bytes a token.
 QUICK_LIMIT = 1 << 20
@@ -154,12 +154,7 @@ def _describe(
             turns.add(int(fields[turn_col]))
     if header is None:
         raise _NotQuick
-    if not summaries:
-        partial = True
-    elif len(turns) > 1:
-        partial = False
-    else:
-        partial = last_steps is not None and rows < last_steps
+    partial = run_unfinished(summaries, rows, last_steps, len(turns) or 1)
     head: dict[str, Any] = {"file": name}
     head.update(format="bmoe_metrics", version=version, rows=rows)
     head.update(steps=last_steps, partial=partial, turns=len(summaries) or None)

@@ -241,8 +241,8 @@ def _check_metrics(run: Any, rep: _Report) -> None:
         rep.rows(rows["step"].to_numpy() < 1, ERROR, "step is below 1 (steps are 1-based)")
     if not run.summaries:
         rep.add(WARNING, "no '# summary' trailer: the run did not finish (partial)")
-    elif run.partial:
-        rep.add(WARNING, f"partial run: {run.tokens} of {run.steps} steps")
+    elif run.partial and not any("tokens" in s for s in run.summaries):
+        rep.add(WARNING, f"partial run: {run.tokens} of {run.steps} steps")  # else: below
     if "turn" in rows and len(run.summaries) > 1:
         per_turn = rows["turn"].value_counts(sort=False).tolist()  # turns in file order
     else:

@@ -83,6 +83,35 @@ class EscapeControls(RenderHook):
         return [_Escaped(r) for r in renderables]
 
 
+class PrintableBytes:
+    """A binary stream whose writes reach `raw` through :func:`printable`: UTF-8 decoded as
+    it comes (a character split between two writes is held until its last byte), control
+    characters spelled out, undecodable bytes passed on as they were. For text an engine
+    streams (a prompt echoed, a generated answer) on its way to a terminal or a file."""
+
+    def __init__(self, raw: Any):
+        import codecs
+
+        self.raw = raw
+        self._decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+
+    def write(self, data: bytes) -> int:
+        self._put(self._decoder.decode(bytes(data)))
+        return len(data)
+
+    def _put(self, text: str) -> None:
+        if text:
+            self.raw.write(printable(text).encode("utf-8", "surrogateescape"))
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def close(self) -> None:
+        """Write what is held of a cut character (its bytes, as they came)."""
+        self._put(self._decoder.decode(b"", final=True))
+        self.raw.flush()
+
+
 def guarded(console: Console) -> Console:
     """`console` with :class:`EscapeControls` installed (returned for chaining)."""
     console.push_render_hook(EscapeControls())

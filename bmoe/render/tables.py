@@ -107,15 +107,62 @@ def _as_frame(result: Result) -> pd.DataFrame:
     return pd.DataFrame({"figure": list(result.keys()), "value": list(result.values())})
 
 
+#: What a spreadsheet reads as the start of a formula (or of a DDE call), and a number.
+_FORMULA_START = r"[=+\-@\t\r]"
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+def formula_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with every text cell and column name that a spreadsheet would run as a formula
+    (:data:`bmoe.render.outputs.CSV_FORMULAS`) given a leading ``'``; a text cell that is a
+    number (``-1.5``) is left as it is. The one rule of every CSV bmoe writes."""
+    import pandas as pd
+
+    out = frame
+    for name in frame.columns:
+        column = frame[name]
+        if not (pd.api.types.is_object_dtype(column) or pd.api.types.is_string_dtype(column)
+                or isinstance(column.dtype, pd.CategoricalDtype)):  # fmt: skip
+            continue
+        text = column.astype(object) if isinstance(column.dtype, pd.CategoricalDtype) else column
+        try:
+            strings = text.str  # only the strings among the values answer (NaN elsewhere)
+        except AttributeError:  # no string at all
+            continue
+        risky = strings.match(_FORMULA_START, na=False) & ~strings.fullmatch(_NUMBER, na=False)
+        if risky.any():
+            if out is frame:
+                out = frame.copy()
+            fixed = text.astype(object)
+            fixed[risky] = "'" + text[risky].astype(str)
+            out[name] = fixed
+    names = [_safe_name(str(c)) for c in out.columns]
+    if names != [str(c) for c in out.columns]:
+        out = out.set_axis(names, axis=1)
+    return out
+
+
+def _safe_name(text: str) -> str:
+    return (
+        "'" + text if re.match(_FORMULA_START, text) and not re.fullmatch(_NUMBER, text) else text
+    )
+
+
+def frame_csv(frame: pd.DataFrame) -> str:
+    """One table as CSV text: formula cells neutralised (:func:`formula_safe`), control
+    characters spelled out."""
+    return printable(formula_safe(frame).to_csv(index=False, lineterminator="\n"))
+
+
 def render_csv(views: Mapping[str, Result]) -> str:
-    """Each view as a CSV block headed by ``# view=<name>``."""
+    """Each view as a CSV block headed by ``# view=<name>`` (see :func:`frame_csv`)."""
     import pandas as pd
 
     out = io.StringIO()
     for name, result in views.items():
         out.write(f"# view={printable(name)}\n")
         frame = pd.DataFrame([plain(result)]) if isinstance(result, Mapping) else result
-        frame.to_csv(out, index=False, lineterminator="\n")
+        formula_safe(frame).to_csv(out, index=False, lineterminator="\n")
     return printable(out.getvalue())
 
 
@@ -134,11 +181,17 @@ def markdown_cell(text: str) -> str:
     return printable(text).translate(_MARKDOWN_CELL)
 
 
-def render_markdown(views: Mapping[str, Result], digits: Mapping[str, int] | None = None) -> str:
+def render_markdown(
+    views: Mapping[str, Result],
+    digits: Mapping[str, int] | None = None,
+    titles: Mapping[str, str] | None = None,
+) -> str:
+    """Each view as a markdown table under its title (`titles`: slug -> title, see
+    :mod:`bmoe.analyze.views`; a view without one is headed by its slug)."""
     out = []
     for name, result in views.items():
         frame = _as_frame(result)
-        out.append(f"### {markdown_cell(str(name))}\n")
+        out.append(f"### {markdown_cell(str((titles or {}).get(name, name)))}\n")
         cols = [str(c) for c in frame.columns]
         out.append("| " + " | ".join(markdown_cell(c) for c in cols) + " |")
         out.append("|" + "|".join("---:" if _numeric(frame[c]) else "---" for c in frame) + "|")
@@ -159,10 +212,15 @@ def _numeric(series: pd.Series) -> bool:
 
 
 def rich_tables(
-    views: Mapping[str, Result], digits: Mapping[str, int] | None = None
+    views: Mapping[str, Result],
+    digits: Mapping[str, int] | None = None,
+    titles: Mapping[str, str] | None = None,
 ) -> list[Table]:
-    """Each view as a rich Table titled with its name."""
-    return [rich_table(table_cells(result, digits), title=name) for name, result in views.items()]
+    """Each view as a rich Table titled with its title (`titles`), else its slug."""
+    return [
+        rich_table(table_cells(result, digits), title=(titles or {}).get(name, name))
+        for name, result in views.items()
+    ]
 
 
 #: (header, numeric, cell texts) per column; numeric columns are right-justified.
@@ -513,20 +571,23 @@ def render(
     fmt: str = "table",
     console: Console | None = None,
     digits: Mapping[str, int] | None = None,
+    titles: Mapping[str, str] | None = None,
 ) -> str | None:
-    """Render `views` in `fmt`. ``table`` prints to `console` and returns None; the text
-    formats return a string."""
+    """Render `views` (slug -> result) in `fmt`. ``table`` prints to `console` and returns
+    None; the text formats return a string. json and csv name each view by its slug; tables
+    and markdown show its title from `titles` (slug -> title, :mod:`bmoe.analyze.views`),
+    its slug where it has none."""
     if fmt == "csv":
         return render_csv(views)
     if fmt == "json":
         return render_json(views)
     if fmt == "markdown":
-        return render_markdown(views, digits)
+        return render_markdown(views, digits, titles)
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     console = console or Console(markup=False)
     for name, result in views.items():
-        print_table(console, table_cells(result, digits), title=name)
+        print_table(console, table_cells(result, digits), title=(titles or {}).get(name, name))
     return None
 
 

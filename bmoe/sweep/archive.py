@@ -36,18 +36,46 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bmoe.errors import BmoeError
+from bmoe.formats.errors import warn
+from bmoe.sweep.shelltext import shell_join
 
 MANIFEST = "manifest.jsonl"
+#: Where a torn last line of the manifest is set aside.
+TORN = "manifest.jsonl.torn"
 CONFIG = "sweep.toml"
 RESULTS = "results.parquet"
 SUMMARY = "summary.md"
 RECORD = "record.json"
 CELLS = "cells"
 
+#: A tune's record of its rounds (:mod:`bmoe.sweep.tune`): its folder is resumed by ``bmoe tune``.
+TUNE_STATE = "tune.json"
+
 #: ``lost``: the host running the attempt (a farm node) or the task on it died.
 STATUSES = (
     "ok", "crashed", "timeout", "invalid", "error", "interrupted", "rejected", "killed", "lost",
 )  # fmt: skip
+
+
+def is_tune_folder(root: Path) -> bool:
+    """Whether `root` was made by ``bmoe tune``: its ``tune.json``, or a ``[tune]`` table in
+    its ``sweep.toml`` (a tune stopped before its first round was recorded)."""
+    import tomllib
+
+    root = Path(root)
+    if (root / TUNE_STATE).is_file():
+        return True
+    try:
+        with open(root / CONFIG, "rb") as fh:
+            head = fh.read(1 << 20)
+        return isinstance(tomllib.loads(head.decode("utf-8")).get("tune"), dict)
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
+def resume_command(root: Path) -> str:
+    """The command that carries on the sweep or tune of folder `root`, quoted to paste."""
+    return shell_join(["bmoe", "tune" if is_tune_folder(root) else "sweep", str(root)])
 
 
 def fsync_dir(path: Path) -> None:
@@ -150,6 +178,7 @@ class ArchiveWriter:
         self.root = Path(root)
         self._lock = threading.Lock()
         self._attempts: dict[str, int] | None = None  # run -> highest attempt in the manifest
+        self.mended: str | None = None  # what :meth:`open` did to a torn manifest
 
     # -- creation
     @classmethod
@@ -178,7 +207,15 @@ class ArchiveWriter:
             raise BmoeError(f"{root}: not a sweep folder (no {CONFIG})")
         (root / CELLS).mkdir(exist_ok=True)
         clear_stale_tmp(root)
-        return cls(root)
+        archive = cls(root)
+        archive.mended = archive.mend_manifest()
+        adopted = archive.adopt_unlisted()
+        if adopted:
+            said = f"{adopted} completed run(s) it did not list (their lines lost); listed again"
+            archive.mended = (
+                f"{archive.mended}; {said}" if archive.mended else f"{MANIFEST}: {said}"
+            )
+        return archive
 
     @property
     def state_dir(self) -> Path:
@@ -288,13 +325,86 @@ class ArchiveWriter:
     def _append_manifest(self, record: Mapping[str, Any]) -> None:
         self._note_attempt(record)
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
-        fd = os.open(self.root / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.root / MANIFEST, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            self._mend_tail(fd)
             os.write(fd, line.encode("utf-8"))
             os.fsync(fd)
         finally:
             os.close(fd)
         fsync_dir(self.root)
+
+    def mend_manifest(self) -> str | None:
+        """Set aside a torn last line of the manifest (see :meth:`_mend_tail`); returns what
+        was done, or None when the manifest ends whole."""
+        path = self.root / MANIFEST
+        if not path.is_file():
+            return None
+        with self._lock:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND)
+            try:
+                return self._mend_tail(fd)
+            finally:
+                os.close(fd)
+
+    def _mend_tail(self, fd: int) -> str | None:
+        """A manifest whose last line has no newline (a power loss or a kill mid-write) would
+        glue the next record to the fragment, losing both. A fragment that reads as a whole
+        record only lacks its newline, which is added; any other is moved to
+        ``manifest.jsonl.torn`` and cut from the manifest."""
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return None
+        start = size
+        while start > 0:  # back to the last newline, a block at a time
+            block = os.pread(fd, min(1 << 16, start), max(0, start - (1 << 16)))
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                start = start - len(block) + cut + 1
+                break
+            start -= len(block)
+        tail = os.pread(fd, size - start, start)
+        try:
+            whole = isinstance(json.loads(tail), dict)
+        except (ValueError, RecursionError):
+            whole = False
+        if whole:
+            os.write(fd, b"\n")
+            os.fsync(fd)
+            return f"{MANIFEST}: its last line lacked a newline; added"
+        with open(self.root / TORN, "ab") as aside:
+            aside.write(tail + b"\n")
+            aside.flush()
+            os.fsync(aside.fileno())
+        os.ftruncate(fd, start)
+        os.fsync(fd)
+        return (
+            f"{MANIFEST}: its last line was cut short ({len(tail)} bytes, a kill or power loss "
+            f"mid-write); set aside in {TORN}"
+        )
+
+    def adopt_unlisted(self) -> int:
+        """Give back its ``ok`` line to every completed run folder that validates and that no
+        ``ok`` line names (its line torn off and set aside, or the kill came between the
+        folder's rename and the append), whether or not the resumed plan holds it: a tune
+        plans its rounds from the manifest, so a run it does not list would be lost to it.
+        Returns how many lines were appended."""
+        listed = {(r.get("run"), r.get("attempt")) for r in self.manifest()
+                  if isinstance(r, dict) and r.get("status") == "ok"}  # fmt: skip
+        adopted = 0
+        for path in sorted((self.root / CELLS).glob(f"*/r*/{RECORD}")):
+            run_dir = path.parent
+            if not re.fullmatch(r"r\d+", run_dir.name):
+                continue  # an attempt set aside (r1.a2.crashed, r1.invalid-1)
+            run_id = f"{run_dir.parent.name}/{run_dir.name}"
+            record = self.completed_record(run_id)
+            if not record or (record.get("run"), record.get("attempt")) in listed:
+                continue
+            if record.get("run") != run_id or not self.validate_run(run_id)[0]:
+                continue
+            self.append_manifest(record)
+            adopted += 1
+        return adopted
 
     def append_manifest(self, record: Mapping[str, Any]) -> None:
         with self._lock:
@@ -402,26 +512,39 @@ def csv_complete(path: Path) -> tuple[bool, str]:
     if run.tokens == 0:
         return False, f"{path.name}: no token rows"
     if run.partial:
-        return False, f"{path.name}: the run did not finish ({run.tokens} rows, no summary)"
+        said = run.summary.get("tokens") if run.summaries else None
+        why = "no summary" if said is None else f"the summary says tokens={said}"
+        return False, f"{path.name}: the run did not finish ({run.tokens} rows, {why})"
     return True, "ok"
 
 
 def read_manifest(path: Path) -> list[dict[str, Any]]:
-    """Manifest lines; a cut last line (a sweep killed mid-write) is skipped."""
+    """Manifest records; a line that is not one (a cut last line of a sweep killed mid-write,
+    damage) is skipped with a warning naming it."""
     out: list[dict[str, Any]] = []
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return out
-    for line in text.splitlines():
+    lines = text.splitlines()
+    bad: list[tuple[int, str]] = []
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
+            cut = n == len(lines) and not text.endswith("\n")
+            bad.append((n, "cut short (a kill or power loss mid-write)" if cut else "not JSON"))
             continue
         if isinstance(record, dict):  # a damaged line may parse as a list or a number
             out.append(record)
+        else:
+            bad.append((n, "not a record"))
+    for n, why in bad[:3]:
+        warn(str(path), n, f"{why}: line skipped")
+    if len(bad) > 3:
+        warn(str(path), None, f"{len(bad) - 3} more lines skipped (not records)")
     return out
 
 
@@ -596,18 +719,50 @@ def load_results(root: Path) -> pd.DataFrame:
             table = pq.read_table(path)
             frame = table.to_pandas()
             meta = json.loads((table.schema.metadata or {}).get(b"bmoe_sweep", b"{}"))
-        except (pa.ArrowException, OSError, ValueError) as exc:
+        except (pa.ArrowException, OSError, ValueError, RecursionError) as exc:
             raise BmoeError(f"{path}: unreadable ({str(exc).splitlines()[0]})") from None
         meta = meta if isinstance(meta, dict) else {}
-        frame.attrs["axes"] = meta.get("axes", [])
-        frame.attrs["params"] = meta.get("params", [])
-        frame.attrs["name"] = meta.get("name")
-        return frame
-    if not (root / MANIFEST).is_file():
+        missing = [c for c in RESULT_KEYS if c not in frame.columns]
+        if not missing:
+            frame.attrs["axes"] = meta.get("axes", [])
+            frame.attrs["params"] = meta.get("params", [])
+            frame.attrs["name"] = meta.get("name")
+            _check_manifest(root, frame)
+            return frame
+        what = f"{path}: not a sweep's results table (no {', '.join(missing)} column)"
+        if not (root / MANIFEST).is_file():
+            raise BmoeError(what)
+        warn(str(path), None, f"not a sweep's results table (no {', '.join(missing)} column); "
+                              f"rebuilt from {MANIFEST}")  # fmt: skip
+    elif not (root / MANIFEST).is_file():
         raise BmoeError(f"{root}: not a sweep folder (no {RESULTS} or {MANIFEST})")
     frame = results_frame(root)
     frame.attrs["axes"] = _varying_columns(frame, frame.attrs.get("params", []))
     return frame
+
+
+#: The columns every results table has (what an attempt ran and its outcome).
+RESULT_KEYS = ("run", "cell", "status")
+
+
+def _check_manifest(root: Path, frame: pd.DataFrame) -> None:
+    """Warn when ``results.parquet`` holds attempts its manifest does not (the manifest cut
+    short or replaced after the results were written); the manifest's own unreadable lines
+    are named as it is read."""
+    if not (root / MANIFEST).is_file():
+        return
+    records = read_manifest(root / MANIFEST)
+    listed: set[object]
+    keys: set[object]
+    if "attempt" in frame:
+        listed = {(str(r.get("run")), str(r.get("attempt"))) for r in records}
+        keys = set(zip(frame["run"].astype(str), frame["attempt"].astype(str), strict=True))
+    else:
+        listed, keys = {str(r.get("run")) for r in records}, set(frame["run"].astype(str))
+    extra = len(keys - listed)
+    if extra:
+        warn(str(root / RESULTS), None, f"{RESULTS} holds {extra} attempts the manifest does "
+                                        "not (the manifest cut short or replaced?)")  # fmt: skip
 
 
 def _varying_columns(frame: pd.DataFrame, params: list[str]) -> list[str]:

@@ -36,6 +36,7 @@ from ray.exceptions import NodeDiedError, RayError, RayTaskError, WorkerCrashedE
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from bmoe.errors import BmoeError
+from bmoe.sweep.archive import resume_command
 from bmoe.sweep.attempt import CellContext, UnitRunner
 from bmoe.sweep.plan import Unit
 from bmoe.sweep.sessions import SESSIONS
@@ -576,4 +577,4 @@ class _Sweep:
         gone = sorted(name for name, lane in self.lanes.items() if lane.gone)
         why = f" (targets whose host left the cluster: {', '.join(gone)})" if gone else ""
         self.ctx.sink.message(f"{runs} runs wait for a target that may run them{why}; resume "
-                              f"with: bmoe sweep {self.ctx.archive.root}")  # fmt: skip
+                              f"with: {resume_command(self.ctx.archive.root)}")  # fmt: skip

@@ -19,6 +19,8 @@ This module reads; it never runs anything, so importing it does not import the r
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 import warnings
 from collections.abc import Iterator
@@ -306,13 +308,22 @@ def _open_sweep(root: Path) -> Archive:
         runs[key] = ArchivedRun(
             run=key,
             cell=str(values.get("cell")),
-            repeat=int(values.get("repeat") or 1),
+            repeat=_repeat_of(values.get("repeat"), run_id),
             status=str(values.get("status")),
             folder=folder,
             candidates=candidates,
             record=record,
         )
     return Archive(root, "sweep", cells, runs, text)
+
+
+def _repeat_of(value: Any, run_id: str) -> int:
+    """The repeat of an attempt: its results cell, else the ``r<k>`` of its run id (a
+    ``killed`` line written by an earlier resume has no ``repeat``), else 1."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return int(value) if value >= 1 else 1
+    m = re.search(r"/r(\d{1,9})$", run_id)
+    return int(m.group(1)) if m else 1
 
 
 def _records(root: Path) -> Iterator[dict[str, Any]]:

@@ -105,7 +105,8 @@ def prepare_resume(archive: ArchiveWriter, plan: Plan, sink: ProgressSink) -> se
         cell = killed.parent.name
         rep, attempt = killed.name.split(".")[0], int(killed.name.split(".")[1][1:])
         archive.append_manifest({
-            "run": f"{cell}/{rep}", "cell": cell, "attempt": attempt, "status": "killed",
+            "run": f"{cell}/{rep}", "cell": cell, "repeat": int(rep[1:]) if rep[1:].isdigit()
+            else None, "attempt": attempt, "status": "killed",
             "error": "the sweep stopped while this attempt ran", "dir": str(
                 killed.relative_to(archive.root)), "ended": now_iso(),
         })  # fmt: skip

@@ -34,13 +34,13 @@ import pandas as pd
 
 from bmoe.analyze import tune as decide_mod
 from bmoe.errors import BmoeError
-from bmoe.sweep.archive import ArchiveWriter, results_frame, write_atomic
+from bmoe.sweep.archive import TUNE_STATE, ArchiveWriter, results_frame, write_atomic
 from bmoe.sweep.attempt import NullSink, ProgressSink
 from bmoe.sweep.plan import Cell, Plan, Run, Unit, cell_id, expand
 from bmoe.sweep.runner import Executor, executor_for, run_sweep
 from bmoe.sweep.tune_config import LOSSY_FLAGS, TuneConfig
 
-TUNE_FILE = "tune.json"
+TUNE_FILE = TUNE_STATE
 PROFILE_FILE = "profile.json"
 CALIBRATE = "calibrate"
 #: Axes the profile prices (the rest are corrected per group of their values).
@@ -485,14 +485,7 @@ class Tuner:
 
     def used(self) -> tuple[int, float]:
         """Device runs attempted (the calibration run included) and their device seconds."""
-        runs = 0
-        seconds = 0.0
-        for record in self.archive.manifest():
-            if record.get("status") in ("set_aside",) or not isinstance(record.get("run"), str):
-                continue
-            runs += 1
-            seconds += float(record.get("duration_s") or 0.0)
-        return runs, seconds
+        return device_use(self.archive.manifest())
 
     def run(self) -> TuneOutcome:
         """Calibrate (or resume), then rounds until settled or out of budget."""
@@ -852,6 +845,22 @@ def _stop_sentence(reason: str, decision: decide_mod.Decision) -> str:
     }.get(reason, reason)
 
 
+def device_use(records: Sequence[dict[str, Any]]) -> tuple[int, float]:
+    """Attempts in manifest `records` and their device seconds, each attempt (a run and its
+    attempt number) once however many lines it has: a copied or replayed line is not a run.
+    Lines set aside stand for an attempt counted by its other line."""
+    seconds: dict[tuple[str, Any], float] = {}
+    for record in records:
+        run = record.get("run")
+        if record.get("status") == "set_aside" or not isinstance(run, str):
+            continue
+        attempt = record.get("attempt")
+        key = (run, attempt if isinstance(attempt, int | str) else repr(attempt))
+        spent = _finite(record.get("duration_s")) or 0.0
+        seconds[key] = max(seconds.get(key, 0.0), max(spent, 0.0))
+    return len(seconds), float(sum(seconds.values()))
+
+
 def _label(cell: Cell, axes: Sequence[str]) -> str:
     return " ".join(f"{a}={cell.params.get(a)}" for a in axes)
 
@@ -861,10 +870,10 @@ def _flags(cell: Cell) -> dict[str, Any]:
 
 
 def command_line(cell: Cell, engine: str) -> str:
-    """The recommended flags as one command line (``bmoe run`` or ``bmoe-cli``)."""
-    import shlex
-
+    """The recommended flags as one command line (``bmoe run`` or ``bmoe-cli``), quoted to
+    paste."""
     from bmoe.engine.native import flag_name, format_flag_value
+    from bmoe.sweep.shelltext import shell_join
 
     args = ["bmoe", "run"] if engine == "embedded" else ["bmoe-cli"]
     for key, value in _flags(cell).items():
@@ -873,7 +882,7 @@ def command_line(cell: Cell, engine: str) -> str:
         args.append(flag_name(key))
         if value is not True:
             args.append(format_flag_value(value))
-    return shlex.join(args)
+    return shell_join(args)
 
 
 def toml_snippet(cell: Cell, axes: Sequence[str]) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe.analyze.tune import OBJECTIVES, Constraint
+from bmoe.errors import BmoeError
 from bmoe.sweep.checking import Checker, describe
 from bmoe.sweep.config import SweepConfig, config_text, parse_config, resolved_document
 from bmoe.sweep.tomltext import KeyPath, dumps, format_value, key_lines
@@ -115,7 +116,7 @@ def _settings(check: Checker, table: dict[str, Any], sweep: SweepConfig) -> Tune
             raise check.fail((*key, "objective"), f"{name!r}: one of {', '.join(OBJECTIVES)}")
         kw["objective"] = next(k for k, v in OBJECTIVES.items() if name in (k, v[0]))
     if "budget" in table:
-        kw.update(_budget(check, table["budget"], (*key, "budget")))
+        kw.update(_budget(check, table["budget"], (*key, "budget"), sweep.settings.max_runs))
     if "confidence" in table:
         level = check.number(table["confidence"], (*key, "confidence"), positive=True)
         if not 0.5 <= level < 1:
@@ -124,7 +125,10 @@ def _settings(check: Checker, table: dict[str, Any], sweep: SweepConfig) -> Tune
     for name in ("per_round", "min_repeats", "max_repeats"):
         if name in table:
             kw[name] = check.integer(
-                table[name], (*key, name), minimum=1 if name != "min_repeats" else 2
+                table[name],
+                (*key, name),
+                minimum=1 if name != "min_repeats" else 2,
+                maximum=sweep.settings.max_runs,
             )
     if kw.get("max_repeats", 5) < kw.get("min_repeats", 2):
         raise check.fail((*key, "max_repeats"), "must be at least min_repeats")
@@ -145,8 +149,10 @@ def _settings(check: Checker, table: dict[str, Any], sweep: SweepConfig) -> Tune
         if name in table:
             value = check.string(table[name], (*key, name))
             resolved = sweep.resolve_local(value)
-            if not resolved.is_file():
-                raise check.fail((*key, name), f"{resolved}: no such file")
+            try:
+                _check_input(name, str(resolved))
+            except BmoeError as exc:
+                raise check.fail((*key, name), str(exc)) from None
             kw[name] = str(resolved)
     if ("trace" in kw) != ("profile" in kw):
         raise check.fail(
@@ -159,16 +165,47 @@ def _settings(check: Checker, table: dict[str, Any], sweep: SweepConfig) -> Tune
     return TuneSettings(**kw)
 
 
-def _budget(check: Checker, value: Any, key: KeyPath) -> dict[str, Any]:
+def _check_input(name: str, path: str) -> None:
+    """A ``[tune]`` file checked before the first run (every run would fail on it alike):
+    a regular file (what it is, else), and a route trace, a device profile or a fidelity
+    reference by its content (a reference by its declared sizes, nothing inflated)."""
+    from bmoe.formats.detect import detect
+    from bmoe.formats.inputs import regular_file
+
+    regular_file(path)
+    if name == "trace":
+        kind = detect(path)
+        if kind != "route":
+            raise BmoeError(f"{path}: not a route trace ({kind or 'unknown'} content)")
+    elif name == "profile":
+        from bmoe.formats.profile import read_profile
+
+        read_profile(path)
+    else:
+        from bmoe.engine.embedded.fidelity import check_reference
+
+        check_reference(path)
+
+
+#: The longest device-time budget (seconds): 30 days.
+MAX_BUDGET_S = 30 * 86400
+
+
+def _budget(check: Checker, value: Any, key: KeyPath, max_runs: int) -> dict[str, Any]:
+    """Runs (at most the sweep's ``max_runs``) or device time (at most 30 days), in ASCII
+    digits."""
+    runs_limit = f"at most {max_runs} runs ([sweep] max_runs)"
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 1:
             raise check.fail(key, "at least one run")
+        if value > max_runs:
+            raise check.fail(key, f"{runs_limit}, got {value}")
         return {"budget_runs": value}
     if not isinstance(value, str):
         raise check.fail(
             key, f'a number of runs or a device time ("20 min"), got {describe(value)}'
         )
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", value.lower())
+    m = re.fullmatch(r"\s*([0-9]{1,12}(?:\.[0-9]{1,9})?)\s*([a-z]*)\s*", value.lower(), re.ASCII)
     units = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hour": 3600, "hours": 3600}
     if not m or (m.group(2) not in units and m.group(2) not in ("run", "runs")):
         raise check.fail(
@@ -179,8 +216,13 @@ def _budget(check: Checker, value: Any, key: KeyPath) -> dict[str, Any]:
     if amount <= 0:
         raise check.fail(key, "must be positive")
     if m.group(2) in ("run", "runs"):
+        if amount > max_runs:
+            raise check.fail(key, f"{runs_limit}, got {value!r}")
         return {"budget_runs": int(amount)}
-    return {"budget_s": amount * units[m.group(2)]}
+    seconds = amount * units[m.group(2)]
+    if seconds > MAX_BUDGET_S:
+        raise check.fail(key, f"at most 30 days of device time, got {value!r}")
+    return {"budget_s": seconds}
 
 
 def _check_sweep(check: Checker, sweep: SweepConfig, tune: TuneSettings) -> None:

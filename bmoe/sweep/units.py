@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bmoe.errors import BmoeError
+from bmoe.sweep.archive import resume_command
 from bmoe.sweep.attempt import CellContext
 from bmoe.sweep.attempts import run_with_retries
 from bmoe.sweep.plan import Unit
@@ -39,8 +40,8 @@ def run_unit(
         ctx.stop.set()  # the other targets end their attempts too
         where = f" writing {exc.filename}" if exc.filename else ""
         raise DiskFull(
-            f"{ctx.archive.root}: no space left on the device{where}; the sweep stopped "
-            f"(free space, then resume with: bmoe sweep {ctx.archive.root})"
+            f"{ctx.archive.root}: no space left on the device{where}; the runs stopped "
+            f"(free space, then resume with: {resume_command(ctx.archive.root)})"
         ) from None
 
 

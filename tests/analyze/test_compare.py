@@ -90,9 +90,12 @@ def test_partial_runs_refuse(tmp_path: Path, corpus: Path) -> None:
     b = load_run_files(write_run(tmp_path / "k.csv", killed, summary=False))
     with pytest.raises(NotComparable, match=r"64 of 128 steps \(no summary: the run was killed\)"):
         compare_runs(a, b)
+    lying = load_run_files(write_run(tmp_path / "l.csv", killed, summary={"tokens": 128}))
+    with pytest.raises(NotComparable, match=r"64 of 128 steps \(its summary says tokens=128\)"):
+        compare_runs(a, lying)
+    # ended by the model at 1354 of 2048 steps: a finished run
     v1 = load_run_files(corpus / "metrics/2026-07-21-pinned-dense-ab/bmoe-20260721-103724.csv")
-    with pytest.raises(NotComparable, match="1354 of 2048 steps"):
-        compare_runs(v1, v1)
+    assert compare_runs(v1, v1) is not None
 
 
 @pytest.mark.parametrize(

@@ -22,44 +22,16 @@ from hostile_inputs import (
     CONFIGS,
     _config_text,
     _drop_column,
+    capped,
     good_profile,
     materialize,
     parquet_mutations,
     run_in_process,
     special_cases,
 )
-
-CAP = 3 << 30  # bytes of address space: the interpreter with numpy, pandas, pyarrow and numba
-
-
-def capped(args: list[str], timeout: float = 120, cwd: Path | None = None):
-    """``bmoe ARGS`` in a child process whose address space is capped at :data:`CAP`."""
-    code = (
-        "import resource, sys\n"
-        f"resource.setrlimit(resource.RLIMIT_AS, ({CAP}, {CAP}))\n"
-        "from bmoe.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"},
-    )  # fmt: skip
-    done.seconds = time.monotonic() - started  # type: ignore[attr-defined]
-    return done
-
-
-def _one_error(result, *needles: str) -> str:
-    """The single error line of a refused command (exit 2), which names each needle."""
-    err = result.err if hasattr(result, "err") else result.stderr
-    assert result.code == 2 if hasattr(result, "code") else result.returncode == 2, err
-    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
+from hostile_inputs import (
+    one_error as _one_error,
+)
 
 # ----------------------------------------------------------------------------- the profile
 

@@ -48,7 +48,7 @@ def test_the_reference_shows_help_examples_and_defaults() -> None:
     assert section.startswith("## bmoe analyze route\n\nViews of a routing trace")
     assert "```bash\nbmoe analyze route trace.csv --view reuse,overlap --phase decode\n" in section
     assert "Usage: `bmoe analyze route [OPTIONS] TRACE`" in section
-    assert "| `--format / -f` | One of table, csv, json, markdown. | `table` |" in section
+    assert "| `--format / -f` | One of table, csv, json, markdown; in csv a text cell" in section
     assert "--help" not in section
     assert reference().count("\n## bmoe ") == len(list(commands()))
 

@@ -39,15 +39,21 @@ def test_info_on_every_kind(corpus: Path, capsys) -> None:
     assert session["file"]["generations"] == 2 and session["file"]["errors"] == 1
     assert [g["tokens"] for g in session["generations"]] == [8, 6]
     assert session["errors"][0]["fatal"] is False
-    assert docs[5]["end of run"]["tok/s"] == 4.971
+    assert docs[5]["end_of_run"]["tok/s"] == 4.971
     assert docs[6]["pressure"]["peak_rss_kb"] == 6152604
     state = {row["figure"]: row for row in docs[7]["state"]}
     assert state["mem_available_kb"]["before"] == 6794156
 
 
-def test_info_partial_run(corpus: Path, capsys) -> None:
+def test_info_partial_run(corpus: Path, tmp_path: Path, capsys) -> None:
     path = corpus / "metrics/2026-07-21-pinned-dense-ab/bmoe-20260721-103724.csv"
     code, out, _ = run(capsys, "info", "-f", "json", str(path))
+    head = json.loads(out)["file"]  # ended by the model at 1354 of 2048 steps: finished
+    assert code == 0 and (head["rows"], head["steps"], head["partial"]) == (1354, 2048, False)
+    text = path.read_text()
+    killed = tmp_path / "killed.csv"
+    killed.write_text(text[: text.index("# summary")])
+    code, out, _ = run(capsys, "info", "-f", "json", str(killed))
     head = json.loads(out)["file"]
     assert code == 0 and (head["rows"], head["steps"], head["partial"]) == (1354, 2048, True)
 
@@ -55,9 +61,12 @@ def test_info_partial_run(corpus: Path, capsys) -> None:
 def test_validate_exit_codes(corpus: Path, tmp_path: Path, capsys) -> None:
     code, out, _ = run(capsys, "validate", str(corpus / "native-tiny/run.csv"))
     assert code == 0 and out.strip().endswith("run.csv: ok")
-    partial = corpus / "metrics/2026-07-21-pinned-dense-ab/bmoe-20260721-103724.csv"
+    ended = corpus / "metrics/2026-07-21-pinned-dense-ab/bmoe-20260721-103724.csv"
+    text = ended.read_text()
+    partial = tmp_path / "killed.csv"
+    partial.write_text(text[: text.index("# summary")])
     code, out, _ = run(capsys, "validate", str(partial))
-    assert code == 1 and "warning: partial run: 1354 of 2048 steps" in out
+    assert code == 1 and "warning: no '# summary' trailer" in out
     empty = tmp_path / "empty.csv"
     empty.write_text("")
     code, out, err = run(capsys, "validate", str(partial), str(empty))

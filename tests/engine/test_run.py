@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import io
 import itertools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,35 @@ def test_the_project_replay_agrees_with_the_engine(tiny_model, tmp_path) -> None
     assert table.loc["lru replay @ 2 MiB", "hit_pct_cum"] == pytest.approx(exact, abs=1e-9)
     assert table.loc["trace residency column", "hit_pct_cum"] == pytest.approx(exact, abs=1e-9)
     assert abs(table.loc["metrics summary cache_hit_pct", "minus_replay_cum"]) <= 0.05
+
+
+@pytest.mark.parametrize("policy", ["lfu", "s3fifo", "layerlfu"])
+def test_another_cache_policy_streams_identically_and_the_replay_reproduces_it(
+    tiny_model, baseline, tmp_path, policy
+) -> None:
+    """--cache-policy: the engine's cache evicts by another of the replay's policies (what a
+    profile of LRU runs is asked to predict); the tokens are plain decoding's, the preamble
+    names the policy (an LRU run names none, as the native engine's), and the replay of the
+    run's routing through that policy gives its hits exactly. Future-reading policies and
+    unknown names are refused."""
+    from bmoe.analyze.predict import cell_reads
+    from bmoe.analyze.replay import prepare_batches
+
+    route, csv = tmp_path / "r.route.csv", tmp_path / "r.csv"
+    run = _run(tiny_model, moe_stream=True, cache_mb=1, cache_policy=policy,
+               route_trace=str(route), csv=str(csv))  # fmt: skip
+    assert _identical(run, baseline)
+    metrics = read_metrics(csv)
+    assert metrics.params["cache_policy"] == policy
+    trace = read_route_trace(route)
+    reads = cell_reads(trace, prepare_batches(trace), policy, 1.0)
+    exact = 100 * run.cache_stats["hits"] / run.cache_stats["lookups"]
+    assert reads.hit_pct == pytest.approx(exact, abs=1e-9)
+    lru = cell_reads(trace, prepare_batches(trace), "lru", 1.0)
+    assert reads.hit_pct != pytest.approx(lru.hit_pct, abs=0.5)  # the policy mattered
+    for name, why in (("belady", "reads the future"), ("fifo9", "unknown")):
+        with pytest.raises(BmoeError, match=why):
+            EngineConfig(model=str(tiny_model), moe_stream=True, cache_policy=name).check()
 
 
 def test_prefetch_matches_the_replayed_previous_token_bet(tiny_model, tmp_path) -> None:
@@ -295,6 +325,24 @@ def test_files_have_the_native_columns_and_keys(tiny_model, tmp_path, corpus) ->
     last = ct[ct["step"] == ct["step"].max()]
     assert "MUL_MAT_ID" in set(last["op"].astype(str))
     assert last["seq"].tolist() == list(range(len(last)))
+
+
+def test_a_run_the_model_ends_early_is_a_finished_run(tiny_model, tmp_path) -> None:
+    """The tiny model reaches its end of sequence at token 37 of 64 on this prompt (as the
+    native engine does on the same file): the summary is there and says the rows' count, so
+    the run is finished and the sweep archive takes it."""
+    from bmoe.sweep.archive import csv_complete
+
+    path = tmp_path / "run.csv"
+    cfg = EngineConfig(
+        model=str(tiny_model), prompt="=cmd|' /C calc'!A0 explain", n_predict=64, threads=1,
+        csv=str(path),
+    )  # fmt: skip
+    run_engine(cfg)
+    run = read_metrics(path)
+    assert run.tokens < run.steps == 64, "the model no longer ends early on this prompt"
+    assert run.summary["tokens"] == run.tokens and not run.partial
+    assert csv_complete(path) == (True, "ok")
 
 
 def test_validate_passes_on_every_file(tiny_model, tmp_path) -> None:
@@ -477,6 +525,32 @@ def test_cli_run_and_errors(tiny_model, tmp_path, capsysbinary) -> None:
     rc = main(["run", "-m", str(tmp_path / "missing.gguf"), "-n", "1"])
     assert rc == 2
     assert "no such model file" in capsysbinary.readouterr().err.decode()
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_cli_run_never_sends_a_control_character_to_the_terminal(
+    tiny_model, capsysbinary, progress
+) -> None:
+    """The prompt echoed and the answer (the tiny model generates control bytes: BEL, NUL,
+    ...) go through the output filter; the progress lines stay JSON that reads back."""
+    from bmoe.cli import main
+
+    prompt = "x\x1b]0;PWNED\x07\x1b[2J\x9b"
+    extra = ["--progress"] if progress else []
+    assert main(["run", "-m", str(tiny_model), "-n", "64", "-t", "1", "-p", prompt, *extra]) == 0
+    out = capsysbinary.readouterr().out.decode("utf-8", "surrogateescape")
+    assert not CONTROL.search(out), repr(CONTROL.search(out))
+    raw = run_engine(EngineConfig(model=str(tiny_model), prompt=prompt, n_predict=64, threads=1))
+    assert CONTROL.search(raw.text.decode("utf-8", "replace"))  # there was something to filter
+    if progress:
+        events = [protocol.parse_line(ln) for ln in out.splitlines() if ln.startswith("BMOE_")]
+        text = "".join(e.data["delta_text"] for e in events if e.tag == "PROGRESS")
+        assert protocol.to_bytes(text) == raw.text  # the JSON carries the bytes exactly
+    else:
+        assert out.startswith("x\\x1b]0;PWNED\\x07\\x1b[2J\\x9b")
 
 
 def test_cli_model_synth(tmp_path, capsys) -> None:

@@ -89,6 +89,47 @@ def test_turns_rejections_and_files_read_like_the_native_session(tiny_model, tmp
         assert not [f for f in validate_file(path) if f.severity == "error"]
 
 
+#: Requests that each must be refused on their own (id, the line): the session serves on.
+HOSTILE_REQUESTS = [
+    (1, b'{"cmd": "generate", "id": 1, "prompt": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"),
+    (-1, b'{"cmd": "generate", "id": ' + b"9" * 5000 + b', "prompt": "hi"}'),
+    (3, b'{"cmd": "generate", "id": 3, "prompt": "hi", "n_predict": ' + b"9" * 5000 + b"}"),
+    (4, b'{"cmd": "generate", "id": 4, "prompt": "a\\ud800b"}'),
+    (5, b'{"cmd": "generate", "id": 5, "prompt": "' + b"x" * (5 << 20) + b'"}'),
+    (6, b'{"cmd": "generate", "id": 6, "prompt": "hi", "n_predict": 99999999999}'),
+    (99999999999, b'{"cmd": "generate", "id": 99999999999, "prompt": "hi"}'),
+    (8, b'{"cmd": "generate", "id": 8, "prompt": {"a": [[1]]}}'),
+    (-1, b"\xff\xfe not json"),
+    (10, b'{"cmd": "generate", "id": 10, "prompt": "' + b"z " * 200_000 + b'"}'),  # minutes
+]
+
+
+def test_a_session_answers_each_hostile_request_and_serves_the_next(tiny_model, tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bmoe", "run", "-m", str(tiny_model), "-n", "2", "-t", "1",
+         "--session"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+    )  # fmt: skip
+    good = b'{"cmd": "generate", "id": 100, "prompt": "hello", "n_predict": 2}\n'
+    feed = b"".join(line + b"\n" + good for _, line in HOSTILE_REQUESTS)
+    out, err = proc.communicate(feed + b'{"cmd": "close"}\n', timeout=300)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    assert b"Traceback" not in err and b"internal error" not in err, err[-2000:]
+    events = [e for e in protocol.iter_events(out.splitlines()) if e.tag in ("ERROR", "DONE")]
+    got = [(e.tag, e.data["id"]) for e in events]
+    want = [x for rid, _ in HOSTILE_REQUESTS for x in (("ERROR", rid), ("DONE", 100))]
+    assert got == want
+    errors = [e.data["msg"] for e in events if e.tag == "ERROR"]
+    assert "nested deeper than 64" in errors[0] and "4300 digits" in errors[1]
+    assert "lone surrogate" in errors[3] and "longer than 4 MiB" in errors[4]
+    assert "from 0 to 2147483647" in errors[5] and "from -2147483648" in errors[6]
+    assert '"prompt" must be a string' in errors[7]
+    assert "prompt of 400,000 bytes cannot fit the 2040 positions" in errors[9]
+    stderr_lines = [ln for ln in err.decode().splitlines() if ln.startswith("error: stdin:")]
+    assert len(stderr_lines) == sum(1 for rid, _ in HOSTILE_REQUESTS if rid == -1)
+    assert len(out.splitlines()) < 400  # no echo of the oversized line
+
+
 def test_a_session_turn_generates_what_a_one_shot_run_does(tiny_model, tmp_path) -> None:
     cfg = EngineConfig(model=str(tiny_model), prompt=PROMPT, n_predict=6, threads=1)
     alone = run_engine(cfg)

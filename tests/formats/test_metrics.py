@@ -44,10 +44,46 @@ def test_versions_and_shapes(corpus: Path) -> None:
     assert v2.rows["turn"].dtype.itemsize <= 2
 
 
-def test_partial_run_is_flagged(corpus: Path) -> None:
+def test_a_run_ended_at_end_of_sequence_is_finished(corpus: Path) -> None:
+    # 1354 of 2048 steps, then the model's end of sequence: the summary says tokens=1354
     run = read_metrics(corpus / "metrics/2026-07-21-pinned-dense-ab/bmoe-20260721-103724.csv")
-    assert run.tokens == 1354 and run.steps == 2048 and run.partial
+    assert run.tokens == 1354 and run.steps == 2048 and not run.partial
     assert not read_metrics(corpus / "native-tiny/run.csv").partial
+
+
+def _cut(text: str, rows: int, tokens: int | None) -> str:
+    """`text` (a one-turn metrics CSV) with its first `rows` token rows and a summary saying
+    `tokens` (none when None)."""
+    lines = text.splitlines(keepends=True)
+    head = [ln for ln in lines if ln.startswith("#") and not ln.startswith("# summary")]
+    body = [ln for ln in lines if not ln.startswith("#")]
+    summary = next(ln for ln in lines if ln.startswith("# summary"))
+    out = "".join(head + body[: rows + 1])
+    if tokens is not None:
+        out += summary.replace("tokens=24 ", f"tokens={tokens} ", 1)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("rows", "tokens", "partial"),
+    [(10, 10, False), (24, 24, False), (10, 24, True), (10, None, True), (24, 10, True)],
+)
+def test_finished_means_a_summary_whose_tokens_match_the_rows(
+    corpus: Path, tmp_path: Path, rows: int, tokens: int | None, partial: bool
+) -> None:
+    path = tmp_path / "run.csv"
+    path.write_text(_cut((corpus / "native-tiny/run.csv").read_text(), rows, tokens))
+    run = read_metrics(path)
+    assert run.tokens == rows and run.steps == 24 and run.partial is partial
+
+
+def test_a_session_is_finished_when_its_turns_tokens_add_up(corpus: Path, tmp_path: Path) -> None:
+    text = (corpus / "native-tiny/sess.csv").read_text()
+    assert not read_metrics(corpus / "native-tiny/sess.csv").partial
+    last = text.rindex("# summary")
+    path = tmp_path / "sess.csv"
+    path.write_text(text[:last])  # the second turn's rows without its summary: killed
+    assert read_metrics(path).partial
 
 
 def test_drop_run_summary_keys(corpus: Path) -> None:

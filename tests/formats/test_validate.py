@@ -43,9 +43,19 @@ def test_native_files_are_clean(corpus: Path, name: str) -> None:
     assert validate_file(corpus / name) == []
 
 
-def test_partial_and_failed_runs_are_reported(corpus: Path) -> None:
-    partial = validate_file(corpus / "metrics/2026-07-21-pinned-dense-ab/bmoe-20260721-103724.csv")
-    assert _short(partial) == [("warning", None, "partial run: 1354 of 2048 steps")]
+def test_partial_and_failed_runs_are_reported(corpus: Path, tmp_path: Path) -> None:
+    # 1354 of 2048 steps, ended by the model: finished
+    ended = corpus / "metrics/2026-07-21-pinned-dense-ab/bmoe-20260721-103724.csv"
+    assert validate_file(ended) == []
+    text = ended.read_text()
+    killed = _write(tmp_path, "killed.csv", text[: text.index("# summary")])
+    assert _short(validate_file(killed)) == [
+        ("warning", None, "no '# summary' trailer: the run did not finish (partial)")
+    ]
+    lying = _write(tmp_path, "lying.csv", text.replace("tokens=1354", "tokens=2048"))
+    assert _short(validate_file(lying)) == [
+        ("warning", None, "summary 1 says tokens=2048, its rows are 1354")
+    ]
     failed = validate_file(corpus / "native-tiny/ov.err")
     assert [f.severity for f in failed] == ["error"]
     assert "--overlap requires the bmoe llama.cpp fork" in failed[0].message

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,13 @@ import pytest
 from sweep_helpers import install_fake_cli, manifest, sweep_folder, write_config
 
 from bmoe.errors import BmoeError
-from bmoe.sweep.archive import ArchiveWriter, file_digest, load_results, results_frame
+from bmoe.sweep.archive import (
+    ArchiveWriter,
+    file_digest,
+    load_results,
+    read_manifest,
+    results_frame,
+)
 from bmoe.sweep.config import load_config, resolved_toml
 from bmoe.sweep.lock import SweepBusy, folder_lock, name_lock
 from bmoe.sweep.plan import make_plan
@@ -105,7 +112,7 @@ def test_resume_after_a_damaged_or_deleted_run_takes_a_new_attempt(tmp_path):
     from bmoe.analyze.sweep import analyze_sweep
 
     views = analyze_sweep(load_results(root))
-    ranked = next(v for k, v in views.items() if k.startswith("cells ranked"))
+    ranked = views["ranking"]
     assert ranked["n"].tolist() == [2, 2, 2, 2]
 
 
@@ -315,6 +322,36 @@ def test_a_full_disk_stops_the_sweep_with_one_clear_error(tmp_path, monkeypatch,
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("made_by", ["sweep", "tune"])
+def test_a_full_disk_names_the_command_that_made_the_folder(tmp_path, monkeypatch, made_by):
+    cfg = make_sweep(tmp_path, "cache_mb = [0, 8]")
+    config = load_config(cfg)
+    text = resolved_toml(config) + ("\n[tune]\nbudget = 3\n" if made_by == "tune" else "")
+    archive = ArchiveWriter.create(tmp_path / "out dir", "t", text)
+
+    def full(self, files, record):
+        raise OSError(errno.ENOSPC, "No space left on device", str(files.staging))
+
+    monkeypatch.setattr(ArchiveWriter, "finalize", full)
+    with pytest.raises(DiskFull) as info:
+        run_sweep(config, make_plan(config), archive)
+    assert str(info.value).endswith(f"resume with: bmoe {made_by} '{archive.root}')")
+
+
+def test_sweep_refuses_a_tune_folder_and_leaves_it_as_it_was(tmp_path):
+    from hostile_inputs import run_in_process
+
+    cfg = make_sweep(tmp_path, "cache_mb = [0, 8]")
+    text = resolved_toml(load_config(cfg)) + "\n[tune]\nbudget = 3\n"
+    root = ArchiveWriter.create(tmp_path / "out", "t", text).root
+    for args in ([str(root)], [str(cfg), "--resume"]):  # the folder, or found as the latest
+        result = run_in_process(["sweep", *args])
+        assert result.code == 2 and result.traceback is None, result.err
+        assert f"{root}: made by bmoe tune; resume it with: bmoe tune {root}" in result.err
+        assert (root / "sweep.toml").read_text() == text
+        assert not list(root.glob("sweep.*.toml")) and manifest(root) == []
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
 def test_output_capture_on_a_full_disk_keeps_draining_without_a_thread_traceback(monkeypatch):
     import io
@@ -333,13 +370,65 @@ def test_output_capture_on_a_full_disk_keeps_draining_without_a_thread_traceback
     assert seen == lines  # the engine's pipe was drained to the end
 
 
+def test_a_torn_last_manifest_line_is_set_aside_before_the_next_append(tmp_path):
+    cfg = make_sweep(tmp_path, "cache_mb = [0, 8, 16]")
+    root = run(cfg).root
+    path = root / "manifest.jsonl"
+    whole = path.read_bytes()
+    last = whole.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    path.write_bytes(whole[: len(whole) - len(last) // 2 - 1])  # a power loss mid-record
+    with pytest.warns(UserWarning, match=r"manifest.jsonl:3: .*cut short"):
+        manifest_lines = read_manifest(path)
+    assert len(manifest_lines) == 2
+    run(cfg, ArchiveWriter.open(root))  # the third run's line comes back from its folder
+    lines = path.read_bytes().splitlines()
+    assert all(json.loads(line)["status"] == "ok" for line in lines)
+    assert sorted(json.loads(line)["run"] for line in lines) == sorted(
+        r.id for r in make_plan(load_config(cfg)).runs
+    )  # every run once, none lost
+    assert (root / "manifest.jsonl.torn").read_bytes() == last[: len(last) - len(last) // 2] + b"\n"
+    # a torn tail met by an append (no open() before it) is set aside the same way
+    path.write_bytes(path.read_bytes() + b'{"run": "x/r1", "stat')
+    ArchiveWriter(root).append_manifest({"run": "y/r1", "status": "error"})
+    assert [json.loads(line)["run"] for line in path.read_bytes().splitlines()][-1] == "y/r1"
+    assert (root / "manifest.jsonl.torn").read_bytes().endswith(b'{"run": "x/r1", "stat\n')
+    # a last record whole but for its newline is kept
+    path.write_bytes(path.read_bytes() + b'{"run": "z/r1", "status": "error"}')
+    ArchiveWriter(root).append_manifest({"run": "w/r1", "status": "error"})
+    runs = [json.loads(line)["run"] for line in path.read_bytes().splitlines()]
+    assert runs[-2:] == ["z/r1", "w/r1"]
+
+
+def test_a_completed_run_whose_line_was_torn_off_is_listed_again_when_the_folder_opens(tmp_path):
+    """A tune plans its rounds from the manifest: a completed run whose ``ok`` line a power
+    loss tore off was in no later round's plan, so the resume's runner never gave its line
+    back, and the run was lost (robustness.py's torn tunes, 1 of 12)."""
+    cfg = make_sweep(tmp_path, "cache_mb = [0, 8, 16]")
+    root = run(cfg).root
+    path = root / "manifest.jsonl"
+    whole = path.read_bytes()
+    last = json.loads(whole.rstrip(b"\n").rsplit(b"\n", 1)[1])
+    path.write_bytes(whole[: len(whole) - 20])  # the last ok line cut mid-record
+    (root / "cells" / last["cell"] / "r1.a2.crashed").mkdir()  # an attempt set aside: not it
+    archive = ArchiveWriter.open(root)  # no plan, no run: what a tune's resume does first
+    assert archive.mended and "1 completed run(s) it did not list" in archive.mended
+    records = [json.loads(line) for line in path.read_bytes().splitlines()]
+    assert [r["run"] for r in records].count(last["run"]) == 1
+    assert all(r["status"] == "ok" for r in records) and len(records) == 3
+    assert ArchiveWriter.open(root).mended is None  # listed once: nothing to do again
+
+
 def test_manifest_lines_that_are_not_records_do_not_stop_a_resume(tmp_path):
     cfg = make_sweep(tmp_path, "cache_mb = [0, 8]")
     root = run(cfg).root
     with open(root / "manifest.jsonl", "a") as fh:
         fh.write('[1, 2]\n"text"\n{"run": 3, "status": "ok"}\n')
         fh.write('{"run": "c/r9", "params": [1], "status": "ok", "attempt": "x", "repeat": 9}\n')
-    run(cfg, ArchiveWriter.open(root))  # nothing to run again, and no internal error
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run(cfg, ArchiveWriter.open(root))  # nothing to run again, and no internal error
+    skipped = {str(w.message).split("manifest.jsonl:")[1] for w in said}
+    assert skipped == {f"{n}: not a record: line skipped" for n in (3, 4)}
     results = pd.read_parquet(root / "results.parquet")
     assert (results["status"] == "ok").sum() == 2
     crafted = results[results["run"] == "c/r9"].iloc[0]

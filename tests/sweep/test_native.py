@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -128,7 +127,7 @@ def test_grid_with_repeats_archives_valid_files(tmp_path, capsys):
     capsys.readouterr()
     assert main(["analyze", "sweep", str(root), "-f", "json", "--plots", str(tmp_path / "p")]) == 0
     views = json.loads(capsys.readouterr().out)
-    ranked = views["cells ranked by tok_s_mean"]
+    ranked = views["ranking"]
     assert len(ranked) == 4 and all(row["n"] == 2 for row in ranked)
     best = ranked[0]
     assert (best["cache_mb"], best["n_expert_used"]) == (8, 1)  # the stand-in's fastest cell
@@ -273,16 +272,18 @@ def test_dry_run_prints_every_run_and_its_exact_command(tmp_path, capsys):
     out = capsys.readouterr().out
     plan = make_plan(load_config(cfg))
     assert len(plan.runs) == 4
-    commands = [ln.strip() for ln in out.split("\n      ")[1:]]
     for run_ in plan.runs:
         assert run_.id in out
-    # Each printed command parses back (shell quoting) to the engine's argv with the prompt.
-    text = out.replace("\n      ", "\n@@")
-    chunks = [c for c in text.split("\n@@")[1:]]
-    assert len(chunks) == 4 and len(commands) == 4
-    for chunk in chunks:
-        command = chunk.split("\n   ")[0]
-        argv = shlex.split(command.strip()[1:-1].split(" && ", 1)[1])
+    # Each printed command is one line that a shell parses back to the engine's argv with
+    # the prompt (its newline and tab quoted, not printed raw).
+    commands = [ln.strip() for ln in out.splitlines() if ln.startswith("      (cd ")]
+    assert len(commands) == 4
+    for command in commands:
+        words = subprocess.run(
+            ["bash", "-c", 'printf "%s\\0" ' + command[1:-1].split(" && ", 1)[1]],
+            capture_output=True, check=True,
+        ).stdout.split(b"\0")[:-1]  # fmt: skip
+        argv = [w.decode() for w in words]
         assert flag_value(argv, "-p") == NASTY_PROMPT
         assert argv[-1] == "--progress"
     assert not (tmp_path / "out").exists()
@@ -338,6 +339,11 @@ def test_sigkill_mid_cell_then_resume_loses_nothing_and_repeats_nothing(tmp_path
         assert record["started"] == started  # completed before the kill: not run again
     killed = [r for r in lines if r["status"] == "killed"]
     assert len(killed) == 1 and (root / killed[0]["dir"]).is_dir()
+    assert f"/r{killed[0]['repeat']}" in killed[0]["run"]
+    from hostile_inputs import run_in_process
+
+    report = run_in_process(["report", str(root), "-o", str(tmp_path / "r.html")])
+    assert report.code == 0 and report.traceback is None, report.err
     assert not list((root / "cells").glob("*/.*.staging"))
     assert len(pd.read_parquet(root / "results.parquet")) == len(lines)
     assert b"already complete" in stdout

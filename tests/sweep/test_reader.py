@@ -142,6 +142,33 @@ def test_failed_attempts_stay_reachable(tmp_path):
     assert set(archive.metrics_runs()) == {f"{c}/r1" for c in archive.cells["cell"].unique()}
 
 
+def test_an_archive_with_a_killed_attempt_reads_and_reports(tmp_path):
+    """A resume writes a ``killed`` line for the attempt the kill cut short; every reader of
+    the folder takes it (the line has no ``repeat`` in folders written before it did)."""
+    import shutil
+
+    from hostile_inputs import run_in_process
+
+    root = tmp_path / "s"
+    shutil.copytree(bench_sweep("tiny-cache-lanes"), root)
+    first = json.loads((root / "manifest.jsonl").read_text().splitlines()[0])
+    cell = first["cell"]
+    killed = {"run": f"{cell}/r2", "cell": cell, "attempt": 1, "status": "killed",
+              "error": "the sweep stopped while this attempt ran",
+              "dir": f"cells/{cell}/r2.a1.killed", "ended": "2026-12-02T10:00:00Z"}  # fmt: skip
+    with open(root / "manifest.jsonl", "a") as fh:
+        fh.write(json.dumps(killed) + "\n")
+    (root / "results.parquet").unlink()  # rebuilt from the manifest
+    archive = bmoe.load_archive(root)
+    assert archive.run(f"{first['cell']}/r2.a1").status == "killed"
+    assert archive.run(f"{first['cell']}/r2.a1").repeat == 2  # from the run id
+    again = shutil.copytree(root, tmp_path / "s2")
+    for args in (["report", str(root), "-o", str(tmp_path / "r.html")],
+                 ["analyze", "sweep", str(root)], ["history", str(root), str(again)]):  # fmt: skip
+        result = run_in_process(args)
+        assert result.code == 0 and result.traceback is None, (args, result.err)
+
+
 def test_a_folder_of_sweeps_names_them(tmp_path):
     for name in ("2026-01-01-a", "2026-01-02-b"):
         (tmp_path / name).mkdir()
@@ -191,8 +218,8 @@ def test_loose_folders_of_dated_runs(corpus):
     assert cells.loc["2026-07-12/qwen_mmap", "peak_rss_gb"] == pytest.approx(
         run_summary(mmap.metrics, read_pressure(sidecar))["peak_rss_gb"]
     )
-    # A run stopped at 1354 of 2048 steps is not a completed run.
-    assert cells.loc["2026-07-21-pinned-dense-ab/bmoe-20260721-103724", "status"] == "partial"
+    # A run the model stopped at 1354 of 2048 steps (its summary says so) is a completed run.
+    assert cells.loc["2026-07-21-pinned-dense-ab/bmoe-20260721-103724", "status"] == "ok"
     for dated in sorted(p for p in (corpus / "metrics").iterdir() if p.is_dir()):
         one = bmoe.load_archive(dated)
         assert len(one.cells) == len(list(dated.glob("*.csv")))

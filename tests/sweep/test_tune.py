@@ -37,6 +37,7 @@ from bmoe.analyze.tune import (
     t_at,
 )
 from bmoe.analyze.verdict import ratio_interval
+from bmoe.engine.synth import ARCHS
 from bmoe.errors import BmoeError
 from bmoe.sweep.config import parse_config
 from bmoe.sweep.plan import expand
@@ -514,6 +515,86 @@ def test_a_tune_killed_mid_run_resumes_without_repeating_a_finished_run(tmp_path
     state = json.loads((root / "tune.json").read_text())
     assert {r["run"] for r in state["runs"]} <= set(ok)
     assert len(lines) <= 9 + 1  # the budget, and the attempt the kill cut short
+
+
+def test_the_budget_counts_attempts_not_manifest_lines() -> None:
+    """A copied manifest repeats its ok lines; each attempt costs the device once."""
+    from bmoe.sweep.tune import device_use
+
+    ok = [{"run": f"c{i}/r1", "attempt": 1, "status": "ok", "duration_s": 2.0} for i in range(4)]
+    crashed = {"run": "c0/r1", "attempt": 2, "status": "crashed", "duration_s": 1.0}
+    aside = {"run": "c1/r1", "attempt": 1, "status": "set_aside", "duration_s": 2.0}
+    assert device_use(ok) == (4, 8.0)
+    assert device_use(ok + ok + ok[:2]) == (4, 8.0)  # duplicated lines
+    assert device_use([*ok, crashed, aside, {"run": 3}, {"status": "ok"}]) == (5, 9.0)
+
+
+def test_the_recommended_command_pastes_back_to_the_same_values() -> None:
+    """A value holding a control character is quoted so that the printed line (plain text
+    after the output filter) still names the same file when pasted into a shell."""
+    from bmoe.render.messages import printable
+    from bmoe.sweep.plan import Cell
+    from bmoe.sweep.tune import command_line
+
+    model = "models/m\x1b]0;x\x07 it's\n.gguf"
+    cell = Cell("c", 0, {"model": model, "cache_mb": 8, "moe_stream": True}, {}, ())
+    line = command_line(cell, "embedded")
+    assert printable(line) == line  # nothing for the filter to spell out
+    words = subprocess.run(
+        ["bash", "-c", f'printf "%s\\0" {line}'], capture_output=True, check=True
+    ).stdout.split(b"\0")[:-1]
+    assert [w.decode() for w in words] == [
+        "bmoe", "run", "-m", model, "--cache-mb", "8", "--moe-stream"
+    ]  # fmt: skip
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_tune_runs_on_every_generated_family(tmp_path, arch) -> None:
+    """Every family the project generates calibrates, profiles, predicts and tunes: the
+    expert sizes of its route trace agree with its runs' summary figures, dense layers and
+    a weight type per layer included (deepseek2's leading dense layer and gemma4's dense
+    layers route nothing, so cache_cycle_mb is over the MoE layers only)."""
+    from bmoe.engine.synth import synth_model
+
+    extra = {"layer_types": ("q8_0", "q4_0")} if arch == "qwen3moe" else {}
+    kind = "mxfp4" if arch == "gpt-oss" else "q8_0" if extra else "f32"
+    model = synth_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, type=kind, **extra)
+    cfg = write_config(
+        tmp_path,
+        f"""\
+        [sweep]
+        name = "fam"
+        engine = "embedded"
+        output = "{tmp_path / "out"}"
+        timeout_s = 300
+
+        [base]
+        model = "{model}"
+        n_predict = 12
+        threads = 1
+        moe_stream = true
+
+        [grid]
+        cache_mb = [0.25, 1, 4]
+
+        [tune]
+        budget = 3
+        per_round = 2
+        """,
+        name="tune.toml",
+    )
+    proc = _tune(cfg)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode in (0, 1), err.decode()
+    assert "another model" not in out.decode() + err.decode()
+    root = sweep_folder(tmp_path / "out")
+    state = json.loads((root / "tune.json").read_text())
+    assert state["result"]["stop"]["reason"] in ("budget", "settled", "exhausted")
+    assert any(r.get("predicted") is not None for r in state["runs"])  # the profile priced it
+    assert (root / "profile.json").is_file()
 
 
 def test_load_tune_config_reads_the_example(tmp_path) -> None:

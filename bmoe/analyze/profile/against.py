@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.predict import IN_SAMPLE
+from bmoe.analyze.predict import IN_SAMPLE, LEVER_TEXTS
 from bmoe.analyze.profile.matching import not_comparable
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig, number, run_config
 from bmoe.analyze.profile.state import run_state
@@ -81,6 +81,10 @@ def _contention(state: dict) -> dict[str, float | None]:
     }
 
 
+#: Why a file without token rows (cut before its first row ended) is not compared.
+_NO_ROWS = "no token rows (the file ends before its first row does)"
+
+
 def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict]:
     """One file's row of :func:`measured_files` and its attempt."""
     from bmoe.analyze.metrics import run_summary
@@ -96,6 +100,8 @@ def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict
         "cell": label,
         "file": run.name,
         **config.axes(),
+        "threads": config.threads,
+        "drop": config.drop or 0.0,
         "version": run.metrics.version,
         "tokens": tokens,
         "tok_s": 1000.0 * tokens / wall if wall > 0 else float("nan"),
@@ -103,7 +109,7 @@ def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict
         "mib_per_token": float(frame["read_mib"].mean()) if tokens else float("nan"),
         "hit_pct": number(run.figure("cache_hit_pct")),
         **_contention(run_state(run, frame, config)),
-        "comparable": not_comparable(run, config, profile, k_trace),
+        "comparable": not_comparable(run, config, profile, k_trace) if tokens else _NO_ROWS,
         "notes": _notes(run, config),
     }
     return row, _attempt(label, run, config, frame, row["tok_s"])
@@ -166,7 +172,8 @@ def _empty(n: int) -> dict[str, np.ndarray]:
     from bmoe.analyze.predict import PREDICTED_FIGURES
 
     out = {f: np.full(n, np.nan) for f in PREDICTED_FIGURES}
-    out["unpriced"] = np.full(n, None, dtype=object)
+    for text in LEVER_TEXTS:
+        out[text] = np.full(n, None, dtype=object)
     return out
 
 
@@ -187,6 +194,7 @@ def _measured_predictions(files: pd.DataFrame, profile, runs, comparable) -> dic
             read_bytes,
             overlap=bool(row["overlap"]),
             cache_mb=None if pd.isna(row["cache_mb"]) else float(row["cache_mb"]),
+            levers={k: row[k] for k in ("prefetch", "policy", "drop", "threads")},
         )
         for f in predicted:
             predicted[f][i] = figures[f]
@@ -198,7 +206,9 @@ def _replayed_predictions(files, trace, profile, comparable, seed, drop) -> dict
     from bmoe.analyze.predict import predict
 
     predicted = _empty(len(files))
-    grid = files.loc[comparable, ["cache_mb", "io_threads", "prefetch", "overlap", "policy"]]
+    grid = files.loc[
+        comparable, ["cache_mb", "io_threads", "prefetch", "overlap", "policy", "threads"]
+    ]
     missing = grid["cache_mb"].isna()
     if missing.any():
         names = ", ".join(files.loc[comparable].loc[missing, "cell"])
@@ -241,7 +251,8 @@ def against_files(
     cells = files.copy()
     for f in PREDICTED_FIGURES:
         cells[f"{f}_predicted"] = predicted[f]
-    cells["unpriced"] = predicted["unpriced"]
+    for text in LEVER_TEXTS:
+        cells[text] = predicted[text]
     cells["reads"] = [reads if ok else None for ok in comparable]
     out = compare_cells(cells, profile)
     out["summary"]["reads"] = reads

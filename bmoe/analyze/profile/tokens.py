@@ -54,10 +54,11 @@ class Tokens:
 
 
 def column(rows: pd.DataFrame, name: str, default: float = np.nan) -> np.ndarray:
-    """A numeric column of `rows` as float64 (`default` throughout when it is absent)."""
+    """A numeric column of `rows` as float64 (`default` throughout when it is absent), an
+    array of its own (a view of Arrow memory would be read-only: no rows, for one)."""
     if name not in rows:
         return np.full(len(rows), default)
-    return pd.to_numeric(rows[name], errors="coerce").to_numpy(np.float64)
+    return pd.to_numeric(rows[name], errors="coerce").to_numpy(np.float64, copy=True)
 
 
 def _has_spec_io(run: ProfileRun) -> bool:

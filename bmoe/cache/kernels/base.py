@@ -130,6 +130,12 @@ def widened(state: State, fresh: State, per_key: tuple[str, ...], old: int) -> S
     return state._replace(**out)
 
 
+#: The largest budget a kernel is given (bytes, 4 EiB): a budget beyond every expert of any
+#: model replays as this one does, and its bytes stay an int64 (``cache_mb = 1e30`` in a
+#: metrics preamble, or ``--budgets 1e30``, reached the compiled kernels as a Python int).
+MAX_BUDGET = 1 << 62
+
+
 @dataclass
 class Replay:
     """One policy at one budget, its cache carried from chunk to chunk: :meth:`feed` gives
@@ -146,6 +152,7 @@ class Replay:
     def __post_init__(self) -> None:
         if self.budget < 0:
             raise BmoeError(f"cache budget must be >= 0 bytes, not {self.budget}")
+        self.budget = min(int(self.budget), MAX_BUDGET)
         self.capacity = self.budget
         if self.per_layer:
             if not self.n_layer or self.n_layer < 1:
@@ -222,6 +229,7 @@ class ReplayBudgets:
         if any(b < 0 for b in self.budgets):
             raise BmoeError(f"cache budget must be >= 0 bytes, not {min(self.budgets)}")
         self.setup = Setup(self.setup.n_keys, 1, self.setup.seed)
+        self.budgets = [min(int(b), MAX_BUDGET) for b in self.budgets]
         self.capacities, self.rows = np.unique(np.asarray(self.budgets, dtype=np.int64),
                                                return_inverse=True)  # fmt: skip
         self.state = self.spec.budgets.new(self.setup, len(self.capacities))

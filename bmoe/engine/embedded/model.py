@@ -149,6 +149,7 @@ class LlamaModel:
         self._batch: Any = None  # a llama_batch (ctypes) once a decode sizes it
         self._batch_cap = 0
         self._piece = ctypes.create_string_buffer(256)
+        self._longest: int | None = None  # bytes of the vocabulary's longest token, once asked
 
     # -- text -------------------------------------------------------------------------------
     def tokenize(
@@ -165,6 +166,26 @@ class LlamaModel:
             buf = (lc.llama_token * cap)()
             n = lc.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, parse_special)
         return list(buf[:n])
+
+    def check_fits(self, text: bytes, positions: int, what: str = "prompt") -> None:
+        """BmoeError when `text` cannot fit `positions` tokens whatever it tokenizes to (more
+        bytes than that many of the vocabulary's longest tokens), said without tokenizing
+        it: the tokenizer takes minutes on some long inputs (quadratic in repeated pairs)."""
+        if len(text) <= 4 * positions:
+            return
+        if self._longest is None:
+            lc = self.lc
+            self._longest = max(
+                1,
+                *(max(len(self.piece(t)), len(lc.llama_vocab_get_text(self.vocab, t) or b""))
+                  for t in range(self.n_vocab)),
+            )  # fmt: skip
+        if len(text) > positions * self._longest:
+            raise BmoeError(
+                f"{what} of {len(text):,} bytes cannot fit the {positions} positions of the "
+                f"context (a token of this model is at most {self._longest} bytes); raise -c "
+                "or shorten it"
+            )
 
     def chat_template(self) -> str | None:
         """The model's own chat template (``tokenizer.chat_template``), None without one."""

@@ -147,6 +147,8 @@ def run_engine(
     are written to `err` as they happen (and kept in :attr:`RunResult.warnings`).
     """
     cfg.check()
+    if cfg.fidelity_ref:  # refused before the model loads, not after the prompt is echoed
+        fidelity.check_reference(cfg.fidelity_ref)
     origin_ns = time.monotonic_ns()
     sinks = Sinks(cfg)
     t_load = time.perf_counter()
@@ -272,6 +274,8 @@ def _generate(
     o_direct = bool(eng.reader and eng.reader.o_direct)
     writers = Writers(cfg, eng, sinks, o_direct)
     prompt = cfg.prompt.encode("utf-8", "surrogateescape")
+    if model.n_ctx > cfg.n_predict:  # (else the check below says so)
+        model.check_fits(prompt, model.n_ctx - cfg.n_predict)
     chat = None
     if cfg.chatml:  # the prompt as the user's message, in the model's template
         message = {"role": "user", "content": cfg.prompt}

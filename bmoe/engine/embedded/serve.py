@@ -22,10 +22,10 @@ session's totals so far (every turn's routings are samples of the same accuracy)
 from __future__ import annotations
 
 import functools
-import json
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
@@ -59,13 +59,13 @@ class _Requests:
 
     def _read(self, stdin: IO[bytes]) -> None:
         try:
-            for lineno, line in enumerate(iter(stdin.readline, b""), 1):
+            for lineno, line in enumerate(_lines(stdin), 1):
                 if not line.strip():
                     continue
                 try:
                     data = protocol.parse_request(line, path="stdin", lineno=lineno)
                 except BmoeError as exc:
-                    self.queue.put(Request(0, {"id": _guess_id(line)}, str(exc)))
+                    self.queue.put(Request(0, {"id": protocol.request_id_in(line)}, str(exc)))
                     continue
                 if data["cmd"] == "cancel":
                     with self._lock:
@@ -89,12 +89,20 @@ class _Requests:
             return self._cancel_upto >= seq
 
 
-def _guess_id(line: bytes) -> int:
-    try:
-        value = json.loads(line).get("id", -1)
-    except (ValueError, AttributeError):
-        return -1
-    return value if isinstance(value, int) else -1
+def _lines(stdin: IO[bytes]) -> Iterator[bytes]:
+    """The lines of `stdin`, each at most one byte past :data:`protocol.MAX_REQUEST_BYTES`:
+    the rest of a longer line is read and dropped, a block at a time (the parser refuses the
+    line by its length, naming the request when its head says the id)."""
+    limit = protocol.MAX_REQUEST_BYTES + 1
+    while True:
+        line = stdin.readline(limit)
+        if not line:
+            return
+        if len(line) == limit and not line.endswith(b"\n"):
+            rest = line
+            while rest and not rest.endswith(b"\n"):
+                rest = stdin.readline(1 << 20)
+        yield line
 
 
 def _check_generate(
@@ -103,13 +111,20 @@ def _check_generate(
     """(id, prompt, n_predict, clear_kv, think) of a generate request, or BmoeError saying
     why not."""
     rid, prompt = data["id"], data["prompt"]
-    if not isinstance(rid, int) or isinstance(rid, bool):
-        raise BmoeError('"id" must be an integer')
+    if not isinstance(rid, int) or isinstance(rid, bool) or not -(2**31) <= rid < 2**31:
+        raise BmoeError('"id" must be an integer from -2147483648 to 2147483647')
     if not isinstance(prompt, str):
         raise BmoeError('"prompt" must be a string')
+    try:
+        protocol.to_bytes(prompt)
+    except UnicodeEncodeError as exc:
+        raise BmoeError(
+            f'"prompt" holds a lone surrogate ({prompt[exc.start]!r} at character {exc.start}): '
+            "not text"
+        ) from None
     n = data.get("n_predict", default_n)
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise BmoeError('"n_predict" must be an integer >= 0')
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < 2**31:
+        raise BmoeError('"n_predict" must be an integer from 0 to 2147483647')
     clear = data.get("clear_kv", True)
     if not isinstance(clear, bool):
         raise BmoeError('"clear_kv" must be true or false')
@@ -172,6 +187,10 @@ def serve_session(
 ) -> None:
     """Load the model once and serve requests from `stdin` until ``close`` or its end."""
     cfg.check()
+    if cfg.fidelity_ref:
+        from bmoe.engine.embedded.fidelity import check_reference
+
+        check_reference(cfg.fidelity_ref)
     origin_ns = time.monotonic_ns()
     sinks = Sinks(cfg)
     eng: EmbeddedEngine | None = None
@@ -210,6 +229,9 @@ def serve_session(
             rid = request.data.get("id", -1)
             if request.error is not None:
                 _event(out, "ERROR", {"id": rid, "fatal": False, "msg": request.error})
+                if rid == -1 and err is not None:  # no request to answer: said where it is seen
+                    err.write(f"error: {request.error}\n")
+                    err.flush()
                 continue
             if request.data["cmd"] == "decide":
                 _event(out, "BEGIN", {"id": rid})
@@ -223,6 +245,11 @@ def serve_session(
                 _event(out, "ERROR", {"id": rid, "fatal": False, "msg": str(exc)})
                 continue
             _event(out, "BEGIN", {"id": rid})
+            try:
+                model.check_fits(protocol.to_bytes(prompt), model.n_ctx - CTX_MARGIN)
+            except BmoeError as exc:
+                _event(out, "ERROR", {"id": rid, "fatal": False, "msg": str(exc)})
+                continue
             plan = conv.plan(model, prompt, clear=clear, think=think)
             if (
                 plan.n_tokens + n_predict + CTX_MARGIN > model.n_ctx

@@ -24,6 +24,7 @@ from typing import Any
 from bmoe.errors import BmoeError
 from bmoe.sweep.checking import Checker
 from bmoe.sweep.gate import STATE_SCRIPT, WRAPPER_SCRIPT
+from bmoe.sweep.shelltext import shell_join, shell_quote
 from bmoe.sweep.tomltext import KeyPath
 
 #: Kills the process whose pid a pidfile holds, if it is still the engine ($2 in its cmdline).
@@ -194,7 +195,7 @@ class Target(ABC):
 
     def describe(self, argv: list[str], run_dir: str) -> str:
         """The exact command, as a shell would need it typed, for ``--dry-run``."""
-        return f"(cd {shlex.quote(run_dir)} && {shlex.join(argv)})"
+        return f"(cd {shell_quote(run_dir)} && {shell_join(argv)})"
 
     def engine_program(self, engine: str) -> list[str]:
         """The program part of the engine's command line on this target."""
@@ -343,7 +344,8 @@ class RemoteTarget(Target):
             raise TargetError(f"target {self.name}: {exc.filename} not found") from None
 
     def describe(self, argv, run_dir):
-        return shlex.join(self.command(f"cd {shlex.quote(run_dir)} && {shlex.join(argv)}"))
+        # the far side's sh reads the inner line (plain quoting); the local shell the outer
+        return shell_join(self.command(f"cd {shlex.quote(run_dir)} && {shlex.join(argv)}"))
 
     def listing(self, run_dir: str, names: list[str]) -> dict[str, tuple[int, str | None]]:
         """Size and SHA-256 (None when the target cannot tell) of the named files there."""
