@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+# the compiled kernels built before their first use: no round measures numba's JIT
+os.environ.setdefault("BMOE_KERNEL_BUILD", "wait")
 ROOT = Path(__file__).resolve().parent.parent
 
 SMALL_METRICS = (

@@ -1,5 +1,3 @@
-import sys
+from bmoe.cli import run
 
-from bmoe.cli import main
-
-sys.exit(main())
+run()

@@ -8,13 +8,21 @@ with this module's :func:`njit` (numba's options) instead of numba's:
 - A function given ``ahead=`` is an entry point that Python calls. ``ahead`` returns example
   arguments (a list of such tuples for several signatures): their types are the signatures
   compiled ahead of time, with numba's ``pycc``, into one extension module per kernel module,
-  built on the first call in any process (a minute at most, once) and kept in
-  :func:`kernel_dir`. Later processes load it as a plain extension module: no numba.
+  kept in :func:`kernel_dir`. Later processes load it as a plain extension module: no numba.
+- The build takes a minute or more of CPU, so no command waits for it: a process that finds
+  a module unbuilt runs numba's JIT (the first command after installing costs what it cost
+  before there were compiled modules) and, as it exits, starts one detached builder at the
+  lowest priority (``nice`` 19, no output, its own session) for the modules it lacked,
+  unless a builder is already at work (it holds ``builder.lock`` in the directory for its
+  life). Later processes load what it built. ``BMOE_KERNEL_BUILD=wait`` builds a missing
+  module in the process that needs it, before its first call (CI, benchmarks, the tests);
+  ``BMOE_KERNEL_BUILD=never`` starts no build.
 - A call whose arguments are of those types (dtype, dimensions, C order; exactly) runs the
-  compiled module; any other call, a machine without a C compiler or ``setuptools``, or
-  ``BMOE_JIT=1`` in the environment, runs numba's just-in-time compilation of the same
-  function as before (numba imported then, its own disk cache used). Both compile the same
-  source with the same options, so they give the same results.
+  compiled module; any other call, a module not built yet, a machine without a C compiler
+  or ``setuptools`` (the build's error is kept in a ``.failed`` file beside the modules and
+  not tried again until the build key changes), or ``BMOE_JIT=1`` in the environment, runs
+  numba's just-in-time compilation of the same function (numba imported then, its own disk
+  cache used). Both compile the same source with the same options: the same results.
 - A function without ``ahead`` (an inlined helper, a rarely used kernel) is compiled by numba
   when first called or when a kernel that calls it is compiled.
 
@@ -28,17 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
-import json
 import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,9 +53,20 @@ _KERNELS: dict[str, list[Kernel]] = {}
 _EXTENSIONS: dict[str, Any] = {}
 #: set in the environment to run every kernel through numba's JIT
 JIT_ONLY = "BMOE_JIT"
+#: how a process that finds a kernel module unbuilt goes on (see the module docstring)
+BUILD_VARIABLE = "BMOE_KERNEL_BUILD"
+#: its values: build later in a detached builder (the default), build now, never build
+BACKGROUND, WAIT, NEVER = "background", "wait", "never"
+#: the first argument of ``python -m bmoe.compiled`` that makes it the detached builder
+BUILDER = "--builder"
+#: kernel modules this process found unbuilt: the builder started at its exit builds them
+_WANTED: list[str] = []
+#: whether this process is the detached builder
+_IN_BUILDER = False
 #: where the compiled modules go (default: the user's cache directory)
 DIR_VARIABLE = "BMOE_KERNEL_DIR"
-#: a build that takes longer is given up (the JIT runs instead)
+#: a build that takes longer is given up (the JIT runs instead; a detached builder, which
+#: yields the CPU to every other process, gives up without marking the module failed)
 BUILD_TIMEOUT_S = 900
 #: builds of a module not loaded for this long are removed when it is built again (several
 #: checkouts of different sources may share the directory)
@@ -157,6 +170,16 @@ class Kernel:
             fast = self._fast = self._compiled_ahead()
         return any(matches(args) for matches, _ in fast)
 
+    def compile_ahead(self) -> bool:
+        """Build this kernel's compiled module now if it is not built (waiting for a build at
+        work), whatever ``$BMOE_KERNEL_BUILD`` says; whether calls of its examples' types
+        run it (not with ``BMOE_JIT=1``, nor where it cannot be built)."""
+        if not self.examples() or os.environ.get(JIT_ONLY):
+            return False
+        extension(self.py_func.__module__, wait=True)
+        self._fast = self._compiled_ahead()
+        return bool(self._fast)
+
     def export_name(self, i: int) -> str:
         return f"{self.py_func.__name__}__{i}"
 
@@ -248,8 +271,14 @@ def _package_file(package: str, name: str) -> bytes:
 @functools.cache
 def _machine() -> bytes:
     """What the compiled code depends on besides its source: Python, numba, llvmlite, the
-    platform and (Linux) the CPU's features."""
-    parts = [sys.version.encode(), platform.platform().encode(), platform.machine().encode()]
+    system, the C library and (Linux) the CPU's features. (Not ``platform.platform()``: it
+    reads the interpreter's binary for the C library's version, ~25 ms of every command.)"""
+    uname = os.uname() if hasattr(os, "uname") else None
+    parts = [sys.version.encode(), sys.platform.encode()]
+    if uname is not None:
+        parts += [uname.sysname.encode(), uname.machine.encode()]
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        parts.append((os.confstr("CS_GNU_LIBC_VERSION") or "").encode())
     parts += [_package_file("numba", "_version.py"), _package_file("llvmlite", "_version.py")]
     with contextlib.suppress(OSError), open("/proc/cpuinfo", "rb") as fh:
         for line in fh:
@@ -261,30 +290,55 @@ def _machine() -> bytes:
     return b"\0".join(parts)
 
 
+def _sha256(data: bytes) -> Any:
+    """A SHA-256 hash object: CPython's own (``hashlib`` loads OpenSSL first, ~8 ms of every
+    command that looks up a kernel module) where the interpreter has it."""
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12 on
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found]
+        except ImportError:
+            from hashlib import sha256
+    return sha256(data)
+
+
 def build_key(module: str) -> str:
     """The digest a build of `module` is kept under (see the module docstring)."""
-    digest = hashlib.sha256(_machine())
+    digest = _sha256(_machine())
     for name in _dependencies(module):
         digest.update(name.encode())
         digest.update(Path(sys.modules[name].__file__ or "").read_bytes())
     return digest.hexdigest()[:20]
 
 
-def extension(module: str) -> Any:
-    """The compiled module of kernel module `module`, built first if there is none; None
-    when it cannot be built here (the reason is kept in a ``.failed`` file beside it)."""
-    if module in _EXTENSIONS:
+def build_mode() -> str:
+    """What a process does when a kernel module it calls is not built (``$BMOE_KERNEL_BUILD``:
+    background, the default; wait; never)."""
+    mode = os.environ.get(BUILD_VARIABLE, "").strip().lower()
+    return mode if mode in (WAIT, NEVER) else BACKGROUND
+
+
+def extension(module: str, wait: bool = False) -> Any:
+    """The compiled module of kernel module `module`; None when there is none yet (the
+    build is left to a detached builder, see :func:`build_mode`) or when it cannot be built
+    here (the reason is kept in a ``.failed`` file beside it). `wait`: build it now if it
+    is missing, whatever the mode."""
+    if module in _EXTENSIONS and (_EXTENSIONS[module] is not None or not wait):
         return _EXTENSIONS[module]
     found = None
     try:
-        found = _load_or_build(module)
-    except (OSError, ImportError, subprocess.SubprocessError):
+        found = _load_or_build(module, WAIT if wait else build_mode())
+    except (OSError, ImportError):
         found = None
+    if found is not None and _EXTENSIONS.get(module, found) is None:  # built since: take it
+        for kernel in _KERNELS.get(module, []):
+            kernel._fast = None
     _EXTENSIONS[module] = found
     return found
 
 
-def _load_or_build(module: str) -> Any:
+def _load_or_build(module: str, mode: str) -> Any:
     key = build_key(module)
     root = kernel_dir()
     home = root / f"{module}-{key}"
@@ -292,7 +346,10 @@ def _load_or_build(module: str) -> Any:
     built = home / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     failed = root / f"{module}-{key}.failed"
     if not built.exists():
-        if failed.exists():
+        if failed.exists() or mode == NEVER:
+            return None
+        if mode == BACKGROUND:
+            _want(module)
             return None
         root.mkdir(parents=True, exist_ok=True)
         with _locked(root / f"{module}.lock"):
@@ -326,20 +383,97 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _want(module: str) -> None:
+    """Have `module` built by the builder this process starts as it exits."""
+    if not _WANTED:
+        import atexit
+
+        atexit.register(start_builder)
+    if module not in _WANTED:
+        _WANTED.append(module)
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    """The environment of a build's process: this one's, with this bmoe first on the path."""
+    path = os.pathsep.join([_package_root(), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def start_builder(modules: list[str] | None = None) -> bool:
+    """Start the detached builder of `modules` (default: those this process found unbuilt),
+    unless a builder is at work; whether one was started. The builder holds ``builder.lock``
+    for its life: taken here without waiting, and handed to it as an open descriptor (the
+    lock is the open file's, so it lasts until the builder exits, however it ends)."""
+    import subprocess
+
+    wanted = list(_WANTED if modules is None else modules)
+    if not wanted or os.environ.get(JIT_ONLY):
+        return False
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: no lock to hand over, so no builder (see WAIT)
+        return False
+    try:
+        root = kernel_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / "builder.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # a builder is at work; what it does not build, a later process asks for
+        os.close(fd)
+        return False
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", "bmoe.compiled", BUILDER, *wanted],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, pass_fds=(fd,), cwd=_package_root(), env=_child_env(),
+        )  # fmt: skip
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # the builder's copy holds the lock now
+    return True
+
+
+def _run_builder(modules: list[str]) -> None:
+    """The detached builder (``python -m bmoe.compiled --builder MODULE...``): build each
+    module not built yet, at the lowest priority, one after the other."""
+    global _IN_BUILDER
+    _IN_BUILDER = True
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(19)
+    for module in modules:
+        try:
+            importlib.import_module(module)
+            _load_or_build(module, WAIT)
+        except Exception:  # a module that no longer imports, a full disk: the next one
+            continue
+
+
 def _build(module: str, key: str, home: Path, failed: Path) -> None:
     """Build `module`'s compiled module (of build key `key`) into `home` in a child process
     that imports this bmoe (its compiler's output and memory stay there); on failure write
-    why to `failed`."""
+    why to `failed` (not for a time-out of the detached builder: its slowness is the
+    machine's load, so a later build tries again)."""
+    import shutil
+    import subprocess
+    import tempfile
+
     work = Path(tempfile.mkdtemp(prefix=home.name + ".", dir=home.parent))
-    package_root = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])
     try:
         done = subprocess.run(
             [sys.executable, "-m", "bmoe.compiled", module, str(work), key],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
-            env={**os.environ, JIT_ONLY: "1", "PYTHONPATH": path},
+            cwd=_package_root(),
+            env=_child_env(**{JIT_ONLY: "1"}),
             check=False,
         )
         if done.returncode != 0:
@@ -348,18 +482,28 @@ def _build(module: str, key: str, home: Path, failed: Path) -> None:
         _prune(module)
         os.replace(work, home)
     except subprocess.TimeoutExpired:
-        failed.write_text(f"the build took over {BUILD_TIMEOUT_S} s", encoding="utf-8")
+        if not _IN_BUILDER:
+            failed.write_text(f"the build took over {BUILD_TIMEOUT_S} s", encoding="utf-8")
+    except subprocess.SubprocessError as exc:
+        failed.write_text(f"the build could not run: {exc}", encoding="utf-8")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _prune(module: str) -> None:
-    """Remove the builds of `module` not loaded for :data:`STALE_S`."""
+    """Remove the builds of `module` not loaded for :data:`STALE_S`, and the work directories
+    of builds that never ended (a builder killed) a day on."""
+    import shutil
     import time
 
     for old in kernel_dir().glob(f"{module}-*"):
         try:
-            if old.is_dir() and time.time() - (old / "manifest.json").stat().st_mtime > STALE_S:
+            if not old.is_dir():
+                continue
+            if "." in old.name[len(module) + 1 :]:  # module-key.random: a build's work
+                if time.time() - old.stat().st_mtime > 86400:
+                    shutil.rmtree(old, ignore_errors=True)
+            elif time.time() - (old / "manifest.json").stat().st_mtime > STALE_S:
                 shutil.rmtree(old, ignore_errors=True)
         except OSError:
             continue
@@ -368,6 +512,7 @@ def _prune(module: str) -> None:
 def _compile(module: str, out: Path, key: str) -> None:
     """Compile the kernels of `module` that have examples into an extension module in `out`
     (the child process of :func:`_build`), if its build key is `key`."""
+    import json
     import warnings
 
     warnings.simplefilter("ignore")  # pycc's pending deprecation, distutils' notices
@@ -410,4 +555,8 @@ def _compile(module: str, out: Path, key: str) -> None:
 
 
 if __name__ == "__main__":  # the registry is the imported module's, not this script's
-    importlib.import_module("bmoe.compiled")._compile(sys.argv[1], Path(sys.argv[2]), sys.argv[3])
+    _self = importlib.import_module("bmoe.compiled")
+    if sys.argv[1] == BUILDER:
+        _self._run_builder(sys.argv[2:])
+    else:
+        _self._compile(sys.argv[1], Path(sys.argv[2]), sys.argv[3])

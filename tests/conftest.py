@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# A kernel module not compiled ahead yet is built where it is first needed, as a user's first
+# command would not (it runs numba's JIT and builds in the background): the tests of compiled
+# code then run it, and no builder outlives the suite.
+os.environ["BMOE_KERNEL_BUILD"] = "wait"
 CORPUS = Path(os.environ.get("BMOE_CORPUS", ROOT.parent / "shared" / "corpus"))
 
 

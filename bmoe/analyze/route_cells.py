@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 import numpy as np
 
-from bmoe.analyze import route_order
+from bmoe.analyze import route_order, route_weights
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteColumns, RouteTrace
 
@@ -339,9 +339,19 @@ class StepSequence:
             n_cells = len(self.cell_start)
             complete = np.empty(n_cells, dtype=bool)
             total, acc, top = np.empty(n_cells), np.empty(n_cells), np.empty(n_cells)
+            sizes = np.diff(self.cell_start)
+            short = self.n_rows - int(self.cell_start[-1]) <= route_weights.MAX_CELL and (
+                not len(sizes) or int(sizes.max()) <= route_weights.MAX_CELL
+            )
             for a, b, lo, hi in cell_blocks(self):  # cells are contiguous
                 w = weight[lo:hi].astype(np.float64)
                 starts = self.cell_start[a:b] - lo
+                outputs = complete[a:b], total[a:b], acc[a:b], top[a:b]
+                if short and route_weights.cell_weights.takes(weight[lo:hi], w, starts, *outputs):
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        logs = np.log2(w, out=w)  # numpy's logarithms: the same digits
+                    route_weights.cell_weights(weight[lo:hi], logs, starts, *outputs)
+                    continue
                 known = ~np.isnan(w)
                 if known.all():  # the usual trace: the masks change nothing
                     complete[a:b] = True

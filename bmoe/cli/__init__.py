@@ -228,5 +228,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> None:
+    """The ``bmoe`` script and ``python -m bmoe``: :func:`main`, then the exit, without the
+    interpreter's teardown once the exit handlers have run and the output is flushed. The
+    teardown frees every module and array one by one (~25 ms of CPU after a route command on
+    a million rows), and in a process that loaded pyarrow, its C++ thread pools, destroyed
+    there, abort the process now and then (``terminate called without an active
+    exception``, exit 134, after the command's work is done). A command that leaves threads
+    of its own running exits normally: the normal exit waits for them."""
+    code = main()
+    import threading
+
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    import atexit
+    import contextlib
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`)
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -10,7 +10,6 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from bmoe.cli import app, console, err_console
 from bmoe.render.messages import PrintableBytes
@@ -278,6 +277,8 @@ def synth(
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     total = estimate_bytes(preset_config(preset, **overrides))
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
     columns = (
         *Progress.get_default_columns()[:1],
         BarColumn(),

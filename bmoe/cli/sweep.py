@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import tomllib
 from pathlib import Path
 
 import typer
@@ -203,6 +202,8 @@ def sweep_command(
 def _run_locked(
     cfg, plan, folder: Path | None, root: Path, text: str, plain: bool, keep_going: bool
 ) -> None:
+    import tomllib
+
     from bmoe.render.progress import LiveProgress, PlainProgress
     from bmoe.sweep.archive import CONFIG, ArchiveWriter, resume_command, write_atomic
     from bmoe.sweep.lock import folder_lock
@@ -360,6 +361,8 @@ def analyze_sweep_command(
 def _config_named(path: Path):
     """The sweep configuration named in place of its folder; a file that is not one (not
     TOML, or no [sweep] table) is refused as neither."""
+    import tomllib
+
     from bmoe.sweep.config import config_text, parse_config
 
     neither = BmoeError(

@@ -163,6 +163,12 @@ def parse_rows(buf, pos, end, kind, slot, lo, hi, out1, out2, out4, outf, row0, 
     return r, pos, DONE
 
 
+def compiled_ahead() -> bool:
+    """Whether :func:`parse_rows` runs compiled ahead of time here (not through numba's JIT,
+    which would first compile it for seconds: a reader can take another parser then)."""
+    return parse_rows.takes(*_examples())
+
+
 class Layout:
     """Where :func:`parse_rows` puts each column of a header: its kind and slot, the range of
     its values, and the output arrays (one 2-d array per kind, a row per column)."""

@@ -81,7 +81,11 @@ def describe_route_columns(
     rows = trace.n_rows
     view: dict[str, Any] = {"file": str(path)}
     view.update(format="route_trace", version=trace.version, rows=rows)
-    view["steps"] = len(np.unique(step)) if step is not None and rows else 0
+    if step is not None and rows:  # distinct steps (np.unique would import numpy.ma: ~19 ms)
+        ordered = np.sort(step)
+        view["steps"] = int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
+    else:
+        view["steps"] = 0
     view["layers with sizes"] = len(trace.expert_bytes())
     view["recorded with dropping"] = trace.recorded_with_dropping
     views = {"file": view, "parameters": {k: trace.meta[k] for k in key_params if k in trace.meta}}

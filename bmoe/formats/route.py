@@ -414,18 +414,21 @@ def _batches(
     The compiled loop of :mod:`~bmoe.formats.numeric_csv` parses them (numpy columns, `rows`
     a block, all of them in one by default; about four times pyarrow's speed) up to the
     first row it does not take; pyarrow's reader parses on from there (RecordBatches),
-    naming any problem."""
+    naming any problem. Where the loop is not compiled ahead yet (see :mod:`bmoe.compiled`),
+    pyarrow parses every row: numba would take seconds to compile it first."""
     from bmoe.formats import numeric_csv
 
     end = os.path.getsize(source) if isinstance(source, str) else len(source)
     if rows is None:  # a row takes two bytes a column at least
         rows = (end - start) // (2 * len(types)) + 1
     layout = numeric_csv.Layout(list(types), NUMPY_TYPES, None if keep is None else set(keep))
-    try:
-        yield from numeric_csv.iter_blocks(source, start, end, layout, rows)
-        return
-    except numeric_csv.Stopped as stopped:
-        at = stopped.at
+    at = start
+    if numeric_csv.compiled_ahead():
+        try:
+            yield from numeric_csv.iter_blocks(source, start, end, layout, rows)
+            return
+        except numeric_csv.Stopped as stopped:
+            at = stopped.at
     options = read_options(list(types), use_threads=False)
     if at > start:  # within the rows: no header line to skip
         options.skip_rows = 0

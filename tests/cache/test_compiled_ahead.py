@@ -1,12 +1,16 @@
 """The kernels compiled ahead of time (:mod:`bmoe.compiled`) give what numba's just-in-time
 compilation of the same functions gives, take only arguments of their exact types, and let
-a replay run without importing numba."""
+a replay run without importing numba; a process that finds them unbuilt runs the JIT and
+leaves the build to one detached builder."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def ahead(kernel: compiled.Kernel) -> None:
-    """Skip, saying why, where this machine cannot build the compiled modules."""
-    if kernel._fast is None:
-        kernel._fast = kernel._compiled_ahead()
-    if not kernel._fast:
+    """Build the kernel's module now (whatever $BMOE_KERNEL_BUILD says); skip, saying why,
+    where this machine cannot build it."""
+    if not kernel.compile_ahead():
         failed = sorted(compiled.kernel_dir().glob("*.failed"))
         reason = failed[-1].read_text(encoding="utf-8")[-300:] if failed else "BMOE_JIT is set"
         pytest.skip(f"no compiled-ahead kernels here: {reason}")
@@ -131,7 +134,8 @@ import contextlib, io, json, sys
 from bmoe.cli import main
 with contextlib.redirect_stdout(io.StringIO()) as out:
     code = main(sys.argv[1:])
-print(json.dumps({"code": code, "numba": "numba" in sys.modules, "out": out.getvalue()}))
+print(json.dumps({"code": code, "numba": "numba" in sys.modules,
+                  "pyarrow": "pyarrow" in sys.modules, "out": out.getvalue()}))
 """
 
 
@@ -150,8 +154,10 @@ def test_a_replay_runs_without_numba(corpus: Path) -> None:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     home = {"HOME": str(Path.home()), compiled.DIR_VARIABLE: str(compiled.kernel_dir())}
+    probe({**home, compiled.BUILD_VARIABLE: compiled.WAIT})  # whatever else it needs, built
     fast = probe(home)
     assert fast["code"] == 0 and not fast["numba"]
+    assert not fast["pyarrow"]  # the CSV parsed by the compiled loop
     slow = probe({**home, compiled.JIT_ONLY: "1"})
     assert slow["numba"] and slow["out"] == fast["out"]
 
@@ -170,3 +176,101 @@ def test_every_kernel_with_examples_is_compiled_ahead() -> None:
     for kernel in entries:
         for example in kernel.examples():
             assert kernel.takes(*example), kernel
+
+
+# ----------------------------------------------------------------------------- the first process
+
+_TINY = """
+from bmoe.compiled import arrays, njit
+
+
+@njit(ahead=lambda: arrays("i8"), nogil=True)
+def total(values):
+    s = 0
+    for v in values:
+        s += v
+    return s
+"""
+
+_CALL = """
+import json, sys
+import numpy as np
+from bmoe import compiled
+import tiny_kernels
+total = int(tiny_kernels.total(np.arange(10, dtype=np.int64)))
+print(json.dumps({"total": total, "numba": "numba" in sys.modules,
+                  "wanted": list(compiled._WANTED)}))
+"""
+
+
+def _tiny(tmp_path: Path, **env: str) -> tuple[Path, dict[str, str]]:
+    """A kernel module of one small kernel, a fresh kernel directory, and the environment of
+    a process calling it (the default build mode unless `env` says otherwise)."""
+    (tmp_path / "tiny_kernels.py").write_text(_TINY, encoding="utf-8")
+    kernels = tmp_path / "kernels"
+    base = {k: v for k, v in os.environ.items() if k not in (compiled.BUILD_VARIABLE,
+                                                              compiled.JIT_ONLY)}  # fmt: skip
+    path = os.pathsep.join([str(ROOT), str(tmp_path)])
+    return kernels, {**base, "PYTHONPATH": path, compiled.DIR_VARIABLE: str(kernels), **env}
+
+
+def _call(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _CALL], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+
+
+def _outcome(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert err == ""  # nothing from the build, on either stream
+    (line,) = out.splitlines()  # only what the process printed itself
+    return json.loads(line)
+
+
+def _builder_done(kernels: Path, timeout_s: float = 900) -> None:
+    """Wait until no builder holds the kernel directory's lock."""
+    deadline = time.monotonic() + timeout_s
+    with open(kernels / "builder.lock", "a+b") as fh:
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fh, fcntl.LOCK_UN)
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "the builder is still at work"
+                time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_first_processes_run_the_jit_and_one_builder_builds_for_the_next(tmp_path: Path) -> None:
+    kernels, env = _tiny(tmp_path)
+    first = [_call(env), _call(env)]  # at once: neither waits for a build
+    for outcome in map(_outcome, first):
+        assert outcome == {"total": 45, "numba": True, "wanted": ["tiny_kernels"]}
+    _builder_done(kernels)
+    failed = sorted(kernels.glob("*.failed"))
+    if failed:
+        pytest.skip(f"no compiled-ahead kernels here: {failed[0].read_text()[-300:]}")
+    builds = [p.name for p in kernels.glob("tiny_kernels-*") if p.is_dir()]
+    assert len(builds) == 1 and "." not in builds[0].removeprefix("tiny_kernels-")  # no work left
+    later = _outcome(_call(env))
+    assert later == {"total": 45, "numba": False, "wanted": []}
+
+
+def test_a_failed_build_is_not_tried_again(tmp_path: Path) -> None:
+    """Without a C compiler the builder records why it failed; later processes run the JIT
+    and ask for no build."""
+    kernels, env = _tiny(tmp_path, CC=str(tmp_path / "no-such-compiler"))
+    assert _outcome(_call(env))["wanted"] == ["tiny_kernels"]
+    _builder_done(kernels)
+    (failed,) = kernels.glob("tiny_kernels-*.failed")
+    assert failed.read_text(encoding="utf-8")
+    assert _outcome(_call(env)) == {"total": 45, "numba": True, "wanted": []}
+
+
+def test_never_asks_for_no_build(tmp_path: Path) -> None:
+    """BMOE_KERNEL_BUILD=never: the JIT, and no build asked for (=wait, the tests' mode, is
+    what :func:`ahead` relies on)."""
+    kernels, env = _tiny(tmp_path, **{compiled.BUILD_VARIABLE: compiled.NEVER})
+    assert _outcome(_call(env)) == {"total": 45, "numba": True, "wanted": []}
+    assert not list(kernels.glob("tiny_kernels*"))

@@ -42,7 +42,8 @@ def run_probe(*argv: str) -> tuple[int, set[str]]:
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, *argv],
         capture_output=True, text=True, check=True, cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "100"},
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "100",
+             "BMOE_KERNEL_BUILD": "wait"},
     )  # fmt: skip
     result = json.loads(out.stdout.strip().splitlines()[-1])
     return result["code"], set(result["modules"])
@@ -121,7 +122,7 @@ def test_lazy_index_names_exactly_the_lazy_modules_commands() -> None:
         out = subprocess.run(
             [sys.executable, "-c", _PATHS, which],
             capture_output=True, text=True, check=True, cwd=ROOT,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "BMOE_KERNEL_BUILD": "wait"},
         )  # fmt: skip
         return set(json.loads(out.stdout))
 
