@@ -76,6 +76,7 @@ class EvalHook:
         first_moe_layer: int = 0,
         n_moe_layers: int = 0,
         expert_names: frozenset[bytes] = frozenset(),
+        dense_names: frozenset[bytes] = frozenset(),
         profile: bool = False,
         drop_renorm: bool = True,
     ):
@@ -96,12 +97,16 @@ class EvalHook:
         self._routed = 0
         self.expert_names = expert_names
         self.discovered: dict[str, int] | None = None
+        #: during discovery with `dense_names`: every dense weight the graph reads, by name
+        self.dense_names = dense_names
+        self.discovered_dense: dict[str, int] = {}
         #: the weights chain of the first MoE layer, in graph order (seen during discovery)
         self.weight_chain: list[bytes] = []
         #: the name (without ``-<il>``) of the weights node the routing waits for when dropping
         self.final_weights: bytes | None = None
         self.drop_renorm = drop_renorm
         self._dropping = False
+        self._chain_learned = False  # a decode has asked for the weights (see :meth:`begin`)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         #: ``--predict-log``: sees each router's input and each routing of a generated token
         self.predictor: RoutePredictor | None = None
@@ -165,9 +170,13 @@ class EvalHook:
         self._pending = {}
         if self.streamer is not None:
             self.streamer.begin_decode(generating)
-        self._dropping = bool(
-            self.streamer is not None and self.streamer.dropping and self.final_weights
-        )
+        # The native engine learns which node ends each layer's weight chain at the first
+        # decode that asks for the weights (the prompt when tracing, or with dropping in the
+        # prompt; else the first generated token) and drops only from the decode after it.
+        armed = bool(self.streamer is not None and self.streamer.dropping and self.final_weights)
+        self._dropping = armed and self._chain_learned
+        if self.streamer is not None and (armed or self.route_weights):
+            self._chain_learned = True
         if self.predictor is not None:  # a verify decode is scored on its last token
             self.predictor.active = generating
         self._remember = (
@@ -340,6 +349,12 @@ class EvalHook:
 
     def _discover(self, t: int) -> None:
         node = ggml.tensor(t)
+        if self.dense_names:  # the weights (leaves) this node reads
+            for src in node.src:
+                if src:
+                    leaf = ggml.tensor(src)
+                    if leaf.op == 0 and leaf.name in self.dense_names:  # GGML_OP_NONE
+                        self.discovered_dense[leaf.name.decode()] = src
         if ggml.op_name(node.op) != "MUL_MAT_ID" or not node.src[0]:
             return
         src = node.src[0]
@@ -447,9 +462,11 @@ class EvalHook:
         if dropped is None or not dropped.any():
             return
         applied = np.where(dropped, np.float32(0), weights)
-        if self.drop_renorm:
-            kept = applied.sum(axis=1, keepdims=True)
-            applied *= np.where(kept > 0, weights.sum(axis=1, keepdims=True) / kept, 1)
+        if self.drop_renorm:  # sums in slot order, in float32, as the native engine adds them
+            kept = np.add.accumulate(applied, axis=1)[:, -1:]
+            total = np.add.accumulate(weights, axis=1)[:, -1:]
+            scale = np.where(dropped.any(axis=1, keepdims=True) & (kept > 0), total / kept, 1)
+            applied = np.where(dropped, applied, applied * scale.astype(np.float32))
         view[...] = applied.astype(np.float32).reshape(view.shape)
 
     def _weights(self, t: int, layer: int) -> None:
