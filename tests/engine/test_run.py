@@ -429,7 +429,7 @@ def test_native_flags_parse() -> None:
         (["-m", "x", "--drop-cold-experts", "0.5"], "--drop-cold-experts"),
         (["-m", "x", "--bogus"], "unknown flag '--bogus'"),
         (["-m", "x", "--route-trace", "r.csv"], "--route-trace needs --moe-stream"),
-        (["-m", "x", "--dense-weights", "anon"], "mmap and warm"),
+        (["-m", "x", "--dense-weights", "ahwb"], "mmap, warm and anon"),
         (["-m", "x", "-n"], "-n needs a value"),
         (["-n", "3"], "--model is required"),
     ],
@@ -554,6 +554,41 @@ def test_identity_holds_when_traced_and_with_a_small_ubatch(tiny_model, tmp_path
     assert sorted(set(prefill["step"])) == list(range(streamed.n_prompt))
     last = rows[(rows["phase"] == 0) & (rows["layer"] == 3)]
     assert set(last["step"]) == {streamed.n_prompt - 1}  # only the output token's row
+
+
+def test_dense_weights_are_copied_into_engine_memory_by_default(tiny_model, baseline) -> None:
+    """``--dense-weights anon``, the native engine's default: every dense weight the graph
+    reads is rebound into one copy (the tokens and logits unchanged, as the streaming identity
+    test checks); ``mmap`` leaves them in llama.cpp's mapping."""
+    import time
+
+    from bmoe.engine.embedded import ggml
+    from bmoe.engine.embedded.engine import EmbeddedEngine
+
+    layout = read_layout(tiny_model)
+    cfg = EngineConfig(model=str(tiny_model), prompt=PROMPT, threads=1, moe_stream=True)
+    assert cfg.dense_weights == "anon"
+    eng = EmbeddedEngine(cfg, origin_ns=time.monotonic_ns())
+    try:
+        dense = eng.dense
+        assert dense is not None and set(dense.nodes) <= set(layout.dense_tensors)
+        # the embedding, norms, attention and routers: the warm-up read them all
+        assert {"token_embd.weight", "blk.0.attn_q.weight", "blk.3.ffn_gate_inp.weight"} <= set(
+            dense.nodes
+        )
+        assert sum(n for _a, n in dense.ranges) == sum(
+            layout.dense_tensors[name][2] for name in dense.nodes
+        )
+        for node in dense.nodes.values():  # each tensor reads its copy now, aligned
+            data = int(ggml.tensor(node).data)
+            assert dense.base <= data < dense.base + dense.size and data % 64 == 0
+        assert eng.dense_probe.sample(force=True)[0] == 1.0  # the probe samples the copies
+    finally:
+        eng.close()
+    run = _run(tiny_model, moe_stream=True, cache_mb=100)
+    assert _identical(run, baseline) and run.params["dense_weights"] == "anon"
+    mapped = _run(tiny_model, moe_stream=True, cache_mb=100, dense_weights="mmap")
+    assert _identical(mapped, baseline) and mapped.params["dense_weights"] == "mmap"
 
 
 def test_warm_dense_weights_and_auto_cache(tiny_model, baseline) -> None:

@@ -314,7 +314,7 @@ def flags_error(text: str, tmp_path) -> ConfigError:
         ("route_trace = true\n[grid]\ncache_mb = [1, 2]\n", "[grid]", "grid",
          "--route-trace needs --moe-stream"),
         ('[grid]\ndense_weights = ["mmap", "ahwb"]\n', "[grid]", "grid",
-         "implements mmap and warm only"),
+         "implements mmap, warm and anon"),
         ('[[targets]]\nname = "here"\nenv = { BMOE_OVERLAP = "1" }\n', "[base]", "base",
          "BMOE_OVERLAP=1"),
     ],
@@ -344,3 +344,4 @@ def test_native_flags_are_checked_against_the_binarys_help(tmp_path):
     assert info.value.key == "grid.io_thread" and "did you mean 'io_threads'?" in str(info.value)
     # Without probing the target (a farm's driver), native flags are not checked.
     assert check_flags(cfg, make_plan(cfg).cells, targets, probe=False) == []
+
