@@ -591,6 +591,19 @@ def test_dense_weights_are_copied_into_engine_memory_by_default(tiny_model, base
     assert _identical(mapped, baseline) and mapped.params["dense_weights"] == "mmap"
 
 
+def test_a_family_the_native_engine_does_not_stream_runs_with_a_note(tmp_path) -> None:
+    from bmoe.engine.synth import synth_model
+
+    llama = synth_model(tmp_path / "llama.gguf", "tiny", arch="llama")
+    cfg = EngineConfig(model=str(llama), prompt=PROMPT, n_predict=2, threads=1, moe_stream=True)
+    run = run_engine(cfg)
+    assert len(run.tokens) == 2
+    (note,) = [w for w in run.warnings if "native engine" in w]
+    assert "no MoE recipe for architecture 'llama'" in note and "embedded engine only" in note
+    plain = run_engine(EngineConfig(model=str(llama), prompt=PROMPT, n_predict=2, threads=1))
+    assert not plain.warnings  # without streaming the native engine runs it too
+
+
 def test_warm_dense_weights_and_auto_cache(tiny_model, baseline) -> None:
     run = _run(tiny_model, moe_stream=True, cache_mb=None, dense_weights="warm")
     assert _identical(run, baseline)

@@ -34,6 +34,7 @@ from bmoe.engine.embedded.model import LlamaModel, prepare_openmp
 from bmoe.engine.embedded.predict import RoutePredictor, read_routers
 from bmoe.engine.embedded.reader import Reader, ReadJob
 from bmoe.engine.embedded.streamer import ExpertStreamer
+from bmoe.engine.native import native_refusal
 from bmoe.errors import BmoeError
 from bmoe.units import MIB
 
@@ -143,6 +144,13 @@ class EmbeddedEngine:
             if cfg.predict_prefetch:
                 self.hook.predict_spec_max = cfg.predict_spec_max or self.n_expert_used
         self.warnings: list[str] = []
+        refusal = native_refusal(lay.arch) if cfg.moe_stream else None
+        if refusal is not None:
+            self.warnings.append(
+                f"the native engine would refuse to stream this model ({refusal}): a "
+                f"{lay.arch} model streams on the embedded engine only, and no native run "
+                "can be compared with this one"
+            )
         self.arena: ExpertArena | None = None
         self.reader: Reader | None = None
         self.cache: ExpertCache | None = None
