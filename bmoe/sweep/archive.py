@@ -401,7 +401,8 @@ def csv_complete(path: Path) -> tuple[bool, str]:
         return False, str(exc)
     if run.tokens == 0:
         return False, f"{path.name}: no token rows"
-    if run.partial:
+    ended = run.summary.get("tokens") == run.tokens  # fewer than asked: end of generation
+    if run.partial and not ended:
         return False, f"{path.name}: the run did not finish ({run.tokens} rows, no summary)"
     return True, "ok"
 
