@@ -675,6 +675,50 @@ def test_the_c_filter_answers_as_the_python_callback_does(tiny_model, tmp_path, 
     assert with_c.summary["experts_dropped"] == python.summary["experts_dropped"] > 0
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"cache_mb": 100},
+        {"cache_mb": 3},
+        {"cache_mb": 2, "drop_cold_frac": 1.0},
+        {"cache_mb": 2, "drop_cold_frac": 0.6, "drop_renorm": False},
+    ],
+    ids=["holds-all", "evicting", "dropping", "dropping-no-renorm"],
+)
+def test_the_resident_fast_path_routes_as_python_does(tiny_model, monkeypatch, settings):
+    """Routings the C filter takes off Python (every expert resident, or every miss dropped)
+    leave the same tokens, logits, reads, cache counts and drops as routing them in Python,
+    and it does take most of them."""
+    from bmoe.engine.embedded import evalfilter
+    from bmoe.engine.embedded.hook import EvalHook
+
+    if evalfilter.load() is None:
+        pytest.skip("no C compiler: the eval filter is not built")
+    seen = {"logged": 0, "dropped": 0}
+    drain = EvalHook._drain
+
+    def counting(self) -> None:
+        f = self._filter
+        entries = [self._log[i * evalfilter.ENTRY + 2] for i in range(f.log_len)]
+        seen["logged"] += len(entries)
+        seen["dropped"] += sum(1 for mask in entries if mask)
+        drain(self)
+
+    monkeypatch.setattr(EvalHook, "_drain", counting)
+    with_c = _run(tiny_model, moe_stream=True, **settings)
+    monkeypatch.setattr(evalfilter, "load", lambda: None)
+    python = _run(tiny_model, moe_stream=True, **settings)
+    assert _identical(with_c, python)
+    keys = ("read_MiB", "cache_hit_pct", "evictions", "rereads", "experts_routed",
+            "experts_dropped", "token_demand_MiB")  # fmt: skip
+    assert {k: with_c.summary[k] for k in keys} == {k: python.summary[k] for k in keys}
+    assert [r["read_bytes"] for r in with_c.rows] == [r["read_bytes"] for r in python.rows]
+    assert with_c.cache_stats == python.cache_stats
+    assert seen["logged"] > (N // 2 if settings["cache_mb"] == 100 else 0)
+    if settings.get("drop_cold_frac"):
+        assert python.summary["experts_dropped"] > 0 and seen["dropped"] > 0
+
+
 @pytest.mark.parametrize("rows_per_write", [1, 50])
 def test_route_rows_held_back_write_the_same_file(
     tiny_model, tmp_path, monkeypatch, rows_per_write

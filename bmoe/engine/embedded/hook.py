@@ -107,7 +107,7 @@ class EvalHook:
         self.drop_renorm = drop_renorm
         self._dropping = False
         self._chain_learned = False  # a decode has asked for the weights (see :meth:`begin`)
-        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # ids, positions, node
         #: ``--predict-log``: sees each router's input and each routing of a generated token
         self.predictor: RoutePredictor | None = None
         #: ``--predict-prefetch``: read this many of the stale gate's pick ahead (0 = off)
@@ -125,11 +125,16 @@ class EvalHook:
         self.context_user: int | None = None
         self._filter: evalfilter.FilterState | None = None
         self._prefixes: list[bytes] | None = None
+        self._fast = False  # this decode's all-resident routings are logged by the C filter
+        self._log: Any = None  # their log (int32 entries: layer, k, ids)
         lib = None if profile else evalfilter.load()
         if lib is not None:
             state = evalfilter.FilterState()
             state.python = ctypes.cast(self.callback, ctypes.c_void_p).value
             state.name_offset = ggml.NAME_OFFSET
+            state.data_offset = ggml.DATA_OFFSET
+            state.ne_offset = ggml.NE_OFFSET
+            state.nb_offset = ggml.NB_OFFSET
             state.pass_through = 1
             self._filter = state
             self._filter_lib = lib  # keep the library loaded
@@ -190,12 +195,35 @@ class EvalHook:
         if self._remember and mode != self._mode:
             self.forget()
             self._mode = mode
+        self._fast = False
         if self._filter is not None:
             prefixes = self._wanted_prefixes() if self._remember else None
             self._filter.pass_through = int(prefixes is None)
             if prefixes is not None and prefixes != self._prefixes:
                 self._filter.set_prefixes(prefixes)
                 self._prefixes = prefixes
+            streamer = self.streamer
+            self._fast = bool(
+                prefixes is not None
+                and streamer is not None
+                and self.predictor is None
+                and not self.route_weights
+                and streamer.resident_fast_path
+            )
+            f = self._filter
+            if self._fast:
+                assert streamer is not None
+                if self._log is None:
+                    self._wire_fast_path(streamer)
+                f.drop = int(self._dropping)
+                if self._dropping and self.final_weights:
+                    f.weights_prefix = self.final_weights + b"-"
+                    f.drop_frac = streamer.drop_frac
+                    f.renorm = int(self.drop_renorm)
+            f.pending = None
+            f.routed_layer = -1
+            f.log_len = 0
+            f.fast = int(self._fast)
         if self.trace:
             self._last_ns = time.perf_counter_ns()
             self._last_flt = _majflt()
@@ -214,8 +242,37 @@ class EvalHook:
             wanted += [base + b"-" for base in self.weight_chain if base + b"-" not in wanted]
         return wanted if len(wanted) <= evalfilter.MAX_PREFIXES else None
 
+    def _wire_fast_path(self, streamer: ExpertStreamer) -> None:
+        """Give the C filter the streamer's readable flags and a log for one decode."""
+        f = self._filter
+        assert f is not None
+        capacity = max(self.n_moe_layers, 1) * 2
+        self._log = (ctypes.c_int32 * (capacity * evalfilter.ENTRY))()
+        f.resident = ctypes.addressof(streamer.readable)
+        f.n_expert = streamer.n_expert
+        f.n_layer = len(streamer.readable) // max(streamer.n_expert, 1)
+        f.log = ctypes.addressof(self._log)
+        f.log_cap = capacity
+
+    def _drain(self) -> None:
+        """Hand the routings the C filter logged to the cache, in graph order (before any
+        routing in Python, and at the end of the decode)."""
+        f = self._filter
+        assert f is not None and self.streamer is not None
+        n, f.log_len = f.log_len, 0
+        log, route, width = self._log, self.streamer.route_resident, evalfilter.ENTRY
+        for at in range(0, n * width, width):
+            mask = log[at + 2]
+            route(log[at], log[at + 3 : at + 3 + log[at + 1]], mask.bit_count() if mask else 0)
+        self._routed += n
+
     def end(self) -> None:
         """Called right after llama_decode: closes the trace and re-raises a callback error."""
+        if self._fast and self.error is None:
+            try:
+                self._drain()
+            except Exception as exc:  # a bookkeeping error, raised as the callback's would be
+                self.error = exc
         if self.trace == "layer" and self.error is None:
             self._segment("post", -1)
         if self.error is not None:
@@ -242,6 +299,8 @@ class EvalHook:
 
     def _callback(self, t: int, ask: bool, _user: int) -> bool:
         try:
+            if self._fast and self._filter is not None and self._filter.log_len:
+                self._drain()  # the routings logged so far come first
             if ask:
                 if self._remember:
                     known = self._decisions.get(t)
@@ -391,7 +450,7 @@ class EvalHook:
                     ctypes.memmove(data, ids.ctypes.data, ids.nbytes)
             self.predictor.routed(layer, ids[-1])  # the batch's last token
         if self._dropping:  # routed once the weights are known
-            self._pending[layer] = (ids, self._positions_for(n))
+            self._pending[layer] = (ids, self._positions_for(n), t)
             return
         self._routed += 1
         self.streamer.route(layer, ids, self._positions_for(n))
@@ -446,7 +505,7 @@ class EvalHook:
         pending = self._pending.pop(layer, None)
         if pending is None or self.streamer is None:
             return
-        ids, positions = pending
+        ids, positions, topk = pending
         view = ggml.as_array(t, np.float32)
         if view.size != ids.size:
             raise RuntimeError(
@@ -461,6 +520,16 @@ class EvalHook:
             self._routings[layer] = routing
         if dropped is None or not dropped.any():
             return
+        # A dropped slot is pointed at its token's top expert, as the native engine does: the
+        # expert matmul then multiplies resident weights by zero instead of faulting in the
+        # released pages of an expert nobody read (a minor fault a page, hundreds a slot).
+        node = ggml.tensor(topk)
+        data, stride, item = int(node.data), int(node.nb[1]), int(node.nb[0])
+        tops = ids[np.arange(len(ids)), np.argmax(weights, axis=1)]
+        for j, slot in zip(*np.nonzero(dropped), strict=True):
+            ctypes.c_int32.from_address(data + int(j) * stride + int(slot) * item).value = int(
+                tops[j]
+            )
         applied = np.where(dropped, np.float32(0), weights)
         if self.drop_renorm:  # sums in slot order, in float32, as the native engine adds them
             kept = np.add.accumulate(applied, axis=1)[:, -1:]

@@ -17,6 +17,7 @@ still read).
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field
 
@@ -94,6 +95,10 @@ class ExpertStreamer:
         self._spec: set[tuple[int, int]] = set()
         self.counters = DecodeCounters()
         self._generating = True
+        #: per (layer, expert), layer-major: 1 while its slices are resident and read (what the
+        #: eval filter's fast path trusts); an admitted prefetch is not, until a routing read
+        self.n_expert = layout.n_expert
+        self.readable = (ctypes.c_ubyte * (max(layout.n_layer, 1) * max(layout.n_expert, 1)))()
         reader.set_slices(
             [
                 SliceTable(
@@ -208,12 +213,14 @@ class ExpertStreamer:
             if ticket is not None:
                 ticket.wait()
             io_ns += time.perf_counter_ns() - tw
+            readable, row = self.readable, layer * self.n_expert
             for e in misses:
                 key = (layer, e)
                 if key in self._ever_held:
                     self.rereads += 1
                 self._ever_held.add(key)
                 self._materialized.add(key)
+                readable[row + e] = 1
             self.loads += len(misses)
         self.spec_useful += len(pf_hits)
         if self.prefetch and not self.load_all:
@@ -230,6 +237,51 @@ class ExpertStreamer:
         c.io_ns += io_ns
         c.mgmt_ns += time.perf_counter_ns() - t0 - io_ns
         return dropped
+
+    @property
+    def resident_fast_path(self) -> bool:
+        """Whether a routing whose experts are all readable needs nothing but the cache's
+        bookkeeping (:meth:`route_resident`): a cache within its budget, nothing read ahead,
+        no trace rows, not --load-all."""
+        cache = self.cache
+        return (
+            cache is not None
+            and not self.load_all
+            and not self.prefetch
+            and not self.keep_routings
+            and not self._inflight
+            and cache.bytes_held <= cache.budget_bytes
+        )
+
+    def route_resident(self, layer: int, flat: list[int], dropped: int = 0) -> None:
+        """:meth:`route_ids` for one token's routing that needed no read (the eval filter
+        logged it and the matmul has run): `flat` as staged (a dropped slot as its token's
+        top expert) and the number of slots dropped; the same cache lookups, counts and
+        recency, and nothing to read or release."""
+        t0 = time.perf_counter_ns()
+        eb = self._expert_bytes[layer]
+        distinct = list(dict.fromkeys(flat))
+        c = self.counters
+        c.demand_bytes += len(distinct) * eb
+        c.widest_layer_bytes = max(c.widest_layer_bytes, len(distinct) * eb)
+        if self._generating:
+            c.routed += len(flat)
+            c.dropped += dropped
+        base = layer << EXPERT_BITS
+        recency = None
+        if len(distinct) != len(flat):
+            recency = [base | e for e in reversed(dict.fromkeys(reversed(flat)))]
+        assert self.cache is not None
+        _hits, misses, pf_hits, victims = self.cache.stage_keys(
+            layer, [base | e for e in distinct], recency, eb
+        )
+        if misses or victims:
+            raise RuntimeError(
+                f"layer {layer}: experts {[k & EXPERT_MASK for k in misses]} were readable for "
+                "the graph but not in the cache"
+            )
+        self.spec_useful += len(pf_hits)
+        c.mgmt_ns += time.perf_counter_ns() - t0
 
     def _drops(
         self, layer: int, flat: list[int], k: int, weights: np.ndarray
@@ -286,6 +338,7 @@ class ExpertStreamer:
             waited = time.perf_counter_ns() - t
         if key in self._materialized:
             self._materialized.discard(key)
+            self.readable[key[0] * self.n_expert + key[1]] = 0
             self.arena.release(*key)
         return waited
 
