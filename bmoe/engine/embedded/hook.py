@@ -260,10 +260,17 @@ class EvalHook:
         f = self._filter
         assert f is not None and self.streamer is not None
         n, f.log_len = f.log_len, 0
-        log, route, width = self._log, self.streamer.route_resident, evalfilter.ENTRY
-        for at in range(0, n * width, width):
-            mask = log[at + 2]
-            route(log[at], log[at + 3 : at + 3 + log[at + 1]], mask.bit_count() if mask else 0)
+        log, width = self._log, evalfilter.ENTRY
+        self.streamer.route_resident(
+            [
+                (
+                    log[at],
+                    log[at + 3 : at + 3 + log[at + 1]],
+                    (log[at + 2] & 0xFFFFFFFF).bit_count(),
+                )
+                for at in range(0, n * width, width)
+            ]
+        )
         self._routed += n
 
     def end(self) -> None:

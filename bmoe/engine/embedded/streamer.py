@@ -253,34 +253,35 @@ class ExpertStreamer:
             and cache.bytes_held <= cache.budget_bytes
         )
 
-    def route_resident(self, layer: int, flat: list[int], dropped: int = 0) -> None:
-        """:meth:`route_ids` for one token's routing that needed no read (the eval filter
-        logged it and the matmul has run): `flat` as staged (a dropped slot as its token's
-        top expert) and the number of slots dropped; the same cache lookups, counts and
-        recency, and nothing to read or release."""
+    def route_resident(self, entries: list[tuple[int, list[int], int]]) -> None:
+        """:meth:`route_ids` for one-token routings that needed no read (the eval filter
+        logged them and the matmuls have run), in graph order: (layer, ids as staged, slots
+        dropped) each, a dropped slot staged as its token's top expert. The same cache lookups,
+        recency and counts, and nothing to read or release."""
         t0 = time.perf_counter_ns()
-        eb = self._expert_bytes[layer]
-        distinct = list(dict.fromkeys(flat))
         c = self.counters
-        c.demand_bytes += len(distinct) * eb
-        c.widest_layer_bytes = max(c.widest_layer_bytes, len(distinct) * eb)
-        if self._generating:
-            c.routed += len(flat)
-            c.dropped += dropped
-        base = layer << EXPERT_BITS
-        recency = None
-        if len(distinct) != len(flat):
-            recency = [base | e for e in reversed(dict.fromkeys(reversed(flat)))]
+        batches: list[tuple[int, list[int], list[int] | None]] = []
+        sizes: list[int] = []
+        for layer, flat, dropped in entries:
+            eb = self._expert_bytes[layer]
+            distinct = list(dict.fromkeys(flat))
+            demand = len(distinct) * eb
+            c.demand_bytes += demand
+            if demand > c.widest_layer_bytes:
+                c.widest_layer_bytes = demand
+            if self._generating:
+                c.routed += len(flat)
+                c.dropped += dropped
+            base = layer << EXPERT_BITS
+            recency = None
+            if len(distinct) != len(flat):
+                recency = [base | e for e in reversed(dict.fromkeys(reversed(flat)))]
+            batches.append((layer, [base | e for e in distinct], recency))
+            sizes.append(eb)
         assert self.cache is not None
-        _hits, misses, pf_hits, victims = self.cache.stage_keys(
-            layer, [base | e for e in distinct], recency, eb
-        )
-        if misses or victims:
-            raise RuntimeError(
-                f"layer {layer}: experts {[k & EXPERT_MASK for k in misses]} were readable for "
-                "the graph but not in the cache"
-            )
-        self.spec_useful += len(pf_hits)
+        before = self.cache.stats["prefetch_hits"]
+        self.cache.stage_resident(batches, sizes)
+        self.spec_useful += self.cache.stats["prefetch_hits"] - before
         c.mgmt_ns += time.perf_counter_ns() - t0
 
     def _drops(
