@@ -360,23 +360,28 @@ def _pair_run(argv: list[str], env: dict, csv: Path, turns: int) -> dict:
     # process would inherit its peak RSS (the kernel keeps the pre-exec high-water mark).
     times = csv.with_suffix(".time")
     launcher = ["/usr/bin/time", "-f", "%M %U %S", "-o", str(times)] if TIME else []
-    proc = subprocess.Popen([*launcher, *argv],
-                            stdin=subprocess.PIPE if turns else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**clean, **env})  # fmt: skip
-    assert proc.stdout is not None and proc.stderr is not None
-    if turns:
-        assert proc.stdin is not None
-        client = SessionClient(proc.stdin, proc.stdout)
-        for prompt in SESSION_TURNS[:turns]:
-            client.generate(prompt, clear_kv=False, timeout=600)
-        client.close()
-    out = proc.stdout.read()
-    err = proc.stderr.read()
-    _pid, status, usage = os.wait4(proc.pid, 0)
+    log = csv.with_suffix(".err")
+    with open(log, "wb") as err:  # a file: the native engine's log would fill a pipe
+        proc = subprocess.Popen(
+            [*launcher, *argv],
+            stdin=subprocess.PIPE if turns else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env={**clean, **env},
+        )
+        assert proc.stdout is not None
+        if turns:
+            assert proc.stdin is not None
+            client = SessionClient(proc.stdin, proc.stdout)
+            for prompt in SESSION_TURNS[:turns]:
+                client.generate(prompt, clear_kv=False, timeout=600)
+            client.close()
+        proc.stdout.read()
+        _pid, status, usage = os.wait4(proc.pid, 0)
+    text = log.read_text(errors="replace")
+    log.unlink()
     if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{argv[0]} failed: {err.decode(errors='replace')[-600:]}")
-    del out
+        raise SystemExit(f"{argv[0]} failed: {text[-600:]}")
     if TIME:
         rss_kib, user, system = times.read_text().split()[-3:]
         times.unlink()
