@@ -7,8 +7,10 @@ Three measurements, each against a baseline taken in the same run:
   (tokens that read nothing) and the time spent inside the eval callback per token;
 - memory: peak RSS of a streamed run with ``--cache-mb 64`` vs a plain mmap run (which maps and
   faults the whole file), each in its own process; the whole-process peak (``VmHWM``, which
-  includes llama.cpp populating the whole mapping at load) and the peak after setup (``VmHWM``
-  reset once the experts are rebound and their pages of the mapping released);
+  includes llama.cpp populating the whole mapping at load), the peak after setup (``VmHWM``
+  reset once the experts are rebound) and the per-token anon and file RSS: the anon memory is
+  the engine's own (the dense copy, the cache, the buffers), the file RSS llama.cpp's mapping,
+  which stays mapped as in the native engine;
 - budgets: tok/s, MiB read per token and hit rate at cache 0, a small and a large budget;
 - families: for every family ``bmoe model synth --arch`` writes (a mid-sized model each),
   streaming with a cache that holds everything vs plain llama-cpp-python decoding of the same
@@ -196,14 +198,15 @@ def memory(model: Path, args: argparse.Namespace) -> None:
             f"{r['after_setup_peak_mib']:7.1f} MiB | per-token max RSS {r['max_row_rss_mib']:7.1f}"
             f" (anon {r['max_row_anon_mib']:.1f}, file {r['max_row_file_mib']:.1f})"
         )
-    overhead = streamed["after_setup_peak_mib"] - dense - 64
+    overhead = streamed["max_row_anon_mib"] - dense - 64
     print(
-        f"  streamed peak after setup = dense + 64 MiB + {overhead:.1f} MiB fixed overhead "
-        "(interpreter, numpy/pandas, llama.cpp context and compute buffers)"
+        f"  streamed RssAnon = dense copy + 64 MiB + {overhead:.1f} MiB fixed overhead "
+        "(interpreter, numpy/pandas, llama.cpp context and compute buffers); RssFile is "
+        "llama.cpp's mapping of the file, left mapped as the native engine leaves it"
     )
     print(
-        f"  ratio streamed / plain (after setup): "
-        f"{streamed['after_setup_peak_mib'] / base['after_setup_peak_mib']:.3f}"
+        f"  ratio streamed / plain, RssAnon: "
+        f"{streamed['max_row_anon_mib'] / base['max_row_anon_mib']:.3f}"
     )
 
 

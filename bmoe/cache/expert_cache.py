@@ -209,17 +209,22 @@ class ExpertCache:
         would mean the caller was wrong, and raises."""
         policy = self._policy
         pending, st = self._pending, self._stats
+        lookup, per_layer = policy.lookup, policy.per_layer
         lookups_n = pf_hits = 0
         for (layer, lookups, recency), size in zip(batches, sizes, strict=True):
-            hits, misses = policy.lookup(lookups, recency, int(size), None)
-            if misses or policy.held_in(layer) > policy.capacity(layer):
+            hits, misses = lookup(lookups, recency, size, None)
+            if misses or (per_layer and policy.held_in(layer) > policy.capacity(layer)):
                 raise BmoeError(f"layer {layer}: experts staged as resident were not cached")
             if pending:
                 found = [k for k in hits if k in pending]
                 pending.difference_update(found)
                 pf_hits += len(found)
             lookups_n += len(lookups)
-            self._touched = set(lookups)
+        if batches:  # hits hold no more bytes: one look at the budget is enough
+            last = batches[-1]
+            if policy.held_in(last[0]) > policy.capacity(last[0]):
+                raise BmoeError(f"the cache holds more than its budget after layer {last[0]}")
+            self._touched = set(last[1])
         st["lookups"] += lookups_n
         st["hits"] += lookups_n
         st["prefetch_hits"] += pf_hits

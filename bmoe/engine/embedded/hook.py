@@ -126,7 +126,8 @@ class EvalHook:
         self._filter: evalfilter.FilterState | None = None
         self._prefixes: list[bytes] | None = None
         self._fast = False  # this decode's all-resident routings are logged by the C filter
-        self._log: Any = None  # their log (int32 entries: layer, k, ids)
+        self._log: Any = None  # their log (int32 entries: layer, k, dropped slots, ids)
+        self._log_rows: np.ndarray = np.zeros((0, evalfilter.ENTRY), dtype=np.int32)
         lib = None if profile else evalfilter.load()
         if lib is not None:
             state = evalfilter.FilterState()
@@ -248,6 +249,7 @@ class EvalHook:
         assert f is not None
         capacity = max(self.n_moe_layers, 1) * 2
         self._log = (ctypes.c_int32 * (capacity * evalfilter.ENTRY))()
+        self._log_rows = np.frombuffer(self._log, dtype=np.int32).reshape(capacity, -1)
         f.resident = ctypes.addressof(streamer.readable)
         f.n_expert = streamer.n_expert
         f.n_layer = len(streamer.readable) // max(streamer.n_expert, 1)
@@ -260,16 +262,9 @@ class EvalHook:
         f = self._filter
         assert f is not None and self.streamer is not None
         n, f.log_len = f.log_len, 0
-        log, width = self._log, evalfilter.ENTRY
+        rows = self._log_rows[:n].tolist()  # layer, k, dropped slots (bits), ids
         self.streamer.route_resident(
-            [
-                (
-                    log[at],
-                    log[at + 3 : at + 3 + log[at + 1]],
-                    (log[at + 2] & 0xFFFFFFFF).bit_count(),
-                )
-                for at in range(0, n * width, width)
-            ]
+            [(r[0], r[3 : 3 + r[1]], (r[2] & 0xFFFFFFFF).bit_count()) for r in rows]
         )
         self._routed += n
 

@@ -262,22 +262,30 @@ class ExpertStreamer:
         c = self.counters
         batches: list[tuple[int, list[int], list[int] | None]] = []
         sizes: list[int] = []
+        expert_bytes, generating = self._expert_bytes, self._generating
+        demand_bytes, widest, routed, dropped_n = c.demand_bytes, c.widest_layer_bytes, 0, 0
         for layer, flat, dropped in entries:
-            eb = self._expert_bytes[layer]
-            distinct = list(dict.fromkeys(flat))
-            demand = len(distinct) * eb
-            c.demand_bytes += demand
-            if demand > c.widest_layer_bytes:
-                c.widest_layer_bytes = demand
-            if self._generating:
-                c.routed += len(flat)
-                c.dropped += dropped
+            eb = expert_bytes[layer]
             base = layer << EXPERT_BITS
             recency = None
-            if len(distinct) != len(flat):
-                recency = [base | e for e in reversed(dict.fromkeys(reversed(flat)))]
+            if dropped:  # a dropped slot repeats its token's top expert
+                distinct = list(dict.fromkeys(flat))
+                if len(distinct) != len(flat):
+                    recency = [base | e for e in reversed(dict.fromkeys(reversed(flat)))]
+            else:  # a router's top-k ids are distinct
+                distinct = flat
+            demand = len(distinct) * eb
+            demand_bytes += demand
+            if demand > widest:
+                widest = demand
+            routed += len(flat)
+            dropped_n += dropped
             batches.append((layer, [base | e for e in distinct], recency))
             sizes.append(eb)
+        c.demand_bytes, c.widest_layer_bytes = demand_bytes, widest
+        if generating:
+            c.routed += routed
+            c.dropped += dropped_n
         assert self.cache is not None
         before = self.cache.stats["prefetch_hits"]
         self.cache.stage_resident(batches, sizes)
