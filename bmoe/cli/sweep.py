@@ -130,9 +130,13 @@ def sweep_command(
 ) -> None:
     """Run an engine across a grid of flags on one or more targets; archive every run.
 
+    Example: bmoe sweep sweeps/tiny-embedded.toml --dry-run
+    (every run, its target and its exact command; nothing runs)
     Example: bmoe sweep sweeps/tiny-embedded.toml
-    Resume after a crash or Ctrl-C: bmoe sweep sweeps/tiny-embedded.toml --resume
-    (or: bmoe sweep bench-data/2026-12-01-tiny-embedded)
+    Example: bmoe sweep sweeps/tiny-embedded.toml --resume
+    (after a crash or Ctrl-C: the complete runs are skipped)
+    Example: bmoe sweep bench-data/2026-12-01-tiny-embedded
+    (the same: resume that folder)
     """
     from bmoe.sweep.archive import CONFIG, find_latest, new_folder
     from bmoe.sweep.config import load_config, resolved_toml
@@ -234,6 +238,7 @@ def _run_locked(
             + f" -> {archive.root}"
         ),
         highlight=False,
+        soft_wrap=True,  # one line, never broken before the folder (a pipe is 80 wide)
     )
     if failed:
         err_console.print(literal("failed: " + ", ".join(failed)), highlight=False)
@@ -296,10 +301,9 @@ def analyze_sweep_command(
     from bmoe.analyze.sweep import analyze_sweep
     from bmoe.render.tables import render
     from bmoe.sweep.archive import find_latest, load_results
-    from bmoe.sweep.config import load_config
 
     if folder.is_file():
-        cfg = load_config(folder)
+        cfg = _config_named(folder)
         latest = find_latest(Path(cfg.settings.output), cfg.settings.name)
         if latest is None:
             raise BmoeError(f"no folder of sweep {cfg.settings.name!r} under {cfg.settings.output}")
@@ -332,6 +336,25 @@ def analyze_sweep_command(
             check_output(plots / "predicted.png", force=force)
             path = save_figure(predicted_vs_measured_plot(compared), plots / "predicted.png")
             err_console.print(literal(f"wrote {path}"), highlight=False)
+
+
+def _config_named(path: Path):
+    """The sweep configuration named in place of its folder; a file that is not one (not
+    TOML, or no [sweep] table) is refused as neither."""
+    from bmoe.sweep.config import config_text, parse_config
+
+    neither = BmoeError(
+        f"{path}: not a sweep folder or configuration (give the folder a sweep wrote, such as "
+        "bench-data/<date>-<name>, or the TOML file with a [sweep] table it ran)"
+    )
+    try:
+        text = config_text(path)
+        doc = tomllib.loads(text)
+    except (BmoeError, tomllib.TOMLDecodeError):
+        raise neither from None
+    if not isinstance(doc.get("sweep"), dict):
+        raise neither
+    return parse_config(text, str(path), base_dir=path.resolve().parent)
 
 
 def _read_predictions(folder: Path):

@@ -99,7 +99,9 @@ def _run(cfg, archive, plain: bool) -> None:
     if sys.platform != "win32":
         signal.signal(signal.SIGTERM, to_interrupt)
     use_plain = plain or not console.is_terminal
-    sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)
+    # piped, the log goes to stderr: what stdout carries is the answer, first
+    log = sys.stdout if console.is_terminal else sys.stderr
+    sink = PlainProgress(log) if use_plain else LiveProgress(console)
     try:
         with sink:
             outcome = Tuner(cfg, archive, sink=sink).run()

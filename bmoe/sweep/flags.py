@@ -11,7 +11,9 @@ pass through unchecked, as the native driver does, and the sweep says so.
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -188,16 +190,44 @@ def check_native_models(
             )
 
 
+def check_models(config: SweepConfig, cells: Sequence[Cell], targets: Sequence[Target]) -> None:
+    """Refuse (a located :class:`ConfigError`) a cell whose model file is not on a local
+    target that may run it: every run would fail with the same error."""
+    seen: set[str] = set()
+    for cell in cells:
+        model = cell.params.get("model")
+        if not isinstance(model, str):
+            continue
+        for target in targets:
+            if target.spec.kind != "local" or not target.spec.can_run(cell.tags):
+                continue
+            path = target.model_path(model, config.settings.base_dir)
+            if path in seen:
+                continue
+            seen.add(path)
+            if not Path(path).is_file():
+                shown = os.path.normpath(path)
+                here = os.path.relpath(shown)
+                raise config.error(
+                    _where_set(config, "model", cell),
+                    f"{shown}: no such model file (a generated one: bmoe model synth "
+                    f"{shlex.quote(shown if here.startswith('..') else here)} --preset tiny)",
+                )
+
+
 def check_flags(
     config: SweepConfig, cells: Sequence[Cell], targets: Sequence[Target], probe: bool = True
 ) -> list[str]:
     """Check every cell's flags against the engine on `targets` (the native engine's only
-    with `probe`: its binary is asked on the target); returns notes (targets whose native
-    engine lists no flags, so its flags pass through unchecked)."""
+    with `probe`: its binary is asked on the target), and on the embedded engine that each
+    local target has the model; returns notes (targets whose native engine lists no flags,
+    so its flags pass through unchecked)."""
     notes: list[str] = []
     if config.settings.engine == "embedded":
         check_cell_flags(config, cells, embedded_flags())
         check_embedded_cells(config, cells, targets)
+        if probe:
+            check_models(config, cells, targets)
         return notes
     check_native_models(config, cells, targets)
     if not probe:
