@@ -336,3 +336,44 @@ def test_the_architectures_the_native_engine_streams(native_cli, tmp_path) -> No
         proc = subprocess.run([str(native_cli), *_flags(model, 4, n=1)], capture_output=True)
         assert proc.returncode != 0
         assert native_refusal(arch) in proc.stderr.decode(errors="replace")
+
+
+#: Each identity check against a native engine made to disagree in what that check compares: a
+#: wrapper around the real binary that swaps one argument (or adds one), so that the checks
+#: above are known to fail when the two engines differ.
+DISAGREEING = {
+    "route_trace": (test_route_trace_predict_lines_and_run_lines, ("12", "24"), ()),
+    "drops": (test_live_drops, ("1.0", "0.5"), ()),
+    "ngram": (test_ngram_acceptance_and_drafts, ("24", "16"), ()),  # fewer verify decodes
+    "session": (test_session_turns, None, ("--chatml",)),
+    "memory": (test_memory_columns_by_cache_budget, ("48", "24"), ()),
+}
+
+
+def _disagreeing(native_cli: Path, folder: Path, swap: tuple[str, str] | None, extra) -> Path:
+    script = folder / "disagreeing-bmoe-cli"
+    case = f'  "{swap[0]}") args+=("{swap[1]}") ;;\n' if swap else ""
+    script.write_text(
+        '#!/bin/bash\nargs=()\nfor a in "$@"; do\n case "$a" in\n'
+        f'{case}  *) args+=("$a") ;;\n esac\ndone\n'
+        f'case " $* " in *" -n 1 "*) exec "{native_cli}" "$@" ;; esac\n'  # the memory baseline
+        f'exec "{native_cli}" "${{args[@]}}" {" ".join(extra)}\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture(scope="module")
+def one_model(tmp_path_factory) -> Path:
+    """The first family's model, for the checks made to fail."""
+    return synth_model(tmp_path_factory.mktemp("disagree") / "m.gguf", "tiny", arch=FAMILIES[0],
+                       **SHAPE)  # fmt: skip
+
+
+@pytest.mark.parametrize("check", sorted(DISAGREEING))
+def test_each_check_fails_when_the_engines_disagree(native_cli, one_model, check, tmp_path):
+    test, swap, extra = DISAGREEING[check]
+    other = _disagreeing(native_cli, tmp_path, swap, extra)
+    (tmp_path / "run").mkdir()
+    with pytest.raises(AssertionError):
+        test(other, one_model, tmp_path / "run")
