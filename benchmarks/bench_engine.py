@@ -7,8 +7,10 @@ Three measurements, each against a baseline taken in the same run:
   (tokens that read nothing) and the time spent inside the eval callback per token;
 - memory: peak RSS of a streamed run with ``--cache-mb 64`` vs a plain mmap run (which maps and
   faults the whole file), each in its own process; the whole-process peak (``VmHWM``, which
-  includes llama.cpp populating the whole mapping at load) and the peak after setup (``VmHWM``
-  reset once the experts are rebound and their pages of the mapping released);
+  includes llama.cpp populating the whole mapping at load), the peak after setup (``VmHWM``
+  reset once the experts are rebound) and the per-token anon and file RSS: the anon memory is
+  the engine's own (the dense copy, the cache, the buffers), the file RSS llama.cpp's mapping,
+  which stays mapped as in the native engine;
 - budgets: tok/s, MiB read per token and hit rate at cache 0, a small and a large budget;
 - families: for every family ``bmoe model synth --arch`` writes (a mid-sized model each),
   streaming with a cache that holds everything vs plain llama-cpp-python decoding of the same
@@ -20,20 +22,25 @@ Three measurements, each against a baseline taken in the same run:
   trace), in process CPU time per steady-state token (us and ratio, the figure to read on a
   loaded machine) and in wall time.
 
-- pair: the embedded engine against plain llama-cpp-python and, with ``--native PATH``,
-  against the native ``bmoe-cli`` with the same flags (``--moe-stream --no-odirect``), paired
-  and interleaved (the order alternates each round), each run a fresh process: a budget that
-  holds every expert and one that evicts (about 30 % of them), on a quiet machine and with a
-  fixed background load (``--spinners`` busy processes); decode tok/s, and the user and
-  system CPU seconds of each process. Plain runs wait as streamed ones do (a short spin,
-  ``GOMP_SPINCOUNT=3000``); both also run with libgomp's own spin-wait (what the short spin
-  replaced), the engine also with a passive wait (``BMOE_OMP_WAIT=passive``), and with a budget
-  that holds everything the engine also runs on huge pages (``BMOE_HUGE_PAGES=1``). Without
-  ``--native`` the native pairing is skipped, and says so.
+- pair: the embedded engine against the native ``bmoe-cli`` (found as the tests find it:
+  ``--native PATH``, else ``$BMOE_NATIVE_CLI``, else the binary ``../shared/native/build.sh``
+  reports; skipped, saying why, without one) and plain llama-cpp-python, the same command line
+  for each engine (``--moe-stream --no-odirect --force-cache``), paired and interleaved (the
+  order alternates each round), each run a fresh process: a budget that holds every expert,
+  one that evicts (about 30 % of them), the evicting one with ``--prefetch 1``, with
+  ``--drop-cold-experts 1.0`` and as a session of three turns, on a quiet machine and with a
+  fixed background load (``--spinners`` busy processes); decode tok/s (each run's tokens over
+  their decode walls), the user and system CPU seconds and the peak RSS of each process, the
+  embedded / native ratio of each pair and its spread, and a closing markdown table of them.
+  Holding or evicting, plain runs wait as streamed ones do (a short spin,
+  ``GOMP_SPINCOUNT=3000``); both also run with libgomp's own spin-wait, the engine also with a
+  passive wait (``BMOE_OMP_WAIT=passive``), and holding everything also on huge pages
+  (``BMOE_HUGE_PAGES=1``).
 
 Usage: python benchmarks/bench_engine.py
        [--section speed|memory|budgets|families|features|pair|all] [--tokens 64]
-       [--repeats 3] [--threads 1] [--model PATH] [--native PATH] [--spinners 2] [--keep]
+       [--repeats 3] [--threads 1] [--model PATH] [--native PATH] [--spinners 2]
+       [--loads both|quiet|processes] [--keep]
 """
 
 from __future__ import annotations
@@ -191,14 +198,15 @@ def memory(model: Path, args: argparse.Namespace) -> None:
             f"{r['after_setup_peak_mib']:7.1f} MiB | per-token max RSS {r['max_row_rss_mib']:7.1f}"
             f" (anon {r['max_row_anon_mib']:.1f}, file {r['max_row_file_mib']:.1f})"
         )
-    overhead = streamed["after_setup_peak_mib"] - dense - 64
+    overhead = streamed["max_row_anon_mib"] - dense - 64
     print(
-        f"  streamed peak after setup = dense + 64 MiB + {overhead:.1f} MiB fixed overhead "
-        "(interpreter, numpy/pandas, llama.cpp context and compute buffers)"
+        f"  streamed RssAnon = dense copy + 64 MiB + {overhead:.1f} MiB fixed overhead "
+        "(interpreter, numpy/pandas, llama.cpp context and compute buffers); RssFile is "
+        "llama.cpp's mapping of the file, left mapped as the native engine leaves it"
     )
     print(
-        f"  ratio streamed / plain (after setup): "
-        f"{streamed['after_setup_peak_mib'] / base['after_setup_peak_mib']:.3f}"
+        f"  ratio streamed / plain, RssAnon: "
+        f"{streamed['max_row_anon_mib'] / base['max_row_anon_mib']:.3f}"
     )
 
 
@@ -316,60 +324,74 @@ def features(tmp: Path, args: argparse.Namespace) -> None:
         p.unlink()
 
 
-_PAIR_CHILD = r"""
-import json, sys
-sys.path.insert(0, {root!r})
-from bmoe.engine.embedded.config import EngineConfig
-from bmoe.engine.embedded.run import run_engine
-run = run_engine(EngineConfig(**json.loads(sys.argv[1])))
-wall = sum(r["wall_ms"] for r in run.rows) / 1e3
-print(json.dumps({{"tok_s": len(run.rows) / wall}}))
-"""
-
-
-def _child_run(argv: list[str], env: dict | None = None) -> tuple[str, float, float]:
-    """Run `argv` as a child and return (stdout, user s, system s) of it (wait4)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    out = proc.stdout.read()
-    err = proc.stderr.read()
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"{argv[0]} failed: {err.decode(errors='replace')[-400:]}")
-    return out.decode(), usage.ru_utime, usage.ru_stime
-
-
-def _embedded_run(model: Path, args: argparse.Namespace, env: dict, **kw) -> dict:
-    cfg = {"model": str(model), "prompt": PROMPT, "n_predict": args.tokens,
-           "threads": args.threads, **kw}  # fmt: skip
-    code = _PAIR_CHILD.format(root=str(ROOT))
-    clean = {k: v for k, v in os.environ.items() if k not in _OMP_KEYS}
-    out, user, sys_s = _child_run([sys.executable, "-c", code, json.dumps(cfg)], {**clean, **env})
-    return {**json.loads(out.strip().splitlines()[-1]), "user": user, "sys": sys_s}
-
-
+#: Environment keys a pair run sets itself (cleared from the caller's first).
 _OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "BMOE_OMP_WAIT", "BMOE_HUGE_PAGES")
-#: The runs of one round of the pair section: (name, streamed, environment).
+NATIVE = "native bmoe-cli"
+EMBEDDED = "embedded"
+#: The engine runs of a condition that holds every expert or evicts: (name, program, env);
+#: program "plain" is bmoe run without --moe-stream (llama-cpp-python on mmap, no streaming).
 _VARIANTS = (
-    ("plain llama-cpp-python", False, {"GOMP_SPINCOUNT": "3000"}),
-    ("embedded", True, {}),
-    ("plain, libgomp's spin-wait", False, {}),
-    ("embedded, libgomp's spin-wait", True, {"BMOE_OMP_WAIT": "default"}),
-    ("embedded, passive wait", True, {"BMOE_OMP_WAIT": "passive"}),
+    ("plain llama-cpp-python", "plain", {"GOMP_SPINCOUNT": "3000"}),
+    (EMBEDDED, "embedded", {}),
+    ("plain, libgomp's spin-wait", "plain", {}),
+    ("embedded, libgomp's spin-wait", "embedded", {"BMOE_OMP_WAIT": "default"}),
+    ("embedded, passive wait", "embedded", {"BMOE_OMP_WAIT": "passive"}),
 )
+#: GNU time, to measure an engine process from a launcher of its own (see _pair_run).
+TIME = os.path.exists("/usr/bin/time")
+#: The session's turns: the prompt, then two that continue it.
+SESSION_TURNS = (PROMPT, " And what does the cache do?", " Summarise it in a sentence.")
 
 
-def _native_run(native: Path, model: Path, args: argparse.Namespace, tmp: Path, cache_mb: float):
+def _tok_s_of(csv: Path) -> float:
+    """Decode tok/s of a run's metrics CSV: its tokens over their decode walls (every turn)."""
     from bmoe.formats.metrics import read_metrics
 
-    csv = tmp / "native.csv"
-    argv = [str(native), "-m", str(model), "-p", PROMPT, "-n", str(args.tokens),
-            "-t", str(args.threads), "--moe-stream", "--no-odirect",
-            "--cache-mb", str(int(cache_mb)), "--csv", str(csv)]  # fmt: skip
-    _out, user, sys_s = _child_run(argv)
-    summary = read_metrics(csv).summary
-    return {"tok_s": float(summary["tok/s"]), "user": user, "sys": sys_s}
+    rows = read_metrics(csv).rows
+    return len(rows) / (rows["wall_ms"].sum() / 1e3)
+
+
+def _pair_run(argv: list[str], env: dict, csv: Path, turns: int) -> dict:
+    """One engine process on `argv` (plus its CSV); with `turns`, a ``--session`` served
+    that many requests. Decode tok/s from the CSV; user and system CPU seconds and the peak
+    RSS (MiB) of the whole process, from wait4."""
+    from bmoe.engine.session import SessionClient
+
+    argv = [*argv, "--csv", str(csv)] + (["--session"] if turns else [])
+    clean = {k: v for k, v in os.environ.items() if k not in _OMP_KEYS}
+    # Started by GNU time, whose own small process forks the engine: a child of this Python
+    # process would inherit its peak RSS (the kernel keeps the pre-exec high-water mark).
+    times = csv.with_suffix(".time")
+    launcher = ["/usr/bin/time", "-f", "%M %U %S", "-o", str(times)] if TIME else []
+    log = csv.with_suffix(".err")
+    with open(log, "wb") as err:  # a file: the native engine's log would fill a pipe
+        proc = subprocess.Popen(
+            [*launcher, *argv],
+            stdin=subprocess.PIPE if turns else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env={**clean, **env},
+        )
+        assert proc.stdout is not None
+        if turns:
+            assert proc.stdin is not None
+            client = SessionClient(proc.stdin, proc.stdout)
+            for prompt in SESSION_TURNS[:turns]:
+                client.generate(prompt, clear_kv=False, timeout=600)
+            client.close()
+        proc.stdout.read()
+        _pid, status, usage = os.wait4(proc.pid, 0)
+    text = log.read_text(errors="replace")
+    log.unlink()
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{argv[0]} failed: {text[-600:]}")
+    if TIME:
+        rss_kib, user, system = times.read_text().split()[-3:]
+        times.unlink()
+        figures = {"user": float(user), "sys": float(system), "rss": int(rss_kib) / 1024}
+    else:  # the peak includes this process's, inherited across the fork
+        figures = {"user": usage.ru_utime, "sys": usage.ru_stime, "rss": usage.ru_maxrss / 1024}
+    return {"tok_s": _tok_s_of(csv), **figures}
 
 
 class _Spinners:
@@ -392,72 +414,131 @@ class _Spinners:
             p.wait()
 
 
-def _spread(values: list[float]) -> str:
-    return (
-        f"{statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f})"
-        if values
-        else "-"
-    )
+def _spread(values: list[float], digits: int = 3) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def _find_native(args: argparse.Namespace) -> tuple[Path | None, str]:
+    """``--native PATH``, else the build the tests find (``$BMOE_NATIVE_CLI``, else what
+    ``../shared/native/build.sh`` reports)."""
+    if args.native is not None:
+        return args.native, "--native"
+    from tests.native_build import find_native
+
+    return find_native()
 
 
 def pair(model: Path, tmp: Path, args: argparse.Namespace) -> None:
     layout = read_layout(model)
     total = layout.total_expert_bytes / MIB
-    budgets = (("holds every expert", total + 1), ("evicts", round(total * 0.3)))
-    native = args.native
+    holds, evicts = total + 1, round(total * 0.3)
+    native, how = _find_native(args)
+    conditions = (  # (name, budget MiB, extra flags, session turns, every variant)
+        ("holds every expert", holds, [], 0, True),
+        ("evicts", evicts, [], 0, True),
+        ("evicts, --prefetch 1", evicts, ["--prefetch", "1"], 0, False),
+        ("evicts, --drop-cold-experts 1.0", evicts, ["--drop-cold-experts", "1.0"], 0, False),
+        ("evicts, a session of 3 turns", evicts, [], 3, False),
+    )
     print(
-        f"pair ({args.tokens} tokens, {args.threads} threads, --no-odirect, {args.repeats} "
-        f"rounds, order alternating; experts {total:.0f} MiB; a plain run waits as the "
-        "engine's streamed runs do, a short spin, unless it says otherwise):"
+        f"pair ({args.tokens} tokens a run or turn, {args.threads} threads, --no-odirect, "
+        f"{args.repeats} rounds, the order alternating each round, each run a fresh process; "
+        f"experts {total:.0f} MiB; {os.cpu_count()} CPUs; a plain run waits as the engine's "
+        "streamed runs do, a short spin, unless it says otherwise):"
     )
     if native is None:
-        print("  native bmoe-cli: skipped (no --native PATH given); pairing with plain "
-              "llama-cpp-python only")  # fmt: skip
-    loads_to_run = (("quiet", 0), (f"{args.spinners} spinning processes", args.spinners))
+        print(f"  {NATIVE}: skipped ({how}); pairing with plain llama-cpp-python only")
+    else:
+        print(f"  {NATIVE}: {native} (found by {how})")
+    python = [sys.executable, "-m", "bmoe", "run"]
+    summary = []
+    loads_to_run = [
+        (load_name, spinners)
+        for key, load_name, spinners in (
+            ("quiet", "quiet", 0),
+            ("processes", f"{args.spinners} busy processes", args.spinners),
+        )
+        if args.loads in ("both", key)
+    ]
     for load_name, spinners in loads_to_run:
-        for budget_name, mb in budgets:
-            variants = list(_VARIANTS)
-            if mb > total:  # the huge pages a budget that holds everything may ask for
-                variants.append(("embedded, huge pages", True, {"BMOE_HUGE_PAGES": "1"}))
-            runs: dict[str, list[dict]] = {name: [] for name, _s, _e in variants}
-            runs["native bmoe-cli"] = []
+        for name, mb, extra, turns, every in conditions:
+            variants = list(_VARIANTS) if every else [(EMBEDDED, "embedded", {})]
+            if every and mb > total:  # the huge pages a budget that holds everything may ask for
+                variants.append(("embedded, huge pages", "embedded", {"BMOE_HUGE_PAGES": "1"}))
+            if native is not None:
+                variants.append((NATIVE, "native", {}))
+            common = ["-m", str(model), "-n", str(args.tokens), "-t", str(args.threads)]
+            streamed = ["--moe-stream", "--no-odirect", "--cache-mb", str(int(mb)),
+                        "--force-cache", *extra]  # fmt: skip
+            prompt = [] if turns else ["-p", PROMPT]
+            runs: dict[str, list[dict]] = {v: [] for v, _p, _e in variants}
             loads = []
             with _Spinners(spinners):
                 for i in range(args.repeats):
-                    order = list(variants) + ([("native bmoe-cli", True, {})] if native else [])
-                    if i % 2:
-                        order.reverse()
-                    for name, streamed, env in order:
-                        if name == "native bmoe-cli":
+                    order = variants if i % 2 == 0 else variants[::-1]
+                    for variant, program, env in order:
+                        if program == "plain":
+                            argv = [*python, *common, *prompt]
+                        elif program == "embedded":
+                            argv = [*python, *common, *prompt, *streamed]
+                        else:
                             assert native is not None
-                            runs[name].append(_native_run(native, model, args, tmp, mb))
-                            continue
-                        kw = {"moe_stream": True, "cache_mb": mb, "o_direct": False}
-                        kw = kw if streamed else {}
-                        runs[name].append(_embedded_run(model, args, env, **kw))
+                            argv = [str(native), *common, *prompt, *streamed]
+                        csv = tmp / f"pair-{len(loads)}.csv"
+                        runs[variant].append(_pair_run(argv, env, csv, turns))
+                        csv.unlink()
                     loads.append(os.getloadavg()[0])
-            print(f"  {load_name}, cache {budget_name} ({mb:.0f} MiB), load average "
+            print(f"  {load_name}, {name} ({mb:.0f} MiB), load average "
                   f"{min(loads):.1f}-{max(loads):.1f}:")  # fmt: skip
-            for name, r in runs.items():
-                if r:
-                    print(
-                        f"    {name:30s} tok/s {_spread([x['tok_s'] for x in r])}  user "
-                        f"{_spread([x['user'] for x in r])} s  system "
-                        f"{_spread([x['sys'] for x in r])} s"
-                    )
-
-            def ratio(a: str, b: str, runs: dict[str, list[dict]] = runs) -> str:
-                pairs = zip(runs[a], runs[b], strict=True)
-                return _spread([x["tok_s"] / y["tok_s"] for x, y in pairs])
-
-            print(f"    embedded / plain, paired: {ratio('embedded', 'plain llama-cpp-python')}")
-            spun = ratio("embedded, libgomp's spin-wait", "plain, libgomp's spin-wait")
-            print(f"    both with libgomp's spin-wait, paired: {spun}")
-            if runs["native bmoe-cli"]:
+            for variant, r in runs.items():
                 print(
-                    f"    embedded / native bmoe-cli, paired: "
-                    f"{ratio('embedded', 'native bmoe-cli')} (target >= 0.95)"
+                    f"    {variant:30s} tok/s {_spread([x['tok_s'] for x in r], 2)}  user "
+                    f"{_spread([x['user'] for x in r], 2)} s  system "
+                    f"{_spread([x['sys'] for x in r], 2)} s  peak RSS "
+                    f"{_spread([x['rss'] for x in r], 0)} MiB"
                 )
+
+            def ratio(a: str, b: str, key: str = "tok_s", runs=runs) -> list[float]:
+                return [x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True)]
+
+            if every:
+                print(f"    embedded / plain, paired: "
+                      f"{_spread(ratio(EMBEDDED, 'plain llama-cpp-python'))}")  # fmt: skip
+                spun = ratio("embedded, libgomp's spin-wait", "plain, libgomp's spin-wait")
+                print(f"    both with libgomp's spin-wait, paired: {_spread(spun)}")
+            if native is not None:
+                tok, rss = ratio(EMBEDDED, NATIVE), ratio(EMBEDDED, NATIVE, "rss")
+                print(f"    embedded / native, paired: tok/s {_spread(tok)} (target >= 1.0"
+                      f"{', >= 0.95 busy' if spinners else ''}); peak RSS {_spread(rss)} "
+                      "(target within 10 %)")  # fmt: skip
+                summary.append((load_name, name, mb, runs[EMBEDDED], runs[NATIVE], tok, rss,
+                                (min(loads), max(loads))))  # fmt: skip
+    if summary:
+        _print_pair_table(summary)
+
+
+def _print_pair_table(summary: list) -> None:
+    """The embedded engine against the native one, one line a condition, as markdown."""
+    med = statistics.median
+    print(
+        "\n  | condition | load | embedded tok/s | native tok/s | embedded / native "
+        "(min-max) | user s emb / nat | system s emb / nat | peak RSS MiB emb / nat |"
+    )
+    print("  | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for load_name, name, mb, emb, nat, tok, _rss, (lo, hi) in summary:
+
+        def m(runs: list[dict], key: str, digits: int) -> str:
+            return f"{med(x[key] for x in runs):.{digits}f}"
+
+        print(
+            f"  | {name} ({mb:.0f} MiB), {load_name} | {lo:.1f}-{hi:.1f} | {m(emb, 'tok_s', 1)} | "
+            f"{m(nat, 'tok_s', 1)} | {med(tok):.3f} ({min(tok):.2f}-{max(tok):.2f}) | "
+            f"{m(emb, 'user', 2)} / {m(nat, 'user', 2)} | {m(emb, 'sys', 2)} / "
+            f"{m(nat, 'sys', 2)} | {m(emb, 'rss', 0)} / {m(nat, 'rss', 0)} |"
+        )
 
 
 def main() -> None:
@@ -472,8 +553,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", type=Path, help="an existing GGUF (default: make the small preset)")
     ap.add_argument("--keep", action="store_true", help="keep the generated model")
-    ap.add_argument("--native", type=Path, help="a native bmoe-cli to pair with (pair section)")
+    ap.add_argument(
+        "--native",
+        type=Path,
+        help="the native bmoe-cli to pair with (pair section; default: $BMOE_NATIVE_CLI, else "
+        "the binary ../shared/native/build.sh reports)",
+    )
     ap.add_argument("--spinners", type=int, default=2, help="background load of the pair section")
+    ap.add_argument(
+        "--loads",
+        choices=["both", "quiet", "processes"],
+        default="both",
+        help="pair section: the quiet machine, the one with --spinners busy processes, or both",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bmoe-bench-engine-"))
     model = args.model

@@ -43,3 +43,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from bmoe.engine.synth import synth_model
 
     return synth_model(tmp_path_factory.mktemp("models") / "tiny.gguf", "tiny")
+
+
+@pytest.fixture(scope="session")
+def native_cli() -> Path:
+    """The native ``bmoe-cli`` ($BMOE_NATIVE_CLI, else ``../shared/native/build.sh``'s); tests
+    using it skip, naming both, when there is none."""
+    from tests.native_build import native_cli_or_skip
+
+    return native_cli_or_skip()

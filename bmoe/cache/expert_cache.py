@@ -200,6 +200,35 @@ class ExpertCache:
         st["evictions"] += len(victims)
         return hits, misses, pf_hits, victims
 
+    def stage_resident(
+        self, batches: Sequence[tuple[int, list[int], list[int] | None]], sizes: Sequence[int]
+    ) -> None:
+        """:meth:`stage_keys` for batches the caller knows are all resident (the live engine's
+        routings that needed no read), in one call: (layer, lookups, recency) each, with each
+        batch's expert bytes in `sizes`. The same recency and counts; a miss or an eviction
+        would mean the caller was wrong, and raises."""
+        policy = self._policy
+        pending, st = self._pending, self._stats
+        lookup, per_layer = policy.lookup, policy.per_layer
+        lookups_n = pf_hits = 0
+        for (layer, lookups, recency), size in zip(batches, sizes, strict=True):
+            hits, misses = lookup(lookups, recency, size, None)
+            if misses or (per_layer and policy.held_in(layer) > policy.capacity(layer)):
+                raise BmoeError(f"layer {layer}: experts staged as resident were not cached")
+            if pending:
+                found = [k for k in hits if k in pending]
+                pending.difference_update(found)
+                pf_hits += len(found)
+            lookups_n += len(lookups)
+        if batches:  # hits hold no more bytes: one look at the budget is enough
+            last = batches[-1]
+            if policy.held_in(last[0]) > policy.capacity(last[0]):
+                raise BmoeError(f"the cache holds more than its budget after layer {last[0]}")
+            self._touched = set(last[1])
+        st["lookups"] += lookups_n
+        st["hits"] += lookups_n
+        st["prefetch_hits"] += pf_hits
+
     def prefetch(
         self,
         layer: int,

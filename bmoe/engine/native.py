@@ -32,6 +32,29 @@ OUTPUT_FILES = {
 #: Flags carried per request in session mode rather than on the command line.
 SESSION_REQUEST_KEYS = ("prompt", "n_predict")
 
+#: The architectures the native engine streams (``--moe-stream``): the MoE recipes of its
+#: registry at version 0.19.0 (``core/src/moe/arch_registry.cpp``; ``bmoe-cli --list-archs``
+#: prints them). A streamed run of any other architecture it refuses by name; a run without
+#: streaming loads whatever llama.cpp loads.
+NATIVE_STREAMED_ARCHS = (
+    "qwen3moe",
+    "qwen2moe",
+    "qwen35moe",
+    "gemma4",
+    "gpt-oss",
+    "lfm2moe",
+    "deepseek4",
+    "bailingmoe3",
+)
+
+
+def native_refusal(arch: str | None) -> str | None:
+    """Why the native engine refuses to stream a model of `arch`, in its words; None when it
+    streams that architecture."""
+    if arch in NATIVE_STREAMED_ARCHS:
+        return None
+    return f"no MoE recipe for architecture '{arch or ''}'"
+
 
 def flag_name(key: str) -> str:
     """``io_threads`` -> ``--io-threads`` (``model`` -> ``-m``)."""

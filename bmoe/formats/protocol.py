@@ -617,6 +617,17 @@ RUN_LINES: tuple[tuple[str, tuple[RunLine, ...]], ...] = (
             ),
         ),
     ),
+    ("speculation", (_acceptance_line("mtp"), _acceptance_line("ngram"))),
+    ("speculation-cost", (_cost_line("mtp"), _cost_line("ngram"))),
+    (
+        "ngram-coverage",
+        (
+            RunLine(
+                "ngram: drafted on {drafted_steps:d} of {ngram_steps:d} steps ({drafted_pct:.1f}%);"
+                " the rest decoded plainly"
+            ),
+        ),
+    ),
     (
         "mode",
         (
@@ -730,17 +741,6 @@ RUN_LINES: tuple[tuple[str, tuple[RunLine, ...]], ...] = (
                 "moe-route-ahead: {route_ahead:d} layers early — {ra_committed:d} routings "
                 "committed, {ra_passthrough:d} passed through; committed selection agreed with "
                 "the router on {ra_agree_pct:.1f}% of slots"
-            ),
-        ),
-    ),
-    ("speculation", (_acceptance_line("mtp"), _acceptance_line("ngram"))),
-    ("speculation-cost", (_cost_line("mtp"), _cost_line("ngram"))),
-    (
-        "ngram-coverage",
-        (
-            RunLine(
-                "ngram: drafted on {drafted_steps:d} of {ngram_steps:d} steps ({drafted_pct:.1f}%);"
-                " the rest decoded plainly"
             ),
         ),
     ),

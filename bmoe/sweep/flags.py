@@ -18,8 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from bmoe.engine.native import OUTPUT_FILES, engine_args, flag_name, output_files
+from bmoe.engine.native import (
+    NATIVE_STREAMED_ARCHS,
+    OUTPUT_FILES,
+    engine_args,
+    flag_name,
+    native_refusal,
+    output_files,
+)
 from bmoe.errors import BmoeError
+from bmoe.formats.gguf_header import read_architecture
 from bmoe.sweep.config import CELL_META_KEYS, SweepConfig
 from bmoe.sweep.plan import Cell
 from bmoe.sweep.targets import Target, TargetError
@@ -151,6 +159,37 @@ def check_embedded_cells(
                 raise config.error(origin, problem) from None
 
 
+def _local_model(config: SweepConfig, model: str, targets: Sequence[Target]) -> Path | None:
+    """The model file a cell names, where this machine can read it (its path on a local
+    target, else the configured path); None when it is only on other hosts."""
+    places = [Path(t.model_path(model, config.settings.base_dir)) for t in targets
+              if t.spec.kind == "local"]  # fmt: skip
+    places.append(config.resolve_local(model))
+    return next((p for p in places if p.is_file()), None)
+
+
+def check_native_models(
+    config: SweepConfig, cells: Sequence[Cell], targets: Sequence[Target]
+) -> None:
+    """Refuse a streamed cell whose model the native engine would not stream (its
+    architecture, read from the GGUF header, has no MoE recipe there), before any run. A
+    model this machine cannot read (only on the device) is left to the engine."""
+    seen: set[str] = set()
+    for cell in cells:
+        model = cell.params.get("model")
+        if not cell.params.get("moe_stream") or not isinstance(model, str) or model in seen:
+            continue
+        seen.add(model)
+        path = _local_model(config, model, targets)
+        refusal = native_refusal(read_architecture(path)) if path is not None else None
+        if refusal is not None:
+            raise config.error(
+                _where_set(config, "model", cell),
+                f"the native engine would refuse {model} ({refusal}); it streams "
+                f'{", ".join(NATIVE_STREAMED_ARCHS)} (engine = "embedded" runs it)',
+            )
+
+
 def check_models(config: SweepConfig, cells: Sequence[Cell], targets: Sequence[Target]) -> None:
     """Refuse (a located :class:`ConfigError`) a cell whose model file is not on a local
     target that may run it: every run would fail with the same error."""
@@ -190,6 +229,7 @@ def check_flags(
         if probe:
             check_models(config, cells, targets)
         return notes
+    check_native_models(config, cells, targets)
     if not probe:
         return notes
     for target in targets:

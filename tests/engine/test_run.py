@@ -477,7 +477,7 @@ def test_native_flags_parse() -> None:
         (["-m", "x", "--drop-cold-experts", "0.5"], "--drop-cold-experts"),
         (["-m", "x", "--bogus"], "unknown flag '--bogus'"),
         (["-m", "x", "--route-trace", "r.csv"], "--route-trace needs --moe-stream"),
-        (["-m", "x", "--dense-weights", "anon"], "mmap and warm"),
+        (["-m", "x", "--dense-weights", "ahwb"], "mmap, warm and anon"),
         (["-m", "x", "-n"], "-n needs a value"),
         (["-n", "3"], "--model is required"),
     ],
@@ -630,6 +630,54 @@ def test_identity_holds_when_traced_and_with_a_small_ubatch(tiny_model, tmp_path
     assert set(last["step"]) == {streamed.n_prompt - 1}  # only the output token's row
 
 
+def test_dense_weights_are_copied_into_engine_memory_by_default(tiny_model, baseline) -> None:
+    """``--dense-weights anon``, the native engine's default: every dense weight the graph
+    reads is rebound into one copy (the tokens and logits unchanged, as the streaming identity
+    test checks); ``mmap`` leaves them in llama.cpp's mapping."""
+    import time
+
+    from bmoe.engine.embedded import ggml
+    from bmoe.engine.embedded.engine import EmbeddedEngine
+
+    layout = read_layout(tiny_model)
+    cfg = EngineConfig(model=str(tiny_model), prompt=PROMPT, threads=1, moe_stream=True)
+    assert cfg.dense_weights == "anon"
+    eng = EmbeddedEngine(cfg, origin_ns=time.monotonic_ns())
+    try:
+        dense = eng.dense
+        assert dense is not None and set(dense.nodes) <= set(layout.dense_tensors)
+        # the embedding, norms, attention and routers: the warm-up read them all
+        assert {"token_embd.weight", "blk.0.attn_q.weight", "blk.3.ffn_gate_inp.weight"} <= set(
+            dense.nodes
+        )
+        assert sum(n for _a, n in dense.ranges) == sum(
+            layout.dense_tensors[name][2] for name in dense.nodes
+        )
+        for node in dense.nodes.values():  # each tensor reads its copy now, aligned
+            data = int(ggml.tensor(node).data)
+            assert dense.base <= data < dense.base + dense.size and data % 64 == 0
+        assert eng.dense_probe.sample(force=True)[0] == 1.0  # the probe samples the copies
+    finally:
+        eng.close()
+    run = _run(tiny_model, moe_stream=True, cache_mb=100)
+    assert _identical(run, baseline) and run.params["dense_weights"] == "anon"
+    mapped = _run(tiny_model, moe_stream=True, cache_mb=100, dense_weights="mmap")
+    assert _identical(mapped, baseline) and mapped.params["dense_weights"] == "mmap"
+
+
+def test_a_family_the_native_engine_does_not_stream_runs_with_a_note(tmp_path) -> None:
+    from bmoe.engine.synth import synth_model
+
+    llama = synth_model(tmp_path / "llama.gguf", "tiny", arch="llama")
+    cfg = EngineConfig(model=str(llama), prompt=PROMPT, n_predict=2, threads=1, moe_stream=True)
+    run = run_engine(cfg)
+    assert len(run.tokens) == 2
+    (note,) = [w for w in run.warnings if "native engine" in w]
+    assert "no MoE recipe for architecture 'llama'" in note and "embedded engine only" in note
+    plain = run_engine(EngineConfig(model=str(llama), prompt=PROMPT, n_predict=2, threads=1))
+    assert not plain.warnings  # without streaming the native engine runs it too
+
+
 def test_warm_dense_weights_and_auto_cache(tiny_model, baseline) -> None:
     run = _run(tiny_model, moe_stream=True, cache_mb=None, dense_weights="warm")
     assert _identical(run, baseline)
@@ -699,6 +747,50 @@ def test_the_c_filter_answers_as_the_python_callback_does(tiny_model, tmp_path, 
     a, b = (read_route_trace(tmp_path / n).rows for n in ("c.csv", "py.csv"))
     assert a.equals(b) and a["weight"].notna().all()
     assert with_c.summary["experts_dropped"] == python.summary["experts_dropped"] > 0
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"cache_mb": 100},
+        {"cache_mb": 3},
+        {"cache_mb": 2, "drop_cold_frac": 1.0},
+        {"cache_mb": 2, "drop_cold_frac": 0.6, "drop_renorm": False},
+    ],
+    ids=["holds-all", "evicting", "dropping", "dropping-no-renorm"],
+)
+def test_the_resident_fast_path_routes_as_python_does(tiny_model, monkeypatch, settings):
+    """Routings the C filter takes off Python (every expert resident, or every miss dropped)
+    leave the same tokens, logits, reads, cache counts and drops as routing them in Python,
+    and it does take most of them."""
+    from bmoe.engine.embedded import evalfilter
+    from bmoe.engine.embedded.hook import EvalHook
+
+    if evalfilter.load() is None:
+        pytest.skip("no C compiler: the eval filter is not built")
+    seen = {"logged": 0, "dropped": 0}
+    drain = EvalHook._drain
+
+    def counting(self) -> None:
+        f = self._filter
+        entries = [self._log[i * evalfilter.ENTRY + 2] for i in range(f.log_len)]
+        seen["logged"] += len(entries)
+        seen["dropped"] += sum(1 for mask in entries if mask)
+        drain(self)
+
+    monkeypatch.setattr(EvalHook, "_drain", counting)
+    with_c = _run(tiny_model, moe_stream=True, **settings)
+    monkeypatch.setattr(evalfilter, "load", lambda: None)
+    python = _run(tiny_model, moe_stream=True, **settings)
+    assert _identical(with_c, python)
+    keys = ("read_MiB", "cache_hit_pct", "evictions", "rereads", "experts_routed",
+            "experts_dropped", "token_demand_MiB")  # fmt: skip
+    assert {k: with_c.summary[k] for k in keys} == {k: python.summary[k] for k in keys}
+    assert [r["read_bytes"] for r in with_c.rows] == [r["read_bytes"] for r in python.rows]
+    assert with_c.cache_stats == python.cache_stats
+    assert seen["logged"] > (N // 2 if settings["cache_mb"] == 100 else 0)
+    if settings.get("drop_cold_frac"):
+        assert python.summary["experts_dropped"] > 0 and seen["dropped"] > 0
 
 
 @pytest.mark.parametrize("rows_per_write", [1, 50])

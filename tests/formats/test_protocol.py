@@ -209,17 +209,17 @@ def test_run_line_figures(corpus: Path) -> None:
 def test_run_lines_not_in_the_corpus_by_hand() -> None:
     lines = [
         "generation: 64 tokens, 0.250 s/token (4.000 tok/s)",
+        "ngram: 30/90 drafts accepted (33.3%), 1.40 tokens per verify decode "
+        "(46 decodes for 64 tokens)",
+        "ngram: drafting costs 0.0012 s/token on top of decode → 3.981 tok/s effective "
+        "(vs 4.000 reported)",
+        "ngram: drafted on 20 of 46 steps (43.5%); the rest decoded plainly",
         "mode: expert streaming, cache 4000 MiB, dense anon, overlap",
         "moe-rows: 120.5 MiB of row-gathered table(s) off the resident set, 2.0 MiB resident, "
         "300 rows gathered, 12 reads (1.5 MiB)",
         "moe-rows: 2 FAILED reads - this run's output is not trustworthy",
         "moe-route-ahead: 2 layers early — 3000 routings committed, 48 passed through; "
         "committed selection agreed with the router on 91.5% of slots",
-        "ngram: 30/90 drafts accepted (33.3%), 1.40 tokens per verify decode "
-        "(46 decodes for 64 tokens)",
-        "ngram: drafting costs 0.0012 s/token on top of decode → 3.981 tok/s effective "
-        "(vs 4.000 reported)",
-        "ngram: drafted on 20 of 46 steps (43.5%); the rest decoded plainly",
         "moe-predict: stale-gate 80.1% of routed slots (40.0% whole routings)",
     ]
     figures = P.parse_run_lines("\n".join(lines))

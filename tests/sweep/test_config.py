@@ -314,7 +314,7 @@ def flags_error(text: str, tmp_path) -> ConfigError:
         ("route_trace = true\n[grid]\ncache_mb = [1, 2]\n", "[grid]", "grid",
          "--route-trace needs --moe-stream"),
         ('[grid]\ndense_weights = ["mmap", "ahwb"]\n', "[grid]", "grid",
-         "implements mmap and warm only"),
+         "implements mmap, warm and anon"),
         ('[[targets]]\nname = "here"\nenv = { BMOE_OVERLAP = "1" }\n', "[base]", "base",
          "BMOE_OVERLAP=1"),
     ],
@@ -344,3 +344,32 @@ def test_native_flags_are_checked_against_the_binarys_help(tmp_path):
     assert info.value.key == "grid.io_thread" and "did you mean 'io_threads'?" in str(info.value)
     # Without probing the target (a farm's driver), native flags are not checked.
     assert check_flags(cfg, make_plan(cfg).cells, targets, probe=False) == []
+
+
+def test_a_model_the_native_engine_would_not_stream_is_refused_before_any_run(tmp_path):
+    """Its architecture read from the GGUF header: a streamed cell of a Mixtral-style llama is
+    refused with the line that names the model; the same cell unstreamed, or a family the
+    native engine streams, passes."""
+    pytest.importorskip("gguf", reason="the engine extra (gguf) makes the models")
+    from bmoe.engine.synth import synth_model
+    from bmoe.sweep.flags import check_flags
+    from bmoe.sweep.targets import open_target
+
+    for arch in ("llama", "qwen3moe"):
+        synth_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch)
+
+    def check(model: str, stream: str) -> list[str]:
+        text = f'[sweep]\nname = "t"\n\n[base]\nmodel = "{model}"\n{stream}'
+        cfg = config(text, tmp_path)
+        targets = [open_target(spec, tmp_path / "state") for spec in cfg.targets]
+        return check_flags(cfg, make_plan(cfg).cells, targets, probe=False)
+
+    with pytest.raises(ConfigError) as info:
+        check("llama.gguf", "moe_stream = true\n")
+    err = info.value
+    assert (err.key, err.line) == ("base.model", 5)
+    assert "no MoE recipe for architecture 'llama'" in err.problem
+    assert 'engine = "embedded"' in err.problem and "qwen3moe" in err.problem
+    assert check("llama.gguf", "") == []  # not streamed: the native engine loads it
+    assert check("qwen3moe.gguf", "moe_stream = true\n") == []
+    assert check("elsewhere.gguf", "moe_stream = true\n") == []  # not here: the engine decides

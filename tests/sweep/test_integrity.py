@@ -433,3 +433,20 @@ def test_manifest_lines_that_are_not_records_do_not_stop_a_resume(tmp_path):
     assert (results["status"] == "ok").sum() == 2
     crafted = results[results["run"] == "c/r9"].iloc[0]
     assert crafted["status"] == "invalid" and crafted["attempt"] == "x"  # kept, as text
+
+
+def test_a_run_that_ended_at_end_of_generation_is_complete(corpus, tmp_path):
+    """Fewer rows than ``-n`` asked for with a summary that counts them is a run that stopped
+    at an end-of-generation token (a session turn often does): kept, not retried; rows missing
+    under the summary's count are a run cut short."""
+    from bmoe.sweep.archive import csv_complete
+
+    lines = (corpus / "native-tiny/run.csv").read_text().splitlines()
+    rows = [i for i, ln in enumerate(lines) if ln[:1].isdigit()]
+    cut = lines[: rows[5]] + lines[rows[-1] + 1 :]  # 5 of 32 rows
+    ended, lost = tmp_path / "ended.csv", tmp_path / "lost.csv"
+    ended.write_text("\n".join(cut).replace(f"tokens={len(rows)} ", "tokens=5 ") + "\n")
+    lost.write_text("\n".join(cut) + "\n")
+    assert csv_complete(ended) == (True, "ok")
+    ok, why = csv_complete(lost)
+    assert not ok and "did not finish (5 rows" in why

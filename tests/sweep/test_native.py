@@ -1,6 +1,8 @@
 """The sweep runner driving a stand-in ``bmoe-cli`` on the local target: archived files,
 retries, crashes, hangs past the timeout, output that is not UTF-8, quoting, Ctrl-C and a
-sweep killed with SIGKILL then resumed."""
+sweep killed with SIGKILL then resumed. The stand-in is here for the faults a real engine does
+not make on demand, and runs where no native build is; the same sweeps on the real binary are
+``test_native_engine.py``."""
 
 from __future__ import annotations
 

@@ -74,10 +74,6 @@ class ExpertArena:
             for b in self.by_layer.get(layer, ())
         )
 
-    def release_original(self) -> int:
-        """Drop the experts' pages from llama.cpp's mapping of the file (they stay on disk)."""
-        return sum(libc.release(b.original, b.tensor.nbytes) for b in self.blocks.values())
-
     def resident_bytes(self) -> int:
         """Bytes of the reservations resident in RAM (mincore)."""
         return sum(libc.resident_pages(b.base, b.size)[0] for b in self.blocks.values()) * libc.PAGE

@@ -54,7 +54,7 @@ class EngineConfig:
     load_all: bool = False
     prefetch: int = 0
     cache_policy: str = "lru"  # --cache-policy (bmoe.cache's policies; the native engine: LRU)
-    dense_weights: str = "mmap"
+    dense_weights: str = "anon"  # as the native engine: copies in engine memory
     session: bool = False  # --session: serve JSON requests on stdin
     drop_cold_frac: float = 0.0  # --drop-cold-experts F
     drop_renorm: bool = True  # --drop-no-renorm
@@ -81,10 +81,10 @@ class EngineConfig:
         for name in ("threads", "ctx_size", "io_threads"):
             if getattr(self, name) < 1:
                 raise BmoeError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.dense_weights not in ("mmap", "warm"):
+        if self.dense_weights not in ("mmap", "warm", "anon"):
             raise BmoeError(
-                f"--dense-weights {self.dense_weights}: the embedded engine implements mmap and "
-                "warm only"
+                f"--dense-weights {self.dense_weights}: the embedded engine implements mmap, "
+                "warm and anon (ahwb is Android's dma-buf memory)"
             )
         if self.cache_mb is not None and self.cache_mb < 0:
             raise BmoeError("--cache-mb must be >= 0 (or auto)")
@@ -268,7 +268,7 @@ FLAG_HELP: tuple[tuple[str, str, str], ...] = (
     ("--load-all", "", "debug: read every expert every token"),
     ("--prefetch", "K", "read the previous token's experts of the next K layers ahead"),
     ("--cache-policy", "NAME", "the expert cache's eviction policy (lru; lfu, s3fifo, ...)"),
-    ("--dense-weights", "mmap|warm", "where the non-expert weights live"),
+    ("--dense-weights", "anon|mmap|warm", "where the non-expert weights live (anon: copied)"),
     ("--drop-cold-experts", "F", "skip misses weighted under F/k (never the top slot)"),
     ("--drop-no-renorm", "", "with dropping: do not rescale the kept weights"),
     ("--drop-in-prefill", "", "with dropping: drop in the prompt too"),

@@ -6,7 +6,10 @@ read waits for the lock as well as for the disk, and each costs tens of microsec
 This reader does the same work in POSIX threads of a small C library, compiled once with the
 system compiler like the eval filter: the layers' expert tensors are registered once (shard,
 file offset, slice size, arena address), a layer's misses are submitted as expert ids in one
-call, and a wait blocks in C with the interpreter lock released. It keeps the Python reader's
+call, and a wait runs in C with the interpreter lock released: the waiting thread reads queued
+slices itself (it is lane 0, as the native engine's eval thread is; ``--io-threads N`` starts
+N - 1 threads), so a layer that misses one expert reads it without waking anyone, and blocks
+only once nothing is left to read. It keeps the Python reader's
 semantics: demand reads ahead of speculative ones, O_DIRECT reads of the aligned window around
 a slice, the byte counts, and per-read records when the io trace is on.
 
@@ -212,7 +215,7 @@ reader_t *bmoe_reader_new(int lanes, int n_shards, const int32_t *fds, const int
     r->origin_ns = origin_ns;
     r->lanes = lanes;
     r->threads = calloc(lanes, sizeof(pthread_t));
-    for (int i = 0; i < lanes; i++) {
+    for (int i = 1; i < lanes; i++) {  /* lane 0 is the caller, reading while it waits */
         lane_arg_t *arg = malloc(sizeof(lane_arg_t));
         arg->r = r;
         arg->lane = i;
@@ -251,18 +254,33 @@ int64_t bmoe_reader_submit(reader_t *r, int layer, const int32_t *experts, int n
             job_t j = {r->first[layer] + k, experts[i], layer, spec, ticket};
             if (push(q, j)) { r->error[slot] = ENOMEM; r->remaining[slot]--; }
         }
+    /* wake a worker for every job beyond the one the caller reads when it waits (a demand
+       submission is waited for at once; a speculative one is the workers' alone) */
+    int wake = r->remaining[slot] - (spec ? 0 : 1);
     if (!r->remaining[slot]) pthread_cond_broadcast(&r->done);
-    else if (r->remaining[slot] >= r->lanes) pthread_cond_broadcast(&r->work);
-    else for (int i = 0; i < r->remaining[slot]; i++) pthread_cond_signal(&r->work);
+    else if (wake >= r->lanes - 1) pthread_cond_broadcast(&r->work);
+    else for (int i = 0; i < wake; i++) pthread_cond_signal(&r->work);
     pthread_mutex_unlock(&r->mu);
     return ticket;
 }
 
-/* 0 once the ticket's reads are done without error, else the errno of the first failure */
+/* 0 once the ticket's reads are done without error, else the errno of the first failure;
+   the caller reads queued jobs (demand first) as lane 0 while it waits */
 int bmoe_reader_wait(reader_t *r, int64_t ticket) {
     int slot = (int) (ticket % TICKETS);
     pthread_mutex_lock(&r->mu);
-    while (r->remaining[slot] > 0) pthread_cond_wait(&r->done, &r->mu);
+    while (r->remaining[slot] > 0) {
+        queue_t *q = r->demand.head != r->demand.tail ? &r->demand
+                     : r->spec.head != r->spec.tail ? &r->spec : NULL;
+        if (q == NULL) {
+            pthread_cond_wait(&r->done, &r->mu);
+            continue;
+        }
+        job_t j = q->jobs[q->head % q->cap];
+        q->head++;
+        pthread_mutex_unlock(&r->mu);
+        run_job(r, j, 0);  /* returns with the lock held */
+    }
     int err = r->error[slot];
     pthread_mutex_unlock(&r->mu);
     return err;
@@ -296,7 +314,7 @@ void bmoe_reader_free(reader_t *r) {
     r->stop = 1;
     pthread_cond_broadcast(&r->work);
     pthread_mutex_unlock(&r->mu);
-    for (int i = 0; i < r->lanes; i++) pthread_join(r->threads[i], NULL);
+    for (int i = 1; i < r->lanes; i++) pthread_join(r->threads[i], NULL);
     free(r->threads); free(r->fds); free(r->dfds); free(r->sizes);
     free(r->first); free(r->count); free(r->blocks);
     free(r->demand.jobs); free(r->spec.jobs); free(r->records);
@@ -380,7 +398,9 @@ class CTicket:
 
 
 class CExpertReader:
-    """``lanes`` POSIX threads reading the registered slices (see the module docstring)."""
+    """``lanes`` read lanes of the registered slices (see the module docstring): lane 0 is the
+    thread that waits, reading queued slices itself until its own are done, as the native
+    engine's eval thread does; lanes 1.. are POSIX threads."""
 
     def __init__(
         self,

@@ -1,9 +1,17 @@
 """A loaded model, with expert streaming set up when asked.
 
 Loading is llama.cpp's (mmap, no repacking). Setting up streaming is this engine's: a one-token
-warm-up decode during which the eval callback collects the expert tensors, then every expert
-tensor is rebound to the arena, its pages of llama.cpp's mapping are released, the KV cache is
-cleared, and the read lanes, the cache and the streamer are created.
+warm-up decode during which the eval callback collects the expert tensors (and the dense weights
+the graph reads), then every expert tensor is rebound to the arena, the dense weights are copied
+into engine memory (``--dense-weights anon``, the default), the KV cache is cleared, and the
+read lanes, the cache and the streamer are created.
+
+Memory is accounted as the native engine accounts it: llama.cpp maps the whole file with
+``MAP_POPULATE``, and the experts' pages of that mapping stay mapped (clean file pages the
+kernel may reclaim, counted in ``RssFile``) while the arena's pages, the cache, are ``RssAnon``.
+Giving the experts' mapped pages back would change only what the process is charged (the page
+cache keeps them either way) and would make this engine's RSS a different figure from the
+native engine's on the same run.
 """
 
 from __future__ import annotations
@@ -19,12 +27,14 @@ from bmoe.engine.embedded import ggml, libc, probes
 from bmoe.engine.embedded.arena import ExpertArena
 from bmoe.engine.embedded.config import EngineConfig
 from bmoe.engine.embedded.creader import make_reader
+from bmoe.engine.embedded.dense import DenseCopy
 from bmoe.engine.embedded.hook import EvalHook
 from bmoe.engine.embedded.layout import ModelLayout, read_layout
 from bmoe.engine.embedded.model import LlamaModel, prepare_openmp
 from bmoe.engine.embedded.predict import RoutePredictor, read_routers
 from bmoe.engine.embedded.reader import Reader, ReadJob
 from bmoe.engine.embedded.streamer import ExpertStreamer
+from bmoe.engine.native import native_refusal
 from bmoe.errors import BmoeError
 from bmoe.units import MIB
 
@@ -105,6 +115,9 @@ class EmbeddedEngine:
                 first_moe_layer=lay.moe_layers[0] if lay.moe_layers else 0,
                 n_moe_layers=len(lay.moe_layers),
                 expert_names=frozenset(n.encode() for n in lay.tensors),
+                dense_names=frozenset(n.encode() for n in lay.dense_tensors)
+                if cfg.moe_stream and cfg.dense_weights == "anon"
+                else frozenset(),
                 profile=profile_hook,
                 drop_renorm=cfg.drop_renorm,
             )
@@ -131,11 +144,19 @@ class EmbeddedEngine:
             if cfg.predict_prefetch:
                 self.hook.predict_spec_max = cfg.predict_spec_max or self.n_expert_used
         self.warnings: list[str] = []
+        refusal = native_refusal(lay.arch) if cfg.moe_stream else None
+        if refusal is not None:
+            self.warnings.append(
+                f"the native engine would refuse to stream this model ({refusal}): a "
+                f"{lay.arch} model streams on the embedded engine only, and no native run "
+                "can be compared with this one"
+            )
         self.arena: ExpertArena | None = None
         self.reader: Reader | None = None
         self.cache: ExpertCache | None = None
         self.streamer: ExpertStreamer | None = None
         self.budget_bytes = 0
+        self.dense: DenseCopy | None = None
         if cfg.moe_stream:
             self._setup_streaming(fault, origin_ns)
         mapped = self._mapping_bases()
@@ -145,6 +166,9 @@ class EmbeddedEngine:
         self.dense_ranges = _merged(
             [(bases[sh] + off, n) for sh, off, n in lay.dense_ranges] if known else []
         )
+        if self.dense is not None:  # the residency of the engine's copies, as native samples
+            self.dense_ranges = _merged(self.dense.ranges)
+            known = True
         self.dense_probe = probes.DenseResidency(0 if known else None, self.dense_ranges)
         if cfg.dense_weights == "warm":
             self._warm_dense()
@@ -187,7 +211,9 @@ class EmbeddedEngine:
         self.arena = ExpertArena(lay, huge_pages=use_huge_pages(whole))
         for name, node in found.items():
             self.arena.bind(name, node)
-        self.arena.release_original()
+        if hook.discovered_dense:
+            self.dense = DenseCopy(hook.discovered_dense)
+            hook.discovered_dense = {}
         model.clear_memory()
         self.reader = make_reader(
             lay.shards,
@@ -240,3 +266,5 @@ class EmbeddedEngine:
         self.model.close()
         if self.arena is not None:
             self.arena.close()
+        if self.dense is not None:
+            self.dense.close()

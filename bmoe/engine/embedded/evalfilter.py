@@ -7,6 +7,14 @@ once with the system C compiler into the user's cache folder, answers from a lis
 prefixes and calls Python only for the nodes it wants (when they are computed) and, when told
 to pass through, for every question (prefill, traces, the warm-up's discovery).
 
+It also takes the most common routing off Python: when told (``fast``), a computed
+``ffn_moe_topk-<il>`` node of one token whose every routed expert is resident and readable
+(a flag per expert that the streamer keeps) is written to a log and the graph goes on; the
+hook hands the log to the cache after the decode, in order, so the cache's state and counts are
+those of routing in Python. Only a routing that must read goes to Python during the graph: on a
+budget that holds the experts a token needs, the graph runs from end to end without stopping
+in the interpreter, as the native engine's C++ callback does.
+
 Without a C compiler (or with ``BMOE_EVAL_FILTER=0``) :func:`load` returns None and the hook
 answers every question in Python, as before; the results are the same.
 """
@@ -23,10 +31,16 @@ from pathlib import Path
 
 MAX_PREFIXES = 8
 PREFIX_BYTES = 48
+#: The widest routing (top-k) the resident fast path logs; a wider one goes to Python.
+MAX_K = 32
+#: A log entry: the layer, the number of ids, the dropped slots (a bit each), the ids staged.
+ENTRY = 3 + MAX_K
 
 _SOURCE = r"""
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef bool (*eval_cb)(void * t, bool ask, void * user);
@@ -37,14 +51,197 @@ struct bmoe_filter {
     int pass_through;
     int n_prefixes;
     char prefixes[N_PREFIXES][PREFIX_BYTES];
+    /* the resident fast path */
+    size_t data_offset;
+    size_t ne_offset;
+    size_t nb_offset;
+    int fast;
+    int n_layer;
+    int n_expert;
+    int log_cap;
+    const unsigned char * resident;  /* n_layer x n_expert: 1 = resident and readable */
+    int32_t * log;                   /* log_cap entries of ENTRY int32s: layer, k, mask, ids */
+    int log_len;
+    /* live dropping: the routing is decided at the layer's last weights node */
+    int drop;
+    int renorm;
+    float drop_frac;                 /* F: a slot under F x (1/k) may be dropped (float32) */
+    char weights_prefix[PREFIX_BYTES];
+    void * pending;                  /* the topk node of the routing waiting for its weights */
+    int pending_layer;
+    int routed_layer;                /* the layer routed at its topk node: no weights work */
 };
+
+static const char TOPK[] = "ffn_moe_topk-";
+
+/* The layer number after `prefix` in `name` ("ffn_moe_topk-12"), or -1. */
+static long layer_after(const struct bmoe_filter * f, const char * name, const char * prefix,
+                        size_t n) {
+    if (strncmp(name, prefix, n) != 0) {
+        return -1;
+    }
+    char * end = NULL;
+    long layer = strtol(name + n, &end, 10);
+    if (end == name + n || *end != '\0' || layer < 0 || layer >= f->n_layer) {
+        return -1;
+    }
+    return layer;
+}
+
+/* One token's routed ids (a view of the argsort: ne0 ids, contiguous), or NULL. */
+static int32_t * token_ids(const struct bmoe_filter * f, void * t, int * k) {
+    const int64_t * ne = (const int64_t *) ((const char *) t + f->ne_offset);
+    int32_t * ids = *(int32_t * const *) ((const char *) t + f->data_offset);
+    if (ne[1] != 1 || ne[0] < 1 || ne[0] > MAX_K || ids == NULL) {
+        return NULL;
+    }
+    *k = (int) ne[0];
+    return ids;
+}
+
+static bool readable(const struct bmoe_filter * f, long layer, int32_t e) {
+    return e >= 0 && e < f->n_expert && f->resident[(size_t) layer * (size_t) f->n_expert + e];
+}
+
+static void log_entry(struct bmoe_filter * f, long layer, int k, uint32_t mask,
+                      const int32_t * ids) {
+    int32_t * entry = f->log + (size_t) f->log_len * ENTRY;
+    entry[0] = (int32_t) layer;
+    entry[1] = k;
+    entry[2] = (int32_t) mask;
+    memcpy(entry + 3, ids, (size_t) k * sizeof(int32_t));
+    f->log_len++;
+}
+
+/* A computed routing node of one token: logged when its experts are all resident; with
+   dropping on, otherwise kept for its weights node. False: Python routes it now. */
+static bool at_topk(struct bmoe_filter * f, void * t, long layer) {
+    int k = 0;
+    int32_t * ids = token_ids(f, t, &k);
+    if (ids == NULL || f->log_len >= f->log_cap) {
+        return false;
+    }
+    bool all = true;
+    for (int i = 0; i < k; i++) {
+        all = all && readable(f, layer, ids[i]);
+    }
+    if (all) {
+        log_entry(f, layer, k, 0, ids);
+        f->routed_layer = (int) layer;
+        return true;
+    }
+    if (f->drop) {
+        f->pending = t;
+        f->pending_layer = (int) layer;
+        return true;
+    }
+    return false;
+}
+
+/* The pending routing's weights node: the drop decision, slot by slot (a miss under the limit,
+   not the top slot); applied here when every slot it keeps is resident (weights zeroed, the
+   rest rescaled to the routing's mass, a dropped slot pointed at the top expert), as the native
+   engine applies it. False: it reads, so Python decides. */
+static bool at_weights(struct bmoe_filter * f, void * t, long layer) {
+    void * topk = f->pending;
+    int k = 0;
+    int32_t * ids = topk ? token_ids(f, topk, &k) : NULL;
+    const int64_t * ne = (const int64_t *) ((const char *) t + f->ne_offset);
+    const size_t * nb = (const size_t *) ((const char *) t + f->nb_offset);
+    char * data = *(char * const *) ((const char *) t + f->data_offset);
+    if (ids == NULL || layer != f->pending_layer || data == NULL || *(const int *) t != 0) {
+        return false;  /* not one token's f32 weights of the routing waiting */
+    }
+    bool fits_3d = ne[0] == 1 && ne[1] == k && ne[2] == 1;
+    bool fits_2d = ne[0] == k && ne[1] == 1 && ne[2] == 1;
+    if (!fits_3d && !fits_2d) {
+        return false;
+    }
+    size_t slot_nb = fits_3d ? nb[1] : nb[0];
+    float * w[MAX_K];
+    int best = 0;
+    for (int i = 0; i < k; i++) {
+        w[i] = (float *) (data + (size_t) i * slot_nb);
+        if (*w[i] > *w[best]) best = i;
+    }
+    uint32_t mask = 0;
+    for (int i = 0; i < k; i++) {
+        bool miss = !readable(f, layer, ids[i]);
+        if (i != best && miss && *w[i] < f->drop_frac / (float) k) {
+            mask |= 1u << i;
+        } else if (miss) {
+            return false;  /* a kept expert must be read */
+        }
+    }
+    float total = 0.0f, kept = 0.0f;
+    for (int i = 0; i < k; i++) {
+        total += *w[i];
+        if (!(mask >> i & 1u)) kept += *w[i];
+    }
+    int32_t staged[MAX_K];
+    for (int i = 0; i < k; i++) {
+        staged[i] = mask >> i & 1u ? ids[best] : ids[i];
+    }
+    for (int i = 0; i < k; i++) {
+        if (mask >> i & 1u) *w[i] = 0.0f;
+    }
+    if (f->renorm && mask && kept > 0.0f) {
+        float g = total / kept;
+        for (int i = 0; i < k; i++) {
+            if (!(mask >> i & 1u)) *w[i] *= g;
+        }
+    }
+    log_entry(f, layer, k, mask, staged);
+    for (int i = 0; i < k; i++) {
+        ids[i] = staged[i];
+    }
+    f->pending = NULL;
+    return true;
+}
+
+/* A computed node the filter asked for: 1 handled here, 0 for Python, -1 stop the graph. */
+static int computed(struct bmoe_filter * f, void * t, const char * name) {
+    long layer = layer_after(f, name, TOPK, sizeof(TOPK) - 1);
+    if (layer >= 0) {
+        f->pending = NULL;
+        return at_topk(f, t, layer);
+    }
+    if (!f->drop) {
+        return 0;
+    }
+    layer = layer_after(f, name, f->weights_prefix, strlen(f->weights_prefix));
+    if (layer < 0) {
+        return 0;
+    }
+    if (layer == f->routed_layer) {
+        return 1;  /* routed at its topk node: every expert resident, nothing to drop */
+    }
+    if (at_weights(f, t, layer)) {
+        return 1;
+    }
+    if (f->pending != NULL) {  /* Python decides: it sees the routing node first */
+        void * topk = f->pending;
+        f->pending = NULL;
+        if (!f->python(topk, false, NULL)) {
+            return -1;
+        }
+    }
+    return 0;
+}
 
 bool bmoe_eval_filter(void * t, bool ask, void * user) {
     struct bmoe_filter * f = (struct bmoe_filter *) user;
-    if (!ask || f->pass_through) {
+    const char * name = (const char *) t + f->name_offset;
+    if (!ask) {
+        int handled = f->fast && !f->pass_through ? computed(f, t, name) : 0;
+        if (handled != 0) {
+            return handled > 0;
+        }
         return f->python(t, ask, NULL);
     }
-    const char * name = (const char *) t + f->name_offset;
+    if (f->pass_through) {
+        return f->python(t, ask, NULL);
+    }
     if (strchr(name, '(') != NULL) {
         return false;  /* views of a node ("... (reshaped)") are not the node */
     }
@@ -55,7 +252,10 @@ bool bmoe_eval_filter(void * t, bool ask, void * user) {
     }
     return false;
 }
-""".replace("N_PREFIXES", str(MAX_PREFIXES)).replace("PREFIX_BYTES", str(PREFIX_BYTES))
+"""
+for _name, _value in (("N_PREFIXES", MAX_PREFIXES), ("PREFIX_BYTES", PREFIX_BYTES),
+                      ("MAX_K", MAX_K), ("ENTRY", ENTRY)):  # fmt: skip
+    _SOURCE = _SOURCE.replace(_name, str(_value))
 
 
 class FilterState(ctypes.Structure):
@@ -67,6 +267,23 @@ class FilterState(ctypes.Structure):
         ("pass_through", ctypes.c_int),
         ("n_prefixes", ctypes.c_int),
         ("prefixes", (ctypes.c_char * PREFIX_BYTES) * MAX_PREFIXES),
+        ("data_offset", ctypes.c_size_t),
+        ("ne_offset", ctypes.c_size_t),
+        ("nb_offset", ctypes.c_size_t),
+        ("fast", ctypes.c_int),
+        ("n_layer", ctypes.c_int),
+        ("n_expert", ctypes.c_int),
+        ("log_cap", ctypes.c_int),
+        ("resident", ctypes.c_void_p),
+        ("log", ctypes.c_void_p),
+        ("log_len", ctypes.c_int),
+        ("drop", ctypes.c_int),
+        ("renorm", ctypes.c_int),
+        ("drop_frac", ctypes.c_float),
+        ("weights_prefix", ctypes.c_char * PREFIX_BYTES),
+        ("pending", ctypes.c_void_p),
+        ("pending_layer", ctypes.c_int),
+        ("routed_layer", ctypes.c_int),
     ]
 
     def set_prefixes(self, prefixes: list[bytes]) -> None:

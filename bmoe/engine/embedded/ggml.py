@@ -48,6 +48,8 @@ class GgmlTensor(ctypes.Structure):
 #: Byte offsets the hot path reads with raw pointer arithmetic.
 NAME_OFFSET = GgmlTensor.name.offset
 DATA_OFFSET = GgmlTensor.data.offset
+NE_OFFSET = GgmlTensor.ne.offset
+NB_OFFSET = GgmlTensor.nb.offset
 OP_OFFSET = GgmlTensor.op.offset
 SRC_OFFSET = GgmlTensor.src.offset
 

@@ -76,6 +76,7 @@ class EvalHook:
         first_moe_layer: int = 0,
         n_moe_layers: int = 0,
         expert_names: frozenset[bytes] = frozenset(),
+        dense_names: frozenset[bytes] = frozenset(),
         profile: bool = False,
         drop_renorm: bool = True,
     ):
@@ -96,13 +97,17 @@ class EvalHook:
         self._routed = 0
         self.expert_names = expert_names
         self.discovered: dict[str, int] | None = None
+        #: during discovery with `dense_names`: every dense weight the graph reads, by name
+        self.dense_names = dense_names
+        self.discovered_dense: dict[str, int] = {}
         #: the weights chain of the first MoE layer, in graph order (seen during discovery)
         self.weight_chain: list[bytes] = []
         #: the name (without ``-<il>``) of the weights node the routing waits for when dropping
         self.final_weights: bytes | None = None
         self.drop_renorm = drop_renorm
         self._dropping = False
-        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._chain_learned = False  # a decode has asked for the weights (see :meth:`begin`)
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # ids, positions, node
         #: ``--predict-log``: sees each router's input and each routing of a generated token
         self.predictor: RoutePredictor | None = None
         #: ``--predict-prefetch``: read this many of the stale gate's pick ahead (0 = off)
@@ -120,11 +125,17 @@ class EvalHook:
         self.context_user: int | None = None
         self._filter: evalfilter.FilterState | None = None
         self._prefixes: list[bytes] | None = None
+        self._fast = False  # this decode's all-resident routings are logged by the C filter
+        self._log: Any = None  # their log (int32 entries: layer, k, dropped slots, ids)
+        self._log_rows: np.ndarray = np.zeros((0, evalfilter.ENTRY), dtype=np.int32)
         lib = None if profile else evalfilter.load()
         if lib is not None:
             state = evalfilter.FilterState()
             state.python = ctypes.cast(self.callback, ctypes.c_void_p).value
             state.name_offset = ggml.NAME_OFFSET
+            state.data_offset = ggml.DATA_OFFSET
+            state.ne_offset = ggml.NE_OFFSET
+            state.nb_offset = ggml.NB_OFFSET
             state.pass_through = 1
             self._filter = state
             self._filter_lib = lib  # keep the library loaded
@@ -165,9 +176,13 @@ class EvalHook:
         self._pending = {}
         if self.streamer is not None:
             self.streamer.begin_decode(generating)
-        self._dropping = bool(
-            self.streamer is not None and self.streamer.dropping and self.final_weights
-        )
+        # The native engine learns which node ends each layer's weight chain at the first
+        # decode that asks for the weights (the prompt when tracing, or with dropping in the
+        # prompt; else the first generated token) and drops only from the decode after it.
+        armed = bool(self.streamer is not None and self.streamer.dropping and self.final_weights)
+        self._dropping = armed and self._chain_learned
+        if self.streamer is not None and (armed or self.route_weights):
+            self._chain_learned = True
         if self.predictor is not None:  # a verify decode is scored on its last token
             self.predictor.active = generating
         self._remember = (
@@ -181,12 +196,35 @@ class EvalHook:
         if self._remember and mode != self._mode:
             self.forget()
             self._mode = mode
+        self._fast = False
         if self._filter is not None:
             prefixes = self._wanted_prefixes() if self._remember else None
             self._filter.pass_through = int(prefixes is None)
             if prefixes is not None and prefixes != self._prefixes:
                 self._filter.set_prefixes(prefixes)
                 self._prefixes = prefixes
+            streamer = self.streamer
+            self._fast = bool(
+                prefixes is not None
+                and streamer is not None
+                and self.predictor is None
+                and not self.route_weights
+                and streamer.resident_fast_path
+            )
+            f = self._filter
+            if self._fast:
+                assert streamer is not None
+                if self._log is None:
+                    self._wire_fast_path(streamer)
+                f.drop = int(self._dropping)
+                if self._dropping and self.final_weights:
+                    f.weights_prefix = self.final_weights + b"-"
+                    f.drop_frac = streamer.drop_frac
+                    f.renorm = int(self.drop_renorm)
+            f.pending = None
+            f.routed_layer = -1
+            f.log_len = 0
+            f.fast = int(self._fast)
         if self.trace:
             self._last_ns = time.perf_counter_ns()
             self._last_flt = _majflt()
@@ -205,8 +243,38 @@ class EvalHook:
             wanted += [base + b"-" for base in self.weight_chain if base + b"-" not in wanted]
         return wanted if len(wanted) <= evalfilter.MAX_PREFIXES else None
 
+    def _wire_fast_path(self, streamer: ExpertStreamer) -> None:
+        """Give the C filter the streamer's readable flags and a log for one decode."""
+        f = self._filter
+        assert f is not None
+        capacity = max(self.n_moe_layers, 1) * 2
+        self._log = (ctypes.c_int32 * (capacity * evalfilter.ENTRY))()
+        self._log_rows = np.frombuffer(self._log, dtype=np.int32).reshape(capacity, -1)
+        f.resident = ctypes.addressof(streamer.readable)
+        f.n_expert = streamer.n_expert
+        f.n_layer = len(streamer.readable) // max(streamer.n_expert, 1)
+        f.log = ctypes.addressof(self._log)
+        f.log_cap = capacity
+
+    def _drain(self) -> None:
+        """Hand the routings the C filter logged to the cache, in graph order (before any
+        routing in Python, and at the end of the decode)."""
+        f = self._filter
+        assert f is not None and self.streamer is not None
+        n, f.log_len = f.log_len, 0
+        rows = self._log_rows[:n].tolist()  # layer, k, dropped slots (bits), ids
+        self.streamer.route_resident(
+            [(r[0], r[3 : 3 + r[1]], (r[2] & 0xFFFFFFFF).bit_count()) for r in rows]
+        )
+        self._routed += n
+
     def end(self) -> None:
         """Called right after llama_decode: closes the trace and re-raises a callback error."""
+        if self._fast and self.error is None:
+            try:
+                self._drain()
+            except Exception as exc:  # a bookkeeping error, raised as the callback's would be
+                self.error = exc
         if self.trace == "layer" and self.error is None:
             self._segment("post", -1)
         if self.error is not None:
@@ -233,6 +301,8 @@ class EvalHook:
 
     def _callback(self, t: int, ask: bool, _user: int) -> bool:
         try:
+            if self._fast and self._filter is not None and self._filter.log_len:
+                self._drain()  # the routings logged so far come first
             if ask:
                 if self._remember:
                     known = self._decisions.get(t)
@@ -340,6 +410,12 @@ class EvalHook:
 
     def _discover(self, t: int) -> None:
         node = ggml.tensor(t)
+        if self.dense_names:  # the weights (leaves) this node reads
+            for src in node.src:
+                if src:
+                    leaf = ggml.tensor(src)
+                    if leaf.op == 0 and leaf.name in self.dense_names:  # GGML_OP_NONE
+                        self.discovered_dense[leaf.name.decode()] = src
         if ggml.op_name(node.op) != "MUL_MAT_ID" or not node.src[0]:
             return
         src = node.src[0]
@@ -376,7 +452,7 @@ class EvalHook:
                     ctypes.memmove(data, ids.ctypes.data, ids.nbytes)
             self.predictor.routed(layer, ids[-1])  # the batch's last token
         if self._dropping:  # routed once the weights are known
-            self._pending[layer] = (ids, self._positions_for(n))
+            self._pending[layer] = (ids, self._positions_for(n), t)
             return
         self._routed += 1
         self.streamer.route(layer, ids, self._positions_for(n))
@@ -431,7 +507,7 @@ class EvalHook:
         pending = self._pending.pop(layer, None)
         if pending is None or self.streamer is None:
             return
-        ids, positions = pending
+        ids, positions, topk = pending
         view = ggml.as_array(t, np.float32)
         if view.size != ids.size:
             raise RuntimeError(
@@ -446,10 +522,22 @@ class EvalHook:
             self._routings[layer] = routing
         if dropped is None or not dropped.any():
             return
+        # A dropped slot is pointed at its token's top expert, as the native engine does: the
+        # expert matmul then multiplies resident weights by zero instead of faulting in the
+        # released pages of an expert nobody read (a minor fault a page, hundreds a slot).
+        node = ggml.tensor(topk)
+        data, stride, item = int(node.data), int(node.nb[1]), int(node.nb[0])
+        tops = ids[np.arange(len(ids)), np.argmax(weights, axis=1)]
+        for j, slot in zip(*np.nonzero(dropped), strict=True):
+            ctypes.c_int32.from_address(data + int(j) * stride + int(slot) * item).value = int(
+                tops[j]
+            )
         applied = np.where(dropped, np.float32(0), weights)
-        if self.drop_renorm:
-            kept = applied.sum(axis=1, keepdims=True)
-            applied *= np.where(kept > 0, weights.sum(axis=1, keepdims=True) / kept, 1)
+        if self.drop_renorm:  # sums in slot order, in float32, as the native engine adds them
+            kept = np.add.accumulate(applied, axis=1)[:, -1:]
+            total = np.add.accumulate(weights, axis=1)[:, -1:]
+            scale = np.where(dropped.any(axis=1, keepdims=True) & (kept > 0), total / kept, 1)
+            applied = np.where(dropped, applied, applied * scale.astype(np.float32))
         view[...] = applied.astype(np.float32).reshape(view.shape)
 
     def _weights(self, t: int, layer: int) -> None:

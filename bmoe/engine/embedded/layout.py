@@ -1,4 +1,4 @@
-"""Where a GGUF model keeps each expert: tensor offsets from the ``gguf`` package.
+"""Where a GGUF model keeps each expert: tensor offsets from the file's header.
 
 An expert tensor ``blk.<il>.ffn_{gate,up,down}_exps.weight`` (or a fused ``ffn_gate_up_exps``)
 stores its experts back to back, the expert index being the slowest dimension, so expert ``e``
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe.errors import BmoeError
+from bmoe.formats.gguf_header import GgufHeader, read_header
 
 #: Projection numbers of the io trace's ``proj`` column.
 PROJECTIONS = {"gate": 0, "up": 1, "down": 2, "gate_up": 3}
@@ -74,6 +75,7 @@ class ModelLayout:
     tensors: dict[str, ExpertTensor] = field(default_factory=dict)
     by_layer: dict[int, list[ExpertTensor]] = field(default_factory=dict)
     dense_ranges: list[tuple[int, int, int]] = field(default_factory=list)  # shard, offset, n
+    dense_tensors: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # same, by name
     layer_dense_bytes: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -93,31 +95,23 @@ class ModelLayout:
         return sum(n for _s, _o, n in self.dense_ranges)
 
 
-def _open(path: Path) -> Any:
-    from gguf import GGUFReader
-
+def _header(path: Path) -> GgufHeader:
     if not path.is_file():
         raise BmoeError(f"{path}: no such model file")
-    try:
-        return GGUFReader(path)
-    except (ValueError, OSError) as exc:
-        raise BmoeError(f"{path}: not a readable GGUF file ({exc})") from exc
+    return read_header(path)
 
 
 def read_layout(path: str | os.PathLike[str]) -> ModelLayout:
     """Read the tensor tables of the GGUF at `path` (every shard of a split model)."""
     try:
-        import gguf  # noqa: F401
+        from gguf import GGML_QUANT_SIZES
     except ImportError as exc:  # pragma: no cover
         raise BmoeError("the embedded engine needs the 'gguf' package") from exc
     p = Path(path)
-    reader = _open(p)
+    header = _header(p)
 
     def field_value(key: str, default: Any = None) -> Any:
-        f = reader.fields.get(key)
-        if f is None:
-            return default
-        return f.contents()
+        return header.fields.get(key, default)
 
     n_split = int(field_value("split.count", 1) or 1)
     if n_split > 1 and int(field_value("split.no", 0) or 0) != 0:
@@ -142,26 +136,37 @@ def read_layout(path: str | os.PathLike[str]) -> ModelLayout:
         shards=[str(f) for f in files],
     )
     for shard, file in enumerate(files):
-        shard_reader = reader if shard == 0 else _open(file)
-        for t in shard_reader.tensors:
-            _add_tensor(layout, t, shard)
+        shard_header = header if shard == 0 else _header(file)
+        for t in shard_header.tensors:
+            sizes = GGML_QUANT_SIZES.get(t.type)  # type: ignore[call-overload]
+            if sizes is None:
+                raise BmoeError(f"{file}: tensor {t.name} has ggml type {t.type}, unknown here")
+            block, type_bytes = sizes
+            count = 1
+            for n in t.shape:
+                count *= n
+            nbytes = count // block * type_bytes
+            _add_tensor(layout, t.name, t.shape, shard_header.data_offset + t.offset, nbytes,
+                        shard)  # fmt: skip
     for tensors in layout.by_layer.values():
         tensors.sort(key=lambda et: et.proj)
     return layout
 
 
-def _add_tensor(layout: ModelLayout, t: Any, shard: int) -> None:
-    offset, nbytes = int(t.data_offset), int(t.n_bytes)
+def _add_tensor(
+    layout: ModelLayout, name: str, shape: tuple[int, ...], offset: int, nbytes: int, shard: int
+) -> None:
     n_expert = layout.n_expert
-    m = _EXPERT_TENSOR.match(t.name)
-    if m and n_expert and len(t.shape) == 3 and int(t.shape[2]) == n_expert:
+    m = _EXPERT_TENSOR.match(name)
+    if m and n_expert and len(shape) == 3 and int(shape[2]) == n_expert:
         et = ExpertTensor(
-            t.name, int(m.group(1)), PROJECTIONS[m.group(2)], offset, nbytes, n_expert, shard
+            name, int(m.group(1)), PROJECTIONS[m.group(2)], offset, nbytes, n_expert, shard
         )
-        layout.tensors[t.name] = et
+        layout.tensors[name] = et
         layout.by_layer.setdefault(et.layer, []).append(et)
         return
     layout.dense_ranges.append((shard, offset, nbytes))
-    if t.name.startswith("blk."):
-        il = int(t.name.split(".")[1])
+    layout.dense_tensors[name] = (shard, offset, nbytes)
+    if name.startswith("blk."):
+        il = int(name.split(".")[1])
         layout.layer_dense_bytes[il] = layout.layer_dense_bytes.get(il, 0) + nbytes

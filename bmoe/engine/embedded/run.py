@@ -1,11 +1,10 @@
 """The embedded engine's generation loop: what ``bmoe run`` executes.
 
 :func:`run_engine` loads the model (mmap, no repacking), sets up streaming when asked (a
-one-token warm-up finds the expert tensors in the graph, rebinds them to the arena and drops
-their pages from llama.cpp's mapping), prefills the prompt, then decodes ``n_predict`` tokens
-one at a time. Around each ``llama_decode`` it measures what the telemetry contract defines and
-writes the same files and stdout lines as the native ``bmoe-cli``, through the format layer's
-writers.
+one-token warm-up finds the expert tensors in the graph and rebinds them to the arena),
+prefills the prompt, then decodes ``n_predict`` tokens one at a time. Around each
+``llama_decode`` it measures what the telemetry contract defines and writes the same files and
+stdout lines as the native ``bmoe-cli``, through the format layer's writers.
 """
 
 from __future__ import annotations
@@ -213,11 +212,12 @@ class Writers:
         self.io: IoTraceWriter | None = None
         self.compute: ComputeTraceWriter | None = None
         if sinks.route:
+            every = range(lay.n_layer)  # as the native engine: dense layers too, 0 expert bytes
             layers = pd.DataFrame(
                 {
-                    "layer": lay.moe_layers,
-                    "expert_bytes": [lay.expert_bytes(il) for il in lay.moe_layers],
-                    "dense_bytes": [lay.layer_dense_bytes.get(il, 0) for il in lay.moe_layers],
+                    "layer": list(every),
+                    "expert_bytes": [lay.expert_bytes(il) for il in every],
+                    "dense_bytes": [lay.layer_dense_bytes.get(il, 0) for il in every],
                 }
             )
             meta = {

@@ -8,13 +8,16 @@ bets that the next K layers will route what they routed for the previous token a
 those on idle lanes. With ``--load-all`` it reads every expert of the layer, every time.
 
 With ``--drop-cold-experts F`` the routing step runs at the layer's last routing-weight node
-instead (still before the expert matmul) and gets the applied weights: a routed expert that is
-not resident, whose every routing in the batch weighs under ``F / k`` and is not its token's
-top slot, is *dropped*: never looked up, never read; the caller zeroes its weight.
+instead (still before the expert matmul) and gets the applied weights: a routing slot whose
+expert is not resident, which weighs under ``F / k`` and is not its token's top slot, is
+*dropped*, as the native engine decides it: the caller zeroes its weight and the slot is staged
+as its token's top expert (never looked up or read for its own; an expert another slot keeps is
+still read).
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field
 
@@ -92,6 +95,10 @@ class ExpertStreamer:
         self._spec: set[tuple[int, int]] = set()
         self.counters = DecodeCounters()
         self._generating = True
+        #: per (layer, expert), layer-major: 1 while its slices are resident and read (what the
+        #: eval filter's fast path trusts); an admitted prefetch is not, until a routing read
+        self.n_expert = layout.n_expert
+        self.readable = (ctypes.c_ubyte * (max(layout.n_layer, 1) * max(layout.n_expert, 1)))()
         reader.set_slices(
             [
                 SliceTable(
@@ -161,18 +168,19 @@ class ExpertStreamer:
         t0 = time.perf_counter_ns()
         io_ns = 0
         eb = self._expert_bytes[layer]
-        distinct = list(dict.fromkeys(flat))
         c = self.counters
-        c.demand_bytes += len(distinct) * eb
-        c.widest_layer_bytes = max(c.widest_layer_bytes, len(distinct) * eb)
         dropped = None
         routed = flat
         if weights is not None and self.dropping:
-            dropped = self._drops(layer, flat, k, weights)
-            if dropped.any():
-                gone = set(np.asarray(flat)[dropped.ravel()].tolist())
-                routed = [e for e in flat if e not in gone]
-                distinct = [e for e in distinct if e not in gone]
+            dropped, tops = self._drops(layer, flat, k, weights)
+            if dropped.any():  # a dropped slot stands for its token's top expert (as native)
+                routed = [
+                    tops[i // k] if gone else e
+                    for i, (e, gone) in enumerate(zip(flat, dropped.ravel().tolist(), strict=True))
+                ]
+        distinct = list(dict.fromkeys(routed))
+        c.demand_bytes += len(distinct) * eb
+        c.widest_layer_bytes = max(c.widest_layer_bytes, len(distinct) * eb)
         if self._generating:
             c.routed += len(flat)
             c.dropped += int(dropped.sum()) if dropped is not None else 0
@@ -205,12 +213,14 @@ class ExpertStreamer:
             if ticket is not None:
                 ticket.wait()
             io_ns += time.perf_counter_ns() - tw
+            readable, row = self.readable, layer * self.n_expert
             for e in misses:
                 key = (layer, e)
                 if key in self._ever_held:
                     self.rereads += 1
                 self._ever_held.add(key)
                 self._materialized.add(key)
+                readable[row + e] = 1
             self.loads += len(misses)
         self.spec_useful += len(pf_hits)
         if self.prefetch and not self.load_all:
@@ -228,34 +238,96 @@ class ExpertStreamer:
         c.mgmt_ns += time.perf_counter_ns() - t0 - io_ns
         return dropped
 
-    def _drops(self, layer: int, flat: list[int], k: int, weights: np.ndarray) -> np.ndarray:
-        """The routings to drop: misses under the threshold, not their token's top slot,
-        of an expert no kept routing of the batch needs."""
+    @property
+    def resident_fast_path(self) -> bool:
+        """Whether a routing whose experts are all readable needs nothing but the cache's
+        bookkeeping (:meth:`route_resident`): a cache within its budget, nothing read ahead,
+        no trace rows, not --load-all."""
+        cache = self.cache
+        return (
+            cache is not None
+            and not self.load_all
+            and not self.prefetch
+            and not self.keep_routings
+            and not self._inflight
+            and cache.bytes_held <= cache.budget_bytes
+        )
+
+    def route_resident(self, entries: list[tuple[int, list[int], int]]) -> None:
+        """:meth:`route_ids` for one-token routings that needed no read (the eval filter
+        logged them and the matmuls have run), in graph order: (layer, ids as staged, slots
+        dropped) each, a dropped slot staged as its token's top expert. The same cache lookups,
+        recency and counts, and nothing to read or release."""
+        t0 = time.perf_counter_ns()
+        c = self.counters
+        batches: list[tuple[int, list[int], list[int] | None]] = []
+        sizes: list[int] = []
+        expert_bytes, generating = self._expert_bytes, self._generating
+        demand_bytes, widest, routed, dropped_n = c.demand_bytes, c.widest_layer_bytes, 0, 0
+        for layer, flat, dropped in entries:
+            eb = expert_bytes[layer]
+            base = layer << EXPERT_BITS
+            recency = None
+            if dropped:  # a dropped slot repeats its token's top expert
+                distinct = list(dict.fromkeys(flat))
+                if len(distinct) != len(flat):
+                    recency = [base | e for e in reversed(dict.fromkeys(reversed(flat)))]
+            else:  # a router's top-k ids are distinct
+                distinct = flat
+            demand = len(distinct) * eb
+            demand_bytes += demand
+            if demand > widest:
+                widest = demand
+            routed += len(flat)
+            dropped_n += dropped
+            batches.append((layer, [base | e for e in distinct], recency))
+            sizes.append(eb)
+        c.demand_bytes, c.widest_layer_bytes = demand_bytes, widest
+        if generating:
+            c.routed += routed
+            c.dropped += dropped_n
+        assert self.cache is not None
+        before = self.cache.stats["prefetch_hits"]
+        self.cache.stage_resident(batches, sizes)
+        self.spec_useful += self.cache.stats["prefetch_hits"] - before
+        c.mgmt_ns += time.perf_counter_ns() - t0
+
+    def _drops(
+        self, layer: int, flat: list[int], k: int, weights: np.ndarray
+    ) -> tuple[np.ndarray, list[int]]:
+        """The routings to drop, slot by slot as the native engine decides: a miss under the
+        threshold that is not its token's top slot; and each token's top expert (the first of
+        equal maxima), which a dropped slot is pointed at."""
         w = np.asarray(weights, dtype=np.float32)
         if len(flat) == k and not np.isnan(w).any():
             return self._drops_one(layer, flat, w.ravel().tolist())
         return self._drops_batch(layer, flat, k, w)
 
-    def _drops_batch(self, layer: int, flat: list[int], k: int, w: np.ndarray) -> np.ndarray:
+    def _limit(self, k: int) -> np.float32:
+        """The weight under which a slot may be dropped: F x (1/k), in float32 as native."""
+        return np.float32(np.float32(self.drop_frac) / np.float32(k))
+
+    def _drops_batch(
+        self, layer: int, flat: list[int], k: int, w: np.ndarray
+    ) -> tuple[np.ndarray, list[int]]:
         """:meth:`_drops` over arrays (any number of tokens)."""
         ids = np.asarray(flat, dtype=np.int64).reshape(-1, k)
         w = w.reshape(ids.shape)
-        cold = w < np.float32(self.drop_frac / k)
-        cold[np.arange(len(w)), np.argmax(w, axis=1)] = False
+        best = np.argmax(w, axis=1)
+        cold = w < self._limit(k)
+        cold[np.arange(len(w)), best] = False
         cache = self.cache
         assert cache is not None
         resident = np.array([(layer, int(e)) in cache for e in ids.ravel()]).reshape(ids.shape)
-        candidate = cold & ~resident
-        if not candidate.any():
-            return candidate
-        needed = np.unique(ids[~candidate])  # experts some kept routing reads anyway
-        return candidate & ~np.isin(ids, needed)
+        return cold & ~resident, ids[np.arange(len(w)), best].tolist()
 
-    def _drops_one(self, layer: int, flat: list[int], w: list[float]) -> np.ndarray:
+    def _drops_one(
+        self, layer: int, flat: list[int], w: list[float]
+    ) -> tuple[np.ndarray, list[int]]:
         """:meth:`_drops` for one token's routing (a generated token), in plain Python: on a
         handful of values numpy's cost per call is most of the work. `w` are float32 values,
         compared with the float32 threshold exactly as the array form does."""
-        limit = float(np.float32(self.drop_frac / len(flat)))
+        limit = float(self._limit(len(flat)))
         top = w.index(max(w))  # the first of equal maxima, as argmax
         cache = self.cache
         assert cache is not None
@@ -263,10 +335,7 @@ class ExpertStreamer:
             x < limit and i != top and (layer, e) not in cache
             for i, (x, e) in enumerate(zip(w, flat, strict=True))
         ]
-        if any(candidate):
-            needed = {e for e, c in zip(flat, candidate, strict=True) if not c}
-            candidate = [c and e not in needed for c, e in zip(candidate, flat, strict=True)]
-        return np.array(candidate, dtype=bool).reshape(1, -1)
+        return np.array(candidate, dtype=bool).reshape(1, -1), [flat[top]]
 
     def _release(self, key: tuple[int, int]) -> int:
         """Give an evicted expert's pages back; returns the ns spent waiting for its read."""
@@ -278,6 +347,7 @@ class ExpertStreamer:
             waited = time.perf_counter_ns() - t
         if key in self._materialized:
             self._materialized.discard(key)
+            self.readable[key[0] * self.n_expert + key[1]] = 0
             self.arena.release(*key)
         return waited
 

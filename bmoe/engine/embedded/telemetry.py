@@ -411,11 +411,16 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
             {
                 "cache_hit_pct": summary["cache_hit_pct"],
                 "cache_resident_MiB": summary["cache_resident_MiB"],
-                "evictions": summary["evictions"],
-                "rereads": summary["rereads"],
-                "rereads/tok": summary["rereads"] / n,
             }
         )
+        if summary["evictions"] or summary["rereads"]:  # the churn line, only when there is any
+            fig.update(
+                {
+                    "evictions": summary["evictions"],
+                    "rereads": summary["rereads"],
+                    "rereads/tok": summary["rereads"] / n,
+                }
+            )
     if cfg.drop_cold_frac:
         routed = summary["experts_routed"]
         fig.update(
@@ -435,7 +440,7 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
                 "ra_agree_pct": summary["ra_agree_pct"],
             }
         )
-    if cfg.prefetch or cfg.predict_prefetch:
+    if cfg.prefetch or cfg.predict_prefetch or cfg.route_ahead:
         experts = summary["spec_experts"]
         fig.update(
             {
@@ -445,6 +450,8 @@ def figures(cfg: EngineConfig, eng: EmbeddedEngine, summary: dict[str, Any]) -> 
                 "spec_useful_pct": 100.0 * summary["spec_useful"] / experts if experts else 0.0,
             }
         )
-        if cfg.predict_prefetch:
+        if cfg.route_ahead:
+            fig["prefetch_source"] = "route-ahead"
+        elif cfg.predict_prefetch:
             fig["prefetch_source"] = "stale-gate" + (" + prev-token" if cfg.prefetch else "")
     return fig

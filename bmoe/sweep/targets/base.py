@@ -10,6 +10,7 @@ quoted with :func:`shlex.quote`, and the engine's command line travels as a push
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shlex
 import subprocess
@@ -198,12 +199,15 @@ class Target(ABC):
         return f"(cd {shell_quote(run_dir)} && {shell_join(argv)})"
 
     def engine_program(self, engine: str) -> list[str]:
-        """The program part of the engine's command line on this target."""
+        """The program part of the engine's command line on this target: the native engine is
+        the target's ``binary``, else (on this machine) ``$BMOE_NATIVE_CLI``, else ``bmoe-cli``
+        on PATH."""
         if engine == "embedded":
             default = sys.executable if self.spec.kind == "local" else "python3"
             python = self.spec.python or default
             return [python, "-m", "bmoe", "run"]
-        return [self.spec.binary or "bmoe-cli"]
+        here = os.environ.get("BMOE_NATIVE_CLI") if self.spec.kind == "local" else None
+        return [self.spec.binary or here or "bmoe-cli"]
 
     def model_path(self, model: str, base_dir: str) -> str:
         """Where `model` (a cell's value) lives on this target."""
