@@ -732,11 +732,13 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
         )  # fmt: skip
         report.figure(plots.stall_bars(stall), "where each cell's token time went")
 
-    predictions = archive.root / "predictions.csv"
-    if predictions.is_file():
+    from bmoe.formats.archive import read_predictions
+
+    predictions = read_predictions(archive.root)
+    if predictions is not None:
         from bmoe.render.plots.predict import predicted_vs_measured_plot
 
-        compared = sw.predicted_vs_measured(results, pd.read_csv(predictions))
+        compared = sw.predicted_vs_measured(results, predictions)
         report.heading("Predicted against measured")
         report.table(compared, "tok/s predicted by the sweep's profile", DIGITS, view="predicted")
         if len(compared):
