@@ -32,7 +32,7 @@ def _dry_run(config, plan, archive_root: Path) -> None:
 
     archive = ArchiveWriter(archive_root)
     ctx = CellContext(config, archive)
-    targets = {s.name: open_target(s, archive_root / ".state" / "targets") for s in config.targets}
+    targets = {s.name: open_target(s, archive.state_dir / "targets") for s in config.targets}
     assigned = assign_targets(plan, config.targets)
     s = config.settings
     repeats = f"{s.repeats}-{s.max_repeats} (auto)" if s.adaptive else str(s.repeats)

@@ -48,6 +48,10 @@ PREDICTIONS = "predictions.csv"
 SUMMARY = "summary.md"
 RECORD = "record.json"
 CELLS = "cells"
+#: The sessions of a sweep with ``session = true`` (one folder per engine process).
+SESSIONS = "sessions"
+#: The runner's own state in a sweep folder (targets, model digests, the lock's witness).
+STATE = ".state"
 #: A tune's record of its rounds (``bmoe tune``): its folder is resumed by ``bmoe tune``.
 TUNE_STATE = "tune.json"
 
@@ -400,7 +404,8 @@ def read_predictions(root: Path) -> pd.DataFrame | None:
 __all__ = [
     "BOOKKEEPING", "CELLS", "COMMAND", "CONFIG", "INVALID", "MANIFEST", "OUTPUT_FILES",
     "PREDICTIONS", "RECORD", "RESULTS", "RESULT_KEYS", "RUN_CSV", "RUN_ERR", "RUN_LOG",
-    "RUN_OUT", "RUN_SIDECAR", "SAMPLES", "STATUSES", "SUMMARY", "TORN", "TUNE_STATE",
+    "RUN_OUT", "RUN_SIDECAR", "SAMPLES", "SESSIONS", "STATE", "STATUSES", "SUMMARY", "TORN",
+    "TUNE_STATE",
     "clear_stale_tmp", "config_copy", "files_beside", "find_metrics_files", "fsync_dir",
     "is_sweep_folder", "iter_completed", "manifest_line", "read_manifest", "read_predictions",
     "read_record", "read_results", "record_of", "run_stem", "write_atomic", "write_predictions",

@@ -34,6 +34,8 @@ from bmoe.formats.archive import (
     RESULT_KEYS,
     RESULTS,
     RUN_CSV,
+    SESSIONS,
+    STATE,
     STATUSES,
     SUMMARY,
     TORN,
@@ -152,7 +154,7 @@ class ArchiveWriter:
 
     @property
     def state_dir(self) -> Path:
-        return self.root / ".state"
+        return self.root / STATE
 
     # -- runs
     def run_final(self, run_id: str) -> Path:
@@ -220,7 +222,7 @@ class ArchiveWriter:
                 shutil.rmtree(dest)
             staging.rename(dest)
             moved.append(dest)
-        for staging in (self.root / "sessions").glob(".*.staging"):
+        for staging in (self.root / SESSIONS).glob(".*.staging"):
             staging.rename(staging.with_name(staging.name[1:].replace(".staging", ".killed")))
         return moved
 

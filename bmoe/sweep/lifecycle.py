@@ -223,9 +223,12 @@ def run_tune_folder(
 
     settings = config.sweep.settings
     text = resolved_tune_toml(config) if folder is None else None  # a tune resumes as it was
-    with _held(settings.name, text, Path(output or settings.output), folder, say) as held:
-        with _finishing(held.root, "Tune", say):
-            return Tuner(config, held.archive, sink=sink).run()
+    output = Path(output or settings.output)
+    with (
+        _held(settings.name, text, output, folder, say) as held,
+        _finishing(held.root, "Tune", say),
+    ):
+        return Tuner(config, held.archive, sink=sink).run()
 
 
 __all__ = [

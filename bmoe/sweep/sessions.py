@@ -34,6 +34,7 @@ from bmoe.formats.archive import (
     RUN_OUT,
     RUN_SIDECAR,
     SAMPLES,
+    SESSIONS,
     fsync_dir,
     write_atomic,
 )
@@ -59,8 +60,6 @@ from bmoe.sweep.gate import (
 )
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.targets import Target, TargetError
-
-SESSIONS = "sessions"
 
 
 def split_turns(path: Path) -> list[MetricsRun]:
