@@ -1,13 +1,15 @@
-"""Benchmark: the default route views on a generated trace of about 1 million rows (48 layers,
+"""Benchmark: the default route views on a generated trace of 1.47 million rows (48 layers,
 128 experts, top-6), against a straightforward pure-Python implementation of the same views
-(``tests/oracles/route.py``) measured in the same run: in process (read, select, views; CPU
-time), for the DataFrame API and for the numpy columns the command line uses, and end to end
-(``bmoe analyze route TRACE`` against ``python tests/oracles/route.py TRACE`` in fresh
-processes, runs interleaved: CPU time including start-up and printing, and peak RSS; bmoe's
-output once to a pipe and once to a file, the script's to a pipe; the median of `--repeat`
-runs).
+(``tests/oracles/route.py``, the reference script) measured in the same run: in process
+(read, select, views; CPU time), for the DataFrame API and for the numpy columns the command
+line uses, and end to end (``bmoe analyze route TRACE`` against ``python
+tests/oracles/route.py TRACE`` in fresh processes, runs interleaved round by round: CPU time
+including start-up and printing, and peak RSS; bmoe's output once to a pipe and once to a
+file, the script's to a pipe). `--baseline DIR` adds another checkout's command to each
+round (the time before a change). Per round the ratios (the script's CPU over bmoe's, the
+baseline's over bmoe's); min / median / max of `--repeat` rounds and the load average.
 
-    python benchmarks/bench_route.py [--steps 3440] [--keep PATH] [--repeat 3]
+    python benchmarks/bench_route.py [--steps 5072] [--keep PATH] [--repeat 5] [--baseline DIR]
 
 The trace is written with the project's RouteTraceWriter from a skewed router: per-layer
 Zipf-like popularity plus a pull towards the previous step's experts (so reuse, overlap and
@@ -135,16 +137,16 @@ else:
 """
 
 
-def child(argv: list[str], sink: str = "pipe") -> tuple[float, float]:
+def child(argv: list[str], sink: str = "pipe", root: Path = ROOT) -> tuple[float, float]:
     """(CPU seconds, peak RSS MiB) of one fresh Python process running `argv` (a script and
-    its arguments, or ``-m module ...``), its output written to a pipe this process drains
-    (``pipe``) or to a file (``file``)."""
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    its arguments, or ``-m module ...``) with the bmoe of `root`, its output written to a
+    pipe this process drains (``pipe``) or to a file (``file``)."""
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(
             [sys.executable, "-c", _MEASURED, *argv],
             stdout=subprocess.PIPE if sink == "pipe" else out, stderr=subprocess.PIPE,
-            env=dict(os.environ, PYTHONPATH=path),
+            env=dict(os.environ, PYTHONPATH=path), cwd=root,
         )  # fmt: skip
         if sink == "pipe":
             while proc.stdout.read(1 << 16):  # drained as `| cat` would (stderr stays small)
@@ -160,12 +162,20 @@ def child(argv: list[str], sink: str = "pipe") -> tuple[float, float]:
     return usage.ru_utime + usage.ru_stime, hwm / 1024
 
 
+def spread(values: list[float], digits: int = 2) -> str:
+    med = float(np.median(values))
+    return f"{min(values):.{digits}f} / {med:.{digits}f} / {max(values):.{digits}f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3440, help="decode steps (3440 -> ~1M rows)")
+    ap.add_argument("--steps", type=int, default=5072, help="decode steps (5072: 1.47 M rows)")
     ap.add_argument("--keep", type=Path, help="write the trace here and keep it")
-    ap.add_argument("--repeat", type=int, default=3, help="end-to-end runs of each command")
+    ap.add_argument("--repeat", type=int, default=5, help="end-to-end rounds")
+    ap.add_argument("--baseline", type=Path, help="another checkout's root, run alongside")
     args = ap.parse_args()
+    for tree in [ROOT, *([args.baseline] if args.baseline else [])]:  # as an install has it
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "bmoe")], check=True)
 
     tmp = tempfile.TemporaryDirectory()
     path = args.keep or Path(tmp.name) / "bench.route.csv"
@@ -237,23 +247,32 @@ def main() -> None:
     gc.collect()
 
     print()
-    print(f"end to end (fresh processes, median of {args.repeat})        CPU     peak RSS")
     ours = ["-m", "bmoe", "analyze", "route", str(path)]
     script = [str(ROOT / "tests/oracles/route.py"), str(path)]
-    runs: dict[str, list[tuple[float, float]]] = {"pipe": [], "file": [], "script": []}
-    for _ in range(args.repeat):  # interleaved: a busy moment costs each side alike
-        runs["pipe"].append(child(ours, "pipe"))
-        runs["file"].append(child(ours, "file"))
+    lines = {"bmoe | cat": ("pipe", ROOT), "bmoe > file": ("file", ROOT)}
+    if args.baseline:
+        lines["baseline bmoe | cat"] = ("pipe", args.baseline)
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in [*lines, "script"]}
+    loads = []
+    for r in range(args.repeat):  # interleaved: a busy moment costs each side alike
+        for name, (sink, root) in lines.items():
+            runs[name].append(child(ours, sink, root))
         runs["script"].append(child(script, "pipe"))
-    cpu = {k: float(np.median([c for c, _ in v])) for k, v in runs.items()}
-    rss = {k: max(r for _, r in v) for k, v in runs.items()}
-    print(f"  bmoe analyze route TRACE | cat       {cpu['pipe']:7.2f} s  {rss['pipe']:7.0f} MiB")
-    print(f"  bmoe analyze route TRACE > file      {cpu['file']:7.2f} s  {rss['file']:7.0f} MiB")
-    print(f"  python tests/oracles/route.py TRACE | cat {cpu['script']:7.2f} s  "
-          f"{rss['script']:7.0f} MiB")  # fmt: skip
-    for sink in ("pipe", "file"):
-        print(f"  pure Python / bmoe ({sink:4})          {cpu['script'] / cpu[sink]:7.1f}x  "
-              f"{rss['script'] / rss[sink]:7.2f}x")  # fmt: skip
+        loads.append(os.getloadavg()[0])
+        print(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1][0]:.2f}" for k, v in runs.items())
+              + f" CPU-s (load {loads[-1]:.1f})", flush=True)  # fmt: skip
+    print(f"end to end, fresh processes, CPU-s min / median / max of {args.repeat} rounds "
+          f"(load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs):")  # fmt: skip
+    cpu = {k: [c for c, _ in v] for k, v in runs.items()}
+    for name, values in cpu.items():
+        label = "python tests/oracles/route.py | cat" if name == "script" else name
+        print(f"  {label:<36} {spread(values)}   peak RSS {max(r for _, r in runs[name]):.0f} MiB")
+    for name in lines:
+        ratio = [b / a for a, b in zip(cpu[name], cpu["script"], strict=True)]
+        print(f"  script / {name:<27} {spread(ratio, 1)}x")
+    if args.baseline:
+        ratio = [b / a for a, b in zip(cpu["bmoe | cat"], cpu["baseline bmoe | cat"], strict=True)]
+        print(f"  baseline / bmoe (| cat)              {spread(ratio, 2)}x")
     tmp.cleanup()
 
 

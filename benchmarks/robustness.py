@@ -545,6 +545,7 @@ def audit(args: argparse.Namespace, folder: Path) -> None:
                 counts["tracebacks"] += 1
             else:
                 counts[f"exit {outcome['code']}"] += 1
+            tally.peak(outcome["hwm_kib"], f"{name} ({scenario})")
     finally:
         worker.close()
     worker_peak = (tally.peak_kib, tally.peak_run)

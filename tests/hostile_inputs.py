@@ -1197,11 +1197,15 @@ THIRD_COMMANDS: dict[str, dict[str, list[str]]] = {
 
 def formula_cells(text: str) -> list[str]:
     """The cells of CSV `text` (``#`` lines left out) that a spreadsheet would run: text
-    starting with = + - @, a tab or a carriage return that is not a number."""
+    starting with = + - @, a tab or a carriage return that is not a number (``-inf`` and
+    ``-nan`` are numbers, as the engine and every float column print them: a spreadsheet
+    shows them as an error, it runs nothing)."""
     import csv
 
     lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
-    number = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+    number = re.compile(
+        r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:inf|infinity|nan)", re.I
+    )
     return [
         cell
         for row in csv.reader(io.StringIO("\n".join(lines)))

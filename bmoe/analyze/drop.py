@@ -15,12 +15,15 @@ the engine read: 0 for a repeat inside a prefill batch or a dropped routing).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_FRACS = (0.25, 0.5, 0.75, 1.0)
 PHASES = {"decode": 1, "prefill": 0}
@@ -65,6 +68,8 @@ def _cell_ids(rows: pd.DataFrame) -> np.ndarray:
     ):  # (turn, step, layer) packs into one int64 key: 16 / 32 / 16 bits
         ids = _runs_or_factorized(columns)
     else:
+        import pandas as pd
+
         ids = pd.factorize(pd.MultiIndex.from_arrays(list(columns)))[0]
     return ids.astype(np.int32, copy=False) if len(ids) < 2**31 else ids
 
@@ -102,6 +107,8 @@ def _runs_or_factorized(columns: tuple[np.ndarray, ...]) -> np.ndarray:
         ids: np.ndarray = np.cumsum(change, dtype=np.int64 if n >= 2**31 else np.int32)
         np.subtract(ids, 1, out=ids)
         return ids
+    import pandas as pd
+
     return pd.factorize(_packed_keys(columns))[0]
 
 
@@ -149,6 +156,8 @@ def drop_phase(
     """The drop replay of one phase: ``summary`` (figures), ``threshold`` (one row per
     frac), ``static_k`` (one row per keep_k) and ``survivors`` (cells per survivor count,
     one row per frac)."""
+    import pandas as pd
+
     missing = [c for c in ("residency", "slot", "weight") if c not in trace.rows]
     if missing:
         raise BmoeError(

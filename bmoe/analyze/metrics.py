@@ -32,6 +32,7 @@ import pandas as pd
 
 from bmoe.analyze.fidelity import fidelity_figures
 from bmoe.formats.metrics import MetricsRun
+from bmoe.formats.metrics_columns import with_role
 from bmoe.units import MIB
 
 KB_PER_GB = 1024.0 * 1024.0  # the sidecar counts kB; "gb" figures are GiB (kB / 1024^2)
@@ -45,17 +46,13 @@ STABLE_FIELDS = (
 )  # fmt: skip
 
 #: Per-row columns that carry a cost the engine charges to a speculation group's first row.
-COST_COLUMNS = (
-    "wall_ms", "io_ms", "compute_ms", "read_bytes", "stall_ms", "mgmt_ms", "majflt", "cpu_ms",
-    "majflt_mib", "loop_overhead_ms", "mtp_draft_ms", "drain_ms", "adopt_ms", "ra_issue_ms",
-    "ra_wd_ms",
-)  # fmt: skip
+COST_COLUMNS = with_role("cost")
 
 #: Memory-picture columns (v1 onwards); 0 throughout means the platform could not report them.
-MEMORY_COLUMNS = (
-    "cache_budget_mib", "rss_mib", "rss_anon_mib", "rss_file_mib", "swap_mib",
-    "mem_available_mib", "mem_free_mib", "swap_free_mib",
-)  # fmt: skip
+MEMORY_COLUMNS = with_role("budget", "memory")
+
+#: Per-row readings taken at the token, carried to each token as they are (not spread).
+READINGS = with_role("gauge", "budget", "memory")
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -116,9 +113,10 @@ def per_token(run: MetricsRun) -> pd.DataFrame:
     """One row per generated token with its cost, speculation groups spread evenly.
 
     Columns: ``step``, ``turn``, ``decode`` (index of the decode that produced the token),
-    ``batch`` (tokens that decode confirmed), every cost column the file has (per token), and
-    ``read_mib``. Under speculation a group starts at a row with ``wall_ms > 0`` and its cost
-    is divided by the first row's ``mtp_batch``; otherwise each row is its own decode.
+    ``batch`` (tokens that decode confirmed), every cost column the file has (per token),
+    ``read_mib``, and the readings (:data:`READINGS`) as recorded. Under speculation a group
+    starts at a row with ``wall_ms > 0`` and its cost is divided by the first row's
+    ``mtp_batch``; otherwise each row is its own decode.
     """
     rows = run.rows
     n = len(rows)
@@ -146,7 +144,7 @@ def per_token(run: MetricsRun) -> pd.DataFrame:
             out[col] = rows[col].to_numpy(dtype=float)
     if "read_bytes" in out:
         out["read_mib"] = out["read_bytes"] / MIB
-    for col in ("cache_hit_pct", *MEMORY_COLUMNS, "dense_resident_frac"):
+    for col in READINGS:
         if col in rows:
             out[col] = rows[col].to_numpy()
     return pd.DataFrame(out)

@@ -12,7 +12,10 @@ through the cache itself), with the reference's batch order:
 * decode: one batch per (step, layer), steps ascending, layers ascending within a step;
 * turns in order (``turn`` N alone with ``turn=N``).
 
-Everything here is pure: a :class:`~bmoe.formats.route.RouteTrace` in, DataFrames out.
+Everything here is pure: a :class:`~bmoe.formats.route.RouteTrace` in, DataFrames out. The
+trace may also come as :class:`~bmoe.formats.route.RouteColumns` (numpy columns), and
+:func:`replay` can give its curve and validation as columns (``frames=False``): the
+command line's table then needs no pandas.
 """
 
 from __future__ import annotations
@@ -24,12 +27,11 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
-from bmoe.analyze.replay_run import Replays, Tally
+from bmoe.analyze.replay_run import Replays, Tally, as_frame
 from bmoe.cache import (
     DEFAULT_POLICY,
     EXPERT_BITS,
@@ -40,11 +42,16 @@ from bmoe.cache import (
 )
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
-from bmoe.formats.route import RouteTrace
+from bmoe.formats.route import NUMPY_TYPES, RouteColumns, RouteTrace
 from bmoe.units import MIB
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from bmoe.cache.kernels import Chunk
+
+#: a routing trace, its rows as a DataFrame or as numpy columns
+Trace = RouteTrace | RouteColumns
 
 #: the reference's default budgets (MiB)
 DEFAULT_BUDGETS_MIB = (250, 500, 750, 1000, 1500, 2000, 3000, 4000, 6000)
@@ -145,31 +152,48 @@ class ReplayBatches:
         return self._split(flat)
 
 
-def column_or(rows: pd.DataFrame, name: str, default: int) -> np.ndarray:
-    """A column as an integer array in its own dtype (no widening copy when it is one)."""
+def column_or(rows: pd.DataFrame | Mapping[str, np.ndarray], name: str, default: int) -> np.ndarray:
+    """A column of `rows` (a DataFrame or numpy columns) as an integer array in its own dtype
+    (no widening copy when it is one); a column it lacks as `default` in the column's type
+    in a route trace (:data:`~bmoe.formats.route.NUMPY_TYPES`)."""
     if name in rows:
-        values = rows[name].to_numpy()
+        values = np.asarray(rows[name])
         if values.dtype.kind not in "iu":
             values = values.astype(np.int64)
         return values
-    return np.full(len(rows), default, dtype=np.int8)
+    return np.full(_n_rows(rows), default, dtype=NUMPY_TYPES.get(name, np.int8))
+
+
+def _n_rows(rows: pd.DataFrame | Mapping[str, np.ndarray]) -> int:
+    if isinstance(rows, Mapping):
+        return len(next(iter(rows.values()))) if rows else 0
+    return len(rows)
+
+
+def rows_of(trace: Trace) -> pd.DataFrame | dict[str, np.ndarray]:
+    """The routing rows of `trace`: its DataFrame, or its numpy columns."""
+    return trace.rows if isinstance(trace, RouteTrace) else trace.columns
 
 
 #: the route-trace columns a replay reads (the rest, weights and byte counts, it never uses)
 REPLAY_COLUMNS = ("turn", "phase", "step", "layer", "slot", "expert", "residency", "dropped")
 
 
-def without_rows(trace: RouteTrace) -> RouteTrace:
+def without_rows(trace: Trace) -> Trace:
     """`trace`'s run facts and layer sizes with no routing rows (an empty frame of its
     columns): what a replay still reads once its batches are cut, so a large trace's rows
     can be freed before the replays run."""
+    if isinstance(trace, RouteColumns):
+        empty = {name: values[:0].copy() for name, values in trace.columns.items()}
+        return dataclasses.replace(trace, columns=empty)
     return dataclasses.replace(trace, rows=trace.rows.iloc[:0].copy())
 
 
-def turns_of(trace: RouteTrace) -> list[int]:
-    if "turn" not in trace.rows:
+def turns_of(trace: Trace) -> list[int]:
+    rows = rows_of(trace)
+    if "turn" not in rows:
         return [0]
-    return sorted(int(t) for t in pd.unique(trace.rows["turn"]))
+    return np.unique(np.asarray(rows["turn"])).tolist()
 
 
 def preamble_count(meta: dict, name: str) -> int | None:
@@ -213,7 +237,7 @@ def _batch_order(
 
 
 def prepare_batches(
-    trace: RouteTrace, turn: int | None = None, *, lookup_rows: bool = False
+    trace: Trace, turn: int | None = None, *, lookup_rows: bool = False
 ) -> ReplayBatches:
     """Cut `trace` into cache batches (reference order), optionally one turn only, and with
     `lookup_rows` the row each lookup comes from (``look_row``: positions in the rows of
@@ -224,7 +248,7 @@ def prepare_batches(
     the value."""
     from bmoe.cache.kernels import batches  # numba: imported when a replay is asked for
 
-    rows = trace.rows
+    rows = rows_of(trace)
     name = trace.path or "trace"
     for label in ("expert", "layer"):
         values = column_or(rows, label, 0)
@@ -238,20 +262,20 @@ def prepare_batches(
             )
     turns = column_or(rows, "turn", 0)
     if turn is not None:
-        if turn not in set(pd.unique(turns).tolist()):
+        if turn not in set(np.unique(turns).tolist()):
             raise BmoeError(
                 f"{name}: no turn {turn} (turns: {', '.join(map(str, turns_of(trace)))})"
             )
         keep = turns == turn
-        rows = rows[keep]
+        rows = {c: v[keep] for c, v in rows.items()} if isinstance(rows, dict) else rows[keep]
         turns = turns[keep]
-    if not len(rows):
+    if not _n_rows(rows):
         raise BmoeError(f"{name}: no routing rows to replay")
     layer = column_or(rows, "layer", 0)
     expert = column_or(rows, "expert", 0)
 
     sizes = trace.expert_bytes()
-    present = np.unique(layer)
+    present = np.flatnonzero(np.bincount(layer))  # the layers that occur (ids checked above)
     missing = [int(x) for x in present if int(x) not in sizes]
     if missing:
         raise BmoeError(
@@ -290,7 +314,7 @@ def prepare_batches(
         id_part_of, id_n_e = np.zeros_like(part_of), 1
     resident = np.zeros(0, dtype=bool)
     if "residency" in rows:
-        resident = rows["residency"].to_numpy() > 0
+        resident = np.asarray(rows["residency"]) > 0
     n_b = batches.count_batches(order, turns, phase, step, layer)
     look_row = np.empty(len(layer) if lookup_rows else 0, dtype=np.int64)
     look, rec, first, bounds, repeated, recorded = batches.cut_batches(
@@ -398,7 +422,7 @@ def default_jobs() -> int:
 
 
 def replay_curve(
-    trace: RouteTrace | ReplayBatches,
+    trace: Trace | ReplayBatches,
     budgets_mib: Sequence[float] = DEFAULT_BUDGETS_MIB,
     policies: Sequence[str] = REFERENCE_POLICIES,
     *,
@@ -406,11 +430,13 @@ def replay_curve(
     seed: int = 0,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> pd.DataFrame:
+    frame: bool = True,
+) -> pd.DataFrame | dict[str, list]:
     """The replay curve: one row per (budget, policy) with budget_mib, policy, hit_pct_cum,
-    hit_pct_decode, read_mib (the reference's CSV columns). `jobs` replays run at once
-    (threads: the kernels release the GIL; default the CPUs), with the same figures as one
-    at a time. `progress(done, total)` is called after each replay."""
+    hit_pct_decode, read_mib (the reference's CSV columns); as columns (name -> values)
+    without `frame`. `jobs` replays run at once (threads: the kernels release the GIL;
+    default the CPUs), with the same figures as one at a time. `progress(done, total)` is
+    called after each replay."""
     batches = trace if isinstance(trace, ReplayBatches) else prepare_batches(trace, turn)
     names = check_policies(policies)
     budgets = check_budgets(budgets_mib)
@@ -427,7 +453,8 @@ def replay_curve(
             replays.feed(chunk, tally, progress)
         finally:
             replays.close()
-    return tally.curve(cells)
+    columns = tally.curve_columns(cells)
+    return as_frame(columns) if frame else columns
 
 
 def check_budgets(budgets_mib: Iterable[float]) -> list[float]:
@@ -443,7 +470,7 @@ def check_budgets(budgets_mib: Iterable[float]) -> list[float]:
 # ----------------------------------------------------------------------------- shape
 
 
-def model_shape(trace: RouteTrace, batches: ReplayBatches) -> dict[str, object]:
+def model_shape(trace: Trace, batches: ReplayBatches) -> dict[str, object]:
     """What the reference prints above its curve: model, layers, experts, k, MiB per
     expert, the batch count and T, the bytes one token cycle touches (sum over MoE layers
     of expert_bytes x k: the budget below which a cache cannot hold one token's experts)."""
@@ -494,12 +521,15 @@ def validate(
     metrics_summary: dict | None = None,
     *,
     seed: int = 0,
-) -> pd.DataFrame:
+    frame: bool = True,
+) -> pd.DataFrame | dict[str, list]:
     """The LRU replay at the run's budget next to what the run recorded: the trace's
-    residency column and, when given, the metrics summary's ``cache_hit_pct``."""
+    residency column and, when given, the metrics summary's ``cache_hit_pct`` (as columns
+    without `frame`)."""
     hits = simulate(batches, DEFAULT_POLICY, round(budget_mib * MIB), seed=seed)
     lru = summarize(batches, hits)
-    return validation_table(lru, recorded_hit_rate(batches), budget_mib, metrics_summary)
+    columns = validation_columns(lru, recorded_hit_rate(batches), budget_mib, metrics_summary)
+    return as_frame(columns) if frame else columns
 
 
 def validation_table(
@@ -510,6 +540,16 @@ def validation_table(
 ) -> pd.DataFrame:
     """:func:`validate`'s table from the LRU replay's and the residency column's hit rates
     (``hit_pct_cum``, ``hit_pct_decode``), however they were counted."""
+    return as_frame(validation_columns(lru, recorded, budget_mib, metrics_summary))
+
+
+def validation_columns(
+    lru: Mapping[str, float],
+    recorded: Mapping[str, float] | None,
+    budget_mib: float,
+    metrics_summary: dict | None = None,
+) -> dict[str, list]:
+    """:func:`validation_table` as columns (name -> values)."""
     rows = [
         {
             "source": f"{DEFAULT_POLICY} replay @ {budget_mib:g} MiB",
@@ -533,9 +573,9 @@ def validation_table(
                 "hit_pct_decode": float("nan"),
             }
         )
-    frame = pd.DataFrame(rows)
-    frame["minus_replay_cum"] = frame["hit_pct_cum"] - lru["hit_pct_cum"]
-    return frame
+    columns: dict[str, list[Any]] = {name: [row[name] for row in rows] for name in rows[0]}
+    columns["minus_replay_cum"] = [cum - lru["hit_pct_cum"] for cum in columns["hit_pct_cum"]]
+    return columns
 
 
 # ----------------------------------------------------------------------------- exact LRU MRC
@@ -596,6 +636,8 @@ def lru_reuse_bytes(trace: RouteTrace) -> pd.DataFrame:
     expert itself not counted. Lookups as in replay (one per distinct expert per batch, in
     first-seen order), but each taken at once rather than batch-wise. Columns layer,
     expert, step (of the lookup's first row), distance_bytes; lookup order."""
+    import pandas as pd
+
     from bmoe.cache.kernels import distances
 
     columns = ["layer", "expert", "step", "distance_bytes"]
@@ -644,6 +686,8 @@ def mrc_at(dist: StackDistances, budgets_mib: Sequence[float] | np.ndarray) -> p
         hit_bytes += float(size) * _at_most(d[dist.size == size], points, owned=True)
     total_bytes = float(dist.size.sum(dtype=np.float64))
     n, n_dec = len(d), int(dist.decode.sum())
+    import pandas as pd
+
     return pd.DataFrame(
         {
             "budget_mib": budget_list,
@@ -674,6 +718,8 @@ def _previous_token_keys(
     trace: RouteTrace, turn: int | None
 ) -> dict[tuple[int, int, int], list[int]]:
     """(turn, step, layer) -> the distinct keys that cell routed, in slot order."""
+    import pandas as pd
+
     rows = trace.rows
     turns = column_or(rows, "turn", 0)
     keep = np.ones(len(rows), dtype=bool) if turn is None else turns == turn
@@ -800,6 +846,8 @@ def prefetch_table(
             rows.append(prefetch_replay(trace, batches, p, b, depth, seed=seed))
             if progress is not None:
                 progress(len(rows), len(budgets_mib) * len(names))
+    import pandas as pd
+
     return pd.DataFrame(rows)
 
 
@@ -818,15 +866,16 @@ def _round_mib(value: float) -> float:
     return float(int(rounded)) if rounded >= 10 else float(rounded)
 
 
-def budgets_for(trace: RouteTrace, extra: Iterable[float] = ()) -> list[float]:
+def budgets_for(trace: Trace, extra: Iterable[float] = ()) -> list[float]:
     """Cache budgets (MiB) that span this model: fractions of the whole expert set (every
     MoE layer's ``n_expert`` experts at their ``expert_bytes``), rounded (whole MiB from 10
     MiB, two significant digits below), plus `extra` (e.g. the budget the run recorded at),
     sorted and distinct."""
     sizes = trace.expert_bytes()
     n_expert = preamble_count(trace.meta, "n_expert")
-    if not n_expert and "expert" in trace.rows and len(trace.rows):
-        n_expert = int(trace.rows["expert"].max()) + 1
+    expert = trace.column("expert")
+    if not n_expert and expert is not None and len(expert):
+        n_expert = int(expert.max()) + 1
     total = sum(sizes.values()) * int(n_expert or 0) / MIB
     found = {_round_mib(total * f) for f in BUDGET_FRACTIONS} if total > 0 else set()
     found |= {float(b) for b in extra if b is not None and b == b and b >= 0}
@@ -841,7 +890,10 @@ def recorded_vs_replay(
     (:func:`validate`), the exact LRU curve at that budget (:func:`mrc_at`) and, when given,
     the metrics summary's ``cache_hit_pct``."""
     batches = prepare_batches(trace)
-    table = validate(batches, budget_mib, metrics_summary).set_index("source")
+    lru_figures = summarize(batches, simulate(batches, DEFAULT_POLICY, round(budget_mib * MIB)))
+    table = validation_table(
+        lru_figures, recorded_hit_rate(batches), budget_mib, metrics_summary
+    ).set_index("source")
     lru = table.iloc[0]
     exact = mrc_at(lru_stack_distances(batches), [budget_mib]).iloc[0]
     recorded = recorded_hit_rate(batches) or {}
@@ -866,7 +918,7 @@ def recorded_vs_replay(
 
 
 def replay(
-    trace: RouteTrace,
+    trace: Trace,
     budgets_mib: Sequence[float] = DEFAULT_BUDGETS_MIB,
     policies: Sequence[str] = REFERENCE_POLICIES,
     *,
@@ -879,6 +931,7 @@ def replay(
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     batches: ReplayBatches | None = None,
+    frames: bool = True,
 ) -> dict[str, pd.DataFrame | dict]:
     """Everything ``bmoe analyze replay`` prints, as one mapping of views.
 
@@ -890,7 +943,9 @@ def replay(
 
     `batches`, when given, are ``prepare_batches(trace, turn)`` cut already: a caller that
     holds them can let the trace's rows go (:func:`without_rows`) before the replays run,
-    unless `prefetch` is asked for (it reads the rows).
+    unless `prefetch` is asked for (it reads the rows; it takes a :class:`RouteTrace`).
+    Without `frames`, ``curve`` and ``validation`` are columns (name -> values), so that
+    printing them needs no pandas.
     """
     if batches is None:
         batches = prepare_batches(trace, turn)
@@ -898,7 +953,9 @@ def replay(
     budgets = check_budgets(budgets_mib)
     views: dict[str, pd.DataFrame | dict] = {"shape": model_shape(trace, batches)}
     if validate_mib is not None:
-        views["validation"] = validate(batches, validate_mib, metrics_summary, seed=seed)
+        views["validation"] = validate(
+            batches, validate_mib, metrics_summary, seed=seed, frame=frames
+        )
     runs = len(budgets) * len(names) * (2 if prefetch is not None else 1)
 
     def curve_progress(done: int, total: int) -> None:
@@ -910,13 +967,14 @@ def replay(
             progress(total + done, runs)
 
     views["curve"] = replay_curve(
-        batches, budgets, names, seed=seed, jobs=jobs, progress=curve_progress
+        batches, budgets, names, seed=seed, jobs=jobs, progress=curve_progress, frame=frames
     )
     if mrc:
         dist = lru_stack_distances(batches)
         views["mrc_budgets"] = mrc_at(dist, budgets)
         views["mrc"] = lru_mrc(dist)
     if prefetch is not None:
+        assert isinstance(trace, RouteTrace), "the prefetch replay reads a RouteTrace's rows"
         views["prefetch"] = prefetch_table(
             trace, batches, budgets, names, prefetch, seed=seed, progress=prefetch_progress
         )
@@ -927,7 +985,7 @@ def replay(
 CYCLE_MULTIPLES = (0.5, 1, 2, 4)
 
 
-def default_budgets(trace: RouteTrace, extra: Iterable[float] = ()) -> list[float]:
+def default_budgets(trace: Trace, extra: Iterable[float] = ()) -> list[float]:
     """The budgets a replay uses when none are given, scaled to the model: the fractions of
     the whole expert set of :func:`budgets_for` and multiples of the token cycle T (one
     token's k experts in every MoE layer, where LRU starts to keep a token's experts), below
@@ -936,8 +994,9 @@ def default_budgets(trace: RouteTrace, extra: Iterable[float] = ()) -> list[floa
     if not spanning:
         return sorted({*map(float, DEFAULT_BUDGETS_MIB), *budgets_for(trace, extra)})
     k = trace.n_expert_used
-    if not k and "slot" in trace.rows and len(trace.rows):
-        k = int(trace.rows["slot"].max()) + 1
+    slot = trace.column("slot")
+    if not k and slot is not None and len(slot):
+        k = int(slot.max()) + 1
     cycle = sum(trace.expert_bytes().values()) * int(k or 0) / MIB
     cycles = {_round_mib(cycle * m) for m in CYCLE_MULTIPLES if 0 < cycle * m < spanning[-1]}
     return sorted({*spanning, *cycles, *budgets_for(trace, extra)})

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import pandas as pd
 
 from bmoe.cache import POLICIES
 from bmoe.units import MIB
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from bmoe.cache.kernels import Chunk
 
 CURVE_COLUMNS = ("budget_mib", "policy", "hit_pct_cum", "hit_pct_decode", "read_mib")
@@ -74,16 +75,33 @@ class Tally:
 
     def curve(self, cells: Sequence[Cell]) -> pd.DataFrame:
         """The curve rows of `cells` (the first cells of the tally)."""
-        rows = [{"budget_mib": b, "policy": p, **self.figures(i)} for i, (b, p) in enumerate(cells)]
-        return pd.DataFrame(rows, columns=list(CURVE_COLUMNS))
+        return as_frame(self.curve_columns(cells))
+
+    def curve_columns(self, cells: Sequence[Cell]) -> dict[str, list]:
+        """:meth:`curve` as columns (name -> values), without pandas."""
+        columns: dict[str, list] = {name: [] for name in CURVE_COLUMNS}
+        for i, (budget, policy) in enumerate(cells):
+            columns["budget_mib"].append(budget)
+            columns["policy"].append(policy)
+            for name, value in self.figures(i).items():
+                columns[name].append(value)
+        return columns
+
+
+def as_frame(columns: dict[str, list]) -> pd.DataFrame:
+    """Columns (name -> values) as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(columns)
 
 
 class Replays:
     """The caches of `cells`, each a :class:`~bmoe.cache.kernels.Replay` of `n_keys` key ids
     in `n_parts` layer slices of at most `part_keys` ids (`n_layer` splits the per-layer
     policies' budgets), fed chunk by chunk; `jobs` run at once in threads (the kernels
-    release the GIL). With `deferred`, the cells whose policy reads the future wait for
-    :meth:`finish`."""
+    release the GIL). The cells of a policy that replays several budgets in one pass
+    (``lru``) share one :class:`~bmoe.cache.kernels.ReplayBudgets`, with the same hits. With
+    `deferred`, the cells whose policy reads the future wait for :meth:`finish`."""
 
     def __init__(
         self,
@@ -107,8 +125,20 @@ class Replays:
         waits = [deferred is not None and POLICIES[p].needs_future for _, p in self.cells]
         self.now = [i for i, w in enumerate(waits) if not w]
         self.later = [i for i, w in enumerate(waits) if w]
-        self.replays = {i: self._replay(i) for i in self.now}
-        self.jobs = max(1, min(jobs, len(self.now)))
+        by_policy: dict[str, list[int]] = {}
+        for i in self.now:
+            by_policy.setdefault(self.cells[i][1], []).append(i)
+        #: (the cells, their caches): one task per cell, or per policy for one-pass budgets
+        self.tasks: list[tuple[list[int], Any]] = []
+        for policy, group in by_policy.items():
+            spec = kernels.kernel_spec(policy)
+            if spec.budgets is not None and not spec.live.per_layer and len(group) > 1:
+                budgets = [round(self.cells[i][0] * MIB) for i in group]
+                self.tasks.append((group, kernels.ReplayBudgets(spec, budgets, self.setup)))
+            else:
+                self.tasks += [([i], self._replay(i)) for i in group]
+        self.tasks.sort(key=lambda task: task[0][0])
+        self.jobs = max(1, min(jobs, len(self.tasks)))
         self.pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
 
     def _replay(self, i: int):
@@ -119,8 +149,8 @@ class Replays:
     def grow(self, n_keys: int, part_keys: int) -> None:
         """Make room in every cache for key ids up to `n_keys`, `part_keys` in a slice."""
         self.setup = self.kernels.Setup(n_keys, self.setup.n_parts, self.setup.seed, part_keys)
-        for r in self.replays.values():
-            r.grow(n_keys, part_keys)
+        for _, caches in self.tasks:
+            caches.grow(n_keys, part_keys)
 
     def feed(
         self,
@@ -133,21 +163,23 @@ class Replays:
         if self.deferred is not None and self.later:
             self.deferred.add(chunk)
 
-        def one(i: int) -> np.ndarray:
-            hits = self.replays[i].feed(chunk)
+        def one(task: tuple[list[int], Any]) -> np.ndarray:
+            hits = task[1].feed(chunk)
             if self.pool is not None:
                 self.kernels.release_heap()  # each worker thread's heap would keep what it freed
             return hits
 
-        found = self.pool.map(one, self.now) if self.pool is not None else map(one, self.now)
+        tasks = self.tasks
+        found = self.pool.map(one, tasks) if self.pool is not None else map(one, tasks)
         out = {}
-        for i, hits in zip(self.now, found, strict=True):
-            out[i] = hits
-            if tally is not None:
-                tally.add(i, hits, chunk)
-            if progress is not None:
-                progress(len(out), len(self.cells))
-        return out
+        for (cells, _), hits in zip(tasks, found, strict=True):
+            for row, i in enumerate(cells):
+                out[i] = hits[row] if hits.ndim == 2 else hits
+                if tally is not None:
+                    tally.add(i, out[i], chunk)
+                if progress is not None:
+                    progress(len(out), len(self.cells))
+        return {i: out[i] for i in self.now}
 
     def finish(self, tally: Tally) -> None:
         """Run the deferred cells over every chunk, now that their next uses are known."""

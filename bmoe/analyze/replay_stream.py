@@ -17,35 +17,52 @@ would have put it earlier.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from bmoe.analyze.replay import (
     ReplayBatches,
+    Trace,
     check_budgets,
     check_policies,
     column_or,
     default_jobs,
     preamble_count,
     prepare_batches,
-    validation_table,
+    validation_columns,
 )
-from bmoe.analyze.replay_run import Replays, Tally
+from bmoe.analyze.replay_run import Replays, Tally, as_frame
 from bmoe.cache import DEFAULT_POLICY, EXPERT_BITS, POLICIES
 from bmoe.cache.expert_cache import EXPERT_MASK
 from bmoe.errors import BmoeError
-from bmoe.formats.route import RouteTrace
+from bmoe.formats.route import RouteColumns
 from bmoe.units import MIB
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from bmoe.cache.kernels import Chunk
 
+#: a block of rows: a DataFrame, or numpy columns (name -> array)
+Rows = dict[str, np.ndarray]
 
-def _groups(rows: pd.DataFrame) -> np.ndarray:
+
+def _columns(block: pd.DataFrame | Mapping[str, np.ndarray]) -> Rows:
+    """A block's columns as numpy arrays (no copy)."""
+    if isinstance(block, Mapping):
+        return dict(block)
+    return {str(c): block[c].to_numpy() for c in block.columns}
+
+
+def _n_rows(rows: Rows) -> int:
+    return len(next(iter(rows.values()))) if rows else 0
+
+
+def _groups(rows: Rows) -> np.ndarray:
     """Per row, its batch group packed in one int64 that grows in replay order: turn, then
     prefill (every step of it one group) before decode, then the decode step."""
     turn = column_or(rows, "turn", 0).astype(np.int64)
@@ -54,22 +71,39 @@ def _groups(rows: pd.DataFrame) -> np.ndarray:
     return ((turn + (1 << 15)) << 41) | (decode << 40) | (decode * (step + (1 << 31)))
 
 
-def _whole_groups(blocks: Iterable[pd.DataFrame]) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
-    """The rows of `blocks` with their batch groups, cut so that no group straddles two: the
-    rows of a block's last group wait for the next block."""
-    carry: pd.DataFrame | None = None
+def _whole_groups(
+    blocks: Iterable[pd.DataFrame | Mapping[str, np.ndarray]],
+) -> Iterator[tuple[Rows, int, int]]:
+    """The rows of `blocks` with their first and last batch group (as :func:`_groups` packs
+    them), cut so that no group straddles two: the rows of a block's last group wait for
+    the next block."""
+    from bmoe.cache.kernels import batches
+
+    carry: Rows | None = None
     for block in blocks:
-        rows = block if carry is None else pd.concat([carry, block], ignore_index=True)
-        if not len(rows):
+        rows = _columns(block)
+        if carry is not None:
+            rows = {c: np.concatenate([carry[c], v]) for c, v in rows.items()}
+        n = _n_rows(rows)
+        if not n:
+            continue
+        start, alone, lo, hi = batches.last_group(
+            column_or(rows, "turn", 0), column_or(rows, "phase", 1), column_or(rows, "step", 0)
+        )
+        if alone:  # the last group's rows end the block, none before (rows in order): views
+            yield {c: v[:start] for c, v in rows.items()}, lo, hi
+            carry = {c: v[start:] for c, v in rows.items()}
+            _check_carry(carry)
             continue
         groups = _groups(rows)
         last = groups == groups[-1]
-        yield rows[~last], groups[~last]
-        carry = rows[last]
-        if len(carry) > _CARRY_CHECKED:
-            _check_carry(carry)
-    if carry is not None:
-        yield carry, _groups(carry)
+        rest = groups[~last]  # not empty: a row before the last run is of another group
+        yield {c: v[~last] for c, v in rows.items()}, int(rest.min()), int(rest.max())
+        carry = {c: v[last] for c, v in rows.items()}
+        _check_carry(carry)
+    if carry is not None:  # one group, not empty
+        group = int(_groups(carry)[0])
+        yield carry, group, group
 
 
 #: Rows of one batch past which what holding it takes is checked (a decode step of a large
@@ -77,19 +111,21 @@ def _whole_groups(blocks: Iterable[pd.DataFrame]) -> Iterator[tuple[pd.DataFrame
 _CARRY_CHECKED = 1 << 20
 
 
-def _check_carry(carry: pd.DataFrame) -> None:
+def _check_carry(carry: Rows) -> None:
     """Refuse a batch that has outgrown what the process may hold while it waits for its
     end (the blocks it is joined with, their copies and the replay: 16x the rows): a few MB
     can declare hundreds of millions of rows of one step."""
+    if _n_rows(carry) <= _CARRY_CHECKED:
+        return
     from bmoe.formats.inputs import readable_bytes
 
     room = readable_bytes()
-    held = int(carry.memory_usage(index=False).sum())
+    held = sum(int(v.nbytes) for v in carry.values())
     if room is not None and 16 * held > room:
         phase = "decode step" if int(column_or(carry, "phase", 1)[0]) else "prefill"
         raise BmoeError(
             f"one batch of the trace ({phase} of turn {int(column_or(carry, 'turn', 0)[0])}) "
-            f"holds {len(carry):,} rows and counting: more than a streamed replay may hold at "
+            f"holds {_n_rows(carry):,} rows and counting: more than a streamed replay may hold at "
             f"once here ({room >> 20} MiB free); a batch is one step's routings, or a prompt's"
         )
 
@@ -100,8 +136,10 @@ class _Blocks:
     that ids met later, even beyond the declared experts, only add ids at the end. It
     counts what the shape view reports and checks the order of the rows."""
 
-    def __init__(self, trace: RouteTrace, part_of: np.ndarray, n_declared: int | None) -> None:
+    def __init__(self, trace: Trace, part_of: np.ndarray, n_declared: int | None) -> None:
         self.trace = trace
+        head = trace if isinstance(trace, RouteColumns) else RouteColumns.of(trace)
+        self.head = dataclasses.replace(head, columns={})
         self.name = trace.path or "trace"
         self.part_of = part_of
         self.n_parts = int(part_of.max()) + 1
@@ -119,27 +157,27 @@ class _Blocks:
     def n_keys(self) -> int:
         return self.n_e * self.n_parts
 
-    def cut(self, rows: pd.DataFrame, groups: np.ndarray) -> Chunk | None:
-        """The chunk of `rows` (whole batch groups, `groups` theirs), None when there are
-        none; :attr:`n_keys` grows when an expert id needs more room."""
+    def cut(self, rows: Rows, first: int, last: int) -> Chunk | None:
+        """The chunk of `rows` (whole batch groups, from group `first` to `last`), None when
+        there are none; :attr:`n_keys` grows when an expert id needs more room."""
         from bmoe.cache.kernels import Chunk
 
-        if not len(rows):
+        if not _n_rows(rows):
             return None
-        if int(groups.min()) <= self.done:
+        if first <= self.done:
             raise BmoeError(
                 f"{self.name}: routing rows out of the engine's order (a step or prefill seen "
                 "again after a later one); replay the trace whole instead"
             )
-        self.done = int(groups.max())
-        t = self.trace
-        b = prepare_batches(RouteTrace(t.path, t.version, t.meta, t.layers, rows))
+        self.done = last
+        b = prepare_batches(dataclasses.replace(self.head, columns=rows))
         code = b.key_code
         to_global = (code & EXPERT_MASK) * self.n_parts + self.part_of[code >> EXPERT_BITS]
-        experts = code[b.look] & EXPERT_MASK
-        top = int(experts.max(initial=0))
+        # every row is looked up: the highest expert id looked up is the column's
+        top = int(np.max(rows["expert"])) if "expert" in rows else 0
         if top >= self.n_e:
             if self.n_declared and not self.warned:
+                experts = code[b.look] & EXPERT_MASK
                 first = int(experts[experts >= self.n_declared][0])
                 warnings.warn(
                     f"{self.name}: expert id {first} is outside 0..{self.n_declared - 1} (the "
@@ -150,12 +188,15 @@ class _Blocks:
                 self.warned = True
             self.n_e = max(top + 1, 2 * self.n_e)
         self._count(b, rows)
+        ids = to_global.astype(np.int32)
+        look = ids[b.look]
+        rec = ids[b.rec] if b.repeated.any() else look  # read only where a batch repeats
         return Chunk(
-            b.bounds, to_global[b.look].astype(np.int32), to_global[b.rec].astype(np.int32),
-            b.repeated, b.size, self.part_of[b.layer].astype(np.int64), b.decode,
+            b.bounds, look, rec, b.repeated, b.size, self.part_of[b.layer].astype(np.int64),
+            b.decode,
         )  # fmt: skip
 
-    def _count(self, b: ReplayBatches, rows: pd.DataFrame) -> None:
+    def _count(self, b: ReplayBatches, rows: Rows) -> None:
         counts = self.counts
         self.seen_layers.update(np.unique(b.layer).tolist())
         n = b.n_lookups
@@ -163,7 +204,7 @@ class _Blocks:
         counts["prefill"] += b.n_prefill
         counts["decode"] += b.n_decode
         counts["k"] = max(counts["k"], int(n[b.decode].max(initial=0)))
-        counts["dropped"] |= "dropped" in rows and bool((rows["dropped"] != 0).any())
+        counts["dropped"] |= "dropped" in rows and bool(np.any(rows["dropped"] != 0))
         if b.recorded_hits is None:
             self.residency = False
         else:
@@ -211,9 +252,8 @@ class _Distances:
     def feed(self, c: Chunk) -> None:
         from bmoe.cache.kernels import distances
 
-        self.state = distances.distances_restart(
-            self.state, self.key_size(self.n_keys), len(c.look)
-        )
+        tree = distances.distances_restart(self.state, self.key_size(self.n_keys), len(c.look))
+        self.state = self.state._replace(tree=tree)
         dist = distances.lru_byte_distances_continue(
             c.bounds, c.look, c.rec, c.repeated, c.size, True, self.state
         )
@@ -246,6 +286,8 @@ class _Distances:
         for size in sorted({s for s, _ in self.groups}):
             hit_bytes += float(size) * sum((v for (s, _), v in at_most.items() if s == size), none)
         n, n_dec = self.lookups, self.decode_lookups
+        import pandas as pd
+
         return pd.DataFrame(
             {
                 "budget_mib": budget_list,
@@ -333,7 +375,7 @@ class _Spill:
 
 
 def _shape(
-    trace: RouteTrace,
+    trace: Trace,
     counts: dict[str, int],
     totals: dict[str, int],
     top_layer: int,
@@ -373,8 +415,8 @@ def _shape(
 
 
 def stream_replay(
-    trace: RouteTrace,
-    blocks: Iterable[pd.DataFrame],
+    trace: Trace,
+    blocks: Iterable[pd.DataFrame | Mapping[str, np.ndarray]],
     budgets_mib: Sequence[float],
     policies: Sequence[str] = (DEFAULT_POLICY,),
     *,
@@ -383,9 +425,11 @@ def stream_replay(
     metrics_summary: dict | None = None,
     seed: int = 0,
     jobs: int | None = None,
+    frames: bool = True,
 ) -> dict[str, pd.DataFrame | dict]:
     """The replay views of a trace whose preamble is `trace` (its rows are not read) and
-    whose rows are `blocks`, in file order (e.g. :func:`~bmoe.formats.route.iter_route_rows`):
+    whose rows are `blocks` (DataFrames or numpy columns), in file order (e.g.
+    :func:`~bmoe.formats.route.iter_route_rows`, :func:`~bmoe.formats.route.iter_route_columns`):
     ``shape`` (:func:`~bmoe.analyze.replay.model_shape`'s figures), ``curve``
     (:func:`~bmoe.analyze.replay.replay_curve`'s rows, same figures) and, with `mrc`,
     ``mrc_budgets`` and ``mrc`` (:func:`~bmoe.analyze.replay.mrc_at` at the budgets and
@@ -397,7 +441,8 @@ def stream_replay(
     The per-layer policies (``layer``, ``layerlfu``) split the budget by the preamble's
     ``n_layer`` (else the highest layer with an expert size, plus one). Expert ids at or
     beyond the preamble's ``n_expert`` are replayed and warned about once
-    (:class:`UserWarning`)."""
+    (:class:`UserWarning`). Without `frames`, ``curve`` and ``validation`` are columns
+    (name -> values), as :func:`~bmoe.analyze.replay.replay` gives them."""
     budgets = check_budgets(budgets_mib)
     names = check_policies(policies)
     name = trace.path or "trace"
@@ -428,8 +473,8 @@ def stream_replay(
     distances = _Distances(cut.n_keys, key_size) if mrc else None
     tally = Tally(len(cells))
     try:
-        for rows, groups in _whole_groups(blocks):
-            chunk = cut.cut(rows, groups)
+        for rows, first, last in _whole_groups(blocks):
+            chunk = cut.cut(rows, first, last)
             if chunk is None:
                 continue
             if cut.n_keys > replays.setup.n_keys:
@@ -457,8 +502,10 @@ def stream_replay(
         recorded: dict[str, Any] | None = None
         if cut.residency:
             recorded = {k: shape[f"recorded_{k}"] for k in ("hit_pct_cum", "hit_pct_decode")}
-        views["validation"] = validation_table(lru, recorded, validate_mib, metrics_summary)
-    views["curve"] = tally.curve(cells[: len(budgets) * len(names)])
+        table = validation_columns(lru, recorded, validate_mib, metrics_summary)
+        views["validation"] = as_frame(table) if frames else table
+    curve = tally.curve_columns(cells[: len(budgets) * len(names)])
+    views["curve"] = as_frame(curve) if frames else curve
     if distances is not None:
         seen = distances.seen_bytes
         expert_set = sum(sizes[x] for x in cut.seen_layers) * n_declared if n_declared else seen

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bmoe.analyze import route_order
 from bmoe.analyze.route_cells import (
     ALL,
     PHASES,
@@ -308,6 +309,8 @@ def _cell_sets(seq: StepSequence) -> np.ndarray:
     of word e // 64 (a word's row contiguous: the lags compare whole rows)."""
     n_cells = len(seq.cell_start)
     words = max(1, (seq.n_expert + 63) // 64)
+    if route_order.cell_sets.takes(seq.expert, seq.gcell, n_cells, words):  # one pass
+        return route_order.cell_sets(seq.expert, seq.gcell, n_cells, words)
     masks = np.zeros((words, n_cells), dtype=np.uint64)
     ids = np.arange(words * 64, dtype=np.uint64)
     # per word, each expert id's bit in that word (0 outside it): one small table lookup

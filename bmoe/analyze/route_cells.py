@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 import numpy as np
 
+from bmoe.analyze import route_order
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteColumns, RouteTrace
 
@@ -352,9 +353,8 @@ class StepSequence:
                 pos = wk > 0
                 if pos.all():
                     wlogw = wk * np.log2(wk)
-                else:
-                    wlogw = np.zeros_like(wk)
-                    wlogw[pos] = wk[pos] * np.log2(wk[pos])
+                else:  # 0 where a weight is not positive (log2(1) is 0): no masked copies
+                    wlogw = np.where(pos, wk, 0.0) * np.log2(np.where(pos, wk, 1.0))
                 acc[a:b] = np.add.reduceat(wlogw, starts)
                 top[a:b] = np.maximum.reduceat(known_w, starts)
             self._weights = (complete, total, acc, top)
@@ -453,9 +453,18 @@ def _sorted_rows(
         nslot = int(slot.max()) - slot_lo + 1
     else:
         slot, slot_lo, nslot = np.zeros(n_all, dtype=np.int8), 0, 1
-    order = None
+    order = take = None
     size = len(layers) * span * nslot
-    if size < 2**62:
+    ordered = _layer_major(layer_idx, step_code, slot, keep, size)
+    if ordered is not None:
+        state, found = ordered
+        if state == route_order.STEP_MAJOR:
+            take = found
+        elif state == route_order.UNSORTED:
+            wide = np.int32 if size < 2**31 else np.int64
+            key = _sort_key((layers.size, span), (layer_idx, step_code), slot, slot_lo, nslot, wide)
+            order = np.argsort(key, kind="stable")
+    elif size < 2**62:
         kind: type[np.signedinteger] = np.int32 if size < 2**31 else np.int64
         # built in place, one array at a time: these run over every row of large traces
         layer_major = (layers.size, span), (layer_idx, step_code)
@@ -470,7 +479,9 @@ def _sorted_rows(
     else:  # astronomically sparse step axis: sort by columns instead
         order = np.lexsort((slot, step_code, layer_idx))
     del cols, slot
-    if keep is None:
+    if take is not None:
+        pass
+    elif keep is None:
         take = order
     elif order is None:
         take = np.flatnonzero(keep)
@@ -479,7 +490,7 @@ def _sorted_rows(
     del order
     if take is not None:
         if len(take) < 2**31:
-            take = take.astype(np.int32)
+            take = take.astype(np.int32, copy=False)
         step_code = step_code[take]
         if keep is None:
             layer_idx = layer_idx[take]
@@ -490,6 +501,25 @@ def _sorted_rows(
     if keep is not None:
         return rows, None, None, step_code
     return rows, layers, layer_idx, step_code
+
+
+def _layer_major(
+    layer_idx: np.ndarray,
+    step_code: np.ndarray,
+    slot: np.ndarray,
+    keep: np.ndarray | None,
+    size: int,
+) -> tuple[int, np.ndarray] | None:
+    """:func:`bmoe.analyze.route_order.layer_major` where its compiled code takes the rows;
+    None where the numpy path must decide."""
+    every = np.zeros(0, dtype=bool) if keep is None else keep
+    n = len(layer_idx)
+    if not 1 < n < 2**31 or size >= 2**62:
+        return None
+    if not route_order.layer_major.takes(layer_idx, step_code, slot, every):
+        return None
+    state, take = route_order.layer_major(layer_idx, step_code, slot, every)
+    return int(state), take
 
 
 def _ascending(values: np.ndarray) -> bool:
@@ -533,6 +563,9 @@ def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if hi - lo > 1_000_000:
         uniq, inverse = np.unique(values, return_inverse=True)
         return uniq, inverse
+    if route_order.small_unique.takes(values):  # the same, in two passes
+        uniq, inverse = route_order.small_unique(values)
+        return uniq, inverse.astype(np.int16) if len(uniq) < 32768 else inverse
     shifted = values.astype(np.int32)
     shifted -= np.int32(lo)
     present = np.bincount(shifted) > 0

@@ -32,7 +32,14 @@ still beat it (its interval reaches the best's) has been measured at least ``min
 times and the verdict
 layer's ratio interval (:func:`bmoe.analyze.verdict.ratio_interval`, Welch's t on the log
 scale) says it is worse, or when the cells left are at their repeat bound and still not
-distinguishable (then equivalent within the noise, and said so).
+distinguishable (then equivalent within the noise, and said so). Until then, the runs that
+would settle it are counted (:func:`runs_to_settle`), for a tune whose budget ran out first.
+
+The recommendation (:func:`recommend`) is taken from the measured feasible cells by their
+measured means, never on one run's strength: a cell measured fewer than ``min_repeats``
+times does not take it from one measured that often. When the best is not distinguishable
+from other cells, the cheapest of them is recommended (:data:`CHEAPER_RULE`, by
+:func:`cost_key`), and the reasons say so.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bmoe.analyze import stats
 from bmoe.analyze.verdict import ratio_interval, t_quantile
 from bmoe.errors import BmoeError
 
@@ -73,47 +81,14 @@ DEFAULT_SCATTER = 0.20
 # ----------------------------------------------------------------------------- statistics
 
 
-def _t_two_sided_cdf(t: float, dof: int) -> float:
-    """P(|T| < t) for Student's t with integer `dof` (the closed forms of Abramowitz and
-    Stegun 26.7.3 and 26.7.4)."""
-    theta = math.atan(t / math.sqrt(dof))
-    c2 = math.cos(theta) ** 2
-    if dof % 2 == 1:
-        term, total = 1.0, 1.0 if dof > 1 else 0.0
-        for k in range(1, (dof - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        inner = math.sin(theta) * math.cos(theta) * total if dof > 1 else 0.0
-        return 2.0 / math.pi * (theta + inner)
-    term, total = 1.0, 1.0
-    for k in range(1, dof // 2):
-        term *= c2 * (2 * k - 1) / (2 * k)
-        total += term
-    return math.sin(theta) * total
-
-
 def t_at(level: float, dof: float) -> float:
-    """The two-sided `level` quantile of Student's t (NaN below one degree of freedom; the
-    normal quantile past 1000)."""
+    """The two-sided `level` quantile of Student's t at `dof` degrees of freedom, rounded
+    down (NaN below one degree of freedom or at infinity)."""
     if not math.isfinite(dof) or dof < 1:
         return float("nan")
     if not 0.0 < level < 1.0:
         raise BmoeError(f"confidence {level}: a level between 0 and 1")
-    dof = int(dof)
-    if dof > 1000:
-        from statistics import NormalDist
-
-        return NormalDist().inv_cdf(0.5 + level / 2.0)
-    low, high = 0.0, 1.0
-    while _t_two_sided_cdf(high, dof) < level:
-        high *= 2.0
-    for _ in range(100):
-        mid = (low + high) / 2.0
-        if _t_two_sided_cdf(mid, dof) < level:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2.0
+    return float(stats.t_quantile(0.5 + level / 2.0, math.floor(dof))[0])
 
 
 def ratio_at(
@@ -398,6 +373,144 @@ def excluded_by_fidelity(
 # ----------------------------------------------------------------------------- decisions
 
 
+#: How the recommendation chooses among cells not distinguishable from the best.
+CHEAPER_RULE = (
+    "lossless over lossy, then the smaller cache, then fewer read lanes, then less prefetch"
+)
+
+
+def cost_key(params: Mapping[str, Any], lossless: bool) -> tuple[float, ...]:
+    """A cell's cost for :data:`CHEAPER_RULE` (lower is cheaper): lossy or not, its cache
+    budget (MiB; no budget costs the most), its read lanes, its prefetch depth."""
+
+    def number(key: str, default: float) -> float:
+        value = _num(params.get(key, default))
+        return value if math.isfinite(value) else default
+
+    return (
+        0.0 if lossless else 1.0,
+        number("cache_mb", math.inf),
+        number("io_threads", 0.0),
+        number("prefetch", 0.0),
+    )
+
+
+@dataclass
+class Recommendation:
+    """The cell to ship, the cell it was compared with last and that comparison (the
+    recommended over the runner-up), and the reasons it is not simply the fastest mean."""
+
+    cell: str | None
+    runner_up: str | None = None
+    ratio: tuple[float, float, float] | None = None
+    distinguishable: bool | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+def recommend(
+    table: pd.DataFrame,
+    feasible: Mapping[str, bool],
+    *,
+    confidence: float,
+    min_repeats: int,
+    costs: Mapping[str, tuple[float, ...]],
+    labels: Mapping[str, str] | None = None,
+    unit: Any = None,
+) -> Recommendation:
+    """The recommendation from `table` (:func:`estimates`; the measured ``n``, ``mean`` and
+    ``sd`` of each cell's score): the best measured mean among the feasible cells measured at
+    least `min_repeats` times (among all the feasible measured cells when none was), then the
+    cheapest by `costs` (:func:`cost_key`) of it and the cells (measured twice or more) not
+    distinguishable from it at `confidence`. `unit` turns a score back into the objective
+    for the reasons' figures."""
+    labels = labels or {}
+    name = lambda c: labels.get(c, c)  # noqa: E731
+    show = unit or (lambda v: v)
+    t = table.set_index("cell")
+    good = [c for c in t.index if feasible.get(c) and t.at[c, "n"] > 0]
+    if not good:
+        return Recommendation(None)
+    mean = lambda c: _num(t.at[c, "mean"])  # noqa: E731
+    firm = [c for c in good if t.at[c, "n"] >= min_repeats]
+    pool = firm or good
+    reasons: list[str] = []
+    top = max(pool, key=lambda c: (mean(c), int(t.at[c, "n"])))
+    passed = sorted((c for c in good if c not in pool and mean(c) > mean(top)), key=mean)
+    if passed:
+        c = passed[-1]
+        n = int(t.at[c, "n"])
+        reasons.append(
+            f"{len(passed)} cell(s) measured fewer than {min_repeats} times looked faster "
+            f"({name(c)}: {show(mean(c)):.4g} from {n} run{'s' if n > 1 else ''}); a cell "
+            f"measured {min_repeats} times is recommended over a cell measured fewer times"
+        )
+    if not firm:
+        reasons.append(
+            f"no cell was measured {min_repeats} times: the recommendation is the best mean "
+            f"of cells measured fewer than {min_repeats} times"
+        )
+
+    def compare(a: str, b: str) -> tuple[float, float, float]:
+        return ratio_at(
+            confidence,
+            t.at[a, "mean"], _sd(t, a), t.at[a, "n"],
+            t.at[b, "mean"], _sd(t, b), t.at[b, "n"],
+        )  # fmt: skip
+
+    def tied(c: str) -> bool:
+        if t.at[c, "n"] < 2 or t.at[top, "n"] < 2:
+            return False
+        low = compare(top, c)[1]
+        return not (math.isfinite(low) and low > 1.0)
+
+    ties = [c for c in good if c != top and tied(c)]
+    cost = lambda c: (costs.get(c, (math.inf,)), -mean(c))  # noqa: E731
+    chosen = min([top, *ties], key=cost)
+    if chosen != top:
+        r = compare(top, chosen)
+        reasons.append(
+            f"{name(top)} measured {r[0]:.2f}x {name(chosen)}, but {r[1]:.2f} to {r[2]:.2f} "
+            f"includes 1: not distinguishable, so the cheaper is recommended ({CHEAPER_RULE})"
+        )
+    others = [c for c in good if c != chosen]
+    if not others:
+        return Recommendation(chosen, reasons=reasons)
+    runner_up = top if chosen != top else max(others, key=lambda c: (mean(c), t.at[c, "n"]))
+    ratio = compare(chosen, runner_up)
+    distinguishable = bool(math.isfinite(ratio[1]) and ratio[1] > 1.0)
+    return Recommendation(chosen, runner_up, ratio, distinguishable, reasons)
+
+
+def runs_to_settle(
+    table: pd.DataFrame,
+    incumbent: str,
+    pending: Sequence[str],
+    *,
+    confidence: float,
+    min_repeats: int,
+    max_repeats: int,
+) -> int:
+    """About how many more runs would settle `incumbent` against the `pending` cells: each
+    pair to as many runs a side as the pooled spread needs for their ratio's interval (at
+    `confidence`) to leave out 1, at least `min_repeats` and at most `max_repeats` (where
+    cells not told apart count as equivalent)."""
+    t = table.set_index("cell")
+    cv, _ = pooled_cv(t.reset_index())
+    est = lambda c: _num(t.at[c, "mean"] if t.at[c, "n"] else t.at[c, "estimate"])  # noqa: E731
+    need_inc = 0
+    total = 0
+    for c in pending:
+        gap = abs(math.log(est(incumbent) / est(c))) if est(c) > 0 < est(incumbent) else 0.0
+        side = max_repeats
+        for m in range(max(min_repeats, 2), max_repeats + 1):
+            if gap > t_at(confidence, 2 * m - 2) * cv * math.sqrt(2.0 / m):
+                side = m
+                break
+        total += max(side - int(t.at[c, "n"]), 0)
+        need_inc = max(need_inc, side - int(t.at[incumbent, "n"]))
+    return total + max(need_inc, 0)
+
+
 @dataclass
 class Decision:
     """One round's reading of the candidates: the best cell so far, what could still beat
@@ -412,6 +525,8 @@ class Decision:
     distinguishable: bool | None = None
     ratio: tuple[float, float, float] | None = None
     table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: About how many more runs would settle it (0 when settled; :func:`runs_to_settle`).
+    more_runs: int = 0
 
 
 def decide(
@@ -541,6 +656,13 @@ def decide(
             sentence += f"; each of the {len(contenders)} cell(s) that could reach it is worse"
         else:
             sentence += "; no other cell's interval reaches it"
+    elif not good:  # nothing measured meets every constraint: no "best so far" to name
+        sentence = "no cell measured yet meets every constraint; " + (
+            f"the predicted best is {name(incumbent)}, and {len(contenders)} other cell(s) "
+            "could reach it"
+            if chosen
+            else "nothing is left to run"
+        )
     elif not chosen:
         sentence = (
             f"{name(incumbent)} is the best found; the cells that could still beat it "
@@ -550,9 +672,16 @@ def decide(
         sentence = (
             f"{name(incumbent)} is the best so far; {len(contenders)} cell(s) could still reach it"
         )
+    more = 0
+    if not settled:
+        more = runs_to_settle(
+            table, incumbent, pending, confidence=confidence,
+            min_repeats=min_repeats, max_repeats=max_repeats,
+        )  # fmt: skip
     return Decision(
-        incumbent, contenders, chosen, settled, sentence, runner_up, distinguishable, ratio, table
-    )
+        incumbent, contenders, chosen, settled, sentence, runner_up, distinguishable, ratio,
+        table, more,
+    )  # fmt: skip
 
 
 def _num(value: Any) -> float:

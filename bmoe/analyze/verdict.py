@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bmoe.analyze import stats
+
 #: Repeats of a cell disagree when their coefficient of variation exceeds this (%).
 NOISY_CV_PCT = 25.0
 #: Forward and reversed rounds disagree when the median |difference| over cells exceeds this (%).
@@ -74,27 +76,11 @@ BOOKKEEPING = (
 #: Outcomes that are rates of tokens (a higher ratio reads "faster").
 THROUGHPUT = ("tok_s", "prefill_tps")
 
-# Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-    2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-    2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-_Z975 = 1.959964
-
 
 def t_quantile(df: np.ndarray | float) -> np.ndarray:
     """The two-sided 95 % quantile of Student's t at `df` degrees of freedom (fractional df
     rounded down, which widens the interval; NaN below 1)."""
-    df = np.atleast_1d(np.asarray(df, dtype=float))
-    out = np.full(df.shape, np.nan)
-    whole = np.floor(df)
-    table = (whole >= 1) & (whole <= len(_T975))
-    out[table] = np.asarray(_T975)[whole[table].astype(int) - 1]
-    big = whole > len(_T975)
-    z, n = _Z975, whole[big]
-    out[big] = z + (z**3 + z) / (4 * n) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * n**2)
-    return out
+    return stats.t_quantile(0.975, np.floor(np.asarray(df, dtype=float)))
 
 
 def mean_interval_pct(mean: pd.Series, sd: pd.Series, n: pd.Series) -> pd.Series:

@@ -22,7 +22,7 @@ _RUN_HELP = """Run a GGUF MoE model on llama-cpp-python, streaming the routed ex
 
 Takes the native bmoe-cli flags (bmoe run -h lists them) and writes the same files and lines.
 
-Example: bmoe run -m tiny.gguf -n 64 --moe-stream --cache-mb 2 --csv run.csv --progress
+Example: bmoe run -m tiny.gguf -n 64 --moe-stream --cache-mb 2 --csv tiny.csv --progress
 """
 
 _RUN_EXAMPLES = (
@@ -238,7 +238,7 @@ def synth(
 
     Example: bmoe model synth tiny.gguf --preset tiny
     Example: bmoe model synth big.gguf --preset small --layers 48 --experts 128 --type q8_0
-    Example: bmoe model synth tiny.gguf --split-max-tensors 16
+    Example: bmoe model synth split.gguf --split-max-tensors 16
     """
     from bmoe.engine.synth import estimate_bytes, preset_config, synth_model
     from bmoe.formats.outputs import check_output

@@ -3,6 +3,7 @@ contract, and its Parquet form."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -35,6 +36,9 @@ def info(
 
     Example: bmoe info run.csv trace.route.csv run.out
     """
+    # a description uses no linear algebra: OpenBLAS's threads would only spend CPU time (set
+    # before numpy loads, for a route trace's columns; a value the user chose is kept)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from bmoe.formats.info import describe
     from bmoe.render.tables import render
 
@@ -134,7 +138,7 @@ def convert(
     Every reader accepts the Parquet file in place of the CSV; --to csv gives the original bytes.
     An output that exists already is left alone unless --force; an input never is overwritten.
 
-    Example: bmoe convert run.csv trace.route.csv --to parquet -o parquet/
+    Example: bmoe convert run.csv trace.route.csv --to parquet -o converted/
     """
     from bmoe.formats.convert import convert_file, output_path
 

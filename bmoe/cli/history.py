@@ -46,7 +46,8 @@ def history_command(
     repeats; --fail-on-regression fails only on such steps.
 
     Example: bmoe history old-sweep/ new-sweep/ --plot trend.png
-    Example (CI): bmoe history bench-data/*-tiny-cache-lanes --fail-on-regression 5%
+    Example: bmoe history bench-data/*-tiny-cache-lanes --fail-on-regression 5%
+    (in CI: exit 1 on a regression)
     """
     from bmoe.analyze import history as hist
     from bmoe.cli.options import check_format, check_plot

@@ -3,17 +3,19 @@ the speed of configurations that were never run."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from rich.text import Text
 
 from bmoe.cli import app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
-from bmoe.render.messages import labelled, literal, note_line, warning_line
+from bmoe.render.messages import labelled, literal, printable, warning_line
 from bmoe.render.outputs import CSV_FORMULAS, FORMAT_HELP
 
 if TYPE_CHECKING:
@@ -146,8 +148,8 @@ def profile_command(
     configuration the runs measured and predicting it from the others (unknown, and the
     intervals the spread's only, with one configuration).
 
-    Example: bmoe profile runs/ -o device.json
-    Example: bmoe profile phone/*.csv --trace gemma.route.csv -o phone.json
+    Example: bmoe profile bench-data/2026-11-29-tiny-cache-lanes -o tiny.json
+    Example: bmoe profile phone/*.csv --trace gemma.route.csv -o gemma.json
     Example: bmoe profile a.csv b.csv --model model.gguf --strict -o device.json
     Example: bmoe profile runs/ --probe local --probe-file model.gguf -o device.json
     """
@@ -244,66 +246,78 @@ def _read_route(path: Path):
 
 
 def _show_profile(profile, fmt: str) -> None:
-    """The profile: its figures, terms, runs and flash table (narrow views in a terminal,
-    everything in JSON/CSV); caveats, absent terms and unsettled terms on stderr."""
+    """The profile, its answer first: what a token costs (the headline), then what to weigh
+    (implausible fits, notes, absent and unsettled terms, grouped), then the terms, the flash
+    table, the runs and the held-out predictions per configuration. JSON and CSV carry
+    every figure, and the caveats go to stderr."""
+    from bmoe.analyze.profile.plausible import implausible_fits
     from bmoe.render.predict import (
         flash_view,
-        held_out_view,
-        model_error_figure,
-        runs_view,
+        held_out_by_config,
+        profile_caveats,
+        profile_headline,
+        profile_notes,
+        runs_by_config,
         terms_view,
     )
 
+    caveats = profile_caveats(profile, implausible_fits(profile))
     if fmt in ("json", "csv"):
         _show(_profile_views(profile), fmt)
-    else:
-        figures = {
-            "mode": profile.mode,
-            "model": profile.model.get("name"),
-            "expert sizes from": profile.model.get("sizes_from") or "unknown: priced per MiB",
-            "moe_layers": len(profile.model["expert_bytes"]) or None,
-            "compute ms/token": profile.compute["token_ms"],
-            "compute from": profile.compute.get("source"),
-            "compute by MiB read/token": ", ".join(
-                f"{p['token_ms']:.3g} ms at {p['read_mib']:.3g}"
-                for p in profile.compute.get("by_read") or []
-            )
-            or "one figure (one read volume)",
-            "flash beyond the table": "; ".join(
-                f"{lanes} lanes: "
-                + ", ".join(
-                    f"{p['excess_ms']:+.3g} ms at {p['read_mib']:.3g} MiB/token"
-                    for p in profile.flash_by_read
-                    if int(p["lanes"]) == lanes
-                )
-                for lanes in sorted({int(p["lanes"]) for p in profile.flash_by_read})
-            )
-            or "the table alone (one read volume per lane count)",
-            "interval coverage": profile.coverage,
-            "model error": model_error_figure(profile),
-            "runs": len(profile.sources),
-            "settled": "yes" if profile.settled else "no",
-            "tracing": profile.tracing.get("how"),
-        }
-        views = {"profile": figures, "terms": terms_view(profile), "runs": runs_view(profile),
-                 "flash": flash_view(profile)}  # fmt: skip
-        held = held_out_view(profile)
-        if len(held):
-            views["held out (each configuration predicted from the others)"] = held
-        _show(views, fmt)
-    for name, term in profile.terms.items():
-        if term.get("note"):
-            err_console.print(labelled(f"{name}:", "cyan", term["note"]), highlight=False)
-    for name, why in profile.absent.items():
-        err_console.print(labelled("absent:", "yellow", f"{name}: {why}"), highlight=False)
-    _print_caveats(profile)
+        _print_caveat_lines([*caveats, *profile_notes(profile)], err_console)
+        return
+    _print_lines(profile_headline(profile), fmt)
+    _print_caveat_lines(caveats, console, fmt)
+    views = {
+        "terms (each a mean per token)": terms_view(profile),
+        "flash (a request wave's latency by read lanes)": flash_view(profile),
+        "runs (per configuration)": runs_by_config(profile),
+    }
+    held = held_out_by_config(profile)
+    if len(held):
+        views["held out (each configuration predicted from the others)"] = held
+    _show(views, fmt)
+    _print_caveat_lines(profile_notes(profile), console, fmt, "notes")
 
 
-def _print_caveats(profile) -> None:
-    for caveat in profile.caveats:
-        err_console.print(labelled("caveat:", "yellow", caveat), highlight=False)
-    for item in profile.unsettled:
-        err_console.print(labelled("unsettled:", "red", item), highlight=False)
+def _print_lines(lines: list[str], fmt: str = "table") -> None:
+    """Headline lines, each wrapped to the console under its own text (``  compute  ...``
+    goes on in line with ``1.45``)."""
+    for line in lines:
+        head = re.match(r"( *\S+(?: \S+)?: | +\S+(?: error)? +)", line)
+        indent = len(head.group(1)) if head and len(head.group(1)) < 20 else 2
+        for part in _wrap(line, console.width, indent):
+            console.print(literal(part), highlight=False)
+    if fmt == "markdown":
+        console.print()
+
+
+def _wrap(text: str, width: int, indent: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(
+        text, width=max(width, 40), subsequent_indent=" " * indent, break_on_hyphens=False
+    ) or [""]
+
+
+def _print_caveat_lines(caveats, target, fmt: str = "table", heading: str = "to weigh") -> None:
+    """(label, text) lines, indented under a heading that counts them (stdout in a table or
+    markdown view, after the answer; stderr with JSON and CSV)."""
+    if not caveats:
+        return
+    styles = {"implausible:": "bold red", "unsettled:": "red", "caveat:": "yellow",
+              "absent:": "yellow"}  # fmt: skip
+    mine = target is console and fmt in ("table", "markdown")
+    if mine:
+        target.print(literal(f"{heading} ({len(caveats)}):"), highlight=False)
+    lead = ("- " if fmt == "markdown" else "  ") if mine else ""
+    for label, text in caveats:
+        parts = _wrap(f"{lead}{label} {printable(text)}", target.width, len(lead) + 2)
+        first = Text(parts[0])
+        first.stylize(styles.get(label, "cyan"), len(lead), len(lead) + len(label))
+        target.print(first, highlight=False)
+        for part in parts[1:]:
+            target.print(literal(part), highlight=False)
 
 
 def _by_distance(profile) -> dict:
@@ -412,8 +426,9 @@ def predict_command(
         None,
         "--grid",
         "-g",
-        help="Configurations: cache_mb=64,128,io_threads=1,4,prefetch=0,1,overlap=0,1 (axes "
-        "may also be given one per --grid). Every combination is predicted.",
+        help="Configurations, an axis a --grid (or several in one: "
+        "cache_mb=64,128,io_threads=1,4): -g cache_mb=64,128 -g io_threads=1,4 -g prefetch=0,1 "
+        "-g overlap=0,1. Every combination is predicted.",
     ),
     policy: str = typer.Option("lru", "--policy", help="Cache policy of the replay."),
     drop: float | None = typer.Option(
@@ -452,7 +467,7 @@ def predict_command(
 
     Example: bmoe predict run.route.csv --profile device.json --grid cache_mb=64,256,1024
     Example: bmoe predict run.route.csv -p device.json -g cache_mb=128,256 -g io_threads=1,4
-    Example: bmoe predict run.route.csv -p device.json --against sweeps/2026-11-29-grid
+    Example: bmoe predict run.route.csv -p device.json --against bench-data/2026-11-29-small-traces
     Example: bmoe predict -p phone.json --against phone/*.csv
     """
     check_format(fmt)
@@ -478,24 +493,23 @@ def predict_command(
     trace = _read_route(trace_path) if trace_path is not None else None
     if trace is None and not against_flag:
         raise BmoeError("give the route trace of a recorded run to predict --grid from")
-    _print_caveats(profile)
-    if trace is not None and trace.recorded_with_dropping:
-        err_console.print(
-            note_line("this trace was recorded with expert dropping on: the prediction reads "
-                      "every expert the router asked for, dropped ones included"),
-            highlight=False,
-        )  # fmt: skip
     from bmoe.analyze.predict import interval_kind
+    from bmoe.analyze.profile.plausible import implausible_fits
     from bmoe.render.predict import (
+        against_headline,
         against_summary,
         against_view,
+        predict_headline,
         predict_views,
+        profile_caveats,
     )
 
+    readable = fmt in ("table", "markdown")
     if against_flag:
         views = _against(trace, profile, measured, policy, drop)
         table = views["cells"]
-        if fmt in ("table", "markdown"):
+        if readable:
+            _print_lines(against_headline(views["summary"]), fmt)
             compared, notes = against_view(table)
             shown = {"measured vs predicted tok/s": compared}
             if notes:
@@ -506,19 +520,21 @@ def predict_command(
     else:
         assert trace is not None and cells is not None  # checked above
         table = prediction.predict(trace, profile, cells, policy=policy, drop=drop)
-        if fmt in ("table", "markdown"):
-            shown = predict_views(table, profile.coverage, interval_kind(profile)[1])
+        if readable:
+            claimed = interval_kind(profile)[1]
+            _print_lines(predict_headline(table, profile.coverage, claimed), fmt)
+            shown = predict_views(table, profile.coverage, claimed)
         else:
             shown = {"predicted": table}
     _show(shown, fmt)
-    if fmt == "table":
-        _interval_notes(profile, table if not against_flag else None)
-    if profile.unsettled and fmt == "table":
-        err_console.print(
-            labelled("unsettled:", "red", f"{profile.path}: {len(profile.unsettled)} term(s) "
-                     "not settled; the intervals above may not hold (--strict refuses)"),
-            highlight=False,
-        )  # fmt: skip
+    # then what to weigh: the intervals, unpriced cells, the profile's own caveats
+    weigh = _interval_notes(profile, table if not against_flag else None)
+    if trace is not None and trace.recorded_with_dropping:
+        weigh.append(("note:", "this trace was recorded with expert dropping on: the "
+                      "prediction reads every expert the router asked for, dropped ones "
+                      "included"))  # fmt: skip
+    weigh += profile_caveats(profile, implausible_fits(profile))
+    _print_caveat_lines(weigh, console if readable else err_console, fmt)
     if csv_out is not None:
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         import pandas as pd
@@ -529,20 +545,20 @@ def predict_command(
         err_console.print(f"wrote {csv_out}", highlight=False)
 
 
-def _interval_notes(profile, table) -> None:
-    """What the intervals are made of, and the cells whose time the profile does not price."""
+def _interval_notes(profile, table) -> list[tuple[str, str]]:
+    """What the intervals are made of, and the cells whose time the profile does not price,
+    as (label, line)."""
     from bmoe.analyze.predict import interval_kind
     from bmoe.render.predict import unpriced_notes
 
     kind, claimed = interval_kind(profile)
+    out = []
     if not claimed:
-        err_console.print(
-            note_line(f"intervals: {kind}; they do not claim {100 * profile.coverage:.0f} % "
-                      "coverage (give the profile runs of two configurations or more)"),
-            highlight=False,
-        )  # fmt: skip
-    for line in unpriced_notes(table) if table is not None else []:
-        err_console.print(labelled("unpriced:", "yellow", line), highlight=False)
+        out.append(("note:", f"intervals: {kind}; they do not claim "
+                    f"{100 * profile.coverage:.0f} % coverage (give the profile runs of two "
+                    "configurations or more)"))  # fmt: skip
+    out += [("unpriced:", line) for line in (unpriced_notes(table) if table is not None else [])]
+    return out
 
 
 def _against(trace, profile, measured: list[Path], policy: str, drop: float | None) -> dict:

@@ -3,20 +3,27 @@ caches, and what cache-aware expert dropping would have saved."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
+
+# A replay uses no linear algebra: the thread pool OpenBLAS starts when numpy loads would
+# only spend CPU time. Set before numpy is imported; a value the user chose is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import typer
 
-from bmoe.analyze import drop as drop_analysis
+from bmoe.analyze import drop as drop_analysis  # imports no pandas: the --fracs default
 from bmoe.analyze import replay as replay_analysis
 from bmoe.cache import POLICIES, REFERENCE_POLICIES
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format, check_plot
 from bmoe.errors import BmoeError
 from bmoe.formats.outputs import check_output
-from bmoe.formats.route import RouteTrace, read_route_trace
+from bmoe.formats.route import RouteColumns, RouteTrace, read_route_columns, read_route_trace
 from bmoe.render.messages import literal, note_line, warning_line
 from bmoe.render.outputs import FORMAT_HELP
 from bmoe.render.tables import render
@@ -40,18 +47,33 @@ def parse_numbers(text: str, option: str) -> list[float]:
 
 def read_trace(path: Path, columns: Iterable[str] | None = None) -> RouteTrace:
     """The trace at `path` (only `columns` of its rows, when given), warnings printed."""
+    return _read(read_route_trace, path, columns)
+
+
+def read_columns(path: Path, columns: Iterable[str] | None = None) -> RouteColumns:
+    """:func:`read_trace` as numpy columns (no pandas for a plain CSV trace)."""
+    return _read(read_route_columns, path, columns)
+
+
+def _read(reader, path: Path, columns: Iterable[str] | None):
     with (
         warnings.catch_warnings(record=True) as caught,
-        err_console.status(literal("reading trace")),
+        _busy(literal("reading trace")),
     ):
         warnings.simplefilter("always")
-        trace = read_route_trace(path, columns)
+        trace = reader(path, columns)
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     return trace
 
 
-def _warn_ids(trace: RouteTrace) -> None:
+def _busy(what):
+    """A spinner on stderr while `what` runs, where stderr is a terminal (elsewhere rich's
+    status shows nothing, and would only start its refresh thread)."""
+    return err_console.status(what) if err_console.is_terminal else contextlib.nullcontext()
+
+
+def _warn_ids(trace: RouteTrace | RouteColumns) -> None:
     """Warn about expert ids at or above the preamble's n_expert (validate calls them errors)."""
     from bmoe.analyze.ids import experts_beyond_declared
 
@@ -79,7 +101,19 @@ DROPPING_NOTE = (
 )
 
 
+Command = TypeVar("Command", bound=Callable[..., None])
+
+
+def _with_policy_list(command: Command) -> Command:
+    """`command` with ``{policies}`` in its docstring (the help) replaced by the registry's
+    policies, one line each: its name and what it evicts."""
+    listed = "".join(f"    - {name}: {cls.summary}\n" for name, cls in POLICIES.items())
+    command.__doc__ = (command.__doc__ or "").replace("    {policies}\n", listed)
+    return command
+
+
 @analyze_app.command("replay")
+@_with_policy_list
 def analyze_replay(
     trace_path: Path = typer.Argument(..., metavar="TRACE", help="A route trace (CSV or Parquet)."),
     budgets: str | None = typer.Option(
@@ -92,7 +126,7 @@ def analyze_replay(
         None,
         "--policies",
         help=f"Policies, comma-separated, from: {', '.join(POLICIES)} (default: "
-        f"{','.join(REFERENCE_POLICIES)}).",
+        f"{', '.join(REFERENCE_POLICIES)}).",
     ),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),
     validate: float | None = typer.Option(
@@ -108,7 +142,8 @@ def analyze_replay(
         None,
         "--csv",
         metavar="OUT",
-        help="Write budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib (the reference CSV).",
+        help="Write the reference CSV: columns budget_mib, policy, hit_pct_cum, "
+        "hit_pct_decode, read_mib.",
     ),
     fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     plot: Path | None = typer.Option(
@@ -150,21 +185,7 @@ def analyze_replay(
     The policies (each evicts, after a batch, until the cache fits its budget; never an expert
     of the current batch):
 
-    - belady: the expert used again furthest in the future (it knows the future: the bound).
-    - lru: the least recently used expert.
-    - lfu: the least often used, counting every lookup since the start (perfect LFU).
-    - random: one at random (--seed).
-    - layer: each layer gets budget / layers and evicts its own least recently used; it keeps
-    its current batch whatever the budget, so below T it holds more than the budget.
-    - layerlfu: layer with the least often used in place of the least recently used.
-    - arc: ARC, recency and frequency lists with ghosts, sizes in bytes.
-    - s3fifo: S3-FIFO, a small FIFO (a tenth of the budget) in front of a main FIFO, with ghosts.
-    - lfuda: LFU with dynamic aging (priority = lookups since admission + the age).
-    - lfu-incache: LFU counting only while an expert is cached.
-    - lfuda-libcachesim: libCacheSim's LFUDA, rule for rule (its hit adds the age).
-    - s3fifo-libcachesim: libCacheSim's S3FIFO, rule for rule (two hits to move to main).
-    - sieve: SIEVE, a FIFO with a visited bit and a hand that passes over visited keys.
-    - clock: CLOCK, a FIFO whose oldest key goes back in once if it was hit (second chance).
+    {policies}
 
     Example: bmoe analyze replay trace.route.csv
     Example: bmoe analyze replay pf.route.csv --budgets 1,2,3,4,6 --validate 3 --metrics pf.csv
@@ -189,12 +210,16 @@ def analyze_replay(
         check_output(csv_out, inputs, force=force)
     if stream:
         views, summary, params = _stream_views(
-            trace_path, budget_list, names, turn, mrc, validate, metrics, seed, jobs
-        )
+            trace_path, budget_list, names, turn, mrc, validate, metrics, seed, jobs,
+            frames=fmt != "table" or plot is not None,
+        )  # fmt: skip
         _show(views, fmt, validate, csv_out, plot, summary, params)
         return
-    trace = read_trace(trace_path, replay_analysis.REPLAY_COLUMNS)
-    _warn_ids(trace)
+    columns = read_columns(trace_path, replay_analysis.REPLAY_COLUMNS)
+    _warn_ids(columns)
+    # the prefetch replay reads the rows again, as a DataFrame
+    trace = columns.to_trace() if prefetch is not None else columns
+    del columns
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(trace, [validate] if validate else [])
     summary, params = _read_summary(metrics, validate)
@@ -226,6 +251,7 @@ def analyze_replay(
             jobs=jobs,
             progress=lambda done, total: bar.update(task, completed=done),
             batches=batches,
+            frames=fmt != "table" or plot is not None,  # the table's text needs no pandas
         )
     _show(views, fmt, validate, csv_out, plot, summary, params)
 
@@ -281,22 +307,22 @@ def _stream_views(
     metrics: Path | None,
     seed: int,
     jobs: int | None,
+    frames: bool = True,
 ):
-    """The replay's views of the file read block by block, and the metrics summary and
-    parameters."""
+    """The replay's views of the file read block by block (numpy columns), and the metrics
+    summary and parameters; the curve and validation as columns without `frames`."""
     from bmoe.analyze.replay_stream import stream_replay
-    from bmoe.formats.route import iter_route_rows, read_route_preamble
+    from bmoe.formats.route import iter_route_columns, read_route_head
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        preamble = read_route_preamble(trace_path)
+        preamble = read_route_head(trace_path)
     if budget_list is None:
         budget_list = replay_analysis.default_budgets(preamble, [validate] if validate else [])
     summary, params = _read_summary(metrics, validate)
-    blocks = iter_route_rows(trace_path, STREAM_BLOCK_ROWS, replay_analysis.REPLAY_COLUMNS)
+    blocks = iter_route_columns(trace_path, STREAM_BLOCK_ROWS, replay_analysis.REPLAY_COLUMNS)
     if turn is not None:
-        blocks = (b[b["turn"] == turn] if "turn" in b else b.iloc[: len(b) * (turn == 0)]
-                  for b in blocks)  # fmt: skip
+        blocks = (_of_turn(b, turn) for b in blocks)
     with (
         warnings.catch_warnings(record=True) as also,
         err_console.status(literal("replaying block by block")),
@@ -305,7 +331,7 @@ def _stream_views(
         try:
             views = stream_replay(
                 preamble, blocks, budget_list, names, mrc=mrc, validate_mib=validate,
-                metrics_summary=summary, seed=seed, jobs=jobs,
+                metrics_summary=summary, seed=seed, jobs=jobs, frames=frames,
             )  # fmt: skip
         except BmoeError as exc:
             if turn is not None and "no routing rows" in str(exc):
@@ -314,6 +340,15 @@ def _stream_views(
     for w in [*caught, *also]:
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     return views, summary, params
+
+
+def _of_turn(block: dict, turn: int) -> dict:
+    """The rows of a block of columns in session turn `turn` (a trace without turns has
+    turn 0 only)."""
+    if "turn" in block:
+        keep = block["turn"] == turn
+        return {c: v[keep] for c, v in block.items()}
+    return {c: v[: len(v) * (turn == 0)] for c, v in block.items()}
 
 
 def _print_replay(views, fmt: str, validate: float | None) -> None:

@@ -123,7 +123,9 @@ def analyze_route(
         "default",
         "--view",
         "-v",
-        help="default (all but matrix), all, or names: " + ",".join(route.VIEWS) + ".",
+        help="default (all but matrix), all, or names: "
+        + ", ".join(route.VIEWS)
+        + " (comma-separated).",
     ),
     phase: str = typer.Option("decode", "--phase", help="decode, prefill or all."),
     turn: int | None = typer.Option(None, "--turn", help="Only this session turn."),

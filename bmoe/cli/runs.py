@@ -202,7 +202,7 @@ def contamination_command(
     rising as n_expert_used falls, major faults per token an order of magnitude above
     comparable cells, entry states that differ, throughput tracking execution order.
 
-    Example: bmoe analyze contamination bench-data/2026-07-21-sweep --format json
+    Example: bmoe analyze contamination bench-data/2026-11-29-tiny-cache-lanes --format json
     """
     check_format(fmt)
     cells = cells_from_paths(paths)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import signal
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 import typer
 from rich.text import Text
@@ -148,9 +149,13 @@ def sweep_command(
 ) -> None:
     """Run an engine across a grid of flags on one or more targets; archive every run.
 
+    Example: bmoe sweep sweeps/tiny-embedded.toml --dry-run
+    (every run, its target and its exact command; nothing runs)
     Example: bmoe sweep sweeps/tiny-embedded.toml
-    Resume after a crash or Ctrl-C: bmoe sweep sweeps/tiny-embedded.toml --resume
-    (or: bmoe sweep bench-data/2026-12-01-tiny-embedded)
+    Example: bmoe sweep sweeps/tiny-embedded.toml --resume
+    (after a crash or Ctrl-C: the complete runs are skipped)
+    Example: bmoe sweep bench-data/2026-12-01-tiny-embedded
+    (the same: resume that folder)
     """
     from bmoe.sweep.archive import CONFIG, find_latest, new_folder
     from bmoe.sweep.config import load_config
@@ -186,16 +191,17 @@ def note(text: str) -> None:
     err_console.print(literal(f"note: {text}"), highlight=False)
 
 
-def with_progress(plain: bool, work: Callable[[ProgressSink], T]) -> T:
-    """`work` under the live display (plain log lines with `plain` or off a terminal), SIGTERM
-    taken as Ctrl-C; an interrupted sweep or tune says the command that resumes it (exit 130)."""
+def with_progress(plain: bool, work: Callable[[ProgressSink], T], log: TextIO | None = None) -> T:
+    """`work` under the live display (plain log lines with `plain` or off a terminal, written
+    to `log`, default stdout), SIGTERM taken as Ctrl-C; an interrupted sweep or tune says the
+    command that resumes it (exit 130)."""
     from bmoe.render.progress import LiveProgress, PlainProgress
     from bmoe.sweep.archive import resume_command
     from bmoe.sweep.lifecycle import SweepInterrupted
 
     _install_sigterm()
     use_plain = plain or not console.is_terminal
-    sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)
+    sink = PlainProgress(log or sys.stdout) if use_plain else LiveProgress(console)
     try:
         with sink:
             return work(sink)
@@ -221,6 +227,7 @@ def _run(cfg, plan, folder: Path | None, root: Path, plain: bool, keep_going: bo
             + f" -> {outcome.root}"
         ),
         highlight=False,
+        soft_wrap=True,  # one line, never broken before the folder (a pipe is 80 wide)
     )
     if failed:
         err_console.print(literal("failed: " + ", ".join(failed)), highlight=False)
@@ -263,10 +270,9 @@ def analyze_sweep_command(
     from bmoe.formats.archive import read_predictions
     from bmoe.render.tables import render
     from bmoe.sweep.archive import find_latest, load_results
-    from bmoe.sweep.config import load_config
 
     if folder.is_file():
-        cfg = load_config(folder)
+        cfg = _config_named(folder)
         latest = find_latest(Path(cfg.settings.output), cfg.settings.name)
         if latest is None:
             raise BmoeError(f"no folder of sweep {cfg.settings.name!r} under {cfg.settings.output}")
@@ -299,6 +305,27 @@ def analyze_sweep_command(
             check_output(plots / "predicted.png", force=force)
             path = save_figure(predicted_vs_measured_plot(compared), plots / "predicted.png")
             err_console.print(literal(f"wrote {path}"), highlight=False)
+
+
+def _config_named(path: Path):
+    """The sweep configuration named in place of its folder; a file that is not one (not
+    TOML, or no [sweep] table) is refused as neither."""
+    from bmoe.sweep.config import config_text, parse_config
+
+    neither = BmoeError(
+        f"{path}: not a sweep folder or configuration (give the folder a sweep wrote, such as "
+        "bench-data/<date>-<name>, or the TOML file with a [sweep] table it ran)"
+    )
+    try:
+        text = config_text(path)
+        doc = tomllib.loads(text)
+    except (BmoeError, tomllib.TOMLDecodeError):
+        raise neither from None
+    except RecursionError:  # nested deeper than the parser descends: the checks say so
+        return parse_config(text, str(path), base_dir=path.resolve().parent)
+    if not isinstance(doc.get("sweep"), dict):
+        raise neither
+    return parse_config(text, str(path), base_dir=path.resolve().parent)
 
 
 def _answer_plots(results, outcome: str, folder: Path, force: bool = False) -> None:

@@ -3,6 +3,7 @@ runs)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -76,8 +77,10 @@ def _run(cfg, root: Path, folder: Path | None, plain: bool) -> None:
     from bmoe.render.tune import tune_report
     from bmoe.sweep.lifecycle import run_tune_folder
 
+    # piped, the log goes to stderr: what stdout carries is the answer, first
+    log = sys.stdout if console.is_terminal else sys.stderr
     outcome = with_progress(plain, lambda sink: run_tune_folder(
-        cfg, output=root, folder=folder, sink=sink, say=note))  # fmt: skip
+        cfg, output=root, folder=folder, sink=sink, say=note), log)  # fmt: skip
     console.print(literal(tune_report(outcome.state)), highlight=False, soft_wrap=True)
     if not outcome.result.get("best"):
         raise typer.Exit(1)

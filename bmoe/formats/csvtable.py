@@ -17,14 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pacsv
 
 from bmoe.formats.errors import FormatError, warn
 from bmoe.formats.inputs import check_room, regular_file
+from bmoe.formats.lazy import lazy_module
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+else:  # imported when a row is parsed by pyarrow
+    pa = lazy_module("pyarrow")
+    pacsv = lazy_module("pyarrow.csv")
 
 BOM = b"\xef\xbb\xbf"
 

@@ -29,9 +29,11 @@ Views = dict[str, "dict[str, Any] | pd.DataFrame"]
 
 def describe(path: PathLike) -> Views:
     """Named groups of figures describing the file at `path`."""
-    from bmoe.formats.quickinfo import describe_small_metrics
+    from bmoe.formats.quickinfo import describe_route_columns, describe_small_metrics
 
     quick = describe_small_metrics(path, _KEY_PARAMS, _KEY_SUMMARY)
+    if quick is None:
+        quick = describe_route_columns(path, _KEY_PARAMS)
     if quick is not None:
         return quick
     return describe_fully(path)

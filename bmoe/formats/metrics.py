@@ -22,46 +22,18 @@ from bmoe.formats import kv
 from bmoe.formats.csvtable import PathLike, frame_or_empty, load_sections, split_sections
 from bmoe.formats.errors import FormatError, warn
 from bmoe.formats.metrics_columns import (
+    FLOAT_COLUMNS,
     INT_COLUMN_BITS,
     ROW_PRECISION,
     SUMMARY_PRECISION,
+    native_columns,
     run_unfinished,
 )
 
-#: v2 column order, as the native engine writes it.
-COLUMNS_V2 = [
-    "step",
-    "steps",
-    "wall_ms",
-    "io_ms",
-    "compute_ms",
-    "read_bytes",
-    "cache_hit_pct",
-    "stall_ms",
-    "mgmt_ms",
-    "majflt",
-    "cpu_ms",
-    "dense_resident_frac",
-    "turn",
-    "majflt_mib",
-    "cache_budget_mib",
-    "rss_mib",
-    "rss_anon_mib",
-    "rss_file_mib",
-    "swap_mib",
-    "mem_available_mib",
-    "mem_free_mib",
-    "swap_free_mib",
-    "loop_overhead_ms",
-    "mtp_batch",
-    "mtp_draft_ms",
-    "drain_ms",
-    "adopt_ms",
-    "ra_issue_ms",
-    "ra_wd_ms",
-]
+#: v2 column order, as the native engine writes it (the column table's native columns).
+COLUMNS_V2 = native_columns(2)
 #: v1 stops after swap_free_mib.
-COLUMNS_V1 = COLUMNS_V2[: COLUMNS_V2.index("swap_free_mib") + 1]
+COLUMNS_V1 = native_columns(1)
 
 INT_COLUMNS: dict[str, pa.DataType] = {
     name: getattr(pa, f"int{bits}")() for name, bits in INT_COLUMN_BITS.items()
@@ -70,7 +42,7 @@ INT_COLUMNS: dict[str, pa.DataType] = {
 #: Arrow types for known columns (metrics files are small: float64 keeps printed digits exact).
 COLUMN_TYPES: dict[str, pa.DataType] = {
     **INT_COLUMNS,
-    **{name: pa.float64() for name in ROW_PRECISION},
+    **{name: pa.float64() for name in FLOAT_COLUMNS},
 }
 
 #: The columns every metrics file has (and detection looks for).

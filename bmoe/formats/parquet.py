@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from bmoe.formats import kv
 from bmoe.formats.errors import FormatError
 from bmoe.formats.inputs import check_room, is_regular_file, regular_file
+from bmoe.formats.lazy import lazy_module
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
+else:  # imported when a Parquet file is read or written (telling one costs nothing)
+    pa = lazy_module("pyarrow")
 
 MAGIC = b"PAR1"
 #: Schema metadata keys (all values are UTF-8 JSON except kind and version).
@@ -306,8 +309,10 @@ def _layers(meta: dict[bytes, bytes], name: str | None) -> pd.DataFrame:
 
 def release_unused() -> None:
     """Hand the memory Arrow's pool holds but no longer uses back to the system. Rows read
-    from Parquet live in that pool: dropping them frees nothing visible until this runs."""
-    pa.default_memory_pool().release_unused()
+    from Parquet live in that pool: dropping them frees nothing visible until this runs
+    (nothing to do where pyarrow was never imported)."""
+    if "pyarrow" in sys.modules:
+        pa.default_memory_pool().release_unused()
 
 
 def _rows(table: pa.Table) -> pd.DataFrame:
@@ -528,6 +533,59 @@ def iter_rows(
         if isinstance(exc, FormatError):
             raise
         raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
+
+
+def iter_columns(
+    source: str | os.PathLike,
+    rows: int,
+    columns: frozenset[str] | None = None,
+    schema: RowSchema | None = None,
+) -> Iterator[dict[str, Any]]:
+    """:func:`iter_rows` as numpy columns (name -> array): each batch's arrays as they are
+    (a view of a primitive column without nulls), no DataFrame built."""
+    import numpy as np
+
+    name = str(source)
+    try:
+        fh = pq_file(name)
+        names = fh.schema_arrow.names
+        _metadata(fh.schema_arrow, name, None)
+        if schema is not None:
+            check_names(names, schema, name)
+        read_parts(fh.schema_arrow.empty_table(), None, name=name, schema=schema)
+        keep = None if columns is None else [c for c in names if c in columns]
+        for batch in fh.iter_batches(batch_size=rows, columns=keep):
+            table = pa.Table.from_batches([batch])
+            if schema is not None:
+                table = conform(table, schema, names, name)
+            block = {}
+            for field_, column in zip(table.schema, table.columns, strict=True):
+                array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+                kind = field_.type
+                if array.null_count == 0 and (
+                    pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                ):
+                    dtype = np.dtype(kind.to_pandas_dtype())
+                    block[field_.name] = np.frombuffer(
+                        array.buffers()[1], dtype=dtype, count=len(array),
+                        offset=array.offset * dtype.itemsize,
+                    )  # fmt: skip
+                else:
+                    block[field_.name] = table.column(field_.name).to_pandas().to_numpy()
+            yield block
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(name, None, f"unreadable Parquet ({str(exc).splitlines()[0]})") from None
+
+
+def pq_file(name: str) -> Any:
+    """The Parquet file at `name` opened for reading batch by batch."""
+    import pyarrow.parquet as pq
+
+    # without pre-buffering: with it, memory grows with the row groups read (~100 MiB over
+    # 100 M rows), without it, it stays that of one batch
+    return pq.ParquetFile(regular_file(name), pre_buffer=False)
 
 
 def parquet_kind(source: Any) -> str | None:

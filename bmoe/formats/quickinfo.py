@@ -1,4 +1,5 @@
-"""``bmoe info`` of a small metrics CSV without pandas or pyarrow.
+"""``bmoe info`` of a small metrics CSV without pandas or pyarrow, and of a route trace's CSV
+through its numpy columns (:func:`describe_route_columns`).
 
 A command that describes one small file should start in a blink; importing pandas and pyarrow
 costs more than reading the file. :func:`describe_small_metrics` reads the preamble, the header,
@@ -18,14 +19,14 @@ from typing import Any
 
 from bmoe.formats import kv
 from bmoe.formats.detect import BOM, PathLike, detect_bytes
-from bmoe.formats.metrics_columns import INT_COLUMN_BITS, ROW_PRECISION, run_unfinished
+from bmoe.formats.metrics_columns import FLOAT_COLUMNS, INT_COLUMN_BITS, run_unfinished
 
 #: Files up to this size take the quick path (bytes); a metrics CSV is ~200 bytes a token.
 QUICK_LIMIT = 1 << 20
 
 #: The columns the metrics reader types: integer ones and float ones.
 _INT_COLUMNS = frozenset(INT_COLUMN_BITS)
-_FLOAT_COLUMNS = frozenset(ROW_PRECISION)
+_FLOAT_COLUMNS = frozenset(FLOAT_COLUMNS)
 #: ``# summary`` keys typed float even when spelled like an integer (``metrics.SUMMARY_PRECISION``
 #: among the keys ``bmoe info`` shows).
 _SUMMARY_FLOATS = frozenset(
@@ -52,6 +53,41 @@ def describe_small_metrics(
         return _describe(str(path), data, key_params, key_summary)
     except (_NotQuick, OSError, UnicodeDecodeError):
         return None
+
+
+def describe_route_columns(
+    path: PathLike, key_params: tuple[str, ...]
+) -> dict[str, dict[str, Any]] | None:
+    """The ``file`` and ``parameters`` views (and ``warnings``) of a route trace's CSV, read
+    as numpy columns (:func:`~bmoe.formats.route.read_route_columns`: no pandas for a plain
+    trace, the same rows and warnings as the full reader); None for anything else (Parquet,
+    other formats)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+    except OSError:
+        return None
+    if detect_bytes(head) != "route":
+        return None
+    import numpy as np
+
+    from bmoe.formats.route import read_route_columns
+
+    trace = read_route_columns(path)
+    step = trace.column("step")
+    rows = trace.n_rows
+    view: dict[str, Any] = {"file": str(path)}
+    view.update(format="route_trace", version=trace.version, rows=rows)
+    view["steps"] = len(np.unique(step)) if step is not None and rows else 0
+    view["layers with sizes"] = len(trace.expert_bytes())
+    view["recorded with dropping"] = trace.recorded_with_dropping
+    views = {"file": view, "parameters": {k: trace.meta[k] for k in key_params if k in trace.meta}}
+    if trace.warnings:
+        views["warnings"] = {f"warning {i + 1}": w for i, w in enumerate(trace.warnings)}
+    return views
 
 
 def _read_small(path: PathLike) -> bytes | None:

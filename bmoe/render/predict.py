@@ -9,7 +9,8 @@ a pipe. The full tables (every column) are what JSON and CSV carry.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -18,6 +19,20 @@ from bmoe.analyze.predict.interval import DOUBLE, MIN_INSIDE, error_at_distance
 
 #: Digits per column of the narrow views.
 VIEW_DIGITS = {
+    "steady tok/s": 2,
+    "compute ms": 1,
+    "flash ms": 1,
+    "mgmt ms": 1,
+    "MiB/token": 2,
+    "MiB read/token": 3,
+    "misses/token": 1,
+    "prefetched/token": 1,
+    "measured tok/s": 2,
+    "predicted tok/s": 2,
+    "latency ms": 3,
+    "overhead ms": 3,
+    "tok/s (mean)": 2,
+    "compute/cpu": 2,
     "tok/s": 2,
     "low": 2,
     "high": 2,
@@ -63,7 +78,8 @@ def _text(value: Any) -> str | None:
 
 def cell_label(row: Mapping[str, Any]) -> str:
     """A short label of a configuration: ``<cache>M <lanes>L`` then ``p<k>`` with prefetch,
-    ``ov`` under overlap and the policy when it is not LRU (``64M 4L p1 ov``)."""
+    ``d<F>`` with dropping, ``ov`` under overlap and the policy when it is not LRU
+    (``64M 4L p1 ov``)."""
     cache = _number(row.get("cache_mb"))
     parts = [f"{cache:g}M" if cache is not None else "?M"]
     lanes = _number(row.get("io_threads"))
@@ -71,12 +87,87 @@ def cell_label(row: Mapping[str, Any]) -> str:
     prefetch = _number(row.get("prefetch"))
     if prefetch:
         parts.append(f"p{int(prefetch)}")
+    drop = _number(row.get("drop_cold_experts"))
+    if drop:
+        parts.append(f"d{drop:g}")
     if _number(row.get("overlap")):
         parts.append("ov")
     policy = row.get("policy")
     if isinstance(policy, str) and policy and policy != "lru":
         parts.append(policy)
     return " ".join(parts)
+
+
+#: A cell folder's content hash (``cache_mb-4_io_threads-2-29ab4f81``), left out of its name.
+_CELL_HASH = re.compile(r"-[0-9a-f]{8}$")
+#: A number standing as a word (not a digit inside a name such as ``cache_mb-8_io``).
+#: A ratio (``1.46x``) counts as a number too.
+_NUMBER = re.compile(r"(?<![\w.])(?<!\w[-+])[-+]?\d+(?:\.\d+)?(?=x\b|(?!\w|\.\d|-\w))")
+#: Runs a grouped caveat names before it counts the rest.
+NAMED_RUNS = 2
+
+
+def run_name(name: str) -> str:
+    """A run as a reader knows it: a sweep's run by its cell and repeat
+    (``cache_mb-4_io_threads-2/r3``, the folder's hash left out), a loose file by its stem
+    (``gemma``; ``runs/run`` when the stem alone says nothing)."""
+    parts = name.replace("\\", "/").split("/")
+    if len(parts) >= 4 and parts[-4] == "cells":
+        return f"{_CELL_HASH.sub('', parts[-3])}/{parts[-2]}"
+    stem = parts[-1].split(".", 1)[0] if "." in parts[-1] else parts[-1]
+    if stem == "run" and len(parts) >= 2:
+        return f"{parts[-2]}/{stem}"
+    return stem
+
+
+def caveat_lines(texts: Sequence[str], names: Sequence[str]) -> list[str]:
+    """`texts` (caveats, notes) with every run of `names` named by :func:`run_name`, and the
+    per-run ones said once: pieces that start with a run's name (``<run>: why``; a text may
+    join several with ``; ``) and read alike but for their numbers become one line, the
+    numbers that differ as a range, with how many runs it stands for and the first of
+    them. Order of first appearance; exact repeats drop."""
+    short = {n: run_name(n) for n in names if n}
+    pattern = (
+        re.compile("|".join(re.escape(n) for n in sorted(short, key=len, reverse=True)))
+        if short
+        else None
+    )
+    groups: dict[str, list[tuple[str, str | None]]] = {}
+    for text in texts:
+        marked = pattern.sub(lambda m: f"\x01{short[m.group()]}\x02", text) if pattern else text
+        for piece in re.split(r"; (?=\x01)", marked):
+            lead = re.match(r"\x01([^\x02]*)\x02: ", piece)
+            run = lead.group(1) if lead else None
+            body = (piece[lead.end() :] if lead else piece).replace("\x01", "").replace("\x02", "")
+            key = _NUMBER.sub("#", body) if run else f"\x00{body}"
+            if (body, run) not in groups.get(key, []):
+                groups.setdefault(key, []).append((body, run))
+    out = []
+    for group in groups.values():
+        body, run = group[0]
+        if run is None:
+            out.append(body)
+        elif len(group) == 1:
+            out.append(f"{run}: {body}")
+        else:
+            out.append(f"{_spans([b for b, _ in group])} ({_runs_named([r for _, r in group])})")
+    return out
+
+
+def _spans(bodies: Sequence[str]) -> str:
+    """The first of `bodies` (alike but for their numbers) with each number that differs
+    among them given as its range."""
+    columns = zip(*(_NUMBER.findall(b) for b in bodies), strict=True)
+    spans = iter(
+        v[0] if len(set(v)) == 1 else f"{min(v, key=float)}-{max(v, key=float)}" for v in columns
+    )
+    return _NUMBER.sub(lambda _m: next(spans), bodies[0])
+
+
+def _runs_named(runs: Sequence[str | None]) -> str:
+    named = [r for r in dict.fromkeys(runs) if r]
+    shown = ", ".join(named[:NAMED_RUNS]) + (", ..." if len(named) > NAMED_RUNS else "")
+    return f"{len(named)} runs: {shown}"
 
 
 def _labels(table: pd.DataFrame) -> list[str]:
@@ -92,10 +183,10 @@ def speed_view(table: pd.DataFrame) -> pd.DataFrame:
             "tok/s": table["tok_s"].to_numpy(),
             "low": table["tok_s_low"].to_numpy(),
             "high": table["tok_s_high"].to_numpy(),
-            "steady": table["steady_tok_s"].to_numpy(),
-            "compute": table["compute_ms"].to_numpy(),
-            "flash": table["flash_ms"].to_numpy(),
-            "mgmt": table["mgmt_ms"].to_numpy(),
+            "steady tok/s": table["steady_tok_s"].to_numpy(),
+            "compute ms": table["compute_ms"].to_numpy(),
+            "flash ms": table["flash_ms"].to_numpy(),
+            "mgmt ms": table["mgmt_ms"].to_numpy(),
         }
     )
 
@@ -106,11 +197,11 @@ def cache_view(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "cell": _labels(table),
-            "MiB/tok": table["mib_per_token"].to_numpy(),
+            "MiB/token": table["mib_per_token"].to_numpy(),
             "hit %": table["hit_pct"].to_numpy(),
             "decode hit %": table["hit_pct_decode"].to_numpy(),
-            "misses": table["misses_per_token"].to_numpy(),
-            "prefetch": table["prefetched_per_token"].to_numpy(),
+            "misses/token": table["misses_per_token"].to_numpy(),
+            "prefetched/token": table["prefetched_per_token"].to_numpy(),
         }
     )
 
@@ -123,9 +214,43 @@ def predict_views(
     spread only and the heading says so."""
     interval = f"{100 * coverage:.0f} % interval" if claimed else "spread-only interval"
     return {
-        f"speed (tok/s, {interval} low-high; ms per token)": speed_view(table),
+        f"speed (tok/s with its {interval}; a token's ms by part)": speed_view(table),
         "cache (replayed)": cache_view(table),
     }
+
+
+def predict_headline(table: pd.DataFrame, coverage: float, claimed: bool = True) -> list[str]:
+    """The answer of a prediction in two lines: the configuration predicted fastest (of
+    those the profile prices) with its interval, reads and hit rate; how many configurations
+    its interval cannot tell it from, and the slowest."""
+    speed = pd.to_numeric(table["tok_s"], errors="coerce")
+    priced = speed.notna()
+    if "unpriced" in table:
+        priced &= table["unpriced"].map(_text).isna()
+    if not priced.any():
+        return ["no configuration could be priced by this profile (see the notes below)"]
+    best = table.loc[speed[priced].idxmax()]
+    worst = table.loc[speed[priced].idxmin()]
+    interval = f"{100 * coverage:.0f} % interval" if claimed else "spread only"
+    low, high = _number(best.get("tok_s_low")), _number(best.get("tok_s_high"))
+    span = f" ({interval} {low:.2f}-{high:.2f})" if low is not None and high is not None else ""
+    lines = [
+        f"best predicted: {cell_label(best)}: {float(best['tok_s']):.2f} tok/s{span}, "
+        f"{float(best['mib_per_token']):.3g} MiB/token, hit {float(best['hit_pct']):.1f} %"
+    ]
+    if low is not None:
+        highs = pd.to_numeric(table.loc[priced, "tok_s_high"], errors="coerce")
+        near = int((highs >= low).sum()) - 1
+        if near > 0:
+            lines.append(
+                f"  {near} other configuration(s) reach its interval: not told apart from it"
+            )
+    if priced.sum() > 1:
+        lines.append(
+            f"  of {int(priced.sum())} configurations priced; the slowest: {cell_label(worst)} "
+            f"at {float(worst['tok_s']):.2f} tok/s"
+        )
+    return lines
 
 
 def unpriced_notes(table: pd.DataFrame) -> list[str]:
@@ -212,8 +337,10 @@ def against_view(cells: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
         marks.append(key)
     view = pd.DataFrame({"config": _labels(cells)})
     if "file" in cells:
-        stems = cells["cell"].astype(str)
-        view.insert(0, "file", [c if len(c) <= 14 else c[:13] + "~" for c in stems])
+        names = [run_name(str(f)) for f in cells["file"]]
+        if all("/" in n for n in names):  # runs of a sweep: the config says the cell
+            names = [n.rsplit("/", 1)[1] for n in names]
+        view.insert(0, "run", [n if len(n) <= 14 else n[:13] + "~" for n in names])
     view["meas."] = cells["tok_s"].to_numpy()
     view["pred."] = cells["tok_s_predicted"].to_numpy()
     view["err %"] = cells["tok_s_error_pct"].to_numpy()
@@ -228,6 +355,35 @@ def left_out(row: Mapping[str, Any]) -> str | None:
     return (
         _text(row.get("comparable")) or _text(row.get("measurement")) or _text(row.get("unpriced"))
     )
+
+
+def against_headline(summary: Mapping[str, Any]) -> list[str]:
+    """The answer of a comparison first: how many cells, the median error over the firm
+    ones (and over all predicted), and how many the interval held against its claim."""
+    cells, compared = summary.get("cells", 0), summary.get("compared", 0)
+    head = f"against {cells} measured cells: "
+    error = _number(summary.get("median_abs_tok_s_error_pct"))
+    every = _number(summary.get("median_abs_tok_s_error_pct_all"))
+    if not compared:
+        return [
+            head + "no firm cell to compare (each is left out of the headline: the notes say "
+            "why)" + (f"; median |error| {every:.1f} % over all predicted" if every else "")
+        ]
+    lines = [
+        head
+        + (f"median |error| {error:.1f} % over the {compared} firm" if error is not None else "")
+        + (f" ({every:.1f} % over all predicted)" if every is not None else "")
+    ]
+    if summary.get("coverage_claimed", True):
+        stated = summary.get("coverage_stated_pct")
+        inside = f"  {summary.get('inside_interval', 0)} of {compared} inside the " + (
+            f"{stated:.0f} % interval" if stated is not None else "interval"
+        )
+        check = summary.get("coverage_check")
+        lines.append(inside + (f"; {check}" if check else ""))
+    else:
+        lines.append("  the intervals are the spread's only: they claim no coverage")
+    return lines
 
 
 def against_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -266,6 +422,7 @@ def terms_view(profile: Any) -> pd.DataFrame:
             {
                 "term": name,
                 "value": term.get("value"),
+                "unit": TERM_UNITS.get(name, ""),
                 "spread %": 100.0 * (term.get("sd_rel") or 0.0),
                 "se %": term.get("se_pct"),
                 "settled": bool(term.get("settled", True)),
@@ -274,10 +431,107 @@ def terms_view(profile: Any) -> pd.DataFrame:
         )
     for name in profile.absent:
         rows.append(
-            {"term": name, "value": None, "spread %": None, "se %": None, "settled": None,
-             "runs": 0}
+            {"term": name, "value": None, "unit": TERM_UNITS.get(name, ""), "spread %": None,
+             "se %": None, "settled": None, "runs": 0}
         )  # fmt: skip
-    return pd.DataFrame(rows, columns=["term", "value", "spread %", "se %", "settled", "runs"])
+    columns = ["term", "value", "unit", "spread %", "se %", "settled", "runs"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+#: What each profile term's value is a mean of (a token's time unless said otherwise).
+TERM_UNITS = {
+    "compute": "ms/token",
+    "flash": "ms/token",
+    "mgmt": "ms/token",
+    "stall": "ms/token",
+    "memory": "faults/token",
+    "expert_share": "of compute",
+}
+
+
+def _lanes(n: int) -> str:
+    return f"{n} lane{'s' if n != 1 else ''}"
+
+
+def profile_headline(profile: Any) -> list[str]:
+    """What a profile says a token costs, first: how many runs of which model, whether it is
+    settled, then compute, flash by lane count, management, memory, stall and prefill per
+    token, the model's own error and the intervals' coverage."""
+    terms = profile.terms
+    unsettled = [n for n, t in terms.items() if not t.get("settled", True)]
+    status = "settled" if profile.settled else (
+        f"not settled ({', '.join(unsettled)}; below)" if unsettled else "not settled (below)"
+    )  # fmt: skip
+    model = profile.model.get("name") or "an unnamed model"
+    lines = [f"profile: {len(profile.sources)} runs of {model}, {profile.mode}: {status}"]
+    compute = profile.compute
+    if "compute" in terms:
+        by_read = compute.get("by_read") or []
+        detail = ", ".join(f"{p['token_ms']:.3g} ms at {p['read_mib']:.3g}" for p in by_read)
+        lines.append(
+            f"  compute  {compute['token_ms']:.3g} ms/token"
+            + (f" (by MiB read a token: {detail})" if detail else "")
+        )
+    flash = profile.flash
+    if flash is not None and len(flash):
+        rows = flash.sort_values("lanes").to_dict("records")
+        rates = ", ".join(f"{r['mib_s']:,.0f} MiB/s at {_lanes(int(r['lanes']))}" for r in rows)
+        sources = sorted({str(r["source"]) for r in rows if isinstance(r.get("source"), str)})
+        lines.append(f"  flash    {rates}" + (f" (from {', '.join(sources)})" if sources else ""))
+    if "mgmt" in terms:
+        lines.append(
+            f"  mgmt     {profile.mgmt['token_ms']:.3g} ms/token + "
+            f"{profile.mgmt['per_admit_ms']:.3g} ms a read admitted"
+        )
+    if "memory" in terms and profile.memory:
+        lines.append(f"  memory   {profile.memory.get('ms_per_fault', 0.0):.3g} ms a major fault")
+    overlap = profile.overlap or {}
+    if "stall" in terms and overlap:
+        lines.append(
+            f"  stall    {overlap.get('stall_ms', 0.0):.3g} ms/token + "
+            f"{overlap.get('stall_ms_per_miss', 0.0):.3g} ms a read missed (--overlap)"
+        )
+    prefill = profile.prefill or {}
+    if prefill.get("tok_s"):
+        lines.append(f"  prefill  {prefill['tok_s']:.4g} tok/s")
+    lines.append(f"  model error  {model_error_figure(profile)}")
+    lines.append(f"  intervals    {100 * profile.coverage:.0f} % coverage stated")
+    return lines
+
+
+#: Terms whose note only restates the fit the headline gives.
+RESTATED = ("mgmt", "stall")
+
+
+def profile_caveats(profile: Any, flags: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """What a reader should weigh before trusting the profile, as (label, line), grouped
+    (:func:`caveat_lines`): implausible fits (`flags`), caveats, unsettled and absent
+    terms."""
+    names = _run_names(profile)
+    out: list[tuple[str, str]] = [("implausible:", f) for f in flags]
+    out += [("caveat:", line) for line in caveat_lines(list(profile.caveats), names)]
+    out += [("unsettled:", line) for line in caveat_lines(list(profile.unsettled), names)]
+    out += [("absent:", f"{name}: {why}") for name, why in profile.absent.items()]
+    return out
+
+
+def profile_notes(profile: Any) -> list[tuple[str, str]]:
+    """How the profile's figures were made, as (label, line): the terms' notes (but those the
+    headline restates), where the expert sizes came from, how traced runs were used."""
+    names = _run_names(profile)
+    out: list[tuple[str, str]] = []
+    for name, term in profile.terms.items():
+        if term.get("note") and name not in RESTATED:
+            out += [(f"{name}:", line) for line in caveat_lines([term["note"]], names)]
+    sizes = profile.model.get("sizes_from") or "unknown: priced per MiB"
+    out += [("sizes:", line) for line in caveat_lines([f"expert sizes from {sizes}"], names)]
+    if profile.tracing.get("how"):
+        out.append(("tracing:", str(profile.tracing["how"])))
+    return out
+
+
+def _run_names(profile: Any) -> list[str]:
+    return [str(r.get("name")) for r in profile.runs] + list(profile.sources)
 
 
 def run_label(name: str) -> str:
@@ -291,6 +545,58 @@ def run_label(name: str) -> str:
     else:
         text = parts[-1].rsplit(".", 1)[0]
     return text if len(text) <= 14 else text[:13] + "~"
+
+
+def runs_by_config(profile: Any) -> pd.DataFrame:
+    """Per configuration the profile's runs measured: how many runs, their mean tok/s, CPU
+    share, off-CPU share and compute over CPU time, and how many were traced, starved of a
+    core or contended (the run-by-run figures are in the JSON)."""
+    runs = runs_view(profile)
+    if runs.empty:
+        return runs
+    grouped = runs.groupby("config", sort=False)
+    return pd.DataFrame(
+        {
+            "config": list(grouped.groups),
+            "runs": grouped.size().to_numpy(),
+            "tok/s (mean)": grouped["tok/s"].mean().to_numpy(),
+            "cpu %": grouped["cpu %"].mean().to_numpy(),
+            "off-CPU %": grouped["off-CPU %"].mean().to_numpy(),
+            "compute/cpu": grouped["compute/cpu"].mean().to_numpy(),
+            "traced": grouped["traced"].sum().astype(int).to_numpy(),
+            "contended": grouped["contended"].sum().astype(int).to_numpy(),
+        }
+    )
+
+
+def held_out_by_config(profile: Any) -> pd.DataFrame:
+    """:func:`held_out_view` per configuration: its runs, their mean measured tok/s, the
+    prediction from the other configurations, the error of the mean, the stated spread, the
+    MiB read a token and the distance (or why it could not be predicted)."""
+    held = held_out_view(profile)
+    if held.empty:
+        return held
+    held = held.assign(config=held["config"].fillna("?"))
+    grouped = held.groupby("config", sort=False)
+    measured = grouped["measured"].mean()
+    predicted = grouped["predicted"].mean()
+    out = pd.DataFrame(
+        {
+            "config": list(grouped.groups),
+            "runs": grouped.size().to_numpy(),
+            "measured tok/s": measured.to_numpy(),
+            "predicted tok/s": predicted.to_numpy(),
+            "error %": (100.0 * (predicted / measured - 1.0)).to_numpy(),
+            "spread %": grouped["spread %"].mean().to_numpy(),
+            "MiB read/token": grouped["MiB/token"].mean().to_numpy(),
+        }
+    )
+    if "distance" in held:
+        out["distance"] = grouped["distance"].mean().to_numpy()
+    why = grouped["why not"].agg(lambda v: next((x for x in v if _text(x)), None))
+    if why.notna().any():
+        out["why not"] = why.to_numpy()
+    return out
 
 
 def runs_view(profile: Any) -> pd.DataFrame:
@@ -316,15 +622,15 @@ def runs_view(profile: Any) -> pd.DataFrame:
 
 
 def flash_view(profile: Any) -> pd.DataFrame:
-    """The flash table in short columns: lanes, latency per request wave (ms), the per-batch
-    overhead (ms), throughput (MiB/s)."""
+    """The flash table in short columns: lanes, the request size (KiB), latency per request
+    wave (ms), the per-batch overhead (ms), throughput (MiB/s), what it was measured from."""
     f = profile.flash
     return pd.DataFrame(
         {
             "lanes": f["lanes"].to_numpy(),
             "req KiB": (f["req_bytes"] / 1024).round(0).astype(int).to_numpy(),
-            "latency": f["latency_ms"].to_numpy(),
-            "overhead": f["batch_overhead_ms"].to_numpy(),
+            "latency ms": f["latency_ms"].to_numpy(),
+            "overhead ms": f["batch_overhead_ms"].to_numpy(),
             "MiB/s": f["mib_s"].to_numpy(),
             "from": f["source"].to_numpy() if "source" in f else None,
         }
@@ -332,17 +638,27 @@ def flash_view(profile: Any) -> pd.DataFrame:
 
 
 __all__ = [
+    "TERM_UNITS",
     "VIEW_DIGITS",
+    "against_headline",
     "against_summary",
     "against_view",
     "cache_view",
+    "caveat_lines",
     "cell_label",
     "flash_view",
+    "held_out_by_config",
     "held_out_view",
     "left_out",
     "model_error_figure",
+    "predict_headline",
     "predict_views",
+    "profile_caveats",
+    "profile_headline",
+    "profile_notes",
     "run_label",
+    "run_name",
+    "runs_by_config",
     "runs_view",
     "speed_view",
     "terms_view",

@@ -1,13 +1,20 @@
 """Replay and drop replay as text: the reference's header lines, its budget x policy table,
-the reference CSV, and display precision for everything else."""
+the reference CSV, and display precision for everything else.
+
+The curve and the validation table come as DataFrames or as columns (name -> values, what
+:func:`bmoe.analyze.replay.replay` gives with ``frames=False``): the text needs no pandas."""
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+from bmoe.cache.policies import POLICIES
 
 #: Display precision per column (the DataFrames keep full precision).
 DIGITS = {
@@ -44,18 +51,36 @@ def t_text(t_mib: float) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-#: Policies that keep each layer's current batch whatever the budget.
-BATCH_HOLDERS = ("layer", "layerlfu")
+#: Policies that keep each layer's current batch whatever the budget: the per-layer ones.
+BATCH_HOLDERS = tuple(name for name, cls in POLICIES.items() if cls.per_layer)
 
 
-def budget_notes(curve: pd.DataFrame, t_mib: float | None) -> list[str]:
+def table_rows(table: pd.DataFrame | Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a DataFrame or of columns (name -> values), as dicts."""
+    if hasattr(table, "to_dict") and not isinstance(table, Mapping):
+        return table.to_dict("records")
+    names = list(table)
+    return [dict(zip(names, values, strict=True)) for values in zip(*table.values(), strict=True)]
+
+
+def _pivot(rows: list[dict[str, Any]], value: str) -> dict[float, dict[str, Any]]:
+    """budget -> policy -> `value`, budgets ascending."""
+    table: dict[float, dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: r["budget_mib"]):
+        table.setdefault(row["budget_mib"], {})[row["policy"]] = row[value]
+    return table
+
+
+def budget_notes(curve: pd.DataFrame | Mapping[str, Any], t_mib: float | None) -> list[str]:
     """What a reader must know to compare the policies at the budgets of `curve`: below T,
     ``layer`` and ``layerlfu`` hold more than the budget (each layer keeps its current
     batch: T in all), which is how they can beat ``belady`` there."""
     if t_mib is None or not t_mib > 0:
         return []
-    holders = [p for p in BATCH_HOLDERS if p in set(curve["policy"])]
-    below = sorted(b for b in set(curve["budget_mib"]) if b < t_mib)
+    rows = table_rows(curve)
+    policies = {r["policy"] for r in rows}
+    holders = [p for p in BATCH_HOLDERS if p in policies]
+    below = sorted({r["budget_mib"] for r in rows if r["budget_mib"] < t_mib})
     if not holders or not below:
         return []
     names = " and ".join(holders)
@@ -64,9 +89,9 @@ def budget_notes(curve: pd.DataFrame, t_mib: float | None) -> list[str]:
         f"{names} keep each layer's current batch whatever the budget: at {budgets} MiB "
         f"(below T = {t_text(t_mib)} MiB) they hold at least T, more than the budget"
     )
-    if "belady" in set(curve["policy"]):
-        pivot = curve.pivot(index="budget_mib", columns="policy", values="hit_pct_decode")
-        beat = [b for b in below if any(pivot.loc[b, p] > pivot.loc[b, "belady"] for p in holders)]
+    if "belady" in policies:
+        pivot = _pivot(rows, "hit_pct_decode")
+        beat = [b for b in below if any(pivot[b][p] > pivot[b]["belady"] for p in holders)]
         if beat:
             note += f", which is how they beat belady at {_listed(fmt_mib(b) for b in beat)} MiB"
     return [note]
@@ -96,27 +121,32 @@ def shape_lines(shape: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def validation_lines(validation: pd.DataFrame, budget_mib: float) -> list[str]:
-    lru = validation.iloc[0]
+def validation_lines(validation: pd.DataFrame | Mapping[str, Any], budget_mib: float) -> list[str]:
+    rows = table_rows(validation)
+    lru = rows[0]
     lines = [
         f"validation @ {fmt_mib(budget_mib)} MiB: LRU replay = {lru['hit_pct_cum']:.1f}% "
         f"cumulative ({lru['hit_pct_decode']:.1f}% decode-only)"
     ]
-    for row in validation.iloc[1:].itertuples(index=False):
-        decode = "" if pd.isna(row.hit_pct_decode) else f" ({row.hit_pct_decode:.1f}% decode-only)"
-        lines.append(f"  recorded, {row.source}: {row.hit_pct_cum:.1f}% cumulative{decode}")
-    if len(validation) == 1:
+    for row in rows[1:]:
+        dec = row["hit_pct_decode"]
+        decode = "" if dec is None or dec != dec else f" ({dec:.1f}% decode-only)"
+        lines.append(f"  recorded, {row['source']}: {row['hit_pct_cum']:.1f}% cumulative{decode}")
+    if len(rows) == 1:
         lines.append("compare against cache_hit_pct in the run's .metrics summary (--metrics)")
     return lines
 
 
-def curve_table_text(curve: pd.DataFrame, t_mib: float | None = None, width: int = 80) -> str:
+def curve_table_text(
+    curve: pd.DataFrame | Mapping[str, Any], t_mib: float | None = None, width: int = 80
+) -> str:
     """The reference's table: budgets down, policies across, decode-only hit % (1 decimal),
     with a rule where the budgets cross T (one token cycle), and the notes of
     :func:`budget_notes` wrapped to `width`. Policies that do not fit `width` go on to a
     second table (and a third ...) with the budgets again."""
-    policies = list(dict.fromkeys(curve["policy"]))
-    pivot = curve.pivot(index="budget_mib", columns="policy", values="hit_pct_decode")
+    rows = table_rows(curve)
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    pivot = _pivot(rows, "hit_pct_decode")
     cols = {p: max(10, len(p) + 2) for p in policies}
     groups: list[list[str]] = [[]]
     for p in policies:
@@ -130,7 +160,7 @@ def curve_table_text(curve: pd.DataFrame, t_mib: float | None = None, width: int
         head1 = "budget  " + "".join(f"{p:>{cols[p]}}" for p in group)
         lines += [head1, "(MiB)   " + "".join(f"{'hit%':>{cols[p]}}" for p in group)]
         below = False
-        for budget, row in pivot.iterrows():
+        for budget, row in pivot.items():
             if t_mib is not None and below and budget >= t_mib:
                 lines.append(f"{'-- T = ' + t_text(t_mib) + ' MiB --':-<{len(head1)}}")
             below = t_mib is not None and budget < t_mib
@@ -175,14 +205,14 @@ def prefetch_display(prefetch: pd.DataFrame) -> pd.DataFrame:
     return prefetch[list(PREFETCH_COLUMNS)].rename(columns=PREFETCH_COLUMNS)
 
 
-def curve_csv(curve: pd.DataFrame) -> str:
+def curve_csv(curve: pd.DataFrame | Mapping[str, Any]) -> str:
     """The reference CSV: budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib with its
     precision (3 decimals for hit %, 1 for MiB)."""
     lines = ["budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib"]
-    for row in curve.itertuples(index=False):
+    for row in table_rows(curve):
         lines.append(
-            f"{fmt_mib(row.budget_mib)},{row.policy},{row.hit_pct_cum:.3f},"
-            f"{row.hit_pct_decode:.3f},{row.read_mib:.1f}"
+            f"{fmt_mib(row['budget_mib'])},{row['policy']},{row['hit_pct_cum']:.3f},"
+            f"{row['hit_pct_decode']:.3f},{row['read_mib']:.1f}"
         )
     return "\n".join(lines) + "\n"
 

@@ -361,6 +361,50 @@ def _coloured(experts: Any, hits: Any) -> str:
 # ----------------------------------------------------------------------------- run
 
 
+def run_headline(
+    summary: Mapping[str, Any], attribution: pd.DataFrame, params: Mapping[str, Any]
+) -> str:
+    """A run's answer in a sentence: its decode rate (the steady state's where it has one),
+    the time to its first token, what the cache did, and where a token's wall time went."""
+
+    def num(key: str) -> float | None:
+        value = summary.get(key)
+        try:
+            v = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+        return v if np.isfinite(v) else None
+
+    parts = []
+    rate, median = num("tok_s_mean"), num("tok_s_median")
+    if rate is not None:
+        text = f"{int(num('tokens') or 0)} tokens at {rate:.2f} tok/s"
+        steady = num("steady_tok_s_mean")
+        text += f" ({steady:.2f} in the steady state)" if steady is not None else (
+            f" (median {median:.2f})" if median is not None else ""
+        )  # fmt: skip
+        parts.append(text)
+    if num("ttft_s") is not None:
+        parts.append(f"first token after {num('ttft_s'):.2f} s")
+    hit, read = num("cache_hit_pct"), num("read_mib_per_token")
+    if hit is not None:
+        budget = params.get("cache_mb")
+        at = f" at {budget} MiB" if budget not in (None, "") else ""
+        parts.append(f"cache hit {hit:.1f} %{at}" + (
+            f", {read:.3g} MiB read a token" if read is not None else ""
+        ))  # fmt: skip
+    if len(attribution) and "pct_of_wall" in attribution:
+        inside = attribution[attribution["in_wall"].astype(object).eq(True)]
+        shares = ", ".join(
+            f"{row.component} {float(row.pct_of_wall):.0f} %"
+            for row in inside.itertuples()
+            if pd.notna(row.pct_of_wall) and float(row.pct_of_wall) >= 0.5
+        )
+        if shares:
+            parts.append(f"a token's wall time: {shares}")
+    return "; ".join(parts) + "." if parts else "no decoded tokens to measure"
+
+
 def run_sections(
     report: Report,
     run,
@@ -370,11 +414,13 @@ def run_sections(
     traces: Mapping[str, Any] | None = None,
     output=None,
     record: Mapping[str, Any] | None = None,
+    lead: bool = False,
 ) -> None:
-    """A run: parameters, summary tables, stall attribution (table and plot), caveats, the
-    end-of-run lines, then a section per trace recorded with it."""
-    from bmoe.analyze.compare import run_concerns
-    from bmoe.analyze.metrics import summarize_runs, summary_tables
+    """A run: its answer (:func:`run_headline`) and caveats (before the page's contents with
+    `lead`), parameters, summary tables, stall attribution (table and plot), the end-of-run
+    lines, then a section per trace recorded with it."""
+    from bmoe.analyze.compare import REFUSE, run_concerns
+    from bmoe.analyze.metrics import run_summary, summarize_runs, summary_tables
     from bmoe.analyze.runfiles import RunFiles
     from bmoe.analyze.stall import memory_picture, stall_attribution
     from bmoe.render.plots.runs import stall_figure
@@ -384,14 +430,20 @@ def run_sections(
     name = name or (Path(run.path).name if run.path else "run")
     report.heading(f"Run {name}")
     att = stall_attribution(run)
+    report.text(run_headline(run_summary(run, pressure), att.summary, run.params), cls="verdict")
     trace_paths = [str(getattr(t, "path", None) or kind) for kind, t in traces.items()]
     concerns = run_concerns(RunFiles(run, dict(pressure) if pressure else None, trace_paths))
-    lines = [f"{level}: {reason}" for level, reason in concerns]
+    lines = [
+        f"{reason} (a comparison of runs refuses this one)" if level == REFUSE else reason
+        for level, reason in concerns
+    ]
     lines += [f"stall attribution: {note}" for note in att.notes]
     lines += [f"reading: {w}" for w in run.warnings]
     if output is not None and getattr(output, "failure", None):
         lines.append(f"the engine said: {output.failure}")
     report.caveats(lines)
+    if lead:
+        report.end_lead()
 
     params = dict(record.get("params", {})) if record else {}
     params = {**{k: v for k, v in run.params.items()}, **params}
@@ -844,7 +896,7 @@ def run_report(
     """The page for one run (metrics CSV, its sidecar, output and traces)."""
     name = Path(run.path).name if run.path else "run"
     report = Report(title or f"Run report: {name}", run.path)
-    run_sections(report, run, pressure, name=name, traces=traces, output=output)
+    run_sections(report, run, pressure, name=name, traces=traces, output=output, lead=True)
     return report.html()
 
 

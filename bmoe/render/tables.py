@@ -518,11 +518,12 @@ def print_table(console: Console, columns: CellColumns, title: Any = None) -> No
         if text is not None:
             console.out(text, end="", highlight=False)
             return
-    if not columns or not columns[0][2]:
+    if not columns:
         if title is not None:
             console.print(literal(title, "italic"), highlight=False, soft_wrap=True)
         console.print(rich_table(columns))
         return
+    # (a table without rows too: its headers break where a full one's would, never mid-word)
     for part in layout(columns, console.width, title):
         if part.title is not None:
             console.print(literal(part.title, "italic"), highlight=False, soft_wrap=True)

@@ -11,20 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-#: Two-sided 95 % quantiles of Student's t by degrees of freedom (1..30); 1.96 beyond.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+from bmoe.analyze.stats import t_quantile
 
 #: The outcome whose interval decides (tokens per second, the sweep's main figure).
 OUTCOME = "tok_s_mean"
 
 
 def t95(dof: np.ndarray) -> np.ndarray:
-    """Two-sided 95 % Student's t quantiles for integer degrees of freedom (>= 1)."""
-    dof = np.asarray(dof, dtype=np.int64)
-    table = np.asarray(_T95)
-    return np.where(dof > len(table), 1.96, table[np.clip(dof, 1, len(table)) - 1])
+    """Two-sided 95 % Student's t quantiles at each of `dof` degrees of freedom (>= 1)."""
+    return t_quantile(0.975, np.asarray(dof, dtype=np.float64))
 
 
 def mean_intervals(results: pd.DataFrame, outcome: str = OUTCOME) -> pd.DataFrame:

@@ -150,6 +150,12 @@ class ArchiveWriter:
         clear_stale_tmp(root)
         archive = cls(root)
         archive.mended = archive.mend_manifest()
+        adopted = archive.adopt_unlisted()
+        if adopted:
+            said = f"{adopted} completed run(s) it did not list (their lines lost); listed again"
+            archive.mended = (
+                f"{archive.mended}; {said}" if archive.mended else f"{MANIFEST}: {said}"
+            )
         return archive
 
     @property
@@ -317,6 +323,29 @@ class ArchiveWriter:
             f"{MANIFEST}: its last line was cut short ({len(tail)} bytes, a kill or power loss "
             f"mid-write); set aside in {TORN}"
         )
+
+    def adopt_unlisted(self) -> int:
+        """Give back its ``ok`` line to every completed run folder that validates and that no
+        ``ok`` line names (its line torn off and set aside, or the kill came between the
+        folder's rename and the append), whether or not the resumed plan holds it: a tune
+        plans its rounds from the manifest, so a run it does not list would be lost to it.
+        Returns how many lines were appended."""
+        listed = {(r.get("run"), r.get("attempt")) for r in self.manifest()
+                  if isinstance(r, dict) and r.get("status") == "ok"}  # fmt: skip
+        adopted = 0
+        for path in sorted((self.root / CELLS).glob(f"*/r*/{RECORD}")):
+            run_dir = path.parent
+            if not re.fullmatch(r"r\d+", run_dir.name):
+                continue  # an attempt set aside (r1.a2.crashed, r1.invalid-1)
+            run_id = f"{run_dir.parent.name}/{run_dir.name}"
+            record = self.completed_record(run_id)
+            if not record or (record.get("run"), record.get("attempt")) in listed:
+                continue
+            if record.get("run") != run_id or not self.validate_run(run_id)[0]:
+                continue
+            self.append_manifest(record)
+            adopted += 1
+        return adopted
 
     def append_manifest(self, record: Mapping[str, Any]) -> None:
         with self._lock:

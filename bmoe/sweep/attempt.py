@@ -232,7 +232,7 @@ def check_same_failure(run: Run, records: list[dict[str, Any]], ctx: CellContext
         f"{run.id}: every attempt ({len(records)}) failed the same way: "
         f"{record.get('status')}"
         + (f": {record['error']}" if record.get("error") else "")
-        + f" (see {ctx.archive.root / str(record.get('dir'))}/run.err; "
+        + f" (see {ctx.archive.root / str(record.get('dir'))}/{RUN_ERR}; "
         "--keep-going runs the other cells anyway)"
     )
 

@@ -11,10 +11,12 @@ pass through unchecked, as the native driver does, and the sweep says so.
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from bmoe.engine.native import OUTPUT_FILES, engine_args, flag_name, output_files
 from bmoe.errors import BmoeError
@@ -149,16 +151,44 @@ def check_embedded_cells(
                 raise config.error(origin, problem) from None
 
 
+def check_models(config: SweepConfig, cells: Sequence[Cell], targets: Sequence[Target]) -> None:
+    """Refuse (a located :class:`ConfigError`) a cell whose model file is not on a local
+    target that may run it: every run would fail with the same error."""
+    seen: set[str] = set()
+    for cell in cells:
+        model = cell.params.get("model")
+        if not isinstance(model, str):
+            continue
+        for target in targets:
+            if target.spec.kind != "local" or not target.spec.can_run(cell.tags):
+                continue
+            path = target.model_path(model, config.settings.base_dir)
+            if path in seen:
+                continue
+            seen.add(path)
+            if not Path(path).is_file():
+                shown = os.path.normpath(path)
+                here = os.path.relpath(shown)
+                raise config.error(
+                    _where_set(config, "model", cell),
+                    f"{shown}: no such model file (a generated one: bmoe model synth "
+                    f"{shlex.quote(shown if here.startswith('..') else here)} --preset tiny)",
+                )
+
+
 def check_flags(
     config: SweepConfig, cells: Sequence[Cell], targets: Sequence[Target], probe: bool = True
 ) -> list[str]:
     """Check every cell's flags against the engine on `targets` (the native engine's only
-    with `probe`: its binary is asked on the target); returns notes (targets whose native
-    engine lists no flags, so its flags pass through unchecked)."""
+    with `probe`: its binary is asked on the target), and on the embedded engine that each
+    local target has the model; returns notes (targets whose native engine lists no flags,
+    so its flags pass through unchecked)."""
     notes: list[str] = []
     if config.settings.engine == "embedded":
         check_cell_flags(config, cells, embedded_flags())
         check_embedded_cells(config, cells, targets)
+        if probe:
+            check_models(config, cells, targets)
         return notes
     if not probe:
         return notes

@@ -35,7 +35,7 @@ import pandas as pd
 from bmoe.analyze import tune as decide_mod
 from bmoe.analyze.runs_table import results_frame
 from bmoe.errors import BmoeError
-from bmoe.formats.archive import OUTPUT_FILES, RUN_OUT, TUNE_STATE, write_atomic
+from bmoe.formats.archive import OUTPUT_FILES, RUN_ERR, RUN_OUT, TUNE_STATE, write_atomic
 from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.attempt import NullSink, ProgressSink
 from bmoe.sweep.plan import Cell, Plan, Run, Unit, cell_id, expand
@@ -155,6 +155,7 @@ class Tuner:
             "confidence": self.tune.confidence,
             "budget": {"runs": self.tune.budget_runs, "device_s": self.tune.budget_s},
             "grid_cells": len(self.grid_cells),
+            "axes": self.axes,
             "rounds": [],
             "runs": [],
             "stop": None,
@@ -176,16 +177,24 @@ class Tuner:
 
     # ------------------------------------------------------------------------- running
 
-    def _run(self, runs: Sequence[Run]) -> None:
-        """Run `runs` (and any earlier planned run not complete) through the sweep runner."""
-        self.plan_runs += [r for r in runs if r.id not in {p.id for p in self.plan_runs}]
-        units = [Unit((r,), r.cell.tags, False) for r in self.plan_runs]
-        cells = list({r.cell.id: r.cell for r in self.plan_runs}.values())
+    def _run(self, runs: Sequence[Run], retries: int | None = None) -> None:
+        """Run `runs` through the sweep runner, each retried at most `retries` times (the
+        sweep's own setting when None). A run that failed is not run again: its cell is
+        infeasible, and a retry in a later round would spend the budget twice."""
+        planned = {p.id for p in self.plan_runs}
+        self.plan_runs += [r for r in runs if r.id not in planned]
+        if not runs:
+            return
+        units = [Unit((r,), r.cell.tags, False) for r in runs]
+        cells = list({r.cell.id: r.cell for r in runs}.values())
         plan = Plan(cells, units, self.axes)
+        config = self.sweep
+        if retries is not None and retries != config.settings.retries:
+            config = replace(config, settings=replace(config.settings, retries=retries))
         if self.executor is None:
             self.executor = executor_for(self.sweep)
         run_sweep(
-            self.sweep,
+            config,
             plan,
             self.archive,
             sink=self.sink,
@@ -193,6 +202,45 @@ class Tuner:
             stop=self.stop,
             flags_checked=True,
             keep_going=True,
+        )
+
+    def _unfinished(self, runs: Sequence[Run]) -> list[Run]:
+        """The planned runs a resumed tune still owes: never attempted, or cut short by a
+        stop or a kill (a run that completed or failed is done)."""
+        last: dict[str, str] = {}
+        for record in self.archive.manifest():
+            if isinstance(record.get("run"), str) and record.get("status") != "set_aside":
+                last[record["run"]] = str(record.get("status"))
+        owed = ("killed", "interrupted", "lost")
+        return [r for r in runs if last.get(r.id, "killed") in owed]
+
+    def _retries_within_budget(self, n_runs: int) -> int:
+        """The retries each of `n_runs` runs may take without the attempts passing the run
+        budget (every attempt counts against it)."""
+        retries = self.sweep.settings.retries
+        if self.tune.budget_runs is None or n_runs == 0:
+            return retries
+        used, _ = self.used()
+        return min(retries, max(self.tune.budget_runs - used - n_runs, 0) // n_runs)
+
+    def _same_failure(self, runs: Sequence[Run]) -> str | None:
+        """When no candidate cell was ever measured and every attempt of `runs` failed with
+        one same error (a mistake every cell shares, as in a sweep), what to say."""
+        from bmoe.sweep.attempt import FAILED
+
+        ids = {r.id for r in runs}
+        records = [r for r in self.archive.manifest() if r.get("run") in ids]
+        if not records or self._ok_dirs():
+            return None
+        keys = {(r.get("status"), r.get("exit_code"), r.get("error")) for r in records}
+        if len(keys) != 1 or records[0].get("status") not in FAILED:
+            return None
+        record = records[-1]
+        error = f": {record['error']}" if record.get("error") else ""
+        return (
+            f"every attempt ({len(records)}) of the {len(runs)} run(s) of round "
+            f"{runs[0].round} failed the same way: {record.get('status')}{error} "
+            f"(see {self.root / str(record.get('dir'))}/{RUN_ERR})"
         )
 
     def _new_run(self, cell: Cell, round_no: int) -> Run:
@@ -228,14 +276,33 @@ class Tuner:
         )
 
     def candidates(self, fidelity_ref: str | None) -> list[Cell]:
-        """The grid's cells, each comparing itself with the fidelity reference if any."""
+        """The grid's cells, each comparing itself with the fidelity reference if any.
+
+        The reference is named in the cell's id as `fidelity_ref` says it (inside the
+        archive, relative to its folder, so that the ids do not depend on where the tune runs
+        from) and given to the engine as an absolute path: every run works in a folder of its
+        own."""
         if not fidelity_ref:
             return list(self.grid_cells)
+        absolute = str(self.in_archive(fidelity_ref))
         out = []
         for cell in self.grid_cells:
-            params = {**cell.params, "fidelity_ref": fidelity_ref}
-            out.append(replace(cell, id=cell_id(params, cell.axes), params=params))
+            named = {**cell.params, "fidelity_ref": fidelity_ref}
+            params = {**cell.params, "fidelity_ref": absolute}
+            out.append(replace(cell, id=cell_id(named, cell.axes), params=params))
         return out
+
+    def in_archive(self, path: str) -> Path:
+        """A path ``tune.json`` keeps, as an absolute path: relative ones are inside the
+        archive (as an earlier version wrote them: relative to the working directory)."""
+        p = Path(path)
+        if p.is_absolute():
+            return p
+        inside = (self.root / p).absolute()
+        return inside if inside.exists() or not p.exists() else p.absolute()
+
+    def _archive_relative(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
 
     # ------------------------------------------------------------------------- calibrate
 
@@ -261,17 +328,18 @@ class Tuner:
                 )
             calib["run"] = run.id
         folder = self.archive.run_final(f"{ref_cell.id}/r1")
+        inside = self._archive_relative(folder)  # paths kept relative to the archive
         if tune.trace is not None:
             calib.update(trace=tune.trace, profile=tune.profile)
-        else:
-            calib.update(trace=str(folder / OUTPUT_FILES["route_trace"]))
+        elif not calib.get("trace"):
+            calib.update(trace=f"{inside}/{OUTPUT_FILES['route_trace']}")
         fidelity_ref = tune.fidelity_ref
         if self.teacher_forced and not fidelity_ref:
-            fidelity_ref = str(folder / OUTPUT_FILES["fidelity_save"])
-        if self.fidelity and not self.teacher_forced:
-            calib["reference_output"] = str(folder / RUN_OUT)
+            fidelity_ref = calib.get("fidelity_ref") or f"{inside}/{OUTPUT_FILES['fidelity_save']}"
+        if self.fidelity and not self.teacher_forced and not calib.get("reference_output"):
+            calib["reference_output"] = f"{inside}/{RUN_OUT}"
         calib["fidelity_ref"] = fidelity_ref
-        self._load_model_of_device(folder if tune.trace is None else None)
+        self._load_model_of_device(self.in_archive(inside) if tune.trace is None else None)
         return fidelity_ref
 
     def check_columns(self) -> None:
@@ -298,12 +366,12 @@ class Tuner:
         calib = self.state["calibration"]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.trace = read_route_trace(calib["trace"])
+            self.trace = read_route_trace(self.in_archive(calib["trace"]))
         current = self.root / PROFILE_FILE
         if current.is_file():
             self.profile = read_profile(current)
         elif calib_folder is None:
-            self.profile = read_profile(calib["profile"])
+            self.profile = read_profile(self.in_archive(calib["profile"]))
             write_profile(self.profile, current)
         else:
             from bmoe.analyze.profile import build_profile, read_runs
@@ -439,7 +507,7 @@ class Tuner:
                 Run(cell, planned["repeat"], planned["round"], False, len(self.plan_runs))
             )
         if self.plan_runs:
-            self._run([])
+            self._run(self._unfinished(self.plan_runs))
         while not self.stop.is_set():
             decision, table = self.round_decision()
             if decision is None:
@@ -451,6 +519,9 @@ class Tuner:
                     {
                         "run": run.id,
                         "cell": run.cell.id,
+                        "short": "/".join(
+                            [*(str(run.cell.params.get(a)) for a in self.axes), f"r{run.repeat}"]
+                        ),
                         "repeat": run.repeat,
                         "round": run.round,
                         "why": why,
@@ -460,7 +531,12 @@ class Tuner:
                     }
                 )
             _write_state(self.root, self.state)
-            self._run(runs)
+            self._run(runs, self._retries_within_budget(len(runs)))
+            failure = self._same_failure(runs)
+            if failure:
+                self.say(f"stopping: {failure}")
+                self.state["stop"] = {"reason": "failed", "sentence": failure}
+                break
         return self.finish()
 
     def _value(self, score: Any) -> Any:
@@ -544,7 +620,7 @@ class Tuner:
             + (f"; running {len(chosen)}" if chosen and not stop else "")
             + (f" ({refit})" if refit else "")
         )
-        self.last = (decision, table, measured)
+        self.last = (decision, table, measured, feasible, excluded)
         if stop:
             self.state["stop"] = {"reason": stop, "sentence": _stop_sentence(stop, decision)}
             return None, table
@@ -581,8 +657,14 @@ class Tuner:
             t = table.set_index("cell")
             kept, total = [], used_s
             results = results_frame(self.root)
+            # a run is given the longer of its prediction and the longest run so far: a busy
+            # machine runs slower than predicted, and the budget is a bound
+            longest = 0.0
+            if "duration_s" in results:
+                longest = float(pd.to_numeric(results["duration_s"], errors="coerce").max())
+                longest = longest if math.isfinite(longest) else 0.0
             for cell, why in out:
-                need = self.run_seconds(t.at[cell, "estimate"], results)
+                need = max(self.run_seconds(t.at[cell, "estimate"], results), longest)
                 if total + need > tune.budget_s:
                     break
                 kept.append((cell, why))
@@ -626,7 +708,7 @@ class Tuner:
         against measured per run; written to ``tune.json``."""
         if self.stop.is_set() and not self.state.get("stop"):
             self.state["stop"] = {"reason": "interrupted", "sentence": "interrupted"}
-        decision, table, measured = self.last
+        decision, table, measured, feasible, excluded = self.last
         t = table.set_index("cell")
         results = results_frame(self.root)
         by_id = {c.id: c for c in self.current_cells}
@@ -634,13 +716,25 @@ class Tuner:
         used_runs, used_s = self.used()
         result.update(used_runs=used_runs, used_device_s=round(used_s, 1))
         result.update(self._grid_time(table))
-        best = decision.incumbent
-        good = (
-            best is not None
-            and best in set(measured["cell"])
-            and bool(measured.set_index("cell").at[best, "feasible"])
-        )
-        if good and best is not None:
+        result["cells_measured"] = len(measured)
+        if not decision.settled and (self.state["stop"] or {}).get("reason") == "budget":
+            result["settle_runs"] = decision.more_runs
+        labels = {c.id: _label(c, self.axes) for c in self.current_cells}
+        broken = measured.set_index("cell")["broken"] if len(measured) else pd.Series()
+        result["infeasible"] = {
+            labels.get(c, c): broken.get(c) or "every attempt failed"
+            for c, ok in feasible.items()
+            if not ok
+        }
+        result["excluded"] = len(excluded)
+        costs = {c.id: decide_mod.cost_key(c.params, self._lossless(c)) for c in self.current_cells}
+        rec = decide_mod.recommend(
+            table, feasible, confidence=self.tune.confidence, min_repeats=self.tune.min_repeats,
+            costs=costs, labels=labels, unit=self._value,
+        )  # fmt: skip
+        result["reasons"] = rec.reasons
+        best = rec.cell
+        if best is not None:
             cell = by_id[best]
             n = int(t.at[best, "n"])
             mean, low, high = (self._value(t.at[best, k]) for k in ("mean", "low", "high"))
@@ -664,9 +758,9 @@ class Tuner:
                     for c in self.tune.constraints
                 },
             }
-            if decision.runner_up is not None and decision.ratio is not None:
-                ru = by_id[decision.runner_up]
-                ratio, rlow, rhigh = decision.ratio
+            if rec.runner_up is not None and rec.ratio is not None:
+                ru = by_id[rec.runner_up]
+                ratio, rlow, rhigh = rec.ratio
                 result["runner_up"] = {
                     "cell": ru.id,
                     "label": _label(ru, self.axes),
@@ -675,7 +769,7 @@ class Tuner:
                     "ratio": _finite(ratio),
                     "ratio_low": _finite(rlow),
                     "ratio_high": _finite(rhigh),
-                    "distinguishable": decision.distinguishable,
+                    "distinguishable": rec.distinguishable,
                 }
         else:
             result["best"] = None
@@ -717,7 +811,8 @@ def native_fidelity(results: pd.DataFrame, root: Path, calibration: dict[str, An
     step where they differ."""
     from bmoe.analyze.fidelity import token_agreement
 
-    reference = output_pieces(Path(calibration.get("reference_output", "")))
+    ref = Path(calibration.get("reference_output") or "")
+    reference = output_pieces(ref if ref.is_absolute() else Path(root) / ref) if ref.name else []
     if not reference or results.empty or "dir" not in results:
         return results
     out = results.copy()
@@ -743,7 +838,10 @@ def _error(candidates: pd.DataFrame, measured: pd.DataFrame) -> float | None:
 def _stop_sentence(reason: str, decision: decide_mod.Decision) -> str:
     return {
         "settled": f"settled: {decision.sentence}",
-        "budget": f"budget spent: {decision.sentence}",
+        "budget": (
+            f"budget spent before the answer was settled: {len(decision.contenders)} cell(s) "
+            "could still reach the best measured"
+        ),
         "exhausted": f"nothing left to run: {decision.sentence}",
         "infeasible": "no cell satisfies the constraints",
     }.get(reason, reason)

@@ -18,6 +18,7 @@ from bmoe.analyze.compare import (
     concerns,
 )
 from bmoe.analyze.runfiles import load_run_files
+from bmoe.errors import BmoeError
 
 
 def pair(tmp_path: Path, a_params=None, b_params=None, a_rows=None, b_rows=None, **kw):
@@ -170,7 +171,7 @@ def test_bootstrap_against_a_plain_loop() -> None:
 
 def test_compare_many_needs_two(tmp_path: Path) -> None:
     a = load_run_files(write_run(tmp_path / "a.csv"))
-    with pytest.raises(Exception, match="at least two"):
+    with pytest.raises(BmoeError, match="at least two"):
         compare_many([a])
     assert len(compare_many([a, a, a])) == 2
 

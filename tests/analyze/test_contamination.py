@@ -14,6 +14,7 @@ from bmoe.analyze.contamination import (
     contamination_flags,
     position_beyond_config,
 )
+from bmoe.errors import BmoeError
 
 PRESSURE = {"peak_rss_kb": 5_000_000, "mem_avail_before_kb": 6_000 * 1024,
             "cpu_temp_before_mC": 40_000, "cpu_temp_max_mC": 60_000}  # fmt: skip
@@ -167,5 +168,5 @@ def test_sweep_folder_results_parquet(tmp_path: Path) -> None:
 
 
 def test_no_files_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(Exception, match="no metrics files"):
+    with pytest.raises(BmoeError, match="no metrics files"):
         cells_from_paths([tmp_path])

@@ -50,7 +50,10 @@ def test_steps_by_hand() -> None:
     assert (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2) == pytest.approx(3.82, abs=0.01)
     se = math.sqrt(va + vb)
     expected = (0.8, 0.8 * math.exp(-3.182 * se), 0.8 * math.exp(3.182 * se))
-    assert (slow["ratio"], slow["ratio_low"], slow["ratio_high"]) == pytest.approx(expected)
+    # (to the precision of t printed to three decimals)
+    assert (slow["ratio"], slow["ratio_low"], slow["ratio_high"]) == pytest.approx(
+        expected, rel=2e-4
+    )
     assert slow["regressed"] and not slow["improved"] and slow["ratio_high"] < 1
     same = table.loc["cache_mb=8"]
     assert not same["regressed"] and not same["improved"]

@@ -261,7 +261,7 @@ def test_one_run_or_one_configuration_leaves_the_model_error_unknown(tmp_path, c
     assert main(["predict", str(trace), "-p", str(out), "-g", "cache_mb=0"]) == 0
     captured = capsys.readouterr()
     assert "spread-only interval" in captured.out
-    assert "do not claim 80 % coverage" in " ".join(captured.err.split())
+    assert "do not claim 80 % coverage" in " ".join(captured.out.split())
 
 
 def test_a_profile_written_before_the_model_error_keeps_its_spread_interval():

@@ -191,7 +191,7 @@ def test_v0_file_without_sizes_prices_mib_and_says_so(tmp_path):
     assert prof.model["expert_bytes"] == {} and prof.model["sizes_from"] is None
     assert prof.read_unit_bytes == MIB
     assert any("expert sizes unknown" in c for c in prof.caveats)
-    assert "io_threads not recorded: the engine's default 4 (old.csv)" in prof.caveats
+    assert f"io_threads not recorded: the engine's default 4 ({path})" in prof.caveats
     with pytest.raises(BmoeError, match="does not know its model's expert sizes"):
         predict(make_trace(PREFILL, DECODE), prof, {"cache_mb": [0]})
     # given a trace of the model, the sizes come from it
@@ -468,13 +468,13 @@ def test_a_profile_of_starved_runs_only_is_unsettled_and_strict_refuses(tmp_path
     assert main(["profile", str(busy), "--strict"]) == 2
     assert "not settled (--strict)" in capsys.readouterr().err.replace("\n", " ")
     assert main(["profile", str(busy), "-o", str(out), "--force"]) == 0
-    err = capsys.readouterr().err
-    assert "unsettled:" in err and "starved" in err.replace("\n", " ")
+    shown = capsys.readouterr().out  # after the answer, with what to weigh
+    assert "unsettled:" in shown and "starved" in shown.replace("\n", " ")
     # every predict that uses it says so; --strict refuses it
     trace = tmp_path / "t.route.csv"
     route_trace(trace)
     assert main(["predict", str(trace), "-p", str(out), "-g", "cache_mb=0"]) == 0
-    assert "unsettled:" in capsys.readouterr().err
+    assert "unsettled:" in capsys.readouterr().out
     assert main(["predict", str(trace), "-p", str(out), "-g", "cache_mb=0", "--strict"]) == 2
 
 
@@ -711,7 +711,7 @@ def test_bmoe_profile_shows_compute_per_read_volume(tmp_path, capsys):
     b = write(tmp_path / "b.csv", _rows_reading(8, 4, 16.0), cache_mb=1)
     assert main(["profile", str(a), str(b)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "compute by MiB read/token │ 10 ms at 3, 16 ms at 6" in out
+    assert "compute 13 ms/token (by MiB read a token: 10 ms at 3, 16 ms at 6)" in out
 
 
 def _rows_at_latency(reads_even: int, reads_odd: int, latency: float, n: int = 32) -> list[dict]:
@@ -792,7 +792,9 @@ def test_bmoe_profile_shows_flash_per_read_volume(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     # less than the table at 3 MiB a token, more at 6 (the hand-worked figures are above)
     assert re.search(
-        r"flash beyond the table │ 1 lanes: -[0-9.]+ ms at 3 MiB/token, \+[0-9.]+ ms at 6", out
+        r"beyond the table's at 1 lane by MiB read a token: -[0-9.]+ ms at 3 MiB, \+[0-9.]+ ms "
+        r"at 6",
+        out,
     )
     assert main(["profile", str(a), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)

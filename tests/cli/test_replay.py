@@ -93,6 +93,17 @@ def test_replay_prints_shape_validation_and_writes_the_reference_csv(
     assert f"wrote {out_csv}" in err
 
 
+def test_the_help_lists_every_registered_policy_with_its_summary() -> None:
+    from bmoe.cache import POLICIES
+    from bmoe.cli.replay import analyze_replay
+
+    help_text = analyze_replay.__doc__ or ""
+    assert "{policies}" not in help_text
+    for name, cls in POLICIES.items():
+        assert cls.summary, name
+        assert f"- {name}: {cls.summary}\n" in help_text
+
+
 def test_unknown_policy_is_a_one_line_error(corpus: Path, capsys) -> None:
     code, _, err = run(capsys, "replay", corpus / TINY_PF, "--policies", "lru,mru")
     assert code == 2 and "'mru'" in err and "Traceback" not in err

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer
 
 from bmoe import cli
@@ -67,6 +68,27 @@ def test_help_imports_no_heavy_module() -> None:
     code, modules = run_probe("--help")
     assert code == 0
     assert heavy(modules) == []
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "options", "numba"),
+    [
+        (["info"], "native-tiny/run.csv", [], False),
+        (["analyze", "replay"], "native-tiny/pf.route.csv", ["--budgets", "1,2"], True),
+        (["analyze", "route"], "native-tiny/run.route.csv", [], False),
+    ],
+)
+def test_commands_without_a_verdict_never_import_scipy_stats(
+    corpus: Path, command, name, options, numba
+) -> None:
+    """scipy.stats (the statistics of verdicts and intervals, 0.3-0.6 s to import) is loaded
+    only where a verdict or an interval is computed. A command that runs compiled kernels
+    still loads scipy.linalg: numba looks for BLAS there wherever scipy is installed."""
+    code, modules = run_probe(*command, str(corpus / name), *options)
+    assert code == 0
+    assert [m for m in modules if m == "scipy.stats" or m.startswith("scipy.stats.")] == []
+    if not numba:
+        assert [m for m in modules if m == "scipy" or m.startswith("scipy.")] == []
 
 
 def test_a_lazy_command_imports_its_module_only() -> None:

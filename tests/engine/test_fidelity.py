@@ -22,7 +22,7 @@ from bmoe.engine.embedded.config import EngineConfig, parse_args
 from bmoe.engine.embedded.fidelity import read_reference
 from bmoe.engine.embedded.run import RunResult, run_engine
 from bmoe.errors import BmoeError
-from bmoe.formats.metrics import read_metrics
+from bmoe.formats.metrics import COLUMNS_V2, read_metrics
 
 pytestmark = pytest.mark.engine
 
@@ -80,6 +80,14 @@ def test_the_same_model_agrees_fully_with_zero_divergence(tiny_model, reference,
     assert run.tokens == ref_run.tokens
     figures = run_summary(read_metrics(csv))  # the results column a sweep ranks by
     assert figures["fidelity"] == 1.0 and figures["fidelity_kl"] == 0.0
+    rows = read_metrics(csv).rows  # each step's own divergence, after the native columns
+    assert list(rows.columns) == [*COLUMNS_V2, "fidelity_kl"]
+    assert rows["fidelity_kl"].tolist() == [0.0] * N
+
+
+def test_only_a_run_against_a_reference_writes_the_divergence_column(reference) -> None:
+    _, ref_run = reference
+    assert "fidelity_kl" not in ref_run.metrics and list(ref_run.metrics) == COLUMNS_V2
 
 
 @pytest.mark.parametrize("factor", [2.0, -1.0])
@@ -88,7 +96,8 @@ def test_a_scaled_output_head_gives_the_hand_computed_divergence(
 ) -> None:
     path, ref_run = reference
     model = _scaled_head(tiny_model, tmp_path / "scaled.gguf", factor)
-    run = _run(model, moe_stream=True, cache_mb=2, fidelity_ref=str(path))
+    csv = tmp_path / "run.csv"
+    run = _run(model, moe_stream=True, cache_mb=2, fidelity_ref=str(path), csv=str(csv))
     # teacher-forced: the modified model is fed the reference's tokens, whatever it prefers
     assert run.tokens == ref_run.tokens
     z = np.stack(ref_run.logits).astype(np.float64)
@@ -100,6 +109,10 @@ def test_a_scaled_output_head_gives_the_hand_computed_divergence(
     assert run.summary["fidelity"] == pytest.approx(top1)
     assert run.summary["fidelity_kl"] == pytest.approx(np.mean(kl), rel=1e-5)
     assert run.summary["fidelity_kl"] > 0.01
+    # each row carries its own step's divergence (printed with six significant digits)
+    assert run.metrics["fidelity_kl"].tolist() == pytest.approx(kl, rel=1e-5)
+    assert read_metrics(csv).rows["fidelity_kl"].tolist() == pytest.approx(kl, rel=1e-5)
+    assert len(set(np.round(kl, 6))) > 1  # the steps differ: a mean alone would hide which
     if factor > 0:
         assert run.summary["fidelity"] == 1.0  # a sharper head keeps every argmax
     else:

@@ -15,14 +15,13 @@ from hypothesis import strategies as st
 from bmoe.formats import kv, protocol
 from bmoe.formats.metrics import (
     COLUMN_TYPES,
-    COLUMNS_V1,
     COLUMNS_V2,
-    ROW_PRECISION,
     SUMMARY_PRECISION,
     MetricsRun,
     read_metrics,
     write_metrics,
 )
+from bmoe.formats.metrics_columns import BY_NAME, COLUMNS, native_columns
 from bmoe.formats.op_traces import (
     COMPUTE_COLUMNS,
     COMPUTE_TYPES,
@@ -52,6 +51,10 @@ NAME = st.text(string.ascii_letters + "_", min_size=1, max_size=10)
 def decimal(digits: int, lo: int = -(10**6), hi: int = 10**7) -> st.SearchStrategy[float]:
     """Floats the engine can print exactly with `digits` decimals (k / 10**digits)."""
     return st.integers(lo, hi).map(lambda k: k / 10**digits)
+
+
+#: floats printed as %g (six significant digits) that read back as the same float
+SIGNIFICANT = st.floats(-1e6, 1e6, allow_nan=False).map(lambda x: float(f"{x:g}"))
 
 
 def int_range(kind) -> st.SearchStrategy[int]:
@@ -87,8 +90,9 @@ def metrics_runs(draw) -> MetricsRun:
     if version == 0:
         columns = COLUMNS_V2[: draw(st.integers(7, 12))]
         params: dict = {}
-    else:
-        columns = COLUMNS_V1 if version == 1 else COLUMNS_V2
+    else:  # the native header, and perhaps the embedded engine's own columns of the version
+        own = [c.name for c in COLUMNS if not c.native and c.since <= version]
+        columns = native_columns(version) + (own if draw(st.booleans()) else [])
         keys = draw(st.lists(st.sampled_from(sorted(PARAM_VALUES)), unique=True, max_size=8))
         params = {"engine": draw(WORD)} if version == 2 else {}
         params |= {k: draw(PARAM_VALUES[k]) for k in keys}
@@ -96,12 +100,14 @@ def metrics_runs(draw) -> MetricsRun:
     turns = sorted(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))
     data: dict[str, list] = {}
     for col in columns:
+        spec = BY_NAME[col]
         if col == "turn":
             data[col] = turns
-        elif col in ROW_PRECISION:
-            data[col] = draw(st.lists(decimal(ROW_PRECISION[col]), min_size=n, max_size=n))
-        else:
+        elif spec.is_int:
             values = int_range(COLUMN_TYPES[col])
+            data[col] = draw(st.lists(values, min_size=n, max_size=n))
+        else:
+            values = decimal(spec.digits) if spec.digits is not None else SIGNIFICANT
             data[col] = draw(st.lists(values, min_size=n, max_size=n))
     rows = _frame(data, COLUMN_TYPES)
     multi_turn = "turn" in rows and len(set(turns)) > 1

@@ -165,3 +165,55 @@ def test_info_on_a_small_csv_imports_no_pandas(tmp_path: Path) -> None:
     assert result["code"] in (0, None)
     heavy = [m for m in result["modules"] if m.split(".")[0] in ("pandas", "numpy", "pyarrow")]
     assert heavy == []
+
+
+ROUTE_HEAD = (
+    "# route_trace v1\n# model=m.gguf arch=qwen3moe n_layer=2 n_expert=8 n_expert_used=2\n"
+    "# layer=0 expert_bytes=100\n# layer=1 expert_bytes=100\n"
+)
+PLAIN_ROWS = "".join(
+    f"0,1,{s},{x},{k},{(s + k) % 8},0.5,1\n" for s in range(9) for x in (0, 1) for k in (0, 1)
+)
+ROUTES = {
+    "plain": "turn,phase,step,layer,slot,expert,weight,residency\n" + PLAIN_ROWS,
+    "dropping, nan weights": (
+        "step,layer,slot,expert,weight,dropped\n0,0,0,3,nan,1\n1,0,0,4,0.9,0\n"
+    ),
+    "a row that does not parse": "step,layer,slot,expert\n0,0,0,3\n1,0,x,4\n2,0,0,5\n",
+    "CRLF": "step,layer,slot,expert\r\n0,0,0,3\r\n1,0,0,4\r\n",
+    "no rows": "step,layer,slot,expert\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUTES))
+def test_a_route_trace_describes_through_its_columns_as_the_full_reader(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / "t.route.csv"
+    path.write_bytes((ROUTE_HEAD + ROUTES[name]).encode("utf-8"))
+    try:
+        full = info.describe_fully(path)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            quickinfo.describe_route_columns(path, info._KEY_PARAMS)
+        return
+    quick = quickinfo.describe_route_columns(path, info._KEY_PARAMS)
+    assert quick == full
+    assert [type(v) for g in quick.values() for v in g.values()] == [
+        type(v) for g in full.values() for v in g.values()
+    ]
+    for fmt in ("table", "json", "csv", "markdown"):
+        assert shown(quick, fmt) == shown(full, fmt)
+
+
+def test_info_on_a_route_trace_imports_no_pandas(tmp_path: Path) -> None:
+    path = tmp_path / "t.route.csv"
+    path.write_text(ROUTE_HEAD + ROUTES["plain"], encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, "info", str(path)],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "100"},
+    )  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["code"] in (0, None)
+    assert [m for m in result["modules"] if m.split(".")[0] in ("pandas", "pyarrow")] == []

@@ -1,1 +1,1 @@
-"""Whole-project checks: the README commands, the notebooks, module sizes."""
+"""Whole-project checks: the commands of the README and docs/, the notebooks, module sizes."""

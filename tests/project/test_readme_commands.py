@@ -1,14 +1,18 @@
-"""Every command the README shows is checked, so that it cannot drift from the tool.
+"""Every command the README and the pages of ``docs/`` show is checked, so that none can drift
+from the tool.
 
 Each ``bmoe`` command of a code block, and each one written inline, is parsed against the
 command line itself: the command exists, its options are its own (``bmoe run`` against the
-engine's flag table). The ones that need nothing but the shipped ``bench-data/`` and files
-made from it then really run, in README order, in a folder laid out with the README's file
-names (``run.csv``, ``trace.csv``, ``bench/*.csv``, ...); the others (a phone, ssh, Ray, a
-1 GB model) say in LIMITS why they are only parsed. Paths into the repository
-(``sweeps/...``, ``bench-data/...``) must exist, the install lines' extras and markers must
-be the project's, the Python examples run, and the ``bmoe.x.y`` names the prose points at
-must import.
+engine's flag table). Then every one of a code block runs, as written, from the root of a copy
+of the repository's tracked files (a fresh clone), page by page in the page's order, with the
+default output folders, and its exit status is checked: the analyses on the archives of
+``bench-data/`` (and, for the names the pages give a run's files, ``run.csv``, ``trace.csv``,
+..., the files of FILES beside them), the engine's commands (the quick start, ``bmoe run``,
+``bmoe sweep``, ``bmoe tune``) on the generated tiny model. The few that cannot run here (a
+phone, ssh, Ray, a 1 GB model) say in LIMITS why they are only parsed. Paths into the
+repository must exist, the install lines' extras and markers must be the project's, the
+Python examples run (and assert what they claim), and the ``bmoe.x.y`` names the prose points
+at must import.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import glob
 import importlib
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -31,32 +36,43 @@ from bmoe.cli import cli_command, main, register
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+#: The pages in the order they are read: the front page, the subjects, the reference.
+PAGES = [
+    README,
+    *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "cli.md"),
+    ROOT / "docs" / "cli.md",
+]
 BENCH = ROOT / "bench-data"
 SMALL_RUN = BENCH / "2026-11-29-small-traces" / "cells" / "cache_mb-64_io_threads-1-281579ec"
 TINY = BENCH / "2026-11-29-tiny-cache-lanes"
-#: The phone run of the corpus stands for the README's phone/*.csv and gemma.route.csv.
-PHONE = Path(os.environ.get("BMOE_CORPUS", ROOT.parent / "shared" / "corpus")) / "route-trace"
+#: The corpus stands for the pages' phone files and a layer-granular compute trace.
+CORPUS = Path(os.environ.get("BMOE_CORPUS", ROOT.parent / "shared" / "corpus"))
+PHONE = CORPUS / "route-trace"
 
 #: Commands only parsed, by what they start with, and why.
 LIMITS = {
     "bmoe sweep sweeps/phone-farm.toml": "a farm of phones on a Ray cluster",
-    "bmoe sweep sweeps/tiny-embedded.toml --resume": "resumes an interrupted sweep",
-    "bmoe sweep": "runs the engine for minutes (its --dry-run runs here)",
-    "bmoe tune": "runs the engine round after round (tests/sweep/test_tune.py runs whole tunes)",
-    "bmoe run": "the engine on a model file (tests/engine/ runs it)",
-    "bmoe model synth small.gguf": "writes a 1 GB model",
+    "bmoe sweep sweeps/tiny-embedded-traced.toml": "the quick start's 12 runs again, traced "
+    "(half a minute more; tests/sweep/test_embedded.py runs traced sweeps)",
+    "bmoe sweep sweeps/tiny-tune.toml": "the tune's whole grid, 48 runs (the tune runs here)",
+    "bmoe sweep bench-data/20": "resumes the folder of an earlier sweep, named by its date "
+    "(the --resume form runs)",
+    "bmoe tune bench-data/20": "resumes the folder of an earlier tune, named by its date "
+    "(tests/sweep/test_tune.py kills and resumes a tune)",
+    "bmoe model synth small.gguf": "writes a 1 GB model (the tiny one stands for it)",
     "bmoe model synth big.gguf": "writes a 10 GB model",
-    "bmoe model synth models/tiny.gguf": "the quick start's own folder (tiny.gguf runs here)",
     "bmoe profile runs/ --probe": "probes a device's flash with dd",
-    "bmoe profile runs/": "needs runs without compute tracing (bench-data's traced runs "
-    "are refused); the predict lines below run on a profile built with --allow-traced",
-    "bmoe analyze decode compute ctl.compute-layers.csv": "bench-data has no layer-granular "
-    "compute trace",
-    "bmoe analyze sweep sweeps/tiny-embedded.toml": "reads the folder of the quick start's "
-    "sweep (test_the_quick_start_runs runs all three)",
+    "bmoe profile a.csv b.csv --model model.gguf": "needs the model file of the runs (1 GB)",
 }
-#: Names the README gives its example files, and what stands for each (run first, so that
-#: the commands find them).
+#: Programs other than bmoe: how each is checked, for it is not run.
+NOT_RUN = {
+    "python3.11 -m venv": "makes the environment the tests run in",
+    "pip": "installs packages (the extras named are checked)",
+    "pytest": "the test suite itself (the markers named are checked)",
+    "ray": "starts a Ray cluster (tests/sweep/test_farm_ray.py starts one)",
+}
+#: Names the pages give their example files, and what stands for each (copied in when a
+#: command names one the page has not made itself).
 FILES = {
     "run.csv": SMALL_RUN / "r1" / "run.csv",
     "run.route.csv": SMALL_RUN / "r1" / "run.route.csv",
@@ -65,13 +81,27 @@ FILES = {
     "run.out": SMALL_RUN / "r1" / "run.out",
     "run.metrics": SMALL_RUN / "r1" / "run.metrics",
     "trace.csv": SMALL_RUN / "r1" / "run.route.csv",
+    "trace.route.csv": SMALL_RUN / "r1" / "run.route.csv",
+    "drop.route.csv": SMALL_RUN / "r1" / "run.route.csv",
+    "huge.route.csv": SMALL_RUN / "r1" / "run.route.csv",
     "pf.route.csv": SMALL_RUN / "r1" / "run.route.csv",
     "pf.csv": SMALL_RUN / "r1" / "run.csv",
     "ct.compute.csv": SMALL_RUN / "r1" / "run.compute.csv",
     "ct.csv": SMALL_RUN / "r1" / "run.csv",
     "base.csv": TINY / "cells" / "cache_mb-4_io_threads-2-29ab4f81" / "r1" / "run.csv",
+    "baseline.csv": TINY / "cells" / "cache_mb-4_io_threads-2-29ab4f81" / "r1" / "run.csv",
     "candidate.csv": TINY / "cells" / "cache_mb-8_io_threads-2-b9e5283f" / "r1" / "run.csv",
+    "ctl.compute-layers.csv": CORPUS / "native-tiny" / "ctl.compute-layers.csv",
+    "gemma.route.csv": PHONE / "gemma.route.csv",
 }
+#: Folders the pages name: how each is made.
+FOLDERS = ("bench", "runs", "old-sweep", "new-sweep", "phone")
+#: Stand-ins made rather than copied: a profile of the small sweep (its runs are compute
+#: traced, so --allow-traced), one of the phone run, and the Parquet form of a route trace.
+MADE = ("device.json", "phone.json", "big.route.parquet", "huge.route.parquet")
+#: Options whose value a command writes (never stood in for).
+OUTPUTS = ("-o", "--output", "--csv", "--plot", "--plots", "--route-trace", "--io-trace",
+           "--compute-trace", "--compute-trace-layers", "--fidelity-save")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- reading
@@ -103,15 +133,20 @@ def _shell_lines(body: str) -> list[str]:
     return out
 
 
-def readme_commands() -> list[str]:
-    """Every shell command of the README's code blocks, in order."""
-    text = README.read_text(encoding="utf-8")
+def page_commands(page: Path) -> list[str]:
+    """Every shell command of a page's code blocks, in order."""
+    text = page.read_text(encoding="utf-8")
     return [c for lang, body in _blocks(text) if lang in ("bash", "sh") for c in _shell_lines(body)]
 
 
-def inline_commands() -> list[str]:
-    """``bmoe ...`` commands written inline in the prose (code spans), in order."""
-    text = README.read_text(encoding="utf-8")
+def readme_commands() -> list[str]:
+    """Every shell command of the README's code blocks, in order."""
+    return page_commands(README)
+
+
+def inline_commands(page: Path) -> list[str]:
+    """``bmoe ...`` commands written inline in a page's prose (code spans), in order."""
+    text = page.read_text(encoding="utf-8")
     prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
     spans = re.findall(r"`(bmoe [a-z][^`]*)`", prose.replace("\n", " "))
     return [" ".join(s.split()) for s in spans]
@@ -122,6 +157,16 @@ def _bmoe_argv(command: str) -> list[str] | None:
     words = shlex.split(command)
     if words and Path(words[0]).name == "bmoe":
         return words[1:]
+    return None
+
+
+def _not_run(words: list[str]) -> str | None:
+    """Why a command of another program is not run (None: it is run, or is unknown)."""
+    text = " ".join(words)
+    for start, why in NOT_RUN.items():
+        first = start.split()[0]
+        if text.startswith(start) or Path(words[0]).name == first or first in words[:3]:
+            return why
     return None
 
 
@@ -164,66 +209,99 @@ def _limit(command: str) -> str | None:
     return next((why for start, why in LIMITS.items() if text.startswith(start)), None)
 
 
-# ----------------------------------------------------------------------------- the folder
+def _engine_bound(argv: list[str]) -> bool:
+    """Whether a command needs the engine extra, or what an engine command made: it runs in
+    the engine's test (a model made, a run, a sweep or its dry run, a tune; the analysis of a
+    sweep named by its configuration, which reads the folder that sweep wrote)."""
+    if argv[:1] in (["run"], ["tune"], ["model"], ["sweep"]):
+        return True
+    return argv[:2] == ["analyze", "sweep"] and any(a.endswith(".toml") for a in argv[2:])
+
+
+# ----------------------------------------------------------------------------- the copy
+
+
+def tracked_copy(dest: Path) -> Path:
+    """The repository as a fresh clone has it: its tracked files, copied to `dest`."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: no list of tracked files to copy")
+    for name in listed.decode("utf-8").split("\0"):
+        if name and (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder where the README's commands find what they name: bench-data/ (its archives,
-    and my-sweep), sweeps/, the example files, bench/ and runs/ of metrics CSVs, two sweep
-    folders to line up, and a device profile for predict."""
-    from bmoe.analyze.profile import build_profile
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-ins that are made, once: MADE."""
+    from bmoe.analyze.profile import build_profile, read_runs
     from bmoe.formats.profile import write_profile
 
-    root = tmp_path_factory.mktemp("readme")
-    (root / "bench-data").mkdir()
-    for archive in BENCH.iterdir():
-        if archive.is_dir():
-            (root / "bench-data" / archive.name).symlink_to(archive)
-    (root / "bench-data" / "my-sweep").symlink_to(TINY)
-    shutil.copytree(ROOT / "sweeps", root / "sweeps")
-    for name, source in FILES.items():
-        shutil.copyfile(source, root / name)
-    for folder in ("bench", "runs"):
-        (root / folder).mkdir()
-    for run in sorted(TINY.glob("cells/*/r1")):  # bench/<cell>.csv with its sidecar
-        shutil.copyfile(run / "run.csv", root / "bench" / f"{run.parent.name}.csv")
-        shutil.copyfile(run / "run.metrics", root / "bench" / f"{run.parent.name}.metrics")
-    for f in (SMALL_RUN / "r1").glob("run.*"):  # runs/run.csv beside its traces
-        shutil.copyfile(f, root / "runs" / f.name)
-    shutil.copytree(TINY, root / "old-sweep", symlinks=True)
-    shutil.copytree(TINY, root / "new-sweep", symlinks=True)
-    write_profile(_traced_profile(build_profile), root / "device.json")
-    if PHONE.is_dir():  # read in place elsewhere; a copy in the test's own temporary folder
+    folder = tmp_path_factory.mktemp("made")
+    runs = read_runs(sorted((BENCH / "2026-11-29-small-traces").glob("cells/*/r1/run.csv")))
+    write_profile(build_profile(runs, allow_traced=True), folder / "device.json")
+    assert main(["convert", str(SMALL_RUN / "r1" / "run.route.csv"), "--to", "parquet",
+                 "-o", str(folder)]) == 0  # fmt: skip
+    for name in ("big.route.parquet", "huge.route.parquet"):
+        shutil.copyfile(folder / "run.route.parquet", folder / name)
+    if PHONE.is_dir():  # (a copy of the corpus file: its name must end in .csv)
+        shutil.copyfile(PHONE / "gemma.metrics", folder / "gemma.csv")
+        assert main(["profile", str(folder / "gemma.csv"), "--trace",
+                     str(PHONE / "gemma.route.csv"), "-o", str(folder / "phone.json"),
+                     "-f", "json"]) == 0  # fmt: skip
+    return folder
+
+
+def _stand_in(name: str, root: Path, made: Path) -> str | None:
+    """Put what stands for `name` (a file or folder a page names) into `root`; None when done
+    (or nothing is needed), else why it cannot be."""
+    target = root / name.rstrip("/")
+    top = name.split("/")[0]
+    if target.exists() or (top in FOLDERS and (root / top).exists()):
+        return None
+    if name in FILES:
+        if not FILES[name].exists():
+            return f"{FILES[name]} (the stand-in of {name}) is absent"
+        shutil.copyfile(FILES[name], target)
+    elif name in MADE:
+        if not (made / name).exists():
+            return f"the stand-in of {name} is made from the corpus, absent at {CORPUS}"
+        shutil.copyfile(made / name, target)
+    elif top == "bench":  # bench/<cell>.csv with its sidecar
+        (root / "bench").mkdir()
+        for run in sorted(TINY.glob("cells/*/r1")):
+            shutil.copyfile(run / "run.csv", root / "bench" / f"{run.parent.name}.csv")
+            shutil.copyfile(run / "run.metrics", root / "bench" / f"{run.parent.name}.metrics")
+    elif top == "runs":  # runs/run.csv beside its traces
+        (root / "runs").mkdir()
+        for f in (SMALL_RUN / "r1").glob("run.*"):
+            shutil.copyfile(f, root / "runs" / f.name)
+    elif top in ("old-sweep", "new-sweep"):
+        shutil.copytree(TINY, root / top, symlinks=True)
+    elif top == "phone":
+        if not PHONE.is_dir():
+            return f"the phone files' stand-in is the corpus, absent at {PHONE}"
         (root / "phone").mkdir()
         shutil.copyfile(PHONE / "gemma.metrics", root / "phone" / "gemma.csv")
-        shutil.copyfile(PHONE / "gemma.route.csv", root / "gemma.route.csv")
-    return root
+    return None
 
 
-def _traced_profile(build_profile):
-    from bmoe.analyze.profile import read_runs
-
-    runs = read_runs(sorted((BENCH / "2026-11-29-small-traces").glob("cells/*/r1/run.csv")))
-    return build_profile(runs, allow_traced=True)
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def _paths_exist(argv: list[str], cwd: Path) -> list[str]:
-    """The arguments that look like files or folders and match nothing under `cwd`."""
-    missing = []
-    for arg in argv:
-        if arg.startswith("-") or "=" in arg or ("/" not in arg and "." not in arg):
+def _inputs(argv: list[str]) -> list[str]:
+    """The arguments that name an example file or folder the pages use (not a value an
+    option writes)."""
+    names = []
+    for before, arg in zip(["", *argv], argv, strict=False):
+        if before in OUTPUTS or arg.startswith("-"):
             continue
-        if re.fullmatch(r"[\d.,%]+", arg) or arg.isupper():
-            continue
-        found = glob.glob(str(cwd / arg))
-        if not found and ("*" in arg or not (cwd / arg).parent.is_dir()):
-            missing.append(arg)
-    return missing
+        top = arg.split("/")[0]
+        if arg in FILES or arg in MADE or (top in FOLDERS and ("/" in arg or arg == top)):
+            names.append(arg)
+    return names
 
 
 def _expanded(argv: list[str], cwd: Path) -> list[str]:
@@ -238,41 +316,47 @@ def _expanded(argv: list[str], cwd: Path) -> list[str]:
     return out
 
 
-# ----------------------------------------------------------------------------- the tests
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+# ----------------------------------------------------------------------------- parsing tests
 
 
 def test_every_command_of_the_code_blocks_parses_and_names_what_exists() -> None:
-    commands = readme_commands()
-    assert len(commands) > 40
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     extras = set(pyproject["project"]["optional-dependencies"])
     markers = {m.split(":")[0] for m in pyproject["tool"]["pytest"]["ini_options"]["markers"]}
-    for command in commands:
-        words = shlex.split(command)
-        argv = _bmoe_argv(command)
-        if argv is not None:
-            parse_check(argv)
-            for arg in argv:  # paths into the repository exist
-                if re.match(r"(sweeps|bench-data/20|docs|notebooks)/", arg):
-                    assert glob.glob(str(ROOT / arg)), f"{command}: {arg} is not in the repository"
-        elif "pip" in Path(words[0]).name or words[1:3] == ["-m", "pip"]:
-            for spec in (w for w in words if "[" in w):  # '.[engine,test]', 'bmoe[engine]'
-                named = set(spec.split("[")[1].rstrip("]").split(","))
-                assert named <= extras, (command, named - extras)
-        elif "pytest" in words:
-            after = words[words.index("pytest") + 1 :]  # pytest's -m, not python's
-            if "-m" in after:
-                expression = after[after.index("-m") + 1]
-                used = set(re.findall(r"[a-z_]+", expression)) - {"not", "and", "or"}
-                assert used <= markers, (command, used - markers)
-        else:  # other programs (python -m venv, mkdir, ray, a benchmark script): the files
-            for arg in words[1:]:  # of this repository they name exist
-                if re.match(r"(benchmarks|sweeps|bench-data|notebooks|tests|docs)/", arg):
-                    assert glob.glob(str(ROOT / arg)), f"{command}: {arg} is not in the repository"
+    total = 0
+    for page in PAGES:
+        for command in page_commands(page):
+            total += 1
+            words = shlex.split(command)
+            argv = _bmoe_argv(command)
+            where = f"{page.name}: {command}"
+            if argv is not None:
+                parse_check(argv)
+                into = r"(sweeps|bench-data/20\d\d-\d\d-\d\d-[a-z]|docs|notebooks)/"
+                for arg in argv:  # paths into the repository exist
+                    if re.match(into, arg) and _limit(command) is None:
+                        assert glob.glob(str(ROOT / arg)), f"{where}: {arg} is not here"
+            elif "pip" in Path(words[0]).name or words[1:3] == ["-m", "pip"]:
+                for spec in (w for w in words if "[" in w):  # '.[engine,test]', 'bmoe[engine]'
+                    named = set(spec.split("[")[1].rstrip("]").split(","))
+                    assert named <= extras, (where, named - extras)
+            elif "pytest" in words:
+                after = words[words.index("pytest") + 1 :]  # pytest's -m, not python's
+                if "-m" in after:
+                    expression = after[after.index("-m") + 1]
+                    used = set(re.findall(r"[a-z_]+", expression)) - {"not", "and", "or"}
+                    assert used <= markers, (where, used - markers)
+            elif words[0] != "mkdir":
+                assert _not_run(words), f"{where}: say in NOT_RUN how this is checked"
+    assert total > 120
 
 
 def test_every_inline_bmoe_command_parses() -> None:
-    commands = inline_commands()
+    commands = [c for page in PAGES for c in inline_commands(page)]
     assert len(commands) > 10
     for command in commands:
         argv = shlex.split(command)[1:]
@@ -280,56 +364,85 @@ def test_every_inline_bmoe_command_parses() -> None:
         parse_check([a for a in argv if not a.endswith("...")], group=True)
 
 
-@pytest.mark.slow
-def test_the_readme_commands_run(sandbox: Path, capsys, monkeypatch) -> None:
-    """The commands that need only bench-data and files made from it run, in README order,
-    as a user would type them (exit 0; the history gate passes on bench-data's archives)."""
-    monkeypatch.chdir(sandbox)
+def test_the_readme_is_a_front_page_and_each_page_opens_on_an_example() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 210, len(lines)
+    for page in PAGES[1:-1]:
+        if page.name.startswith("adding-"):
+            continue  # a how-to: its steps are the example
+        text = page.read_text(encoding="utf-8")
+        head = text.split("\n## ", 1)[0]  # before the first section: the example and its output
+        kinds = [lang for lang, _body in _blocks(head)]
+        assert kinds[:1] in (["bash"], ["python"]) and "text" in kinds, (page.name, kinds)
+
+
+# ----------------------------------------------------------------------------- running tests
+
+
+def _run_page(page: Path, root: Path, made: Path, capsys, *, engine: bool, seen: set[str]):
+    """Run the commands of `page` in `root`, in order: those of the engine's test (`engine`)
+    or the others. Returns (ran, parsed with why)."""
     ran, parsed = [], []
-    for command in readme_commands():
+    for command in page_commands(page):
+        words = shlex.split(command)
         argv = _bmoe_argv(command)
         if argv is None:
+            if words[:2] == ["mkdir", "-p"]:
+                for folder in words[2:]:
+                    (root / folder).mkdir(parents=True, exist_ok=True)
             continue
-        why = None if argv[:1] == ["sweep"] and "--dry-run" in argv else _limit(command)
-        if why is None and "phone/" in command and not PHONE.is_dir():
-            why = f"the phone files stand-in is the corpus, absent at {PHONE}"
-        if why is None and argv[:2] == ["model", "synth"] and not _has("gguf"):
-            why = "writing a model needs the engine extra (gguf)"
+        why = _limit(command)
         if why is not None:
             parsed.append((command, why))
             continue
-        missing = _paths_exist(argv, sandbox)
-        assert not missing, f"{command}: nothing here stands for {missing}"
-        args = _expanded(argv, sandbox)
-        if argv[0] == "history" and len(glob.glob("bench-data/*-tiny-cache-lanes")) < 2:
+        if _engine_bound(argv) != engine:
+            continue
+        key = shlex.join(argv)
+        if key in seen:  # the same command again (another page's, or a comment apart)
+            continue
+        seen.add(key)
+        for name in _inputs(argv):
+            missing = _stand_in(name, root, made)
+            if missing:
+                parsed.append((command, missing))
+                break
+        else:
+            args = _expanded(argv, root)
             code = main(args)
             out = capsys.readouterr()
-            assert "history needs two or more sweep folders" in out.err
-            parsed.append((command, "one tiny-cache-lanes archive ships"))
-            continue
-        code = main(args)
-        out = capsys.readouterr()
-        # validate says 1 for findings; a regression gate says 1 for a regression
-        expect = (0, 1) if argv[0] == "validate" or "--fail-on-regression" in argv else (0,)
-        assert code in expect, f"{command}: exit {code}\n{out.err}"
-        ran.append(command)
-    assert len(ran) >= 35, ran
-    # each reason is the README's, not a missing file: every limited command was parsed
-    for command, _why in parsed:
+            err = out.err if isinstance(out.err, str) else out.err.decode("utf-8", "replace")
+            # validate says 1 for findings; a regression gate says 1 for a regression
+            expect = (0, 1) if argv[0] == "validate" or "--fail-on-regression" in argv else (0,)
+            assert code in expect, f"{page.name}: {command}: exit {code}\n{err[-3000:]}"
+            ran.append(command)
+    for command, _why in parsed:  # each reason is the page's, not a typo: it parses
         parse_check(_bmoe_argv(command) or [])
+    return ran, parsed
 
 
-def test_the_python_examples_run(monkeypatch) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_the_commands_of_each_page_run(page, made, tmp_path, capsys, monkeypatch) -> None:
+    """The analyses of a page run as a user types them, from the root of a fresh copy of the
+    repository (the engine's commands run in the test below)."""
+    root = tracked_copy(tmp_path / "repo")
+    monkeypatch.chdir(root)
+    ran, parsed = _run_page(page, root, made, capsys, engine=False, seen=set())
+    if any(_bmoe_argv(c) and not _engine_bound(_bmoe_argv(c) or []) for c in page_commands(page)):
+        assert ran or parsed, page.name
+
+
+def test_the_python_examples_run_and_assert_what_they_claim(monkeypatch) -> None:
     monkeypatch.chdir(ROOT)
-    text = README.read_text(encoding="utf-8")
-    blocks = [body for lang, body in _blocks(text) if lang == "python"]
+    blocks = [(p, body) for p in PAGES for lang, body in _blocks(p.read_text()) if lang == "python"]
     assert blocks
-    for body in blocks:
-        exec(compile(body, "README.md", "exec"), {})  # the README's own code
+    for page, body in blocks:
+        assert "assert " in body, f"{page.name}: an example says what it shows by asserting it"
+        exec(compile(body, page.name, "exec"), {})  # the page's own code
 
 
 def test_the_python_names_the_prose_gives_exist() -> None:
-    text = README.read_text(encoding="utf-8")
+    text = " ".join(p.read_text(encoding="utf-8") for p in PAGES)
     names = sorted(set(re.findall(r"`(bmoe(?:\.[A-Za-z_]\w*)+)", text.replace("\n", " "))))
     assert len(names) > 15
     missing = []
@@ -362,47 +475,29 @@ def test_the_docs_command_the_readme_gives_writes_the_reference(tmp_path: Path) 
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_the_quick_start_and_the_engine_commands_run(
-    tmp_path: Path, capsysbinary, monkeypatch
-) -> None:
-    """The quick start as written (model, sweep, analysis; then --resume finds nothing to
-    run), and the engine lines with the tiny model standing for small.gguf: a streamed run
-    with its traces, the plain baseline, a split model, and the profile of the streamed run."""
+def test_the_engine_commands_of_the_pages_run(made, tmp_path, capsysbinary, monkeypatch) -> None:
+    """The quick start as written (a model, a sweep, its analysis), then every engine command
+    of every page in order in the same fresh copy: the model families and split models, the
+    runs (the tiny model standing for small.gguf), the dry run and --resume of the finished
+    sweep, and the tune exactly as the pages write it, which must find its answer."""
     pytest.importorskip("llama_cpp", reason="the engine extra is not installed")
     pytest.importorskip("gguf", reason="the engine extra is not installed")
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(ROOT / "sweeps", tmp_path / "sweeps")
-    (tmp_path / "models").mkdir()
-
-    def run(argv: list[str]) -> str:
-        code = main(argv)
-        out, err = (b.decode("utf-8", "replace") for b in capsysbinary.readouterr())
-        assert code == 0, f"bmoe {shlex.join(argv)}: exit {code}\n{err}"
-        return out  # (a generated model's answer is any bytes)
-
-    text = README.read_text(encoding="utf-8")
-    quick = _shell_lines(_blocks(text)[0][1])
-    steps = [a for c in quick if (a := _bmoe_argv(c)) is not None]
-    assert [a[:2] for a in steps] == [["model", "synth"], ["sweep", "sweeps/tiny-embedded.toml"],
-                                      ["analyze", "sweep"]]  # fmt: skip
-    for argv in steps:
-        out = run(argv)
-    assert "Ranking by tok_s_mean" in out  # the analysis of the sweep just run
-    resume = [a for c in readme_commands() if (a := _bmoe_argv(c)) and "--resume" in a]
-    run(resume[0])  # a finished sweep: nothing left to run
-
-    (tmp_path / "small.gguf").symlink_to(tmp_path / "models" / "tiny.gguf")
-    engine = [a for c in readme_commands() if (a := _bmoe_argv(c)) and a[0] in ("run", "model")]
-    for argv in engine:
-        if argv[:3] == ["model", "synth", "g4.gguf"] or argv[0] == "run":
-            run(argv)  # the split model first, then the runs
-    for name in ("run.csv", "run.route.csv", "run.io.csv"):
-        assert (tmp_path / name).stat().st_size > 0, name
-    (tmp_path / "runs").mkdir()
-    for name in ("run.csv", "run.route.csv", "run.io.csv"):
-        shutil.copyfile(tmp_path / name, tmp_path / "runs" / name)
-    profile = [
-        a for c in readme_commands() if (a := _bmoe_argv(c)) and a[:2] == ["profile", "runs/"]
-    ]
-    run(profile[0])
-    assert (tmp_path / "device.json").is_file()
+    root = tracked_copy(tmp_path / "repo")
+    monkeypatch.chdir(root)
+    (root / "small.gguf").symlink_to(root / "models" / "tiny.gguf")  # made by the quick start
+    seen: set[str] = set()
+    ran = []
+    for page in PAGES:
+        done, _parsed = _run_page(page, root, made, capsysbinary, engine=True, seen=seen)
+        ran += [_bmoe_argv(c) for c in done]
+    steps = [a[:2] for a in ran]
+    assert steps[:3] == [["model", "synth"], ["sweep", "sweeps/tiny-embedded.toml"],
+                         ["analyze", "sweep"]], steps  # fmt: skip
+    assert ["tune", "sweeps/tiny-tune.toml"] in steps and ["run", "-m"] in steps
+    # the tune with the default output, relative to the repository root: every run worked
+    # and it recommends a cell that keeps the fidelity floor
+    (folder,) = (root / "bench-data").glob("*-tiny-tune")
+    lines = [json.loads(x) for x in (folder / "manifest.jsonl").read_text().splitlines()]
+    assert lines and all(r["status"] == "ok" for r in lines), [r.get("error") for r in lines]
+    best = json.loads((folder / "tune.json").read_text())["result"]["best"]
+    assert best is not None and best["worst_fidelity"] >= 0.9

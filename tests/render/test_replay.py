@@ -1,5 +1,5 @@
 """The replay's text and plot say T alike, note where layer and layerlfu hold more than the
-budget, and every policy is defined where a user looks: ``--help`` and the README."""
+budget, and every policy is defined where a user looks: ``--help`` and docs/replay.md."""
 
 from __future__ import annotations
 
@@ -74,15 +74,15 @@ def test_a_note_says_when_layer_policies_hold_more_than_the_budget() -> None:
     assert len(note_lines) > 2 and all(len(line) <= 60 for line in note_lines)
 
 
-def test_every_policy_is_defined_in_the_help_and_the_readme(capsys) -> None:
+def test_every_policy_is_defined_in_the_help_and_the_replay_page(capsys) -> None:
     from bmoe.cli import main
 
     assert main(["analyze", "replay", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    page = " ".join((ROOT / "docs" / "replay.md").read_text(encoding="utf-8").split())
     for name in POLICIES:
         assert f"- {name}: " in help_text, name
-        assert f"`{name}`" in readme, name
-    defined = readme.split("Which policies")[1].split("Which variants")[0]
+        assert f"`{name}`" in page, name
+    defined = page.split("Which policies")[1].split("Which variants")[0]
     for name in POLICIES:
-        assert f"`{name}`" in defined, f"README's policy list lacks {name}"
+        assert f"`{name}`" in defined, f"docs/replay.md's policy list lacks {name}"

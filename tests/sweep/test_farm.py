@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from sweep_helpers import install_fake_cli, manifest, write_config
 
+from bmoe.errors import BmoeError
 from bmoe.formats.metrics import read_metrics
 from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.attempt import NullSink
@@ -216,7 +217,7 @@ def test_a_lost_host_leaves_a_lost_attempt_and_its_run_to_do(tmp_path):
     piece = {"kind": "file", "run": run.id, "attempt": 1, "name": "run.csv", "offset": 0,
              "data": b"# bmoe_metrics v2\n"}  # fmt: skip
     receiver.receive(delivery, piece)
-    with pytest.raises(Exception, match="bad name"):
+    with pytest.raises(BmoeError, match="bad name"):
         receiver.receive(delivery, {**piece, "name": "../escape"})
     [record] = receiver.fail(delivery, "lost", "NodeDiedError: the node died")
     assert (record["status"], record["host"], record["node"]) == ("lost", "lab-3", "n3")

@@ -399,6 +399,25 @@ def test_a_torn_last_manifest_line_is_set_aside_before_the_next_append(tmp_path)
     assert runs[-2:] == ["z/r1", "w/r1"]
 
 
+def test_a_completed_run_whose_line_was_torn_off_is_listed_again_when_the_folder_opens(tmp_path):
+    """A tune plans its rounds from the manifest: a completed run whose ``ok`` line a power
+    loss tore off was in no later round's plan, so the resume's runner never gave its line
+    back, and the run was lost (robustness.py's torn tunes, 1 of 12)."""
+    cfg = make_sweep(tmp_path, "cache_mb = [0, 8, 16]")
+    root = run(cfg).root
+    path = root / "manifest.jsonl"
+    whole = path.read_bytes()
+    last = json.loads(whole.rstrip(b"\n").rsplit(b"\n", 1)[1])
+    path.write_bytes(whole[: len(whole) - 20])  # the last ok line cut mid-record
+    (root / "cells" / last["cell"] / "r1.a2.crashed").mkdir()  # an attempt set aside: not it
+    archive = ArchiveWriter.open(root)  # no plan, no run: what a tune's resume does first
+    assert archive.mended and "1 completed run(s) it did not list" in archive.mended
+    records = [json.loads(line) for line in path.read_bytes().splitlines()]
+    assert [r["run"] for r in records].count(last["run"]) == 1
+    assert all(r["status"] == "ok" for r in records) and len(records) == 3
+    assert ArchiveWriter.open(root).mended is None  # listed once: nothing to do again
+
+
 def test_manifest_lines_that_are_not_records_do_not_stop_a_resume(tmp_path):
     cfg = make_sweep(tmp_path, "cache_mb = [0, 8]")
     root = run(cfg).root

@@ -25,12 +25,15 @@ from hypothesis import strategies as st
 from sweep_helpers import manifest, sweep_folder, write_config
 
 from bmoe.analyze.tune import (
+    CHEAPER_RULE,
     Constraint,
+    cost_key,
     decide,
     estimates,
     excluded_by_fidelity,
     measured_cells,
     ratio_at,
+    recommend,
     t_at,
 )
 from bmoe.analyze.verdict import ratio_interval
@@ -252,6 +255,94 @@ def test_the_incumbent_is_never_a_cell_known_to_break_a_constraint(cells) -> Non
     assert all(feasible.get(c) is not False for c, _ in d.chosen)
 
 
+def _measured_table(rows: dict[str, list[float]], fidelity: dict[str, float] | None = None):
+    """The estimates of measured cells (`rows`: cell -> its runs' tok/s), none predicted."""
+    fidelity = fidelity or {}
+    results = _results([(c, v, fidelity.get(c, 1.0)) for c, vs in rows.items() for v in vs])
+    m = measured_cells(results, list(rows), "tok_s_reported", False, CON)
+    table = estimates(_candidates({c: (4, 0.0) for c in rows}, {}), m, 0.95)
+    return table, dict(zip(m["cell"], m["feasible"], strict=True))
+
+
+def test_a_cell_measured_once_never_takes_the_recommendation_from_a_repeated_one() -> None:
+    table, feasible = _measured_table({"lucky": [900.0], "firm": [600.0, 610.0, 590.0]})
+    costs = {"lucky": cost_key({"cache_mb": 2}, True), "firm": cost_key({"cache_mb": 4}, True)}
+    r = recommend(table, feasible, confidence=0.95, min_repeats=3, costs=costs)
+    # lucky is cheaper and faster on its one run, yet one run does not outweigh three
+    assert r.cell == "firm"
+    assert any("lucky" in why and "1 run" in why for why in r.reasons), r.reasons
+    # with nothing measured three times, the best mean is all there is (and it says so)
+    table, feasible = _measured_table({"lucky": [900.0], "other": [600.0, 610.0]})
+    r = recommend(table, feasible, confidence=0.95, min_repeats=3, costs={})
+    assert r.cell == "lucky" and any("fewer than 3" in why for why in r.reasons), r.reasons
+
+
+def test_when_the_best_is_not_distinguishable_the_cheaper_cell_is_recommended() -> None:
+    noisy = {"lossy": [700.0, 500.0, 600.0], "exact": [650.0, 450.0, 560.0]}
+    table, feasible = _measured_table(noisy)
+    costs = {
+        "lossy": cost_key({"cache_mb": 4, "drop_cold_experts": 0.5}, False),
+        "exact": cost_key({"cache_mb": 4, "drop_cold_experts": 0.0}, True),
+    }
+    r = recommend(table, feasible, confidence=0.95, min_repeats=3, costs=costs)
+    assert r.cell == "exact" and r.runner_up == "lossy" and r.distinguishable is False
+    assert any(CHEAPER_RULE in why for why in r.reasons), r.reasons
+    # measured twice is enough to be told apart, or not: the cheaper still wins the tie
+    table, feasible = _measured_table({"lossy": noisy["lossy"], "exact": [450.0, 470.0]})
+    r = recommend(table, feasible, confidence=0.95, min_repeats=3, costs=costs)
+    assert r.cell == "exact" and r.runner_up == "lossy"
+    # lossless alike: the smaller cache, then the fewer read lanes
+    assert cost_key({"cache_mb": 2, "io_threads": 4}, True) < cost_key(
+        {"cache_mb": 4, "io_threads": 1}, True
+    )
+    assert cost_key({"cache_mb": 4, "io_threads": 1}, True) < cost_key(
+        {"cache_mb": 4, "io_threads": 4}, True
+    )
+    # distinguishable: the faster stays, whatever it costs
+    table, feasible = _measured_table({"lossy": [900.0, 905.0, 895.0], "exact": [600.0] * 3})
+    r = recommend(table, feasible, confidence=0.95, min_repeats=3, costs=costs)
+    assert r.cell == "lossy" and r.distinguishable is True and not r.reasons
+
+
+def test_an_unsettled_answer_says_how_many_more_runs_would_settle_it() -> None:
+    # b measured once, 3 % below a (whose runs agree within 1 %): two more runs of b tell
+    table, feasible = _measured_table({"a": [100.0, 101.0, 99.0], "b": [97.0]})
+    d = decide(table, feasible, {}, confidence=0.95, slots=3, min_repeats=3, max_repeats=5)
+    assert not d.settled and d.more_runs == 2
+    # alike within the noise: both to their repeat bound (5), where they count as equivalent
+    table, feasible = _measured_table({"a": [100.0, 110.0, 90.0], "b": [99.0, 109.0, 89.0]})
+    d = decide(table, feasible, {}, confidence=0.95, slots=3, min_repeats=3, max_repeats=5)
+    assert not d.settled and d.more_runs == 4
+
+
+def test_the_report_names_the_cells_the_fidelity_floor_excluded_and_an_unsettled_answer():
+    from bmoe.render.tune import tune_report
+
+    state = {
+        "objective": "tok_s",
+        "result": {
+            "stop": {"reason": "budget", "sentence": "budget spent: a is the best so far"},
+            "best": {
+                "cell": "a", "label": "cache_mb=4", "objective": 500.0, "low": 450.0,
+                "high": 550.0, "runs": 3, "confidence": 0.95, "command": "bmoe run -m m.gguf",
+                "toml": "[base]\ncache_mb = 4\n",
+            },
+            "settle_runs": 6,
+            "infeasible": {
+                "cache_mb=4 drop_cold_experts=1.0": "fidelity 0.64 breaks fidelity >= 0.9"
+            },
+            "excluded": 14,
+            "cells_measured": 5,
+            "used_runs": 14,
+            "budget_runs": 14,
+        },
+    }  # fmt: skip
+    text = tune_report(state)
+    assert "not settled" in text and "about 6 more runs" in text
+    assert "cache_mb=4 drop_cold_experts=1.0: fidelity 0.64 breaks fidelity >= 0.9" in text
+    assert "14 cells" in text and "not run" in text
+
+
 # ----------------------------------------------------------------------------- whole tunes
 
 
@@ -272,14 +363,16 @@ def tiny(tmp_path_factory) -> Path:
     return Path(synth_model(tmp_path_factory.mktemp("model") / "tiny.gguf", preset="tiny"))
 
 
-def _tune_config(tmp_path: Path, model: Path, tune: str, n_predict: int = 16) -> Path:
+def _tune_config(
+    tmp_path: Path, model: Path, tune: str, n_predict: int = 16, output: str | None = None
+) -> Path:
     return write_config(
         tmp_path,
         f"""\
         [sweep]
         name = "tt"
         engine = "embedded"
-        output = "{tmp_path / "out"}"
+        output = "{output or tmp_path / "out"}"
         timeout_s = 300
 
         [base]
@@ -299,10 +392,10 @@ def _tune_config(tmp_path: Path, model: Path, tune: str, n_predict: int = 16) ->
     )
 
 
-def _tune(cfg: Path, *extra: str) -> subprocess.Popen:
+def _tune(cfg: Path, *extra: str, cwd: Path = ROOT) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "bmoe", "tune", str(cfg), "--plain", *extra],
-        cwd=ROOT,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -340,6 +433,49 @@ def test_a_tune_keeps_its_budget_and_recommends_only_a_feasible_cell(tmp_path, t
         )
         assert done.returncode == 0, done.stderr.decode()
     assert "Speed against fidelity" in report.read_text(encoding="utf-8")  # the report plots it
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_tune_with_a_relative_output_finds_its_fidelity_reference(tmp_path, tiny):
+    """The default output is relative to the working directory, and every run works in its
+    own staging folder: the calibration run's fidelity reference must reach them all."""
+    cfg = _tune_config(tmp_path, tiny, "budget = 4\nmin_fidelity = 0.5", output="out")
+    proc = _tune(cfg.name, cwd=tmp_path)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err.decode()
+    lines = manifest(sweep_folder(tmp_path / "out"))
+    assert len(lines) <= 4
+    assert [r["status"] for r in lines] == ["ok"] * len(lines), [r.get("error") for r in lines]
+    assert "best: " in out.decode()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+def test_a_tune_whose_every_attempt_fails_the_same_way_stops_within_its_budget(tmp_path, tiny):
+    """A mistake every cell shares (here a fidelity reference that is no reference) ends the
+    tune after its first round, as it ends a sweep; a failed attempt counts against the budget,
+    retries included, and nothing unmeasured is called the best."""
+    (tmp_path / "ref.npz").write_bytes(b"not a reference")
+    cfg = _tune_config(
+        tmp_path, tiny, 'budget = 6\nper_round = 3\nmin_fidelity = 0.5\nfidelity_ref = "ref.npz"'
+    )
+    text = cfg.read_text().replace("timeout_s = 300", "timeout_s = 300\nretries = 1")
+    cfg.write_text(text)
+    proc = _tune(cfg)
+    out, err = proc.communicate(timeout=900)
+    text = out.decode() + err.decode()
+    assert proc.returncode == 1, text
+    lines = manifest(sweep_folder(tmp_path / "out"))
+    assert len(lines) <= 6  # the budget, the calibration run and every retry counted
+    candidates = [r for r in lines if not r["cell"].startswith("calibrate")]
+    assert candidates and {r["status"] for r in candidates} == {"crashed"}
+    # the first round's runs failed alike: no second round
+    assert {r["cell"] for r in candidates} == {r["cell"] for r in candidates[:3]}
+    assert "failed the same way" in text and "ref.npz" in text
+    assert "best so far" not in text and "best:" not in text
 
 
 @pytest.mark.engine

@@ -102,8 +102,10 @@ def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
     contended = _compute_over_cpu(attempts)
     out = []
     for cell in cells.astype(str):
-        why = reasons.get(cell)
-        parts = [p for p in str(why).split(", ") if p and p != FEW_REPEATS] if why else []
+        why = reasons.get(cell)  # (NaN for a cell the verdict found stable)
+        parts = (
+            [p for p in why.split(", ") if p and p != FEW_REPEATS] if isinstance(why, str) else []
+        )
         ratio = contended.get(cell, np.nan)
         if not parts and ratio > CONTENDED_RATIO:
             parts.append(f"{CONTENDED} ({ratio:.1f}x its CPU time)")
@@ -299,7 +301,8 @@ def against(
     measured = measured_cells(results, grid_defaults(profile))
     inside = in_sample_cells(results, profile, sweep_dir)
     measured["measurement"] = [
-        ", ".join(x for x in (IN_SAMPLE if cell in inside else None, why) if x) or None
+        ", ".join(x for x in (IN_SAMPLE if cell in inside else None, why) if isinstance(x, str))
+        or None
         for cell, why in zip(measured["cell"].astype(str), measured["measurement"], strict=True)
     ]
     grid = measured[[*GRID_AXES] + (["policy"] if "policy" in measured else [])]

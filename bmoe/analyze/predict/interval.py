@@ -24,37 +24,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
+from bmoe.analyze import stats
 from bmoe.formats.profile import DeviceProfile
 
 
 def interval_z(coverage: float) -> float:
     """The normal quantile of a two-sided interval of `coverage` (0.8 -> 1.2816)."""
-    return NormalDist().inv_cdf(0.5 + coverage / 2.0)
+    return stats.normal_quantile(0.5 + coverage / 2.0)
 
 
-@lru_cache(maxsize=256)
 def t_quantile(p: float, dof: float) -> float:
     """The `p` quantile (p >= 0.5) of Student's t at `dof` degrees of freedom (fractional
-    allowed, >= 1; the normal's past 1e6): the density integrated numerically, between 0 and
-    the Cauchy quantile, which bounds every t quantile of one degree of freedom or more."""
+    allowed; below 1 taken as 1; infinity is the normal's)."""
     if not 0.5 <= p < 1.0:
         raise ValueError(f"t_quantile: p {p} is not in [0.5, 1)")
-    if not math.isfinite(dof) or dof > 1e6:
-        return NormalDist().inv_cdf(p)
-    dof = max(float(dof), 1.0)
-    top = math.tan(math.pi * (p - 0.5)) * 1.01 + 1.0
-    x = np.linspace(0.0, top, 200_001)
-    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
-    density = np.exp(log_c - (dof + 1) / 2 * np.log1p(x * x / dof))
-    steps = np.diff(x) * (density[1:] + density[:-1]) / 2
-    cdf = 0.5 + np.concatenate([[0.0], np.cumsum(steps)])
-    return float(np.interp(p, cdf, x))
+    if not math.isfinite(dof):
+        return stats.normal_quantile(p)
+    return float(stats.t_quantile(p, max(float(dof), 1.0))[0])
 
 
 @dataclass(frozen=True)
@@ -167,23 +157,7 @@ def half_width(coverage: float, spread_sd: float, error: ModelError) -> tuple[fl
 def binomial_p(k: int, n: int, p: float | np.ndarray) -> np.ndarray:
     """The exact two-sided p-value of `k` successes in `n` trials at success probability
     `p` (an array of them allowed): the probability of every count no likelier than `k`."""
-    probs = np.atleast_1d(np.asarray(p, dtype=np.float64))
-    counts = np.arange(n + 1)
-    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(c + 1) - math.lgamma(n - c + 1)
-                           for c in counts])  # fmt: skip
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = (
-            log_choose[None, :]
-            + counts[None, :] * np.log(probs[:, None])
-            + (n - counts[None, :]) * np.log1p(-probs[:, None])
-        )
-    logs = np.where(np.isnan(logs), -np.inf, logs)
-    pmf = np.exp(logs)
-    # p = 0 or 1 puts all the mass on one count (0 ** 0 == 1)
-    pmf[probs == 0.0, :] = counts == 0
-    pmf[probs == 1.0, :] = counts == n
-    observed = pmf[:, k : k + 1]
-    return np.minimum(1.0, (pmf * (pmf <= observed * (1 + 1e-7))).sum(axis=1))
+    return stats.binomial_two_sided_p(k, n, p)
 
 
 #: A stated coverage is called wrong when the cells it was checked on make it less likely

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,7 +75,7 @@ def _evidence(runs: Sequence[ProfileRun], configs: dict[str, RunConfig], model: 
     tokens = {n: scaled(t, factors[n]) if n in factors else t for n, t in tokens.items()}
     ev = Evidence(list(runs), configs, tokens, states, slices, req)
     if factors:
-        named = ", ".join(f"{Path(n).name} {f:.2f}x" for n, f in factors.items())
+        named = ", ".join(f"{n} {f:.2f}x" for n, f in factors.items())
         ev.caveats.append(
             f"contended runs' token times divided by their compute's slowdown ({named}): an "
             "estimate of the machine uncontended"
@@ -96,7 +95,7 @@ def _input_caveats(ev: Evidence, sized: bool) -> None:
     for name, config in ev.configs.items():
         for key, how in config.assumed.items():
             if key in ("io_threads", "threads", "prefetch", "cache_mb"):
-                assumed.setdefault((key, how), []).append(Path(name).name)
+                assumed.setdefault((key, how), []).append(name)
     for (key, how), names in assumed.items():
         ev.caveats.append(f"{key} {how} ({', '.join(names)})")
 

@@ -134,6 +134,10 @@ def term_spread(
     }
 
 
+#: Run means a term's note lists one by one (more are given as their range).
+MEANS_LISTED = 6
+
+
 def provenance(
     runs: Sequence[str], columns: Sequence[str], spread: dict[str, Any], note: str = ""
 ) -> dict[str, Any]:
@@ -142,7 +146,12 @@ def provenance(
     uncertain by more than :data:`TERM_SE_PCT` %)."""
     why = []
     if spread.get("runs_disagree_pct", 0.0) > RUNS_DISAGREE_PCT:
-        means = ", ".join(f"{v:.3g}" for v in spread["run_means"].values())
+        values = list(spread["run_means"].values())
+        means = (
+            ", ".join(f"{v:.3g}" for v in values)
+            if len(values) <= MEANS_LISTED
+            else f"{min(values):.3g} to {max(values):.3g} over {len(values)} runs"
+        )
         why.append(f"its runs disagree by {spread['runs_disagree_pct']:.0f} % (run means {means})")
     if spread.get("se_pct", 0.0) > TERM_SE_PCT:
         why.append(

@@ -22,16 +22,27 @@ from __future__ import annotations
 
 import importlib
 
-from bmoe.cache.kernels.base import Chunk, KernelSpec, Replay, Setup, counter_bits, widened
+from bmoe.cache.kernels.base import (
+    Budgets,
+    Chunk,
+    KernelSpec,
+    Replay,
+    ReplayBudgets,
+    Setup,
+    counter_bits,
+    widened,
+)
 from bmoe.cache.kernels.memory import release_heap
 from bmoe.cache.kernels.randomized import draw, mt_state
 from bmoe.cache.policies import POLICIES
 from bmoe.errors import BmoeError
 
 __all__ = [
+    "Budgets",
     "Chunk",
     "KernelSpec",
     "Replay",
+    "ReplayBudgets",
     "Setup",
     "counter_bits",
     "draw",

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.arc import ARC
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 _T1, _T2, _B1, _B2 = 0, 1, 2, 3
 
@@ -41,7 +41,7 @@ def arc_state(n_keys: int) -> ARCState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i4 b1 i8"), 0, arc_state(1)), **OPTS)
 def arc_continue(bounds, look, rec, repeated, size, budget, state):
     """Replay the batches from `state` (updated in place)."""
     nxt, prv, where, mark, ksize, scalars, p_now = state

@@ -96,10 +96,23 @@ class KernelSpec:
     step: Callable[[Replay, Chunk], np.ndarray]
     per_key: tuple[str, ...]
     grow: Callable[[State, Setup, int], State] | None = None
+    budgets: Budgets | None = None  # several budgets of a global policy in one pass
 
     @property
     def name(self) -> str:
         return self.live.name
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """A policy's replay of several budgets in one pass, each budget's hits those of its own
+    :class:`Replay`: `new` makes the state of a :class:`Setup`'s keys at a number of budgets,
+    `step` replays a chunk from a :class:`ReplayBudgets` and returns the hits per budget
+    (ascending) and batch, `per_key` names the state's arrays widened with the keys."""
+
+    new: Callable[[Setup, int], State]
+    step: Callable[[ReplayBudgets, Chunk], np.ndarray]
+    per_key: tuple[str, ...]
 
 
 def widened(state: State, fresh: State, per_key: tuple[str, ...], old: int) -> State:
@@ -115,6 +128,12 @@ def widened(state: State, fresh: State, per_key: tuple[str, ...], old: int) -> S
             wide[-extra:] = now[old:]
         out[name] = wide
     return state._replace(**out)
+
+
+#: The largest budget a kernel is given (bytes, 4 EiB): a budget beyond every expert of any
+#: model replays as this one does, and its bytes stay an int64 (``cache_mb = 1e30`` in a
+#: metrics preamble, or ``--budgets 1e30``, reached the compiled kernels as a Python int).
+MAX_BUDGET = 1 << 62
 
 
 @dataclass
@@ -133,6 +152,7 @@ class Replay:
     def __post_init__(self) -> None:
         if self.budget < 0:
             raise BmoeError(f"cache budget must be >= 0 bytes, not {self.budget}")
+        self.budget = min(int(self.budget), MAX_BUDGET)
         self.capacity = self.budget
         if self.per_layer:
             if not self.n_layer or self.n_layer < 1:
@@ -188,3 +208,43 @@ class Replay:
             f"{self.name}'s priorities outgrow 64 bits on {len(chunk.look):,} lookups; "
             "replay fewer rows"
         )
+
+
+@dataclass
+class ReplayBudgets:
+    """One global policy at several budgets in one pass (its spec's :attr:`KernelSpec.budgets`),
+    the caches carried from chunk to chunk: :meth:`feed` gives the hits per budget (in the
+    order given) and batch."""
+
+    spec: KernelSpec
+    budgets: list[int]
+    setup: Setup
+    state: State = field(init=False)
+    capacities: np.ndarray = field(init=False)  # the distinct budgets, ascending
+    rows: np.ndarray = field(init=False)  # per budget given, its row of the hits
+
+    def __post_init__(self) -> None:
+        if self.spec.budgets is None or self.spec.live.per_layer:
+            raise BmoeError(f"policy {self.spec.name!r} has no replay of several budgets")
+        if any(b < 0 for b in self.budgets):
+            raise BmoeError(f"cache budget must be >= 0 bytes, not {min(self.budgets)}")
+        self.setup = Setup(self.setup.n_keys, 1, self.setup.seed)
+        self.budgets = [min(int(b), MAX_BUDGET) for b in self.budgets]
+        self.capacities, self.rows = np.unique(np.asarray(self.budgets, dtype=np.int64),
+                                               return_inverse=True)  # fmt: skip
+        self.state = self.spec.budgets.new(self.setup, len(self.capacities))
+
+    def grow(self, n_keys: int, part_keys: int = 0) -> None:
+        """Make room for key ids up to `n_keys` (the caches unchanged)."""
+        assert self.spec.budgets is not None
+        old = self.setup.n_keys
+        self.setup = Setup(n_keys, 1, self.setup.seed)
+        fresh = self.spec.budgets.new(self.setup, len(self.capacities))
+        self.state = widened(self.state, fresh, self.spec.budgets.per_key, old)
+
+    def feed(self, chunk: Chunk) -> np.ndarray:
+        """Hits per budget (as given) and batch of `chunk`, the caches left as after it."""
+        if not len(chunk):
+            return np.zeros((len(self.budgets), 0), dtype=np.int64)
+        assert self.spec.budgets is not None
+        return self.spec.budgets.step(self, chunk)[self.rows]

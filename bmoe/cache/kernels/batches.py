@@ -4,14 +4,19 @@ each lookup's next use (for the policies that read the future)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.shared import OPTS
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
-@njit(**OPTS)
+#: the route columns' own types (:data:`bmoe.formats.route.COLUMN_TYPES`): turn, phase, step,
+#: layer, slot
+COLUMNS = "i2 i1 i4 i2 i1"
+
+
+@njit(ahead=lambda: (*arrays(COLUMNS), 0, 0, 0, 0, 1, 1), **OPTS)
 def batch_sort_key(turn, phase, step, layer, slot, t0, s0, l0, o0, span, n_slot):
     """Each row's place in the reference batch order as one int64 (turn, phase, then step
     before layer in decode and layer before step in prefill, slot), and whether the rows
@@ -42,7 +47,7 @@ def _row(order, i):
     return order[i] if len(order) else i
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: arrays("i8 " + COLUMNS[:-3]), **OPTS)
 def count_batches(order, turn, phase, step, layer):
     """The batches of the rows taken in `order` (empty: as they are): a batch ends where
     the turn, the phase or the layer changes, or the step in decode."""
@@ -64,7 +69,13 @@ def count_batches(order, turn, phase, step, layer):
     return count
 
 
-@njit(**OPTS)
+@njit(
+    ahead=lambda: [
+        (*arrays(f"i8 {COLUMNS[:-3]} {ids} b1 i8"), 1, 1, 1, *arrays("i8"))
+        for ids in ("i2", "i8")  # the expert column, or the key ids that occur
+    ],
+    **OPTS,
+)
 def cut_batches(
     order, turn, phase, step, layer, expert, resident, part_of, n_e, n_b, n_keys, look_row
 ):
@@ -136,7 +147,7 @@ def cut_batches(
     return look[:m], rec[:m], first_row, bounds, repeated, recorded
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4"), 1), **OPTS)
 def next_uses(bounds, look, n_keys):
     """For each lookup, the next batch looking the same key up; the number of batches
     (one past the last) if none."""
@@ -144,7 +155,7 @@ def next_uses(bounds, look, n_keys):
     return next_uses_continue(bounds, look, np.full(n_keys, n_b, dtype=np.int32), 0)
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i4"), 0), **OPTS)
 def next_uses_continue(bounds, look, nextb, b0):
     """:func:`next_uses` of the batches numbered from `b0` on, `nextb` (per key, the first
     batch after them looking it up, updated in place) carried from the chunk after: chunks
@@ -157,3 +168,39 @@ def next_uses_continue(bounds, look, nextb, b0):
             out[i] = nextb[k]
             nextb[k] = b0 + b
     return out
+
+
+@njit(**{**OPTS, "inline": "always"})
+def _group(turn, phase, step, r):
+    """Row `r`'s batch group as one int64 growing in replay order: turn, then prefill (all
+    of it one group) before decode, then the decode step."""
+    dec = np.int64(1) if phase[r] != 0 else np.int64(0)
+    return (
+        ((np.int64(turn[r]) + (1 << 15)) << 41)
+        | (dec << 40)
+        | (dec * (np.int64(step[r]) + (1 << 31)))
+    )
+
+
+@njit(ahead=lambda: arrays(COLUMNS[:-6]), **OPTS)
+def last_group(turn, phase, step):
+    """Rows of a block by batch group (:func:`_group`): where the run of rows of the last
+    row's group that ends the block starts, whether no row before that run is of the
+    group, and the lowest and highest group before it (the last row's group when none)."""
+    n = len(step)
+    last = _group(turn, phase, step, n - 1)
+    start = n - 1
+    while start > 0 and _group(turn, phase, step, start - 1) == last:
+        start -= 1
+    lo = last
+    hi = last
+    alone = True
+    for r in range(start):
+        g = _group(turn, phase, step, r)
+        if g == last:
+            alone = False
+        if r == 0 or g < lo:
+            lo = g
+        if r == 0 or g > hi:
+            hi = g
+    return start, alone, lo, hi

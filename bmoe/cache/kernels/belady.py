@@ -18,14 +18,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup, counter_bits
 from bmoe.cache.kernels.shared import OPTS, sift_down, sift_up
 from bmoe.cache.policies.belady import Belady
+from bmoe.compiled import arrays, njit
 from bmoe.errors import BmoeError
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
 class BeladyState(NamedTuple):
@@ -55,7 +55,7 @@ def belady_state(n_keys: int) -> BeladyState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i8 i4"), 0, 0, 0, 0, belady_state(1)), **OPTS)
 def belady_continue(bounds, look, size, next_use, n_total, b0, budget, shift, state):
     """Replay the batches numbered from `b0` on of a replay of `n_total`, their next uses
     numbered so, from `state` (updated in place)."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.clock import Clock
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
 class ClockState(NamedTuple):
@@ -41,7 +41,7 @@ def clock_state(n_keys: int) -> ClockState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i8"), 0, clock_state(1)), **OPTS)
 def clock_continue(bounds, look, size, budget, state):
     """Replay the batches from `state` (updated in place)."""
     nxt, prv, resident, bit, mark, ksize, entering, scalars = state

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr
 from bmoe.cache.kernels.shared import OPTS
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
 def lru_byte_distances(
@@ -60,12 +60,13 @@ def distances_state(n_keys: int, room: int) -> DistanceState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (distances_state(1, 1), *arrays("i8"), 1), **OPTS)
 def distances_restart(state, key_bytes, room):
-    """`state` (:func:`distances_state`) with its touched keys renumbered 1..m in touch
-    order and a new tree holding their `key_bytes` with room for `room` more touches:
-    between chunks, so the tree is bounded by the keys and a chunk, not the trace."""
-    _, last, prevb, scalars = state
+    """The touched keys of `state` (:func:`distances_state`) renumbered 1..m in touch order
+    (in place) and the new tree holding their `key_bytes` with room for `room` more touches,
+    for ``state._replace(tree=...)``: between chunks, so the tree is bounded by the keys and
+    a chunk, not the trace."""
+    _, last, _, scalars = state
     live = np.flatnonzero(last > 0)
     order = live[np.argsort(last[live])]
     m = len(order)
@@ -80,10 +81,10 @@ def distances_restart(state, key_bytes, room):
         if j <= n:
             new[j] += new[i]
     scalars[1] = m
-    return DistanceState(new, last, prevb, scalars)
+    return new
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i4 b1 i8"), True, distances_state(1, 1)), **OPTS)
 def lru_byte_distances_continue(bounds, look, rec, repeated, size, batch_semantics, state):
     """:func:`lru_byte_distances` from `state` (:func:`distances_state`, updated in place,
     its tree with room for these lookups): batches given chunk by chunk give the distances

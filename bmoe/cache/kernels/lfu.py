@@ -20,8 +20,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup, counter_bits
 from bmoe.cache.kernels.shared import (
@@ -34,8 +32,11 @@ from bmoe.cache.kernels.shared import (
     restamp_heap,
 )
 from bmoe.cache.policies.lfu import LFU, InCacheLFU
+from bmoe.compiled import arrays, njit, numba_global
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
+
+trailing_zeros = numba_global("numba.cpython.unsafe.numbers", "trailing_zeros")
 
 
 class LFUState(NamedTuple):
@@ -76,7 +77,7 @@ def lfu_regrow(state: LFUState, n_keys: int, room: int) -> LFUState:
     return out
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (lfu_state(1, 1, 1), lfu_state(1, 1, 2)), **OPTS)
 def _relink(state, out):
     """Copy `state` into the larger `out`, relinking its count lists there."""
     old_room = state.room[0]
@@ -103,7 +104,7 @@ def _relink(state, out):
             out.bits[j * words + (c >> 6)] |= np.int64(1) << (c & 63)
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i4 b1 i8 i8"), 0, True, lfu_state(1, 1, 1)), **OPTS)
 def lfu_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts, state):
     """Replay the batches from `state` (updated in place; its room enough for every count
     the batches reach), each slice holding `capacity` bytes. Without `keep_counts` a victim's
@@ -230,7 +231,7 @@ def lfu_heap_state(n_parts: int, n_keys: int, part_keys: int) -> LFUHeapState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (lfu_state(1, 1, 1), lfu_heap_state(1, 1, 1), 0), **OPTS)
 def _lists_to_heap(lists, heap, shift):
     """Move the count lists of `lists` into the empty heaps of `heap`: each list's keys
     stamped in its order (ties within a count go to the least recent touch, as there)."""
@@ -253,7 +254,7 @@ def _lists_to_heap(lists, heap, shift):
     heap.clock[0] = clock
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (lfu_heap_state(1, 1, 1), 0), **OPTS)
 def lfu_heap_restamp(state, shift):
     """Renumber the touch stamps of the keys in the heaps 1..m in their order and pack their
     priorities with `shift`; the clock restarts at m."""
@@ -269,7 +270,7 @@ def lfu_heap_restamp(state, shift):
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i4 b1 i8 i8"), 0, True, 0, lfu_heap_state(1, 1, 1)), **OPTS)
 def lfu_heap_continue(bounds, look, rec, repeated, size, part, capacity, keep_counts, shift, state):
     """:func:`lfu_continue` over the heap form (its priorities packed with `shift`)."""
     counts, resident, ksize, stamp, hv, hk, hpos, base, hcount, held, clocks = state

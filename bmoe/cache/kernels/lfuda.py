@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import (
@@ -26,8 +25,9 @@ from bmoe.cache.kernels.shared import (
     restamp_heap,
 )
 from bmoe.cache.policies.lfuda import LFUDA, LibCacheSimLFUDA
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
 class LFUDAState(NamedTuple):
@@ -61,7 +61,7 @@ def lfuda_state(n_keys: int) -> LFUDAState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (lfuda_state(1), 0), **OPTS)
 def lfuda_restamp(state, shift):
     """Renumber the touch stamps of the keys in the heap 1..m in their order and pack the
     heap priorities with `shift`; the clock restarts at m."""
@@ -71,7 +71,7 @@ def lfuda_restamp(state, shift):
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i4 b1 i8"), 0, 0, lfuda_state(1)), **OPTS)
 def lfuda_continue(bounds, look, rec, repeated, size, budget, shift, state):
     """Replay the batches from `state` (updated in place; its priorities packed with
     `shift`)."""
@@ -190,7 +190,7 @@ def lfuda_libcachesim_state(n_keys: int) -> LibCacheSimLFUDAState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (lfuda_libcachesim_state(1), 0), **OPTS)
 def lfuda_libcachesim_restamp(state, shift):
     """Renumber the touch stamps of the resident keys (in the heap or stranded) 1..m in
     their order and pack the heap priorities with `shift`; the clock restarts at m."""
@@ -200,7 +200,7 @@ def lfuda_libcachesim_restamp(state, shift):
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i4 b1 i8"), 0, 0, lfuda_libcachesim_state(1)), **OPTS)
 def lfuda_libcachesim_continue(bounds, look, rec, repeated, size, budget, shift, state):
     """Replay the batches from `state` (updated in place; its priorities packed with
     `shift`). Returns the hits per batch and whether every priority fitted above the touch

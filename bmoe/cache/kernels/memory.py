@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 
 @functools.cache
 def malloc_trim():
-    """glibc's ``malloc_trim``, or None where the C library has none."""
-    name = ctypes.util.find_library("c")
+    """glibc's ``malloc_trim``, or None where the C library has none (looked up among the
+    symbols the process has loaded: ``ctypes.util.find_library`` would start ``ldconfig``)."""
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
 

@@ -9,13 +9,13 @@ import random
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS
 from bmoe.cache.policies.randomized import Random
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
 @njit(**OPTS)
@@ -77,7 +77,7 @@ def random_state(n_keys: int, mt: Arr, index: Arr) -> RandomState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i8"), 0, random_state(1, *mt_state(0))), **OPTS)
 def randomized_continue(bounds, look, size, budget, state):
     """Replay the batches from `state` (updated in place)."""
     pos, mark, ksize, lst, mt, index, scalars = state

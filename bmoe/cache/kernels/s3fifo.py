@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import INLINE, OPTS, append, node_lists, prepend, unlink
 from bmoe.cache.policies.s3fifo import S3FIFO, LibCacheSimS3FIFO
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 _SMALL, _MAIN, _GHOST = 0, 1, 2
 
@@ -57,7 +57,7 @@ def s3fifo_state(n_keys: int) -> S3FIFOState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i8"), 0, s3fifo_state(1)), **OPTS)
 def s3fifo_continue(bounds, look, size, budget, state):
     """Replay the batches from `state` (updated in place)."""
     nxt, prv, where, mark, freq, ksize, stuck, scalars = state
@@ -257,7 +257,7 @@ def _step_small(nxt, prv, where, freq, mark, ksize, gb, stuck, n_stuck, counters
     return False, n_stuck
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i8"), 0, s3fifo_libcachesim_state(1)), **OPTS)
 def s3fifo_libcachesim_continue(bounds, look, size, budget, state):
     """Replay the batches from `state` (updated in place)."""
     nxt, prv, where, mark, freq, ksize, stuck, entering, from_ghost, counters = state

@@ -9,7 +9,8 @@ changing this file means changing the stamp in each of them, which recompiles th
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from bmoe.compiled import njit
 
 #: the options every kernel is compiled with: cached on disk, releasing the GIL
 OPTS = {"cache": True, "nogil": True, "boundscheck": False}

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from bmoe.cache.kernels.base import Arr, Chunk, KernelSpec, Replay, Setup
 from bmoe.cache.kernels.shared import OPTS, append, node_lists, unlink
 from bmoe.cache.policies.sieve import Sieve
+from bmoe.compiled import arrays, njit
 
-SHARED_STAMP = "f0fe60622112"  # sha256 of shared.py: see its docstring
+SHARED_STAMP = "0a4de18bed56"  # sha256 of shared.py: see its docstring
 
 
 class SieveState(NamedTuple):
@@ -44,7 +44,7 @@ def sieve_state(n_keys: int) -> SieveState:
     )
 
 
-@njit(**OPTS)
+@njit(ahead=lambda: (*arrays("i8 i4 i8"), 0, sieve_state(1)), **OPTS)
 def sieve_continue(bounds, look, size, budget, state):
     """Replay the batches from `state` (updated in place)."""
     nxt, prv, resident, visited, mark, ksize, entering, scalars = state

@@ -12,6 +12,7 @@ from bmoe.cache.policies.arc import ARC
 from bmoe.cache.policies.base import NEVER, Policy
 from bmoe.cache.policies.belady import Belady
 from bmoe.cache.policies.clock import Clock
+from bmoe.cache.policies.fifo import FIFO
 from bmoe.cache.policies.layered import LayerLFU, LayerLRU
 from bmoe.cache.policies.lfu import LFU, InCacheLFU
 from bmoe.cache.policies.lfuda import LFUDA, LibCacheSimLFUDA
@@ -24,7 +25,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
         Belady, LRU, LFU, Random, LayerLRU, LayerLFU, ARC, S3FIFO, LFUDA, InCacheLFU,
-        LibCacheSimLFUDA, LibCacheSimS3FIFO, Sieve, Clock,
+        LibCacheSimLFUDA, LibCacheSimS3FIFO, Sieve, Clock, FIFO,
     )
 }  # fmt: skip
 

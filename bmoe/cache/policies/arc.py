@@ -23,6 +23,7 @@ from bmoe.cache.policies.base import Policy
 
 class ARC(Policy):
     name = "arc"
+    summary = "ARC, recency and frequency lists with ghosts, sizes in bytes."
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)

@@ -32,6 +32,8 @@ class Policy:
     """Base class: budget, resident set and bytes held. Subclasses order the victims."""
 
     name = ""
+    #: what it evicts, in a sentence (the replay's help lists every policy with it)
+    summary = ""
     #: other spellings the engine uses for this policy (its preamble's ``cache_policy``)
     engine_names: tuple[str, ...] = ()
     #: the policy needs each key's next batch of use (it reads the future: replay only)

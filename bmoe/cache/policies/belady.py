@@ -20,6 +20,7 @@ DIST_SHIFT = 2 * KEY_BITS
 
 class Belady(Policy):
     name = "belady"
+    summary = "the expert used again furthest in the future (it knows the future: the bound)."
     needs_future = True
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):

@@ -19,6 +19,7 @@ from bmoe.cache.policies.base import Policy
 
 class Clock(Policy):
     name = "clock"
+    summary = "CLOCK, a FIFO whose oldest key goes back in once if it was hit (second chance)."
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)

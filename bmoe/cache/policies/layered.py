@@ -77,11 +77,16 @@ class LayerSliced(Policy):
 
 class LayerLRU(LayerSliced):
     name = "layer"
+    summary = (
+        "each layer gets budget / layers and evicts its own least recently used; it keeps its "
+        "current batch whatever the budget, so below T it holds more than the budget."
+    )
     engine_names = ("layer-lru",)
     inner = LRU
 
 
 class LayerLFU(LayerSliced):
     name = "layerlfu"
+    summary = "layer with the least often used in place of the least recently used."
     engine_names = ("layer-lfu",)
     inner = LFU

@@ -22,6 +22,7 @@ COUNT_SHIFT = KEY_BITS + TOUCH_BITS
 
 class LFU(Policy):
     name = "lfu"
+    summary = "the least often used, counting every lookup since the start (perfect LFU)."
     #: counts survive eviction ("perfect LFU"); False counts only while a key is cached
     keep_counts = True
 
@@ -106,4 +107,5 @@ class InCacheLFU(LFU):
     while cached, the variant most simulators call LFU, libCacheSim's among them)."""
 
     name = "lfu-incache"
+    summary = "LFU counting only while an expert is cached."
     keep_counts = False

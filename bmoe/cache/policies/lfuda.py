@@ -22,6 +22,7 @@ PRIORITY_SHIFT = KEY_BITS + TOUCH_BITS
 
 class LFUDA(Policy):
     name = "lfuda"
+    summary = "LFU with dynamic aging (priority = lookups since admission + the age)."
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)
@@ -115,6 +116,7 @@ class LibCacheSimLFUDA(LFUDA):
     """
 
     name = "lfuda-libcachesim"
+    summary = "libCacheSim's LFUDA, rule for rule (its hit adds the age)."
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)

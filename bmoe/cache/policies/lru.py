@@ -15,6 +15,7 @@ from bmoe.cache.policies.base import Policy
 
 class LRU(Policy):
     name = "lru"
+    summary = "the least recently used expert."
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)

@@ -14,6 +14,7 @@ from bmoe.cache.policies.base import Policy
 
 class Random(Policy):
     name = "random"
+    summary = "one at random (--seed)."
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)

@@ -22,6 +22,7 @@ from bmoe.cache.policies.base import Policy
 
 class S3FIFO(Policy):
     name = "s3fifo"
+    summary = "S3-FIFO, a small FIFO (a tenth of the budget) in front of a main FIFO, with ghosts."
     engine_names = ("s3-fifo",)
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
@@ -143,6 +144,7 @@ class LibCacheSimS3FIFO(S3FIFO):
     """
 
     name = "s3fifo-libcachesim"
+    summary = "libCacheSim's S3FIFO, rule for rule (two hits to move to main)."
     #: hits an S key needs to move to M (libCacheSim's move-to-main-threshold)
     MOVE_TO_MAIN = 2
 

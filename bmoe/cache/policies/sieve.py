@@ -19,6 +19,7 @@ from bmoe.cache.policies.base import Policy
 
 class Sieve(Policy):
     name = "sieve"
+    summary = "SIEVE, a FIFO with a visited bit and a hand that passes over visited keys."
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)

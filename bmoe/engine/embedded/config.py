@@ -304,6 +304,19 @@ def wants_help(argv: Sequence[str]) -> bool:
     return False
 
 
+def _suggestion(flag: str) -> str:
+    """`` (did you mean '--cache-mb'?)`` for a flag written with ``_`` for ``-`` or a typo of
+    a known one; empty when none is close."""
+    import difflib
+
+    known = [f for f in (*_VALUE, *_SWITCH, "--version") if f.startswith("--")]
+    spelled = "--" + flag.lstrip("-").replace("_", "-")
+    if spelled in known:
+        return f" (did you mean {spelled!r}?)"
+    close = difflib.get_close_matches(spelled, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def parse_args(
     argv: Sequence[str], env: Mapping[str, str] | None = None
 ) -> tuple[EngineConfig, bool]:
@@ -341,7 +354,7 @@ def parse_args(
                 + (f": {why}" if why else "")
             )
         else:
-            raise BmoeError(f"unknown flag {arg!r}")
+            raise BmoeError(f"unknown flag {arg!r}{_suggestion(flag)} (bmoe run -h lists them)")
         i += 1
     for var in ENV_NOT_IMPLEMENTED:
         if env.get(var, "0") not in ("", "0"):

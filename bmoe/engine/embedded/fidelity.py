@@ -14,8 +14,10 @@ distributions step by step:
 
 The figures go into the metrics CSV's ``# summary`` (``fidelity``, ``fidelity_kl``,
 ``fidelity_steps``, ``fidelity_first_miss``: the first step whose top-1 differs, 0 when none),
-which the run analysis and a sweep's results read as columns. The decode itself is unchanged:
-a teacher-forced run decodes the same number of tokens, so its speed figures stay comparable.
+which the run analysis and a sweep's results read as columns, and each step's divergence into
+its row (the ``fidelity_kl`` column, written under ``--fidelity-ref`` only). The decode
+itself is unchanged: a teacher-forced run decodes the same number of tokens, so its speed
+figures stay comparable.
 """
 
 from __future__ import annotations
@@ -225,6 +227,12 @@ class Forcer:
             "fidelity_steps": self.step,
             "fidelity_first_miss": self.first_miss,
         }
+
+
+def step_kl(sample: Sampler | None, step: int) -> float:
+    """KL(reference || run) of the distribution step `step` (1-based) of a ``--fidelity-ref``
+    run was chosen from (the metrics row's ``fidelity_kl``); 0.0 for any other sampler."""
+    return sample.kl[step - 1] if isinstance(sample, Forcer) else 0.0
 
 
 def sampler(cfg: Any, inner: Sampler) -> Sampler:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from bmoe.engine.embedded import libc
+from bmoe.formats.metrics_columns import with_role
 from bmoe.units import MIB
 
 _PAGE = resource.getpagesize()
@@ -46,15 +47,8 @@ _MEMINFO_KEYS = {
     "MemFree": "mem_free_mib",
     "SwapFree": "swap_free_mib",
 }
-MEMORY_COLUMNS = (
-    "rss_mib",
-    "rss_anon_mib",
-    "rss_file_mib",
-    "swap_mib",
-    "mem_available_mib",
-    "mem_free_mib",
-    "swap_free_mib",
-)
+#: The memory block of a metrics row: the column table's memory columns.
+MEMORY_COLUMNS = with_role("memory")
 
 
 def _kv_kib(path: str, keys: dict[str, str], out: dict[str, float]) -> None:

@@ -63,11 +63,12 @@ class RunResult:
     hook_ns: list[int] = field(default_factory=list)  # profile_hook: ns in the callback per step
     hook_calls: list[int] = field(default_factory=list)  # and its calls per step
     warnings: list[str] = field(default_factory=list)
+    columns: list[str] = field(default_factory=lambda: list(COLUMNS_V2))  # of the rows
 
     @property
     def metrics(self) -> pd.DataFrame:
         """The per-token rows as a DataFrame (the metrics CSV's columns)."""
-        return pd.DataFrame(self.rows, columns=list(COLUMNS_V2))
+        return pd.DataFrame(self.rows, columns=self.columns)
 
 
 def _sampler(cfg: EngineConfig) -> Callable[[np.ndarray], int]:
@@ -204,7 +205,10 @@ class Writers:
     def __init__(self, cfg: EngineConfig, eng: EmbeddedEngine, sinks: Sinks, o_direct: bool):
         lay = eng.layout
         self.params = telemetry.params(cfg, eng, o_direct)
-        self.metrics = MetricsWriter(sinks.csv, self.params) if sinks.csv else None
+        #: the metrics row layout, decided once: its columns and each token's starting row
+        self.columns = telemetry.metrics_columns(cfg)
+        self.blank_row = telemetry.blank_row(self.columns)
+        self.metrics = MetricsWriter(sinks.csv, self.params, self.columns) if sinks.csv else None
         self.route: RouteRowBuffer | None = None
         self.io: IoTraceWriter | None = None
         self.compute: ComputeTraceWriter | None = None
@@ -331,6 +335,7 @@ def _generate(
         hook_ns=turn.hook_ns,
         hook_calls=turn.hook_calls,
         warnings=list(eng.warnings),
+        columns=writers.columns,
     )
 
 
@@ -672,8 +677,11 @@ def _emit_group(
         gen.tokens.append(token)
         piece = eng.model.piece(token)
         gen.text += piece
-        row = _step_row(cfg, eng, len(gen.tokens), steps, turn, step if i == 0 else None)
+        row = _step_row(cfg, eng, writers.blank_row, len(gen.tokens), steps, turn,
+                        step if i == 0 else None)  # fmt: skip
         row["mtp_batch"] = len(confirmed)
+        if "fidelity_kl" in row:
+            row["fidelity_kl"] = fidelity.step_kl(gen.sample, len(gen.tokens))
         gen.rows.append(row)
         if writers.metrics:
             writers.metrics.row(row)
@@ -691,14 +699,17 @@ def _emit_group(
 def _step_row(
     cfg: EngineConfig,
     eng: EmbeddedEngine,
+    blank: dict[str, Any],
     step: int,
     steps: int,
     turn: int,
     cost: _Step | None,
 ) -> dict[str, Any]:
-    """One token's metrics row (the telemetry contract's columns): `cost` is the decode that
-    produced it, None for the later tokens of a verified group (whose cost the group's first
-    row carries), and the probes are read now."""
+    """One token's metrics row: `blank` (every column of the run, 0) with what this engine
+    measures filled in; `cost` is the decode that produced it, None for the later tokens of
+    a verified group (whose cost the group's first row carries), and the probes are read
+    now. The columns it does not measure (``stall_ms``: reads are not overlapped;
+    ``drain_ms``, ``adopt_ms``, ``ra_issue_ms``, ``ra_wd_ms``: no such waits) stay 0."""
     if cost is None:
         frac, probe_s = eng.dense_probe.value, 0.0
         c, wall_ms, overhead_ms, draft_ms, read = DecodeCounters(), 0.0, 0.0, 0.0, 0
@@ -718,6 +729,7 @@ def _step_row(
         else (0.0 if stats else -1.0)
     )
     return {
+        **blank,
         "step": step,
         "steps": steps,
         "wall_ms": wall_ms,
@@ -725,7 +737,6 @@ def _step_row(
         "compute_ms": max(0.0, wall_ms - io_ms - mgmt_ms),
         "read_bytes": read,
         "cache_hit_pct": hit,
-        "stall_ms": 0.0,
         "mgmt_ms": mgmt_ms,
         "majflt": majflt,
         "cpu_ms": cpu_ms,
@@ -737,10 +748,6 @@ def _step_row(
         "loop_overhead_ms": overhead_ms,
         "mtp_batch": 1,
         "mtp_draft_ms": draft_ms,
-        "drain_ms": 0.0,
-        "adopt_ms": 0.0,
-        "ra_issue_ms": 0.0,
-        "ra_wd_ms": 0.0,
     }
 
 

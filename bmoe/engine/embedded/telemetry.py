@@ -20,6 +20,7 @@ from bmoe.engine.embedded.reader import ReadRecord
 from bmoe.engine.embedded.speculate import SpecCounters
 from bmoe.engine.embedded.streamer import DecodeCounters, Routing
 from bmoe.formats import protocol
+from bmoe.formats.metrics_columns import BY_NAME, native_columns
 from bmoe.formats.route import COLUMNS as ROUTE_COLUMNS
 from bmoe.units import MIB
 
@@ -77,6 +78,19 @@ def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, 
         "mtp_p_min": 0.0,
         "ngram_min_match": cfg.ngram_min_match if cfg.spec == "ngram" else 0,
     }
+
+
+def metrics_columns(cfg: EngineConfig) -> list[str]:
+    """The per-token columns a run writes, in order: the native engine's v2 header (so the
+    file reads as the native engine's), then the embedded engine's own columns whose feature
+    the run turns on (``fidelity_kl`` under ``--fidelity-ref``)."""
+    return native_columns(2) + (["fidelity_kl"] if cfg.fidelity_ref else [])
+
+
+def blank_row(columns: list[str]) -> dict[str, Any]:
+    """A metrics row of `columns`, every value 0 (the contract's "not measured"), typed as
+    the column table says: each token's row starts from it."""
+    return {name: 0 if BY_NAME[name].is_int else 0.0 for name in columns}
 
 
 def trace_meta(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, Any]:

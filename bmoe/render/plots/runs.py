@@ -22,7 +22,7 @@ MEMORY_STYLE = {
     "rss_anon_mib": ("RSS anon (cache, KV, buffers, heap)", "#4C72B0", "-"),
     "rss_file_mib": ("RSS file (mmap'd model)", "#55A868", "-"),
     "swap_mib": ("swap (zram)", "#C44E52", "-"),
-    "mem_available_mib": ("MemAvailable", "#8172B3", "-"),
+    "mem_available_mib": ("MemAvailable", "#937860", "-."),  # brown: apart from RSS blue
     "cache_budget_mib": ("cache budget", "#000000", "--"),
 }
 

@@ -40,6 +40,12 @@ def plot_axis_effects(effects: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
         yield name, fig
 
 
+#: How far along viridis the last line's colour goes (its end is a pale yellow).
+VIRIDIS_END = 0.75
+#: An axis with at most this many values is ticked at its values.
+MAX_VALUE_TICKS = 12
+
+
 def outcome_lines(
     cells: pd.DataFrame,
     x: str,
@@ -59,7 +65,9 @@ def outcome_lines(
     cmap = colormaps["viridis"]
     for i, (value, part) in enumerate(groups):
         part = part.assign(_x=pd.to_numeric(part[x], errors="coerce")).sort_values("_x")
-        color = cmap(i / max(1, len(groups) - 1)) if by is not None else "#1f77b4"
+        # viridis in order, stopping short of its pale yellow end (unreadable on white)
+        shade = VIRIDIS_END * i / max(1, len(groups) - 1)
+        color = cmap(shade) if by is not None else "#1f77b4"
         label = f"{by} = {value}" if by is not None else outcome
         ax.plot(part["_x"], part["mean"], "o-", color=color, label=label)
         ax.fill_between(part["_x"], part["min"], part["max"], color=color, alpha=0.15, linewidth=0)
@@ -69,6 +77,9 @@ def outcome_lines(
                 pd.to_numeric(mine[x], errors="coerce"), mine[outcome], ".", color=color,
                 alpha=0.6, markersize=5,
             )  # fmt: skip
+    values = sorted(set(pd.to_numeric(cells[x], errors="coerce").dropna()))
+    if 0 < len(values) <= MAX_VALUE_TICKS:  # the axis's own values, not steps between them
+        ax.set_xticks(values, [f"{v:g}" for v in values])
     ax.set_xlabel(x)
     ax.set_ylabel(outcome)
     ax.set_ylim(bottom=0)

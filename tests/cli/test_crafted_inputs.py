@@ -1,7 +1,9 @@
-"""Hostile input, second round: one test per kind of failure the audit of the commands added
-since the first round found (the device profile, Parquet schemas, text trace headers, control
-characters, configurations asking for unbounded work, special paths). The special-file and
-huge-value cases run in a child process under a memory cap, as on the machine they took down.
+"""Crafted inputs, one test per kind: device profiles with bad values, Parquet files with a
+wrong schema, text trace headers, control characters, configurations asking for unbounded
+work and special paths (FIFOs, symlink loops, huge sparse files, a full disk). Each is refused
+with a one-line error naming the file and the problem, or shown escaped, never a traceback.
+The special-file and huge-value cases run in a child process under a memory cap, as on the
+machine they took down.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def test_an_all_zero_profile_is_refused_not_divided_by(corpus, tmp_path, profile
     config = tmp_path / "s.toml"
     config.write_text('[sweep]\nname = "z"\nengine = "embedded"\nprofile = "p.json"\n'
                       '[base]\nmodel = "m.gguf"\n')  # fmt: skip
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")  # (the dry run refuses a missing model first)
     _one_error(run_in_process(["sweep", str(config), "--dry-run"]), "compute.token_ms")
 
 
@@ -393,6 +396,7 @@ def test_a_large_grid_streams_within_a_limit_the_user_raised(tmp_path):
         f'[base]\nmodel = "m.gguf"\n[grid]\ncache_mb = {axis}\nio_threads = {axis}\n'
     )
     config.write_text(body)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")  # (the dry run refuses a missing model first)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bmoe", "sweep", str(config), "--dry-run"],
         stdout=subprocess.PIPE, text=True, cwd=tmp_path,

@@ -1,8 +1,8 @@
-"""Hostile input, third round: one test per kind of failure the audit of tunes, sessions,
-archives and output safety found (route traces and fidelity references too large to read,
-torn metrics files, formula cells, control characters in what ``bmoe run`` prints, special
-paths and out-of-range values in a ``[tune]`` table, archives whose files are not theirs).
-The huge-file cases run in a child process under a memory cap, as on the machine they took
+"""Bounded reads and safe output: one test per kind of failure hostile tunes, archives and
+outputs met (route traces and fidelity references too large to read, torn metrics files,
+formula cells, control characters in what ``bmoe run`` prints, special paths and
+out-of-range values in a ``[tune]`` table, archives whose files are not theirs). The
+huge-file cases run in a child process under a memory cap, as on the machine they took
 down."""
 
 from __future__ import annotations
@@ -27,6 +27,30 @@ def test_a_huge_sparse_file_given_as_a_route_trace_is_refused_early(corpus, tmp_
         result = capped(args, timeout=60)
         one_error(result, "huge.route.csv", "binary")
         assert result.seconds < 30, (args, result.seconds)  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_a_huge_sparse_route_trace_given_to_a_tune_is_refused_before_its_first_run(
+    corpus, tmp_path
+):
+    """A route trace's preamble, then 20 GiB of NULs, as a tune's `trace`: refused with its
+    key when the configuration is read, no folder made, no run spent."""
+    import json
+
+    from hostile_inputs import good_profile
+
+    head = (corpus / "native-tiny/run.route.csv").read_bytes()
+    path = tmp_path / "huge.route.csv"
+    with open(path, "wb") as fh:
+        fh.write(head[: head.index(b"\n", head.index(b"turn,")) + 1])
+        fh.truncate(20 << 30)
+    profile = tmp_path / "device.json"
+    profile.write_text(json.dumps(good_profile(corpus)))
+    (tmp_path / "tune.toml").write_text(TUNE + f'trace = "{path}"\nprofile = "{profile}"\n')
+    result = capped(["tune", tmp_path / "tune.toml", "-o", tmp_path / "out"], timeout=60)
+    one_error(result, "tune.toml:", "tune.trace", "huge.route.csv")
+    assert result.seconds < 30, result.seconds  # type: ignore[attr-defined]
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------- [tune] values
@@ -90,6 +114,47 @@ def test_a_tune_input_that_is_not_a_file_is_named_for_what_it_is(corpus, tmp_pat
 def test_tune_counts_are_ascii_and_bounded(tmp_path, line, said):
     error = _tune_error(line + "\n", tmp_path)
     assert "tune.toml:" in error and said in error, error
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["x = " + "[" * 100_000 + "]" * 100_000, "x = " + "{a = " * 10_000 + "1" + "}" * 10_000],
+)
+def test_analyze_sweep_of_a_configuration_nested_too_deep_is_one_error(tmp_path, text):
+    """A configuration named in place of its folder was parsed bare: RecursionError."""
+    from hostile_inputs import run_in_process
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(text + "\n")
+    one_error(run_in_process(["analyze", "sweep", str(path)]), "sweep.toml", "nested too deep")
+
+
+# ----------------------------------------------------------------------------- vast budgets
+
+
+def test_a_budget_past_int64_bytes_replays_as_one_that_holds_everything(corpus, tmp_path):
+    """1e30 MiB (a hand-made ``--budgets``, a metrics preamble's ``cache_mb``) reached the
+    compiled kernels as a Python int: internal error, "Int value is too large"."""
+    import json
+
+    from hostile_inputs import good_profile, run_in_process
+
+    trace = str(corpus / "native-tiny/run.route.csv")
+    for stream in ([], ["--stream"]):
+        result = run_in_process(["analyze", "replay", trace, "--budgets", "1e30,4096",
+                                 "--policies", "lru,lfu,layer", "-f", "json", *stream])  # fmt: skip
+        assert result.code == 0, result.err
+        curve = json.loads(result.out)["curve"]
+        vast = [r["hit_pct_cum"] for r in curve if r["budget_mib"] > 1e29]
+        assert vast == [r["hit_pct_cum"] for r in curve if r["budget_mib"] == 4096]
+    metrics = (corpus / "native-tiny/run.csv").read_text()
+    vast = tmp_path / "vast.csv"
+    vast.write_text(metrics.replace(" cache_mb=2 ", " cache_mb=" + "9" * 30 + " ", 1))
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(good_profile(corpus)))
+    for args in (["--against", str(vast)], ["-g", "cache_mb=1e30"]):
+        result = run_in_process(["predict", trace, "-p", str(profile), *args])
+        assert result.code == 0 and result.traceback is None, result.err
 
 
 # ----------------------------------------------------------------------------- fidelity refs

@@ -1,0 +1,103 @@
+"""Compiled loops for the route views' row order (:mod:`bmoe.analyze.route_cells`): the
+distinct values of a small integer column with each row's index among them, and the
+layer-major order of rows, in one or two passes where numpy takes five to ten. Integers
+only: every figure they lead to is the same as numpy's."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bmoe.compiled import arrays, njit
+
+_OPTS = {"cache": True, "nogil": True, "boundscheck": False}
+
+#: what :func:`layer_major` found: rows already layer-major, step-major (sorted by layer
+#: here), or neither (the caller sorts)
+LAYER_MAJOR, STEP_MAJOR, UNSORTED = 0, 1, 2
+
+
+@njit(ahead=lambda: [arrays("i2"), arrays("i4")], **_OPTS)
+def small_unique(values):
+    """The distinct values of `values` (ascending) and each one's index among them (int32),
+    for integers spanning at most a few million (the caller checks the span)."""
+    n = len(values)
+    lo = np.int64(values[0]) if n else np.int64(0)
+    hi = lo
+    for i in range(n):
+        v = np.int64(values[i])
+        if v < lo:
+            lo = v
+        if v > hi:
+            hi = v
+    seen = np.zeros(hi - lo + 1, dtype=np.int32)
+    for i in range(n):
+        seen[np.int64(values[i]) - lo] = 1
+    distinct = 0
+    for j in range(len(seen)):
+        if seen[j]:
+            seen[j] = distinct + 1
+            distinct += 1
+    uniq = np.empty(distinct, dtype=values.dtype)
+    for j in range(len(seen)):
+        if seen[j]:
+            uniq[seen[j] - 1] = lo + j
+    inverse = np.empty(n, dtype=np.int32)
+    for i in range(n):
+        inverse[i] = seen[np.int64(values[i]) - lo] - 1
+    return uniq, inverse
+
+
+@njit(
+    ahead=lambda: [arrays(f"{li} {sc} i1 b1") for li in ("i2", "i4") for sc in ("i4", "i8")],
+    **_OPTS,
+)
+def layer_major(layer_idx, step_code, slot, keep):
+    """Whether rows are in layer-major order (layer, step code, slot ascending), or in
+    step-major order (step code, layer, slot ascending), over every row; and for step-major
+    rows, the kept ones (`keep`; empty: all) sorted by layer, stably: what
+    ``np.argsort(layer_idx, kind="stable")`` restricted to `keep` gives."""
+    n = len(layer_idx)
+    take = np.zeros(0, dtype=np.int32)
+    layer_sorted = True
+    step_sorted = True
+    n_layers = 0
+    for r in range(n):
+        if layer_idx[r] + 1 > n_layers:
+            n_layers = layer_idx[r] + 1
+    for r in range(1, n):
+        a0, a1, a2 = layer_idx[r - 1], step_code[r - 1], slot[r - 1]
+        b0, b1, b2 = layer_idx[r], step_code[r], slot[r]
+        if layer_sorted and (b0 < a0 or (b0 == a0 and (b1 < a1 or (b1 == a1 and b2 < a2)))):
+            layer_sorted = False
+        if step_sorted and (b1 < a1 or (b1 == a1 and (b0 < a0 or (b0 == a0 and b2 < a2)))):
+            step_sorted = False
+        if not layer_sorted and not step_sorted:
+            return UNSORTED, take
+    if layer_sorted:
+        return LAYER_MAJOR, take
+    every = len(keep) == 0
+    count = np.zeros(n_layers + 1, dtype=np.int64)
+    for r in range(n):
+        if every or keep[r]:
+            count[layer_idx[r] + 1] += 1
+    for j in range(n_layers):
+        count[j + 1] += count[j]
+    take = np.empty(count[n_layers], dtype=np.int32)
+    for r in range(n):
+        if every or keep[r]:
+            j = layer_idx[r]
+            take[count[j]] = r
+            count[j] += 1
+    return STEP_MAJOR, take
+
+
+@njit(ahead=lambda: [(*arrays(f"{e} i4"), 1, 1) for e in ("i2", "i4")], **_OPTS)
+def cell_sets(expert, gcell, n_cells, words):
+    """Each cell's experts as a bitmask: (words, cells) uint64, expert e at bit e % 64 of
+    word e // 64; `gcell` gives each row's cell."""
+    masks = np.zeros((words, n_cells), dtype=np.uint64)
+    one = np.uint64(1)
+    for r in range(len(expert)):
+        e = np.int64(expert[r])
+        masks[e >> 6, gcell[r]] |= one << np.uint64(e & 63)
+    return masks

@@ -1,0 +1,93 @@
+"""The compiled loops of the route views' row order give what numpy's unique and stable
+argsort give, and the selection built on them equals the numpy path's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bmoe.analyze import route_cells, route_order
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+def test_small_unique_is_numpys_unique_with_inverse(dtype) -> None:
+    rng = np.random.default_rng(int(np.dtype(dtype).itemsize))
+    for n, span in ((1, 1), (50, 3), (10_000, 48), (20_000, 40_000)):
+        values = (rng.integers(0, span, size=n) - span // 3).astype(dtype)
+        uniq, inverse = route_order.small_unique(values)
+        expect_uniq, expect_inverse = np.unique(values, return_inverse=True)
+        np.testing.assert_array_equal(uniq, expect_uniq)
+        assert uniq.dtype == values.dtype
+        np.testing.assert_array_equal(inverse, expect_inverse)
+
+
+def rows(order: str, seed: int, n_steps: int = 300, n_layers: int = 7, k: int = 3):
+    """(layer index, step code, slot) of a trace written step-major (as engines write),
+    layer-major, or shuffled."""
+    rng = np.random.default_rng(seed)
+    step = np.repeat(np.arange(n_steps), n_layers * k)
+    layer = np.tile(np.repeat(np.arange(n_layers), k), n_steps)
+    slot = np.tile(np.arange(k), n_steps * n_layers)
+    if order == "layer":
+        at = np.lexsort((slot, step, layer))
+    elif order == "shuffled":
+        at = rng.permutation(len(step))
+    else:
+        at = np.arange(len(step))
+    return layer[at].astype(np.int16), (2 * step[at]).astype(np.int32), slot[at].astype(np.int8)
+
+
+@pytest.mark.parametrize("order", ["step", "layer", "shuffled"])
+@pytest.mark.parametrize("kept", [None, 0.6])
+def test_layer_major_finds_the_order_and_sorts_step_major_rows_by_layer(order, kept) -> None:
+    layer_idx, step_code, slot = rows(order, 1)
+    rng = np.random.default_rng(2)
+    keep = rng.random(len(layer_idx)) < kept if kept else np.zeros(0, dtype=bool)
+    state, take = route_order.layer_major(layer_idx, step_code, slot, keep)
+    expect = {"step": route_order.STEP_MAJOR, "layer": route_order.LAYER_MAJOR,
+              "shuffled": route_order.UNSORTED}[order]  # fmt: skip
+    assert state == expect
+    if state == route_order.STEP_MAJOR:
+        stable = np.argsort(layer_idx, kind="stable")
+        if kept:
+            stable = stable[keep[stable]]
+        np.testing.assert_array_equal(take, stable)
+
+
+@pytest.mark.parametrize("order", ["step", "layer", "shuffled"])
+def test_the_selection_is_the_numpy_paths(order, monkeypatch) -> None:
+    layer_idx, step_code, slot = rows(order, 3)
+    rng = np.random.default_rng(4)
+    n = len(layer_idx)
+    cols = {
+        "phase": (rng.random(n) < 0.8).astype(np.int8),
+        "step": (step_code // 2).astype(np.int32),
+        "layer": (layer_idx * 2 + 1).astype(np.int16),
+        "slot": slot,
+        "expert": rng.integers(0, 64, size=n).astype(np.int16),
+    }
+    keep = cols["phase"] == 1
+    fast = route_cells._sorted_rows(dict(cols), keep)
+    with monkeypatch.context() as m:
+        m.setattr(route_cells, "_layer_major", lambda *args: None)
+        m.setattr(route_order.small_unique, "takes", lambda *args: False)
+        slow = route_cells._sorted_rows(dict(cols), keep)
+    assert fast is not None and slow is not None
+    for name in cols:
+        np.testing.assert_array_equal(fast[0][name], slow[0][name], err_msg=name)
+    np.testing.assert_array_equal(fast[3], slow[3])
+
+
+def test_cell_sets_are_the_numpy_paths(corpus, monkeypatch) -> None:
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    trace = read_route_columns(corpus / "route-trace/gemma.route.csv")
+    for phase in ("decode", "prefill", "all"):
+        seq, _ = route_cells.sequence_of(route.select(trace, phase))
+        fast = route._cell_sets(seq)
+        with monkeypatch.context() as m:
+            m.setattr(route_order.cell_sets, "takes", lambda *args: False)
+            slow = route._cell_sets(seq)
+        assert fast.dtype == slow.dtype == np.uint64
+        np.testing.assert_array_equal(fast, slow)
