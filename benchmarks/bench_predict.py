@@ -1,174 +1,210 @@
-"""Predicted vs measured speed on the embedded engine (the ``small`` model, ~1 GB, generated).
+"""Predicted vs measured speed on the embedded engine (the ``small`` model, ~1 GB, generated):
+a profile of LRU runs without prefetch predicting cells inside its range, and cells that change
+a lever it never measured (another cache policy, prefetch, a larger cache than any of its runs).
 
-Each round runs three profile runs (route and io traces on, a different budget and lane count
-each) and one untraced run of the first one's configuration (the profile takes compute and
-management from it, and measures the tracing overhead), interleaved with twelve measured cells
-that no profile run used (``cache_mb`` x
-``io_threads`` x ``prefetch``, untraced, the order reversed every second round). The round's
-profile is built from its three runs only (``bmoe profile``), its first run's routing is
-predicted through the twelve cells (``bmoe predict``), and each cell's prediction is printed
-next to what it measured: tok/s and its error, MiB/token and hit % (which come from the replay
-and should agree exactly), and the 1-minute load average when the cell ran, so that drift from
-whatever else runs on the machine is visible. The median absolute tok/s error per round and
-over all rounds closes the output.
+Each round runs the profile's two configurations (LRU, prefetch 0: :data:`PROFILE_RUNS`) once
+with route and io traces and ``--profile-repeats`` times untraced (the timing), interleaved
+with the cells (:data:`CELLS`, untraced, ``--repeats`` passes, the order reversed every second
+pass). The round's profile (``bmoe profile`` of its runs) predicts every cell from the first
+traced run's routing, each cell with its own configuration (``bmoe predict --against``:
+policy and prefetch from each file's preamble). Printed per cell: the lever it changes (none
+for the cells inside the profile's range), measured tok/s (mean over its repeats) against
+predicted, the error, the interval's width, whether it covers the mean and how many single
+runs lie within it, whether the prediction was declared unpriced, MiB/token and hit % (the
+replay's, which should agree with the runs'), and the load average. Then per kind of cell
+over the rounds: the median |tok/s error|, the count within the bounds with the coverages it is
+consistent with, the median width, and how many were declared unpriced (every lever cell
+should be, and none of the cells inside the range).
 
-Usage: python benchmarks/bench_predict.py [--rounds 2] [--tokens 16] [--threads 2]
-       [--model PATH] [--out DIR [--again]] [--keep]
+Usage: python benchmarks/bench_predict.py [--rounds 1] [--tokens 24] [--threads 2]
+       [--repeats 2] [--profile-repeats 2] [--model PATH] [--out DIR [--again]]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bmoe.analyze.predict import predict  # noqa: E402
-from bmoe.analyze.profile import build_profile, read_runs  # noqa: E402
+from bmoe.analyze.predict import coverage_check  # noqa: E402
+from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
 from bmoe.engine.synth import synth_model  # noqa: E402
-from bmoe.formats.metrics import read_metrics  # noqa: E402
 
-PROMPT = "Explain mixture of experts."
-PROFILE_RUNS = (  # (cache_mb, io_threads, prefetch)
-    (64, 1, 0),
-    (256, 4, 0),
-    (128, 2, 1),
+PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
+#: The profile's configurations: (cache_mb, io_threads), LRU, prefetch 0.
+PROFILE_RUNS = ((64, 1), (256, 4))
+#: The cells: (cache_mb, io_threads, prefetch, policy, the lever it changes).
+CELLS = (
+    (96, 1, 0, "lru", None),
+    (96, 4, 0, "lru", None),
+    (192, 1, 0, "lru", None),
+    (192, 4, 0, "lru", None),
+    (128, 2, 0, "lru", None),
+    (128, 2, 0, "lfu", "policy"),
+    (128, 2, 0, "s3fifo", "policy"),
+    (128, 2, 1, "lru", "prefetch"),
+    (192, 4, 1, "lru", "prefetch"),
+    (512, 1, 0, "lru", "cache_mb"),
+    (512, 4, 0, "lru", "cache_mb"),
 )
-#: the untraced twin of the first profile run: the timing without the tracing overhead
-UNTRACED = PROFILE_RUNS[0]
-GRID = {"cache_mb": (96, 192, 384), "io_threads": (1, 4), "prefetch": (0, 1)}
 
 
 def _load() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def _run(model: Path, folder: Path, name: str, cell, args, traced: bool) -> dict:
-    cache_mb, lanes, prefetch = cell
+def _wait_for_load(limit: float | None, longest_s: float = 900.0) -> None:
+    """Wait (at most `longest_s`) until the 1-minute load average is under `limit`: on a
+    shared machine, runs made while other jobs take the cores measure the jobs."""
+    import time
+
+    if limit is None:
+        return
+    deadline = time.monotonic() + longest_s
+    while _load() >= limit and time.monotonic() < deadline:
+        time.sleep(5.0)
+
+
+def _quiet(fn, *a, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*a, **kw)
+
+
+def _name(cell) -> str:
+    cache_mb, lanes, prefetch, policy, _lever = cell
+    return f"cell_{cache_mb}_{lanes}_{prefetch}_{policy}"
+
+
+def _run(model: Path, folder: Path, name: str, cell, args, traced: bool) -> None:
+    cache_mb, lanes, prefetch, policy = cell[:4]
     argv = [
-        sys.executable, "-m", "bmoe", "run", "-m", str(model), "-p", PROMPT,
+        "nice", sys.executable, "-m", "bmoe", "run", "-m", str(model), "-p", PROMPT,
         "-n", str(args.tokens), "-t", str(args.threads), "--seed", "1", "--moe-stream",
         "--cache-mb", str(cache_mb), "--io-threads", str(lanes), "--prefetch", str(prefetch),
-        "--csv", f"{name}.csv",
+        "--cache-policy", policy, "--csv", f"{name}.csv",
     ]  # fmt: skip
     if traced:
         argv += ["--route-trace", f"{name}.route.csv", "--io-trace", f"{name}.io.csv"]
+    _wait_for_load(args.wait_load)
     load = _load()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
-    done = subprocess.run(
-        argv, cwd=folder, env=env, capture_output=True, text=True, errors="replace"
-    )
+    done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, errors="replace",
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     if done.returncode:
         raise SystemExit(f"{name}: bmoe run failed: {done.stderr.strip()[-400:]}")
-    summary = read_metrics(folder / f"{name}.csv").summary
-    return {
-        "cache_mb": cache_mb,
-        "io_threads": lanes,
-        "prefetch": prefetch,
-        "tok_s": summary["tok/s"],
-        "mib_per_token": summary["read_MiB"] / summary["tokens"],
-        "hit_pct": summary["cache_hit_pct"],
-        **_parts(summary),
-        "load": load,
-        "run_s": time.perf_counter() - t0,
-    }
+    (folder / f"{name}.load").write_text(f"{load}\n")
+    print(f"  {name}: load {load:.1f}", flush=True)
 
 
-def _parts(summary: dict) -> dict:
-    """Measured ms per token: compute (the residual), flash wait, cache management."""
-    return {
-        "compute_ms": 1e3 * summary["compute_s/tok"],
-        "flash_ms": 1e3 * summary["io_s/tok"],
-        "mgmt_ms": 1e3 * summary["mgmt_s/tok"],
-    }
-
-
-def _measured(path: Path) -> dict | None:
-    cache_mb, lanes, prefetch = (int(x) for x in path.stem.split("_")[1:])
-    summary = read_metrics(path).summary
-    if "tok/s" not in summary:
-        return None  # the run did not finish
-    return {
-        "cache_mb": cache_mb,
-        "io_threads": lanes,
-        "prefetch": prefetch,
-        "tok_s": summary["tok/s"],
-        "mib_per_token": summary["read_MiB"] / summary["tokens"],
-        "hit_pct": summary["cache_hit_pct"],
-        **_parts(summary),
-        "load": float("nan"),
-    }
-
-
-def _round(model: Path, out: Path, r: int, args) -> pd.DataFrame:
+def _round(model: Path, out: Path, r: int, args) -> None:
     folder = out / f"round{r}"
     folder.mkdir(parents=True, exist_ok=True)
-    cells = list(itertools.product(*GRID.values()))
-    if r % 2 == 0:
-        cells.reverse()
-    runs = [*PROFILE_RUNS, UNTRACED]
-    chunks = [cells[i :: len(runs)] for i in range(len(runs))]
-    measured, profiled = [], []
-    for i, profile_cell in enumerate(runs):
-        traced = i < len(PROFILE_RUNS)
-        p = _run(model, folder, f"profile{i}", profile_cell, args, traced=traced)
-        profiled.append(p)
+    for i, (cache_mb, lanes) in enumerate(PROFILE_RUNS):
+        _run(model, folder, f"profile{i}", (cache_mb, lanes, 0, "lru"), args, traced=True)
+    twins = [(i, k) for k in range(1, args.profile_repeats + 1) for i in range(len(PROFILE_RUNS))]
+    for rep in range(1, args.repeats + 1):
+        cells = list(CELLS) if (rep + r) % 2 else list(reversed(CELLS))
+        order: list = [("cell", c) for c in cells]
+        if rep == 1:  # the untraced profile runs spread among the first pass's cells
+            step = max(1, len(order) // max(len(twins), 1))
+            for j, twin in enumerate(twins):
+                order.insert(min(len(order), j * (step + 1)), ("twin", twin))
+        for kind, item in order:
+            if kind == "twin":
+                i, k = item
+                cache_mb, lanes = PROFILE_RUNS[i]
+                _run(model, folder, f"profile{i}_u{k}", (cache_mb, lanes, 0, "lru"), args, False)
+            else:
+                _run(model, folder, f"{_name(item)}_r{rep}", item, args, False)
+
+
+def analyze_round(folder: Path, r: int, profile_repeats: int) -> pd.DataFrame:
+    """The round's profile from its profile runs, every cell predicted with its own
+    configuration; one row per cell (its repeats' mean)."""
+    names = [folder / f"profile{i}.csv" for i in range(len(PROFILE_RUNS))]
+    names += [folder / f"profile{i}_u{k}.csv" for k in range(1, profile_repeats + 1)
+              for i in range(len(PROFILE_RUNS))]  # fmt: skip
+    runs = _quiet(read_runs, [n for n in names if n.is_file()])
+    profile = _quiet(build_profile, runs)
+    trace = next(run.route for run in runs if run.route is not None)
+    files = _quiet(read_runs, sorted(folder.glob("cell_*.csv")))
+    cells = _quiet(against_files, trace, profile, files)["cells"]
+    loads = {p.stem: float(p.read_text()) for p in folder.glob("*.load")}
+    rows = []
+    for cell in CELLS:
+        part = cells[cells["cell"].astype(str).str.startswith(_name(cell) + "_r")]
+        if not len(part):
+            continue
+        first = part.iloc[0]
+        measured = float(part["tok_s"].mean())
+        low, high = first["tok_s_low_predicted"], first["tok_s_high_predicted"]
+        rows.append(
+            {
+                "round": r,
+                "cell": _name(cell)[5:],
+                "lever": cell[4],
+                "tok_s": measured,
+                "repeat_cv_pct": 100 * float(part["tok_s"].std(ddof=1)) / measured
+                if len(part) > 1 else np.nan,
+                "tok_s_p": first["tok_s_predicted"],
+                "error_pct": 100.0 * (first["tok_s_predicted"] / measured - 1.0),
+                "width_pct": 100.0 * (high - low) / first["tok_s_predicted"],
+                "within": bool(low <= measured <= high),
+                "runs": len(part),
+                "runs_within": int(((part["tok_s"] >= low) & (part["tok_s"] <= high)).sum()),
+                "firm": bool(part["measurement"].isna().all()),
+                "unpriced": first["unpriced_levers"],
+                "mib": float(part["mib_per_token"].mean()),
+                "mib_p": first["mib_per_token_predicted"],
+                "hit_pct": float(part["hit_pct"].mean()),
+                "hit_pct_p": first["hit_pct_predicted"],
+                "load": float(np.mean([loads.get(Path(f).stem, np.nan) for f in part["file"]])),
+            }
+        )  # fmt: skip
+    table = pd.DataFrame(rows)
+    table.attrs["profile"] = profile
+    return table
+
+
+def _summary(table: pd.DataFrame) -> None:
+    for lever, part in table.groupby(table["lever"].fillna("none (inside the range)"),
+                                     sort=False):  # fmt: skip
+        check = coverage_check(int(part["within"].sum()), len(part), 0.8)
+        runs = coverage_check(int(part["runs_within"].sum()), int(part["runs"].sum()), 0.8)
+        declared = int(part["unpriced"].notna().sum())
         print(
-            f"round {r} profile run {i} {profile_cell}: {p['tok_s']:.3f} tok/s, "
-            f"load {p['load']:.1f}",
-            flush=True,
+            f"{lever}: median |tok/s error| {part['error_pct'].abs().median():.1f} % over "
+            f"{len(part)} cells ({int(part['firm'].sum())} firm), median width "
+            f"{part['width_pct'].median():.0f} %, declared unpriced {declared} of {len(part)}"
         )
-        for cell in chunks[i]:
-            name = "cell_{}_{}_{}".format(*cell)
-            measured.append(_run(model, folder, name, cell, args, traced=False))
-            m = measured[-1]
-            print(f"  {name}: {m['tok_s']:.3f} tok/s, load {m['load']:.1f}", flush=True)
-    pd.DataFrame(measured).to_csv(folder / "runs.csv", index=False)
-    pd.DataFrame(profiled).to_csv(folder / "profile_runs.csv", index=False)
-    return analyze_round(folder, r)
-
-
-def analyze_round(folder: Path, r: int) -> pd.DataFrame:
-    """Profile from the round's profile runs, predictions of its measured cells."""
-    names = sorted(folder.glob("profile*.csv"))
-    runs = read_runs(names)
-    profile = build_profile(runs)
-    if (folder / "runs.csv").is_file():
-        frame = pd.read_csv(folder / "runs.csv")
-    else:  # a round cut short: its finished cells, load unknown
-        found = [_measured(p) for p in sorted(folder.glob("cell_*.csv"))]
-        frame = pd.DataFrame([m for m in found if m is not None])
-    trace = next(r.route for r in runs if r.route is not None)
-    predicted = predict(trace, profile, frame[["cache_mb", "io_threads", "prefetch"]])
-    both = frame.merge(predicted, on=["cache_mb", "io_threads", "prefetch"], suffixes=("", "_p"))
-    both.insert(0, "round", r)
-    both["tok_s_err_pct"] = 100.0 * (both["tok_s_p"] - both["tok_s"]) / both["tok_s"]
-    # the same prediction with the compute the machine gave this cell: isolates the flash and
-    # management model from the load other processes put on the CPU
-    own = 1e3 / (both["compute_ms"] + both["flash_ms_p"] + both["mgmt_ms_p"])
-    both["own_compute_err_pct"] = 100.0 * (own - both["tok_s"]) / both["tok_s"]
-    return both
+        print(f"  cells: {check['verdict']}")
+        print(f"  runs:  {runs['verdict']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each cell")
+    parser.add_argument("--profile-repeats", type=int, default=2,
+                        help="untraced runs of each profile configuration")  # fmt: skip
     parser.add_argument("--model", type=Path, default=None, help="the small model (generated)")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here")
-    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--wait-load", type=float, default=None,
+                        help="before each run, wait (up to 15 min) for a 1-minute load "
+                             "average under this")  # fmt: skip
     parser.add_argument(
         "--again", action="store_true", help="analyse the rounds already in --out, run nothing"
     )
@@ -176,47 +212,33 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     out = args.out or tmp
     model = args.model or tmp / "small.gguf"
-    if not model.exists() and not args.again:
-        print(f"generating {model} (~1 GB)", flush=True)
-        synth_model(model, preset="small")
     try:
-        if args.again:
-            folders = sorted(out.glob("round*"), key=lambda p: int(p.name[5:]))
-            rounds = [analyze_round(f, int(f.name[5:])) for f in folders]
-        else:
-            rounds = [_round(model, out, r, args) for r in range(1, args.rounds + 1)]
+        if not args.again:
+            if not model.exists():
+                print(f"generating {model} (~1 GB)", flush=True)
+                synth_model(model, preset="small")
+            for r in range(1, args.rounds + 1):
+                print(f"round {r}", flush=True)
+                _round(model, out, r, args)
+        folders = sorted(out.glob("round*"), key=lambda p: int(p.name[5:]))
+        rounds = [analyze_round(f, int(f.name[5:]), args.profile_repeats) for f in folders]
         table = pd.concat(rounds, ignore_index=True)
         (out / "bench_predict.csv").write_text(table.to_csv(index=False))
-        show = table[
-            ["round", "cache_mb", "io_threads", "prefetch", "load", "tok_s", "tok_s_p",
-             "tok_s_low", "tok_s_high", "tok_s_err_pct", "mib_per_token", "mib_per_token_p",
-             "hit_pct", "hit_pct_p", "compute_ms", "compute_ms_p", "flash_ms", "flash_ms_p",
-             "mgmt_ms", "mgmt_ms_p", "own_compute_err_pct"]
-        ]  # fmt: skip
-        with pd.option_context("display.width", 200, "display.max_columns", 20):
-            print(show.round(3).to_string(index=False))
-        for r, part in table.groupby("round"):
-            print(
-                f"round {r}: median |tok/s error| {part['tok_s_err_pct'].abs().median():.1f} % "
-                f"over {len(part)} cells, load {part['load'].min():.1f}-{part['load'].max():.1f}"
-            )
-        mib_gap = (table["mib_per_token"] - table["mib_per_token_p"]).abs().max()
+        with pd.option_context("display.width", 220, "display.max_columns", 30):
+            print(table.round(2).to_string(index=False))
+        for part in rounds:
+            profile = part.attrs["profile"]
+            print(f"round {part['round'].iloc[0]}: profile "
+                  f"{'settled' if profile.settled else 'unsettled'}; "
+                  + "; ".join(profile.unsettled[:3]))  # fmt: skip
+        _summary(table)
+        mib_gap = (table["mib"] - table["mib_p"]).abs().max()
         hit_gap = (table["hit_pct"] - table["hit_pct_p"]).abs().max()
-        print(
-            f"all rounds: median |tok/s error| {table['tok_s_err_pct'].abs().median():.1f} % "
-            f"over {len(table)} cells (target <= 15 %); largest MiB/token gap {mib_gap:.3f} "
-            f"(summary rounds to 0.1 MiB), largest hit % gap {hit_gap:.3f} "
-            "(summary rounds to 0.1 %)"
-        )
-        print(
-            "with each cell's own measured compute (flash and management predicted): median "
-            f"|tok/s error| {table['own_compute_err_pct'].abs().median():.1f} %"
-        )
-        within = (table["tok_s"] >= table["tok_s_low"]) & (table["tok_s"] <= table["tok_s_high"])
-        print(f"measured inside the predicted interval: {int(within.sum())} of {len(table)}")
+        print(f"largest MiB/token gap {mib_gap:.3f}, largest hit % gap {hit_gap:.3f} (the "
+              "summaries round to 0.1)")  # fmt: skip
+        print(f"load average {table['load'].min():.1f}-{table['load'].max():.1f}")
     finally:
-        if not args.keep and args.out is None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # the generated model; --out keeps the runs
 
 
 if __name__ == "__main__":

@@ -43,10 +43,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bmoe.analyze import replay  # noqa: E402
-from bmoe.analyze.predict import WIDEST_INTERVAL_PCT, cell_reads, interval_kind, token_times  # noqa: E402  # noqa: E402
+from bmoe.analyze.predict import (  # noqa: E402
+    WIDEST_INTERVAL_PCT,
+    cell_reads,
+    coverage_check,
+    interval_kind,
+    token_times,
+)
 from bmoe.analyze.profile import (  # noqa: E402
     ProfileRun,
     against_files,
@@ -270,6 +277,174 @@ def host_table(folder: Path = TINY_SWEEP, every: int = 7) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# ----------------------------------------------------------------------------- levers
+
+
+def _lever_rows(lever: str, group: str, without, with_, profiles_of, predict_with) -> list:
+    """Every profile of `profiles_of(without)` predicting the runs `with_` (a lever's runs):
+    one row per (profile, run) with the error, the interval and whether the prediction was
+    declared unpriced (or not predicted, and why)."""
+    rows = []
+    for label, chosen in profiles_of(without):
+        try:
+            profile = _quiet(build_profile, list(chosen))
+        except BmoeError as exc:
+            rows.append({"lever": lever, "group": group, "profile": label, "file": "-",
+                         "predicted": None, "why": f"no profile: {exc}"})  # fmt: skip
+            continue
+        cells = predict_with(profile, with_)
+        for cell in cells.to_dict("records"):
+            predicted = cell["tok_s_predicted"]
+            ok = predicted == predicted
+            rows.append(
+                {
+                    "lever": lever,
+                    "group": group,
+                    "profile": label,
+                    "file": cell["cell"],
+                    "measured": cell["tok_s"],
+                    "predicted": predicted if ok else None,
+                    "error_pct": cell["tok_s_error_pct"] if ok else None,
+                    "within": _within(cell) if ok else None,
+                    "width_pct": cell["interval_width_pct"] if ok else None,
+                    "unpriced": cell.get("unpriced_levers") if ok else None,
+                    "firm": cell.get("measurement") is None,
+                    "why": None if ok else (cell.get("comparable") or "not predicted"),
+                }
+            )
+    return rows
+
+
+def _profiles(max_runs: int = 2):
+    def of(runs):
+        for size in range(1, max_runs + 1):
+            for chosen in itertools.combinations(runs, size):
+                yield _names(chosen), chosen
+
+    return of
+
+
+def _against(trace=None, drop=None):
+    def predict_with(profile, runs):
+        return _quiet(against_files, trace, profile, runs, drop=drop)["cells"]
+
+    return predict_with
+
+
+def lever_table(corpus: Path, folder: Path = TINY_SWEEP) -> pd.DataFrame:
+    """Leave one lever out: for every lever the corpus and the archived host sweep vary,
+    profiles built only from runs without it predict the runs with it (the phone files from
+    their own reads; native-tiny's drop from its own trace replayed with the drop)."""
+    groups = phone_groups(corpus)
+    v0 = [r for r in groups["v0 files (no preamble)"] if run_config(r).streaming]
+    configs = {r.name: run_config(r) for r in v0}
+    rows: list[dict] = []
+    prefetch = [r for r in v0 if configs[r.name].prefetch > 0]
+    rows += _lever_rows("prefetch", "phone v0", [r for r in v0 if r not in prefetch], prefetch,
+                        _profiles(), _against())  # fmt: skip
+    serial = [r for r in v0 if not configs[r.name].overlap]
+    overlapped = [r for r in v0 if configs[r.name].overlap]
+    rows += _lever_rows("overlap (serial -> --overlap)", "phone v0", serial, overlapped,
+                        _profiles(), _against())  # fmt: skip
+    rows += _lever_rows("overlap (--overlap -> serial)", "phone v0", overlapped, serial,
+                        _profiles(), _against())  # fmt: skip
+    largest = max(configs[r.name].cache_mb or 0 for r in v0)
+    big = [r for r in v0 if (configs[r.name].cache_mb or 0) >= largest]
+    rows += _lever_rows("cache_mb (larger than any run)", "phone v0",
+                        [r for r in v0 if r not in big], big, _profiles(), _against())  # fmt: skip
+    v1 = next(runs for key, runs in groups.items() if "(v1)" in key)
+    rows += _lever_rows("dense_weights", "phone v1", v1[:1], v1[1:], _profiles(1), _against())
+    tiny = corpus / "native-tiny"
+    base = _quiet(read_runs, [tiny / "run.csv"])
+    drop = _quiet(read_runs, [tiny / "drop.csv"])
+    rows += _lever_rows("drop", "native-tiny", base, drop, _profiles(1),
+                        _against(drop[0].route, drop=1.0))  # fmt: skip
+    pf = _quiet(read_runs, [tiny / "pf.csv"])
+    rows += _lever_rows("prefetch", "native-tiny", base, pf, _profiles(1), _against(pf[0].route))
+    rows += _host_lever_rows(folder)
+    return pd.DataFrame(rows)
+
+
+def _host_lever_rows(folder: Path) -> list:
+    """The archived host sweep: profiles of the cells of one lane count (two budgets, all
+    their repeats) predicting the other lane counts' cells; profiles of the two smallest
+    budgets at one lane count predicting the larger budgets at that lane count."""
+    runs = _quiet(read_runs, [folder / "cells"])
+    by_config: dict[tuple, list[ProfileRun]] = {}
+    for run in runs:
+        config = run_config(run)
+        by_config.setdefault((config.cache_mb, config.io_threads), []).append(run)
+    budgets = sorted({b for b, _ in by_config})
+    lanes = sorted({n for _, n in by_config})
+    rows = []
+
+    def pair(configs_):
+        label = " + ".join(f"{b:g}M {n}L" for b, n in configs_)
+        return [(label, [r for c in configs_ for r in by_config[c]])]
+
+    for n in lanes:
+        chosen = [(budgets[1], n), (budgets[-2], n)]
+        others = [r for (b, m), rs in by_config.items() if m != n and b in (budgets[1], budgets[-2])
+                  for r in rs]  # fmt: skip
+        rows += _lever_rows("io_threads", "host tiny", chosen, others, pair, _against())
+        small = [(budgets[0], n), (budgets[1], n)]
+        large = [r for (b, m), rs in by_config.items() if m == n and b >= budgets[-2] for r in rs]
+        rows += _lever_rows("cache_mb (larger than any run)", "host tiny", small, large, pair,
+                            _against())  # fmt: skip
+    return rows
+
+
+def lever_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per lever: how many runs were predicted, their median |error|, the share within the
+    interval's bounds and its median width, how many were declared unpriced, how many were
+    refused (and why), and the spread of the unpriced predictions' errors (log scale: what
+    :mod:`bmoe.analyze.predict.effects` records)."""
+    out = []
+    for (lever, group), part in table.groupby(["lever", "group"], sort=False):
+        done = part[part["predicted"].notna()]
+        unpriced = done[done["unpriced"].notna()]
+        logs = np.log1p(unpriced["error_pct"].astype(float) / 100.0)
+        refused = part[part["predicted"].isna()]
+        out.append(
+            {
+                "lever": lever,
+                "group": group,
+                "predictions": len(done),
+                "median |err| %": float(done["error_pct"].abs().median()) if len(done) else None,
+                "within": f"{int(done['within'].sum())} of {len(done)}",
+                "median width %": float(done["width_pct"].median()) if len(done) else None,
+                "declared unpriced": f"{len(unpriced)} of {len(done)}",
+                "unpriced rms log %": 100 * float(np.sqrt(np.mean(logs**2))) if len(logs) else None,
+                "refused": len(refused),
+                "why refused": "; ".join(sorted({str(w)[:60] for w in refused["why"]})) or None,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def _coverage_headline(table: pd.DataFrame, levers: pd.DataFrame, host: pd.DataFrame) -> None:
+    """Over every out-of-sample prediction, priced or not: the share within the 80 %
+    interval's bounds and the coverages it is consistent with; the headline's priced
+    predictions apart, and that none of them is unpriced."""
+    phone = table[table["predicted"].notna() & ~table["left out"].fillna("").str.contains(
+        "in sample")]  # fmt: skip
+    phone_all = pd.concat(
+        [phone[["within", "error_pct", "unpriced"]],
+         levers.loc[levers["predicted"].notna() & levers["firm"], ["within", "error_pct",
+                                                                   "unpriced"]]],
+        ignore_index=True,
+    )  # fmt: skip
+    for label, part in (("phone corpus and native-tiny, every prediction", phone_all),
+                        ("host sweep, every prediction", host[host["predicted"].notna()]),
+                        ("host sweep leave-one-lever-out", levers[levers["predicted"].notna()
+                         & levers["group"].eq("host tiny")])):  # fmt: skip
+        check = coverage_check(int(part["within"].astype(bool).sum()), len(part), 0.8)
+        print(f"{label}: {check['verdict']}")
+    firm = table[table["left out"].isna() & table["predicted"].notna()]
+    counted_unpriced = int(firm["unpriced"].notna().sum())
+    print(f"headline predictions declared unpriced: {counted_unpriced} (must be 0)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", default=None)
@@ -318,6 +493,14 @@ def main() -> None:
     print(f"\nhost sweep {TINY_SWEEP.name}: profiles of two configurations (3 repeats each)")
     with pd.option_context("display.width", 220, "display.max_columns", 20):
         print(headline(host).round(1).to_string(index=False))
+    levers = lever_table(corpus)
+    print("\nleave one lever out: profiles of runs without the lever predicting the runs with it")
+    with pd.option_context("display.width", 250, "display.max_columns", 20,
+                           "display.max_colwidth", 60):  # fmt: skip
+        print(lever_summary(levers).round(1).to_string(index=False))
+    if args.csv:
+        levers.to_csv(args.csv.with_suffix(".levers.csv"), index=False)
+    _coverage_headline(table, levers, host)
     firm = table[table["left out"].isna() & table["predicted"].notna()]
     two = firm[firm["runs"] == 2]["error_pct"].abs()
     print(

@@ -486,17 +486,24 @@ class History:
     def views(self) -> dict[str, Any]:
         """Every view of ``bmoe history``: the sweeps in order with their ranking's verdict,
         what differs between them, the cells' means per sweep with the change to the newest,
-        every step judged, and the regressions into the newest sweep."""
+        every step judged, and the regressions into the newest sweep, keyed by their slugs in
+        :data:`bmoe.analyze.views.HISTORY` (titled by :meth:`titles`)."""
         shown = ["cell", "before", "after", "change_pct", "ratio", "ratio_low", "ratio_high",
                  "verdict"]  # fmt: skip
         found = self.regressions()
         return {
             "sweeps": self.sweeps,
-            "differences between sweeps": self.differences,
-            f"{self.outcome} per cell and sweep": self.trend,
-            "steps between sweeps": self.steps[shown],
-            f"regressions beyond {self.threshold_pct:g} % into the newest sweep": found[shown],
+            "differences": self.differences,
+            "trend": self.trend,
+            "steps": self.steps[shown],
+            "regressions": found[shown],
         }
+
+    def titles(self) -> dict[str, str]:
+        """slug -> title of :meth:`views`, with this history's outcome and threshold."""
+        from bmoe.analyze.views import HISTORY
+
+        return HISTORY.titles(outcome=self.outcome, threshold_pct=self.threshold_pct)
 
 
 def history_of(

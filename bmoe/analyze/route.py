@@ -56,6 +56,7 @@ from bmoe.analyze.route_cells import (
     trace_columns,
     with_all_row,
 )
+from bmoe.analyze.views import ROUTE
 from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 from bmoe.units import MIB
@@ -79,8 +80,10 @@ __all__ = [
     "select",
 ]
 
-VIEWS = ("sanity", "hot", "reuse", "overlap", "workset", "cache", "entropy", "bytes", "matrix")
-DEFAULT_VIEWS = VIEWS[:-1]
+#: The views ``--view`` names, in the catalogue's order (its ``prefetch_slots`` comes with
+#: ``cache``); every one but the matrix by default.
+VIEWS = tuple(slug for slug in ROUTE.slugs if slug != "prefetch_slots")
+DEFAULT_VIEWS = tuple(slug for slug in VIEWS if slug != "matrix")
 MATRIX_CELLS = ("experts", "weights", "mb", "hit")
 WORKSET_MARKS = (1, 2, 5, 10, 25, 50, 100, 200, 500, 1000)
 OVERLAP_LAGS = (1, 2, 4, 8)

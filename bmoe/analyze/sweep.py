@@ -153,6 +153,33 @@ def axis_table(results: pd.DataFrame, outcomes: Sequence[str] | None = None) -> 
     return wide[["axis", "value", "n", *[o for o in order if o in wide]]]
 
 
+def axis_influence(results: pd.DataFrame, outcome: str = "tok_s_mean") -> pd.DataFrame:
+    """Which axis moves `outcome` most: per axis, how many values it took, its best and worst
+    value by the mean of their completed attempts (direction from the outcome's name) and
+    the gap between the two as a percentage of the overall mean, largest gap first.
+
+    Each value's mean is over every attempt that had it, whatever the other axes were (the
+    axis's main effect): in a full grid that compares like with like; where some cells are
+    missing, an axis can borrow the effect of another that moved with it."""
+    cols = ["axis", "values", "best", "best_mean", "worst", "worst_mean", "range_pct"]
+    effects = axis_effects(results, [outcome])
+    if effects.empty:
+        return pd.DataFrame(columns=cols)
+    ordered = effects.sort_values(
+        ["axis", "mean"], ascending=[True, outcome in LOWER_IS_BETTER], kind="stable"
+    )
+    grouped = ordered.groupby("axis", sort=False)
+    best, worst = grouped.first(), grouped.last()
+    overall = abs(_numeric(ok_attempts(results), outcome).mean())
+    table = pd.DataFrame({
+        "values": grouped.size(), "best": best["value"], "best_mean": best["mean"],
+        "worst": worst["value"], "worst_mean": worst["mean"],
+        "range_pct": 100.0 * (best["mean"] - worst["mean"]).abs() / overall if overall else np.nan,
+    })  # fmt: skip
+    table = table.reset_index().sort_values("range_pct", ascending=False, kind="stable")
+    return table[cols].reset_index(drop=True)
+
+
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     rx = pd.Series(x).rank().to_numpy()
     ry = pd.Series(y).rank().to_numpy()
@@ -326,7 +353,8 @@ def analyze_sweep(
     """Every view of ``bmoe analyze sweep``: the verdict first, then attempts, ranking,
     neighbours compared, stability per cell, axes, predicted against measured tok/s (when
     the sweep recorded `predictions`, its ``predictions.csv``), drift with execution order
-    and contamination. Raises :class:`BmoeError` for an unknown `outcome`."""
+    and contamination, keyed by their slugs in :data:`bmoe.analyze.views.SWEEP` (titled with
+    ``outcome=``). Raises :class:`BmoeError` for an unknown `outcome`."""
     check_outcome(results, outcome)
     flags = contamination(results)
     verdict = sweep_verdict(results, outcome, stall=stall, traced=traced,
@@ -334,22 +362,25 @@ def analyze_sweep(
     views: dict[str, Any] = {
         "verdict": verdict.view(),
         "attempts": attempts_by_status(results),
-        f"cells ranked by {outcome}": rank_cells(results, outcome),
+        "ranking": rank_cells(results, outcome),
     }
     if len(verdict.neighbours):
-        views["neighbours in the ranking"] = verdict.neighbours[["sentence"]]
+        views["neighbours"] = verdict.neighbours[["sentence"]]
     if len(verdict.stability):
-        views["stability per cell"] = verdict.stability
+        views["stability"] = verdict.stability
     shown = [outcome, *[o for o in AXIS_VIEW_OUTCOMES if o != outcome]]
     effects = axis_table(results, shown)
     if len(effects):
-        views["outcomes by axis value (means)"] = effects
+        views["axis_table"] = effects
+    influence = axis_influence(results, outcome)
+    if len(influence):
+        views["axis_influence"] = influence
     if predictions is not None:
-        views["predicted against measured"] = predicted_vs_measured(results, predictions)
-    views["repeats against execution order"] = within_cell_drift(results, outcome)
+        views["predicted"] = predicted_vs_measured(results, predictions)
+    views["order_effect"] = within_cell_drift(results, outcome)
     rounds = reversed_rounds(results, outcome)
     if not rounds.empty:
-        views["forward vs reversed rounds"] = rounds
+        views["reversed_rounds"] = rounds
     views["contamination"] = flags
     return views
 

@@ -200,6 +200,13 @@ def synth(
     type_: str | None = typer.Option(
         None, "--type", help="Weight type: f32, f16, q8_0, q4_0, q5_0 or mxfp4 (experts)."
     ),
+    layer_types: str | None = typer.Option(
+        None,
+        "--layer-types",
+        metavar="T1,T2,...",
+        help="The experts' weight type layer by layer, cycled (q8_0,q4_0: even layers q8_0, "
+        "odd q4_0), as a K-quant mixes types: expert sizes differ by layer.",
+    ),
     seed: int | None = typer.Option(None, help="Random seed of the weights."),
     skew: float | None = typer.Option(None, help="Router skew: 0 = uniform; larger = hotter."),
     fused_gate_up: bool = typer.Option(
@@ -230,7 +237,8 @@ def synth(
     (biases on the router and the experts, attention sinks; its experts ship in MXFP4),
     gemma4 (fused ffn_gate_up_exps, a dense MLP beside the experts, dense layers mixed in).
 
-    Weight types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the rest f16).
+    Weight types: --type f32, f16, q8_0, q4_0, q5_0, mxfp4 (MXFP4 experts, the rest f16);
+    --layer-types gives the experts a type per layer (mixed like a K-quant's).
 
     Larger models: every size of the preset can be overridden (--layers, --experts, --n-embd,
     --n-ff-exp, ...). A split model, as large models ship: --split-max-tensors N
@@ -239,6 +247,7 @@ def synth(
     Example: bmoe model synth tiny.gguf --preset tiny
     Example: bmoe model synth big.gguf --preset small --layers 48 --experts 128 --type q8_0
     Example: bmoe model synth split.gguf --split-max-tensors 16
+    Example: bmoe model synth mixed.gguf --type q8_0 --layer-types q8_0,q4_0,q5_0
     """
     from bmoe.engine.synth import estimate_bytes, preset_config, synth_model
     from bmoe.formats.outputs import check_output
@@ -263,6 +272,9 @@ def synth(
         "seed": seed,
         "skew": skew,
         "chat_template": chat_template,
+        "layer_types": tuple(t.strip() for t in layer_types.split(",") if t.strip())
+        if layer_types
+        else None,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     total = estimate_bytes(preset_config(preset, **overrides))

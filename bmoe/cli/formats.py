@@ -39,6 +39,7 @@ def info(
     # a description uses no linear algebra: OpenBLAS's threads would only spend CPU time (set
     # before numpy loads, for a route trace's columns; a value the user chose is kept)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from bmoe.analyze.views import INFO
     from bmoe.formats.info import describe
     from bmoe.render.tables import render
 
@@ -51,7 +52,7 @@ def info(
             _error(str(exc))
             failed = True
             continue
-        text = render(views, fmt, console)
+        text = render(views, fmt, console, titles=INFO.titles())
         if text is not None:
             console.out(text, end="")
     if failed:

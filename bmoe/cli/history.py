@@ -84,7 +84,7 @@ def history_command(
             label = str(folder)
         sweeps[label] = load_results(folder)
     found = hist.history_of(sweeps, outcome, limit)
-    text = render(found.views(), fmt, console)
+    text = render(found.views(), fmt, console, titles=found.titles())
     if text is not None:
         console.out(text, end="")
     if plot is not None:

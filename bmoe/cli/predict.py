@@ -558,6 +558,8 @@ def _interval_notes(profile, table) -> list[tuple[str, str]]:
                     f"{100 * profile.coverage:.0f} % coverage (give the profile runs of two "
                     "configurations or more)"))  # fmt: skip
     out += [("unpriced:", line) for line in (unpriced_notes(table) if table is not None else [])]
+    memory = unpriced_notes(table, "memory_note") if table is not None else []
+    out += [("memory:", line) for line in memory]
     return out
 
 

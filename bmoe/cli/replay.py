@@ -360,14 +360,17 @@ def _print_replay(views, fmt: str, validate: float | None) -> None:
         console.out(out or "", end="")
         return
     console.out(text.replay_text(views, validate, console.width), highlight=False, end="")
+    from bmoe.analyze.views import REPLAY
+
     extra = {}
     if "mrc_budgets" in views:
-        extra["exact LRU (stack distances) at the chosen budgets"] = views["mrc_budgets"]
+        extra["mrc_budgets"] = views["mrc_budgets"]
+    depth = 0
     if "prefetch" in views:
         depth = int(views["prefetch"]["depth"].iloc[0]) if len(views["prefetch"]) else 0
-        extra[f"previous-token prefetch, depth {depth}"] = text.prefetch_display(views["prefetch"])
-    for title, table in extra.items():  # laid out for the console's width
-        print_table(console, table_cells(table, text.DIGITS), title)
+        extra["prefetch"] = text.prefetch_display(views["prefetch"])
+    for slug, table in extra.items():  # laid out for the console's width
+        print_table(console, table_cells(table, text.DIGITS), REPLAY.title(slug, depth=depth))
     if "mrc" in views:
         console.print(
             f"exact LRU curve: {len(views['mrc'])} budget steps from 0 to "

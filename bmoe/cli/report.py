@@ -75,7 +75,7 @@ def _history_pages(
 ) -> None:
     """The index page at `out` and one page per sweep beside it (``<out stem>-<folder>.html``)."""
     import bmoe
-    from bmoe.render import report as page
+    from bmoe.render import pages as page
 
     not_folders = [str(p) for p in paths if not p.is_dir()]
     if not_folders:
@@ -102,7 +102,7 @@ def _history_pages(
 
 def _sweep_page(path: Path, runs: list[str], outcome: str, title: str | None) -> str:
     import bmoe
-    from bmoe.render import report as page
+    from bmoe.render import pages as page
 
     archive = bmoe.load_archive(path)
     if len(archive) == 1 and not runs:
@@ -122,7 +122,7 @@ def _file_page(path: Path, metrics: Path | None, title: str | None) -> str:
     from bmoe.analyze.runfiles import load_run_files
     from bmoe.formats.load import detect_kind, load_file
     from bmoe.formats.metrics import read_metrics
-    from bmoe.render import report as page
+    from bmoe.render import pages as page
 
     kind = detect_kind(path)
     obj = load_file(path, kind)

@@ -20,10 +20,39 @@ from bmoe.render.runs import DIGITS
 from bmoe.render.tables import render, transposed
 
 
-def _emit(views: dict, fmt: str) -> None:
-    text = render(views, fmt, console, DIGITS)
+def _emit(views: dict, fmt: str, titles: dict | None = None) -> None:
+    text = render(views, fmt, console, DIGITS, titles)
     if text is not None:
         console.out(text, end="")
+
+
+def _emit_comparisons(comparisons: list, fmt: str) -> None:
+    """Each comparison's table and method under its pair's titles; json and csv give one
+    ``comparison``, ``method`` and ``concerns`` view, every row led by its pair's files
+    (``baseline``, ``candidate``)."""
+    from bmoe.analyze.views import COMPARE
+
+    pairs = [{"baseline": Path(c.a).name, "candidate": Path(c.b).name} for c in comparisons]
+    if fmt == "table" or fmt == "markdown":
+        for comp, pair in zip(comparisons, pairs, strict=True):
+            views: dict = {"comparison": comp.table, "method": comp.method}
+            if fmt != "table" and len(comp.concerns):
+                views["concerns"] = comp.concerns
+            _emit(views, fmt, COMPARE.titles(a=pair["baseline"], b=pair["candidate"]))
+        return
+
+    both = list(zip(comparisons, pairs, strict=True))
+
+    def led(frames: list[pd.DataFrame]) -> pd.DataFrame:
+        parts = [pd.concat([pd.DataFrame(p, index=f.index), f], axis=1)
+                 for f, (_c, p) in zip(frames, both, strict=True)]  # fmt: skip
+        return pd.concat(parts, ignore_index=True)
+
+    _emit({
+        "comparison": led([c.table for c in comparisons]),
+        "method": pd.DataFrame([{**p, **c.method} for c, p in both]),
+        "concerns": led([c.concerns for c in comparisons]),
+    }, fmt)  # fmt: skip
 
 
 @analyze_app.command("metrics")
@@ -173,14 +202,7 @@ def compare_command(
     check_format(fmt)
     loaded = [load_run_files(path) for path in files]
     comparisons = compare_many(loaded, force=force, n_boot=boot, seed=seed)
-    views: dict = {}
-    for comp in comparisons:
-        title = f"{Path(comp.a).name} (A) vs {Path(comp.b).name} (B)"
-        views[title] = comp.table
-        views[f"{title}: method"] = comp.method
-        if fmt != "table" and len(comp.concerns):
-            views[f"{title}: concerns"] = comp.concerns
-    _emit(views, fmt)
+    _emit_comparisons(comparisons, fmt)
     for comp in comparisons:  # after the figures, where they are read
         title = f"{Path(comp.a).name} (A) vs {Path(comp.b).name} (B)"
         for row in comp.concerns.itertuples():
@@ -218,12 +240,14 @@ def contamination_command(
         if not shown.empty or fmt != "table":
             views["flags"] = shown
         if not_checked:
-            views["not checked"] = pd.DataFrame({"reason": not_checked})
+            views["not_checked"] = pd.DataFrame({"reason": not_checked})
         if fmt == "table" and "cell" in cells:  # c1, c2, ... and a legend
             from bmoe.render.cells import with_short_ids
 
             views = with_short_ids(views, cells["cell"])
-        _emit(views, fmt)
+        from bmoe.analyze.views import CONTAMINATION
+
+        _emit(views, fmt, CONTAMINATION.titles())
     if fmt == "table" and flags.empty:
         console.print("no contamination tells fired")
 

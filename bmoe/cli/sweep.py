@@ -267,6 +267,7 @@ def analyze_sweep_command(
     """
     check_format(fmt)
     from bmoe.analyze.sweep import analyze_sweep
+    from bmoe.analyze.views import SWEEP
     from bmoe.formats.archive import read_predictions
     from bmoe.render.tables import render
     from bmoe.sweep.archive import find_latest, load_results
@@ -289,14 +290,14 @@ def analyze_sweep_command(
         from bmoe.render.cells import with_short_ids
 
         shown = with_short_ids(views, results["cell"], axes_of(results))
-    text = render(shown, fmt, console)
+    text = render(shown, fmt, console, titles=SWEEP.titles(outcome=outcome))
     if text is not None:
         console.out(text, end="")
     else:  # the terminal: the verdict again where the eye lands, after the tables
         console.print(views["verdict"]["verdict"], highlight=False)
     if plots is not None:
         _answer_plots(results, outcome, plots, force)
-        compared = views.get("predicted against measured")
+        compared = views.get("predicted")
         if compared is not None and len(compared):
             from bmoe.formats.outputs import check_output
             from bmoe.render.plots import save_figure

@@ -105,6 +105,9 @@ class SynthConfig:
     expert_scale: float = 2.0
     ctx: int = 4096
     chat_template: str = ""  # "" (none), a name in CHAT_TEMPLATES, or a Jinja template
+    #: the experts' weight type layer by layer (cycled over the layers; empty: ``type``
+    #: throughout), as a K-quant mixes types across layers: expert sizes that differ by layer
+    layer_types: tuple[str, ...] = ()
 
     def check(self) -> None:
         """Raise :class:`BmoeError` for a shape llama.cpp would refuse."""
@@ -133,15 +136,17 @@ class SynthConfig:
             raise BmoeError(
                 f"synth: vocab must be at least {_N_BASE_TOKENS} (3 special + 256 bytes)"
             )
-        if self.type not in TYPES:
-            raise BmoeError(f"synth: unknown type {self.type!r} (one of {', '.join(TYPES)})")
+        for kind in (self.type, *self.layer_types):
+            if kind not in TYPES:
+                raise BmoeError(f"synth: unknown type {kind!r} (one of {', '.join(TYPES)})")
         if self.arch not in ARCHS:
             raise BmoeError(f"synth: unknown arch {self.arch!r} (one of {', '.join(ARCHS)})")
         widths = (self.n_embd, self.n_ff_exp, self.n_head * self.head_dim, self.n_ff_shexp)
-        if self.type not in ("f32", "f16") and any(w % _BLOCK for w in widths):
+        quantized = [k for k in (self.type, *self.layer_types) if k not in ("f32", "f16")]
+        if quantized and any(w % _BLOCK for w in widths):
             raise BmoeError(
-                f"synth: {self.type} needs n_embd, n_ff_exp, n_head x head_dim and n_ff_shexp "
-                f"to be multiples of {_BLOCK}"
+                f"synth: {quantized[0]} needs n_embd, n_ff_exp, n_head x head_dim and "
+                f"n_ff_shexp to be multiples of {_BLOCK}"
             )
         if (
             self.arch in ("qwen2moe", "llama", "gpt-oss")
@@ -199,7 +204,22 @@ def preset_config(preset: str = "tiny", **overrides: Any) -> SynthConfig:
 
 
 def _plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, numpy shape, storage type) of every tensor, in file order."""
+    """(name, numpy shape, storage type) of every tensor, in file order; a layer's expert
+    tensors in its ``layer_types`` entry where they are given."""
+    plan = _family_plan(cfg)
+    if not cfg.layer_types:
+        return plan
+    out = []
+    for name, shape, kind in plan:
+        parts = name.split(".")
+        if name.startswith("blk.") and parts[2].endswith("_exps") and parts[3] == "weight":
+            kind = cfg.layer_types[int(parts[1]) % len(cfg.layer_types)]
+        out.append((name, shape, kind))
+    return out
+
+
+def _family_plan(cfg: SynthConfig) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, numpy shape, storage type) of every tensor of the family, in file order."""
     e, v, f, x = cfg.n_embd, cfg.vocab, cfg.n_ff_exp, cfg.experts
     t = "f16" if cfg.type == "mxfp4" else cfg.type  # MXFP4 is for the experts only
     te = cfg.type
@@ -621,7 +641,10 @@ def _write_metadata(w: Any, cfg: SynthConfig) -> None:
     for key, value in asdict(cfg).items():
         if key == "chat_template":
             continue
-        if isinstance(value, str):
+        if isinstance(value, tuple | list):  # layer_types: written only when given
+            if value:
+                w.add_string(f"bmoe.synth.{key}", ",".join(map(str, value)))
+        elif isinstance(value, str):
             w.add_string(f"bmoe.synth.{key}", value)
         elif isinstance(value, bool):
             w.add_bool(f"bmoe.synth.{key}", value)

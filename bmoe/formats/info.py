@@ -125,7 +125,7 @@ def _describe_run_output(run: Any, head: dict[str, Any]) -> Views:
     if run.failure:
         head["failed"] = run.failure
     if run.figures:
-        views["end of run"] = {k: v for k, v in run.figures.items() if k != "other_lines"} | {
+        views["end_of_run"] = {k: v for k, v in run.figures.items() if k != "other_lines"} | {
             f"line {i + 1}": ln for i, ln in enumerate(run.figures.get("other_lines", []))
         }
     if run.pressure:

@@ -32,6 +32,9 @@ Layout (``version`` 2)::
      "tracing": {"how", ...}, "coverage": 0.8, "unsettled": [...],
      "model_error": {"method", "sd_rel", "configurations", "rms_pct", "held_out": [...], "why"}
                     (the runs held out and predicted from the others; none for one run),
+     "levers": {"baseline": {"prefetch", "policy", "drop"},
+                "terms": [{"lever", "value", "factor", "sd_rel", "runs", "error_pct"}]}
+               (a term per value other than the baseline its runs measured),
      "sources": [...], "caveats": [...]}
 
 Version 1 files (no ``terms``/``runs``/``memory``; every term implicitly measured) still read:
@@ -99,6 +102,9 @@ class DeviceProfile:
     unsettled: list[str] = field(default_factory=list)
     model_error: dict[str, Any] = field(default_factory=dict)
     flash_by_read: list[dict[str, float]] = field(default_factory=list)
+    #: the levers' baseline values and a term per other value its runs measured
+    #: (see :mod:`bmoe.analyze.profile.levers`)
+    levers: dict[str, Any] = field(default_factory=dict)
     version: int = PROFILE_VERSION  # of the file it was read from
 
     def expert_bytes(self) -> dict[int, int]:
@@ -155,6 +161,7 @@ class DeviceProfile:
             "coverage": self.coverage,
             "unsettled": list(self.unsettled),
             "model_error": _jsonable(self.model_error),
+            "levers": _jsonable(self.levers),
             "sources": list(self.sources),
             "caveats": list(self.caveats),
         }
@@ -357,6 +364,16 @@ SCHEMA: dict[str, Field] = {
     "runs[].compute_over_cpu": _figure(),
     "runs[].contended": _FLAG,
     "runs[].slowdown": _figure(),
+    "runs[].drop": _figure(),
+    "runs[].asked_mib": _figure(),
+    "runs[].available_mib": _figure(),
+    "runs[].left_min_mib": _figure(),
+    "runs[].swap_mib": _figure(),
+    "runs[].majflt_per_token": _figure(),
+    "runs[].rss_anon_mib": _figure(),
+    "runs[].peak_rss_mib": _figure(),
+    "runs[].memory_from": _TEXT,
+    "runs[].lever_term": _TEXT,
     "tracing": Field("section", nullable=True),
     "tracing.how": _TEXT,
     "tracing.traced_runs": _TEXTS,
@@ -390,6 +407,18 @@ SCHEMA: dict[str, Field] = {
     "model_error.held_out[].inside": _FLAG,
     "model_error.held_out[].io_threads": _COUNT,
     "model_error.held_out[].distance": _figure(),
+    "model_error.held_out[].lanes_from_profile": _FLAG,
+    "levers": Field("section", nullable=True),
+    "levers.baseline": Field("map", nullable=True, high=64),
+    "levers.baseline{}": Field("text"),
+    "levers.terms": Field("rows", nullable=True, high=MAX_ENTRIES),
+    "levers.terms[].lever": Field("text", required=True),
+    "levers.terms[].value": Field("text", required=True),
+    "levers.terms[].factor": Field("number", required=True, positive=True, high=1e6),
+    "levers.terms[].sd_rel": Field("number", required=True, high=1e6),
+    "levers.terms[].runs": _TEXTS,
+    "levers.terms[].error_pct": Field("list", nullable=True, high=MAX_ENTRIES),
+    "levers.terms[].error_pct[]": _figure(signed=True),
     "sources": _TEXTS,
     "caveats": _TEXTS,
 }
@@ -678,6 +707,7 @@ def profile_from_dict(data: Any, path: str | None = None) -> DeviceProfile:
         unsettled=[str(s) for s in data.get("unsettled") or []],
         model_error=dict(data.get("model_error") or {}),
         flash_by_read=[dict(p) for p in data.get("flash_by_read") or []],
+        levers=dict(data.get("levers") or {}),
         version=int(version),
     )
 

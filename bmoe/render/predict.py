@@ -253,13 +253,14 @@ def predict_headline(table: pd.DataFrame, coverage: float, claimed: bool = True)
     return lines
 
 
-def unpriced_notes(table: pd.DataFrame) -> list[str]:
-    """One line per reason some cells' time is not priced by the profile, naming the cells."""
-    if "unpriced" not in table:
+def unpriced_notes(table: pd.DataFrame, column: str = "unpriced") -> list[str]:
+    """One line per reason some cells' time is not priced by the profile (or, with
+    ``column="memory_note"``, per note on the memory they ask), naming the cells."""
+    if column not in table:
         return []
     groups: dict[str, list[str]] = {}
     for row in table.to_dict("records"):
-        why = _text(row.get("unpriced"))
+        why = _text(row.get(column))
         if why is not None:
             groups.setdefault(why, []).append(cell_label(row))
     return [f"{', '.join(cells)}: {why}" for why, cells in groups.items()]
@@ -390,7 +391,8 @@ def against_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The figures a reader checks first: the headline error over firm cells, the coverage
     the interval achieved against the one it states, its median width."""
     compared = summary.get("compared", 0)
-    return {
+    out: dict[str, Any] = {"headline": summary["no_headline"]} if summary.get("no_headline") else {}
+    return out | {
         "cells": summary.get("cells"),
         "compared (firm, predicted)": compared,
         "left out (labelled)": summary.get("labelled"),

@@ -252,13 +252,15 @@ def drop_header(trace_name: str, meta: Mapping[str, Any], k: int | None) -> list
 
 
 def drop_views(result: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Flat views for the csv/json/markdown renderers."""
+    """Flat views for the csv/json/markdown renderers, by their slugs in
+    :data:`bmoe.analyze.views.DROP` (a phase's summary, then its tables)."""
+    from bmoe.analyze.views import DROP
+
     views: dict[str, Any] = {}
     for phase, part in result.items():
-        views[phase] = dict(part["summary"])
-        views[f"{phase}_threshold"] = part["threshold"]
-        views[f"{phase}_static_k"] = part["static_k"]
-        views[f"{phase}_survivors"] = part["survivors"]
+        views[DROP[phase].slug] = dict(part["summary"])
+        for table in ("threshold", "static_k", "survivors"):
+            views[DROP[f"{phase}_{table}"].slug] = part[table]
     return views
 
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bmoe.analyze.views import ROUTE
 from bmoe.render.messages import literal, note_line, printable
 from bmoe.render.tables import (
     MISSING,
@@ -53,18 +54,8 @@ DIGITS = {
     "of_slot_pct": 1,
 }
 
-TITLES = {
-    "sanity": "sanity",
-    "hot": "hot experts per layer (coverage = share of the layer's activations)",
-    "reuse": "reuse distance per (layer, expert), in steps of the layer's sequence",
-    "overlap": "routing overlap with earlier steps (mean % of the top-k shared)",
-    "workset": "cumulative distinct experts (working-set growth)",
-    "cache": "cache outcome per layer (% of routings)",
-    "prefetch_slots": "prefetch hits by router slot",
-    "entropy": "routing entropy (bits) and top-1 weight share per layer",
-    "bytes": "expert bytes read",
-    "matrix": "step x layer matrix",
-}
+#: slug -> title of every route view (the catalogue's).
+TITLES = ROUTE.titles()
 
 LETTER_STYLES = {"H": "green", "M": "red", "P": "blue"}
 

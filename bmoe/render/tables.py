@@ -181,11 +181,17 @@ def markdown_cell(text: str) -> str:
     return printable(text).translate(_MARKDOWN_CELL)
 
 
-def render_markdown(views: Mapping[str, Result], digits: Mapping[str, int] | None = None) -> str:
+def render_markdown(
+    views: Mapping[str, Result],
+    digits: Mapping[str, int] | None = None,
+    titles: Mapping[str, str] | None = None,
+) -> str:
+    """Each view as a markdown table under its title (`titles`: slug -> title, see
+    :mod:`bmoe.analyze.views`; a view without one is headed by its slug)."""
     out = []
     for name, result in views.items():
         frame = _as_frame(result)
-        out.append(f"### {markdown_cell(str(name))}\n")
+        out.append(f"### {markdown_cell(str((titles or {}).get(name, name)))}\n")
         cols = [str(c) for c in frame.columns]
         out.append("| " + " | ".join(markdown_cell(c) for c in cols) + " |")
         out.append("|" + "|".join("---:" if _numeric(frame[c]) else "---" for c in frame) + "|")
@@ -206,10 +212,15 @@ def _numeric(series: pd.Series) -> bool:
 
 
 def rich_tables(
-    views: Mapping[str, Result], digits: Mapping[str, int] | None = None
+    views: Mapping[str, Result],
+    digits: Mapping[str, int] | None = None,
+    titles: Mapping[str, str] | None = None,
 ) -> list[Table]:
-    """Each view as a rich Table titled with its name."""
-    return [rich_table(table_cells(result, digits), title=name) for name, result in views.items()]
+    """Each view as a rich Table titled with its title (`titles`), else its slug."""
+    return [
+        rich_table(table_cells(result, digits), title=(titles or {}).get(name, name))
+        for name, result in views.items()
+    ]
 
 
 #: (header, numeric, cell texts) per column; numeric columns are right-justified.
@@ -560,20 +571,23 @@ def render(
     fmt: str = "table",
     console: Console | None = None,
     digits: Mapping[str, int] | None = None,
+    titles: Mapping[str, str] | None = None,
 ) -> str | None:
-    """Render `views` in `fmt`. ``table`` prints to `console` and returns None; the text
-    formats return a string."""
+    """Render `views` (slug -> result) in `fmt`. ``table`` prints to `console` and returns
+    None; the text formats return a string. json and csv name each view by its slug; tables
+    and markdown show its title from `titles` (slug -> title, :mod:`bmoe.analyze.views`),
+    its slug where it has none."""
     if fmt == "csv":
         return render_csv(views)
     if fmt == "json":
         return render_json(views)
     if fmt == "markdown":
-        return render_markdown(views, digits)
+        return render_markdown(views, digits, titles)
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     console = console or Console(markup=False)
     for name, result in views.items():
-        print_table(console, table_cells(result, digits), title=name)
+        print_table(console, table_cells(result, digits), title=(titles or {}).get(name, name))
     return None
 
 

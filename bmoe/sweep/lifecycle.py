@@ -115,6 +115,7 @@ def write_summary(root: Path, kind: str = "Sweep") -> Path | None:
     """``summary.md``: the analysis of what the folder holds, as markdown (None when it holds
     no attempt yet or the results do not read). `kind` heads it (``Sweep``, ``Tune``)."""
     from bmoe.analyze.sweep import analyze_sweep
+    from bmoe.analyze.views import SWEEP
     from bmoe.render.tables import render_markdown
 
     try:
@@ -126,7 +127,8 @@ def write_summary(root: Path, kind: str = "Sweep") -> Path | None:
     views = analyze_sweep(results)
     title = f"# {kind} {results.attrs.get('name') or Path(root).name}\n\n"
     path = Path(root) / layout.SUMMARY
-    layout.write_atomic(path, title + render_markdown(views))
+    text = render_markdown(views, titles=SWEEP.titles(outcome="tok_s_mean"))
+    layout.write_atomic(path, title + text)
     return path
 
 

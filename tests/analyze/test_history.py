@@ -167,16 +167,16 @@ def test_sweeps_that_measured_different_things_are_not_comparable(tmp_path: Path
     assert ("2026-12-01-grid and 2026-12-02-grid are not comparable (n_predict 32 vs 16; "
             "tracing none vs route_trace)") in err  # fmt: skip
     views = json.loads(out)
-    assert {s["verdict"] for s in views["steps between sweeps"]} == {"not comparable"}
+    assert {s["verdict"] for s in views["steps"]} == {"not comparable"}
     assert all(s["change_pct"] is None and s["ratio"] is None
-               for s in views["steps between sweeps"])  # fmt: skip
+               for s in views["steps"])  # fmt: skip
     listed = {(d["what"], d["value_before"], d["value_after"], d["effect"])
-              for d in views["differences between sweeps"]}  # fmt: skip
+              for d in views["differences"]}  # fmt: skip
     assert listed == {("base n_predict", "32", "16", "not comparable"),
                       ("tracing", "none", "route_trace", "not comparable")}  # fmt: skip
     # the newer sweep's traced runs leave its ranking not settled, and the sweeps table says so
     assert [s["ranking"] for s in views["sweeps"]] == ["settled", "not settled"]
-    trend = {r["cell"]: r for r in views["tok_s_mean per cell and sweep"]}
+    trend = {r["cell"]: r for r in views["trend"]}
     assert trend["cache_mb=0"]["change_pct"] is None  # no change across incomparable sweeps
     # the terminal table says it too
     code, out, _ = run_cli(capsys, "history", old, new, "--fail-on-regression", "5%")
@@ -200,10 +200,10 @@ def test_a_version_change_is_listed_and_a_regression_still_fails(tmp_path: Path,
     assert code == 1
     assert "REGRESSION cache_mb=0: tok_s_mean -20.0 % from 2026-12-01-grid" in err
     views = json.loads(out)
-    assert [(d["what"], d["effect"]) for d in views["differences between sweeps"]] == [
+    assert [(d["what"], d["effect"]) for d in views["differences"]] == [
         ("engine version", "listed")
     ]
-    steps = {s["cell"]: s["verdict"] for s in views["steps between sweeps"]}
+    steps = {s["cell"]: s["verdict"] for s in views["steps"]}
     assert steps == {"cache_mb=0": "regression", "cache_mb=8": "no change beyond noise"}
 
 
@@ -217,7 +217,7 @@ def test_a_step_into_an_unsettled_sweep_is_not_judged(tmp_path: Path, capsys) ->
     code, out, err = run_cli(capsys, "history", old, new, "--fail-on-regression", "5%",
                              "-f", "json")  # fmt: skip
     assert code == 0, err
-    step = {s["cell"]: s for s in json.loads(out)["steps between sweeps"]}["cache_mb=0"]
+    step = {s["cell"]: s for s in json.loads(out)["steps"]}["cache_mb=0"]
     assert step["verdict"] == "not settled" and step["change_pct"] == pytest.approx(-20.0)
     assert "the ranking of 2026-12-02-grid is not settled" in err and "off-CPU" in err
 
@@ -228,7 +228,7 @@ def test_cells_missing_from_a_sweep_are_blank(tmp_path: Path, capsys) -> None:
                  sweep({0: NEW[0], 4: [150.0, 151.0, 149.0]}, 2))  # fmt: skip
     code, out, err = run_cli(capsys, "history", old, new, "-f", "json")
     assert code == 0, err
-    trend = {r["cell"]: r for r in json.loads(out)["tok_s_mean per cell and sweep"]}
+    trend = {r["cell"]: r for r in json.loads(out)["trend"]}
     # gone from the newest sweep: no mean there and no change (not 0)
     assert trend["cache_mb=8"]["2026-12-02-grid"] is None
     assert trend["cache_mb=8"]["change_pct"] is None
@@ -250,8 +250,8 @@ def test_a_copy_of_a_sweep_renders_as_json(tmp_path: Path, capsys) -> None:
     assert code == 0, err
     views = json.loads(out)
     assert [s["started"] for s in views["sweeps"]] == ["2026-12-01T10:00:00+00:00"] * 2
-    assert {s["verdict"] for s in views["steps between sweeps"]} == {"no change beyond noise"}
-    assert [s["change_pct"] for s in views["steps between sweeps"]] == [0.0, 0.0]
+    assert {s["verdict"] for s in views["steps"]} == {"no change beyond noise"}
+    assert [s["change_pct"] for s in views["steps"]] == [0.0, 0.0]
 
 
 def test_sweeps_without_a_common_cell_or_one_folder_twice(tmp_path: Path, capsys) -> None:
@@ -261,7 +261,7 @@ def test_sweeps_without_a_common_cell_or_one_folder_twice(tmp_path: Path, capsys
     code, out, err = run_cli(capsys, "history", low, high, "-f", "json",
                              "--fail-on-regression", "5%")  # fmt: skip
     assert code == 0, err
-    assert json.loads(out)["steps between sweeps"] == []
+    assert json.loads(out)["steps"] == []
     code, out, err = run_cli(capsys, "history", low, low)
     assert code == 2 and f"{low}: the same sweep folder given twice" in err
     code, out, err = run_cli(capsys, "history", low, tmp_path / "high" / ".." / "low")
@@ -277,7 +277,7 @@ def test_the_shipped_sweeps_are_not_comparable(capsys) -> None:
     assert code == 0, err
     assert "internal error" not in err
     views = json.loads(out)
-    what = {d["what"]: d for d in views["differences between sweeps"]}
+    what = {d["what"]: d for d in views["differences"]}
     # their sweep.toml files: n_predict 32 and 12, the small sweep traced route, compute, io
     assert (what["base n_predict"]["value_before"], what["base n_predict"]["value_after"]) == (
         "32", "12")  # fmt: skip
@@ -339,7 +339,7 @@ def test_the_readme_history_of_the_shipped_tiny_sweeps(capsys) -> None:
     code, out, err = run_cli(capsys, "history", *folders, "--fail-on-regression", "5%",
                              "-f", "json")  # fmt: skip
     views = json.loads(out)
-    effects = {d["what"]: d["effect"] for d in views["differences between sweeps"]}
+    effects = {d["what"]: d["effect"] for d in views["differences"]}
     assert "not comparable" not in effects.values(), effects  # like with like
     newest = views["sweeps"][-1]
     # the newest sweep's own summary.md, written when it was recorded, gives its ranking
@@ -348,6 +348,6 @@ def test_the_readme_history_of_the_shipped_tiny_sweeps(capsys) -> None:
     assert newest["ranking"] == ("settled" if settled else "not settled")
     if not settled:  # then no step into it is judged, and CI passes
         assert code == 0 and "is not settled" in err
-        verdicts = {s["verdict"] for s in views["steps between sweeps"]}
+        verdicts = {s["verdict"] for s in views["steps"]}
         assert all(v == "not settled" or v.startswith(("not measurable", "too few"))
                    for v in verdicts), verdicts  # fmt: skip

@@ -99,8 +99,10 @@ def test_phone_matrix_two_run_profiles_predict_the_other_runs(corpus: Path):
     """THE figure: in the corpus's phone matrix of one model (v0 files varying cache budget,
     lanes' mode, prefetch and overlap), every profile of two files predicts the other files'
     decode tok/s (each file's own reads priced); the median |error| of those out-of-sample
-    predictions is at most 15 %. The plain-mmap run is never compared, and in-sample files
-    never count (benchmarks/bench_predict_corpus.py prints the table)."""
+    predictions is at most 15 %. The plain-mmap run is never compared, in-sample files never
+    count, nor do predictions that change a lever the profile did not measure (prefetch from
+    profiles without it, more memory than its runs asked): those are labelled unpriced
+    (benchmarks/bench_predict_corpus.py prints the table)."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -109,7 +111,10 @@ def test_phone_matrix_two_run_profiles_predict_the_other_runs(corpus: Path):
     table = phone_table(corpus)
     firm = table[table["left out"].isna() & table["predicted"].notna()]
     two = firm[firm["runs"] == 2]
-    assert len(two) >= 20
+    assert len(two) >= 10
+    assert firm["unpriced"].isna().all()
+    unpriced = table[table["unpriced"].notna()]
+    assert unpriced["file"].eq("qwen_pf2").any()  # prefetch from prefetch-0 profiles
     assert not two["file"].eq("qwen_mmap").any()
     for row in two.itertuples():
         assert row.file not in row.profile.split("+")
@@ -189,7 +194,7 @@ def test_phone_profile_of_two_configurations_measures_its_error(corpus: Path):
     metrics = corpus / "metrics"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pair = read_runs([metrics / "2026-07-12-pr23/qwen_pf2.csv",
+        pair = read_runs([metrics / "2026-07-14-warmup/baseline_qwen_k8.csv",
                           metrics / "2026-07-13/qwen_auto_ov.csv"])  # fmt: skip
         files = read_runs(sorted(metrics.glob("2026-07-1[24]*/*.csv")))
         profile = build_profile(pair)

@@ -6,6 +6,7 @@ measured, are labelled and kept out of the headline."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from bmoe.analyze.profile import against_files, read_runs
 from bmoe.analyze.profile.holdout import most_likely_by_distance, most_likely_sd
 from bmoe.cli import main
 from bmoe.formats.profile import read_profile, write_profile
-from bmoe.formats.route import read_route_trace
+from bmoe.formats.route import read_route_trace, write_route_trace
 from bmoe.sweep.archive import load_results
 from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
 from tests.analyze.test_predict_metrics import (
@@ -368,6 +369,26 @@ def test_a_serial_and_an_overlap_run_cannot_measure_each_others_error(tmp_path):
     assert "--overlap runs only" in why["serial.csv"]
 
 
+def test_a_configuration_at_lanes_the_others_never_ran_is_held_out_with_the_lane_row(tmp_path):
+    """Two serial configurations, one at 1 lane and 8 MiB, one at 4 lanes and 2 MiB (the
+    laptop's design): holding either out leaves a profile that never ran its lane count. The
+    held-out prediction takes the whole profile's flash row at those lanes (a lever the
+    profile measured), so what it tests is the rest, and the profile has a model error from
+    both configurations; it is not the error of carrying one lane count's latency to another
+    (a prediction that does that is unpriced: the io_threads lever)."""
+    one = write(tmp_path / "one.csv", serial_rows(), io_threads=1, cache_mb=8)
+    four = write(tmp_path / "four.csv", serial_rows(latency=1.0), io_threads=4, cache_mb=2)
+    prof = profile_of(one, four)
+    error = prof.model_error
+    assert error["configurations"] == 2 and error["sd_rel"] is not None
+    assert all(r.get("lanes_from_profile") for r in error["held_out"])
+    assert all(abs(r["error_pct"]) < 1.0 for r in error["held_out"])  # the same tokens
+    only_one = profile_of(one)
+    trace = read_route_trace(route_trace(tmp_path / "r.route.csv"))
+    cell = predict(trace, only_one, {"cache_mb": [8], "io_threads": [4]}).iloc[0]
+    assert cell["unpriced_levers"] == "io_threads"
+
+
 # ----------------------------------------------------------------------------- sweeps
 
 
@@ -417,7 +438,54 @@ def test_the_model_file_is_checked_against_the_runs(tiny_model, tmp_path, capsys
     sizes = write(tmp_path / "sizes.csv", serial_rows(), **{**shape, "cache_cycle_mb": 3})
     assert main(["profile", str(sizes), "--model", str(tiny_model)]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "0.188 MiB on average" in err and "0.375 MiB" in err
+    assert "0.188 MiB on average" in err and "summed is 1.500 MiB" in err
+    assert "sizes.csv says cache_cycle_mb=3.000" in err
     v0 = write(tmp_path / "v0.csv", serial_rows(), version=0)
     assert main(["profile", str(v0), "--model", str(tiny_model), "-o", str(out), "--force"]) == 0
     assert "not checked" in read_profile(out).model["sizes_from"]
+
+
+TINY_SWEEPS = sorted((SMALL.parent).glob("*-tiny-cache-lanes"))
+
+
+def tiny_routing(tmp_path: Path) -> Path:
+    """A route trace of the ``tiny`` preset's shape (4 MoE layers, 8 experts of 196,608 bytes,
+    top-2): the routing the archived tiny sweeps are predicted from."""
+    rng = np.random.default_rng(0)
+    ids = [[list(rng.choice(8, 2, replace=False)) for _ in range(4)] for _ in range(40)]
+    trace = make_trace(ids[:8], ids[8:], size=196_608)
+    trace.meta["n_layer"] = 4
+    path = tmp_path / "tiny.route.csv"
+    write_route_trace(trace, path)
+    return path
+
+
+@pytest.mark.skipif(len(TINY_SWEEPS) < 2, reason="bench-data tiny sweeps absent")
+def test_against_the_profiles_own_sweep_and_another_days_runs_clean(tmp_path, capsys):
+    """The profile of a whole sweep predicted against that sweep (every cell in sample) and
+    against the sweep of another day: both run clean, no label reads nan, and where every
+    cell is left out of the headline the summary says why in one sentence."""
+    own, other = TINY_SWEEPS[0], TINY_SWEEPS[1]
+    path = tmp_path / "tiny.json"
+    assert main(["profile", str(own), "-o", str(path)]) == 0
+    trace = tiny_routing(tmp_path)
+    capsys.readouterr()
+    for sweep, all_in_sample in ((own, True), (other, False)):
+        assert main(["predict", str(trace), "-p", str(path), "--against", str(sweep)]) == 0
+        table = capsys.readouterr().out
+        assert "nan" not in table.lower()
+        assert ("No cell counts in the headline" in table) == all_in_sample
+        assert main(["predict", str(trace), "-p", str(path), "--against", str(sweep),
+                     "-f", "json"]) == 0  # fmt: skip
+        views = json.loads(capsys.readouterr().out)
+        for cell in views["cells"]:
+            for column in {"measurement", "unpriced", "comparable"} & set(cell):
+                assert cell[column] is None or "nan" not in cell[column]
+        why = views["summary"]["no_headline"]
+        if all_in_sample:
+            assert why == (
+                "No cell counts in the headline: 15 of 15 measured by the profile's own runs "
+                "(in sample)."
+            )
+        else:
+            assert why is None and views["summary"]["compared"] > 0

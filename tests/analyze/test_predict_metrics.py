@@ -27,6 +27,7 @@ from bmoe.cli import main
 from bmoe.errors import BmoeError
 from bmoe.formats.metrics import MetricsRun, write_metrics
 from bmoe.formats.profile import read_profile, write_profile
+from bmoe.formats.route import read_route_trace
 from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
 
 MIB = 1 << 20
@@ -49,7 +50,8 @@ def write(path: Path, rows: list[dict], version: int = 2, summary=None, **params
     tokens = len(frame)
     wall = float(frame["wall_ms"].sum())
     trailer = {"tokens": tokens, "tok/s": round(1000 * tokens / wall, 3)} | (summary or {})
-    run = MetricsRun(str(path), version, {} if version == 0 else {**PARAMS, **params}, frame,
+    preamble = {k: v for k, v in {**PARAMS, **params}.items() if v is not None}  # None: left out
+    run = MetricsRun(str(path), version, {} if version == 0 else preamble, frame,
                      [trailer])  # fmt: skip
     write_metrics(run, path)
     return path
@@ -213,7 +215,9 @@ def test_v0_file_without_sizes_prices_mib_and_says_so(tmp_path):
 def test_against_files_matches_each_file_by_its_preamble(tmp_path):
     """Loose files, each predicted with its own configuration (from its preamble, the policy
     as the engine names it): reads from the file itself when no trace is given. A profile of
-    file a predicts file b exactly where b is the same device with another budget."""
+    file a predicts file b exactly where b is the same device with another budget; but b's
+    policy and budget are levers no run of the profile measured: b is labelled unpriced
+    (both named) and kept out of the headline."""
     a = write(tmp_path / "a.csv", serial_rows())
     b = write(tmp_path / "b.csv", serial_rows(), cache_mb=8, cache_policy="layer-lfu")
     mmap = write(tmp_path / "mmap.csv", serial_rows(), moe_stream=0)
@@ -224,8 +228,10 @@ def test_against_files_matches_each_file_by_its_preamble(tmp_path):
     assert cells.loc["b", "tok_s_predicted"] == pytest.approx(cells.loc["b", "tok_s"], rel=1e-3)
     assert cells.loc["a", "measurement"] == "a profile run (in sample)"
     assert "plain mmap" in cells.loc["mmap", "comparable"]
+    assert cells.loc["b", "unpriced_levers"] == "policy, cache_mb"
+    assert "cache policy layerlfu" in cells.loc["b", "unpriced"]
     summary = out["summary"]
-    assert (summary["compared"], summary["labelled"], summary["not_predicted"]) == (1, 1, 1)
+    assert (summary["compared"], summary["labelled"], summary["not_predicted"]) == (0, 2, 1)
     assert summary["reads"] == "measured"
 
 
@@ -270,6 +276,26 @@ def test_memory_pressure_hand_worked(tmp_path):
     faults, note = memory_faults(prof, 4)
     assert faults == pytest.approx(200.0)
     assert "more than any profile run" in note
+
+
+def test_predict_prints_the_memory_notes_among_what_to_weigh(tmp_path, capsys):
+    """The command line shows a cell's memory note after the answer, labelled memory:, naming
+    the cell: a budget between the run without pressure and the one under it."""
+    from bmoe.formats.route import write_route_trace
+
+    prof = memory_profile(tmp_path)
+    path = tmp_path / "p.json"
+    write_profile(prof, path)
+    trace = make_trace([[[0]]], [[[e]] for e in [0, 1, 2] * 12])
+    trace.layers = pd.DataFrame({"layer": [0, 1], "expert_bytes": [MIB, MIB]})
+    trace.meta["n_expert_used"] = 2
+    write_route_trace(trace, tmp_path / "m.route.csv")
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "m.route.csv"), "-p", str(path),
+                 "-g", "cache_mb=2.5"]) == 0  # fmt: skip
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "memory: 2.5M 1L: asks 4 MiB of memory" in shown
+    assert "between a profile run without pressure (3 MiB) and one under it" in shown
 
 
 def test_more_cache_that_pushes_memory_out_predicts_slower(tmp_path):
@@ -411,6 +437,70 @@ def test_a_trace_of_another_model_is_refused_naming_both(tmp_path):
     wider.meta["n_expert_used"] = 3
     with pytest.raises(BmoeError, match=r"routes top-3 but .*run\.csv ran top-2"):
         profile_of(path, trace=wider)
+
+
+def sized_trace(path: Path, sizes: dict[int, float], n_layer: int, k: int = 2) -> Path:
+    """A route trace of a model whose MoE layers `sizes` (layer -> MiB an expert) differ, as
+    a K-quant's do; layers of `n_layer` not in `sizes` are dense (route nothing)."""
+    lines = [
+        "# route_trace v1",
+        f"# model=hand.gguf arch=qwen3moe n_layer={n_layer} n_expert=8 n_expert_used={k}",
+        *(f"# layer={i} expert_bytes={round(mib * MIB)} dense_bytes=0" for i, mib in sizes.items()),
+        "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped",
+    ]
+    for step in range(3, 40):
+        for layer, mib in sizes.items():
+            for slot in range(k):
+                lines.append(
+                    f"0,1,{step},{layer},{slot},{(step + slot) % 8},0.5,0,{round(mib * MIB)},0"
+                )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# a K-quant-like model: 4 MoE layers whose experts are 1.5, 1, 1 and 1 MiB (one layer of a
+# wider type); at top-2 a token routes 2 x 4.5 = 9 MiB, its widest layer 2 x 1.5 = 3 MiB
+MIXED = {0: 1.5, 1: 1.0, 2: 1.0, 3: 1.0}
+
+
+def test_a_k_quant_like_model_profiles_without_refusal(tmp_path):
+    """Layers of different expert sizes (a mixed-quantisation model): the contract's
+    figures read as it defines them (layer_demand_MiB the widest layer, token_demand_MiB and
+    cache_cycle_mb k x the sum) agree with the trace's per-layer sizes; so do a model's dense
+    layers, which route nothing (cache_cycle_mb is over the MoE layers only)."""
+    trace = sized_trace(tmp_path / "mixed.route.csv", MIXED, n_layer=4)
+    v1 = write(tmp_path / "v1.csv", serial_rows(), version=1, n_layer=4, cache_cycle_mb=None,
+               summary={"token_demand_MiB": 9.0, "layer_demand_MiB": 3.0})  # fmt: skip
+    v2 = write(tmp_path / "v2.csv", serial_rows(), n_layer=4, cache_cycle_mb=9)
+    for path in (v1, v2):
+        prof = profile_of(path, trace=read_route_trace(trace))
+        assert prof.expert_bytes() == {i: round(m * MIB) for i, m in MIXED.items()}
+    # without a trace the summary alone gives the mean size: 9 MiB / (4 layers x top-2)
+    alone = profile_of(v1)
+    assert set(alone.expert_bytes().values()) == {round(9 * MIB / 8)}
+    # a deepseek2-like model: layer 0 dense, layers 1-2 of 1 MiB experts; v2's
+    # cache_cycle_mb is 2 MoE layers x top-2 x 1 MiB = 4, not divided over the 3 layers
+    dense = sized_trace(tmp_path / "dense.route.csv", {1: 1.0, 2: 1.0}, n_layer=3)
+    path = write(tmp_path / "ds.csv", serial_rows(), n_layer=3, cache_cycle_mb=4)
+    prof = profile_of(path, trace=read_route_trace(dense))
+    assert prof.expert_bytes() == {1: MIB, 2: MIB}
+    # the profile of the preamble alone predicts the trace of that model
+    out = predict(read_route_trace(dense), profile_of(path), {"cache_mb": [0]})
+    assert out["mib_per_token"].iloc[0] == pytest.approx(4.0)
+
+
+def test_a_trace_whose_sizes_give_other_demand_figures_is_refused(tmp_path):
+    """Sizes that do not give the run's figures (another quantisation): refused, naming the
+    figure; the widest layer is checked as well as the sum."""
+    even = sized_trace(tmp_path / "even.route.csv", {i: 1.125 for i in range(4)}, n_layer=4)
+    path = write(tmp_path / "v1.csv", serial_rows(), version=1, n_layer=4, cache_cycle_mb=None,
+                 summary={"token_demand_MiB": 9.0, "layer_demand_MiB": 3.0})  # fmt: skip
+    with pytest.raises(BmoeError, match=r"widest MoE layer's expert is 2\.250 MiB but .*"
+                       r"v1\.csv says layer_demand_MiB=3\.000"):  # fmt: skip
+        profile_of(path, trace=read_route_trace(even))
+    other = sized_trace(tmp_path / "q8.route.csv", {i: 2.0 for i in range(4)}, n_layer=4)
+    with pytest.raises(BmoeError, match=r"summed is 16\.000 MiB but .*token_demand_MiB=9\.000"):
+        profile_of(path, trace=read_route_trace(other))
 
 
 def test_a_metrics_file_without_io_ms_is_refused(tmp_path):
@@ -627,6 +717,63 @@ def io_traced_run(tmp_path: Path):
     return traced, read_route_trace(tmp_path / "t.route.csv")
 
 
+def test_the_flash_table_prices_a_wave_by_what_it_adds_to_a_batch(tmp_path):
+    """Four lanes whose requests start 0.1 ms apart and take 0.3 ms each: a batch of n
+    requests lasts 0.3 + 0.1 (n - 1) ms, so each wave of four adds 0.4 ms, more than a
+    request's 0.3 ms latency; the table's latency is the wave's (the median request's
+    where the trace does not say when requests started)."""
+    from bmoe.analyze.profile import flash_table
+    from bmoe.formats.op_traces import read_io_trace
+
+    lines = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=4",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns,"
+        "start_ns",
+    ]
+    t = 0
+    for step in range(3, 35):
+        n = 4 * (1 + step % 3)  # 1, 2 or 3 waves
+        for i in range(n):
+            lines.append(f"0,1,{step},0,{i},0,{i % 4},0,0,1048576,1048576,300000,{t + 100000 * i}")
+        t += 10_000_000
+    (tmp_path / "w.io.csv").write_text("\n".join(lines) + "\n")
+    trace = read_io_trace(tmp_path / "w.io.csv")
+    table = flash_table([(trace, 4)])
+    assert table["latency_ms"].iloc[0] == pytest.approx(0.4)
+    untimed = read_io_trace(tmp_path / "w.io.csv")
+    untimed.rows = untimed.rows.drop(columns=["start_ns"])
+    assert flash_table([(untimed, 4)])["latency_ms"].iloc[0] == pytest.approx(0.3)
+
+
+def test_a_batch_mixing_request_sizes_prices_each_size_by_its_own_latency(tmp_path):
+    """One lane; each batch alternates a 2 MiB request of 0.6 ms (a fused gate_up) and a
+    1 MiB one of 0.3 ms (the down projection), back to back: a batch of n pairs lasts
+    0.9 n ms. Each size keeps its own latency (0.6 and 0.3 ms): the 1 MiB requests of a
+    batch span the 2 MiB ones between them, and fitting one size alone would price a 1 MiB
+    request at 0.9 ms."""
+    from bmoe.analyze.profile import flash_table
+    from bmoe.formats.op_traces import read_io_trace
+
+    lines = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=gemma4 n_layer=2 n_threads=2 io_threads=1",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns,"
+        "start_ns",
+    ]
+    t = 0
+    for step in range(3, 35):
+        for pair in range(1 + step % 3):  # 1, 2 or 3 pairs
+            for proj, size, ns in ((3, 2 * MIB, 600_000), (2, MIB, 300_000)):
+                lines.append(f"0,1,{step},0,{pair},{proj},0,0,0,{size},{size},{ns},{t}")
+                t += ns
+        t += 10_000_000
+    (tmp_path / "m.io.csv").write_text("\n".join(lines) + "\n")
+    table = flash_table([(read_io_trace(tmp_path / "m.io.csv"), 1)]).set_index("req_bytes")
+    assert table.loc[2 * MIB, "latency_ms"] == pytest.approx(0.6, rel=1e-3)
+    assert table.loc[MIB, "latency_ms"] == pytest.approx(0.3, rel=1e-3)
+
+
 def test_io_traced_lanes_and_untraced_lanes_share_the_flash_table(tmp_path):
     """An io trace at one lane count and an untraced run at another: the table has both,
     the second from the untraced run's io_ms."""
@@ -656,6 +803,33 @@ def test_an_io_traced_runs_latencies_are_brought_to_its_untraced_twins_level(tmp
     assert runs[0].io is not None and runs[1].io is None
     note = prof.terms["flash"]["note"]
     assert "x0.5 to the untraced runs of its configurations" in note
+
+
+def test_a_contended_io_traced_runs_latencies_are_scaled_as_its_tokens_are(tmp_path):
+    """A quiet untraced run: 2 ms a request. An io-traced run of the same configuration
+    whose every time took twice as long (its compute 2x its CPU time per thread: slowdown 2),
+    its io trace saying 4 ms a request: its token times are divided by 2, and so are its
+    requests' latencies: the profile's flash latency is 2 ms, not 4 (its level against the
+    quiet twin is 1: both waits, scaled, agree)."""
+    from bmoe.formats.route import read_route_trace
+
+    busy = serial_rows(overhead=1.0, latency=4.0, compute=20.0, mgmt=(2.0, 1.0), cpu=10.0)
+    traced = write(tmp_path / "t.csv", busy)
+    route_trace(tmp_path / "t.route.csv")
+    io = [
+        "# io_trace v1",
+        "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=1",
+        "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns",
+    ]
+    io += [f"0,1,{3 + i},0,{i % 8},0,0,0,0,1048576,1048576,4000000" for i in range(32)]
+    (tmp_path / "t.io.csv").write_text("\n".join(io) + "\n")
+    quiet = write(tmp_path / "q.csv", serial_rows())
+    prof = profile_of(traced, quiet, trace=read_route_trace(tmp_path / "t.route.csv"))
+    state = {Path(r["name"]).name: r for r in prof.runs}
+    assert state["t.csv"]["slowdown"] == pytest.approx(2.0)
+    flash = prof.flash.set_index("lanes")
+    assert flash.loc[1, "source"] == "io trace"
+    assert flash.loc[1, "latency_ms"] == pytest.approx(2.0, rel=1e-3)
 
 
 def _rows_reading(reads_even: int, reads_odd: int, compute: float, n: int = 32) -> list[dict]:
@@ -832,9 +1006,10 @@ def test_a_cell_whose_compute_waited_for_a_core_is_labelled_and_kept_out_of_the_
     tmp_path,
 ):
     a = write(tmp_path / "a.csv", serial_rows())
+    a16 = write(tmp_path / "a16.csv", serial_rows(), cache_mb=16)  # 8 MiB is inside the runs'
     quiet = write(tmp_path / "quiet.csv", serial_rows(), cache_mb=8)
     busy = write(tmp_path / "busy.csv", contended_rows(), cache_mb=16)
-    out = against_files(None, profile_of(a), read_runs([quiet, busy]))
+    out = against_files(None, profile_of(a, a16), read_runs([quiet, busy]))
     cells = out["cells"].set_index("cell")
     assert pd.isna(cells.loc["quiet", "measurement"])
     assert "compute waited for a core (1.8x its CPU time)" in cells.loc["busy", "measurement"]
@@ -944,3 +1119,119 @@ def test_a_contended_runs_token_times_are_divided_by_its_compute_slowdown(tmp_pa
     assert both.flash["latency_ms"].iloc[0] == pytest.approx(alone.flash["latency_ms"].iloc[0])
     assert both.compute["token_ms"] == pytest.approx(10.0)
     assert any("busy.csv 1.80x" in c for c in both.caveats)
+
+
+# ----------------------------------------------------------------------------- levers
+
+
+def two_budget_profile(tmp_path, **params):
+    """Serial runs at 2 and 8 MiB of cache, prefetch 0, LRU, one lane, 2 threads."""
+    a = write(tmp_path / "a.csv", serial_rows(), cache_mb=2, **params)
+    b = write(tmp_path / "b.csv", serial_rows(), cache_mb=8, **params)
+    return profile_of(a, b)
+
+
+@pytest.mark.parametrize(
+    ("grid", "kw", "lever"),
+    [
+        ({"cache_mb": [4], "prefetch": [1]}, {}, "prefetch"),
+        ({"cache_mb": [4]}, {"policy": "lfu"}, "policy"),
+        ({"cache_mb": [4], "io_threads": [4]}, {}, "io_threads"),
+        ({"cache_mb": [64]}, {}, "cache_mb"),
+    ],
+)
+def test_a_prediction_changing_an_unmeasured_lever_is_labelled_and_widened(
+    tmp_path, grid, kw, lever
+):
+    """Runs of one prefetch depth, policy and lane count, at budgets of 2-8 MiB: a cell that
+    changes one of those levers (or a budget far beyond) is unpriced, names the lever, and
+    its interval's half-width is at least the lever's recorded effect; the same cell without
+    the change is priced."""
+    from bmoe.analyze.predict.effects import effect_of
+
+    prof = two_budget_profile(tmp_path)
+    trace = read_route_trace(route_trace(tmp_path / "r.route.csv"))
+    changed = predict(trace, prof, grid, **kw).iloc[0]
+    plain = predict(trace, prof, {"cache_mb": [4]}).iloc[0]
+    assert plain["unpriced"] is None and plain["lever_effect_pct"] == 0.0
+    assert changed["unpriced_levers"] == lever
+    effect = effect_of(lever)
+    assert effect.sd_rel > 0 and effect.where
+    assert changed["lever_effect_pct"] == pytest.approx(effect.effect_pct)
+    assert changed["interval_pct"] >= effect.effect_pct
+    assert changed["tok_s_low"] <= changed["tok_s"] / (1 + effect.sd_rel)
+    assert f"+-{effect.effect_pct:.0f} % seen" in changed["unpriced"]
+    # kept out of the headline: compared with itself, it is labelled, not counted
+    measured = {"cell": "x", "tok_s": changed["tok_s"], "steady_tok_s": np.nan,
+                "mib_per_token": 1.0, "hit_pct": 50.0, "measurement": None}  # fmt: skip
+    cells = pd.DataFrame([measured])
+    for f in ("tok_s", "tok_s_low", "tok_s_high", "steady_tok_s", "steady_tok_s_low",
+              "steady_tok_s_high", "mib_per_token", "hit_pct"):  # fmt: skip
+        cells[f"{f}_predicted"] = changed[f]
+    cells["unpriced"] = changed["unpriced"]
+    summary = compare_cells(cells, prof)["summary"]
+    assert summary["compared"] == 0 and summary["labelled"] == 1
+    assert summary["no_headline"].endswith("1 of 1 predicted with a lever the profile does "
+                                           "not price (see unpriced).")  # fmt: skip
+
+
+def test_a_profile_that_mixes_prefetch_depths_prices_each_with_its_own_term(tmp_path):
+    """Run a at prefetch 0 and run b at prefetch 1 whose tokens take 20 % longer than their
+    reads explain (its speculative reads compete with the demand reads): the profile's terms
+    come from a alone (compute 10 ms, not a blend), prefetch 1 gets a term of x1.2 measured
+    on b, and a prefetch-1 cell is priced with it; a prefetch-2 cell is unpriced."""
+    a = write(tmp_path / "a.csv", serial_rows(), cache_mb=2)
+    slow = []
+    for r in serial_rows():
+        compute = r["compute_ms"] + 0.2 * r["wall_ms"]
+        slow.append(dict(r, compute_ms=compute, wall_ms=1.2 * r["wall_ms"], cpu_ms=2 * compute))
+    b = write(tmp_path / "b.csv", slow, cache_mb=2, prefetch=1)
+    prof = profile_of(a, b)
+    assert prof.compute["token_ms"] == pytest.approx(10.0)
+    assert prof.levers["baseline"]["prefetch"] == "0"
+    (term,) = prof.levers["terms"]
+    assert (term["lever"], term["value"]) == ("prefetch", "1")
+    assert term["factor"] == pytest.approx(1.2, rel=1e-3) and term["runs"] == [str(b)]
+    assert {r["name"]: r["lever_term"] for r in prof.runs} == {str(a): None, str(b): "prefetch 1"}
+    out = against_files(None, prof, read_runs([a, b]))["cells"].set_index("cell")
+    assert out.loc["b", "tok_s_predicted"] == pytest.approx(out.loc["b", "tok_s"], rel=1e-3)
+    assert pd.isna(out.loc["b", "unpriced"]) and out.loc["b", "lever_factor_predicted"] > 1.19
+    trace = read_route_trace(route_trace(tmp_path / "r.route.csv"))
+    cells = predict(trace, prof, {"cache_mb": [2], "prefetch": [0, 1, 2]}).set_index("prefetch")
+    assert cells.loc[0, "lever_factor"] == 1.0 and cells.loc[1, "lever_factor"] > 1.19
+    assert cells.loc[1, "unpriced"] is None and cells.loc[2, "unpriced_levers"] == "prefetch"
+    assert "prefetch depth 2: the profile's runs priced 0, 1 only" in cells.loc[2, "unpriced"]
+
+
+def test_a_configuration_asking_more_memory_than_any_run_says_so(tmp_path):
+    """Runs that asked 3 and 4 MiB of a device with 6 available, the larger leaving 2 MiB: a
+    budget asking 4.2 MiB (0.2 MiB more: a tenth of what the largest run left) is noted; one
+    asking 6 MiB (2 more: all that was left) is unpriced, its memory named. Where the largest
+    run already took major faults, any budget beyond it is unpriced."""
+    a = write(tmp_path / "a.csv", memory_rows(32, 0, cache=2, rss=3, avail=3), cache_mb=2)
+    b = write(tmp_path / "b.csv", memory_rows(32, 0, cache=3, rss=4, avail=2), cache_mb=3)
+    prof = profile_of(a, b)
+    trace = make_trace([[[0]]], [[[e]] for e in [0, 1, 2] * 12])
+    trace.layers = pd.DataFrame({"layer": [0, 1], "expert_bytes": [MIB, MIB]})
+    trace.meta["n_expert_used"] = 2
+    out = predict(trace, prof, {"cache_mb": [2.5, 3.2, 5]}).set_index("cache_mb")
+    assert out.loc[2.5, "unpriced"] is None and out.loc[2.5, "memory_note"] is None
+    assert "more than any profile run" in out.loc[3.2, "memory_note"]
+    assert out.loc[3.2, "unpriced"] is None
+    assert "memory" in out.loc[5, "unpriced_levers"].split(", ")
+    assert (
+        "asks 6 MiB of memory, 2 more than any profile run (the largest left 2 MiB"
+        in (out.loc[5, "unpriced"])
+    )
+    pressed = predict(trace, memory_profile(tmp_path), {"cache_mb": [2.5, 3.2]})
+    faulting = pressed.iloc[1]
+    assert faulting["unpriced_levers"] == "memory"
+    assert "100 major faults a token" in faulting["unpriced"]
+    # between a run without pressure (3 MiB asked) and one under it (4 MiB, 100 faults a
+    # token): priced between the two, and said so
+    between = pressed.iloc[0]
+    assert between["unpriced"] is None
+    assert (
+        "between a profile run without pressure (3 MiB) and one under it (4 MiB"
+        in (between["memory_note"])
+    )

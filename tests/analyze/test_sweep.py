@@ -9,6 +9,7 @@ import pytest
 from bmoe.analyze.sweep import (
     analyze_sweep,
     axis_effects,
+    axis_influence,
     axis_table,
     rank_cells,
     reversed_rounds,
@@ -83,8 +84,25 @@ def test_reversed_rounds_compare_each_cell_forward_and_backward():
     assert np.isclose(table.iloc[3]["diff_pct"], 100 * ((22 - 2.0) / (22 - 1.5) - 1))
 
 
+def test_axis_influence_by_hand():
+    # tok/s by cell: (0,1) 11, (0,2) 12, (8,1) 21, (8,2) 22, each run twice; overall 16.5
+    table = axis_influence(results(grid_rows()), "tok_s_mean")
+    assert table["axis"].tolist() == ["cache_mb", "io_threads"]  # the larger gap first
+    cache, io = table.to_dict("records")
+    assert (cache["values"], cache["best"], cache["worst"]) == (2, "8", "0")
+    assert (cache["best_mean"], cache["worst_mean"]) == (21.5, 11.5)
+    assert cache["range_pct"] == pytest.approx(100 * 10 / 16.5)
+    assert (io["best"], io["worst"], io["range_pct"]) == ("2", "1", pytest.approx(100 / 16.5))
+    # less is better for ttft_s (0.5 + io_threads): the smaller value is the best
+    ttft = axis_influence(results(grid_rows()), "ttft_s").set_index("axis")
+    assert ttft.loc["io_threads", ["best", "worst"]].tolist() == ["1", "2"]
+    assert ttft.loc["io_threads", "range_pct"] == pytest.approx(100 * 1.0 / 2.0)
+    assert ttft.loc["cache_mb", "range_pct"] == 0.0 and ttft.index[0] == "io_threads"
+    assert axis_influence(results(grid_rows()), "no_such_outcome").empty
+
+
 def test_analyze_sweep_views():
     views = analyze_sweep(results(grid_rows()))
-    assert {"attempts", "cells ranked by tok_s_mean", "repeats against execution order",
-            "forward vs reversed rounds", "verdict"} <= set(views)  # fmt: skip
+    assert {"attempts", "ranking", "order_effect", "reversed_rounds", "verdict"} <= set(views)
     assert "contamination" in views
+    assert views["axis_influence"]["axis"].tolist() == ["cache_mb", "io_threads"]

@@ -285,8 +285,8 @@ def test_two_repeats_say_too_few_everywhere(tmp_path: Path, capsys) -> None:
     views = json.loads(out)
     assert views["verdict"]["ranking"] == "not settled"
     # no interval of a mean from two runs either: blank, and the reason beside it
-    assert {r["ci_pct"] for r in views["stability per cell"]} == {None}
-    assert {r["unstable"] for r in views["stability per cell"]} == {"too few repeats"}
+    assert {r["ci_pct"] for r in views["stability"]} == {None}
+    assert {r["unstable"] for r in views["stability"]} == {"too few repeats"}
     page = tmp_path / "two.html"
     code, _, err = run_cli(capsys, "report", root, "-o", page)
     assert code == 0, err

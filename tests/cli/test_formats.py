@@ -39,7 +39,7 @@ def test_info_on_every_kind(corpus: Path, capsys) -> None:
     assert session["file"]["generations"] == 2 and session["file"]["errors"] == 1
     assert [g["tokens"] for g in session["generations"]] == [8, 6]
     assert session["errors"][0]["fatal"] is False
-    assert docs[5]["end of run"]["tok/s"] == 4.971
+    assert docs[5]["end_of_run"]["tok/s"] == 4.971
     assert docs[6]["pressure"]["peak_rss_kb"] == 6152604
     state = {row["figure"]: row for row in docs[7]["state"]}
     assert state["mem_available_kb"]["before"] == 6794156

@@ -76,9 +76,9 @@ def test_compare_refuses_then_forces(tmp_path: Path, capsys) -> None:
     code, out, err = run_cli(capsys, "analyze", "compare", a, b, "--force", "-f", "json")
     assert code == 0 and "FORCED PAST A REFUSAL" in err
     views = json.loads(out)
-    table = views["a.csv (A) vs b.csv (B)"]
+    table = views["comparison"]
     assert table[0]["figure"] == "tok/s mean (steady)"
-    assert views["a.csv (A) vs b.csv (B): concerns"][0]["level"] == "refuse"
+    assert views["concerns"][0]["level"] == "refuse"
 
 
 def test_compare_warns_loudly(tmp_path: Path, capsys) -> None:

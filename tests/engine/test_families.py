@@ -50,6 +50,7 @@ CASES = [
     ("gpt-oss", "q5_0", False),
     ("gemma4", "f16", True),
     ("gemma4", "q4_0", True),
+    ("qwen3moe", "q8_0,q4_0,q5_0", False),  # a type per layer, as a K-quant mixes them
 ]
 
 
@@ -61,8 +62,10 @@ CASES = [
 def family(request, tmp_path_factory) -> tuple[Path, RunResult, str, bool]:
     arch, kind, fused = request.param
     folder = tmp_path_factory.mktemp(f"{arch}-{kind}")
-    extra = {"fused_gate_up": True} if fused and arch != "gemma4" else {}
-    model = synth_model(folder / "m.gguf", "tiny", arch=arch, type=kind, **extra)
+    extra: dict = {"fused_gate_up": True} if fused and arch != "gemma4" else {}
+    if "," in kind:
+        extra["layer_types"] = tuple(kind.split(","))
+    model = synth_model(folder / "m.gguf", "tiny", arch=arch, type=kind.split(",")[0], **extra)
     return model, _run(model), arch, fused
 
 

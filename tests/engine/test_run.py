@@ -151,6 +151,35 @@ def test_the_project_replay_agrees_with_the_engine(tiny_model, tmp_path) -> None
     assert abs(table.loc["metrics summary cache_hit_pct", "minus_replay_cum"]) <= 0.05
 
 
+@pytest.mark.parametrize("policy", ["lfu", "s3fifo", "layerlfu"])
+def test_another_cache_policy_streams_identically_and_the_replay_reproduces_it(
+    tiny_model, baseline, tmp_path, policy
+) -> None:
+    """--cache-policy: the engine's cache evicts by another of the replay's policies (what a
+    profile of LRU runs is asked to predict); the tokens are plain decoding's, the preamble
+    names the policy (an LRU run names none, as the native engine's), and the replay of the
+    run's routing through that policy gives its hits exactly. Future-reading policies and
+    unknown names are refused."""
+    from bmoe.analyze.predict import cell_reads
+    from bmoe.analyze.replay import prepare_batches
+
+    route, csv = tmp_path / "r.route.csv", tmp_path / "r.csv"
+    run = _run(tiny_model, moe_stream=True, cache_mb=1, cache_policy=policy,
+               route_trace=str(route), csv=str(csv))  # fmt: skip
+    assert _identical(run, baseline)
+    metrics = read_metrics(csv)
+    assert metrics.params["cache_policy"] == policy
+    trace = read_route_trace(route)
+    reads = cell_reads(trace, prepare_batches(trace), policy, 1.0)
+    exact = 100 * run.cache_stats["hits"] / run.cache_stats["lookups"]
+    assert reads.hit_pct == pytest.approx(exact, abs=1e-9)
+    lru = cell_reads(trace, prepare_batches(trace), "lru", 1.0)
+    assert reads.hit_pct != pytest.approx(lru.hit_pct, abs=0.5)  # the policy mattered
+    for name, why in (("belady", "reads the future"), ("fifo9", "unknown")):
+        with pytest.raises(BmoeError, match=why):
+            EngineConfig(model=str(tiny_model), moe_stream=True, cache_policy=name).check()
+
+
 def test_prefetch_matches_the_replayed_previous_token_bet(tiny_model, tmp_path) -> None:
     replay = pytest.importorskip("bmoe.analyze.replay")
     route = tmp_path / "pf.route.csv"

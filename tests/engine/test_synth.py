@@ -142,3 +142,23 @@ def test_other_weight_types(tmp_path: Path, kind: str) -> None:
     assert (
         path.stat().st_size < (synth_model(tmp_path / "f32.gguf", "tiny", layers=1)).stat().st_size
     )
+
+
+def test_a_weight_type_per_layer_gives_expert_sizes_that_differ_by_layer(tmp_path: Path) -> None:
+    """--layer-types: each layer's experts in its type (cycled), the rest in --type: a
+    K-quant's mix, whose widest layer is wider than the mean."""
+    from bmoe.engine.embedded.layout import read_layout
+
+    path = synth_model(tmp_path / "mixed.gguf", "tiny", type="q8_0", layer_types=("q8_0", "q4_0"))
+    types = {t.name: t.tensor_type.name for t in _reader(path).tensors}
+    for il, kind in enumerate(["Q8_0", "Q4_0", "Q8_0", "Q4_0"]):
+        assert {types[f"blk.{il}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")} == {kind}
+        assert types[f"blk.{il}.attn_q.weight"] == "Q8_0"
+    layout = read_layout(path)
+    sizes = [layout.expert_bytes(il) for il in layout.moe_layers]
+    assert sizes[0] == sizes[2] > sizes[1] == sizes[3]
+    assert _value(_reader(path), "bmoe.synth.layer_types") == "q8_0,q4_0"
+    with pytest.raises(BmoeError, match="unknown type 'q6_k'"):
+        preset_config("tiny", layer_types=("q8_0", "q6_k"))
+    with pytest.raises(BmoeError, match="q4_0 needs"):
+        preset_config("tiny", layer_types=("q4_0",), n_embd=100)

@@ -66,7 +66,7 @@ def test_contents_come_after_the_lead() -> None:
 @pytest.mark.slow
 def test_the_sweep_report_opens_with_its_answer(tmp_path: Path) -> None:
     import bmoe
-    from bmoe.render.report import sweep_report
+    from bmoe.render.pages import sweep_report
 
     archive = bmoe.load_archive(ROOT / "bench-data" / "2026-11-29-tiny-cache-lanes")
     page = sweep_report(archive)

@@ -112,7 +112,7 @@ def test_resume_after_a_damaged_or_deleted_run_takes_a_new_attempt(tmp_path):
     from bmoe.analyze.sweep import analyze_sweep
 
     views = analyze_sweep(load_results(root))
-    ranked = next(v for k, v in views.items() if k.startswith("cells ranked"))
+    ranked = views["ranking"]
     assert ranked["n"].tolist() == [2, 2, 2, 2]
 
 

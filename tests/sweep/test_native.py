@@ -127,7 +127,7 @@ def test_grid_with_repeats_archives_valid_files(tmp_path, capsys):
     capsys.readouterr()
     assert main(["analyze", "sweep", str(root), "-f", "json", "--plots", str(tmp_path / "p")]) == 0
     views = json.loads(capsys.readouterr().out)
-    ranked = views["cells ranked by tok_s_mean"]
+    ranked = views["ranking"]
     assert len(ranked) == 4 and all(row["n"] == 2 for row in ranked)
     best = ranked[0]
     assert (best["cache_mb"], best["n_expert_used"]) == (8, 1)  # the stand-in's fastest cell

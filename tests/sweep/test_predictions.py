@@ -124,7 +124,7 @@ def test_analyze_sweep_shows_predicted_against_measured(tmp_path: Path, capsys) 
     captured = capsys.readouterr()
     assert code == 0
     views = json.loads(captured.out)
-    table = pd.DataFrame(views["predicted against measured"]).set_index("cell")
+    table = pd.DataFrame(views["predicted"]).set_index("cell")
     from bmoe.sweep.archive import load_results
 
     measured = load_results(root).set_index("cell")["tok_s_reported"]
@@ -145,7 +145,7 @@ def test_analyze_sweep_without_predictions_has_no_such_view(tmp_path: Path, caps
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(["analyze", "sweep", str(root), "-f", "json"]) == 0
-    assert "predicted against measured" not in json.loads(capsys.readouterr().out)
+    assert "predicted" not in json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.skipif(not SMALL.is_dir(), reason="bench-data small sweep absent")

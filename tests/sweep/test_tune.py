@@ -37,6 +37,7 @@ from bmoe.analyze.tune import (
     t_at,
 )
 from bmoe.analyze.verdict import ratio_interval
+from bmoe.engine.synth import ARCHS
 from bmoe.errors import BmoeError
 from bmoe.sweep.config import parse_config
 from bmoe.sweep.plan import expand
@@ -545,6 +546,55 @@ def test_the_recommended_command_pastes_back_to_the_same_values() -> None:
     assert [w.decode() for w in words] == [
         "bmoe", "run", "-m", model, "--cache-mb", "8", "--moe-stream"
     ]  # fmt: skip
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@needs_engine
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_tune_runs_on_every_generated_family(tmp_path, arch) -> None:
+    """Every family the project generates calibrates, profiles, predicts and tunes: the
+    expert sizes of its route trace agree with its runs' summary figures, dense layers and
+    a weight type per layer included (deepseek2's leading dense layer and gemma4's dense
+    layers route nothing, so cache_cycle_mb is over the MoE layers only)."""
+    from bmoe.engine.synth import synth_model
+
+    extra = {"layer_types": ("q8_0", "q4_0")} if arch == "qwen3moe" else {}
+    kind = "mxfp4" if arch == "gpt-oss" else "q8_0" if extra else "f32"
+    model = synth_model(tmp_path / f"{arch}.gguf", "tiny", arch=arch, type=kind, **extra)
+    cfg = write_config(
+        tmp_path,
+        f"""\
+        [sweep]
+        name = "fam"
+        engine = "embedded"
+        output = "{tmp_path / "out"}"
+        timeout_s = 300
+
+        [base]
+        model = "{model}"
+        n_predict = 12
+        threads = 1
+        moe_stream = true
+
+        [grid]
+        cache_mb = [0.25, 1, 4]
+
+        [tune]
+        budget = 3
+        per_round = 2
+        """,
+        name="tune.toml",
+    )
+    proc = _tune(cfg)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode in (0, 1), err.decode()
+    assert "another model" not in out.decode() + err.decode()
+    root = sweep_folder(tmp_path / "out")
+    state = json.loads((root / "tune.json").read_text())
+    assert state["result"]["stop"]["reason"] in ("budget", "settled", "exhausted")
+    assert any(r.get("predicted") is not None for r in state["runs"])  # the profile priced it
+    assert (root / "profile.json").is_file()
 
 
 def test_load_tune_config_reads_the_example(tmp_path) -> None:

@@ -46,6 +46,7 @@ from bmoe.analyze.predict.cells import PREDICT_COLUMNS, measured_reads, predict
 from bmoe.analyze.predict.checks import check_model, check_settled
 from bmoe.analyze.predict.compare import (
     IN_SAMPLE,
+    LEVER_TEXTS,
     PREDICTED_FIGURES,
     WIDEST_INTERVAL_PCT,
     against,
@@ -75,6 +76,7 @@ from bmoe.analyze.predict.lanes import (
     stall_per_miss,
     unpriced,
 )
+from bmoe.analyze.predict.levers import LeverCheck, check_levers
 from bmoe.analyze.predict.reads import CellReads, cell_reads
 from bmoe.analyze.predict.sweeps import sweep_duration
 from bmoe.analyze.predict.timing import (
@@ -89,16 +91,19 @@ __all__ = [
     "COVERAGE_ALPHA",
     "GRID_AXES",
     "IN_SAMPLE",
+    "LEVER_TEXTS",
     "OVERLAP_SOURCE",
     "PREDICTED_FIGURES",
     "PREDICT_COLUMNS",
     "WIDEST_INTERVAL_PCT",
     "CellReads",
+    "LeverCheck",
     "ModelError",
     "against",
     "batch_flash_ms",
     "binomial_p",
     "cell_reads",
+    "check_levers",
     "check_model",
     "check_settled",
     "compare_cells",

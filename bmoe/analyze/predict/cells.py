@@ -48,6 +48,10 @@ PREDICT_COLUMNS = (
     "interval_pct",
     "spread_pct",
     "unpriced",
+    "unpriced_levers",
+    "lever_effect_pct",
+    "lever_factor",
+    "memory_note",
 )
 
 
@@ -101,6 +105,9 @@ def predict(
     if not batches.n_decode:
         raise BmoeError(f"{trace.path or 'trace'}: no decode steps to predict")
     read_bytes = profile.read_bytes_per_expert()
+    if "preamble" in str(profile.model.get("sizes_from") or ""):
+        # sizes the preamble implies are one mean over every layer; the trace has each one's
+        read_bytes = {**read_bytes, **trace.expert_bytes()}
     bets = last_token_keys(trace) if (cells["prefetch"] > 0).any() else None
     rows = []
     for cell, cell_policy in zip(cells.itertuples(index=False), policies, strict=True):
@@ -127,10 +134,19 @@ def predict(
                     read_bytes,
                     overlap=bool(cell.overlap),
                     cache_mb=float(cell.cache_mb),
+                    levers={
+                        "prefetch": int(cell.prefetch),
+                        "policy": cell_policy,
+                        "drop": drop or 0.0,
+                        **({"threads": int(cell.threads)} if "threads" in cells else {}),
+                    },
                 ),
             }
         )
-    return pd.DataFrame(rows, columns=list(PREDICT_COLUMNS))
+    frame = pd.DataFrame(rows, columns=list(PREDICT_COLUMNS))
+    for column in ("policy", "unpriced", "unpriced_levers", "memory_note"):  # None stays None
+        frame[column] = pd.Series([r[column] for r in rows], index=frame.index, dtype=object)
+    return frame
 
 
 def measured_reads(

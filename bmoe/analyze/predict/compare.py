@@ -41,9 +41,24 @@ PREDICTED_FIGURES = (
     "interval_pct",
     "spread_pct",
     "faults_per_token",
+    "lever_effect_pct",
+    "lever_factor",
 )
+#: What a prediction says of its levers, in words (see :mod:`bmoe.analyze.predict.levers`).
+LEVER_TEXTS = ("unpriced", "unpriced_levers", "memory_note")
 #: The label of a measured cell that a profile run measured (its error is not a prediction's).
 IN_SAMPLE = "a profile run (in sample)"
+
+
+def label_text(value: object) -> str | None:
+    """A label's text, or None for a missing one (None, NaN, pandas' NA, an empty string):
+    a missing label never reaches a sentence as ``nan``."""
+    return value if isinstance(value, str) and value and value.lower() != "nan" else None
+
+
+def join_labels(*labels: object) -> str | None:
+    """The labels that are there, joined by commas (None when none is)."""
+    return ", ".join(t for t in map(label_text, labels) if t) or None
 
 
 def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.DataFrame:
@@ -84,7 +99,9 @@ def measured_cells(results: pd.DataFrame, defaults: Mapping[str, float]) -> pd.D
     cells = cells.reset_index()
     for axis in ("io_threads", "prefetch", "overlap"):
         cells[axis] = cells[axis].astype(int)
-    cells["measurement"] = _measurement_labels(ok, cells["cell"])
+    cells["measurement"] = pd.Series(
+        _measurement_labels(ok, cells["cell"]), index=cells.index, dtype=object
+    )
     return cells
 
 
@@ -102,10 +119,8 @@ def _measurement_labels(ok: pd.DataFrame, cells: pd.Series) -> list[str | None]:
     contended = _compute_over_cpu(attempts)
     out = []
     for cell in cells.astype(str):
-        why = reasons.get(cell)  # (NaN for a cell the verdict found stable)
-        parts = (
-            [p for p in why.split(", ") if p and p != FEW_REPEATS] if isinstance(why, str) else []
-        )
+        why = label_text(reasons.get(cell))
+        parts = [p for p in why.split(", ") if p and p != FEW_REPEATS] if why else []
         ratio = contended.get(cell, np.nan)
         if not parts and ratio > CONTENDED_RATIO:
             parts.append(f"{CONTENDED} ({ratio:.1f}x its CPU time)")
@@ -206,8 +221,11 @@ def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]
     predicted = cells["tok_s_predicted"].notna()
     covered = _inside(cells, "tok_s")
     cells["inside_interval"] = covered.astype(object).where(predicted, None)
+    for column in ("measurement", "unpriced"):
+        cells[column] = pd.Series(map(label_text, cells[column]), index=cells.index, dtype=object)
     firm = cells["measurement"].isna() & cells["unpriced"].isna() & predicted
     summary = _summary(cells, profile, predicted, firm)
+    summary["no_headline"] = None if firm.any() else no_headline(cells, predicted)
     summary["inside_interval"] = int(covered[firm].sum())
     summary["coverage_pct"] = (
         100.0 * summary["inside_interval"] / int(firm.sum()) if firm.any() else float("nan")
@@ -227,6 +245,28 @@ def compare_cells(cells: pd.DataFrame, profile: DeviceProfile) -> dict[str, Any]
     summary["coverage_check"] = check["verdict"]
     summary["steady_inside_interval"] = int((_inside(cells, "steady_tok_s") & firm).sum())
     return {"cells": cells, "summary": summary}
+
+
+def no_headline(cells: pd.DataFrame, predicted: pd.Series) -> str:
+    """Why no cell counts in the headline, in one sentence: how many cells were left out
+    for each reason (a profile run, a measurement that is not firm, a lever the profile does
+    not price, no prediction)."""
+    counts: dict[str, int] = {}
+    comparable = cells["comparable"] if "comparable" in cells else pd.Series(None, cells.index)
+    for ok, why_not, measurement in zip(predicted, comparable, cells["measurement"], strict=True):
+        if not ok:
+            reason = f"not predicted ({label_text(why_not) or 'not comparable'})"
+        elif measurement is not None and measurement.startswith(IN_SAMPLE):
+            reason = "measured by the profile's own runs (in sample)"
+        elif measurement is not None:
+            reason = "measured in a way that is not firm (see their notes)"
+        else:
+            reason = "predicted with a lever the profile does not price (see unpriced)"
+        counts[reason] = counts.get(reason, 0) + 1
+    if not counts:
+        return "No cell to compare."
+    parts = [f"{n} of {len(cells)} {why}" for why, n in counts.items()]
+    return "No cell counts in the headline: " + "; ".join(parts) + "."
 
 
 def _summary(cells, profile: DeviceProfile, predicted: pd.Series, firm: pd.Series) -> dict:
@@ -300,22 +340,27 @@ def against(
     sweep's folder) is labelled in sample and kept out of the headline."""
     measured = measured_cells(results, grid_defaults(profile))
     inside = in_sample_cells(results, profile, sweep_dir)
-    measured["measurement"] = [
-        ", ".join(x for x in (IN_SAMPLE if cell in inside else None, why) if isinstance(x, str))
-        or None
-        for cell, why in zip(measured["cell"].astype(str), measured["measurement"], strict=True)
-    ]
+    measured["measurement"] = pd.Series(
+        [
+            join_labels(IN_SAMPLE if cell in inside else None, why)
+            for cell, why in zip(measured["cell"].astype(str), measured["measurement"], strict=True)
+        ],
+        index=measured.index,
+        dtype=object,
+    )
     grid = measured[[*GRID_AXES] + (["policy"] if "policy" in measured else [])]
     predicted = predict(trace, profile, grid, policy=policy, seed=seed, drop=drop)
     cells = measured.copy()
     for col in PREDICTED_FIGURES:
         cells[f"{col}_predicted"] = predicted[col].to_numpy()
-    cells["unpriced"] = predicted["unpriced"].to_numpy()
+    for text in LEVER_TEXTS:
+        cells[text] = predicted[text].to_numpy()
     return compare_cells(cells, profile)
 
 
 __all__ = [
     "IN_SAMPLE",
+    "LEVER_TEXTS",
     "PREDICTED_FIGURES",
     "WIDEST_INTERVAL_PCT",
     "against",

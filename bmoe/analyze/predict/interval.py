@@ -139,16 +139,19 @@ def read_range(profile: DeviceProfile) -> tuple[float, float] | None:
     return min(mib), max(mib)
 
 
-def half_width(coverage: float, spread_sd: float, error: ModelError) -> tuple[float, float]:
-    """(the interval's relative half-width, its quantile): the spread's sd and the model
-    error's in quadrature, times Student's t at the coverage (the normal's when the model
-    error is unknown or zero)."""
+def half_width(
+    coverage: float, spread_sd: float, error: ModelError, extra_sd: float = 0.0
+) -> tuple[float, float]:
+    """(the interval's relative half-width, its quantile): the spread's sd, the model
+    error's and `extra_sd` (what unpriced levers have been seen to do, taken as known) in
+    quadrature, times Student's t at the coverage (the normal's when the model error is
+    unknown or zero)."""
     p = 0.5 + coverage / 2.0
     if not error.known or not error.sd_rel:
         z = interval_z(coverage)
-        return z * spread_sd, z
+        return z * math.hypot(spread_sd, extra_sd), z
     m2 = float(error.sd_rel) ** 2
-    total = spread_sd**2 + m2
+    total = spread_sd**2 + extra_sd**2 + m2
     dof = total**2 / (m2**2 / error.k)
     q = t_quantile(p, dof)
     return q * math.sqrt(total), q

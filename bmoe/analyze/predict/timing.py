@@ -16,8 +16,8 @@ from bmoe.analyze.predict.lanes import (
     per_lane_ms,
     request_bytes,
     stall_per_miss,
-    unpriced,
 )
+from bmoe.analyze.predict.levers import check_levers
 from bmoe.analyze.predict.reads import CellReads
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
@@ -53,10 +53,11 @@ def memory_faults(profile: DeviceProfile, cache_mb: float) -> tuple[float, str |
             value = float(y[-1] + slope * (asked - x[-1]))
         else:
             value = float(y[-1])
-        note = (
-            f"asks {100 * asked:.0f} % of the available memory, more than any profile run "
-            f"({100 * x[-1]:.0f} %): its major faults are extrapolated"
-        )
+        if y[-1] > 0:  # faults measured: extrapolated; none anywhere: nothing to say
+            note = (
+                f"asks {100 * asked:.0f} % of the available memory, more than any profile run "
+                f"({100 * x[-1]:.0f} %): its major faults are extrapolated"
+            )
     return max(value, 0.0), note
 
 
@@ -207,16 +208,22 @@ def predict_cell(
     *,
     overlap: bool | None = None,
     cache_mb: float | None = None,
+    levers: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One configuration's predicted figures from its replayed (or measured) reads, with an
     interval of the profile's stated coverage (see :mod:`bmoe.analyze.predict.interval`):
     ``interval_pct`` its half-width (% of the token time), ``spread_pct`` the part the terms'
-    spread alone gives; ``unpriced`` says why part of the time is not priced by what the
-    profile measured (None when it all is)."""
+    spread alone gives. `levers` are the configuration's other levers (``prefetch``,
+    ``policy``, ``drop``, ``threads``; absent: the profile's): each is priced from the
+    profile's evidence or named in ``unpriced`` (why, None when every lever is priced) and
+    ``unpriced_levers``, the interval widened by what it has been seen to do
+    (``lever_effect_pct``; see :mod:`bmoe.analyze.predict.levers`); ``lever_factor`` is what
+    the profile's lever terms multiply the decode time by, ``memory_note`` what the
+    configuration asks of memory where that is worth saying."""
     if overlap is None:
         overlap = profile.mode == "overlap"
     c = profile.compute
-    faults, _note = memory_faults(profile, cache_mb) if cache_mb is not None else (0.0, None)
+    faults, fault_note = memory_faults(profile, cache_mb) if cache_mb is not None else (0.0, None)
     fault_ms = faults * float(profile.memory.get("ms_per_fault", 0.0))
     n = max(reads.n_tokens, 1)
     per_expert = np.vectorize(lambda layer: read_bytes[int(layer)], otypes=[np.float64])
@@ -230,11 +237,20 @@ def predict_cell(
         excess = excess_at(profile.flash_by_read, read_mib, lanes)
         mid["flash_ms"] *= flash_factor(excess, float(mid["flash_ms"].mean()))
         mid["wall_ms"] = mid["compute_ms"] + mid["flash_ms"] + mid["mgmt_ms"]
+    check = check_levers(profile, cache_mb=cache_mb, lanes=lanes, overlap=bool(overlap),
+                         levers=levers)  # fmt: skip
+    if fault_note:
+        check.notes.append(fault_note)
+    if check.factor != 1.0:  # a lever value's own term: the whole token's time
+        for column in ("compute_ms", "flash_ms", "mgmt_ms", "wall_ms"):
+            mid[column] *= check.factor
     wall = float(mid["wall_ms"].sum())
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
-    spread = _spread(profile, parts, bool(overlap), token_ms)
-    rel, _q = half_width(profile.coverage, spread, model_error(profile, read_mib, lanes))
+    spread = math.hypot(_spread(profile, parts, bool(overlap), token_ms), check.factor_sd)
+    rel, _q = half_width(
+        profile.coverage, spread, model_error(profile, read_mib, lanes), check.effect_sd
+    )
     moved_mib = np.bincount(reads.step, weights=moved, minlength=reads.n_tokens) / MIB
     steady = steady_state(pd.DataFrame({"wall_ms": mid["wall_ms"], "read_mib": moved_mib}))
     window = steady.mask()
@@ -270,7 +286,11 @@ def predict_cell(
         "faults_per_token": faults,
         "interval_pct": 100.0 * rel,
         "spread_pct": 100.0 * interval_z(profile.coverage) * spread,
-        "unpriced": unpriced(profile, bool(overlap)),
+        "unpriced": check.reason(),
+        "unpriced_levers": ", ".join(check.unpriced) or None,
+        "lever_effect_pct": 100.0 * check.effect_sd,
+        "lever_factor": check.factor,
+        "memory_note": "; ".join(check.notes) or None,
     }
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.predict import IN_SAMPLE
+from bmoe.analyze.predict import IN_SAMPLE, LEVER_TEXTS
 from bmoe.analyze.profile.matching import not_comparable
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig, number, run_config
 from bmoe.analyze.profile.state import run_state
@@ -100,6 +100,8 @@ def _file_row(label: str, run: ProfileRun, profile, k_trace) -> tuple[dict, dict
         "cell": label,
         "file": run.name,
         **config.axes(),
+        "threads": config.threads,
+        "drop": config.drop or 0.0,
         "version": run.metrics.version,
         "tokens": tokens,
         "tok_s": 1000.0 * tokens / wall if wall > 0 else float("nan"),
@@ -170,7 +172,8 @@ def _empty(n: int) -> dict[str, np.ndarray]:
     from bmoe.analyze.predict import PREDICTED_FIGURES
 
     out = {f: np.full(n, np.nan) for f in PREDICTED_FIGURES}
-    out["unpriced"] = np.full(n, None, dtype=object)
+    for text in LEVER_TEXTS:
+        out[text] = np.full(n, None, dtype=object)
     return out
 
 
@@ -191,6 +194,7 @@ def _measured_predictions(files: pd.DataFrame, profile, runs, comparable) -> dic
             read_bytes,
             overlap=bool(row["overlap"]),
             cache_mb=None if pd.isna(row["cache_mb"]) else float(row["cache_mb"]),
+            levers={k: row[k] for k in ("prefetch", "policy", "drop", "threads")},
         )
         for f in predicted:
             predicted[f][i] = figures[f]
@@ -202,7 +206,9 @@ def _replayed_predictions(files, trace, profile, comparable, seed, drop) -> dict
     from bmoe.analyze.predict import predict
 
     predicted = _empty(len(files))
-    grid = files.loc[comparable, ["cache_mb", "io_threads", "prefetch", "overlap", "policy"]]
+    grid = files.loc[
+        comparable, ["cache_mb", "io_threads", "prefetch", "overlap", "policy", "threads"]
+    ]
     missing = grid["cache_mb"].isna()
     if missing.any():
         names = ", ".join(files.loc[comparable].loc[missing, "cell"])
@@ -245,7 +251,8 @@ def against_files(
     cells = files.copy()
     for f in PREDICTED_FIGURES:
         cells[f"{f}_predicted"] = predicted[f]
-    cells["unpriced"] = predicted["unpriced"]
+    for text in LEVER_TEXTS:
+        cells[text] = predicted[text]
     cells["reads"] = [reads if ok else None for ok in comparable]
     out = compare_cells(cells, profile)
     out["summary"]["reads"] = reads

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,8 @@ import pandas as pd
 from bmoe.analyze.predict import request_latency_ms
 from bmoe.analyze.profile.contention import scaled, slowdowns
 from bmoe.analyze.profile.evidence import Evidence
-from bmoe.analyze.profile.holdout import model_error_section
+from bmoe.analyze.profile.holdout import held_out_record, model_error_section
+from bmoe.analyze.profile.levers import lever_term, split_runs
 from bmoe.analyze.profile.model import model_section
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig, run_config
 from bmoe.analyze.profile.sections import measure
@@ -120,9 +122,86 @@ def build_profile(
     model = model_section(runs, trace, expert_sizes, sizes_from, model_meta)
     ev = _evidence(runs, configs, model)
     _input_caveats(ev, bool(model["expert_bytes"]))
-    profile = measure(ev, model, allow_traced=allow_traced, coverage=coverage)
-    profile.model_error = model_error_section(ev, model, allow_traced=allow_traced)
+    base, at_base, variants, mixed = split_runs(ev)
+    if variants or mixed:
+        profile = _with_lever_terms(ev, model, base, at_base, variants, mixed, allow_traced,
+                                    coverage)  # fmt: skip
+    else:
+        profile = measure(ev, model, allow_traced=allow_traced, coverage=coverage)
+        profile.model_error = model_error_section(
+            ev, model, allow_traced=allow_traced, flash=profile.flash
+        )
+        profile.levers = {"baseline": base, "terms": []}
     return profile_from_dict(json.loads(json.dumps(profile.to_dict())))  # validated
+
+
+def _with_lever_terms(
+    ev: Evidence,
+    model: dict,
+    base: dict[str, str],
+    at_base: list[ProfileRun],
+    variants: dict[tuple[str, str], list[ProfileRun]],
+    mixed: list[str],
+    allow_traced: bool,
+    coverage: float,
+) -> DeviceProfile:
+    """The profile of the baseline runs, with a term per other value of a lever measured on
+    its runs (see :mod:`bmoe.analyze.profile.levers`); every run listed in ``runs``. Without
+    baseline runs that make a profile, the profile of every run, and a caveat that the
+    levers' values were not told apart."""
+    from bmoe.analyze.predict import model_error
+
+    sub = ev.subset(at_base)
+    sub.caveats = list(ev.caveats)
+    try:
+        profile = measure(sub, model, allow_traced=allow_traced, coverage=coverage)
+    except BmoeError as exc:
+        profile = measure(ev, model, allow_traced=allow_traced, coverage=coverage)
+        profile.model_error = model_error_section(
+            ev, model, allow_traced=allow_traced, flash=profile.flash
+        )
+        profile.levers = {"baseline": base, "terms": []}
+        profile.caveats.append(
+            "the runs mix "
+            + ", ".join(f"{lever} {value}" for lever, value in sorted(variants))
+            + f" with the baseline, whose runs alone make no profile ({exc}): every run's "
+            "terms pooled, the levers' costs not told apart"
+        )
+        return profile
+    profile.model_error = model_error_section(
+        sub, model, allow_traced=allow_traced, flash=profile.flash
+    )
+    terms, notes = [], []
+    for (lever, value), runs in sorted(variants.items()):
+        records = [held_out_record(r, ev, profile) for r in runs]
+        for record in records:
+            if "error_pct" in record:
+                error = model_error(profile, record["read_mib"], record["io_threads"])
+                record["model_sd"] = error.sd_rel or 0.0
+        term = lever_term(records, lever, value)
+        names = ", ".join(Path(r.name).name for r in runs)
+        if term is None:
+            why = "; ".join(sorted({str(r.get("why")) for r in records}))
+            notes.append(f"{lever} {value} ({names}): no term, its runs cannot be priced ({why})")
+            continue
+        terms.append(term)
+        notes.append(
+            f"{lever} {value}: x{term['factor']:.3g} the decode time the baseline prices from "
+            f"its own reads (+-{100 * term['sd_rel']:.0f} %; {names})"
+        )
+    if mixed:
+        notes.append(f"runs that differ from the baseline in two levers, used by no term: "
+                     f"{', '.join(Path(n).name for n in mixed)}")  # fmt: skip
+    profile.caveats.append(
+        "levers: the terms come from the runs at "
+        + ", ".join(f"{lever} {value}" for lever, value in base.items())
+        + "; " + "; ".join(notes)
+    )  # fmt: skip
+    terms_of = {r: f"{t['lever']} {t['value']}" for t in terms for r in t["runs"]}
+    profile.runs = [{**state, "lever_term": terms_of.get(state["name"])} for state in ev.states]
+    profile.sources = [r.name for r in ev.runs]
+    profile.levers = {"baseline": base, "terms": terms}
+    return profile
 
 
 def with_probe(profile: DeviceProfile, flash: pd.DataFrame, where: str) -> DeviceProfile:

@@ -5,6 +5,7 @@ busy time of ``--overlap`` runs."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,7 @@ from bmoe.analyze.predict import (
     request_latency_ms,
 )
 from bmoe.analyze.profile.evidence import Evidence
-from bmoe.analyze.profile.fits import fit_two, volume_groups
+from bmoe.analyze.profile.fits import fit_line, fit_two, volume_groups
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.profile.spread import provenance, term_spread
 from bmoe.analyze.profile.tokens import Tokens
@@ -28,16 +29,70 @@ from bmoe.units import MIB
 _EMPTY = ["lanes", "req_bytes", "latency_ms"]
 
 
+#: The columns of an io trace that say which read batch (one layer's misses of one step) a
+#: request belongs to.
+BATCH_KEYS = ["turn", "phase", "step", "layer"]
+
+
+def _batches(rows: pd.DataFrame, lanes: int) -> pd.DataFrame:
+    """Per read batch of an io trace whose requests say when they started (``start_ns``):
+    its waves at `lanes` lanes and its duration (first start to last end, ms)."""
+    keys = [k for k in BATCH_KEYS if k in rows]
+    end = rows["start_ns"].to_numpy(np.float64) + rows["latency_ns"].to_numpy(np.float64)
+    frame = rows[keys].assign(start=rows["start_ns"].to_numpy(np.float64), end=end)
+    per = frame.groupby(keys, observed=True).agg(
+        n=("start", "size"), start=("start", "min"), end=("end", "max")
+    )
+    return pd.DataFrame(
+        {
+            "waves": np.ceil(per["n"].to_numpy() / max(lanes, 1)),
+            "ms": (per["end"] - per["start"]).to_numpy() / 1e6,
+        }
+    )
+
+
+def wave_latency(rows: pd.DataFrame, lanes: int) -> float | None:
+    """The time one wave of requests (one on each lane) adds to a read batch, fitted over the
+    batches of one run, ``duration = fixed + wave x waves`` (None where the trace does not
+    say when requests started, or every batch was one size). A request's median latency is
+    less than what a wave adds where the lanes start their requests one after another and
+    the device shares its bandwidth among them (4 lanes on the laptop: 0.34 ms a request,
+    0.39 a wave); the difference, priced per batch at the profile's read volume, is carried
+    to every other volume in proportion to the batches instead of the waves."""
+    if "start_ns" not in rows:
+        return None
+    rows = rows[rows["phase"] != 0] if "phase" in rows else rows  # decode: what is predicted
+    if len(rows) < 8:
+        return None
+    batches = _batches(rows, lanes)
+    if batches["waves"].nunique() < 2:
+        return None
+    _fixed, wave = fit_line(batches["waves"].to_numpy(), batches["ms"].to_numpy())
+    return wave if wave > 0 else None
+
+
 def flash_table(io_traces: Iterable[tuple[IoTrace, int]]) -> pd.DataFrame:
     """Request latency by (lanes, request size) from io traces (each with the lane count it
-    ran with): median, 10th and 90th percentile (ms), throughput at that many lanes, reads.
-    Demand reads only (speculative ones queue behind them)."""
-    parts = []
+    ran with): what a wave of requests adds to a batch where the traces say when requests
+    started (:func:`wave_latency`), else the median request's; 10th and 90th percentile
+    (ms, on the same scale), throughput at that many lanes, reads. Demand reads only
+    (speculative ones queue behind them)."""
+    parts: list[pd.DataFrame] = []
+    waves: dict[tuple[int, int], list[float]] = {}
     for trace, lanes in io_traces:
         rows = trace.rows
         if not len(rows):
             continue
         rows = rows[rows["spec"] == 0] if "spec" in rows else rows
+        # fitted over whole batches, as a ratio to what the sizes' median requests take on
+        # average: a batch that mixes request sizes (a fused gate_up beside a down
+        # projection) lasts all of them, and one size's requests alone span the others' too
+        wave = wave_latency(rows, lanes)
+        by_size = rows.groupby("req_bytes")["latency_ns"].agg(["median", "size"])
+        typical = float((by_size["median"] * by_size["size"]).sum() / by_size["size"].sum())
+        if wave is not None and typical > 0:
+            for size in by_size.index:
+                waves.setdefault((lanes, int(size)), []).append(wave / (typical / 1e6))
         parts.append(
             pd.DataFrame(
                 {
@@ -58,6 +113,11 @@ def flash_table(io_traces: Iterable[tuple[IoTrace, int]]) -> pd.DataFrame:
         latency_ms_p90=lambda s: s.quantile(0.9),
         reads="size",
     )
+    for key, ratios in waves.items():
+        if key in table.index:  # the percentiles scaled with it
+            scale = float(np.median(ratios))
+            for column in ("latency_ms", "latency_ms_p10", "latency_ms_p90"):
+                table.loc[key, column] = float(table.loc[key, column]) * scale
     moved = grouped["read_bytes"].median()
     table["mib_s"] = (
         table.index.get_level_values("lanes") * moved / MIB / (table["latency_ms"] / 1e3)
@@ -237,6 +297,23 @@ def trace_levels(ev: Evidence, serial: Sequence[ProfileRun]) -> dict[int, dict[s
     return out
 
 
+def _uncontended(ev: Evidence, run: ProfileRun) -> IoTrace:
+    """A run's io trace on the scale of its tokens: a contended run's token times are divided
+    by its slowdown (:mod:`bmoe.analyze.profile.contention`), and so are its requests'
+    latencies and start times, else the table and the level it is brought to
+    (:func:`trace_levels`, which compares scaled flash waits) would price one run's wait at
+    two scales."""
+    assert run.io is not None
+    factor = next((s.get("slowdown") for s in ev.states if s["name"] == run.name), None)
+    if not factor or factor == 1.0:
+        return run.io
+    rows = run.io.rows.copy()
+    for column in ("latency_ns", "start_ns"):
+        if column in rows:
+            rows[column] = rows[column].to_numpy(np.float64) / float(factor)
+    return replace(run.io, rows=rows)
+
+
 def _from_io_traces(
     ev: Evidence, serial: Sequence[ProfileRun], levels: dict[int, dict[str, float]]
 ):
@@ -245,7 +322,9 @@ def _from_io_traces(
     runs' configurations (`levels`, :func:`trace_levels`), completed by lane counts only untraced
     serial runs measured; its runs and columns."""
     configs = ev.configs
-    table = flash_table((r.io, configs[r.name].io_threads) for r in serial if r.io is not None)
+    table = flash_table(
+        (_uncontended(ev, r), configs[r.name].io_threads) for r in serial if r.io is not None
+    )
     if not len(table):
         return table, [], []
     for lanes, level in levels.items():
@@ -416,5 +495,6 @@ __all__ = [
     "flash_section",
     "flash_table",
     "trace_levels",
+    "wave_latency",
     "waves",
 ]

@@ -34,6 +34,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from bmoe.analyze.predict import (
     interval_z,
@@ -70,7 +71,7 @@ def _why_not(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> str | None
     return why or unpriced(others, config.overlap)
 
 
-def _held_out(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> dict[str, Any]:
+def held_out_record(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> dict[str, Any]:
     """One held-out run predicted by the others' profile: measured and predicted tok/s, the
     relative error of the predicted decode time, and the spread the prediction stated."""
     why = _why_not(run, ev, others)
@@ -104,9 +105,18 @@ def _held_out(run: ProfileRun, ev: Evidence, others: DeviceProfile) -> dict[str,
 
 
 def _fold(
-    ev: Evidence, group: list[ProfileRun], model: dict, allow_traced: bool
+    ev: Evidence,
+    group: list[ProfileRun],
+    model: dict,
+    allow_traced: bool,
+    flash: pd.DataFrame | None,
 ) -> list[dict[str, Any]]:
-    """The held-out records of one configuration's runs."""
+    """The held-out records of one configuration's runs. Where its lane count is one the
+    other runs never measured, the others' flash table takes the whole profile's row at
+    those lanes (`flash`): the lane count is a lever the profile measured, and holding it
+    out would measure that lever's effect instead of the error of the predictions the
+    profile prices (what is left to test is the rest: compute, management, how the flash
+    wait follows the reads)."""
     held = {id(r) for r in group}
     rest = [r for r in ev.runs if id(r) not in held]
     try:
@@ -115,7 +125,18 @@ def _fold(
         )
     except BmoeError as exc:
         return [{"run": r.name, "why": f"the other runs make no profile ({exc})"} for r in group]
-    return [_held_out(r, ev, others) for r in group]
+    lanes = ev.configs[group[0].name].io_threads
+    row = flash[flash["lanes"] == lanes] if flash is not None and len(flash) else None
+    kept = row is not None and len(row) > 0 and lanes not in set(others.flash["lanes"])
+    if kept:
+        others.flash = pd.concat([others.flash, row], ignore_index=True).sort_values(
+            ["lanes", "req_bytes"], ignore_index=True
+        )
+    records = [held_out_record(r, ev, others) for r in group]
+    if kept:
+        for record in records:
+            record["lanes_from_profile"] = True
+    return records
 
 
 #: The model errors (relative sd) the likelihood is searched over: 0, then 1e-4 to 4.
@@ -190,7 +211,9 @@ def _unknown(why: str, held: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def model_error_section(ev: Evidence, model: dict, *, allow_traced: bool) -> dict[str, Any]:
+def model_error_section(
+    ev: Evidence, model: dict, *, allow_traced: bool, flash: pd.DataFrame | None = None
+) -> dict[str, Any]:
     """The profile's ``model_error`` section (see the module docstring): ``sd_rel`` the
     relative sd of a prediction's decode time beyond its stated spread (maximum likelihood
     over the held-out runs), ``configurations`` how many held-out configurations it comes
@@ -207,7 +230,7 @@ def model_error_section(ev: Evidence, model: dict, *, allow_traced: bool) -> dic
     held: list[dict[str, Any]] = []
     folds: list[list[dict[str, Any]]] = []
     for group in groups:
-        records = _fold(ev, group, model, allow_traced)
+        records = _fold(ev, group, model, allow_traced, flash)
         folds.append([r for r in records if "error_pct" in r])
         held.extend(records)
     scored = [r for fold in folds for r in fold]
@@ -256,6 +279,7 @@ __all__ = [
     "METHOD",
     "PAIR_GRID",
     "SD_GRID",
+    "held_out_record",
     "model_error_section",
     "most_likely_by_distance",
     "most_likely_sd",

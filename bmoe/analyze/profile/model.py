@@ -15,42 +15,75 @@ from bmoe.errors import BmoeError
 from bmoe.formats.route import RouteTrace
 from bmoe.units import MIB
 
+#: The contract's figures of one token's routed bytes (see the telemetry contract): where a
+#: run's file keeps each, and what it is of the model's per-layer expert sizes at top-k ``k``.
+#: ``cache_cycle_mb`` (v2's preamble) and ``token_demand_MiB`` (the summary) are ``k`` times
+#: the sum over the MoE layers (dense layers route nothing), ``layer_demand_MiB`` ``k`` times
+#: the widest MoE layer's expert: a model whose layers mix quantisation types (a K-quant) has
+#: a widest layer wider than its mean.
+DEMAND_FIGURES = {
+    "cache_cycle_mb": "sum",
+    "token_demand_MiB": "sum",
+    "layer_demand_MiB": "max",
+}
+#: Slack of a demand figure against the sizes: the summaries print 0.1 MiB, and 2 % beyond.
+DEMAND_SLACK = 0.02
+DEMAND_ROUNDING_MIB = 0.05
+
+
+def demand_figures(run: ProfileRun) -> dict[str, float]:
+    """The run's demand figures (:data:`DEMAND_FIGURES`) in bytes, those its file records."""
+    out = {}
+    for key in DEMAND_FIGURES:
+        where = run.metrics.params if key == "cache_cycle_mb" else None
+        value = number(where.get(key)) if where is not None else number(run.figure(key))
+        if value:
+            out[key] = value * MIB
+    return out
+
 
 def summary_sizes(run: ProfileRun) -> tuple[dict[int, int], str] | None:
-    """Expert sizes a run's preamble and summary imply: v2's ``cache_cycle_mb`` (one token's
-    worst-case routed bytes) or v1's ``token_demand_MiB`` / ``layer_demand_MiB`` over
-    ``n_layer`` x ``n_expert_used`` (every layer taken as MoE, all experts one size)."""
+    """Expert sizes a run's preamble and summary imply when nothing else says them: one
+    token's routed bytes (v2's ``cache_cycle_mb``, else v1's ``token_demand_MiB``) over
+    ``n_layer`` x ``n_expert_used``, every layer taken as MoE and of the mean size (the
+    total a token reads is right; how it splits over the layers is not known)."""
     params = run.metrics.params
     n_layer = number(params.get("n_layer"))
     k = number(params.get("n_expert_used"))
     if not n_layer or not k:
         return None
-    cycle = number(params.get("cache_cycle_mb"))
-    if cycle:
-        per = cycle * MIB / (n_layer * k)
-        return {i: round(per) for i in range(int(n_layer))}, "cache_cycle_mb"
-    token = number(run.figure("token_demand_MiB"))
-    layer = number(run.figure("layer_demand_MiB"))
-    if token and layer:
-        layers = max(1, round(token / layer))
-        per = layer * MIB / k
-        return {i: round(per) for i in range(layers)}, "token_demand_MiB, layer_demand_MiB"
+    figures = demand_figures(run)
+    for key in ("cache_cycle_mb", "token_demand_MiB"):
+        if key in figures:
+            per = figures[key] / (n_layer * k)
+            return {i: round(per) for i in range(int(n_layer))}, key
     return None
 
 
 def _check_sizes(sizes: Mapping[int, int], where: str, run: ProfileRun) -> None:
-    """Refuse expert sizes whose mean is not the one `run`'s summary implies."""
-    implied = summary_sizes(run)
-    if implied and sizes:
-        theirs_mean = float(np.mean(list(implied[0].values())))
-        mine_mean = float(np.mean(list(sizes.values())))
-        # the summaries round to 0.1 MiB: allow that and 2 %
-        slack = 0.02 * mine_mean + 0.1 * MIB / max(len(implied[0]), 1)
-        if abs(theirs_mean - mine_mean) > slack:
+    """Refuse per-layer expert sizes (of the MoE layers) that do not give `run`'s demand
+    figures as the contract defines them (:data:`DEMAND_FIGURES`); a run that dropped
+    experts routed less than the sizes allow, never more."""
+    k = number(run.metrics.params.get("n_expert_used"))
+    if not sizes or not k:
+        return
+    dropped = bool(number(run.metrics.params.get("drop_cold_frac"))) or bool(
+        number(run.figure("experts_dropped"))
+    )
+    values = [float(v) for v in sizes.values()]
+    for key, value in demand_figures(run).items():
+        how = DEMAND_FIGURES[key]
+        mine = k * (sum(values) if how == "sum" else max(values))
+        slack = DEMAND_SLACK * mine + DEMAND_ROUNDING_MIB * MIB
+        # cache_cycle_mb is priced from the shapes: dropping does not lower it
+        low = 0.0 if dropped and key != "cache_cycle_mb" else mine - slack
+        if not low <= value <= mine + slack:
+            what = "MoE layers' experts summed" if how == "sum" else "widest MoE layer's expert"
             raise BmoeError(
-                f"{where} has experts of {mine_mean / MIB:.3f} MiB on average but "
-                f"{run.name} implies {theirs_mean / MIB:.3f} MiB ({implied[1]}): runs of "
-                "another model (or quantisation)"
+                f"{where} has experts of {sum(values) / len(values) / MIB:.3f} MiB on average "
+                f"over {len(values)} MoE layers ({max(values) / MIB:.3f} the widest): top-{int(k)} "
+                f"x the {what} is {mine / MIB:.3f} MiB but {run.name} says {key}="
+                f"{value / MIB:.3f}: runs of another model (or quantisation)"
             )
 
 
@@ -194,4 +227,11 @@ def model_section(
     }
 
 
-__all__ = ["check_against_runs", "check_model_file", "model_section", "summary_sizes"]
+__all__ = [
+    "DEMAND_FIGURES",
+    "check_against_runs",
+    "check_model_file",
+    "demand_figures",
+    "model_section",
+    "summary_sizes",
+]

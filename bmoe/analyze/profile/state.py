@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bmoe.analyze.profile.pressure import memory_state
 from bmoe.analyze.profile.runs import ProfileRun, RunConfig
 from bmoe.analyze.verdict import CONTENDED_RATIO, OFF_CPU_PCT, off_cpu_pct
 
@@ -52,7 +53,8 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
     a measured wait; the median over its tokens), whether it was starved of a core, its
     compute time over its CPU time per thread, and whether it was contended (starved, or its
     compute took more than :data:`CONTENDED_RATIO` times its CPU time per thread while it
-    took no major faults: a fault's wait is compute time off the CPU too)."""
+    took no major faults: a fault's wait is compute time off the CPU too); and its memory
+    picture (:func:`bmoe.analyze.profile.pressure.memory_state`)."""
     record = run.record or {}
     entry = record.get("entry") if isinstance(record.get("entry"), dict) else {}
     wall = float(np.nansum(tokens["wall_ms"]))
@@ -76,6 +78,7 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
         **config.axes(),
         "threads": config.threads,
         "n_expert_used": config.n_expert_used,
+        "drop": config.drop or 0.0,
         "dense_weights": run.metrics.params.get("dense_weights"),
         "traced": run.traced,
         "compute_traced": run.compute_traced,
@@ -87,6 +90,7 @@ def run_state(run: ProfileRun, tokens: pd.DataFrame, config: RunConfig) -> dict[
         "starved": starved,
         "compute_over_cpu": None if ratio != ratio else ratio,
         "contended": starved or bool(not faulting and ratio == ratio and ratio > CONTENDED_RATIO),
+        **memory_state(run, config),
     }
 
 

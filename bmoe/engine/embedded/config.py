@@ -53,6 +53,7 @@ class EngineConfig:
     o_direct: bool = True  # --no-odirect
     load_all: bool = False
     prefetch: int = 0
+    cache_policy: str = "lru"  # --cache-policy (bmoe.cache's policies; the native engine: LRU)
     dense_weights: str = "mmap"
     session: bool = False  # --session: serve JSON requests on stdin
     drop_cold_frac: float = 0.0  # --drop-cold-experts F
@@ -89,6 +90,16 @@ class EngineConfig:
             raise BmoeError("--cache-mb must be >= 0 (or auto)")
         if self.prefetch < 0:
             raise BmoeError("--prefetch must be >= 0")
+        from bmoe.cache import POLICIES, policy_name
+
+        policy = policy_name(self.cache_policy)
+        if policy not in POLICIES:
+            raise BmoeError(
+                f"--cache-policy {self.cache_policy}: unknown (one of "
+                f"{', '.join(p for p in POLICIES if not POLICIES[p].needs_future)})"
+            )
+        if POLICIES[policy].needs_future:
+            raise BmoeError(f"--cache-policy {self.cache_policy} reads the future: replay only")
         if self.route_ahead < 0:
             raise BmoeError("--route-ahead must be >= 0")
         if self.predict_spec_max < 0:
@@ -160,6 +171,7 @@ _VALUE = {
     "--cache-ceil-mb": "cache_ceil_mb",
     "--io-threads": "io_threads",
     "--prefetch": "prefetch",
+    "--cache-policy": "cache_policy",
     "--dense-weights": "dense_weights",
     "--drop-cold-experts": "drop_cold_frac",
     "--predict-spec-max": "predict_spec_max",
@@ -255,6 +267,7 @@ FLAG_HELP: tuple[tuple[str, str, str], ...] = (
     ("--no-odirect", "", "buffered reads"),
     ("--load-all", "", "debug: read every expert every token"),
     ("--prefetch", "K", "read the previous token's experts of the next K layers ahead"),
+    ("--cache-policy", "NAME", "the expert cache's eviction policy (lru; lfu, s3fifo, ...)"),
     ("--dense-weights", "mmap|warm", "where the non-expert weights live"),
     ("--drop-cold-experts", "F", "skip misses weighted under F/k (never the top slot)"),
     ("--drop-no-renorm", "", "with dropping: do not rescale the kept weights"),

@@ -197,7 +197,7 @@ class EmbeddedEngine:
             after_read=fault,
         )
         if not cfg.load_all:
-            self.cache = ExpertCache(self.budget_bytes, "lru", n_layer=lay.n_layer)
+            self.cache = ExpertCache(self.budget_bytes, cfg.cache_policy, n_layer=lay.n_layer)
             cycle = self.cycle_bytes
             if 0 < self.budget_bytes < cycle:
                 self.warnings.append(

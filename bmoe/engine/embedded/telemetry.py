@@ -58,6 +58,8 @@ def params(cfg: EngineConfig, eng: EmbeddedEngine, o_direct: bool) -> dict[str, 
         "overlap": False,
         "io_two_wave": False,
         "prefetch": cfg.prefetch,
+        # the native engine's cache is LRU and its preamble names no policy: named otherwise
+        **({"cache_policy": cfg.cache_policy} if cfg.cache_policy != "lru" else {}),
         "route_ahead": cfg.route_ahead,
         "predict_prefetch": cfg.predict_prefetch,
         "predict_log": cfg.predict_log,
