@@ -15,14 +15,13 @@ tells that a cell's figures were bent by that state instead of by its flags:
   effects plus the position, tested by permuting the positions).
 
 :func:`contamination_flags` takes one row per run/cell attempt (the sweep's
-``results.parquet`` has the same column names); :func:`cells_from_paths` builds that table
-from metrics files, a directory or a sweep folder.
+``results.parquet`` has the same column names); :func:`cells_from_paths` gives that table
+for metrics files, a directory or a sweep folder.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,8 +29,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from bmoe.errors import BmoeError
 
 TELLS = ("compute_vs_topk", "majflt", "entry_state", "execution_order")
 
@@ -362,121 +359,22 @@ def contamination_flags(
 # ----------------------------------------------------------------------------- the cells table
 
 
-def cells_from_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
-    """One row per metrics file: its summary (stable names), configuration, entry state.
-
-    ``cell`` is the file's path relative to the deepest common folder. ``order`` is a guess
-    from the files' modification times (ties by name) since a loose metrics file does not
-    record when it ran; ``order_source`` says so. Entry state comes from the ``.metrics``
-    sidecar (``cpu_temp_before_mC``, ``mem_avail_before_kb``) or the ``.state`` snapshot's
-    BEFORE section (CPU temperature, MemAvailable, ``scaling_max_freq`` summed over policies).
-    """
-    from bmoe.analyze.metrics import run_summary
-    from bmoe.formats.metrics import read_metrics
-    from bmoe.formats.sidecar import pressure_sidecar_for, read_pressure, read_state
-
-    files = [Path(p) for p in paths]
-    if not files:
-        raise BmoeError("no metrics files to compare")
-    root = Path(_common_root(files))
-    records = []
-    for path in files:
-        run = read_metrics(path)
-        sidecar = pressure_sidecar_for(path)
-        pressure = read_pressure(sidecar) if sidecar else None
-        record = run_summary(run, pressure)
-        where = path.resolve()  # the root is of resolved paths: a relative path is under it too
-        record["cell"] = str(where.relative_to(root)) if root != where else path.name
-        for key, value in run.params.items():
-            record.setdefault(key, value)
-        record.update(_entry_state(path, pressure, read_state))
-        try:
-            record["_mtime"] = path.stat().st_mtime
-        except OSError:
-            record["_mtime"] = math.nan
-        records.append(record)
-    frame = pd.DataFrame.from_records(records)
-    order = frame.sort_values(["_mtime", "cell"], kind="stable").index
-    frame.loc[order, "order"] = np.arange(len(frame))
-    frame["order"] = frame["order"].astype(int)
-    frame["order_source"] = "file modification time (not recorded by the run)"
-    return frame.drop(columns="_mtime")
-
-
-def _common_root(paths: Sequence[Path]) -> str:
-    parents = [str(p.resolve().parent) for p in paths]
-    return os.path.commonpath(parents) if len(parents) > 1 else parents[0]
-
-
-def _entry_state(path: Path, pressure: dict | None, read_state) -> dict[str, float]:
-    out: dict[str, float] = {}
-    if pressure:
-        if isinstance(pressure.get("cpu_temp_before_mC"), int | float):
-            out["entry_cpu_temp_c"] = pressure["cpu_temp_before_mC"] / 1000.0
-        if isinstance(pressure.get("mem_avail_before_kb"), int | float):
-            out["entry_mem_available_mb"] = pressure["mem_avail_before_kb"] / 1024.0
-    state_path = path.with_suffix(".state")
-    if state_path.is_file() and state_path != path:
-        before = read_state(state_path).get("before")
-        if before is not None:
-            if before.cpu_temp_max_c is not None:
-                out.setdefault("entry_cpu_temp_c", before.cpu_temp_max_c)
-            if "MemAvailable" in before.meminfo_kb:
-                out.setdefault("entry_mem_available_mb", before.meminfo_kb["MemAvailable"] / 1024)
-            if before.scaling_max_freq:
-                out["entry_scaling_max_freq_khz"] = float(sum(before.scaling_max_freq.values()))
-    return out
-
-
-def find_metrics_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Metrics CSVs among `paths` (directories searched recursively, content-detected)."""
-    from bmoe.formats.detect import detect_bytes
-    from bmoe.formats.load import read_head
-
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            candidates = sorted(p for p in path.rglob("*") if p.is_file())
-            for p in candidates:
-                if p.suffix in (".csv", ".metrics") and detect_bytes(read_head(p)) == "metrics":
-                    found.append(p)
-        elif path.exists():
-            found.append(path)
-        else:
-            raise BmoeError(f"{path}: no such file or directory")
-    return found
-
-
 def cells_from_paths(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """The cells table for files, directories, or a sweep folder.
+    """The cells table for files, directories, or a sweep folder
+    (:func:`bmoe.analyze.runs_table.runs_table`): a sweep's results, one row per attempt
+    under these column names, or one row per metrics file found."""
+    from bmoe.analyze.runs_table import runs_table
 
-    A single folder holding ``results.parquet`` (a sweep's archive) is read as is: it already
-    has one row per cell attempt with these column names. Otherwise every metrics file found
-    (directories searched recursively) becomes a row via :func:`cells_from_runs`.
-    """
-    given = [Path(p) for p in paths]
-    if len(given) == 1 and given[0].is_dir() and (given[0] / "results.parquet").is_file():
-        results = given[0] / "results.parquet"
-        try:
-            return pd.read_parquet(results)
-        except (OSError, ValueError) as exc:  # pyarrow's errors are ValueError / OSError
-            raise BmoeError(f"{results}: unreadable ({str(exc).splitlines()[0]})") from None
-    files = find_metrics_files(given)
-    if not files:
-        raise BmoeError(f"no metrics files found in {', '.join(str(p) for p in paths)}")
-    return cells_from_runs(files)
+    return runs_table(paths)
 
 
 __all__ = [
     "CONFIG_COLUMNS",
     "TELLS",
     "cells_from_paths",
-    "cells_from_runs",
     "compute_vs_topk",
     "contamination_flags",
     "entry_state_outliers",
-    "find_metrics_files",
     "majflt_outliers",
     "position_beyond_config",
 ]

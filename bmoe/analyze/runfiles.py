@@ -9,9 +9,9 @@ timings are not benchmark figures.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from bmoe.formats.archive import files_beside
 from bmoe.formats.csvtable import PathLike
 from bmoe.formats.detect import detect_bytes
 from bmoe.formats.load import read_head
@@ -35,12 +35,10 @@ class RunFiles:
 
 
 def traces_beside(path: PathLike) -> list[str]:
-    """Route / compute / io traces named ``<stem>.<anything>`` next to `path`."""
-    path = Path(path)
+    """Route / compute / io traces among the files recorded beside the metrics file `path`
+    (:func:`bmoe.formats.archive.files_beside`)."""
     found = []
-    for sibling in sorted(path.parent.glob(f"{path.stem}.*")):
-        if sibling == path or not sibling.is_file():
-            continue
+    for sibling in files_beside(path):
         if sibling.suffix in (".metrics", ".log", ".state", ".out", ".err", ".png"):
             continue
         try:
@@ -52,12 +50,17 @@ def traces_beside(path: PathLike) -> list[str]:
     return found
 
 
-def load_run_files(path: PathLike) -> RunFiles:
-    """Read a metrics CSV, its ``.metrics`` sidecar and the list of traces recorded with it."""
+def read_with_pressure(path: PathLike) -> tuple[MetricsRun, dict[str, Any] | None]:
+    """A metrics file and its ``.metrics`` pressure sidecar's figures (None without one)."""
     run = read_metrics(path)
     sidecar = pressure_sidecar_for(path)
-    pressure = read_pressure(sidecar) if sidecar else None
+    return run, read_pressure(sidecar) if sidecar else None
+
+
+def load_run_files(path: PathLike) -> RunFiles:
+    """Read a metrics CSV, its ``.metrics`` sidecar and the list of traces recorded with it."""
+    run, pressure = read_with_pressure(path)
     return RunFiles(run, pressure, traces_beside(path))
 
 
-__all__ = ["RunFiles", "load_run_files", "traces_beside"]
+__all__ = ["RunFiles", "load_run_files", "read_with_pressure", "traces_beside"]

@@ -566,8 +566,9 @@ def _interval_notes(profile, table) -> list[tuple[str, str]]:
 def _against(trace, profile, measured: list[Path], policy: str, drop: float | None) -> dict:
     """A sweep folder (one, with a manifest) or loose metrics files, next to the prediction."""
     from bmoe.analyze import predict as prediction
+    from bmoe.formats.archive import MANIFEST
 
-    sweeps = [p for p in measured if p.is_dir() and (p / "manifest.jsonl").is_file()]
+    sweeps = [p for p in measured if p.is_dir() and (p / MANIFEST).is_file()]
     if sweeps:
         if len(measured) > 1:
             raise BmoeError("--against takes one sweep folder, or metrics files: not both")

@@ -227,12 +227,7 @@ def contamination_command(
     Example: bmoe analyze contamination bench-data/2026-11-29-tiny-cache-lanes --format json
     """
     check_format(fmt)
-    if len(paths) == 1 and (paths[0] / "results.parquet").is_file():
-        from bmoe.sweep.archive import load_results  # the archive's reader: its checks too
-
-        cells = load_results(paths[0])
-    else:
-        cells = cells_from_paths(paths)
+    cells = cells_from_paths(paths)
     flags = contamination_flags(cells)
     not_checked = flags.attrs.get("not_checked", [])
     if fmt == "json":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 import typer
 from rich.text import Text
@@ -14,6 +16,11 @@ from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
 from bmoe.render.messages import literal, printable
 from bmoe.render.outputs import FORMAT_HELP
+
+if TYPE_CHECKING:
+    from bmoe.sweep.attempt import ProgressSink
+
+T = TypeVar("T")
 
 
 def _dry_run(config, plan, archive_root: Path) -> None:
@@ -25,7 +32,7 @@ def _dry_run(config, plan, archive_root: Path) -> None:
 
     archive = ArchiveWriter(archive_root)
     ctx = CellContext(config, archive)
-    targets = {s.name: open_target(s, archive_root / ".state" / "targets") for s in config.targets}
+    targets = {s.name: open_target(s, archive.state_dir / "targets") for s in config.targets}
     assigned = assign_targets(plan, config.targets)
     s = config.settings
     repeats = f"{s.repeats}-{s.max_repeats} (auto)" if s.adaptive else str(s.repeats)
@@ -150,7 +157,7 @@ def sweep_command(
     (the same: resume that folder)
     """
     from bmoe.sweep.archive import CONFIG, find_latest, new_folder
-    from bmoe.sweep.config import load_config, resolved_toml
+    from bmoe.sweep.config import load_config
     from bmoe.sweep.plan import make_plan
 
     folder: Path | None = None
@@ -166,7 +173,6 @@ def sweep_command(
     cfg = load_config(config)
     plan = make_plan(cfg)
     root = output or Path(cfg.settings.output)
-    text = resolved_toml(cfg)
     if resume and folder is None:
         folder = find_latest(root, cfg.settings.name)
         if folder is None:
@@ -176,75 +182,40 @@ def sweep_command(
     if dry_run:
         _dry_run(cfg, plan, folder or new_folder(root, cfg.settings.name))
         return
-    from contextlib import ExitStack
-
-    from bmoe.sweep.lock import folder_lock, name_lock
-
-    locks = ExitStack()
-    try:
-        # One runner per sweep: refused before anything in a folder is touched.
-        held = [locks.enter_context(name_lock(folder.parent if folder else root,
-                                              cfg.settings.name))]  # fmt: skip
-        if folder is not None:
-            held.append(locks.enter_context(folder_lock(folder)))
-        for lock in held:
-            if lock.stale:
-                err_console.print(
-                    f"note: {lock.what}: took over the lock of pid {lock.stale.get('pid')} on "
-                    f"host {lock.stale.get('host')}, which ended without releasing it",
-                    highlight=False, markup=False,
-                )  # fmt: skip
-        _run_locked(cfg, plan, folder, root, text, plain, keep_going)
-    finally:
-        locks.close()
+    _run(cfg, plan, folder, root, plain, keep_going)
 
 
-def _run_locked(
-    cfg, plan, folder: Path | None, root: Path, text: str, plain: bool, keep_going: bool
-) -> None:
-    import tomllib
+def note(text: str) -> None:
+    """A note for the user on stderr (a lock taken over, a manifest mended)."""
+    err_console.print(literal(f"note: {text}"), highlight=False)
 
+
+def with_progress(plain: bool, work: Callable[[ProgressSink], T], log: TextIO | None = None) -> T:
+    """`work` under the live display (plain log lines with `plain` or off a terminal, written
+    to `log`, default stdout), SIGTERM taken as Ctrl-C; an interrupted sweep or tune says the
+    command that resumes it (exit 130)."""
     from bmoe.render.progress import LiveProgress, PlainProgress
-    from bmoe.sweep.archive import CONFIG, ArchiveWriter, resume_command, write_atomic
-    from bmoe.sweep.lock import folder_lock
-    from bmoe.sweep.predictions import sweep_predictions
-    from bmoe.sweep.runner import run_sweep
+    from bmoe.sweep.archive import resume_command
+    from bmoe.sweep.lifecycle import SweepInterrupted
 
-    predicted = sweep_predictions(cfg, plan) if folder is None else None
-    if folder is not None:
-        archive = ArchiveWriter.open(folder)
-        if archive.mended:
-            err_console.print(literal(f"note: {folder}: {archive.mended}"), highlight=False)
-        previous = (folder / CONFIG).read_text(encoding="utf-8")
-        if tomllib.loads(previous) != tomllib.loads(text):
-            n = 1
-            while (folder / f"sweep.{n}.toml").exists():
-                n += 1
-            write_atomic(folder / f"sweep.{n}.toml", previous)
-            write_atomic(folder / CONFIG, text)
-    else:
-        archive = ArchiveWriter.create(root, cfg.settings.name, text)
-    if predicted is not None:
-        write_atomic(archive.root / "predictions.csv", predicted.to_csv(index=False))
     _install_sigterm()
     use_plain = plain or not console.is_terminal
-    sink = PlainProgress(sys.stdout) if use_plain else LiveProgress(console)
-    interrupted = False
-    outcome = None
-    with folder_lock(archive.root), sink:
-        try:
-            outcome = run_sweep(cfg, plan, archive, sink=sink, flags_checked=True,
-                                keep_going=keep_going)  # fmt: skip
-        except KeyboardInterrupt:
-            interrupted = True
-        except BmoeError:
-            _write_summary(archive.root)  # what completed is analysed all the same
-            raise
-        _write_summary(archive.root)
-    if interrupted:
-        err_console.print(literal(f"interrupted; resume with: {resume_command(archive.root)}"))
-        raise typer.Exit(130)
-    assert outcome is not None
+    sink = PlainProgress(log or sys.stdout) if use_plain else LiveProgress(console)
+    try:
+        with sink:
+            return work(sink)
+    except SweepInterrupted as stop:
+        err_console.print(literal(f"interrupted; resume with: {resume_command(stop.root)}"))
+        raise typer.Exit(130) from None
+
+
+def _run(cfg, plan, folder: Path | None, root: Path, plain: bool, keep_going: bool) -> None:
+    from bmoe.sweep.archive import resume_command
+    from bmoe.sweep.lifecycle import run_sweep_folder
+
+    outcome = with_progress(plain, lambda sink: run_sweep_folder(
+        cfg, output=root, folder=folder, plan=plan, sink=sink, say=note, flags_checked=True,
+        keep_going=keep_going))  # fmt: skip
     failed = outcome.failed_runs
     not_run = outcome.not_run
     console.print(
@@ -252,7 +223,7 @@ def _run_locked(
             f"{outcome.completed}/{outcome.total} runs complete ({outcome.skipped} from before), "
             f"{len(failed)} failed"
             + (f", {not_run} not run" if not_run else "")
-            + f" -> {archive.root}"
+            + f" -> {outcome.root}"
         ),
         highlight=False,
         soft_wrap=True,  # one line, never broken before the folder (a pipe is 80 wide)
@@ -260,32 +231,9 @@ def _run_locked(
     if failed:
         err_console.print(literal("failed: " + ", ".join(failed)), highlight=False)
     if not_run:
-        err_console.print(literal(f"resume with: {resume_command(archive.root)}"), highlight=False)
+        err_console.print(literal(f"resume with: {resume_command(outcome.root)}"), highlight=False)
     if failed or not_run:
         raise typer.Exit(1)
-
-
-def _write_summary(root: Path) -> None:
-    """``summary.md``: the analysis of what the folder holds, as markdown."""
-    from bmoe.analyze.sweep import analyze_sweep
-    from bmoe.analyze.views import SWEEP
-    from bmoe.render.tables import render_markdown
-    from bmoe.sweep.archive import SUMMARY, load_results, write_atomic
-
-    try:
-        results = load_results(root)
-    except BmoeError:
-        return
-    if results.empty:
-        return
-    views = analyze_sweep(results)
-    title = f"# Sweep {results.attrs.get('name') or root.name}\n\n"
-    try:
-        text = render_markdown(views, titles=SWEEP.titles(outcome="tok_s_mean"))
-        write_atomic(root / SUMMARY, title + text)
-    except OSError as exc:
-        err_console.print(f"could not write {root / SUMMARY}: {exc.strerror or exc}",
-                          highlight=False, markup=False)  # fmt: skip
 
 
 @analyze_app.command("sweep")
@@ -319,6 +267,7 @@ def analyze_sweep_command(
     check_format(fmt)
     from bmoe.analyze.sweep import analyze_sweep
     from bmoe.analyze.views import SWEEP
+    from bmoe.formats.archive import read_predictions
     from bmoe.render.tables import render
     from bmoe.sweep.archive import find_latest, load_results
 
@@ -332,7 +281,7 @@ def analyze_sweep_command(
     results = load_results(folder)
     if results.empty:
         raise BmoeError(f"{folder}: no attempts recorded yet")
-    predictions = _read_predictions(folder)
+    predictions = read_predictions(folder)
     views = analyze_sweep(results, outcome=outcome, predictions=predictions)
     shown = views
     if fmt == "table":  # cell folders as c1, c2, ... with a legend (see bmoe.render.cells)
@@ -379,23 +328,6 @@ def _config_named(path: Path):
     if not isinstance(doc.get("sweep"), dict):
         raise neither
     return parse_config(text, str(path), base_dir=path.resolve().parent)
-
-
-def _read_predictions(folder: Path):
-    """The sweep's ``predictions.csv`` (the tok/s its profile predicted per cell), or None."""
-    path = folder / "predictions.csv"
-    if not path.is_file():
-        return None
-    import pandas as pd
-
-    try:
-        table = pd.read_csv(path)
-    except (OSError, ValueError) as exc:
-        raise BmoeError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
-    missing = {"cell", "tok_s"} - set(table.columns)
-    if missing:
-        raise BmoeError(f"{path}: line 1: no {', '.join(sorted(missing))} column")
-    return table
 
 
 def _answer_plots(results, outcome: str, folder: Path, force: bool = False) -> None:

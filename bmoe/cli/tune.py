@@ -39,34 +39,18 @@ def tune_command(
     Example: bmoe tune bench-data/2026-12-01-tiny-tune   # resume after a kill
     Example: bmoe sweep sweeps/tiny-tune.toml   # the full grid of the same file
     """
-    from contextlib import ExitStack
-
-    from bmoe.sweep.archive import CONFIG, ArchiveWriter
-    from bmoe.sweep.lock import folder_lock, name_lock
-    from bmoe.sweep.tune_config import load_tune_config, resolved_tune_toml
+    from bmoe.formats.archive import CONFIG, TUNE_STATE
+    from bmoe.sweep.tune_config import load_tune_config
 
     folder: Path | None = None
     if config.is_dir():
         folder, config = config, config / CONFIG
-        if not (folder / "tune.json").is_file() and not config.is_file():
+        if not (folder / TUNE_STATE).is_file() and not config.is_file():
             raise BmoeError(f"{folder}: not a tune folder (no {CONFIG})")
     cfg = load_tune_config(config)
     root = output or Path(cfg.sweep.settings.output)
     _check_flags(cfg)
-    locks = ExitStack()
-    try:
-        locks.enter_context(name_lock(folder.parent if folder else root, cfg.sweep.settings.name))
-        if folder is not None:
-            locks.enter_context(folder_lock(folder))
-            archive = ArchiveWriter.open(folder)
-            if archive.mended:
-                err_console.print(literal(f"note: {folder}: {archive.mended}"), highlight=False)
-        else:
-            archive = ArchiveWriter.create(root, cfg.sweep.settings.name, resolved_tune_toml(cfg))
-            locks.enter_context(folder_lock(archive.root))
-        _run(cfg, archive, plain)
-    finally:
-        locks.close()
+    _run(cfg, root, folder, plain)
 
 
 def _check_flags(cfg) -> None:
@@ -88,30 +72,15 @@ def _check_flags(cfg) -> None:
                 target.close()
 
 
-def _run(cfg, archive, plain: bool) -> None:
-    import signal
-
-    from bmoe.render.progress import LiveProgress, PlainProgress
+def _run(cfg, root: Path, folder: Path | None, plain: bool) -> None:
+    from bmoe.cli.sweep import note, with_progress
     from bmoe.render.tune import tune_report
-    from bmoe.sweep.tune import Tuner
+    from bmoe.sweep.lifecycle import run_tune_folder
 
-    def to_interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    if sys.platform != "win32":
-        signal.signal(signal.SIGTERM, to_interrupt)
-    use_plain = plain or not console.is_terminal
     # piped, the log goes to stderr: what stdout carries is the answer, first
     log = sys.stdout if console.is_terminal else sys.stderr
-    sink = PlainProgress(log) if use_plain else LiveProgress(console)
-    try:
-        with sink:
-            outcome = Tuner(cfg, archive, sink=sink).run()
-    except KeyboardInterrupt:
-        from bmoe.sweep.archive import resume_command
-
-        err_console.print(literal(f"interrupted; resume with: {resume_command(archive.root)}"))
-        raise typer.Exit(130) from None
+    outcome = with_progress(plain, lambda sink: run_tune_folder(
+        cfg, output=root, folder=folder, sink=sink, say=note), log)  # fmt: skip
     console.print(literal(tune_report(outcome.state)), highlight=False, soft_wrap=True)
     if not outcome.result.get("best"):
         raise typer.Exit(1)

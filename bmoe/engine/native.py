@@ -16,19 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bmoe.errors import BmoeError
+from bmoe.formats.archive import OUTPUT_FILES
 
 #: Short spellings the native and embedded engines both accept.
 SHORT_FLAGS = {"model": "-m", "prompt": "-p", "n_predict": "-n", "threads": "-t", "ctx_size": "-c"}
 
-#: Output-file flags and the file name each gets inside a run's folder.
-OUTPUT_FILES = {
-    "csv": "run.csv",
-    "route_trace": "run.route.csv",
-    "compute_trace": "run.compute.csv",
-    "compute_trace_layers": "run.compute-layers.csv",
-    "io_trace": "run.io.csv",
-    "fidelity_save": "run.fidelity.npz",  # the embedded engine's fidelity reference
-}
 #: Flags carried per request in session mode rather than on the command line.
 SESSION_REQUEST_KEYS = ("prompt", "n_predict")
 

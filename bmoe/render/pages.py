@@ -389,18 +389,18 @@ def sweep_sections(report: Report, archive, *, outcome: str = "tok_s_mean") -> N
     against fidelity, both order checks, the recorded hit rates against their replay, and
     last what ran (settings, attempts, shared parameters, the resolved configuration)."""
     from bmoe.analyze.sweep import check_outcome
+    from bmoe.formats.archive import read_predictions
 
     results = archive.cells
     check_outcome(results, outcome, archive.root)
     traced = [r.run for r in archive.runs() if any(r.has(k) for k in TRACE_KINDS)]
-    path = archive.root / "predictions.csv"
     route_runs = archive.with_file("route")
     replayed = (
         (r.run, r.trace("route"), r.metrics if r.has("metrics") else None) for r in route_runs
     )  # each trace read when its turn comes
     page = pages.sweep_page(
         results, outcome, runs=archive.metrics_runs() or None, traced=traced,
-        predictions=pd.read_csv(path) if path.is_file() else None,
+        predictions=read_predictions(archive.root),
         replayed=replayed if route_runs else None, axes=archive.axes, source=archive.root,
     )  # fmt: skip
     titles = SWEEP.titles(outcome=outcome)

@@ -539,8 +539,10 @@ def _run_names(profile: Any) -> list[str]:
 def run_label(name: str) -> str:
     """A run's short name: its file's stem, or a sweep run's repeat folder (``r2``), cut to
     14 characters."""
+    from bmoe.formats.archive import RUN_CSV
+
     parts = name.replace("\\", "/").split("/")
-    if parts[-1] == "run.csv" and len(parts) >= 2:  # a sweep's run: its repeat (the
+    if parts[-1] == RUN_CSV and len(parts) >= 2:  # a sweep's run: its repeat (the
         text = parts[-2]  # config column says which cell)
     else:
         text = parts[-1].rsplit(".", 1)[0]

@@ -1,19 +1,11 @@
-"""The sweep folder: atomic run folders, ``manifest.jsonl``, ``results.parquet``.
+"""Writing a sweep folder: atomic run folders and the ``manifest.jsonl`` appends.
 
-Layout of ``<output>/<date>-<name>/``::
-
-    sweep.toml              the resolved configuration (defaults filled in, base_dir fixed)
-    manifest.jsonl          one fsync'd JSON line per attempt
-    cells/<cell>/r<k>/      a completed run: run.csv, traces, run.metrics, run.out, run.err,
-                            run.log, command.json, record.json
-    cells/<cell>/r<k>.a<n>.<status>/   an attempt that did not complete (kept to inspect)
-    results.parquet         one row per attempt
-    summary.md
-
-A run's files are written into a hidden staging folder and the folder is renamed into place
-when complete, so a completed run is always whole; the manifest line follows the rename.
-Resume trusts the folder: a run counts as done when its ``record.json`` says ok and every file
-it lists has the recorded size and checksum and its CSV reads as a finished run.
+The folder's layout, its names and its readers are :mod:`bmoe.formats.archive`'s; the
+results table is built by :mod:`bmoe.analyze.runs_table`. A run's files are written into a
+hidden staging folder and the folder is renamed into place when complete, so a completed run
+is always whole; the manifest line follows the rename. Resume trusts the folder: a run counts
+as done when its ``record.json`` says ok and every file it lists has the recorded size and
+checksum and its CSV reads as a finished run.
 """
 
 from __future__ import annotations
@@ -26,35 +18,38 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-
+from bmoe.analyze.runs_table import load_results, results_frame
 from bmoe.errors import BmoeError
-from bmoe.formats.errors import warn
+from bmoe.formats.archive import (
+    CELLS,
+    CONFIG,
+    INVALID,
+    MANIFEST,
+    RECORD,
+    RESULT_KEYS,
+    RESULTS,
+    RUN_CSV,
+    SESSIONS,
+    STATE,
+    STATUSES,
+    SUMMARY,
+    TORN,
+    TUNE_STATE,
+    clear_stale_tmp,
+    fsync_dir,
+    iter_completed,
+    manifest_line,
+    read_manifest,
+    read_record,
+    write_atomic,
+    write_results,
+)
 from bmoe.sweep.shelltext import shell_join
-
-MANIFEST = "manifest.jsonl"
-#: Where a torn last line of the manifest is set aside.
-TORN = "manifest.jsonl.torn"
-CONFIG = "sweep.toml"
-RESULTS = "results.parquet"
-SUMMARY = "summary.md"
-RECORD = "record.json"
-CELLS = "cells"
-
-#: A tune's record of its rounds (:mod:`bmoe.sweep.tune`): its folder is resumed by ``bmoe tune``.
-TUNE_STATE = "tune.json"
-
-#: ``lost``: the host running the attempt (a farm node) or the task on it died.
-STATUSES = (
-    "ok", "crashed", "timeout", "invalid", "error", "interrupted", "rejected", "killed", "lost",
-)  # fmt: skip
 
 
 def is_tune_folder(root: Path) -> bool:
@@ -76,60 +71,6 @@ def is_tune_folder(root: Path) -> bool:
 def resume_command(root: Path) -> str:
     """The command that carries on the sweep or tune of folder `root`, quoted to paste."""
     return shell_join(["bmoe", "tune" if is_tune_folder(root) else "sweep", str(root)])
-
-
-def fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write `path` under a temporary name, fsync, rename into place."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, an interrupt: no half-written file left behind
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
-
-
-_TMP_NAME = re.compile(r"^\..+\.tmp-(\d+)-\d+$")
-
-
-def clear_stale_tmp(folder: Path) -> list[Path]:
-    """Remove the temporary files :func:`write_atomic` left in `folder` from a process that
-    is gone (killed while writing); returns them."""
-    removed = []
-    for path in Path(folder).glob(".*.tmp-*"):
-        m = _TMP_NAME.match(path.name)
-        if m is None or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
-            continue
-        with contextlib.suppress(OSError):
-            path.unlink()
-            removed.append(path)
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True
-    return True
 
 
 def file_digest(path: Path) -> str:
@@ -219,7 +160,7 @@ class ArchiveWriter:
 
     @property
     def state_dir(self) -> Path:
-        return self.root / ".state"
+        return self.root / STATE
 
     # -- runs
     def run_final(self, run_id: str) -> Path:
@@ -287,7 +228,7 @@ class ArchiveWriter:
                 shutil.rmtree(dest)
             staging.rename(dest)
             moved.append(dest)
-        for staging in (self.root / "sessions").glob(".*.staging"):
+        for staging in (self.root / SESSIONS).glob(".*.staging"):
             staging.rename(staging.with_name(staging.name[1:].replace(".staging", ".killed")))
         return moved
 
@@ -324,7 +265,7 @@ class ArchiveWriter:
 
     def _append_manifest(self, record: Mapping[str, Any]) -> None:
         self._note_attempt(record)
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+        line = manifest_line(record)
         fd = os.open(self.root / MANIFEST, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             self._mend_tail(fd)
@@ -441,8 +382,7 @@ class ArchiveWriter:
                     record.update({"status": "set_aside", "was": "ok", "set_aside": reason})
                     if moved_to is not None:
                         record["dir"] = str(moved_to.relative_to(self.root))
-                    line = json.dumps(record, ensure_ascii=False, separators=(",", ":"),
-                                      default=str) + "\n"  # fmt: skip
+                    line = manifest_line(record)
                     changed += 1
                 out.append(line if line.endswith("\n") else line + "\n")
             if changed:
@@ -471,18 +411,14 @@ class ArchiveWriter:
                 return False, f"{name} missing"
             if path.stat().st_size != meta.get("bytes") or file_digest(path) != meta.get("sha256"):
                 return False, f"{name} changed since it was written"
-        csv = final / "run.csv"
+        csv = final / RUN_CSV
         if not csv.is_file():
-            return False, "no run.csv"
+            return False, f"no {RUN_CSV}"
         ok, why = csv_complete(csv)
         return ok, why
 
     def completed_record(self, run_id: str) -> dict[str, Any] | None:
-        path = self.run_final(run_id) / RECORD
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
+        return read_record(self.run_final(run_id))
 
     def set_aside(self, run_id: str, reason: str) -> Path | None:
         """Move a run folder that does not validate out of the way (kept, renamed)."""
@@ -493,7 +429,7 @@ class ArchiveWriter:
         while (dest := final.with_name(f"{final.name}.invalid-{n}")).exists():
             n += 1
         final.rename(dest)
-        (dest / "INVALID").write_text(reason + "\n", encoding="utf-8")
+        (dest / INVALID).write_text(reason + "\n", encoding="utf-8")
         return dest
 
 
@@ -518,252 +454,30 @@ def csv_complete(path: Path) -> tuple[bool, str]:
     return True, "ok"
 
 
-def read_manifest(path: Path) -> list[dict[str, Any]]:
-    """Manifest records; a line that is not one (a cut last line of a sweep killed mid-write,
-    damage) is skipped with a warning naming it."""
-    out: list[dict[str, Any]] = []
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return out
-    lines = text.splitlines()
-    bad: list[tuple[int, str]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            cut = n == len(lines) and not text.endswith("\n")
-            bad.append((n, "cut short (a kill or power loss mid-write)" if cut else "not JSON"))
-            continue
-        if isinstance(record, dict):  # a damaged line may parse as a list or a number
-            out.append(record)
-        else:
-            bad.append((n, "not a record"))
-    for n, why in bad[:3]:
-        warn(str(path), n, f"{why}: line skipped")
-    if len(bad) > 3:
-        warn(str(path), None, f"{len(bad) - 3} more lines skipped (not records)")
-    return out
-
-
-def iter_completed(root: Path) -> Iterator[dict[str, Any]]:
-    """record.json of every completed run folder under `root`."""
-    for record in sorted((Path(root) / CELLS).glob(f"*/r*/{RECORD}")):
-        try:
-            yield json.loads(record.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-
-
-# ----------------------------------------------------------------------------- results
-
-
-def _flat(value: Any) -> Any:
-    if isinstance(value, dict | list):
-        return json.dumps(value, ensure_ascii=False, sort_keys=True)
-    return value
-
-
-def results_frame(root: Path) -> pd.DataFrame:
-    """One row per attempt: parameters, target, entry state, summary figures, pressure.
-
-    Built from the manifest, reading each completed run's CSV and ``.metrics`` sidecar for the
-    summary figures (:func:`bmoe.analyze.metrics.run_summary`).
-    """
-    root = Path(root)
-    records = read_manifest(root / MANIFEST)
-    params_keys: list[str] = []
-    rows = []
-    for record in records:
-        if not isinstance(record, dict) or not isinstance(record.get("run"), str):
-            continue  # not the record of an attempt (a damaged line)
-        if record.get("warmup"):
-            continue  # warm-up runs stay in the archive, out of the results
-        row: dict[str, Any] = {}
-        for key in ("run", "cell", "repeat", "attempt", "order", "round", "reversed", "target",
-                    "target_kind", "host", "node", "engine", "status", "exit_code", "started",
-                    "ended", "duration_s", "error", "dir"):  # fmt: skip
-            row[key] = record.get(key)
-        row.update(_mapping(record.get("entry_columns")))
-        row["engine_cpu_share"] = record.get("engine_cpu_share")
-        warnings = record.get("system_warnings")
-        row["system_warnings"] = "; ".join(map(str, warnings)) if warnings else None
-        for key in ("model_sha256", "bmoe_version", "config_commit"):
-            row[key] = record.get(key)
-        machine = record.get("machine")
-        for key, value in machine.items() if isinstance(machine, dict) else ():
-            row[f"machine_{key}"] = value
-        params = _mapping(record.get("params"))
-        for key, value in params.items():
-            if key not in params_keys:
-                params_keys.append(key)
-            row[key] = _flat(value)
-        figures = _summary_for(root, record) if record.get("status") == "ok" else {}
-        if record.get("status") == "ok" and not figures:
-            row["status"] = "invalid"
-            row["error"] = "its run.csv is missing or unreadable"
-        for key, value in figures.items():
-            row[key if key not in row else f"summary_{key}"] = _flat(value)
-        for key, value in _mapping(record.get("pressure")).items():
-            row.setdefault(key, value)
-        for key, value in _mapping(record.get("stream")).items():
-            row.setdefault(f"stream_{key}", _flat(value))
-        rows.append(row)
-    _one_ok_per_run(rows)
-    frame = pd.DataFrame(rows)
-    frame.attrs["params"] = params_keys
-    return frame
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _one_ok_per_run(rows: list[dict[str, Any]]) -> None:
-    """Keep one ``ok`` row per run, its latest attempt; earlier ones become ``superseded``
-    (a folder from before the manifest kept one ok per run must not count a run twice)."""
-    latest: dict[Any, dict[str, Any]] = {}
-    for row in rows:
-        if row.get("status") != "ok":
-            continue
-        best = latest.get(row.get("run"))
-        if best is None or _attempt_number(row) >= _attempt_number(best):
-            if best is not None:
-                best["status"] = "superseded"
-            latest[row.get("run")] = row
-        else:
-            row["status"] = "superseded"
-
-
-def _attempt_number(row: Mapping[str, Any]) -> int:
-    attempt = row.get("attempt")
-    return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0
-
-
-def _summary_for(root: Path, record: Mapping[str, Any]) -> dict[str, Any]:
-    import warnings
-
-    from bmoe.analyze.metrics import run_summary
-    from bmoe.formats.metrics import read_metrics
-    from bmoe.formats.sidecar import read_pressure
-
-    if not isinstance(record.get("dir"), str):
-        return {}
-    folder = root / record["dir"]
-    csv = folder / "run.csv"
-    if not csv.is_file():
-        return {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            run = read_metrics(csv)
-        except BmoeError:
-            return {}
-        sidecar = folder / "run.metrics"
-        pressure = read_pressure(sidecar) if sidecar.is_file() else None
-        figures = dict(run_summary(run, pressure))
-    figures["file"] = str(csv.relative_to(root))
-    for key in ("n_expert_used", "arch", "n_layer", "n_expert", "o_direct", "engine"):
-        if key in run.params:
-            figures.setdefault(key, run.params[key])
-    return figures
-
-
-def write_results(root: Path, frame: pd.DataFrame, axes: list[str], name: str) -> Path:
-    """``results.parquet`` (atomically), with the axes and parameters in schema metadata."""
-    frame = _uniform_columns(frame)
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
-    meta[b"bmoe_sweep"] = json.dumps(
-        {"name": name, "axes": axes, "params": frame.attrs.get("params", [])}
-    ).encode("utf-8")
-    table = table.replace_schema_metadata(meta)
-    path = Path(root) / RESULTS
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        pq.write_table(table, tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # as write_atomic: nothing half-written left behind
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return path
-
-
-def _uniform_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with each object column holding one type (mixed values, from a damaged or
-    hand-edited manifest, become text) so that it can be written as Parquet."""
-    out = frame.copy()
-    out.attrs = dict(frame.attrs)
-    for name in [c for c in out.columns if pd.api.types.is_object_dtype(out[c].dtype)]:
-        column = out[name]
-        kinds = column.dropna().map(type).unique()
-        if len(kinds) > 1:
-            out[name] = column.map(lambda v: v if v is None else str(v))
-    return out
-
-
-def load_results(root: Path) -> pd.DataFrame:
-    """A sweep's results table (``results.parquet``, or rebuilt from the manifest when the
-    sweep did not get as far as writing it). ``attrs`` carry ``axes`` and ``params``."""
-    root = Path(root)
-    if not root.is_dir():
-        raise BmoeError(f"{root}: no such folder")
-    path = root / RESULTS
-    if path.is_file():
-        try:
-            table = pq.read_table(path)
-            frame = table.to_pandas()
-            meta = json.loads((table.schema.metadata or {}).get(b"bmoe_sweep", b"{}"))
-        except (pa.ArrowException, OSError, ValueError, RecursionError) as exc:
-            raise BmoeError(f"{path}: unreadable ({str(exc).splitlines()[0]})") from None
-        meta = meta if isinstance(meta, dict) else {}
-        missing = [c for c in RESULT_KEYS if c not in frame.columns]
-        if not missing:
-            frame.attrs["axes"] = meta.get("axes", [])
-            frame.attrs["params"] = meta.get("params", [])
-            frame.attrs["name"] = meta.get("name")
-            _check_manifest(root, frame)
-            return frame
-        what = f"{path}: not a sweep's results table (no {', '.join(missing)} column)"
-        if not (root / MANIFEST).is_file():
-            raise BmoeError(what)
-        warn(str(path), None, f"not a sweep's results table (no {', '.join(missing)} column); "
-                              f"rebuilt from {MANIFEST}")  # fmt: skip
-    elif not (root / MANIFEST).is_file():
-        raise BmoeError(f"{root}: not a sweep folder (no {RESULTS} or {MANIFEST})")
-    frame = results_frame(root)
-    frame.attrs["axes"] = _varying_columns(frame, frame.attrs.get("params", []))
-    return frame
-
-
-#: The columns every results table has (what an attempt ran and its outcome).
-RESULT_KEYS = ("run", "cell", "status")
-
-
-def _check_manifest(root: Path, frame: pd.DataFrame) -> None:
-    """Warn when ``results.parquet`` holds attempts its manifest does not (the manifest cut
-    short or replaced after the results were written); the manifest's own unreadable lines
-    are named as it is read."""
-    if not (root / MANIFEST).is_file():
-        return
-    records = read_manifest(root / MANIFEST)
-    listed: set[object]
-    keys: set[object]
-    if "attempt" in frame:
-        listed = {(str(r.get("run")), str(r.get("attempt"))) for r in records}
-        keys = set(zip(frame["run"].astype(str), frame["attempt"].astype(str), strict=True))
-    else:
-        listed, keys = {str(r.get("run")) for r in records}, set(frame["run"].astype(str))
-    extra = len(keys - listed)
-    if extra:
-        warn(str(root / RESULTS), None, f"{RESULTS} holds {extra} attempts the manifest does "
-                                        "not (the manifest cut short or replaced?)")  # fmt: skip
-
-
-def _varying_columns(frame: pd.DataFrame, params: list[str]) -> list[str]:
-    return [p for p in params if p in frame and frame[p].astype(str).nunique(dropna=False) > 1]
+__all__ = [
+    "CELLS",
+    "CONFIG",
+    "MANIFEST",
+    "RECORD",
+    "RESULTS",
+    "RESULT_KEYS",
+    "STATUSES",
+    "SUMMARY",
+    "TORN",
+    "TUNE_STATE",
+    "ArchiveWriter",
+    "AttemptPaths",
+    "csv_complete",
+    "file_digest",
+    "find_latest",
+    "folder_name",
+    "is_tune_folder",
+    "iter_completed",
+    "load_results",
+    "new_folder",
+    "read_manifest",
+    "results_frame",
+    "resume_command",
+    "write_atomic",
+    "write_results",
+]  # fmt: skip

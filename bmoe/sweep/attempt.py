@@ -22,6 +22,7 @@ from typing import IO, Any, Protocol
 
 from bmoe.engine.native import StreamState
 from bmoe.errors import BmoeError
+from bmoe.formats.archive import RUN_ERR
 from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.config import SweepConfig
 from bmoe.sweep.plan import Run, Unit
@@ -211,7 +212,7 @@ def show_failure(run: Run, record: dict[str, Any], ctx: CellContext) -> None:
     text = f"{run.id} attempt {record.get('attempt')}: {record.get('status')}"
     if record.get("error"):
         text += f": {record['error']}"
-    tail = err_tail(ctx.archive.root / str(record.get("dir")) / "run.err")
+    tail = err_tail(ctx.archive.root / str(record.get("dir")) / RUN_ERR)
     if tail:
         text += "\n  run.err (last lines):\n" + "\n".join(f"    {line}" for line in tail)
     ctx.sink.message(text)
@@ -231,7 +232,7 @@ def check_same_failure(run: Run, records: list[dict[str, Any]], ctx: CellContext
         f"{run.id}: every attempt ({len(records)}) failed the same way: "
         f"{record.get('status')}"
         + (f": {record['error']}" if record.get("error") else "")
-        + f" (see {ctx.archive.root / str(record.get('dir'))}/run.err; "
+        + f" (see {ctx.archive.root / str(record.get('dir'))}/{RUN_ERR}; "
         "--keep-going runs the other cells anyway)"
     )
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from bmoe.engine.native import StreamFollower, engine_args, output_files
 from bmoe.errors import BmoeError
+from bmoe.formats.archive import COMMAND, RUN_CSV, RUN_ERR, RUN_LOG, RUN_OUT, RUN_SIDECAR, SAMPLES
 from bmoe.formats.sidecar import write_pressure
 from bmoe.sweep.archive import AttemptPaths, csv_complete
 from bmoe.sweep.attempt import (
@@ -74,7 +75,7 @@ def run_attempt(run: Run, attempt: int, target: Target, ctx: CellContext) -> dic
     archive, settings = ctx.archive, ctx.config.settings
     files: AttemptPaths = archive.staging(run.id, attempt)
     staging = files.staging
-    log = AttemptLog(staging / "run.log")
+    log = AttemptLog(staging / RUN_LOG)
     record = attempt_record(run, attempt, target.spec, settings.engine)
     ctx.sink.run_started(target.name, run, attempt)
     follower = StreamFollower()
@@ -142,7 +143,7 @@ def _start(
     started (monotonic) and its process."""
     target.prepare(run_dir)
     argv = _command_for(run, target, ctx, run_dir)
-    (staging / "command.json").write_text(
+    (staging / COMMAND).write_text(
         json.dumps({"argv": argv, "cwd": run_dir, "target": target.name}, indent=1,
                    ensure_ascii=False) + "\n", encoding="utf-8")  # fmt: skip
     log(f"start on {target.name}: {target.describe(argv, run_dir)}")
@@ -169,8 +170,8 @@ def _watch(
             ctx.sink.run_progress(target.name, run, follower.state)
 
     pumps = [
-        pump(proc.stdout, staging / "run.out", on_line),
-        pump(proc.stderr, staging / "run.err", None),
+        pump(proc.stdout, staging / RUN_OUT, on_line),
+        pump(proc.stderr, staging / RUN_ERR, None),
     ]
     outcome = None
     exited = threading.Event()
@@ -207,14 +208,14 @@ def _bring_home(
     """The engine's files fetched (checked) into `staging`, the sampler's readings written as
     the ``.metrics`` sidecar (and into `record`), the far side cleaned; returns the files that
     arrived damaged and the outputs missing."""
-    wanted = [*output_files(run.cell.params).values(), "pressure.samples"]
+    wanted = [*output_files(run.cell.params).values(), SAMPLES]
     fetched, damaged = target.fetch_checked(run_dir, wanted, staging)
-    missing = sorted(set(wanted) - set(fetched) - {"pressure.samples"})
-    samples_path = staging / "pressure.samples"
+    missing = sorted(set(wanted) - set(fetched) - {SAMPLES})
+    samples_path = staging / SAMPLES
     if samples_path.is_file():
         samples = parse_samples(samples_path.read_text(encoding="utf-8", errors="replace"))
         pressure = pressure_from_samples(samples)
-        write_pressure(pressure, staging / "run.metrics")
+        write_pressure(pressure, staging / RUN_SIDECAR)
         record["pressure"] = pressure
     target.cleanup(run_dir)
     return damaged, missing
@@ -235,7 +236,7 @@ def _decide(
     elif exit_code != 0:
         status = "crashed"
         error = f"engine exited with status {exit_code}"
-        last = err_tail(staging / "run.err", 1)
+        last = err_tail(staging / RUN_ERR, 1)
         if last:
             error = f"{error}: {last[-1]}"
     elif damaged:
@@ -243,7 +244,7 @@ def _decide(
     elif missing:
         status, error = "invalid", f"missing output: {', '.join(missing)}"
     else:
-        ok, why = csv_complete(staging / "run.csv")
+        ok, why = csv_complete(staging / RUN_CSV)
         status, error = ("ok", None) if ok else ("invalid", why)
     fatal = [e for e in follower.state.errors if e.get("fatal", True)]
     if fatal and status != "ok":
@@ -264,7 +265,7 @@ def _warn(
 ) -> None:
     """The system warnings of the attempt (busy machine, hot device) into `record` and its
     log; each kind shown once per sweep."""
-    share = engine_cpu_share(staging / "run.csv") if status == "ok" else None
+    share = engine_cpu_share(staging / RUN_CSV) if status == "ok" else None
     temp = record.get("pressure", {}).get("cpu_temp_max_mC")
     warnings = system_warnings(entry, share, temp / 1000.0 if temp is not None else None)
     record.update({"engine_cpu_share": share, "system_warnings": warnings})

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from bmoe.errors import BmoeError
+from bmoe.formats.archive import STATE
 
 LOCK_FILE = ".lock"
 #: The sweep folder's second record of its runner (kept when ``.lock`` is deleted).
-WITNESS_FILE = Path(".state") / "runner.json"
+WITNESS_FILE = Path(STATE) / "runner.json"
 #: Seconds between the holder's heartbeats, and the age past which a holder on another host
 #: whose heartbeat stopped counts as gone.
 HEARTBEAT_S = 10.0

@@ -31,15 +31,25 @@ from typing import Any
 
 import pandas as pd
 
+from bmoe.analyze.runs_table import files_frame, load_results
 from bmoe.errors import BmoeError
-from bmoe.sweep.archive import CELLS, CONFIG, MANIFEST, RECORD, RESULTS, load_results
+from bmoe.formats.archive import (
+    BOOKKEEPING,
+    CELLS,
+    CONFIG,
+    MANIFEST,
+    RESULTS,
+    files_beside,
+    find_metrics_files,
+    is_sweep_folder,
+    read_manifest,
+    run_stem,
+)
 
 #: Kinds of file a run can carry, as :attr:`ArchivedRun.files` keys.
 FILE_KINDS = ("metrics", "route", "compute", "compute_layers", "io", "pressure", "output", "state")
 TRACE_KINDS = ("route", "compute", "compute_layers", "io")
 
-#: Files in a sweep's run folder that are the sweep's own bookkeeping, not engine output.
-_BOOKKEEPING = {RECORD, "command.json", "pressure.samples", "run.log", "INVALID"}
 #: Preference among files that hold the engine's stdout / stderr.
 _OUTPUT_ORDER = (".out", ".log", ".err")
 
@@ -61,7 +71,9 @@ def classify_files(paths: list[Path]) -> dict[str, Path]:
     for path in sorted(paths):
         kind = _detect(path)
         if kind == "parquet":
-            kind = _parquet_kind(path)
+            from bmoe.formats.parquet import parquet_kind
+
+            kind = parquet_kind(path)
         if kind in ("protocol", "log"):
             rank = _OUTPUT_ORDER.index(path.suffix) if path.suffix in _OUTPUT_ORDER else 3
             outputs.append((0 if kind == "protocol" else 1, rank, path))
@@ -73,18 +85,6 @@ def classify_files(paths: list[Path]) -> dict[str, Path]:
     if outputs:
         found["output"] = min(outputs)[2]
     return found
-
-
-def _parquet_kind(path: Path) -> str | None:
-    """The kind of file a ``bmoe convert`` Parquet holds (from its schema metadata)."""
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.read_schema(path).metadata or {}
-    except (OSError, ValueError):
-        return None
-    kind = meta.get(b"bmoe.kind")
-    return kind.decode("utf-8", "replace") if kind else None
 
 
 @dataclass
@@ -202,8 +202,6 @@ class Archive:
     @cached_property
     def manifest(self) -> list[dict[str, Any]]:
         """The manifest's attempt records (empty for loose files)."""
-        from bmoe.sweep.archive import read_manifest
-
         return read_manifest(self.root / MANIFEST)
 
     def __repr__(self) -> str:
@@ -282,7 +280,7 @@ def open_archive(path: str | Path) -> Archive:
     if not root.is_dir():
         raise BmoeError(f"{root}: not a folder (open a single file with bmoe.load)")
     root = root.resolve()
-    if any((root / name).is_file() for name in (CONFIG, MANIFEST, RESULTS)):
+    if is_sweep_folder(root):
         return _open_sweep(root)
     inner = sorted(p.parent for p in root.glob(f"*/{CONFIG}"))
     if inner:
@@ -327,8 +325,6 @@ def _repeat_of(value: Any, run_id: str) -> int:
 
 
 def _records(root: Path) -> Iterator[dict[str, Any]]:
-    from bmoe.sweep.archive import read_manifest
-
     yield from read_manifest(root / MANIFEST)
 
 
@@ -339,16 +335,10 @@ def _record_key(record: dict[str, Any]) -> tuple[str, Any]:
 def _run_candidates(folder: Path) -> list[Path]:
     if not folder.is_dir() or folder == folder.parent or folder.name == CELLS:
         return []
-    return [p for p in folder.iterdir() if p.is_file() and p.name not in _BOOKKEEPING]
-
-
-def _stem(path: Path) -> str:
-    return path.name.split(".", 1)[0]
+    return [p for p in folder.iterdir() if p.is_file() and p.name not in BOOKKEEPING]
 
 
 def _open_loose(root: Path) -> Archive:
-    from bmoe.analyze.contamination import cells_from_runs, find_metrics_files
-
     files = find_metrics_files([root])
     if not files:
         raise BmoeError(
@@ -357,7 +347,7 @@ def _open_loose(root: Path) -> Archive:
         )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cells = cells_from_runs(files)
+        cells = files_frame(files)
     ids = [_cell_id(root, p, files) for p in files]
     cells["cell"] = ids
     cells.insert(0, "run", ids)
@@ -373,22 +363,21 @@ def _open_loose(root: Path) -> Archive:
     cells.attrs["name"] = root.name
     runs = {}
     for cell_id, path, status in zip(ids, files, cells["status"], strict=True):
-        siblings = [p for p in path.parent.glob(f"{_stem(path)}.*") if p.is_file()]
         runs[cell_id] = ArchivedRun(
             run=cell_id,
             cell=cell_id,
             repeat=1,
             status=str(status),
             folder=path.parent,
-            candidates=[path, *[p for p in siblings if p != path]],
+            candidates=[path, *files_beside(path, files)],
         )
     return Archive(root, "loose", cells, runs, None)
 
 
 def _cell_id(root: Path, path: Path, files: list[Path]) -> str:
     rel = path.relative_to(root)
-    stem = str(rel.parent / _stem(path)) if str(rel.parent) != "." else _stem(path)
-    same_stem = [f for f in files if f.parent == path.parent and _stem(f) == _stem(path)]
+    stem = str(rel.parent / run_stem(path)) if str(rel.parent) != "." else run_stem(path)
+    same_stem = [f for f in files if f.parent == path.parent and run_stem(f) == run_stem(path)]
     return str(rel) if len(same_stem) > 1 else stem
 
 

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bmoe.sweep.archive import (
-    ArchiveWriter,
-    results_frame,
-    write_results,
-)
+from bmoe.analyze.runs_table import results_frame
+from bmoe.formats.archive import RESULTS, write_results
+from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.attempt import (
     CellContext,
     NullSink,
@@ -232,7 +230,7 @@ def _run_sweep_locked(
         try:
             finish_results(archive, plan, config)
         except OSError as exc:
-            sink.message(f"could not write results.parquet: {exc.strerror or exc} "
+            sink.message(f"could not write {RESULTS}: {exc.strerror or exc} "
                          f"(bmoe analyze sweep rebuilds it from the manifest)")  # fmt: skip
     return SweepOutcome(archive.root, records, len(done), total, interrupted)
 

@@ -27,9 +27,20 @@ from typing import Any
 from bmoe.engine.native import StreamState, engine_args, output_files
 from bmoe.engine.session import SessionClient, SessionError, SessionRequestError
 from bmoe.errors import BmoeError
+from bmoe.formats.archive import (
+    COMMAND,
+    RUN_CSV,
+    RUN_LOG,
+    RUN_OUT,
+    RUN_SIDECAR,
+    SAMPLES,
+    SESSIONS,
+    fsync_dir,
+    write_atomic,
+)
 from bmoe.formats.metrics import MetricsRun, read_metrics, write_metrics
 from bmoe.formats.sidecar import write_pressure
-from bmoe.sweep.archive import csv_complete, fsync_dir, write_atomic
+from bmoe.sweep.archive import csv_complete
 from bmoe.sweep.attempt import (
     RETRYABLE,
     AttemptLog,
@@ -49,8 +60,6 @@ from bmoe.sweep.gate import (
 )
 from bmoe.sweep.plan import Run, Unit
 from bmoe.sweep.targets import Target, TargetError
-
-SESSIONS = "sessions"
 
 
 def split_turns(path: Path) -> list[MetricsRun]:
@@ -155,7 +164,7 @@ class _Session:
         argv = target.engine_program(settings.engine) + engine_args(
             params, self.outputs, model=model, session=True
         )
-        (staging / "command.json").write_text(
+        (staging / COMMAND).write_text(
             json.dumps({"argv": argv, "cwd": self.run_dir, "target": target.name}, indent=1,
                        ensure_ascii=False) + "\n", encoding="utf-8")  # fmt: skip
         self.log(f"start on {target.name}: {target.describe(argv, self.run_dir)}")
@@ -237,7 +246,7 @@ class _Session:
         if ctx.stop.is_set() and proc.poll() is None:
             target.stop(proc, ctx.stop_grace_s)
         self.err_pump.join(timeout=30)
-        wanted = [*self.outputs.values(), "pressure.samples"]
+        wanted = [*self.outputs.values(), SAMPLES]
         target.fetch(self.run_dir, wanted, self.staging)
         target.cleanup(self.run_dir)
 
@@ -268,32 +277,32 @@ class _Session:
         protocol lines, the session's pressure), archived and passed to `emit`."""
         staging = self.staging
         pressure: dict[str, int] = {}
-        samples = staging / "pressure.samples"
+        samples = staging / SAMPLES
         if samples.is_file():
             pressure = pressure_from_samples(parse_samples(samples.read_text(errors="replace")))
             write_pressure(pressure, staging / "session.metrics")
-        turns = split_turns(staging / "run.csv") if (staging / "run.csv").is_file() else []
+        turns = split_turns(staging / RUN_CSV) if (staging / RUN_CSV).is_file() else []
         done_index = 0
         for result in self.results:
             files, turn = result["files"], result["turn"]
             dest = files.staging
-            (dest / "run.out").write_bytes(b"".join(result["lines"]))
-            shutil.copyfile(staging / "command.json", dest / "command.json")
+            (dest / RUN_OUT).write_bytes(b"".join(result["lines"]))
+            shutil.copyfile(staging / COMMAND, dest / COMMAND)
             if pressure:
-                write_pressure(pressure, dest / "run.metrics")
+                write_pressure(pressure, dest / RUN_SIDECAR)
             status, error = result["status"], result["error"]
             if turn is not None and turn.done:
                 if done_index < len(turns):
-                    write_metrics(turns[done_index], dest / "run.csv")
+                    write_metrics(turns[done_index], dest / RUN_CSV)
                 done_index += 1
                 if status == "ok":
-                    if (dest / "run.csv").is_file():
-                        ok, why = csv_complete(dest / "run.csv")
+                    if (dest / RUN_CSV).is_file():
+                        ok, why = csv_complete(dest / RUN_CSV)
                         if not ok:
                             status, error = "invalid", why
                     else:
                         status, error = "invalid", "the session CSV has no rows for this turn"
-            (dest / "run.log").write_text(
+            (dest / RUN_LOG).write_text(
                 f"{result['started']} turn of session {self.rel} on {self.target.name}\n"
                 f"{result['ended']} status {status}" + (f": {error}" if error else "") + "\n",
                 encoding="utf-8",

@@ -33,7 +33,8 @@ from typing import Any
 
 from bmoe.engine.native import StreamState
 from bmoe.errors import BmoeError
-from bmoe.sweep.archive import RECORD, ArchiveWriter, AttemptPaths, fsync_dir
+from bmoe.formats.archive import CELLS, RECORD, RUN_CSV, RUN_LOG, fsync_dir
+from bmoe.sweep.archive import ArchiveWriter, AttemptPaths
 from bmoe.sweep.attempt import (
     CellContext,
     CellFailed,
@@ -157,7 +158,7 @@ def run_unit_away(
     target = None
     try:
         archive = HostArchive(scratch / sweep_name, floors)
-        (archive.root / "cells").mkdir(parents=True)
+        (archive.root / CELLS).mkdir(parents=True)
         for name in sessions_taken:
             if _FILE_NAME.fullmatch(name):
                 (archive.root / SESSIONS / name).mkdir(parents=True, exist_ok=True)
@@ -389,7 +390,7 @@ class Receiver:
                 "status": status, "exit_code": None, "error": error, "entry": {},
                 "entry_columns": {}, "stream": {},
             })  # fmt: skip
-            with open(files.staging / "run.log", "a", encoding="utf-8") as log:
+            with open(files.staging / RUN_LOG, "a", encoding="utf-8") as log:
                 log.write(f"{ended} status {status} on target {delivery.target.name} "
                           f"(host {delivery.host}, node {delivery.node}): {error}\n")  # fmt: skip
             record = self.archive.finalize(files, printable(record))
@@ -420,9 +421,9 @@ def delivery_problem(staging: Path, listing: Any, complete: bool) -> str | None:
         if file_digest(path) != meta.get("sha256"):
             return f"{name}: checksum differs from the host's"
     if complete:
-        csv = staging / "run.csv"
+        csv = staging / RUN_CSV
         if not csv.is_file():
-            return "no run.csv"
+            return f"no {RUN_CSV}"
         ok, why = csv_complete(csv)
         if not ok:
             return why

@@ -33,8 +33,10 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze import tune as decide_mod
+from bmoe.analyze.runs_table import results_frame
 from bmoe.errors import BmoeError
-from bmoe.sweep.archive import TUNE_STATE, ArchiveWriter, results_frame, write_atomic
+from bmoe.formats.archive import OUTPUT_FILES, RUN_ERR, RUN_OUT, TUNE_STATE, write_atomic
+from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.attempt import NullSink, ProgressSink
 from bmoe.sweep.plan import Cell, Plan, Run, Unit, cell_id, expand
 from bmoe.sweep.runner import Executor, executor_for, run_sweep
@@ -238,7 +240,7 @@ class Tuner:
         return (
             f"every attempt ({len(records)}) of the {len(runs)} run(s) of round "
             f"{runs[0].round} failed the same way: {record.get('status')}{error} "
-            f"(see {self.root / str(record.get('dir'))}/run.err)"
+            f"(see {self.root / str(record.get('dir'))}/{RUN_ERR})"
         )
 
     def _new_run(self, cell: Cell, round_no: int) -> Run:
@@ -330,12 +332,12 @@ class Tuner:
         if tune.trace is not None:
             calib.update(trace=tune.trace, profile=tune.profile)
         elif not calib.get("trace"):
-            calib.update(trace=f"{inside}/run.route.csv")
+            calib.update(trace=f"{inside}/{OUTPUT_FILES['route_trace']}")
         fidelity_ref = tune.fidelity_ref
         if self.teacher_forced and not fidelity_ref:
-            fidelity_ref = calib.get("fidelity_ref") or f"{inside}/run.fidelity.npz"
+            fidelity_ref = calib.get("fidelity_ref") or f"{inside}/{OUTPUT_FILES['fidelity_save']}"
         if self.fidelity and not self.teacher_forced and not calib.get("reference_output"):
-            calib["reference_output"] = f"{inside}/run.out"
+            calib["reference_output"] = f"{inside}/{RUN_OUT}"
         calib["fidelity_ref"] = fidelity_ref
         self._load_model_of_device(self.in_archive(inside) if tune.trace is None else None)
         return fidelity_ref
@@ -818,7 +820,7 @@ def native_fidelity(results: pd.DataFrame, root: Path, calibration: dict[str, An
         if column not in out:
             out[column] = np.nan
     for index in out.index[(out["status"] == "ok") & out["fidelity"].isna()]:
-        pieces = output_pieces(root / str(out.at[index, "dir"]) / "run.out")
+        pieces = output_pieces(root / str(out.at[index, "dir"]) / RUN_OUT)
         for key, value in token_agreement(reference, pieces).items():
             out.at[index, key] = value
     return out

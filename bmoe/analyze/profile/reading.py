@@ -5,7 +5,6 @@ sidecar."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import warnings
@@ -37,14 +36,10 @@ def streaming_line(text: str) -> dict[str, Any]:
 
 
 def _record(path: Path, run: ProfileRun) -> None:
-    """The sweep's record.json of a run folder's ``run.csv``."""
-    record = path.parent / "record.json"
-    if record.is_file() and path.name == "run.csv":
-        try:
-            data = json.loads(record.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            data = None
-        run.record = data if isinstance(data, dict) else None
+    """The sweep's record.json of a run folder's metrics file."""
+    from bmoe.formats.archive import record_of
+
+    run.record = record_of(path)
 
 
 def _run_output(log: Path, run: ProfileRun) -> None:
@@ -82,41 +77,17 @@ def _beside(path: Path, run: ProfileRun) -> None:
             run.pressure = {**read_pressure(sidecar), **run.pressure}
 
 
-def _metrics_paths(paths: list[os.PathLike | str]) -> list[Path]:
-    """The metrics files among `paths` and inside the folders among them."""
-    from bmoe.formats.detect import detect_bytes
-    from bmoe.formats.load import read_head
-
-    found: list[Path] = []
-    for given in paths:
-        path = Path(given)
-        if path.is_dir():
-            candidates = sorted(p for p in path.rglob("*") if p.is_file())
-        elif path.is_file():
-            candidates = [path]
-        else:
-            raise BmoeError(f"{path}: no such file or folder")
-        for candidate in candidates:
-            if candidate.suffix in (".csv", ".metrics", ".parquet") or candidate == path:
-                try:
-                    kind = detect_bytes(read_head(candidate, 4096))
-                except OSError:
-                    continue
-                if kind == "metrics":
-                    found.append(candidate)
-    return found
-
-
 def read_runs(paths: Iterable[str | os.PathLike]) -> list[ProfileRun]:
     """Runs from metrics CSVs (their traces, end-of-run lines, pressure sidecar and sweep
     record beside them are found by name) or folders (every metrics CSV inside,
     recursively)."""
     from bmoe.analyze.runfiles import traces_beside
+    from bmoe.formats.archive import find_metrics_files
     from bmoe.formats.detect import detect_bytes
     from bmoe.formats.load import load_file, read_head
 
     paths = list(paths)
-    metrics_paths = _metrics_paths(paths)
+    metrics_paths = find_metrics_files(paths)
     if not metrics_paths:
         raise BmoeError(f"no metrics CSV in {', '.join(map(str, paths))}")
     runs = []

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bmoe.errors import BmoeError
+from bmoe.formats.archive import SAMPLES
 from bmoe.sweep.checking import Checker
 from bmoe.sweep.gate import STATE_SCRIPT, WRAPPER_SCRIPT
 from bmoe.sweep.shelltext import shell_join, shell_quote
@@ -331,7 +332,7 @@ class RemoteTarget(Target):
 
     def start(self, argv, run_dir, staging, *, stdin=False):
         script = wrapper_script_text(
-            argv, self.pidfile(), str(PurePosixPath(run_dir) / "pressure.samples"), run_dir,
+            argv, self.pidfile(), str(PurePosixPath(run_dir) / SAMPLES), run_dir,
             dict(self.spec.env), comment=f"run by bmoe sweep on target {self.name}",
         )  # fmt: skip
         local = staging / "cell.sh"

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bmoe.formats.archive import SAMPLES
 from bmoe.sweep.checking import Checker
 from bmoe.sweep.gate import WRAPPER_SCRIPT
 from bmoe.sweep.targets.base import Target, TargetError, TargetKind, sh_argv
@@ -42,7 +43,7 @@ class LocalTarget(Target):
             # The embedded engine imports the same bmoe as this process, whatever the cwd.
             root = str(Path(__file__).resolve().parents[3])
             env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        samples = str((staging / "pressure.samples").resolve())
+        samples = str((staging / SAMPLES).resolve())
         try:
             return subprocess.Popen(
                 sh_argv(WRAPPER_SCRIPT, [self.pidfile(), samples, *argv]),
