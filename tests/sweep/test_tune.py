@@ -456,10 +456,18 @@ def test_a_tune_with_a_relative_output_finds_its_fidelity_reference(tmp_path, ti
 @pytest.mark.slow
 @needs_engine
 def test_a_tune_whose_every_attempt_fails_the_same_way_stops_within_its_budget(tmp_path, tiny):
-    """A mistake every cell shares (here a fidelity reference that is no reference) ends the
-    tune after its first round, as it ends a sweep; a failed attempt counts against the budget,
-    retries included, and nothing unmeasured is called the best."""
-    (tmp_path / "ref.npz").write_bytes(b"not a reference")
+    """A mistake every cell shares (here a fidelity reference of another prompt: a sound
+    file, so the configuration's checks pass it and every run refuses it) ends the tune after
+    its first round, as it ends a sweep; a failed attempt counts against the budget, retries
+    included, and nothing unmeasured is called the best."""
+    import numpy as np
+
+    from bmoe.engine.embedded.fidelity import Reference, write_reference
+
+    other = Reference(
+        "another prompt", str(tiny), np.zeros(64, np.int32), np.zeros((64, 8), np.float32)
+    )
+    write_reference(str(tmp_path / "ref.npz"), other)
     cfg = _tune_config(
         tmp_path, tiny, 'budget = 6\nper_round = 3\nmin_fidelity = 0.5\nfidelity_ref = "ref.npz"'
     )
