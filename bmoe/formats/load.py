@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bmoe.errors import BmoeError
 from bmoe.formats import parquet
 from bmoe.formats.csvtable import BOM, PathLike
 from bmoe.formats.detect import detect_bytes
@@ -147,3 +148,27 @@ def read_head(path: PathLike, size: int = HEAD_BYTES) -> bytes:
         raise FormatError(str(path), None, "is a directory, not a file") from None
     except OSError as exc:
         raise FormatError(str(path), None, f"cannot read: {exc.strerror or exc}") from None
+
+
+def metrics_paths(paths: list[os.PathLike | str]) -> list[Path]:
+    """The metrics files among `paths` and inside the folders among them (recursively, by
+    content: ``.csv``, ``.metrics`` and ``.parquet`` files that read as metrics; a file named
+    directly is taken whatever its name)."""
+    found: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            candidates = sorted(p for p in path.rglob("*") if p.is_file())
+        elif path.is_file():
+            candidates = [path]
+        else:
+            raise BmoeError(f"{path}: no such file or folder")
+        for candidate in candidates:
+            if candidate.suffix in (".csv", ".metrics", ".parquet") or candidate == path:
+                try:
+                    kind = detect_bytes(read_head(candidate, 4096))
+                except OSError:
+                    continue
+                if kind == "metrics":
+                    found.append(candidate)
+    return found

@@ -1,39 +1,21 @@
 """Runs from metrics files and folders, with what was recorded beside each: its traces, the
 sweep's ``record.json``, the end-of-run lines (``.log`` / ``.out``) and the pressure
-sidecar."""
+sidecar. Finding the metrics files (:func:`bmoe.formats.load.metrics_paths`) and parsing
+what is found (:mod:`bmoe.formats.runlog` and the other readers) are the formats layer's;
+this module puts a run's files together as one :class:`ProfileRun`."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from bmoe.analyze.profile.runs import ProfileRun
 from bmoe.errors import BmoeError
 from bmoe.units import MIB
-
-_STREAMING_LINE = re.compile(r"expert streaming ON\b(?P<rest>.*)$", re.MULTILINE)
-
-
-def streaming_line(text: str) -> dict[str, Any]:
-    """``io_threads`` and ``cache`` (MiB) from the engine's ``expert streaming ON`` log line."""
-    match = _STREAMING_LINE.search(text)
-    if match is None:
-        return {}
-    rest = match["rest"]
-    out: dict[str, Any] = {}
-    lanes = re.search(r"io_threads=(\d+)", rest)
-    if lanes:
-        out["io_threads"] = int(lanes[1])
-    cache = re.search(r"cache=(\d+(?:\.\d+)?)\s*MiB", rest)
-    if cache:
-        out["cache"] = float(cache[1])
-    return out
 
 
 def _record(path: Path, run: ProfileRun) -> None:
@@ -49,7 +31,7 @@ def _record(path: Path, run: ProfileRun) -> None:
 
 def _run_output(log: Path, run: ProfileRun) -> None:
     """The end-of-run figures, pressure and streaming line of one ``.log`` / ``.out``."""
-    from bmoe.formats.runlog import read_run_output
+    from bmoe.formats.runlog import read_run_output, streaming_line
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -82,45 +64,20 @@ def _beside(path: Path, run: ProfileRun) -> None:
             run.pressure = {**read_pressure(sidecar), **run.pressure}
 
 
-def _metrics_paths(paths: list[os.PathLike | str]) -> list[Path]:
-    """The metrics files among `paths` and inside the folders among them."""
-    from bmoe.formats.detect import detect_bytes
-    from bmoe.formats.load import read_head
-
-    found: list[Path] = []
-    for given in paths:
-        path = Path(given)
-        if path.is_dir():
-            candidates = sorted(p for p in path.rglob("*") if p.is_file())
-        elif path.is_file():
-            candidates = [path]
-        else:
-            raise BmoeError(f"{path}: no such file or folder")
-        for candidate in candidates:
-            if candidate.suffix in (".csv", ".metrics", ".parquet") or candidate == path:
-                try:
-                    kind = detect_bytes(read_head(candidate, 4096))
-                except OSError:
-                    continue
-                if kind == "metrics":
-                    found.append(candidate)
-    return found
-
-
 def read_runs(paths: Iterable[str | os.PathLike]) -> list[ProfileRun]:
     """Runs from metrics CSVs (their traces, end-of-run lines, pressure sidecar and sweep
     record beside them are found by name) or folders (every metrics CSV inside,
     recursively)."""
     from bmoe.analyze.runfiles import traces_beside
     from bmoe.formats.detect import detect_bytes
-    from bmoe.formats.load import load_file, read_head
+    from bmoe.formats.load import load_file, metrics_paths, read_head
 
     paths = list(paths)
-    metrics_paths = _metrics_paths(paths)
-    if not metrics_paths:
+    found = metrics_paths(paths)
+    if not found:
         raise BmoeError(f"no metrics CSV in {', '.join(map(str, paths))}")
     runs = []
-    for path in metrics_paths:
+    for path in found:
         run = ProfileRun(load_file(path, "metrics"))
         for trace in traces_beside(path):
             kind = detect_bytes(read_head(trace, 4096))
@@ -131,4 +88,4 @@ def read_runs(paths: Iterable[str | os.PathLike]) -> list[ProfileRun]:
     return runs
 
 
-__all__ = ["read_runs", "streaming_line"]
+__all__ = ["read_runs"]
