@@ -1,5 +1,5 @@
-"""The device profile itself: :func:`build_profile` on runs made by hand as DataFrames (no
-files), its figures checked against values worked out by hand here.
+"""The device profile itself (``bmoe.analyze.profile``): :func:`build_profile` on runs made by
+hand as DataFrames (no files), its figures checked against values worked out by hand here.
 
 The model has 2 MoE layers and 1 MiB experts (v2's ``cache_cycle_mb`` of 4 MiB is one token's
 2 layers x top-2), so a token's reads spread evenly over the 2 layers, one read batch a layer.
