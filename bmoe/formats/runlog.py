@@ -7,6 +7,7 @@ the end-of-run lines, and on the phone farm the sampler's ``key=value`` lines ap
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -124,3 +125,22 @@ def read_run_output(source: PathLike | bytes) -> RunOutput:
     failures = [ln.strip() for ln in lines if ln.startswith("error: ")]
     failure = protocol.printable(failures[-1][len("error: ") :]) if failures else None
     return RunOutput(path, events, figures, pressure, _answer(data), failure, notes)
+
+
+_STREAMING_LINE = re.compile(r"expert streaming ON\b(?P<rest>.*)$", re.MULTILINE)
+
+
+def streaming_line(text: str) -> dict[str, Any]:
+    """``io_threads`` and ``cache`` (MiB) from the engine's ``expert streaming ON`` log line."""
+    match = _STREAMING_LINE.search(text)
+    if match is None:
+        return {}
+    rest = match["rest"]
+    out: dict[str, Any] = {}
+    lanes = re.search(r"io_threads=(\d+)", rest)
+    if lanes:
+        out["io_threads"] = int(lanes[1])
+    cache = re.search(r"cache=(\d+(?:\.\d+)?)\s*MiB", rest)
+    if cache:
+        out["cache"] = float(cache[1])
+    return out

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bmoe.analyze.profile.flash import flash_row
 from bmoe.errors import BmoeError
 from bmoe.sweep.targets import Target, TargetSpec, open_target
 from bmoe.units import KIB, MIB
@@ -110,18 +111,8 @@ def probe_flash(
                 if progress is not None:
                     progress(done_count, total)
             lat = np.asarray(latencies)
-            median = float(np.median(lat))
             rows.append(
-                {
-                    "lanes": int(n_lanes),
-                    "req_bytes": int(size),
-                    "latency_ms": median,
-                    "latency_ms_p10": float(np.quantile(lat, 0.1)),
-                    "latency_ms_p90": float(np.quantile(lat, 0.9)),
-                    "batch_overhead_ms": 0.0,
-                    "mib_s": n_lanes * size / MIB / (median / 1e3) if median > 0 else None,
-                    "reads": int(per_lane * n_lanes * repeats),
-                }
+                flash_row(n_lanes, size, float(np.median(lat)), lat, per_lane * n_lanes * repeats)
             )
     return pd.DataFrame(rows)
 

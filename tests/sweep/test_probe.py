@@ -59,3 +59,41 @@ def test_probe_replaces_the_flash_latencies_and_keeps_the_engine_overhead() -> N
     # the overhead at 2 lanes interpolates the runs' 0.5 (1 lane) and 1.5 (4 lanes)
     assert out.flash["batch_overhead_ms"].tolist() == pytest.approx([0.5, 0.5 + 1 / 3, 1.5])
     assert "probe on local (blob.bin)" in out.caveats[-1]
+
+
+class _TimedTarget:
+    """A target whose file is 1 MiB and whose probe runs take the given times (ns), in turn."""
+
+    name = "timed"
+
+    def __init__(self, elapsed_ns: list[int]) -> None:
+        self.elapsed = list(elapsed_ns)
+
+    def shell(self, script: str, args: list[str], timeout: float = 60.0):
+        import subprocess
+
+        from bmoe.sweep.probe import SIZE_SCRIPT
+
+        out = str(1 << 20) if script == SIZE_SCRIPT else str(self.elapsed.pop(0))
+        return subprocess.CompletedProcess(args, 0, out.encode(), b"")
+
+
+def test_probe_rows_are_the_profile_flash_rows() -> None:
+    """The probe's row is the one the profile's flash table is made of (one builder): three
+    repeats of 2 lanes x 4 reads of 4 KiB taking 4, 16 and 8 ms are 1, 4 and 2 ms a request."""
+    import numpy as np
+
+    from bmoe.analyze.profile.flash import flash_row
+    from bmoe.sweep.probe import probe_flash
+
+    table = probe_flash(
+        _TimedTarget([4_000_000, 16_000_000, 8_000_000]), "blob", [4096], [2], reads=4, repeats=3
+    )
+    row = table.iloc[0].to_dict()
+    assert row == flash_row(2, 4096, 2.0, np.array([1.0, 4.0, 2.0]), 24)
+    assert row["latency_ms"] == pytest.approx(2.0)  # the median (the mean is 2.33)
+    # percentiles by linear interpolation over 1, 2, 4: 1 + 0.2 x 1 and 2 + 0.8 x 2
+    assert (row["latency_ms_p10"], row["latency_ms_p90"]) == pytest.approx((1.2, 3.6))
+    # two lanes each moving 4 KiB in 2 ms: 8 KiB / 2 ms = 4000 KiB/s = 3.90625 MiB/s
+    assert row["mib_s"] == pytest.approx(3.90625)
+    assert row["reads"] == 24 and row["batch_overhead_ms"] == 0.0 and "source" not in row

@@ -71,6 +71,38 @@ def wave_latency(rows: pd.DataFrame, lanes: int) -> float | None:
     return wave if wave > 0 else None
 
 
+def flash_row(
+    lanes: int,
+    req_bytes: float,
+    latency_ms: float,
+    samples_ms: np.ndarray,
+    reads: int,
+    *,
+    batch_overhead_ms: float = 0.0,
+    scale: float = 1.0,
+    source: str | None = None,
+) -> dict:
+    """One row of the flash table (:data:`bmoe.formats.profile.FLASH_COLUMNS`), however it was
+    measured (runs or a probe): a request's `latency_ms` with `lanes` lanes busy (requests of
+    `req_bytes`, a median where sizes mix), the 10th and 90th percentile of the per-request
+    `samples_ms` (times `scale`, which puts them on the latency's scale where the latency is
+    fitted rather than their median), the throughput that latency gives and the reads it
+    rests on; `source` (a text column) says how it was measured."""
+    row: dict[str, float | str | None] = {
+        "lanes": int(lanes),
+        "req_bytes": int(req_bytes),
+        "latency_ms": latency_ms,
+        "latency_ms_p10": float(np.quantile(samples_ms, 0.1)) * scale,
+        "latency_ms_p90": float(np.quantile(samples_ms, 0.9)) * scale,
+        "batch_overhead_ms": batch_overhead_ms,
+        "mib_s": lanes * req_bytes / MIB / (latency_ms / 1e3) if latency_ms > 0 else None,
+        "reads": int(reads),
+    }
+    if source is not None:
+        row["source"] = source
+    return row
+
+
 def flash_table(io_traces: Iterable[tuple[IoTrace, int]]) -> pd.DataFrame:
     """Request latency by (lanes, request size) from io traces (each with the lane count it
     ran with): what a wave of requests adds to a batch where the traces say when requests
@@ -173,17 +205,10 @@ def _metrics_row(runs, tokens, lanes: int, slices: int, req: float) -> dict | No
     per_wave = np.concatenate(ratios)
     median = float(np.median(per_wave))
     scale = latency / median if median > 0 else 1.0
-    return {
-        "lanes": lanes,
-        "req_bytes": int(req),
-        "latency_ms": latency,
-        "latency_ms_p10": float(np.quantile(per_wave, 0.1)) * scale,
-        "latency_ms_p90": float(np.quantile(per_wave, 0.9)) * scale,
-        "batch_overhead_ms": overhead,
-        "mib_s": lanes * req / MIB / (latency / 1e3) if latency > 0 else None,
-        "reads": int(np.sum(w) * lanes),
-        "source": "io_ms",
-    }
+    return flash_row(
+        lanes, req, latency, per_wave, int(np.sum(w) * lanes),
+        batch_overhead_ms=overhead, scale=scale, source="io_ms",
+    )  # fmt: skip
 
 
 def flash_from_metrics(runs, tokens, configs, slices, req) -> pd.DataFrame:
@@ -216,19 +241,7 @@ def flash_from_overlap(runs, tokens, configs, slices, req) -> pd.DataFrame:
         y, n = np.concatenate(busy), np.concatenate(requests)
         latency = float(y.sum() / n.sum())
         per = y / n
-        out.append(
-            {
-                "lanes": lanes,
-                "req_bytes": int(req),
-                "latency_ms": latency,
-                "latency_ms_p10": float(np.quantile(per, 0.1)),
-                "latency_ms_p90": float(np.quantile(per, 0.9)),
-                "batch_overhead_ms": 0.0,
-                "mib_s": lanes * req / MIB / (latency / 1e3) if latency > 0 else None,
-                "reads": int(n.sum()),
-                "source": OVERLAP_SOURCE,
-            }
-        )
+        out.append(flash_row(lanes, req, latency, per, int(n.sum()), source=OVERLAP_SOURCE))
     return pd.DataFrame(out) if out else pd.DataFrame(columns=_EMPTY)
 
 
@@ -492,6 +505,7 @@ __all__ = [
     "flash_fitted",
     "flash_from_metrics",
     "flash_from_overlap",
+    "flash_row",
     "flash_section",
     "flash_table",
     "trace_levels",

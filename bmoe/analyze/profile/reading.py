@@ -1,38 +1,20 @@
 """Runs from metrics files and folders, with what was recorded beside each: its traces, the
 sweep's ``record.json``, the end-of-run lines (``.log`` / ``.out``) and the pressure
-sidecar."""
+sidecar. Finding the metrics files (:func:`bmoe.formats.archive.find_metrics_files`) and parsing
+what is found (:mod:`bmoe.formats.runlog` and the other readers) are the formats layer's;
+this module puts a run's files together as one :class:`ProfileRun`."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from bmoe.analyze.profile.runs import ProfileRun
 from bmoe.errors import BmoeError
 from bmoe.units import MIB
-
-_STREAMING_LINE = re.compile(r"expert streaming ON\b(?P<rest>.*)$", re.MULTILINE)
-
-
-def streaming_line(text: str) -> dict[str, Any]:
-    """``io_threads`` and ``cache`` (MiB) from the engine's ``expert streaming ON`` log line."""
-    match = _STREAMING_LINE.search(text)
-    if match is None:
-        return {}
-    rest = match["rest"]
-    out: dict[str, Any] = {}
-    lanes = re.search(r"io_threads=(\d+)", rest)
-    if lanes:
-        out["io_threads"] = int(lanes[1])
-    cache = re.search(r"cache=(\d+(?:\.\d+)?)\s*MiB", rest)
-    if cache:
-        out["cache"] = float(cache[1])
-    return out
 
 
 def _record(path: Path, run: ProfileRun) -> None:
@@ -44,7 +26,7 @@ def _record(path: Path, run: ProfileRun) -> None:
 
 def _run_output(log: Path, run: ProfileRun) -> None:
     """The end-of-run figures, pressure and streaming line of one ``.log`` / ``.out``."""
-    from bmoe.formats.runlog import read_run_output
+    from bmoe.formats.runlog import read_run_output, streaming_line
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -87,11 +69,11 @@ def read_runs(paths: Iterable[str | os.PathLike]) -> list[ProfileRun]:
     from bmoe.formats.load import load_file, read_head
 
     paths = list(paths)
-    metrics_paths = find_metrics_files(paths)
-    if not metrics_paths:
+    found = find_metrics_files(paths)
+    if not found:
         raise BmoeError(f"no metrics CSV in {', '.join(map(str, paths))}")
     runs = []
-    for path in metrics_paths:
+    for path in found:
         run = ProfileRun(load_file(path, "metrics"))
         for trace in traces_beside(path):
             kind = detect_bytes(read_head(trace, 4096))
@@ -102,4 +84,4 @@ def read_runs(paths: Iterable[str | os.PathLike]) -> list[ProfileRun]:
     return runs
 
 
-__all__ = ["read_runs", "streaming_line"]
+__all__ = ["read_runs"]

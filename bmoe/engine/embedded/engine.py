@@ -31,8 +31,8 @@ from bmoe.engine.embedded.dense import DenseCopy
 from bmoe.engine.embedded.hook import EvalHook
 from bmoe.engine.embedded.layout import ModelLayout, read_layout
 from bmoe.engine.embedded.model import LlamaModel, prepare_openmp
-from bmoe.engine.embedded.predict import RoutePredictor, read_routers
 from bmoe.engine.embedded.reader import Reader, ReadJob
+from bmoe.engine.embedded.routing_forecast import RoutePredictor, read_routers
 from bmoe.engine.embedded.streamer import ExpertStreamer
 from bmoe.engine.native import native_refusal
 from bmoe.errors import BmoeError

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bmoe.engine.embedded import evalfilter, ggml
-from bmoe.engine.embedded.predict import RoutePredictor
+from bmoe.engine.embedded.routing_forecast import RoutePredictor
 from bmoe.engine.embedded.streamer import ExpertStreamer, Routing
 
 _TOPK = b"ffn_moe_topk-"

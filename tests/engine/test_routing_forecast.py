@@ -233,7 +233,7 @@ def test_a_session_without_predict_log_prints_no_predict_lines(tiny_model) -> No
 
 
 def test_scoring_counts_shared_ids_as_intersect1d_does() -> None:
-    from bmoe.engine.embedded.predict import _common
+    from bmoe.engine.embedded.routing_forecast import _common
 
     rng = np.random.default_rng(3)
     for _ in range(300):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bmoe.engine.embedded.predict import RoutePredictor, Router
+from bmoe.engine.embedded.routing_forecast import RoutePredictor, Router
 
 IDENTITY = np.eye(4, dtype=np.float32)
 SHIFT = np.roll(np.eye(4, dtype=np.float32), 1, axis=1)  # row e picks x[(e + 1) % 4]
