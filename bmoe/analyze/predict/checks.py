@@ -13,7 +13,7 @@ def check_model(trace: RouteTrace, profile: DeviceProfile) -> None:
     """Refuse a profile measured on another model (its latencies price other expert sizes),
     at another top-k (``--n-expert-used`` changes the routing), or one that does not know its
     model's expert sizes."""
-    mine = trace.expert_bytes()
+    mine = {layer: size for layer, size in trace.expert_bytes().items() if size > 0}  # MoE layers
     theirs = profile.expert_bytes()
     where = trace.path or "the trace"
     if not mine:

@@ -206,6 +206,7 @@ def model_section(
     ``n_expert``): checked against the runs."""
     named = _named_traces(runs, trace)
     sizes, source, meta = _sizes(runs, named, expert_sizes, sizes_from, model_meta)
+    sizes = {k: v for k, v in sizes.items() if v > 0}  # a dense layer: no experts to read
     params = next((r.metrics.params for r in runs if r.metrics.params), {})
     slices, read_per = _read_per_expert(runs, sizes)
     route_path = named[0][1].path if named else None
