@@ -35,7 +35,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +49,9 @@ from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa
 from bmoe.analyze.verdict import CONTENDED_RATIO  # noqa: E402
 from bmoe.formats.metrics import read_metrics  # noqa: E402
 from bmoe.formats.route import read_route_trace  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_predict import _load, _quiet, _wait_for_load  # noqa: E402  (the same waits)
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
 #: name -> (role, synth settings). Shapes of a few hundred MiB: a 48-token run takes seconds.
@@ -72,28 +74,6 @@ PROFILE_HITS = ((35.0, 1), (78.0, 4))
 #: The cells: the budgets for these decode hit rates at every lane count below.
 CELL_HITS = (30.0, 50.0, 65.0, 82.0)
 CELL_LANES = (1, 4)
-
-
-def _load() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def _wait_for_load(limit: float | None, longest_s: float = 900.0) -> None:
-    """Wait (at most `longest_s`) until the 1-minute load average is under `limit`: on a
-    shared machine, runs made while other jobs take the cores measure the jobs."""
-    import time
-
-    if limit is None:
-        return
-    deadline = time.monotonic() + longest_s
-    while _load() >= limit and time.monotonic() < deadline:
-        time.sleep(5.0)
-
-
-def _quiet(fn, *a, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return fn(*a, **kw)
 
 
 def _run(model: Path, folder: Path, name: str, cache_mb: float, lanes: int, traced: bool, args):

@@ -9,12 +9,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
 import pytest
-from sweep_helpers import manifest, sweep_folder, write_config
+from sweep_helpers import manifest, sweep_folder, wait_for_a_run_in_flight, write_config
 
 from bmoe.formats.metrics import read_metrics
 from bmoe.sweep.archive import load_results
@@ -111,18 +110,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, tiny_model):
     cfg = _config(tmp_path, tiny_model, 48, repeats=1)
     proc = _sweep(cfg)
     out = tmp_path / "out"
-    deadline = time.monotonic() + 300
-    root = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the sweep ended before it could be killed: {proc.stderr.read()!r}")
-        if out.is_dir() and any(p.is_dir() for p in out.iterdir()):
-            root = sweep_folder(out)
-            ok = [r for r in manifest(root) if r["status"] == "ok"]
-            if ok and list((root / "cells").glob("*/.*.staging")):
-                break
-        time.sleep(0.05)
-    assert root is not None
+    root = wait_for_a_run_in_flight(proc, out, timeout_s=300)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done_before = {r["run"]: r["started"] for r in manifest(root) if r["status"] == "ok"}

@@ -14,7 +14,6 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sweep_helpers import manifest, sweep_folder, write_config
+from sweep_helpers import manifest, sweep_folder, wait_for_a_run_in_flight, write_config
 
 from bmoe.analyze.tune import (
     CHEAPER_RULE,
@@ -494,18 +493,7 @@ def test_a_tune_killed_mid_run_resumes_without_repeating_a_finished_run(tmp_path
     cfg = _tune_config(tmp_path, tiny, "budget = 9\nper_round = 3", n_predict=48)
     proc = _tune(cfg)
     out = tmp_path / "out"
-    deadline = time.monotonic() + 600
-    root = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the tune ended before it could be killed: {proc.stderr.read()!r}")
-        if out.is_dir() and any(p.is_dir() for p in out.iterdir()):
-            root = sweep_folder(out)
-            ok = [r for r in manifest(root) if r["status"] == "ok"]
-            if len(ok) >= 3 and list((root / "cells").glob("*/.*.staging")):
-                break
-        time.sleep(0.05)
-    assert root is not None
+    root = wait_for_a_run_in_flight(proc, out, done=3, timeout_s=600)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = {r["run"]: r["started"] for r in manifest(root) if r["status"] == "ok"}
