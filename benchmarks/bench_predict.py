@@ -38,8 +38,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bmoe.analyze.predict import coverage_check  # noqa: E402
-from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
+from bmoe.analyze.profile import against_files, build_profile, profile_runs  # noqa: E402
 from bmoe.engine.synth import synth_model  # noqa: E402
+from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
 #: The profile's configurations: (cache_mb, io_threads), LRU, prefetch 0.
@@ -135,10 +136,10 @@ def analyze_round(folder: Path, r: int, profile_repeats: int) -> pd.DataFrame:
     names = [folder / f"profile{i}.csv" for i in range(len(PROFILE_RUNS))]
     names += [folder / f"profile{i}_u{k}.csv" for k in range(1, profile_repeats + 1)
               for i in range(len(PROFILE_RUNS))]  # fmt: skip
-    runs = _quiet(read_runs, [n for n in names if n.is_file()])
+    runs = profile_runs(_quiet(read_recorded_runs, [n for n in names if n.is_file()]))
     profile = _quiet(build_profile, runs)
     trace = next(run.route for run in runs if run.route is not None)
-    files = _quiet(read_runs, sorted(folder.glob("cell_*.csv")))
+    files = profile_runs(_quiet(read_recorded_runs, sorted(folder.glob("cell_*.csv"))))
     cells = _quiet(against_files, trace, profile, files)["cells"]
     loads = {p.stem: float(p.read_text()) for p in folder.glob("*.load")}
     rows = []

@@ -45,10 +45,11 @@ import pandas as pd  # noqa: E402
 
 from bmoe.analyze import replay  # noqa: E402
 from bmoe.analyze.predict import coverage_check, predict  # noqa: E402
-from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
+from bmoe.analyze.profile import against_files, build_profile, profile_runs  # noqa: E402
 from bmoe.analyze.verdict import CONTENDED_RATIO  # noqa: E402
 from bmoe.formats.metrics import read_metrics  # noqa: E402
 from bmoe.formats.route import read_route_trace  # noqa: E402
+from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_predict import _load, _quiet, _wait_for_load  # noqa: E402  (the same waits)
@@ -194,13 +195,15 @@ def analyze(model_name: str, out: Path, args) -> pd.DataFrame:
     if args.profile_repeats:
         names = [n for n in names if "_u" not in n.stem
                  or int(n.stem.rsplit("_u", 1)[1]) <= args.profile_repeats]  # fmt: skip
-    runs = _quiet(read_runs, names)
+    runs = profile_runs(_quiet(read_recorded_runs, names))
     profile = _quiet(build_profile, runs)
     trace = runs[0].route
     grid = pd.DataFrame(plan["cells"], columns=["cache_mb", "io_threads"])
     predicted = _quiet(predict, trace, profile, grid)
     cell_files = sorted(folder.glob("cell_*.csv"))
-    labels = _quiet(against_files, trace, profile, _quiet(read_runs, cell_files))["cells"]
+    labels = _quiet(
+        against_files, trace, profile, profile_runs(_quiet(read_recorded_runs, cell_files))
+    )["cells"]
     firm_files = {Path(f).stem for f, m in zip(labels["file"], labels["measurement"], strict=True)
                   if not isinstance(m, str)}  # fmt: skip
     baseline = _baseline(profile)

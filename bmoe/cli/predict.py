@@ -192,13 +192,14 @@ def profile_command(
             )  # fmt: skip
         return
     from bmoe.analyze.predict import check_settled
-    from bmoe.analyze.profile import build_profile, read_runs
+    from bmoe.analyze.profile import build_profile, profile_runs
     from bmoe.formats.profile import write_profile
+    from bmoe.formats.runfiles import read_recorded_runs
 
     sizes_given, sizes_from, model_meta = _model_sizes(model_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runs = read_runs(paths)
+        runs = profile_runs(read_recorded_runs(paths))
         trace = _read_route(trace_path) if trace_path is not None else None
         profile = build_profile(
             runs,
@@ -580,11 +581,12 @@ def _against(trace, profile, measured: list[Path], policy: str, drop: float | No
 
         return prediction.against(trace, profile, load_results(sweeps[0]), policy=policy,
                                   drop=drop, sweep_dir=sweeps[0])  # fmt: skip
-    from bmoe.analyze.profile import against_files, read_runs
+    from bmoe.analyze.profile import against_files, profile_runs
+    from bmoe.formats.runfiles import read_recorded_runs
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runs = read_runs(measured)
+        runs = profile_runs(read_recorded_runs(measured))
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False)
     return against_files(trace, profile, runs, drop=drop)
