@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.text import Text
 
+from bmoe.analyze.views import PREDICT, PROFILE
 from bmoe.cli import app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
@@ -66,11 +67,12 @@ DIGITS = {
 }
 
 
-def _show(views: dict, fmt: str) -> None:
+def _show(views: dict, fmt: str, titles: dict[str, str]) -> None:
+    """`views` (by slug) in `fmt`, tables and markdown under their `titles`."""
     from bmoe.render.predict import VIEW_DIGITS
     from bmoe.render.tables import render
 
-    out = render(views, fmt, console, {**DIGITS, **VIEW_DIGITS})
+    out = render(views, fmt, console, {**DIGITS, **VIEW_DIGITS}, titles)
     if out is not None:
         console.out(out, end="")
 
@@ -183,7 +185,7 @@ def profile_command(
     if not paths:
         if flash is None:
             raise BmoeError("give runs to build a profile from (or --probe TARGET)")
-        _show({"flash": flash}, fmt)
+        _show({"flash": flash}, fmt, PROFILE.titles())
         if out is not None:
             err_console.print(
                 labelled("note:", "yellow", "a probe alone measures flash only; give runs too "
@@ -264,20 +266,20 @@ def _show_profile(profile, fmt: str) -> None:
 
     caveats = profile_caveats(profile, implausible_fits(profile))
     if fmt in ("json", "csv"):
-        _show(_profile_views(profile), fmt)
+        _show(_profile_views(profile), fmt, PROFILE.titles())
         _print_caveat_lines([*caveats, *profile_notes(profile)], err_console)
         return
     _print_lines(profile_headline(profile), fmt)
     _print_caveat_lines(caveats, console, fmt)
     views = {
-        "terms (each a mean per token)": terms_view(profile),
-        "flash (a request wave's latency by read lanes)": flash_view(profile),
-        "runs (per configuration)": runs_by_config(profile),
+        "terms": terms_view(profile),
+        "flash": flash_view(profile),
+        "runs_by_config": runs_by_config(profile),
     }
     held = held_out_by_config(profile)
     if len(held):
-        views["held out (each configuration predicted from the others)"] = held
-    _show(views, fmt)
+        views["held_out_by_config"] = held
+    _show(views, fmt, PROFILE.titles())
     _print_caveat_lines(profile_notes(profile), console, fmt, "notes")
 
 
@@ -500,6 +502,7 @@ def predict_command(
         against_headline,
         against_summary,
         against_view,
+        interval_words,
         predict_headline,
         predict_views,
         profile_caveats,
@@ -512,22 +515,24 @@ def predict_command(
         if readable:
             _print_lines(against_headline(views["summary"]), fmt)
             compared, notes = against_view(table)
-            shown = {"measured vs predicted tok/s": compared}
+            shown = {"compared": compared}
             if notes:
-                shown["left out of the headline"] = notes
+                shown["left_out"] = notes
             shown["summary"] = against_summary(views["summary"])
         else:
             shown = views
+        titles = PREDICT.titles()
     else:
         assert trace is not None and cells is not None  # checked above
         table = prediction.predict(trace, profile, cells, policy=policy, drop=drop)
+        claimed = interval_kind(profile)[1]
+        titles = PREDICT.titles(interval=interval_words(profile.coverage, claimed))
         if readable:
-            claimed = interval_kind(profile)[1]
             _print_lines(predict_headline(table, profile.coverage, claimed), fmt)
-            shown = predict_views(table, profile.coverage, claimed)
+            shown = predict_views(table)
         else:
             shown = {"predicted": table}
-    _show(shown, fmt)
+    _show(shown, fmt, titles)
     # then what to weigh: the intervals, unpriced cells, the profile's own caveats
     weigh = _interval_notes(profile, table if not against_flag else None)
     if trace is not None and trace.recorded_with_dropping:

@@ -206,17 +206,17 @@ def cache_view(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def predict_views(
-    table: pd.DataFrame, coverage: float, claimed: bool = True
-) -> dict[str, pd.DataFrame]:
-    """The terminal's views of a prediction: speed (ms per token) and cache. `claimed`: the
-    interval claims its coverage (the model's own error was measured); else it is the terms'
-    spread only and the heading says so."""
-    interval = f"{100 * coverage:.0f} % interval" if claimed else "spread-only interval"
-    return {
-        f"speed (tok/s with its {interval}; a token's ms by part)": speed_view(table),
-        "cache (replayed)": cache_view(table),
-    }
+def interval_words(coverage: float, claimed: bool = True) -> str:
+    """The interval a prediction states, in words: its coverage when it claims one (the
+    model's own error was measured), else that it is the terms' spread only."""
+    return f"{100 * coverage:.0f} % interval" if claimed else "spread-only interval"
+
+
+def predict_views(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The terminal's views of a prediction by slug (:data:`bmoe.analyze.views.PREDICT`):
+    speed (ms per token) and cache; the speed view's title names the interval
+    (:func:`interval_words`)."""
+    return {"speed": speed_view(table), "cache": cache_view(table)}
 
 
 def predict_headline(table: pd.DataFrame, coverage: float, claimed: bool = True) -> list[str]:
@@ -651,6 +651,7 @@ __all__ = [
     "flash_view",
     "held_out_by_config",
     "held_out_view",
+    "interval_words",
     "left_out",
     "model_error_figure",
     "predict_headline",
