@@ -96,16 +96,24 @@ def _run(model: Path, folder: Path, name: str, cell, args, traced: bool) -> None
         "--cache-mb", str(cache_mb), "--io-threads", str(lanes), "--prefetch", str(prefetch),
         "--cache-policy", policy, "--csv", f"{name}.csv",
     ]  # fmt: skip
+    load = run_recorded(argv, folder, name, traced, args.wait_load)
+    print(f"  {name}: load {load:.1f}", flush=True)
+
+
+def run_recorded(argv: list[str], folder: Path, name: str, traced: bool, wait_load) -> float:
+    """Run `argv` (a ``bmoe run`` writing ``<name>.csv``) in `folder`, with the route and io
+    traces when `traced`, once the load allows (``--wait-load``); the load average it started
+    at is kept as ``<name>.load`` and returned."""
     if traced:
-        argv += ["--route-trace", f"{name}.route.csv", "--io-trace", f"{name}.io.csv"]
-    _wait_for_load(args.wait_load)
+        argv = [*argv, "--route-trace", f"{name}.route.csv", "--io-trace", f"{name}.io.csv"]
+    _wait_for_load(wait_load)
     load = _load()
     done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, errors="replace",
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     if done.returncode:
         raise SystemExit(f"{name}: bmoe run failed: {done.stderr.strip()[-400:]}")
     (folder / f"{name}.load").write_text(f"{load}\n")
-    print(f"  {name}: load {load:.1f}", flush=True)
+    return load
 
 
 def _round(model: Path, out: Path, r: int, args) -> None:

@@ -26,11 +26,10 @@ def route_trace() -> Path:
     return next((SMALL / "cells").glob("cache_mb-64_io_threads-1*/r1/run.route.csv"))
 
 
-@pytest.fixture(scope="module")
-def device(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("profile") / "device.json"
-    assert main(["profile", str(SMALL), "--allow-traced", "-o", str(out), "-f", "json"]) == 0
-    return out
+@pytest.fixture
+def device(small_profile: Path) -> Path:
+    """The small sweep's profile (tests/conftest.py), made once for every test that reads it."""
+    return small_profile
 
 
 def test_profile_writes_a_profile_with_its_caveat(device: Path) -> None:
