@@ -255,31 +255,21 @@ def _show_profile(profile, fmt: str) -> None:
     every figure, and the caveats go to stderr."""
     from bmoe.analyze.profile.plausible import implausible_fits
     from bmoe.render.predict import (
-        flash_view,
-        held_out_by_config,
         profile_caveats,
         profile_headline,
         profile_notes,
-        runs_by_config,
-        terms_view,
+        profile_tables,
+        profile_views,
     )
 
     caveats = profile_caveats(profile, implausible_fits(profile))
     if fmt in ("json", "csv"):
-        _show(_profile_views(profile), fmt, PROFILE.titles())
+        _show(profile_views(profile), fmt, PROFILE.titles())
         _print_caveat_lines([*caveats, *profile_notes(profile)], err_console)
         return
     _print_lines(profile_headline(profile), fmt)
     _print_caveat_lines(caveats, console, fmt)
-    views = {
-        "terms": terms_view(profile),
-        "flash": flash_view(profile),
-        "runs_by_config": runs_by_config(profile),
-    }
-    held = held_out_by_config(profile)
-    if len(held):
-        views["held_out_by_config"] = held
-    _show(views, fmt, PROFILE.titles())
+    _show(profile_tables(profile), fmt, PROFILE.titles())
     _print_caveat_lines(profile_notes(profile), console, fmt, "notes")
 
 
@@ -321,68 +311,6 @@ def _print_caveat_lines(caveats, target, fmt: str = "table", heading: str = "to 
         target.print(first, highlight=False)
         for part in parts[1:]:
             target.print(literal(part), highlight=False)
-
-
-def _by_distance(profile) -> dict:
-    """The model error at a measured configuration's reads and at twice or half them (%)."""
-    from bmoe.analyze.predict.interval import DOUBLE, error_at_distance
-
-    zero = error_at_distance(profile.model_error, 0.0)
-    double = error_at_distance(profile.model_error, DOUBLE)
-    return {
-        "model_error_at_reads_pct": None if zero is None else 100.0 * zero,
-        "model_error_at_twice_pct": None if double is None else 100.0 * double,
-    }
-
-
-def _profile_views(profile) -> dict:
-    figures = {
-        "mode": profile.mode,
-        "model": profile.model.get("name"),
-        "sizes_from": profile.model.get("sizes_from"),
-        "moe_layers": len(profile.model["expert_bytes"]),
-        "slices_per_expert": profile.model["slices_per_expert"],
-        **{f"compute_{k}": v for k, v in profile.compute.items()},
-        **{f"mgmt_{k}": v for k, v in profile.mgmt.items()},
-        **{f"prefill_{k}": v for k, v in profile.prefill.items()},
-        **{f"overlap_{k}": v for k, v in profile.overlap.items() if k != "lanes"},
-        "coverage": profile.coverage,
-        "model_error_pct": None
-        if profile.model_error.get("sd_rel") is None
-        else 100.0 * profile.model_error["sd_rel"],
-        "model_error_configurations": profile.model_error.get("configurations"),
-        **_by_distance(profile),
-        "model_error_why_unknown": profile.model_error.get("why"),
-        "runs": len(profile.sources),
-        "settled": profile.settled,
-        "unsettled": "; ".join(profile.unsettled) or None,
-        "tracing": profile.tracing.get("how"),
-    }
-    import pandas as pd
-
-    data = profile.to_dict()
-    terms = pd.DataFrame(
-        [{"term": k, **{c: v for c, v in t.items() if not isinstance(v, dict)}}
-         for k, t in data["terms"].items()]
-    )  # fmt: skip
-    runs = pd.DataFrame(
-        [{k: ("; ".join(f"{a} {b}" for a, b in v.items()) if isinstance(v, dict) else
-              "; ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()}
-         for r in data["runs"]]
-    )  # fmt: skip
-    from bmoe.render.predict import held_out_view
-
-    return {
-        "profile": figures,
-        "flash": profile.flash,
-        "flash_by_read": pd.DataFrame(
-            profile.flash_by_read, columns=["lanes", "read_mib", "excess_ms"]
-        ),
-        "terms": terms,
-        "absent": dict(profile.absent),
-        "runs": runs,
-        "held_out": held_out_view(profile),
-    }
 
 
 def _split_paths(paths: list[Path]):
