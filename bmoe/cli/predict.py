@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import typer
 from rich.text import Text
 
-from bmoe.analyze.views import PREDICT, PROFILE
 from bmoe.cli import app, console, err_console
 from bmoe.cli.options import check_format
 from bmoe.errors import BmoeError
@@ -67,11 +66,14 @@ DIGITS = {
 }
 
 
-def _show(views: dict, fmt: str, titles: dict[str, str]) -> None:
-    """`views` (by slug) in `fmt`, tables and markdown under their `titles`."""
+def _show(views: dict, fmt: str, group: str, **params: object) -> None:
+    """`views` (by slug) in `fmt`, tables and markdown under their titles in the catalogue's
+    `group` (filled with `params`)."""
+    from bmoe.analyze.views import GROUPS
     from bmoe.render.predict import VIEW_DIGITS
     from bmoe.render.tables import render
 
+    titles = GROUPS[group].titles(**params)
     out = render(views, fmt, console, {**DIGITS, **VIEW_DIGITS}, titles)
     if out is not None:
         console.out(out, end="")
@@ -185,7 +187,7 @@ def profile_command(
     if not paths:
         if flash is None:
             raise BmoeError("give runs to build a profile from (or --probe TARGET)")
-        _show({"flash": flash}, fmt, PROFILE.titles())
+        _show({"flash": flash}, fmt, "profile")
         if out is not None:
             err_console.print(
                 labelled("note:", "yellow", "a probe alone measures flash only; give runs too "
@@ -264,12 +266,12 @@ def _show_profile(profile, fmt: str) -> None:
 
     caveats = profile_caveats(profile, implausible_fits(profile))
     if fmt in ("json", "csv"):
-        _show(profile_views(profile), fmt, PROFILE.titles())
+        _show(profile_views(profile), fmt, "profile")
         _print_caveat_lines([*caveats, *profile_notes(profile)], err_console)
         return
     _print_lines(profile_headline(profile), fmt)
     _print_caveat_lines(caveats, console, fmt)
-    _show(profile_tables(profile), fmt, PROFILE.titles())
+    _show(profile_tables(profile), fmt, "profile")
     _print_caveat_lines(profile_notes(profile), console, fmt, "notes")
 
 
@@ -449,18 +451,18 @@ def predict_command(
             shown["summary"] = against_summary(views["summary"])
         else:
             shown = views
-        titles = PREDICT.titles()
+        params = {}
     else:
         assert trace is not None and cells is not None  # checked above
         table = prediction.predict(trace, profile, cells, policy=policy, drop=drop)
         claimed = interval_kind(profile)[1]
-        titles = PREDICT.titles(interval=interval_words(profile.coverage, claimed))
+        params = {"interval": interval_words(profile.coverage, claimed)}
         if readable:
             _print_lines(predict_headline(table, profile.coverage, claimed), fmt)
             shown = predict_views(table)
         else:
             shown = {"predicted": table}
-    _show(shown, fmt, titles)
+    _show(shown, fmt, "predict", **params)
     # then what to weigh: the intervals, unpriced cells, the profile's own caveats
     weigh = _interval_notes(profile, table if not against_flag else None)
     if trace is not None and trace.recorded_with_dropping:
