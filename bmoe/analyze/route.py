@@ -52,13 +52,14 @@ from bmoe.analyze.route_cells import (
     one_row,
     order_rows,
     select,
+    select_sequence,
     sequence_of,
     trace_columns,
     with_all_row,
 )
 from bmoe.analyze.views import ROUTE
 from bmoe.errors import BmoeError
-from bmoe.formats.route import RouteTrace
+from bmoe.formats.route import RouteColumns, RouteTrace
 from bmoe.units import MIB
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ __all__ = [
     "caveats",
     "count_steps",
     "select",
+    "select_sequence",
 ]
 
 #: The views ``--view`` names, in the catalogue's order (its ``prefetch_slots`` comes with
@@ -703,14 +705,19 @@ def view_columns(
     top: int = 8,
     cells: str = "experts",
     matrix_limit: int | None = MATRIX_STEPS,
+    sequence: StepSequence | None = None,
 ) -> dict[str, Any]:
     """:func:`route_views` as columns, without pandas: name -> :data:`View` (the matrix, made
-    of text cells, is a DataFrame)."""
+    of text cells, is a DataFrame). `sequence`: the step sequence of `trace`'s rows, when the
+    caller has it (:func:`select_sequence`), so that it is not worked out again."""
     names = list(names)
     unknown = [n for n in names if n not in VIEWS]
     if unknown:
         raise BmoeError(f"unknown view {', '.join(unknown)} (choose from {', '.join(VIEWS)})")
-    seq, meta_trace = sequence_of(trace)
+    if sequence is None:
+        seq, meta_trace = sequence_of(trace)
+    else:
+        seq, meta_trace = sequence, trace if isinstance(trace, RouteTrace | RouteColumns) else None
     build = {
         "sanity": lambda: _sanity(seq, meta_trace),
         "hot": lambda: _hot(seq, top),

@@ -113,6 +113,36 @@ def select(
     built (`trace` keeps its columns, with no rows, when the selection is not empty): the
     peak is one frame instead of two, for callers done with the whole trace. The selection
     has the trace's form: a RouteTrace gives a RouteTrace, RouteColumns give RouteColumns."""
+    return _select(trace, phase, turn, layers, steps, max_steps, consume)[0]
+
+
+def select_sequence(
+    trace: RouteColumns,
+    phase: str = "decode",
+    turn: int | None = None,
+    layers: Collection[int] | None = None,
+    steps: Collection[int] | None = None,
+    max_steps: int | None = None,
+    *,
+    consume: bool = False,
+) -> tuple[RouteColumns, StepSequence]:
+    """:func:`select`, and the step sequence of the selection's rows made from the order the
+    selection worked out: the views take it (``view_columns(..., sequence=)``) instead of
+    working out the order of the selected rows again. Its step codes are the whole trace's
+    (the same order and the same cells as the selection's own)."""
+    selected, ordered = _select(trace, phase, turn, layers, steps, max_steps, consume)
+    return selected, _sequence(ordered, selected.columns)
+
+
+def _select(
+    trace: RouteTrace | RouteColumns,
+    phase: str,
+    turn: int | None,
+    layers: Collection[int] | None,
+    steps: Collection[int] | None,
+    max_steps: int | None,
+    consume: bool,
+) -> tuple[Any, Ordered | None]:
     frame = trace.rows if isinstance(trace, RouteTrace) else None
     cols = trace.columns if isinstance(trace, RouteColumns) else columns_of(trace.rows)
     if consume and frame is not None:
@@ -132,10 +162,10 @@ def select(
     ordered = _sorted_rows(cols, keep, consume=consume)
     rows = ordered[0] if ordered is not None else {c: a[:0] for c, a in cols.items()}
     if isinstance(trace, RouteColumns):
-        return dataclasses.replace(trace, columns=rows)
+        return dataclasses.replace(trace, columns=rows), ordered
     import pandas as pd
 
-    return dataclasses.replace(trace, rows=pd.DataFrame(rows, copy=False))
+    return dataclasses.replace(trace, rows=pd.DataFrame(rows, copy=False)), ordered
 
 
 def kept_rows(
@@ -393,7 +423,12 @@ def order_rows(
     frame's columns in place (a stable sort commutes with the selection), then each column is
     copied once: the selection and the sort are one gather. `consume` takes each column out
     of `rows` once copied."""
-    ordered = _sorted_rows(rows, keep, consume)
+    return _sequence(_sorted_rows(rows, keep, consume), rows)
+
+
+def _sequence(ordered: Ordered | None, rows: Columns) -> StepSequence:
+    """The step sequence of rows :func:`_sorted_rows` put in order (`rows`: the columns, for
+    the empty sequence's when it kept none)."""
     if ordered is None:
         rows = {c: a[:0] for c, a in rows.items()}
         empty = np.zeros(0, dtype=np.int64)
@@ -439,9 +474,14 @@ def order_rows(
     )
 
 
+#: rows in step-sequence order, their distinct layers and each row's index among them (None
+#: when the selection's are still to be worked out) and each row's step code
+Ordered: TypeAlias = "tuple[Columns, np.ndarray | None, np.ndarray | None, np.ndarray]"
+
+
 def _sorted_rows(
     rows: Columns, keep: np.ndarray | None = None, consume: bool = False
-) -> tuple[Columns, np.ndarray | None, np.ndarray | None, np.ndarray] | None:
+) -> Ordered | None:
     """The gather of :func:`order_rows`: the rows in layer-major order, with the distinct layers,
     each row's layer index (None when `keep` selected rows: they are the selection's to
     work out) and its step code; None when no row is kept."""

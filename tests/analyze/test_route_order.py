@@ -91,3 +91,37 @@ def test_cell_sets_are_the_numpy_paths(corpus, monkeypatch) -> None:
             slow = route._cell_sets(seq)
         assert fast.dtype == slow.dtype == np.uint64
         np.testing.assert_array_equal(fast, slow)
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [{"phase": "decode"}, {"phase": "prefill"}, {"phase": "all", "layers": [1, 3]},
+     {"phase": "decode", "steps": [40, 41, 45], "max_steps": 2}, {"phase": "decode", "turn": 9}],
+)  # fmt: skip
+def test_select_sequence_is_the_selections_own_sequence(corpus, choice) -> None:
+    """The sequence made from the selection's order holds the cells the selected rows' own
+    sequence holds (its step codes are the whole trace's: the same order), and the views
+    made with it are the views made without it."""
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    path = corpus / "route-trace/gemma.route.csv"
+    selected, seq = route.select_sequence(read_route_columns(path), **choice)
+    own, _ = route_cells.sequence_of(route.select(read_route_columns(path), **choice))
+    assert seq.rows is selected.columns or not selected.n_rows
+    for field in ("layer", "layer_idx", "layers", "expert", "gcell", "cell_start",
+                  "cell_layer_idx", "cell_index", "cells_per_layer"):  # fmt: skip
+        np.testing.assert_array_equal(getattr(seq, field), getattr(own, field), err_msg=field)
+    assert (seq.n_expert, seq.n_steps) == (own.n_expert, own.n_steps)
+    assert seq.n_steps == route.count_steps(selected)
+    codes = np.unique(seq.cell_step_code, return_inverse=True)[1]
+    np.testing.assert_array_equal(codes, np.unique(own.cell_step_code, return_inverse=True)[1])
+    names = route.VIEWS
+    given = route.view_columns(selected, names, matrix_limit=None, sequence=seq)
+    alone = route.view_columns(selected, names, matrix_limit=None)
+    assert list(given) == list(alone)
+    for name in names:
+        if name == "matrix":  # a DataFrame already
+            assert given[name].equals(alone[name])
+        else:
+            assert route.as_frame(given[name]).equals(route.as_frame(alone[name])), name
