@@ -495,13 +495,16 @@ def prefetch_slot_columns(trace: Trace) -> View:
     columns = ["slot", "prefetch_hits", "share_pct", "of_slot_pct"]
     if "residency" not in rows or "slot" not in rows:
         return _no_rows(columns)
-    slot = rows["slot"].astype(np.int64)
+    slot = rows["slot"]
     hit = rows["residency"] == 2
     if not hit.any():
         return _no_rows(columns)
     n = int(slot.max()) + 1
-    hits = np.bincount(slot[hit], minlength=n)
-    routings = np.bincount(slot, minlength=n)
+    hits = np.bincount(slot[hit].astype(np.int64), minlength=n)
+    if n <= 64 and int(slot.min()) >= 0:  # a few slots: counted in place, no wide copy
+        routings = np.array([np.count_nonzero(slot == s) for s in range(n)], dtype=np.int64)
+    else:
+        routings = np.bincount(slot.astype(np.int64), minlength=n)
     return {
         "slot": np.arange(n, dtype=np.int64),
         "prefetch_hits": hits.astype(np.int64),

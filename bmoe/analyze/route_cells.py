@@ -601,10 +601,22 @@ def _take(rows: Columns, order: np.ndarray, consume: bool = False) -> Columns:
     copied, so the two together never hold much more than one set of rows."""
     out = {}
     for c in list(rows):
-        out[c] = rows[c][order]
+        out[c] = _gathered(rows[c], order)
         if consume:
             del rows[c]
     return out
+
+
+def _gathered(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values[order]``; a small-integer column of one value (one turn, no row dropped) is
+    made without the gather, zeros left to the system's zero pages."""
+    if values.dtype.kind == "i" and values.itemsize <= 2 and len(values):
+        lo = values.min()
+        if lo == values.max():
+            if lo == 0:
+                return np.zeros(len(order), dtype=values.dtype)
+            return np.full(len(order), lo, dtype=values.dtype)
+    return values[order]
 
 
 def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
