@@ -159,7 +159,9 @@ def _select(
             del frame
         else:
             trace.columns = {c: a[:0] for c, a in cols.items()}
-    ordered = _sorted_rows(cols, keep, consume=consume)
+    # the selected rows' phase is the one chosen: no need to gather it
+    known = {"phase": PHASES[phase]} if phase in PHASES and "phase" in cols else None
+    ordered = _sorted_rows(cols, keep, consume=consume, known=known)
     rows = ordered[0] if ordered is not None else {c: a[:0] for c, a in cols.items()}
     if isinstance(trace, RouteColumns):
         return dataclasses.replace(trace, columns=rows), ordered
@@ -480,11 +482,15 @@ Ordered: TypeAlias = "tuple[Columns, np.ndarray | None, np.ndarray | None, np.nd
 
 
 def _sorted_rows(
-    rows: Columns, keep: np.ndarray | None = None, consume: bool = False
+    rows: Columns,
+    keep: np.ndarray | None = None,
+    consume: bool = False,
+    known: Mapping[str, int] | None = None,
 ) -> Ordered | None:
     """The gather of :func:`order_rows`: the rows in layer-major order, with the distinct layers,
     each row's layer index (None when `keep` selected rows: they are the selection's to
-    work out) and its step code; None when no row is kept."""
+    work out) and its step code; None when no row is kept. `known`: columns whose every
+    kept row holds this value (made, not gathered)."""
     if keep is not None and keep.all():
         keep = None
     n_all = _n_rows(rows)
@@ -544,7 +550,7 @@ def _sorted_rows(
         step_code = step_code[take]
         if keep is None:
             layer_idx = layer_idx[take]
-        rows = _take(rows, take, consume)
+        rows = _take(rows, take, consume, known)
         del take
     else:
         rows = dict(rows)
@@ -596,12 +602,21 @@ def _sort_key(
     return key
 
 
-def _take(rows: Columns, order: np.ndarray, consume: bool = False) -> Columns:
+def _take(
+    rows: Columns,
+    order: np.ndarray,
+    consume: bool = False,
+    known: Mapping[str, int] | None = None,
+) -> Columns:
     """Rows in `order`, column by column; `consume` deletes each column from `rows` once
-    copied, so the two together never hold much more than one set of rows."""
+    copied, so the two together never hold much more than one set of rows. `known`: columns
+    whose rows in `order` all hold one value, made instead of gathered."""
     out = {}
     for c in list(rows):
-        out[c] = _gathered(rows[c], order)
+        if known is not None and c in known:
+            out[c] = np.full(len(order), known[c], dtype=rows[c].dtype)
+        else:
+            out[c] = _gathered(rows[c], order)
         if consume:
             del rows[c]
     return out

@@ -125,3 +125,27 @@ def test_select_sequence_is_the_selections_own_sequence(corpus, choice) -> None:
             assert given[name].equals(alone[name])
         else:
             assert route.as_frame(given[name]).equals(route.as_frame(alone[name])), name
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill", "all"])
+def test_the_selections_columns_are_the_kept_rows_sorted(corpus, phase) -> None:
+    """Every selected column (those made rather than gathered among them: the chosen phase,
+    a column of one value) is the kept rows' in (layer, turn, step, phase, slot) order."""
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    trace = read_route_columns(corpus / "route-trace/gemma.route.csv")
+    cols = {c: a.copy() for c, a in trace.columns.items()}
+    cols["turn"][:] = 3  # one value, not zero
+    trace.columns = dict(cols)
+    keep = np.ones(len(cols["step"]), dtype=bool)
+    if phase != "all":
+        keep = cols["phase"] == route_cells.PHASES[phase]
+    kept = {c: a[keep] for c, a in cols.items()}
+    order = np.lexsort(tuple(kept[c] for c in ("slot", "phase", "step", "turn", "layer")))
+    selected = route.select(trace, phase, consume=True)
+    assert list(selected.columns) == list(cols)
+    for name, values in kept.items():
+        got = selected.columns[name]
+        assert got.dtype == values.dtype, name
+        np.testing.assert_array_equal(got, values[order], err_msg=name)
