@@ -214,11 +214,11 @@ def _step_codes(cols: Mapping[str, Any]) -> np.ndarray:
     kind: type[np.signedinteger] = np.int32 if small else np.int64
     code: np.ndarray = step.astype(kind)
     code -= lo
-    if turn is not None:
+    if turn is not None and (turns > 1 or int(turn.min()) != 0):  # (all turn 0: no change)
         code += turn.astype(kind) * span
     code *= 2
     if "phase" in cols:
-        code += np.asarray(cols["phase"]).astype(kind)
+        np.add(code, np.asarray(cols["phase"]), out=code, casting="unsafe")
     return code
 
 
@@ -375,8 +375,15 @@ class StepSequence:
             short = self.n_rows - int(self.cell_start[-1]) <= route_weights.MAX_CELL and (
                 not len(sizes) or int(sizes.max()) <= route_weights.MAX_CELL
             )
-            for a, b, lo, hi in cell_blocks(self):  # cells are contiguous
-                w = weight[lo:hi].astype(np.float64)
+            # cells are contiguous; blocks of 64 Ki rows: the float64 weights (then their
+            # logarithms) of each block in one small scratch array, reused, rather than
+            # megabytes of fresh pages
+            scratch = np.empty(0)
+            for a, b, lo, hi in cell_blocks(self, 1 << 16):
+                if len(scratch) < hi - lo:
+                    scratch = np.empty(hi - lo)
+                w = scratch[: hi - lo]
+                w[:] = weight[lo:hi]
                 starts = self.cell_start[a:b] - lo
                 outputs = complete[a:b], total[a:b], acc[a:b], top[a:b]
                 if short and route_weights.cell_weights.takes(weight[lo:hi], w, starts, *outputs):
@@ -442,12 +449,13 @@ def _sequence(ordered: Ordered | None, rows: Columns) -> StepSequence:
     n = len(step_code)
     layer = rows["layer"]
     if layers is None or layer_idx is None:  # the selection's layers, not the whole frame's
-        layers, layer_idx = _small_unique(layer)
+        layers, layer_idx = _small_unique(layer, wide=True)
     new = np.empty(n, dtype=bool)
     new[0] = True
     new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
     cell_start = np.flatnonzero(new)
-    gcell = (np.cumsum(new, dtype=np.int32) - 1).astype(np.int32)
+    gcell = np.cumsum(new, dtype=np.int32)
+    gcell -= 1
     del new
     cell_layer_idx = layer_idx[cell_start]
     cells_per_layer = np.bincount(cell_layer_idx, minlength=len(layers))
@@ -462,7 +470,7 @@ def _sequence(ordered: Ordered | None, rows: Columns) -> StepSequence:
     return StepSequence(
         rows=rows,
         layer=layer,
-        layer_idx=layer_idx.astype(np.int32),
+        layer_idx=layer_idx.astype(np.int32, copy=False),
         layers=layers,
         expert=expert,
         n_expert=n_expert,
@@ -634,15 +642,16 @@ def _gathered(values: np.ndarray, order: np.ndarray) -> np.ndarray:
     return values[order]
 
 
-def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(values, return_inverse=True) for small non-sparse integers, in O(n)."""
+def _small_unique(values: np.ndarray, wide: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for small non-sparse integers, in O(n); the
+    inverse int16 where it fits, unless `wide` (for a caller that wants int32)."""
     lo, hi = int(values.min()), int(values.max())
     if hi - lo > 1_000_000:
         uniq, inverse = np.unique(values, return_inverse=True)
         return uniq, inverse
     if route_order.small_unique.takes(values):  # the same, in two passes
         uniq, inverse = route_order.small_unique(values)
-        return uniq, inverse.astype(np.int16) if len(uniq) < 32768 else inverse
+        return uniq, inverse.astype(np.int16) if len(uniq) < 32768 and not wide else inverse
     shifted = values.astype(np.int32)
     shifted -= np.int32(lo)
     present = np.bincount(shifted) > 0
