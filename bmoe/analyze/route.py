@@ -345,16 +345,27 @@ def _overlap(seq: StepSequence, lags: Sequence[int]) -> View:
         size += np.bitwise_count(masks[w])
     cols: dict[str, Any] = {}
     pooled: dict[str, Any] = {}
+    # made once for every lag (the same values each lag's figures divide by and group on)
+    nonempty = size > 0
+    every_cell = bool(nonempty.all())
+    per_cell = np.maximum(size, 1).astype(np.float64)
+    cell_layer = seq.cell_layer_idx.astype(np.intp)
     for g in lags:
         if g < 1:
             raise BmoeError(f"overlap lag {g}: lags count cells back, from 1")
         inter = np.zeros(n_cells, dtype=np.int64)  # cell c against cell c-g (same layer where
         if g < n_cells:  # its index in the layer is >= g: layers are contiguous)
             inter[g:] = _shared(masks, g)
-        counted = (seq.cell_index >= g) & (size > 0)
-        pct = np.where(counted, 100.0 * inter / np.maximum(size, 1), 0.0)
-        total = np.bincount(seq.cell_layer_idx, weights=pct, minlength=seq.n_layers)
-        n = np.bincount(seq.cell_layer_idx, weights=counted, minlength=seq.n_layers)
+        counted = seq.cell_index >= g
+        counted &= nonempty
+        pct = inter * 100.0
+        pct /= per_cell
+        pct[~counted] = 0.0
+        total = np.bincount(cell_layer, weights=pct, minlength=seq.n_layers)
+        if every_cell:  # the cells counted: each layer's from its g-th on
+            n = np.maximum(seq.cells_per_layer - g, 0).astype(np.float64)
+        else:
+            n = np.bincount(cell_layer, weights=counted, minlength=seq.n_layers)
         cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
         pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else 0.0
     return with_all_row(layer_view(seq, **cols), pooled)
