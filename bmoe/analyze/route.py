@@ -274,7 +274,20 @@ def _reuse(seq: StepSequence) -> View:
     quantiles = {q: np.full(n_layers, -1, dtype=np.int64) for q in REUSE_QUANTILES}
     longest = np.full(n_layers, -1, dtype=np.int64)
     never = np.zeros(n_layers, dtype=np.int64)
-    for a, b in seq.layer_blocks():
+    blocks = seq.layer_blocks()
+    bounds = np.array([0, *(b for _a, b in blocks)], dtype=np.int64)
+    block_layer = seq.layer_idx[bounds[:-1]].astype(np.int32)
+    fractions = np.array(REUSE_QUANTILES, dtype=np.float64)
+    most = int(seq.cells_per_layer.max()) if n_layers else 0
+    table = np.full((len(fractions), n_layers), -1, dtype=np.int64)
+    figures_args = (key, order, seq.gcell, seq.cell_index, bounds, block_layer, fractions, most,
+                    n_reuse, table, longest, never)  # fmt: skip
+    if blocks and route_order.reuse_figures.takes(*figures_args):  # one pass, no scratch
+        route_order.reuse_figures(*figures_args)
+        for j, fraction in enumerate(REUSE_QUANTILES):
+            quantiles[fraction] = table[j]
+        blocks = []
+    for a, b in blocks:
         i = int(seq.layer_idx[a])
         k = key[a:b]
         same = k[1:] == k[:-1]

@@ -3,6 +3,8 @@ argsort give, and the selection built on them equals the numpy path's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -149,3 +151,31 @@ def test_the_selections_columns_are_the_kept_rows_sorted(corpus, phase) -> None:
         got = selected.columns[name]
         assert got.dtype == values.dtype, name
         np.testing.assert_array_equal(got, values[order], err_msg=name)
+
+
+def test_reuse_figures_are_the_numpy_paths(corpus, monkeypatch) -> None:
+    """The compiled pass of the reuse view gives the numpy path's figures and gaps, on
+    the corpus trace's phases and on rows where one expert repeats within a cell."""
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    if not route_order.reuse_figures.compile_ahead():
+        pytest.skip("the reuse pass is not compiled ahead here")
+    trace = read_route_columns(corpus / "route-trace/gemma.route.csv")
+    twice = {c: a.copy() for c, a in trace.columns.items()}
+    twice["expert"][1::7] = twice["expert"][::7][: len(twice["expert"][1::7])]
+    cases = [route.select(trace, phase) for phase in ("decode", "prefill", "all")]
+    cases.append(route.select(dataclasses.replace(trace, columns=twice), "all"))
+    for selected in cases:
+        seq, _ = route_cells.sequence_of(selected)
+        fast = route._reuse(seq)
+        with monkeypatch.context() as m:
+            m.setattr(route_order.reuse_figures, "takes", lambda *args: False)
+            slow = route._reuse(seq)
+        assert list(fast) == list(slow)
+        assert int(np.asarray(fast["n_reuse"]).sum()) > 0
+        for name in fast:
+            np.testing.assert_array_equal(np.ma.getdata(fast[name]), np.ma.getdata(slow[name]))
+            np.testing.assert_array_equal(
+                np.ma.getmaskarray(fast[name]), np.ma.getmaskarray(slow[name]), err_msg=name
+            )
