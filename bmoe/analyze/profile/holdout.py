@@ -133,7 +133,7 @@ def _fold(
             ["lanes", "req_bytes"], ignore_index=True
         )
     untraced = [r for r in group if not r.traced and r.io is None]
-    records = [
+    records: list[dict[str, Any]] = [
         held_out_record(r, ev, others)
         if not untraced or r in untraced
         else {"run": r.name, "why": TRACED_TWIN}
