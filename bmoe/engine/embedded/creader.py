@@ -45,6 +45,7 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -255,13 +256,49 @@ int64_t bmoe_reader_submit(reader_t *r, int layer, const int32_t *experts, int n
             if (push(q, j)) { r->error[slot] = ENOMEM; r->remaining[slot]--; }
         }
     /* wake a worker for every job beyond the one the caller reads when it waits (a demand
-       submission is waited for at once; a speculative one is the workers' alone) */
+       submission is waited for at once; a speculative one is the workers' alone), once the
+       lock is let go: a lane woken under it would only block on it again */
     int wake = r->remaining[slot] - (spec ? 0 : 1);
-    if (!r->remaining[slot]) pthread_cond_broadcast(&r->done);
+    int none = !r->remaining[slot];
+    pthread_mutex_unlock(&r->mu);
+    if (none) pthread_cond_broadcast(&r->done);
     else if (wake >= r->lanes - 1) pthread_cond_broadcast(&r->work);
     else for (int i = 0; i < wake; i++) pthread_cond_signal(&r->work);
-    pthread_mutex_unlock(&r->mu);
     return ticket;
+}
+
+/* give back the whole pages inside every projection's slice of `n` (layer, expert) pairs
+   (layers numbered as registered); the bytes released, or -errno */
+int64_t bmoe_reader_release(reader_t *r, int n, const int32_t *layers, const int32_t *experts) {
+    int64_t page = sysconf(_SC_PAGESIZE), released = 0;
+    for (int i = 0; i < n; i++) {
+        int layer = layers[i];
+        if (layer < 0 || layer >= r->n_layers) continue;
+        for (int k = 0; k < r->count[layer]; k++) {
+            const block_t *b = &r->blocks[r->first[layer] + k];
+            int64_t addr = b->data + (int64_t) experts[i] * b->slice_bytes;
+            int64_t start = (addr + page - 1) / page * page;
+            int64_t end = (addr + b->slice_bytes) / page * page;
+            if (end <= start) continue;
+            if (madvise((void *) (intptr_t) start, (size_t) (end - start), MADV_DONTNEED) != 0)
+                return -errno;
+            released += end - start;
+        }
+    }
+    return released;
+}
+
+int bmoe_reader_wait(reader_t *r, int64_t ticket);
+
+/* a routing step's reads in one call: the demand reads of `n` experts of `layer` queued,
+   the pages of `nv` victims given back while the lanes read, then the reads waited for (the
+   caller reading as lane 0). 0, else the errno of the first failed read; *released: the bytes
+   released, or -errno of a failed release */
+int bmoe_reader_load(reader_t *r, int layer, const int32_t *experts, int n, int nv,
+                     const int32_t *vlayers, const int32_t *vexperts, int64_t *released) {
+    int64_t ticket = n > 0 ? bmoe_reader_submit(r, layer, experts, n, 0) : -1;
+    *released = nv > 0 ? bmoe_reader_release(r, nv, vlayers, vexperts) : 0;
+    return ticket < 0 ? 0 : bmoe_reader_wait(r, ticket);
 }
 
 /* 0 once the ticket's reads are done without error, else the errno of the first failure;
@@ -375,6 +412,11 @@ def load() -> ctypes.CDLL | None:
     lib.bmoe_reader_n_records.restype = i64
     lib.bmoe_reader_n_records.argtypes = [p]
     lib.bmoe_reader_free.argtypes = [p]
+    lib.bmoe_reader_release.restype = i64
+    lib.bmoe_reader_release.argtypes = [p, ctypes.c_int, ip32, ip32]
+    lib.bmoe_reader_load.restype = ctypes.c_int
+    lib.bmoe_reader_load.argtypes = [p, ctypes.c_int, ip32, ctypes.c_int, ctypes.c_int, ip32,
+                                     ip32, ip64]  # fmt: skip
     del i32
     return lib
 
@@ -478,6 +520,26 @@ class CExpertReader:
             self._r, self._layer_slot[layer], ids, len(experts), int(spec)
         )
         return CTicket(self.lib, self._r, ticket, self.paths[0])
+
+    def load(self, layer: int, experts: list[int], victims: list[tuple[int, int]]) -> None:
+        """A routing step's demand reads of `experts` of `layer` in one call, waited for, the
+        pages of `victims` ((layer, expert) pairs, none of them being read) given back while
+        the lanes read: what :meth:`submit_experts`, the arena's release of each victim and
+        the wait do, without coming back to Python in between."""
+        n, nv = len(experts), len(victims)
+        slot = self._layer_slot
+        ids = (ctypes.c_int32 * max(1, n))(*experts)
+        vlayers = (ctypes.c_int32 * max(1, nv))(*[slot.get(v[0], -1) for v in victims])
+        vexperts = (ctypes.c_int32 * max(1, nv))(*[v[1] for v in victims])
+        released = ctypes.c_int64()
+        err = self.lib.bmoe_reader_load(
+            self._r, slot[layer], ids, n, nv, vlayers, vexperts, ctypes.byref(released)
+        )
+        if released.value < 0:
+            code = -released.value
+            raise OSError(code, f"madvise(MADV_DONTNEED) failed: {os.strerror(code)}")
+        if err:
+            raise OSError(err, f"expert read of {self.paths[0]} failed: {os.strerror(err)}")
 
     def drain(self) -> ReadBatch:
         """The bytes read since the last drain, and the records when tracing."""
