@@ -210,9 +210,14 @@ class ExpertStreamer:
             [inflight.pop((layer, e)) for e in hits if (layer, e) in inflight] if inflight else []
         )
         gone = [(v >> EXPERT_BITS, v & EXPERT_MASK) for v in victims]
-        if misses and not waits and self._load is not None and not inflight:
+        if (
+            misses
+            and not waits
+            and self._load is not None
+            and not (inflight and any(key in inflight for key in gone))
+        ):
             # one call: the reads queued, the victims' pages given back while the lanes
-            # read, the reads waited for (nothing of a victim is in flight: nothing is)
+            # read (no read of a victim is in flight), the reads waited for
             held = [key for key in gone if key in self._materialized]
             readable = self.readable
             for key in held:
