@@ -290,15 +290,17 @@ int64_t bmoe_reader_release(reader_t *r, int n, const int32_t *layers, const int
 
 int bmoe_reader_wait(reader_t *r, int64_t ticket);
 
-/* a routing step's reads in one call: the demand reads of `n` experts of `layer` queued,
-   the pages of `nv` victims given back while the lanes read, then the reads waited for (the
-   caller reading as lane 0). 0, else the errno of the first failed read; *released: the bytes
-   released, or -errno of a failed release */
+/* a routing step's reads in one call: the demand reads of `n` experts of `layer` queued and
+   waited for (the caller reading as lane 0), then the pages of `nv` victims given back, as the
+   native engine evicts (after the reads: no page release, and no TLB flush it sends to the
+   lanes' cores, while they read). 0, else the errno of the first failed read; *released: the
+   bytes released, or -errno of a failed release */
 int bmoe_reader_load(reader_t *r, int layer, const int32_t *experts, int n, int nv,
                      const int32_t *vlayers, const int32_t *vexperts, int64_t *released) {
     int64_t ticket = n > 0 ? bmoe_reader_submit(r, layer, experts, n, 0) : -1;
+    int err = ticket < 0 ? 0 : bmoe_reader_wait(r, ticket);
     *released = nv > 0 ? bmoe_reader_release(r, nv, vlayers, vexperts) : 0;
-    return ticket < 0 ? 0 : bmoe_reader_wait(r, ticket);
+    return err;
 }
 
 /* 0 once the ticket's reads are done without error, else the errno of the first failure;
@@ -522,10 +524,10 @@ class CExpertReader:
         return CTicket(self.lib, self._r, ticket, self.paths[0])
 
     def load(self, layer: int, experts: list[int], victims: list[tuple[int, int]]) -> None:
-        """A routing step's demand reads of `experts` of `layer` in one call, waited for, the
-        pages of `victims` ((layer, expert) pairs, none of them being read) given back while
-        the lanes read: what :meth:`submit_experts`, the arena's release of each victim and
-        the wait do, without coming back to Python in between."""
+        """A routing step's demand reads of `experts` of `layer` in one call, waited for, then
+        the pages of `victims` ((layer, expert) pairs, none of them being read) given back:
+        what :meth:`submit_experts`, the wait and the arena's release of each victim do,
+        without coming back to Python in between."""
         n, nv = len(experts), len(victims)
         slot = self._layer_slot
         ids = (ctypes.c_int32 * max(1, n))(*experts)

@@ -216,8 +216,8 @@ class ExpertStreamer:
             and self._load is not None
             and not (inflight and any(key in inflight for key in gone))
         ):
-            # one call: the reads queued, the victims' pages given back while the lanes
-            # read (no read of a victim is in flight), the reads waited for
+            # one call: the reads queued and waited for, then the victims' pages given back
+            # (no read of a victim is in flight), as the native engine reads, then evicts
             held = [key for key in gone if key in self._materialized]
             readable = self.readable
             for key in held:
