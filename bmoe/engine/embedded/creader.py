@@ -293,13 +293,17 @@ int bmoe_reader_wait(reader_t *r, int64_t ticket);
 /* a routing step's reads in one call: the demand reads of `n` experts of `layer` queued and
    waited for (the caller reading as lane 0), then the pages of `nv` victims given back, as the
    native engine evicts (after the reads: no page release, and no TLB flush it sends to the
-   lanes' cores, while they read). 0, else the errno of the first failed read; *released: the
-   bytes released, or -errno of a failed release */
+   lanes' cores, while they read); with `release_first`, before the reads (a wide step, whose
+   reads would otherwise sit in memory beside its victims). 0, else the errno of the first
+   failed read; *released: the bytes released, or -errno of a failed release */
 int bmoe_reader_load(reader_t *r, int layer, const int32_t *experts, int n, int nv,
-                     const int32_t *vlayers, const int32_t *vexperts, int64_t *released) {
+                     const int32_t *vlayers, const int32_t *vexperts, int release_first,
+                     int64_t *released) {
+    *released = release_first && nv > 0 ? bmoe_reader_release(r, nv, vlayers, vexperts) : 0;
+    if (*released < 0) return 0;
     int64_t ticket = n > 0 ? bmoe_reader_submit(r, layer, experts, n, 0) : -1;
     int err = ticket < 0 ? 0 : bmoe_reader_wait(r, ticket);
-    *released = nv > 0 ? bmoe_reader_release(r, nv, vlayers, vexperts) : 0;
+    if (!release_first) *released = nv > 0 ? bmoe_reader_release(r, nv, vlayers, vexperts) : 0;
     return err;
 }
 
@@ -418,7 +422,7 @@ def load() -> ctypes.CDLL | None:
     lib.bmoe_reader_release.argtypes = [p, ctypes.c_int, ip32, ip32]
     lib.bmoe_reader_load.restype = ctypes.c_int
     lib.bmoe_reader_load.argtypes = [p, ctypes.c_int, ip32, ctypes.c_int, ctypes.c_int, ip32,
-                                     ip32, ip64]  # fmt: skip
+                                     ip32, ctypes.c_int, ip64]  # fmt: skip
     del i32
     return lib
 
@@ -523,11 +527,17 @@ class CExpertReader:
         )
         return CTicket(self.lib, self._r, ticket, self.paths[0])
 
-    def load(self, layer: int, experts: list[int], victims: list[tuple[int, int]]) -> None:
+    def load(
+        self,
+        layer: int,
+        experts: list[int],
+        victims: list[tuple[int, int]],
+        release_first: bool = False,
+    ) -> None:
         """A routing step's demand reads of `experts` of `layer` in one call, waited for, then
-        the pages of `victims` ((layer, expert) pairs, none of them being read) given back:
-        what :meth:`submit_experts`, the wait and the arena's release of each victim do,
-        without coming back to Python in between."""
+        the pages of `victims` ((layer, expert) pairs, none of them being read) given back
+        (with `release_first`, before the reads): what :meth:`submit_experts`, the wait and
+        the arena's release of each victim do, without coming back to Python in between."""
         n, nv = len(experts), len(victims)
         slot = self._layer_slot
         ids = (ctypes.c_int32 * max(1, n))(*experts)
@@ -535,7 +545,15 @@ class CExpertReader:
         vexperts = (ctypes.c_int32 * max(1, nv))(*[v[1] for v in victims])
         released = ctypes.c_int64()
         err = self.lib.bmoe_reader_load(
-            self._r, slot[layer], ids, n, nv, vlayers, vexperts, ctypes.byref(released)
+            self._r,
+            slot[layer],
+            ids,
+            n,
+            nv,
+            vlayers,
+            vexperts,
+            int(release_first),
+            ctypes.byref(released),
         )
         if released.value < 0:
             code = -released.value

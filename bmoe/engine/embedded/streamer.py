@@ -217,14 +217,16 @@ class ExpertStreamer:
             and not (inflight and any(key in inflight for key in gone))
         ):
             # one call: the reads queued and waited for, then the victims' pages given back
-            # (no read of a victim is in flight), as the native engine reads, then evicts
+            # (no read of a victim is in flight), as the native engine reads, then evicts; a
+            # step of more than one token (the prompt) gives them back first, so that its
+            # reads of up to every expert of the layer do not sit in memory beside them
             held = [key for key in gone if key in self._materialized]
             readable = self.readable
             for key in held:
                 self._materialized.discard(key)
                 readable[key[0] * self.n_expert + key[1]] = 0
             tw = time.perf_counter_ns()
-            self._load(layer, misses, held)
+            self._load(layer, misses, held, len(flat) > k)
             io_ns += time.perf_counter_ns() - tw
         else:
             for key in gone:
