@@ -310,15 +310,25 @@ int bmoe_reader_wait(reader_t *r, int64_t ticket);
    native engine evicts (after the reads: no page release, and no TLB flush it sends to the
    lanes' cores, while they read); with `release_first`, before the reads (a wide step, whose
    reads would otherwise sit in memory beside its victims). 0, else the errno of the first
-   failed read; *released: the bytes released, or -errno of a failed release */
+   failed read; out[0]: the bytes released, or -errno of a failed release; out[1]: the ns the
+   release took (cache management, apart from the reads) */
 int bmoe_reader_load(reader_t *r, int layer, const int32_t *experts, int n, int nv,
                      const int32_t *vlayers, const int32_t *vexperts, int release_first,
-                     int64_t *released) {
-    *released = release_first && nv > 0 ? bmoe_reader_release(r, nv, vlayers, vexperts) : 0;
-    if (*released < 0) return 0;
+                     int64_t *out) {
+    int64_t t0 = now_ns();
+    out[0] = out[1] = 0;
+    if (release_first && nv > 0) {
+        out[0] = bmoe_reader_release(r, nv, vlayers, vexperts);
+        out[1] = now_ns() - t0;
+    }
+    if (out[0] < 0) return 0;
     int64_t ticket = n > 0 ? bmoe_reader_submit(r, layer, experts, n, 0) : -1;
     int err = ticket < 0 ? 0 : bmoe_reader_wait(r, ticket);
-    if (!release_first) *released = nv > 0 ? bmoe_reader_release(r, nv, vlayers, vexperts) : 0;
+    if (!release_first && nv > 0) {
+        t0 = now_ns();
+        out[0] = bmoe_reader_release(r, nv, vlayers, vexperts);
+        out[1] = now_ns() - t0;
+    }
     return err;
 }
 
@@ -548,17 +558,18 @@ class CExpertReader:
         experts: list[int],
         victims: list[tuple[int, int]],
         release_first: bool = False,
-    ) -> None:
+    ) -> int:
         """A routing step's demand reads of `experts` of `layer` in one call, waited for, then
         the pages of `victims` ((layer, expert) pairs, none of them being read) given back
         (with `release_first`, before the reads): what :meth:`submit_experts`, the wait and
-        the arena's release of each victim do, without coming back to Python in between."""
+        the arena's release of each victim do, without coming back to Python in between.
+        Returns the ns the release took."""
         n, nv = len(experts), len(victims)
         slot = self._layer_slot
         ids = (ctypes.c_int32 * max(1, n))(*experts)
         vlayers = (ctypes.c_int32 * max(1, nv))(*[slot.get(v[0], -1) for v in victims])
         vexperts = (ctypes.c_int32 * max(1, nv))(*[v[1] for v in victims])
-        released = ctypes.c_int64()
+        out = (ctypes.c_int64 * 2)()
         err = self.lib.bmoe_reader_load(
             self._r,
             slot[layer],
@@ -568,13 +579,14 @@ class CExpertReader:
             vlayers,
             vexperts,
             int(release_first),
-            ctypes.byref(released),
+            out,
         )
-        if released.value < 0:
-            code = -released.value
+        if out[0] < 0:
+            code = -out[0]
             raise OSError(code, f"madvise(MADV_DONTNEED) failed: {os.strerror(code)}")
         if err:
             raise OSError(err, f"expert read of {self.paths[0]} failed: {os.strerror(err)}")
+        return int(out[1])
 
     def drain(self) -> ReadBatch:
         """The bytes read since the last drain, and the records when tracing."""

@@ -226,8 +226,8 @@ class ExpertStreamer:
                 self._materialized.discard(key)
                 readable[key[0] * self.n_expert + key[1]] = 0
             tw = time.perf_counter_ns()
-            self._load(layer, misses, held, len(flat) > k)
-            io_ns += time.perf_counter_ns() - tw
+            release_ns = self._load(layer, misses, held, len(flat) > k)
+            io_ns += time.perf_counter_ns() - tw - release_ns  # the release is management
         else:
             for key in gone:
                 io_ns += self._release(key)
