@@ -38,8 +38,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bmoe.analyze.predict import coverage_check  # noqa: E402
-from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
+from bmoe.analyze.profile import against_files, build_profile, profile_runs  # noqa: E402
 from bmoe.engine.synth import synth_model  # noqa: E402
+from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
 #: The profile's configurations: (cache_mb, io_threads), LRU, prefetch 0.
@@ -95,16 +96,24 @@ def _run(model: Path, folder: Path, name: str, cell, args, traced: bool) -> None
         "--cache-mb", str(cache_mb), "--io-threads", str(lanes), "--prefetch", str(prefetch),
         "--cache-policy", policy, "--csv", f"{name}.csv",
     ]  # fmt: skip
+    load = run_recorded(argv, folder, name, traced, args.wait_load)
+    print(f"  {name}: load {load:.1f}", flush=True)
+
+
+def run_recorded(argv: list[str], folder: Path, name: str, traced: bool, wait_load) -> float:
+    """Run `argv` (a ``bmoe run`` writing ``<name>.csv``) in `folder`, with the route and io
+    traces when `traced`, once the load allows (``--wait-load``); the load average it started
+    at is kept as ``<name>.load`` and returned."""
     if traced:
-        argv += ["--route-trace", f"{name}.route.csv", "--io-trace", f"{name}.io.csv"]
-    _wait_for_load(args.wait_load)
+        argv = [*argv, "--route-trace", f"{name}.route.csv", "--io-trace", f"{name}.io.csv"]
+    _wait_for_load(wait_load)
     load = _load()
     done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, errors="replace",
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     if done.returncode:
         raise SystemExit(f"{name}: bmoe run failed: {done.stderr.strip()[-400:]}")
     (folder / f"{name}.load").write_text(f"{load}\n")
-    print(f"  {name}: load {load:.1f}", flush=True)
+    return load
 
 
 def _round(model: Path, out: Path, r: int, args) -> None:
@@ -135,10 +144,10 @@ def analyze_round(folder: Path, r: int, profile_repeats: int) -> pd.DataFrame:
     names = [folder / f"profile{i}.csv" for i in range(len(PROFILE_RUNS))]
     names += [folder / f"profile{i}_u{k}.csv" for k in range(1, profile_repeats + 1)
               for i in range(len(PROFILE_RUNS))]  # fmt: skip
-    runs = _quiet(read_runs, [n for n in names if n.is_file()])
+    runs = profile_runs(_quiet(read_recorded_runs, [n for n in names if n.is_file()]))
     profile = _quiet(build_profile, runs)
     trace = next(run.route for run in runs if run.route is not None)
-    files = _quiet(read_runs, sorted(folder.glob("cell_*.csv")))
+    files = profile_runs(_quiet(read_recorded_runs, sorted(folder.glob("cell_*.csv"))))
     cells = _quiet(against_files, trace, profile, files)["cells"]
     loads = {p.stem: float(p.read_text()) for p in folder.glob("*.load")}
     rows = []

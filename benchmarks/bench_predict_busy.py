@@ -47,7 +47,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bmoe.analyze.predict import WIDEST_INTERVAL_PCT, coverage_check  # noqa: E402
-from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
+from bmoe.analyze.profile import against_files, build_profile, profile_runs  # noqa: E402
+from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
 PROFILE_RUNS = (  # (cache_mb, io_threads, traced)
@@ -195,9 +196,11 @@ def analyze(out: Path, use: tuple[int, ...]) -> pd.DataFrame:
                 continue
             files = [folder / f"profile{i}.csv" for i in use]
             files += [f for i in use for f in sorted(folder.glob(f"profile{i}_r*.csv"))]
-            runs = _quiet(read_runs, files)
+            runs = profile_runs(_quiet(read_recorded_runs, files))
             profiles[condition] = (_quiet(build_profile, runs), runs[0].route)
-            cells[condition] = _quiet(read_runs, sorted(folder.glob("cell_*.csv")))
+            cells[condition] = profile_runs(
+                _quiet(read_recorded_runs, sorted(folder.glob("cell_*.csv")))
+            )
         for (p_cond, (profile, trace)), c_cond in itertools.product(profiles.items(), cells):
             result = _quiet(against_files, trace, profile, cells[c_cond])
             table = per_cell(result["cells"])

@@ -58,10 +58,11 @@ from bmoe.analyze.profile import (  # noqa: E402
     ProfileRun,
     against_files,
     build_profile,
-    read_runs,
+    profile_runs,
     run_config,
 )
 from bmoe.errors import BmoeError  # noqa: E402
+from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
 from bmoe.render.predict import cell_label, left_out  # noqa: E402
 
 
@@ -88,7 +89,7 @@ def demand_mib(run: ProfileRun) -> float | None:
 def phone_groups(corpus: Path) -> dict[str, list[ProfileRun]]:
     """The phone metrics files, grouped by model."""
     files = sorted((corpus / "metrics").rglob("*.csv"))
-    runs = _quiet(read_runs, files)
+    runs = profile_runs(_quiet(read_recorded_runs, files))
     groups: dict[str, list[ProfileRun]] = {}
     for run in runs:
         model = run.metrics.params.get("model")
@@ -212,7 +213,7 @@ def unpriced_cells(table: pd.DataFrame) -> pd.DataFrame:
 def gemma_halves(corpus: Path) -> dict:
     """The gemma phone run: a profile of its first half of tokens, its second half's tok/s
     predicted from the replay of its own trace."""
-    run = _quiet(read_runs, [corpus / "route-trace" / "gemma.metrics"])[0]
+    run = profile_runs(_quiet(read_recorded_runs, [corpus / "route-trace" / "gemma.metrics"]))[0]
     rows = run.metrics.rows
     config = run_config(run)
     half = len(rows) // 2
@@ -235,11 +236,15 @@ def native_tiny(corpus: Path) -> pd.DataFrame:
     the ``pf`` routing (same prompt as ``ct``, ``ctl``; ``drop`` replayed with --drop 1.0
     through its own trace); what its intervals are made of in ``attrs["interval"]``."""
     tiny = corpus / "native-tiny"
-    profile = _quiet(build_profile, _quiet(read_runs, [tiny / "run.csv", tiny / "pf.csv"]))
-    others = _quiet(read_runs, [tiny / n for n in ("ct.csv", "ctl.csv", "mmap.csv")])
-    pf = _quiet(read_runs, [tiny / "pf.csv"])[0]
+    profile = _quiet(
+        build_profile, profile_runs(_quiet(read_recorded_runs, [tiny / "run.csv", tiny / "pf.csv"]))
+    )
+    others = profile_runs(
+        _quiet(read_recorded_runs, [tiny / n for n in ("ct.csv", "ctl.csv", "mmap.csv")])
+    )
+    pf = profile_runs(_quiet(read_recorded_runs, [tiny / "pf.csv"]))[0]
     parts = [_quiet(against_files, pf.route, profile, others)["cells"]]
-    drop = _quiet(read_runs, [tiny / "drop.csv"])[0]
+    drop = profile_runs(_quiet(read_recorded_runs, [tiny / "drop.csv"]))[0]
     parts.append(_quiet(against_files, drop.route, profile, [drop], drop=1.0)["cells"])
     cells = pd.concat(parts, ignore_index=True)
     columns = ["cell", "tok_s", "tok_s_predicted", "tok_s_low_predicted",
@@ -257,7 +262,7 @@ def host_table(folder: Path = TINY_SWEEP, every: int = 7) -> pd.DataFrame:
     """The archived host sweep's files as loose files: a profile of every `every`-th pair of
     its configurations (all their repeats) predicting the other configurations' files from
     their own reads; one row per (profile, file)."""
-    runs = _quiet(read_runs, [folder / "cells"])
+    runs = profile_runs(_quiet(read_recorded_runs, [folder / "cells"]))
     by_config: dict[tuple, list[ProfileRun]] = {}
     for run in runs:
         config = run_config(run)
@@ -355,11 +360,11 @@ def lever_table(corpus: Path, folder: Path = TINY_SWEEP) -> pd.DataFrame:
     v1 = next(runs for key, runs in groups.items() if "(v1)" in key)
     rows += _lever_rows("dense_weights", "phone v1", v1[:1], v1[1:], _profiles(1), _against())
     tiny = corpus / "native-tiny"
-    base = _quiet(read_runs, [tiny / "run.csv"])
-    drop = _quiet(read_runs, [tiny / "drop.csv"])
+    base = profile_runs(_quiet(read_recorded_runs, [tiny / "run.csv"]))
+    drop = profile_runs(_quiet(read_recorded_runs, [tiny / "drop.csv"]))
     rows += _lever_rows("drop", "native-tiny", base, drop, _profiles(1),
                         _against(drop[0].route, drop=1.0))  # fmt: skip
-    pf = _quiet(read_runs, [tiny / "pf.csv"])
+    pf = profile_runs(_quiet(read_recorded_runs, [tiny / "pf.csv"]))
     rows += _lever_rows("prefetch", "native-tiny", base, pf, _profiles(1), _against(pf[0].route))
     rows += _host_lever_rows(folder)
     return pd.DataFrame(rows)
@@ -369,7 +374,7 @@ def _host_lever_rows(folder: Path) -> list:
     """The archived host sweep: profiles of the cells of one lane count (two budgets, all
     their repeats) predicting the other lane counts' cells; profiles of the two smallest
     budgets at one lane count predicting the larger budgets at that lane count."""
-    runs = _quiet(read_runs, [folder / "cells"])
+    runs = profile_runs(_quiet(read_recorded_runs, [folder / "cells"]))
     by_config: dict[tuple, list[ProfileRun]] = {}
     for run in runs:
         config = run_config(run)

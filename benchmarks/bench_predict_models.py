@@ -30,9 +30,7 @@ Usage: python benchmarks/bench_predict_models.py [--models dev] [--tokens 48] [-
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -45,13 +43,14 @@ import pandas as pd  # noqa: E402
 
 from bmoe.analyze import replay  # noqa: E402
 from bmoe.analyze.predict import coverage_check, predict  # noqa: E402
-from bmoe.analyze.profile import against_files, build_profile, read_runs  # noqa: E402
+from bmoe.analyze.profile import against_files, build_profile, profile_runs  # noqa: E402
 from bmoe.analyze.verdict import CONTENDED_RATIO  # noqa: E402
 from bmoe.formats.metrics import read_metrics  # noqa: E402
 from bmoe.formats.route import read_route_trace  # noqa: E402
+from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_predict import _load, _quiet, _wait_for_load  # noqa: E402  (the same waits)
+from bench_predict import _quiet, run_recorded  # noqa: E402  (the same runs and waits)
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
 #: name -> (role, synth settings). Shapes of a few hundred MiB: a 48-token run takes seconds.
@@ -82,15 +81,7 @@ def _run(model: Path, folder: Path, name: str, cache_mb: float, lanes: int, trac
         "-n", str(args.tokens), "-t", str(args.threads), "--seed", "1", "--moe-stream",
         "--cache-mb", f"{cache_mb:g}", "--io-threads", str(lanes), "--csv", f"{name}.csv",
     ]  # fmt: skip
-    if traced:
-        argv += ["--route-trace", f"{name}.route.csv", "--io-trace", f"{name}.io.csv"]
-    _wait_for_load(args.wait_load)
-    load = _load()
-    done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, errors="replace",
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    if done.returncode:
-        raise SystemExit(f"{name}: bmoe run failed: {done.stderr.strip()[-400:]}")
-    (folder / f"{name}.load").write_text(f"{load}\n")
+    load = run_recorded(argv, folder, name, traced, args.wait_load)
     print(f"  {name}: {cache_mb:g} MiB {lanes}L traced={traced} load {load:.1f}", flush=True)
 
 
@@ -194,13 +185,15 @@ def analyze(model_name: str, out: Path, args) -> pd.DataFrame:
     if args.profile_repeats:
         names = [n for n in names if "_u" not in n.stem
                  or int(n.stem.rsplit("_u", 1)[1]) <= args.profile_repeats]  # fmt: skip
-    runs = _quiet(read_runs, names)
+    runs = profile_runs(_quiet(read_recorded_runs, names))
     profile = _quiet(build_profile, runs)
     trace = runs[0].route
     grid = pd.DataFrame(plan["cells"], columns=["cache_mb", "io_threads"])
     predicted = _quiet(predict, trace, profile, grid)
     cell_files = sorted(folder.glob("cell_*.csv"))
-    labels = _quiet(against_files, trace, profile, _quiet(read_runs, cell_files))["cells"]
+    labels = _quiet(
+        against_files, trace, profile, profile_runs(_quiet(read_recorded_runs, cell_files))
+    )["cells"]
     firm_files = {Path(f).stem for f, m in zip(labels["file"], labels["measurement"], strict=True)
                   if not isinstance(m, str)}  # fmt: skip
     baseline = _baseline(profile)

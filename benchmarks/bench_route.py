@@ -6,8 +6,9 @@ line uses, and end to end (``bmoe analyze route TRACE`` against ``python
 tests/oracles/route.py TRACE`` in fresh processes, runs interleaved round by round: CPU time
 including start-up and printing, and peak RSS; bmoe's output once to a pipe and once to a
 file, the script's to a pipe). `--baseline DIR` adds another checkout's command to each
-round (the time before a change). Per round the ratios (the script's CPU over bmoe's, the
-baseline's over bmoe's); min / median / max of `--repeat` rounds and the load average.
+round, to a pipe and to a file (the time before a change). Per round the ratios (the
+script's CPU over bmoe's, the baseline's over bmoe's, pipe and file); min / median / max of
+`--repeat` rounds and the load average.
 
     python benchmarks/bench_route.py [--steps 5072] [--keep PATH] [--repeat 5] [--baseline DIR]
 
@@ -254,6 +255,7 @@ def main() -> None:
     lines = {"bmoe | cat": ("pipe", ROOT), "bmoe > file": ("file", ROOT)}
     if args.baseline:
         lines["baseline bmoe | cat"] = ("pipe", args.baseline)
+        lines["baseline bmoe > file"] = ("file", args.baseline)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in [*lines, "script"]}
     loads = []
     for r in range(args.repeat):  # interleaved: a busy moment costs each side alike
@@ -273,8 +275,10 @@ def main() -> None:
         ratio = [b / a for a, b in zip(cpu[name], cpu["script"], strict=True)]
         print(f"  script / {name:<27} {spread(ratio, 1)}x")
     if args.baseline:
-        ratio = [b / a for a, b in zip(cpu["bmoe | cat"], cpu["baseline bmoe | cat"], strict=True)]
-        print(f"  baseline / bmoe (| cat)              {spread(ratio, 2)}x")
+        for sink in ("| cat", "> file"):
+            ratio = [b / a for a, b in zip(cpu[f"bmoe {sink}"], cpu[f"baseline bmoe {sink}"],
+                                           strict=True)]  # fmt: skip
+            print(f"  baseline / bmoe ({sink}){' ' * (21 - len(sink))}{spread(ratio, 2)}x")
     tmp.cleanup()
 
 

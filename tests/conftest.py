@@ -37,6 +37,20 @@ def read_mode(request, monkeypatch) -> str:
 
 
 @pytest.fixture(scope="session")
+def small_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The device profile of the archived small sweep (``bench-data/2026-11-29-small-traces``,
+    its traced runs allowed), built once per session by ``bmoe profile``."""
+    small = ROOT / "bench-data" / "2026-11-29-small-traces"
+    if not small.is_dir():
+        pytest.skip(f"bench-data small sweep absent ({small})")
+    from bmoe.cli import main
+
+    out = tmp_path_factory.mktemp("profile") / "small.json"
+    assert main(["profile", str(small), "--allow-traced", "-o", str(out), "-f", "json"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic ``tiny`` qwen3moe GGUF (4 layers, 8 experts, top-2), made once per session."""
     pytest.importorskip("gguf", reason="the engine extra (gguf) is not installed")

@@ -455,11 +455,14 @@ def good_profile(corpus: Path) -> dict:
     """The device profile of the corpus's serial run (as ``bmoe profile`` writes it)."""
     import warnings
 
-    from bmoe.analyze.profile import build_profile, read_runs
+    from bmoe.analyze.profile import build_profile, profile_runs
+    from bmoe.formats.runfiles import read_recorded_runs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        profile = build_profile(read_runs([corpus / "native-tiny/run.csv"]), allow_traced=True)
+        profile = build_profile(
+            profile_runs(read_recorded_runs([corpus / "native-tiny/run.csv"])), allow_traced=True
+        )
     return json.loads(json.dumps(profile.to_dict()))
 
 

@@ -35,11 +35,11 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.metrics import per_token, run_summary, steady_state
-from bmoe.analyze.runfiles import RunFiles
 from bmoe.analyze.stall import stall_attribution
 from bmoe.analyze.verdict import MIN_REPEATS
 from bmoe.errors import BmoeError
 from bmoe.formats.metrics import MetricsRun
+from bmoe.formats.runfiles import RunFiles
 
 REFUSE = "refuse"
 WARN = "warn"

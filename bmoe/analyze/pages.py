@@ -54,8 +54,8 @@ def run_page(
     memory picture beside the attribution's tokens."""
     from bmoe.analyze.compare import run_concerns
     from bmoe.analyze.metrics import run_summary, summarize_runs, summary_tables
-    from bmoe.analyze.runfiles import RunFiles
     from bmoe.analyze.stall import memory_picture, stall_attribution
+    from bmoe.formats.runfiles import RunFiles
 
     att = stall_attribution(run)
     params = {**dict(run.params), **(dict(record.get("params", {})) if record else {})}

@@ -52,13 +52,14 @@ from bmoe.analyze.route_cells import (
     one_row,
     order_rows,
     select,
+    select_sequence,
     sequence_of,
     trace_columns,
     with_all_row,
 )
 from bmoe.analyze.views import ROUTE
 from bmoe.errors import BmoeError
-from bmoe.formats.route import RouteTrace
+from bmoe.formats.route import RouteColumns, RouteTrace
 from bmoe.units import MIB
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ __all__ = [
     "caveats",
     "count_steps",
     "select",
+    "select_sequence",
 ]
 
 #: The views ``--view`` names, in the catalogue's order (its ``prefetch_slots`` comes with
@@ -272,7 +274,20 @@ def _reuse(seq: StepSequence) -> View:
     quantiles = {q: np.full(n_layers, -1, dtype=np.int64) for q in REUSE_QUANTILES}
     longest = np.full(n_layers, -1, dtype=np.int64)
     never = np.zeros(n_layers, dtype=np.int64)
-    for a, b in seq.layer_blocks():
+    blocks = seq.layer_blocks()
+    bounds = np.array([0, *(b for _a, b in blocks)], dtype=np.int64)
+    block_layer = seq.layer_idx[bounds[:-1]].astype(np.int32)
+    fractions = np.array(REUSE_QUANTILES, dtype=np.float64)
+    most = int(seq.cells_per_layer.max()) if n_layers else 0
+    table = np.full((len(fractions), n_layers), -1, dtype=np.int64)
+    figures_args = (key, order, seq.gcell, seq.cell_index, bounds, block_layer, fractions, most,
+                    n_reuse, table, longest, never)  # fmt: skip
+    if blocks and route_order.reuse_figures.takes(*figures_args):  # one pass, no scratch
+        route_order.reuse_figures(*figures_args)
+        for j, fraction in enumerate(REUSE_QUANTILES):
+            quantiles[fraction] = table[j]
+        blocks = []
+    for a, b in blocks:
         i = int(seq.layer_idx[a])
         k = key[a:b]
         same = k[1:] == k[:-1]
@@ -343,16 +358,27 @@ def _overlap(seq: StepSequence, lags: Sequence[int]) -> View:
         size += np.bitwise_count(masks[w])
     cols: dict[str, Any] = {}
     pooled: dict[str, Any] = {}
+    # made once for every lag (the same values each lag's figures divide by and group on)
+    nonempty = size > 0
+    every_cell = bool(nonempty.all())
+    per_cell = np.maximum(size, 1).astype(np.float64)
+    cell_layer = seq.cell_layer_idx.astype(np.intp)
     for g in lags:
         if g < 1:
             raise BmoeError(f"overlap lag {g}: lags count cells back, from 1")
         inter = np.zeros(n_cells, dtype=np.int64)  # cell c against cell c-g (same layer where
         if g < n_cells:  # its index in the layer is >= g: layers are contiguous)
             inter[g:] = _shared(masks, g)
-        counted = (seq.cell_index >= g) & (size > 0)
-        pct = np.where(counted, 100.0 * inter / np.maximum(size, 1), 0.0)
-        total = np.bincount(seq.cell_layer_idx, weights=pct, minlength=seq.n_layers)
-        n = np.bincount(seq.cell_layer_idx, weights=counted, minlength=seq.n_layers)
+        counted = seq.cell_index >= g
+        counted &= nonempty
+        pct = inter * 100.0
+        pct /= per_cell
+        pct[~counted] = 0.0
+        total = np.bincount(cell_layer, weights=pct, minlength=seq.n_layers)
+        if every_cell:  # the cells counted: each layer's from its g-th on
+            n = np.maximum(seq.cells_per_layer - g, 0).astype(np.float64)
+        else:
+            n = np.bincount(cell_layer, weights=counted, minlength=seq.n_layers)
         cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
         pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else 0.0
     return with_all_row(layer_view(seq, **cols), pooled)
@@ -493,13 +519,16 @@ def prefetch_slot_columns(trace: Trace) -> View:
     columns = ["slot", "prefetch_hits", "share_pct", "of_slot_pct"]
     if "residency" not in rows or "slot" not in rows:
         return _no_rows(columns)
-    slot = rows["slot"].astype(np.int64)
+    slot = rows["slot"]
     hit = rows["residency"] == 2
     if not hit.any():
         return _no_rows(columns)
     n = int(slot.max()) + 1
-    hits = np.bincount(slot[hit], minlength=n)
-    routings = np.bincount(slot, minlength=n)
+    hits = np.bincount(slot[hit].astype(np.int64), minlength=n)
+    if n <= 64 and int(slot.min()) >= 0:  # a few slots: counted in place, no wide copy
+        routings = np.array([np.count_nonzero(slot == s) for s in range(n)], dtype=np.int64)
+    else:
+        routings = np.bincount(slot.astype(np.int64), minlength=n)
     return {
         "slot": np.arange(n, dtype=np.int64),
         "prefetch_hits": hits.astype(np.int64),
@@ -703,14 +732,19 @@ def view_columns(
     top: int = 8,
     cells: str = "experts",
     matrix_limit: int | None = MATRIX_STEPS,
+    sequence: StepSequence | None = None,
 ) -> dict[str, Any]:
     """:func:`route_views` as columns, without pandas: name -> :data:`View` (the matrix, made
-    of text cells, is a DataFrame)."""
+    of text cells, is a DataFrame). `sequence`: the step sequence of `trace`'s rows, when the
+    caller has it (:func:`select_sequence`), so that it is not worked out again."""
     names = list(names)
     unknown = [n for n in names if n not in VIEWS]
     if unknown:
         raise BmoeError(f"unknown view {', '.join(unknown)} (choose from {', '.join(VIEWS)})")
-    seq, meta_trace = sequence_of(trace)
+    if sequence is None:
+        seq, meta_trace = sequence_of(trace)
+    else:
+        seq, meta_trace = sequence, trace if isinstance(trace, RouteTrace | RouteColumns) else None
     build = {
         "sanity": lambda: _sanity(seq, meta_trace),
         "hot": lambda: _hot(seq, top),

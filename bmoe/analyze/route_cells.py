@@ -113,6 +113,36 @@ def select(
     built (`trace` keeps its columns, with no rows, when the selection is not empty): the
     peak is one frame instead of two, for callers done with the whole trace. The selection
     has the trace's form: a RouteTrace gives a RouteTrace, RouteColumns give RouteColumns."""
+    return _select(trace, phase, turn, layers, steps, max_steps, consume)[0]
+
+
+def select_sequence(
+    trace: RouteColumns,
+    phase: str = "decode",
+    turn: int | None = None,
+    layers: Collection[int] | None = None,
+    steps: Collection[int] | None = None,
+    max_steps: int | None = None,
+    *,
+    consume: bool = False,
+) -> tuple[RouteColumns, StepSequence]:
+    """:func:`select`, and the step sequence of the selection's rows made from the order the
+    selection worked out: the views take it (``view_columns(..., sequence=)``) instead of
+    working out the order of the selected rows again. Its step codes are the whole trace's
+    (the same order and the same cells as the selection's own)."""
+    selected, ordered = _select(trace, phase, turn, layers, steps, max_steps, consume)
+    return selected, _sequence(ordered, selected.columns)
+
+
+def _select(
+    trace: RouteTrace | RouteColumns,
+    phase: str,
+    turn: int | None,
+    layers: Collection[int] | None,
+    steps: Collection[int] | None,
+    max_steps: int | None,
+    consume: bool,
+) -> tuple[Any, Ordered | None]:
     frame = trace.rows if isinstance(trace, RouteTrace) else None
     cols = trace.columns if isinstance(trace, RouteColumns) else columns_of(trace.rows)
     if consume and frame is not None:
@@ -129,13 +159,15 @@ def select(
             del frame
         else:
             trace.columns = {c: a[:0] for c, a in cols.items()}
-    ordered = _sorted_rows(cols, keep, consume=consume)
+    # the selected rows' phase is the one chosen: no need to gather it
+    known = {"phase": PHASES[phase]} if phase in PHASES and "phase" in cols else None
+    ordered = _sorted_rows(cols, keep, consume=consume, known=known)
     rows = ordered[0] if ordered is not None else {c: a[:0] for c, a in cols.items()}
     if isinstance(trace, RouteColumns):
-        return dataclasses.replace(trace, columns=rows)
+        return dataclasses.replace(trace, columns=rows), ordered
     import pandas as pd
 
-    return dataclasses.replace(trace, rows=pd.DataFrame(rows, copy=False))
+    return dataclasses.replace(trace, rows=pd.DataFrame(rows, copy=False)), ordered
 
 
 def kept_rows(
@@ -182,11 +214,11 @@ def _step_codes(cols: Mapping[str, Any]) -> np.ndarray:
     kind: type[np.signedinteger] = np.int32 if small else np.int64
     code: np.ndarray = step.astype(kind)
     code -= lo
-    if turn is not None:
+    if turn is not None and (turns > 1 or int(turn.min()) != 0):  # (all turn 0: no change)
         code += turn.astype(kind) * span
     code *= 2
     if "phase" in cols:
-        code += np.asarray(cols["phase"]).astype(kind)
+        np.add(code, np.asarray(cols["phase"]), out=code, casting="unsafe")
     return code
 
 
@@ -343,8 +375,15 @@ class StepSequence:
             short = self.n_rows - int(self.cell_start[-1]) <= route_weights.MAX_CELL and (
                 not len(sizes) or int(sizes.max()) <= route_weights.MAX_CELL
             )
-            for a, b, lo, hi in cell_blocks(self):  # cells are contiguous
-                w = weight[lo:hi].astype(np.float64)
+            # cells are contiguous; blocks of 64 Ki rows: the float64 weights (then their
+            # logarithms) of each block in one small scratch array, reused, rather than
+            # megabytes of fresh pages
+            scratch = np.empty(0)
+            for a, b, lo, hi in cell_blocks(self, 1 << 16):
+                if len(scratch) < hi - lo:
+                    scratch = np.empty(hi - lo)
+                w = scratch[: hi - lo]
+                w[:] = weight[lo:hi]
                 starts = self.cell_start[a:b] - lo
                 outputs = complete[a:b], total[a:b], acc[a:b], top[a:b]
                 if short and route_weights.cell_weights.takes(weight[lo:hi], w, starts, *outputs):
@@ -393,7 +432,12 @@ def order_rows(
     frame's columns in place (a stable sort commutes with the selection), then each column is
     copied once: the selection and the sort are one gather. `consume` takes each column out
     of `rows` once copied."""
-    ordered = _sorted_rows(rows, keep, consume)
+    return _sequence(_sorted_rows(rows, keep, consume), rows)
+
+
+def _sequence(ordered: Ordered | None, rows: Columns) -> StepSequence:
+    """The step sequence of rows :func:`_sorted_rows` put in order (`rows`: the columns, for
+    the empty sequence's when it kept none)."""
     if ordered is None:
         rows = {c: a[:0] for c, a in rows.items()}
         empty = np.zeros(0, dtype=np.int64)
@@ -405,12 +449,13 @@ def order_rows(
     n = len(step_code)
     layer = rows["layer"]
     if layers is None or layer_idx is None:  # the selection's layers, not the whole frame's
-        layers, layer_idx = _small_unique(layer)
+        layers, layer_idx = _small_unique(layer, wide=True)
     new = np.empty(n, dtype=bool)
     new[0] = True
     new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
     cell_start = np.flatnonzero(new)
-    gcell = (np.cumsum(new, dtype=np.int32) - 1).astype(np.int32)
+    gcell = np.cumsum(new, dtype=np.int32)
+    gcell -= 1
     del new
     cell_layer_idx = layer_idx[cell_start]
     cells_per_layer = np.bincount(cell_layer_idx, minlength=len(layers))
@@ -425,7 +470,7 @@ def order_rows(
     return StepSequence(
         rows=rows,
         layer=layer,
-        layer_idx=layer_idx.astype(np.int32),
+        layer_idx=layer_idx.astype(np.int32, copy=False),
         layers=layers,
         expert=expert,
         n_expert=n_expert,
@@ -439,12 +484,21 @@ def order_rows(
     )
 
 
+#: rows in step-sequence order, their distinct layers and each row's index among them (None
+#: when the selection's are still to be worked out) and each row's step code
+Ordered: TypeAlias = "tuple[Columns, np.ndarray | None, np.ndarray | None, np.ndarray]"
+
+
 def _sorted_rows(
-    rows: Columns, keep: np.ndarray | None = None, consume: bool = False
-) -> tuple[Columns, np.ndarray | None, np.ndarray | None, np.ndarray] | None:
+    rows: Columns,
+    keep: np.ndarray | None = None,
+    consume: bool = False,
+    known: Mapping[str, int] | None = None,
+) -> Ordered | None:
     """The gather of :func:`order_rows`: the rows in layer-major order, with the distinct layers,
     each row's layer index (None when `keep` selected rows: they are the selection's to
-    work out) and its step code; None when no row is kept."""
+    work out) and its step code; None when no row is kept. `known`: columns whose every
+    kept row holds this value (made, not gathered)."""
     if keep is not None and keep.all():
         keep = None
     n_all = _n_rows(rows)
@@ -504,7 +558,7 @@ def _sorted_rows(
         step_code = step_code[take]
         if keep is None:
             layer_idx = layer_idx[take]
-        rows = _take(rows, take, consume)
+        rows = _take(rows, take, consume, known)
         del take
     else:
         rows = dict(rows)
@@ -556,26 +610,48 @@ def _sort_key(
     return key
 
 
-def _take(rows: Columns, order: np.ndarray, consume: bool = False) -> Columns:
+def _take(
+    rows: Columns,
+    order: np.ndarray,
+    consume: bool = False,
+    known: Mapping[str, int] | None = None,
+) -> Columns:
     """Rows in `order`, column by column; `consume` deletes each column from `rows` once
-    copied, so the two together never hold much more than one set of rows."""
+    copied, so the two together never hold much more than one set of rows. `known`: columns
+    whose rows in `order` all hold one value, made instead of gathered."""
     out = {}
     for c in list(rows):
-        out[c] = rows[c][order]
+        if known is not None and c in known:
+            out[c] = np.full(len(order), known[c], dtype=rows[c].dtype)
+        else:
+            out[c] = _gathered(rows[c], order)
         if consume:
             del rows[c]
     return out
 
 
-def _small_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(values, return_inverse=True) for small non-sparse integers, in O(n)."""
+def _gathered(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values[order]``; a small-integer column of one value (one turn, no row dropped) is
+    made without the gather, zeros left to the system's zero pages."""
+    if values.dtype.kind == "i" and values.itemsize <= 2 and len(values):
+        lo = values.min()
+        if lo == values.max():
+            if lo == 0:
+                return np.zeros(len(order), dtype=values.dtype)
+            return np.full(len(order), lo, dtype=values.dtype)
+    return values[order]
+
+
+def _small_unique(values: np.ndarray, wide: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for small non-sparse integers, in O(n); the
+    inverse int16 where it fits, unless `wide` (for a caller that wants int32)."""
     lo, hi = int(values.min()), int(values.max())
     if hi - lo > 1_000_000:
         uniq, inverse = np.unique(values, return_inverse=True)
         return uniq, inverse
     if route_order.small_unique.takes(values):  # the same, in two passes
         uniq, inverse = route_order.small_unique(values)
-        return uniq, inverse.astype(np.int16) if len(uniq) < 32768 else inverse
+        return uniq, inverse.astype(np.int16) if len(uniq) < 32768 and not wide else inverse
     shifted = values.astype(np.int32)
     shifted -= np.int32(lo)
     present = np.bincount(shifted) > 0

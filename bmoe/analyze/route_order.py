@@ -1,7 +1,8 @@
 """Compiled loops for the route views' row order (:mod:`bmoe.analyze.route_cells`): the
 distinct values of a small integer column with each row's index among them, and the
-layer-major order of rows, in one or two passes where numpy takes five to ten. Integers
-only: every figure they lead to is the same as numpy's."""
+layer-major order of rows, in one or two passes where numpy takes five to ten; and two of
+the views' passes over the ordered rows (each cell's set of experts, the reuse figures).
+Integers only: every figure they lead to is the same as numpy's."""
 
 from __future__ import annotations
 
@@ -101,3 +102,60 @@ def cell_sets(expert, gcell, n_cells, words):
         e = np.int64(expert[r])
         masks[e >> 6, gcell[r]] |= one << np.uint64(e & 63)
     return masks
+
+
+@njit(
+    ahead=lambda: [(*arrays(f"{k} i4 i4 i4 i8 i4 f8"), 1, *arrays("i8 i8[:,:] i8 i8"))
+                   for k in ("i2", "i4")],
+    **_OPTS,
+)  # fmt: skip
+def reuse_figures(key, order, gcell, cell_index, bounds, block_layer, q, n_max, n_reuse,
+                  quantile, longest, never):  # fmt: skip
+    """The reuse view's figures, layer block by layer block of the by-key order (`key`
+    sorted, `order` the rows; block j spans ``bounds[j]:bounds[j + 1]`` and is layer
+    ``block_layer[j]``): into ``n_reuse``, ``quantile[i]`` (the element at ``min(n-1,
+    floor(q[i]*n))`` of the sorted distances), ``longest`` and ``never`` (keys routed
+    once), per layer. A distance is the step between a routing and the previous one of its
+    key, in cells of the layer's sequence; `n_max` bounds it (the most cells of a layer)."""
+    hist = np.zeros(n_max + 1, dtype=np.int64)
+    for j in range(len(bounds) - 1):
+        a, b = bounds[j], bounds[j + 1]
+        i = block_layer[j]
+        if a == b:
+            continue
+        hist[:] = 0
+        count = 0
+        top = -1
+        run = 1
+        lonely = 0
+        prev = cell_index[gcell[order[a]]]
+        for r in range(a + 1, b):
+            cell = cell_index[gcell[order[r]]]
+            if key[r] == key[r - 1]:
+                d = cell - prev
+                hist[d] += 1
+                count += 1
+                if d > top:
+                    top = d
+                run += 1
+            else:
+                if run == 1:
+                    lonely += 1
+                run = 1
+            prev = cell
+        if run == 1:
+            lonely += 1
+        never[i] = lonely
+        n_reuse[i] = count
+        if count:
+            for k in range(len(q)):
+                at = np.int64(np.floor(q[k] * count))
+                if at > count - 1:
+                    at = count - 1
+                seen = 0
+                for d in range(top + 1):
+                    seen += hist[d]
+                    if seen > at:
+                        quantile[k, i] = d
+                        break
+            longest[i] = top

@@ -37,7 +37,7 @@ def run_row(path: Path) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
     """The summary figures of the run whose metrics file is `path` (with its ``.metrics``
     sidecar), and the run and its pressure figures as read."""
     from bmoe.analyze.metrics import run_summary
-    from bmoe.analyze.runfiles import read_with_pressure
+    from bmoe.formats.runfiles import read_with_pressure
 
     run, pressure = read_with_pressure(path)
     return dict(run_summary(run, pressure)), run, pressure

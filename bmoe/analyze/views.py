@@ -233,11 +233,53 @@ HISTORY = _group(
     ("regressions", "regressions beyond {threshold_pct:g} % into the newest sweep"),
 )
 
+# ----------------------------------------------------------------------------- the device model
+
+PROFILE = _group(
+    "profile",
+    ("profile", "profile"),
+    ("terms", "terms (each a mean per token)"),
+    ("flash", "flash (a request wave's latency by read lanes)"),
+    ("flash_by_read", "flash latency by MiB read a token"),
+    ("absent", "terms not measured"),
+    ("runs", "runs"),
+    ("runs_by_config", "runs (per configuration)"),
+    ("held_out", "held out (each run predicted from the others)"),
+    ("held_out_by_config", "held out (each configuration predicted from the others)"),
+)
+
+PREDICT = _group(
+    "predict",
+    ("predicted", "predicted"),
+    ("speed", "speed (tok/s with its {interval}; a token's ms by part)"),
+    ("cache", "cache (replayed)"),
+    ("cells", "cells"),
+    ("compared", "measured vs predicted tok/s"),
+    ("left_out", "left out of the headline"),
+    ("summary", "summary"),
+)
+
+# ----------------------------------------------------------------------------- report pages
+
+#: A run's page: its own views beside the metrics (``summary``) and stall views it shows.
+RUN = _group(
+    "run",
+    ("parameters", "parameters"),
+    ("end_of_run", "end-of-run lines"),
+)
+
+#: A route trace's page: its own views beside the route and replay views it shows.
+ROUTE_TRACE = _group(
+    "route_trace",
+    ("shape", "route trace"),
+    ("matrix", "routing matrix ({phase} steps)"),
+)
+
 #: Every group, by name.
 GROUPS: Mapping[str, Group] = {
     g.name: g
     for g in (INFO, METRICS, STALL, COMPARE, CONTAMINATION, ROUTE, REPLAY, DROP, COMPUTE, IO,
-              SWEEP, HISTORY)
+              SWEEP, HISTORY, PROFILE, PREDICT, RUN, ROUTE_TRACE)
 }  # fmt: skip
 
 

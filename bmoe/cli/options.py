@@ -1,11 +1,33 @@
-"""Checks of option values shared by the commands, made before any work starts."""
+"""Options shared by the commands: the declaration of a flag more than one command takes
+(one home, so their names, defaults and help agree), and the checks of option values, made
+before any work starts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from bmoe.errors import BmoeError
+
+#: ``--output`` / ``-o`` of the commands that make a sweep folder (``sweep``, ``tune``).
+OutputRoot = Annotated[
+    Path | None,
+    typer.Option(
+        "--output", "-o", help="Output root (default: the config's output, else bench-data/)."
+    ),
+]
+#: ``--plain`` of the commands that show a sweep's live display (``sweep``, ``tune``).
+PlainProgress = Annotated[
+    bool,
+    typer.Option(
+        "--plain",
+        help="Plain log lines instead of the live display (automatic when stdout is not a "
+        "terminal).",
+    ),
+]
 
 
 def check_choice(option: str, value: str, allowed: Sequence[str]) -> None:

@@ -66,11 +66,15 @@ DIGITS = {
 }
 
 
-def _show(views: dict, fmt: str) -> None:
+def _show(views: dict, fmt: str, group: str, **params: object) -> None:
+    """`views` (by slug) in `fmt`, tables and markdown under their titles in the catalogue's
+    `group` (filled with `params`)."""
+    from bmoe.analyze.views import GROUPS
     from bmoe.render.predict import VIEW_DIGITS
     from bmoe.render.tables import render
 
-    out = render(views, fmt, console, {**DIGITS, **VIEW_DIGITS})
+    titles = GROUPS[group].titles(**params)
+    out = render(views, fmt, console, {**DIGITS, **VIEW_DIGITS}, titles)
     if out is not None:
         console.out(out, end="")
 
@@ -183,7 +187,7 @@ def profile_command(
     if not paths:
         if flash is None:
             raise BmoeError("give runs to build a profile from (or --probe TARGET)")
-        _show({"flash": flash}, fmt)
+        _show({"flash": flash}, fmt, "profile")
         if out is not None:
             err_console.print(
                 labelled("note:", "yellow", "a probe alone measures flash only; give runs too "
@@ -192,13 +196,14 @@ def profile_command(
             )  # fmt: skip
         return
     from bmoe.analyze.predict import check_settled
-    from bmoe.analyze.profile import build_profile, read_runs
+    from bmoe.analyze.profile import build_profile, profile_runs
     from bmoe.formats.profile import write_profile
+    from bmoe.formats.runfiles import read_recorded_runs
 
     sizes_given, sizes_from, model_meta = _model_sizes(model_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runs = read_runs(paths)
+        runs = profile_runs(read_recorded_runs(paths))
         trace = _read_route(trace_path) if trace_path is not None else None
         profile = build_profile(
             runs,
@@ -252,31 +257,21 @@ def _show_profile(profile, fmt: str) -> None:
     every figure, and the caveats go to stderr."""
     from bmoe.analyze.profile.plausible import implausible_fits
     from bmoe.render.predict import (
-        flash_view,
-        held_out_by_config,
         profile_caveats,
         profile_headline,
         profile_notes,
-        runs_by_config,
-        terms_view,
+        profile_tables,
+        profile_views,
     )
 
     caveats = profile_caveats(profile, implausible_fits(profile))
     if fmt in ("json", "csv"):
-        _show(_profile_views(profile), fmt)
+        _show(profile_views(profile), fmt, "profile")
         _print_caveat_lines([*caveats, *profile_notes(profile)], err_console)
         return
     _print_lines(profile_headline(profile), fmt)
     _print_caveat_lines(caveats, console, fmt)
-    views = {
-        "terms (each a mean per token)": terms_view(profile),
-        "flash (a request wave's latency by read lanes)": flash_view(profile),
-        "runs (per configuration)": runs_by_config(profile),
-    }
-    held = held_out_by_config(profile)
-    if len(held):
-        views["held out (each configuration predicted from the others)"] = held
-    _show(views, fmt)
+    _show(profile_tables(profile), fmt, "profile")
     _print_caveat_lines(profile_notes(profile), console, fmt, "notes")
 
 
@@ -318,68 +313,6 @@ def _print_caveat_lines(caveats, target, fmt: str = "table", heading: str = "to 
         target.print(first, highlight=False)
         for part in parts[1:]:
             target.print(literal(part), highlight=False)
-
-
-def _by_distance(profile) -> dict:
-    """The model error at a measured configuration's reads and at twice or half them (%)."""
-    from bmoe.analyze.predict.interval import DOUBLE, error_at_distance
-
-    zero = error_at_distance(profile.model_error, 0.0)
-    double = error_at_distance(profile.model_error, DOUBLE)
-    return {
-        "model_error_at_reads_pct": None if zero is None else 100.0 * zero,
-        "model_error_at_twice_pct": None if double is None else 100.0 * double,
-    }
-
-
-def _profile_views(profile) -> dict:
-    figures = {
-        "mode": profile.mode,
-        "model": profile.model.get("name"),
-        "sizes_from": profile.model.get("sizes_from"),
-        "moe_layers": len(profile.model["expert_bytes"]),
-        "slices_per_expert": profile.model["slices_per_expert"],
-        **{f"compute_{k}": v for k, v in profile.compute.items()},
-        **{f"mgmt_{k}": v for k, v in profile.mgmt.items()},
-        **{f"prefill_{k}": v for k, v in profile.prefill.items()},
-        **{f"overlap_{k}": v for k, v in profile.overlap.items() if k != "lanes"},
-        "coverage": profile.coverage,
-        "model_error_pct": None
-        if profile.model_error.get("sd_rel") is None
-        else 100.0 * profile.model_error["sd_rel"],
-        "model_error_configurations": profile.model_error.get("configurations"),
-        **_by_distance(profile),
-        "model_error_why_unknown": profile.model_error.get("why"),
-        "runs": len(profile.sources),
-        "settled": profile.settled,
-        "unsettled": "; ".join(profile.unsettled) or None,
-        "tracing": profile.tracing.get("how"),
-    }
-    import pandas as pd
-
-    data = profile.to_dict()
-    terms = pd.DataFrame(
-        [{"term": k, **{c: v for c, v in t.items() if not isinstance(v, dict)}}
-         for k, t in data["terms"].items()]
-    )  # fmt: skip
-    runs = pd.DataFrame(
-        [{k: ("; ".join(f"{a} {b}" for a, b in v.items()) if isinstance(v, dict) else
-              "; ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()}
-         for r in data["runs"]]
-    )  # fmt: skip
-    from bmoe.render.predict import held_out_view
-
-    return {
-        "profile": figures,
-        "flash": profile.flash,
-        "flash_by_read": pd.DataFrame(
-            profile.flash_by_read, columns=["lanes", "read_mib", "excess_ms"]
-        ),
-        "terms": terms,
-        "absent": dict(profile.absent),
-        "runs": runs,
-        "held_out": held_out_view(profile),
-    }
 
 
 def _split_paths(paths: list[Path]):
@@ -499,6 +432,7 @@ def predict_command(
         against_headline,
         against_summary,
         against_view,
+        interval_words,
         predict_headline,
         predict_views,
         profile_caveats,
@@ -511,22 +445,24 @@ def predict_command(
         if readable:
             _print_lines(against_headline(views["summary"]), fmt)
             compared, notes = against_view(table)
-            shown = {"measured vs predicted tok/s": compared}
+            shown = {"compared": compared}
             if notes:
-                shown["left out of the headline"] = notes
+                shown["left_out"] = notes
             shown["summary"] = against_summary(views["summary"])
         else:
             shown = views
+        params = {}
     else:
         assert trace is not None and cells is not None  # checked above
         table = prediction.predict(trace, profile, cells, policy=policy, drop=drop)
+        claimed = interval_kind(profile)[1]
+        params = {"interval": interval_words(profile.coverage, claimed)}
         if readable:
-            claimed = interval_kind(profile)[1]
             _print_lines(predict_headline(table, profile.coverage, claimed), fmt)
-            shown = predict_views(table, profile.coverage, claimed)
+            shown = predict_views(table)
         else:
             shown = {"predicted": table}
-    _show(shown, fmt)
+    _show(shown, fmt, "predict", **params)
     # then what to weigh: the intervals, unpriced cells, the profile's own caveats
     weigh = _interval_notes(profile, table if not against_flag else None)
     if trace is not None and trace.recorded_with_dropping:
@@ -580,11 +516,12 @@ def _against(trace, profile, measured: list[Path], policy: str, drop: float | No
 
         return prediction.against(trace, profile, load_results(sweeps[0]), policy=policy,
                                   drop=drop, sweep_dir=sweeps[0])  # fmt: skip
-    from bmoe.analyze.profile import against_files, read_runs
+    from bmoe.analyze.profile import against_files, profile_runs
+    from bmoe.formats.runfiles import read_recorded_runs
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runs = read_runs(measured)
+        runs = profile_runs(read_recorded_runs(measured))
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False)
     return against_files(trace, profile, runs, drop=drop)

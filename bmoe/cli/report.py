@@ -119,9 +119,9 @@ def _sweep_page(path: Path, runs: list[str], outcome: str, title: str | None) ->
 
 
 def _file_page(path: Path, metrics: Path | None, title: str | None) -> str:
-    from bmoe.analyze.runfiles import load_run_files
     from bmoe.formats.load import detect_kind, load_file
     from bmoe.formats.metrics import read_metrics
+    from bmoe.formats.runfiles import load_run_files
     from bmoe.render import pages as page
 
     kind = detect_kind(path)

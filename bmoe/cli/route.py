@@ -194,7 +194,7 @@ def analyze_route(
         err_console.print(warning_line(w.message), highlight=False, soft_wrap=True)
     if (beyond := experts_beyond_declared(trace)) is not None:
         err_console.print(warning_line(beyond), highlight=False, soft_wrap=True)
-    selected = route.select(
+    selected, sequence = route.select_sequence(
         trace,
         phase=phase,
         turn=turn,
@@ -206,7 +206,9 @@ def analyze_route(
     said = route.caveats(trace, selected, phase)
     limit = None if (steps is not None or max_steps is not None) else route.MATRIX_STEPS
     with _busy("computing views"):
-        views = route.view_columns(selected, names, top=top, cells=cells, matrix_limit=limit)
+        views = route.view_columns(
+            selected, names, top=top, cells=cells, matrix_limit=limit, sequence=sequence
+        )
     if "cache" in views:
         slots = route.prefetch_slot_columns(selected)
         if len(slots["slot"]):  # right after the cache view
@@ -216,7 +218,7 @@ def analyze_route(
                 if name == "cache":
                     ordered["prefetch_slots"] = slots
             views = ordered
-    _print(trace, selected, views, said, fmt, cells, phase, limit)
+    _print(trace, selected, sequence.n_steps, views, said, fmt, cells, phase, limit)
     if plot is not None and kind is not None:
         from bmoe.render.plots import save_figure
 
@@ -231,10 +233,9 @@ def _busy(what):
     return err_console.status(what) if err_console.is_terminal else contextlib.nullcontext()
 
 
-def _print(trace, selected, views, said, fmt, cells, phase, limit) -> None:
+def _print(trace, selected, n_steps, views, said, fmt, cells, phase, limit) -> None:
     from bmoe.render import route as text
 
-    n_steps = route.count_steps(selected)
     limited = "matrix" in views and limit is not None and n_steps > limit
     notes = text.view_notes(
         views,

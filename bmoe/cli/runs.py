@@ -10,10 +10,10 @@ import typer
 from bmoe.analyze.compare import REFUSE, compare_many
 from bmoe.analyze.contamination import cells_from_paths, contamination_flags
 from bmoe.analyze.metrics import STABLE_FIELDS, summarize_runs, summary_tables
-from bmoe.analyze.runfiles import load_run_files
 from bmoe.analyze.stall import memory_picture, stall_attribution
 from bmoe.cli import analyze_app, console, err_console
 from bmoe.cli.options import check_format, check_plot
+from bmoe.formats.runfiles import load_run_files
 from bmoe.render.messages import literal, note_line
 from bmoe.render.outputs import FORMAT_HELP
 from bmoe.render.runs import DIGITS

@@ -12,7 +12,7 @@ import typer
 from rich.text import Text
 
 from bmoe.cli import analyze_app, app, console, err_console
-from bmoe.cli.options import check_format
+from bmoe.cli.options import OutputRoot, PlainProgress, check_format
 from bmoe.errors import BmoeError
 from bmoe.render.messages import literal, printable
 from bmoe.render.outputs import FORMAT_HELP
@@ -130,15 +130,8 @@ def sweep_command(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the latest folder of this sweep: skip complete runs."
     ),
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="Output root (default: the config's output, else bench-data/)."
-    ),
-    plain: bool = typer.Option(
-        False,
-        "--plain",
-        help="Plain log lines instead of the live display (automatic "
-        "when stdout is not a terminal).",
-    ),
+    output: OutputRoot = None,
+    plain: PlainProgress = False,
     keep_going: bool = typer.Option(
         False,
         "--keep-going",

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from bmoe.cli import app, console, err_console
+from bmoe.cli.options import OutputRoot, PlainProgress
 from bmoe.errors import BmoeError
 from bmoe.render.messages import literal
 
@@ -19,15 +20,8 @@ def tune_command(
         ...,
         help="Tune configuration (a sweep's TOML with a tune table), or a tune folder to resume.",
     ),
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="Output root (default: the config's output, else bench-data/)."
-    ),
-    plain: bool = typer.Option(
-        False,
-        "--plain",
-        help="Plain log lines instead of the live display (automatic when "
-        "stdout is not a terminal).",
-    ),
+    output: OutputRoot = None,
+    plain: PlainProgress = False,
 ) -> None:
     """Search a sweep configuration's grid for the best cell by the tune table's objective,
     running only the cells that can still change the answer: a traced calibration run, then

@@ -16,11 +16,17 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze import pages
-from bmoe.analyze.views import HISTORY, SWEEP
+from bmoe.analyze.views import HISTORY, METRICS, REPLAY, ROUTE, ROUTE_TRACE, RUN, STALL, SWEEP
 from bmoe.render.report import Report
 
 #: Trace kinds whose recording slows a run (its timings are instrumented).
 TRACE_KINDS = ("route", "compute", "compute_layers", "io")
+
+
+def _view(group, slug: str) -> str:
+    """The ``data-view`` of a view on a page: its group and slug (``replay mrc_budgets``),
+    a slug the catalogue lists."""
+    return f"{group.name} {group[slug].slug}"
 
 
 # ----------------------------------------------------------------------------- run
@@ -108,15 +114,17 @@ def run_sections(
         report.end_lead()
 
     if page["parameters"]:
-        report.figures(page["parameters"], "parameters", view="run parameters")
-    for view_name, view in page["tables"].items():
+        report.figures(page["parameters"], RUN.title("parameters"), view=_view(RUN, "parameters"))
+    summary_titles = METRICS.titles()
+    for slug, view in page["tables"].items():
         figures = view.drop(columns="run").iloc[0].to_dict()
-        report.figures(figures, f"summary: {view_name}", DIGITS, view=f"summary {view_name}")
+        title = f"summary: {summary_titles.get(slug, slug)}"
+        report.figures(figures, title, DIGITS, view=f"summary {slug}")
 
     report.heading("stall attribution", 3)
-    report.figures(att.figures(), None, view="stall attribution method")
+    report.figures(att.figures(), None, view=_view(STALL, "run"))
     report.table(
-        att.summary, None, DIGITS, view="stall attribution",
+        att.summary, None, DIGITS, view=_view(STALL, "attribution"),
         notes=["flash wait, cache mgmt, compute and unattributed add up to the wall (waits "
                "first, then compute up to what they left); compute is cpu_ms / threads unless "
                "said otherwise; overlapped is busy time that ran alongside the waits, not "
@@ -129,7 +137,7 @@ def run_sections(
             "where each token's time went (and the memory picture, when recorded)",
         )  # fmt: skip
     if output is not None and getattr(output, "figures", None):
-        report.figures(output.figures, "end-of-run lines", view="end-of-run lines")
+        report.figures(output.figures, RUN.title("end_of_run"), view=_view(RUN, "end_of_run"))
     if "route" in traces:
         route_sections(report, traces["route"], budget_mib=pages.budget_of(run), run=run, level=2)
     if "compute" in traces:
@@ -163,17 +171,17 @@ def route_sections(
     page = pages.route_page(trace, budget_mib=budget_mib)
     phase = page["phase"]
     report.caveats(page["caveats"])
-    report.figures(page["shape"], None, view="route trace")
+    report.figures(page["shape"], None, view=_view(ROUTE_TRACE, "shape"))
     if "views" not in page:
         return
     views = page["views"]
     n_steps = page["steps"]
     notes = text.view_notes(views, k=trace.n_expert_used, prefill=phase == "all",
                             total_steps=n_steps)  # fmt: skip
-    for view_name, frame in views.items():
+    for slug, frame in views.items():
         report.table(
-            frame, text.TITLES.get(view_name, view_name), text.DIGITS,
-            notes=notes.get(view_name, ()), view=f"route {view_name}",
+            frame, text.TITLES.get(slug, slug), text.DIGITS,
+            notes=notes.get(slug, ()), view=_view(ROUTE, slug),
         )  # fmt: skip
 
     hits = page["hits"]
@@ -185,7 +193,7 @@ def route_sections(
     ]
     if n_steps > limit:
         matrix_notes.append(f"showing the first {limit} of {n_steps} steps")
-    report.matrix(page["matrix"], hits, f"routing matrix ({phase} steps)", matrix_notes)
+    report.matrix(page["matrix"], hits, ROUTE_TRACE.title("matrix", phase=phase), matrix_notes)
 
     grid_value = page["grid_value"]
     if len(page["grid"]):
@@ -225,17 +233,17 @@ def replay_sections(report: Report, trace, *, budget_mib: float | None = None, r
         )
     if said:
         report.caveats(said, "Replay caveats")
-    report.figures(shape, None, text.DIGITS, view="replay shape")
+    report.figures(shape, None, text.DIGITS, view=_view(REPLAY, "shape"))
     report.table(
-        page["decode_curve"], None, text.DIGITS, view="replay curve",
+        page["decode_curve"], None, text.DIGITS, view=_view(REPLAY, "curve"),
         notes=["decode-only hit % per budget (MiB) and policy",
                *text.budget_notes(views["curve"], shape.get("t_mib"))],
     )  # fmt: skip
     if "validation" in views:
-        report.table(views["validation"], None, text.DIGITS, view="replay validation",
+        report.table(views["validation"], None, text.DIGITS, view=_view(REPLAY, "validation"),
                      notes=[f"the LRU replay at the run's budget ({budget_mib:g} MiB) against "
                             "what the run recorded"])  # fmt: skip
-    report.table(views["mrc_budgets"], None, text.DIGITS, view="exact lru at the budgets")
+    report.table(views["mrc_budgets"], None, text.DIGITS, view=_view(REPLAY, "mrc_budgets"))
     recorded = None
     hit = shape.get("recorded_hit_pct_decode")
     if budget_mib is not None and hit is not None and hit == hit:

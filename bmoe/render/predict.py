@@ -206,17 +206,17 @@ def cache_view(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def predict_views(
-    table: pd.DataFrame, coverage: float, claimed: bool = True
-) -> dict[str, pd.DataFrame]:
-    """The terminal's views of a prediction: speed (ms per token) and cache. `claimed`: the
-    interval claims its coverage (the model's own error was measured); else it is the terms'
-    spread only and the heading says so."""
-    interval = f"{100 * coverage:.0f} % interval" if claimed else "spread-only interval"
-    return {
-        f"speed (tok/s with its {interval}; a token's ms by part)": speed_view(table),
-        "cache (replayed)": cache_view(table),
-    }
+def interval_words(coverage: float, claimed: bool = True) -> str:
+    """The interval a prediction states, in words: its coverage when it claims one (the
+    model's own error was measured), else that it is the terms' spread only."""
+    return f"{100 * coverage:.0f} % interval" if claimed else "spread-only interval"
+
+
+def predict_views(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The terminal's views of a prediction by slug (:data:`bmoe.analyze.views.PREDICT`):
+    speed (ms per token) and cache; the speed view's title names the interval
+    (:func:`interval_words`)."""
+    return {"speed": speed_view(table), "cache": cache_view(table)}
 
 
 def predict_headline(table: pd.DataFrame, coverage: float, claimed: bool = True) -> list[str]:
@@ -639,6 +639,80 @@ def flash_view(profile: Any) -> pd.DataFrame:
     )
 
 
+def _by_distance(profile: Any) -> dict[str, float | None]:
+    """The model error at a measured configuration's reads and at twice or half them (%)."""
+    zero = error_at_distance(profile.model_error, 0.0)
+    double = error_at_distance(profile.model_error, DOUBLE)
+    return {
+        "model_error_at_reads_pct": None if zero is None else 100.0 * zero,
+        "model_error_at_twice_pct": None if double is None else 100.0 * double,
+    }
+
+
+def profile_views(profile: Any) -> dict[str, Any]:
+    """Every figure of a profile by slug (:data:`bmoe.analyze.views.PROFILE`), as ``-f json``
+    and ``-f csv`` carry them: its headline figures, the flash tables, each term with all its
+    fields, the absent terms, each run and each run held out."""
+    figures = {
+        "mode": profile.mode,
+        "model": profile.model.get("name"),
+        "sizes_from": profile.model.get("sizes_from"),
+        "moe_layers": len(profile.model["expert_bytes"]),
+        "slices_per_expert": profile.model["slices_per_expert"],
+        **{f"compute_{k}": v for k, v in profile.compute.items()},
+        **{f"mgmt_{k}": v for k, v in profile.mgmt.items()},
+        **{f"prefill_{k}": v for k, v in profile.prefill.items()},
+        **{f"overlap_{k}": v for k, v in profile.overlap.items() if k != "lanes"},
+        "coverage": profile.coverage,
+        "model_error_pct": None
+        if profile.model_error.get("sd_rel") is None
+        else 100.0 * profile.model_error["sd_rel"],
+        "model_error_configurations": profile.model_error.get("configurations"),
+        **_by_distance(profile),
+        "model_error_why_unknown": profile.model_error.get("why"),
+        "runs": len(profile.sources),
+        "settled": profile.settled,
+        "unsettled": "; ".join(profile.unsettled) or None,
+        "tracing": profile.tracing.get("how"),
+    }
+    data = profile.to_dict()
+    terms = pd.DataFrame(
+        [{"term": k, **{c: v for c, v in t.items() if not isinstance(v, dict)}}
+         for k, t in data["terms"].items()]
+    )  # fmt: skip
+    runs = pd.DataFrame(
+        [{k: ("; ".join(f"{a} {b}" for a, b in v.items()) if isinstance(v, dict) else
+              "; ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()}
+         for r in data["runs"]]
+    )  # fmt: skip
+    return {
+        "profile": figures,
+        "flash": profile.flash,
+        "flash_by_read": pd.DataFrame(
+            profile.flash_by_read, columns=["lanes", "read_mib", "excess_ms"]
+        ),
+        "terms": terms,
+        "absent": dict(profile.absent),
+        "runs": runs,
+        "held_out": held_out_view(profile),
+    }
+
+
+def profile_tables(profile: Any) -> dict[str, pd.DataFrame]:
+    """What the terminal and markdown show of a profile, by slug: the terms and the flash
+    table in short columns, then the runs and the held-out predictions per configuration
+    (the latter when the profile measured its own error)."""
+    views = {
+        "terms": terms_view(profile),
+        "flash": flash_view(profile),
+        "runs_by_config": runs_by_config(profile),
+    }
+    held = held_out_by_config(profile)
+    if len(held):
+        views["held_out_by_config"] = held
+    return views
+
+
 __all__ = [
     "TERM_UNITS",
     "VIEW_DIGITS",
@@ -651,6 +725,7 @@ __all__ = [
     "flash_view",
     "held_out_by_config",
     "held_out_view",
+    "interval_words",
     "left_out",
     "model_error_figure",
     "predict_headline",
@@ -658,6 +733,8 @@ __all__ = [
     "profile_caveats",
     "profile_headline",
     "profile_notes",
+    "profile_tables",
+    "profile_views",
     "run_label",
     "run_name",
     "runs_by_config",

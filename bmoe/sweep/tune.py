@@ -374,17 +374,19 @@ class Tuner:
             self.profile = read_profile(self.in_archive(calib["profile"]))
             write_profile(self.profile, current)
         else:
-            from bmoe.analyze.profile import build_profile, read_runs
+            from bmoe.analyze.profile import build_profile, profile_runs
+            from bmoe.formats.runfiles import read_recorded_runs
 
-            self.profile = build_profile(read_runs([calib_folder]))
+            self.profile = build_profile(profile_runs(read_recorded_runs([calib_folder])))
             write_profile(self.profile, current)
         calib["profile_file"] = PROFILE_FILE
 
     def refit(self, candidates: pd.DataFrame, measured: pd.DataFrame) -> str:
         """Refit the profile from every completed run; keep it when it predicts the measured
         cells better than the current one. Returns what was done (for ``tune.json``)."""
-        from bmoe.analyze.profile import build_profile, read_runs
+        from bmoe.analyze.profile import build_profile, profile_runs
         from bmoe.formats.profile import write_profile
+        from bmoe.formats.runfiles import read_recorded_runs
 
         if measured.empty:
             return "no run to refit from yet"
@@ -395,7 +397,7 @@ class Tuner:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                fitted = build_profile(read_runs(folders))
+                fitted = build_profile(profile_runs(read_recorded_runs(folders)))
         except BmoeError as exc:
             return f"refit failed, profile kept: {exc}"
         old = _error(candidates, measured)

@@ -17,8 +17,8 @@ from bmoe.analyze.compare import (
     compare_runs,
     concerns,
 )
-from bmoe.analyze.runfiles import load_run_files
 from bmoe.errors import BmoeError
+from bmoe.formats.runfiles import load_run_files
 
 
 def pair(tmp_path: Path, a_params=None, b_params=None, a_rows=None, b_rows=None, **kw):

@@ -20,10 +20,11 @@ from bmoe.analyze.predict import (
     parse_grid,
     predict,
 )
-from bmoe.analyze.profile import build_profile, read_runs
+from bmoe.analyze.profile import build_profile, profile_runs
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import profile_from_dict, read_profile, write_profile
 from bmoe.formats.route import RouteTrace
+from bmoe.formats.runfiles import read_recorded_runs
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,7 +235,9 @@ def test_overlap_profile_prices_the_stall_per_miss():
 def test_prefetch_reads_agree_with_the_prefetch_replay(budget):
     """The per-batch prefetch replay the prediction uses totals what the replay's own
     previous-token bet reports: experts prefetched and demand misses."""
-    run = read_runs([next((SMALL / "cells").glob("cache_mb-64_io_threads-1*/r1/run.csv"))])[0]
+    run = profile_runs(
+        read_recorded_runs([next((SMALL / "cells").glob("cache_mb-64_io_threads-1*/r1/run.csv"))])
+    )[0]
     batches = replay.prepare_batches(run.route)
     reads = cell_reads(run.route, batches, "lru", budget, prefetch=1)
     ref = replay.prefetch_replay(run.route, batches, "lru", budget, 1)
@@ -323,7 +326,7 @@ def test_profile_of_another_model_is_refused():
 
 @pytest.mark.skipif(not SMALL.is_dir(), reason="bench-data small sweep absent")
 def test_compute_traced_runs_are_refused_unless_allowed():
-    runs = read_runs([SMALL / "cells"])
+    runs = profile_runs(read_recorded_runs([SMALL / "cells"]))
     assert all(r.compute_traced for r in runs)
     with pytest.raises(BmoeError, match="compute-traced"):
         build_profile(runs)
@@ -384,7 +387,7 @@ def test_parse_grid():
 def test_archived_runs_reads_and_hits_are_the_replays():
     """Each archived run's MiB/token and hit % come out of the prediction of its own cell
     (the summary rounds to 0.1)."""
-    runs = read_runs([SMALL / "cells"])
+    runs = profile_runs(read_recorded_runs([SMALL / "cells"]))
     prof = build_profile(runs, allow_traced=True)
     for run in runs:
         params, summary = run.metrics.params, run.metrics.summary

@@ -32,9 +32,10 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python (the engine extra) is not installed")
 
-from bmoe.analyze.profile import build_profile, read_runs
+from bmoe.analyze.profile import build_profile, profile_runs
 from bmoe.cli import main
 from bmoe.engine.synth import synth_model
+from bmoe.formats.runfiles import read_recorded_runs
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -97,7 +98,7 @@ def test_a_run_on_a_busy_machine_is_starved_unsettled_and_refused_under_strict(
             proc.wait()
     run = subprocess.CompletedProcess(proc.args, proc.returncode, b"", stderr)
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
-    runs = read_runs([csv])
+    runs = profile_runs(read_recorded_runs([csv]))
     prof = build_profile(runs)
     state = prof.runs[0]
     # most of a token's wall time was neither the engine's CPU time nor a measured wait

@@ -11,14 +11,15 @@ import pytest
 
 from bmoe.analyze.metrics import run_summary
 from bmoe.analyze.predict import predict
-from bmoe.analyze.profile import build_profile, read_runs, run_config
+from bmoe.analyze.profile import build_profile, profile_runs, run_config
 from bmoe.errors import BmoeError
+from bmoe.formats.runfiles import read_recorded_runs
 
 
 def own_prediction(path: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        runs = read_runs([path])
+        runs = profile_runs(read_recorded_runs([path]))
     run = runs[0]
     config = run_config(run)
     profile = build_profile(runs)
@@ -60,7 +61,7 @@ def test_predicted_warm_up_is_the_run_analysis_one(corpus: Path, name):
     _, row, _ = own_prediction(corpus / name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        measured = run_summary(read_runs([corpus / name])[0].metrics)
+        measured = run_summary(profile_runs(read_recorded_runs([corpus / name]))[0].metrics)
     if measured["warmup_tokens"] is None:
         assert np.isnan(row["warmup_tokens"]) and np.isnan(row["steady_tok_s"])
         return
@@ -77,7 +78,7 @@ def test_every_streaming_phone_file_gives_a_profile_that_says_what_it_lacks(corp
     for path in sorted((corpus / "metrics").rglob("*.csv")):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            runs = read_runs([path])
+            runs = profile_runs(read_recorded_runs([path]))
         if path.stem == "qwen_mmap":
             with pytest.raises(BmoeError, match="without expert streaming"):
                 build_profile(runs)
@@ -153,7 +154,7 @@ def test_first_half_profile_predicts_the_second_half(corpus: Path, name):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = read_runs([corpus / name])[0]
+        run = profile_runs(read_recorded_runs([corpus / name]))[0]
     rows = run.metrics.rows
     config = run_config(run)
     half = len(rows) // 2
@@ -173,7 +174,7 @@ def test_drop_replay_reproduces_the_dropping_runs_hit_rate(corpus: Path):
     gives its recorded hit rate (dropped routings are never looked up); without it, not."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = read_runs([corpus / "native-tiny/drop.csv"])[0]
+        run = profile_runs(read_recorded_runs([corpus / "native-tiny/drop.csv"]))[0]
     profile = build_profile([run])
     cell = {"cache_mb": [3], "io_threads": [4]}
     summary = run.metrics.summary
@@ -194,9 +195,9 @@ def test_phone_profile_of_two_configurations_measures_its_error(corpus: Path):
     metrics = corpus / "metrics"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pair = read_runs([metrics / "2026-07-14-warmup/baseline_qwen_k8.csv",
-                          metrics / "2026-07-13/qwen_auto_ov.csv"])  # fmt: skip
-        files = read_runs(sorted(metrics.glob("2026-07-1[24]*/*.csv")))
+        pair = profile_runs(read_recorded_runs([metrics / "2026-07-14-warmup/baseline_qwen_k8.csv",
+                          metrics / "2026-07-13/qwen_auto_ov.csv"]))  # fmt: skip
+        files = profile_runs(read_recorded_runs(sorted(metrics.glob("2026-07-1[24]*/*.csv"))))
         profile = build_profile(pair)
         cells = against_files(None, profile, files)["cells"].set_index("cell")
     error = profile.model_error

@@ -28,11 +28,12 @@ from bmoe.analyze.predict import (
     t_quantile,
 )
 from bmoe.analyze.predict.interval import ModelError
-from bmoe.analyze.profile import against_files, read_runs
+from bmoe.analyze.profile import against_files, profile_runs
 from bmoe.analyze.profile.holdout import most_likely_by_distance, most_likely_sd
 from bmoe.cli import main
 from bmoe.formats.profile import read_profile, write_profile
 from bmoe.formats.route import read_route_trace, write_route_trace
+from bmoe.formats.runfiles import read_recorded_runs
 from bmoe.sweep.archive import load_results
 from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
 from tests.analyze.test_predict_metrics import (
@@ -172,7 +173,7 @@ def test_the_interval_of_a_profile_with_a_model_error_hand_worked(tmp_path):
     the profile's reads: 20.5 ms a token, interval t(0.9, 2) x 9.79 % (nu = m^4 / (m^4 / 2))."""
     a, b = two_configurations(tmp_path)
     prof = profile_of(a, b)
-    runs = read_runs([a])
+    runs = profile_runs(read_recorded_runs([a]))
     cells = against_files(None, prof, runs)["cells"]
     row = cells.iloc[0]
     m = prof.model_error["sd_rel_zero"]
@@ -253,7 +254,7 @@ def test_one_run_or_one_configuration_leaves_the_model_error_unknown(tmp_path, c
     # its intervals are the spread's alone and say so: no coverage claimed
     kind, claimed = interval_kind(one)
     assert not claimed and "spread only" in kind
-    summary = against_files(None, one, read_runs([b]))["summary"]
+    summary = against_files(None, one, profile_runs(read_recorded_runs([b])))["summary"]
     assert summary["coverage_claimed"] is False and "spread only" in summary["interval"]
     out = tmp_path / "one.json"
     assert main(["profile", str(a), "-o", str(out)]) == 0
@@ -350,7 +351,7 @@ def test_a_serial_cell_from_an_overlap_only_profile_is_unpriced_and_left_out(tmp
     ov2 = write(tmp_path / "ov2.csv", overlap_rows(), overlap=1, io_threads=2, cache_mb=5)
     serial = write(tmp_path / "serial.csv", serial_rows(), io_threads=2)
     prof = profile_of(ov, ov2)
-    out = against_files(None, prof, read_runs([serial, ov]))
+    out = against_files(None, prof, profile_runs(read_recorded_runs([serial, ov])))
     cells = out["cells"].set_index("cell")
     assert "--overlap runs only" in cells.loc["serial", "unpriced"]
     assert np.isfinite(cells.loc["serial", "tok_s_predicted"])

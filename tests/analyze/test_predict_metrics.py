@@ -22,12 +22,13 @@ from bmoe.analyze.predict import (
     stall_per_miss,
     token_times,
 )
-from bmoe.analyze.profile import against_files, build_profile, read_runs
+from bmoe.analyze.profile import against_files, build_profile, profile_runs
 from bmoe.cli import main
 from bmoe.errors import BmoeError
 from bmoe.formats.metrics import MetricsRun, write_metrics
 from bmoe.formats.profile import read_profile, write_profile
 from bmoe.formats.route import read_route_trace
+from bmoe.formats.runfiles import read_recorded_runs
 from tests.analyze.test_predict import DECODE, PREFILL, Z80, make_trace, round_profile
 
 MIB = 1 << 20
@@ -91,7 +92,7 @@ def overlap_rows(n=32, lanes=2, latency=4.0, stall=(3.0, 1.5), compute=10.0):
 
 
 def profile_of(*paths: Path, **kw):
-    return build_profile(read_runs(paths), **kw)
+    return build_profile(profile_runs(read_recorded_runs(paths)), **kw)
 
 
 # ----------------------------------------------------------------------------- hand-worked
@@ -222,7 +223,7 @@ def test_against_files_matches_each_file_by_its_preamble(tmp_path):
     b = write(tmp_path / "b.csv", serial_rows(), cache_mb=8, cache_policy="layer-lfu")
     mmap = write(tmp_path / "mmap.csv", serial_rows(), moe_stream=0)
     prof = profile_of(a)
-    out = against_files(None, prof, read_runs([a, b, mmap]))
+    out = against_files(None, prof, profile_runs(read_recorded_runs([a, b, mmap])))
     cells = out["cells"].set_index("cell")
     assert cells.loc["b", "cache_mb"] == 8 and cells.loc["b", "policy"] == "layerlfu"
     assert cells.loc["b", "tok_s_predicted"] == pytest.approx(cells.loc["b", "tok_s"], rel=1e-3)
@@ -799,7 +800,7 @@ def test_an_io_traced_runs_latencies_are_brought_to_its_untraced_twins_level(tmp
     assert flash.loc[1, "latency_ms"] == pytest.approx(1.0)
     assert flash.loc[1, "source"] == "io trace"
     assert flash.loc[1, "batch_overhead_ms"] == pytest.approx(0.25, abs=0.02)
-    runs = read_runs([traced, twin])
+    runs = profile_runs(read_recorded_runs([traced, twin]))
     assert runs[0].io is not None and runs[1].io is None
     note = prof.terms["flash"]["note"]
     assert "x0.5 to the untraced runs of its configurations" in note
@@ -941,11 +942,15 @@ def test_flash_follows_the_read_volume_between_runs(tmp_path):
 
     c = write(tmp_path / "c.csv", _rows_at_latency(8, 4, 3.0), cache_mb=2)
     d = write(tmp_path / "d.csv", _rows_at_latency(4, 2, 2.0), cache_mb=4)
-    cells = against_files(None, prof, read_runs([c, d]))["cells"].set_index("cell")
+    cells = against_files(None, prof, profile_runs(read_recorded_runs([c, d])))["cells"].set_index(
+        "cell"
+    )
     for name in ("c", "d"):
         assert cells.loc[name, "tok_s_predicted"] == pytest.approx(cells.loc[name, "tok_s"])
     flat = dataclasses.replace(prof, flash_by_read=[])
-    unscaled = against_files(None, flat, read_runs([c, d]))["cells"].set_index("cell")
+    unscaled = against_files(None, flat, profile_runs(read_recorded_runs([c, d])))[
+        "cells"
+    ].set_index("cell")
     for name in ("c", "d"):
         off = unscaled.loc[name, "tok_s_predicted"] / unscaled.loc[name, "tok_s"] - 1.0
         assert abs(off) > 0.01
@@ -1009,7 +1014,7 @@ def test_a_cell_whose_compute_waited_for_a_core_is_labelled_and_kept_out_of_the_
     a16 = write(tmp_path / "a16.csv", serial_rows(), cache_mb=16)  # 8 MiB is inside the runs'
     quiet = write(tmp_path / "quiet.csv", serial_rows(), cache_mb=8)
     busy = write(tmp_path / "busy.csv", contended_rows(), cache_mb=16)
-    out = against_files(None, profile_of(a, a16), read_runs([quiet, busy]))
+    out = against_files(None, profile_of(a, a16), profile_runs(read_recorded_runs([quiet, busy])))
     cells = out["cells"].set_index("cell")
     assert pd.isna(cells.loc["quiet", "measurement"])
     assert "compute waited for a core (1.8x its CPU time)" in cells.loc["busy", "measurement"]
@@ -1193,7 +1198,9 @@ def test_a_profile_that_mixes_prefetch_depths_prices_each_with_its_own_term(tmp_
     assert (term["lever"], term["value"]) == ("prefetch", "1")
     assert term["factor"] == pytest.approx(1.2, rel=1e-3) and term["runs"] == [str(b)]
     assert {r["name"]: r["lever_term"] for r in prof.runs} == {str(a): None, str(b): "prefetch 1"}
-    out = against_files(None, prof, read_runs([a, b]))["cells"].set_index("cell")
+    out = against_files(None, prof, profile_runs(read_recorded_runs([a, b])))["cells"].set_index(
+        "cell"
+    )
     assert out.loc["b", "tok_s_predicted"] == pytest.approx(out.loc["b", "tok_s"], rel=1e-3)
     assert pd.isna(out.loc["b", "unpriced"]) and out.loc["b", "lever_factor_predicted"] > 1.19
     trace = read_route_trace(route_trace(tmp_path / "r.route.csv"))

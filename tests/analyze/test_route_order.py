@@ -3,6 +3,8 @@ argsort give, and the selection built on them equals the numpy path's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,89 @@ def test_cell_sets_are_the_numpy_paths(corpus, monkeypatch) -> None:
             slow = route._cell_sets(seq)
         assert fast.dtype == slow.dtype == np.uint64
         np.testing.assert_array_equal(fast, slow)
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [{"phase": "decode"}, {"phase": "prefill"}, {"phase": "all", "layers": [1, 3]},
+     {"phase": "decode", "steps": [40, 41, 45], "max_steps": 2}, {"phase": "decode", "turn": 9}],
+)  # fmt: skip
+def test_select_sequence_is_the_selections_own_sequence(corpus, choice) -> None:
+    """The sequence made from the selection's order holds the cells the selected rows' own
+    sequence holds (its step codes are the whole trace's: the same order), and the views
+    made with it are the views made without it."""
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    path = corpus / "route-trace/gemma.route.csv"
+    selected, seq = route.select_sequence(read_route_columns(path), **choice)
+    own, _ = route_cells.sequence_of(route.select(read_route_columns(path), **choice))
+    assert seq.rows is selected.columns or not selected.n_rows
+    for field in ("layer", "layer_idx", "layers", "expert", "gcell", "cell_start",
+                  "cell_layer_idx", "cell_index", "cells_per_layer"):  # fmt: skip
+        np.testing.assert_array_equal(getattr(seq, field), getattr(own, field), err_msg=field)
+    assert (seq.n_expert, seq.n_steps) == (own.n_expert, own.n_steps)
+    assert seq.n_steps == route.count_steps(selected)
+    codes = np.unique(seq.cell_step_code, return_inverse=True)[1]
+    np.testing.assert_array_equal(codes, np.unique(own.cell_step_code, return_inverse=True)[1])
+    names = route.VIEWS
+    given = route.view_columns(selected, names, matrix_limit=None, sequence=seq)
+    alone = route.view_columns(selected, names, matrix_limit=None)
+    assert list(given) == list(alone)
+    for name in names:
+        if name == "matrix":  # a DataFrame already
+            assert given[name].equals(alone[name])
+        else:
+            assert route.as_frame(given[name]).equals(route.as_frame(alone[name])), name
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill", "all"])
+def test_the_selections_columns_are_the_kept_rows_sorted(corpus, phase) -> None:
+    """Every selected column (those made rather than gathered among them: the chosen phase,
+    a column of one value) is the kept rows' in (layer, turn, step, phase, slot) order."""
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    trace = read_route_columns(corpus / "route-trace/gemma.route.csv")
+    cols = {c: a.copy() for c, a in trace.columns.items()}
+    cols["turn"][:] = 3  # one value, not zero
+    trace.columns = dict(cols)
+    keep = np.ones(len(cols["step"]), dtype=bool)
+    if phase != "all":
+        keep = cols["phase"] == route_cells.PHASES[phase]
+    kept = {c: a[keep] for c, a in cols.items()}
+    order = np.lexsort(tuple(kept[c] for c in ("slot", "phase", "step", "turn", "layer")))
+    selected = route.select(trace, phase, consume=True)
+    assert list(selected.columns) == list(cols)
+    for name, values in kept.items():
+        got = selected.columns[name]
+        assert got.dtype == values.dtype, name
+        np.testing.assert_array_equal(got, values[order], err_msg=name)
+
+
+def test_reuse_figures_are_the_numpy_paths(corpus, monkeypatch) -> None:
+    """The compiled pass of the reuse view gives the numpy path's figures and gaps, on
+    the corpus trace's phases and on rows where one expert repeats within a cell."""
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    if not route_order.reuse_figures.compile_ahead():
+        pytest.skip("the reuse pass is not compiled ahead here")
+    trace = read_route_columns(corpus / "route-trace/gemma.route.csv")
+    twice = {c: a.copy() for c, a in trace.columns.items()}
+    twice["expert"][1::7] = twice["expert"][::7][: len(twice["expert"][1::7])]
+    cases = [route.select(trace, phase) for phase in ("decode", "prefill", "all")]
+    cases.append(route.select(dataclasses.replace(trace, columns=twice), "all"))
+    for selected in cases:
+        seq, _ = route_cells.sequence_of(selected)
+        fast = route._reuse(seq)
+        with monkeypatch.context() as m:
+            m.setattr(route_order.reuse_figures, "takes", lambda *args: False)
+            slow = route._reuse(seq)
+        assert list(fast) == list(slow)
+        assert int(np.asarray(fast["n_reuse"]).sum()) > 0
+        for name in fast:
+            np.testing.assert_array_equal(np.ma.getdata(fast[name]), np.ma.getdata(slow[name]))
+            np.testing.assert_array_equal(
+                np.ma.getmaskarray(fast[name]), np.ma.getmaskarray(slow[name]), err_msg=name
+            )

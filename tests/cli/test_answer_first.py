@@ -129,15 +129,6 @@ def test_profile_opens_on_its_answer(tiny_profile: Path) -> None:
     assert sum(1 for line in lines if line.startswith("│ 8M 4L ")) == 2  # runs and held out
 
 
-@pytest.fixture(scope="module")
-def small_profile(tmp_path_factory) -> Path:
-    from bmoe.cli import main
-
-    out = tmp_path_factory.mktemp("profile") / "small.json"
-    assert main(["profile", str(SMALL), "--allow-traced", "-o", str(out), "-f", "json"]) == 0
-    return out
-
-
 def test_predict_opens_on_the_best_configuration(small_profile: Path) -> None:
     trace = next((SMALL / "cells").glob("cache_mb-64_io_threads-1*/r1/run.route.csv"))
     device = small_profile

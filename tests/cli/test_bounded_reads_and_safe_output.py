@@ -202,13 +202,14 @@ def test_a_fidelity_reference_is_sized_by_its_headers_before_it_is_inflated(tmp_
 
 def test_a_fidelity_reference_that_is_not_one_is_one_error(tmp_path):
     from bmoe.engine.embedded.fidelity import check_reference
+    from bmoe.errors import BmoeError
 
     for name, data in {"text.npz": b"not a zip", "empty.npz": b""}.items():
         (tmp_path / name).write_bytes(data)
-        with pytest.raises(Exception, match=f"{name}: not a fidelity reference"):
+        with pytest.raises(BmoeError, match=f"{name}: not a fidelity reference"):
             check_reference(str(tmp_path / name))
     wide = _npz(tmp_path / "wide.npz", (4,))  # logits of one dimension
-    with pytest.raises(Exception, match=r"wide.npz: not a fidelity reference .*logits"):
+    with pytest.raises(BmoeError, match=r"wide.npz: not a fidelity reference .*logits"):
         check_reference(str(wide))
 
 

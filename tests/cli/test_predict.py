@@ -26,11 +26,10 @@ def route_trace() -> Path:
     return next((SMALL / "cells").glob("cache_mb-64_io_threads-1*/r1/run.route.csv"))
 
 
-@pytest.fixture(scope="module")
-def device(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("profile") / "device.json"
-    assert main(["profile", str(SMALL), "--allow-traced", "-o", str(out), "-f", "json"]) == 0
-    return out
+@pytest.fixture
+def device(small_profile: Path) -> Path:
+    """The small sweep's profile (tests/conftest.py), made once for every test that reads it."""
+    return small_profile
 
 
 def test_profile_writes_a_profile_with_its_caveat(device: Path) -> None:
@@ -183,3 +182,34 @@ def test_predict_against_reads_at_80_columns(device: Path) -> None:
     assert max(map(len, lines)) <= 80
     assert any(line.startswith("summary") for line in lines)
     assert any("coverage achieved" in line for line in lines)
+
+
+def test_profile_and_predict_views_are_keyed_by_catalogued_slugs(
+    capsys, device: Path, tmp_path: Path
+) -> None:
+    """JSON keys are the catalogue's slugs; tables and markdown show its titles."""
+    from bmoe.analyze.views import PREDICT, PROFILE
+
+    again = tmp_path / "again.json"
+    code, out, _ = run(capsys, "profile", SMALL, "--allow-traced", "-o", again, "-f", "json")
+    assert code == 0 and set(json.loads(out)) <= set(PROFILE.slugs)
+    assert {"profile", "terms", "flash", "runs"} <= set(json.loads(out))
+    md = tmp_path / "md.json"
+    code, out, _ = run(capsys, "profile", SMALL, "--allow-traced", "-o", md, "-f", "markdown")
+    assert code == 0
+    for slug in ("terms", "flash", "runs_by_config"):
+        assert PROFILE.title(slug) in out
+    grid = ("-g", "cache_mb=64,256")
+    code, out, _ = run(capsys, "predict", route_trace(), "-p", device, *grid, "-f", "json")
+    assert code == 0 and set(json.loads(out)) == {"predicted"}
+    code, out, _ = run(capsys, "predict", route_trace(), "-p", device, *grid, "-f", "markdown")
+    assert code == 0 and PREDICT.title("cache") in out
+    assert "speed (tok/s with its " in out and "{interval}" not in out
+    code, out, _ = run(
+        capsys, "predict", route_trace(), "-p", device, "--against", SMALL, "-f", "json"
+    )
+    assert code == 0 and set(json.loads(out)) <= set(PREDICT.slugs)
+    code, out, _ = run(
+        capsys, "predict", route_trace(), "-p", device, "--against", SMALL, "-f", "markdown"
+    )
+    assert code == 0 and PREDICT.title("compared") in out

@@ -47,7 +47,7 @@ def test_files_beside_a_run_are_its_own_not_a_longer_stems(tmp_path):
 
 def test_the_readers_of_loose_runs_agree_on_a_runs_files(tmp_path):
     import bmoe
-    from bmoe.analyze.runfiles import traces_beside
+    from bmoe.formats.runfiles import traces_beside
 
     _runs_with_dotted_names(tmp_path)
     assert traces_beside(tmp_path / "c1.csv") == [str(tmp_path / "c1.route.csv")]
@@ -74,11 +74,16 @@ def test_one_finder_of_metrics_files(tmp_path):
     assert set(found) == {csv, named, deep / "three.csv", Path(parquet)}
     # the profile reads the same runs as the contamination tells do
     from bmoe.analyze.contamination import cells_from_paths
-    from bmoe.analyze.profile import read_runs
+    from bmoe.analyze.profile import profile_runs
+    from bmoe.formats.runfiles import read_recorded_runs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert len(read_runs([tmp_path])) == len(cells_from_paths([tmp_path])) == len(found)
+        assert (
+            len(profile_runs(read_recorded_runs([tmp_path])))
+            == len(cells_from_paths([tmp_path]))
+            == len(found)
+        )
 
 
 def test_named_files_are_kept_when_they_are_runs(tmp_path):

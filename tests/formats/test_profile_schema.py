@@ -40,7 +40,8 @@ def _schema_paths(value, path: str = ""):
 
 
 def _profiles(corpus: Path) -> list[dict]:
-    from bmoe.analyze.profile import build_profile, read_runs
+    from bmoe.analyze.profile import build_profile, profile_runs
+    from bmoe.formats.runfiles import read_recorded_runs
 
     m = corpus / "metrics"
     sets = [
@@ -53,7 +54,7 @@ def _profiles(corpus: Path) -> list[dict]:
         if all(p.exists() for p in paths):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                out.append(build_profile(read_runs(paths), **kw).to_dict())
+                out.append(build_profile(profile_runs(read_recorded_runs(paths)), **kw).to_dict())
     return out
 
 

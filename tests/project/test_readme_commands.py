@@ -239,11 +239,14 @@ def tracked_copy(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The stand-ins that are made, once: MADE."""
-    from bmoe.analyze.profile import build_profile, read_runs
+    from bmoe.analyze.profile import build_profile, profile_runs
     from bmoe.formats.profile import write_profile
+    from bmoe.formats.runfiles import read_recorded_runs
 
     folder = tmp_path_factory.mktemp("made")
-    runs = read_runs(sorted((BENCH / "2026-11-29-small-traces").glob("cells/*/r1/run.csv")))
+    runs = profile_runs(
+        read_recorded_runs(sorted((BENCH / "2026-11-29-small-traces").glob("cells/*/r1/run.csv")))
+    )
     write_profile(build_profile(runs, allow_traced=True), folder / "device.json")
     assert main(["convert", str(SMALL_RUN / "r1" / "run.route.csv"), "--to", "parquet",
                  "-o", str(folder)]) == 0  # fmt: skip

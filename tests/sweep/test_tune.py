@@ -717,10 +717,11 @@ def test_speed_against_fidelity_marks_the_cells_no_other_beats_on_both() -> None
 @pytest.mark.slow
 @needs_engine
 def test_a_given_trace_and_profile_replace_the_calibration_run(tmp_path, tiny):
-    from bmoe.analyze.profile import build_profile, read_runs
+    from bmoe.analyze.profile import build_profile, profile_runs
     from bmoe.engine.embedded.config import EngineConfig
     from bmoe.engine.embedded.run import run_engine
     from bmoe.formats.profile import write_profile
+    from bmoe.formats.runfiles import read_recorded_runs
 
     made = tmp_path / "made"
     made.mkdir()
@@ -728,7 +729,7 @@ def test_a_given_trace_and_profile_replace_the_calibration_run(tmp_path, tiny):
                             cache_mb=1, csv=str(made / "run.csv"),
                             route_trace=str(made / "run.route.csv"),
                             io_trace=str(made / "run.io.csv")))  # fmt: skip
-    write_profile(build_profile(read_runs([made])), tmp_path / "device.json")
+    write_profile(build_profile(profile_runs(read_recorded_runs([made]))), tmp_path / "device.json")
     cfg = write_config(tmp_path, f"""\
         [sweep]
         name = "given"

@@ -22,11 +22,11 @@ the traced runs give the routing and the flash latencies (the profile's ``tracin
 where a traced and an untraced run share a configuration, the overhead is measured).
 
 The modules, from the bottom up: ``runs`` (a run and the configuration it measured),
-``reading`` (runs from files and folders), ``tokens`` (per-token times and reads), ``model``
-(expert sizes), ``state`` (the system state of each run), ``fits`` and ``spread`` (the fits and
-how settled a term is), ``evidence`` (what the sections share), ``flash``, ``compute`` and
-``terms`` (the sections), ``build`` (:func:`build_profile`) and ``against`` (loose files
-next to their predictions).
+``reading`` (runs from what was read of their files), ``tokens`` (per-token times and
+reads), ``model`` (expert sizes), ``state`` (the system state of each run), ``fits`` and
+``spread`` (the fits and how settled a term is), ``evidence`` (what the sections share),
+``flash``, ``compute`` and ``terms`` (the sections), ``build`` (:func:`build_profile`) and
+``against`` (loose files next to their predictions).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from __future__ import annotations
 from bmoe.analyze.profile.against import against_files, measured_files
 from bmoe.analyze.profile.build import build_profile, with_probe
 from bmoe.analyze.profile.flash import flash_table
-from bmoe.analyze.profile.reading import read_runs
+from bmoe.analyze.profile.reading import profile_run, profile_runs
 from bmoe.analyze.profile.runs import (
     DEFAULT_LANES,
     DEFAULT_THREADS,
@@ -59,7 +59,8 @@ __all__ = [
     "decode_misses",
     "flash_table",
     "measured_files",
-    "read_runs",
+    "profile_run",
+    "profile_runs",
     "run_config",
     "run_state",
     "term_spread",
