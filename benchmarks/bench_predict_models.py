@@ -2,7 +2,8 @@
 shapes, seeds and weight types, the laptop's case.
 
 Per model (``--models``; :data:`MODELS` says which were used to decide the model, ``dev``,
-and which were measured only once it was settled, ``held-out``): the model is generated, a
+and which were measured only once it was settled, ``held-out``, and after the next change,
+``held-out-2``): the model is generated, a
 route-traced calibration run gives the routing, and its replay picks the cache budgets at
 which the hit rate is :data:`PROFILE_HITS` (the profile's two configurations, at 1 and 4
 read lanes) and :data:`CELL_HITS` (the cells, at every lane count of :data:`CELL_LANES`).
@@ -67,6 +68,12 @@ MODELS: dict[str, tuple[str, dict]] = {
                                         "top_k": 8, "n_ff_exp": 256, "type": "q8_0",
                                         "layer_types": ("q8_0", "q4_0", "q5_0"),
                                         "seed": 41}),
+    "gptoss-mxfp4-s61": ("held-out-2", {"arch": "gpt-oss", "layers": 12, "experts": 32,
+                                        "top_k": 4, "n_ff_exp": 384, "type": "mxfp4",
+                                        "seed": 61}),
+    "mixtral-q4-s53": ("held-out-2", {"arch": "llama", "layers": 14, "experts": 56,
+                                      "top_k": 2, "n_ff_exp": 448, "type": "q4_0",
+                                      "seed": 53}),
 }  # fmt: skip
 #: The profile's two configurations: (decode hit % the budget is chosen for, read lanes).
 PROFILE_HITS = ((35.0, 1), (78.0, 4))
@@ -291,7 +298,8 @@ def summarise(table: pd.DataFrame, label: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="dev",
-                        help="dev, held-out, all, or model names (comma-separated)")  # fmt: skip
+                        help="dev, held-out, held-out-2, all, or model names "
+                             "(comma-separated)")  # fmt: skip
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each cell")
@@ -303,7 +311,7 @@ def main() -> None:
                              "average under this")  # fmt: skip
     parser.add_argument("--again", action="store_true", help="analyse --out, run nothing")
     args = parser.parse_args()
-    if args.models in ("dev", "held-out"):
+    if args.models in ("dev", "held-out", "held-out-2"):
         names = [n for n, (role, _s) in MODELS.items() if role == args.models]
     elif args.models == "all":
         names = list(MODELS)
@@ -325,7 +333,7 @@ def main() -> None:
             with pd.option_context("display.width", 250, "display.max_columns", 30):
                 print(show.to_string(index=False))
             summarise(table, name)
-        for role in ("dev", "held-out"):
+        for role in ("dev", "held-out", "held-out-2"):
             part = [t for t in tables if t["role"].iloc[0] == role]
             if part:
                 summarise(pd.concat(part, ignore_index=True), f"every {role} model")

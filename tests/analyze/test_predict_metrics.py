@@ -1242,3 +1242,81 @@ def test_a_configuration_asking_more_memory_than_any_run_says_so(tmp_path):
         "between a profile run without pressure (3 MiB) and one under it (4 MiB"
         in (between["memory_note"])
     )
+
+
+def shared_lanes_trace(tmp_path: Path, timed: bool = True):
+    """Four lanes sharing the device: a batch of n requests (2 to 9) lasts 0.05 + 0.1 n ms,
+    each request adding its share whether or not it fills a wave."""
+    from bmoe.formats.op_traces import read_io_trace
+
+    header = "turn,phase,step,layer,expert,proj,lane,spec,offset,req_bytes,read_bytes,latency_ns"
+    lines = ["# io_trace v1", "# model=hand.gguf arch=qwen3moe n_layer=2 n_threads=2 io_threads=4",
+             header + (",start_ns" if timed else "")]  # fmt: skip
+    t = 0
+    for step in range(3, 43):
+        n = 2 + step % 8
+        for i in range(n):
+            start = t + (0 if i < 4 else 100_000 * (i - 3))  # the fifth request on: 0.1 ms on
+            end = t + 50_000 + 100_000 * n if i == n - 1 else start + 300_000
+            row = f"0,1,{step},0,{i},0,{i % 4},0,0,1048576,1048576,{end - start}"
+            lines.append(row + (f",{start}" if timed else ""))
+        t += 10_000_000
+    (tmp_path / "s.io.csv").write_text("\n".join(lines) + "\n")
+    return read_io_trace(tmp_path / "s.io.csv")
+
+
+def test_a_part_filled_wave_costs_its_part_where_the_trace_priced_requests(tmp_path):
+    """Batches of 2 to 9 requests at four lanes last 0.05 + 0.1 n ms: the table prices a
+    wave of four at 0.4 ms and, its rows fitted over the batches (``BATCH_SOURCE``), a batch
+    of 6 requests at 1.5 waves (0.6 ms beyond its overhead), not at 2 whole ones (0.8 ms).
+    Rows from a trace that does not say when requests started keep whole waves."""
+    from bmoe.analyze.predict import BATCH_SOURCE, batch_flash_ms
+    from bmoe.analyze.profile import flash_table
+
+    table = flash_table([(shared_lanes_trace(tmp_path), 4)]).assign(batch_overhead_ms=0.0)
+    assert table["source"].iloc[0] == BATCH_SOURCE
+    assert table["latency_ms"].iloc[0] == pytest.approx(0.4, rel=0.05)
+    lat = float(table["latency_ms"].iloc[0])
+    assert batch_flash_ms(table, np.array([6.0]), MIB, 4)[0] == pytest.approx(1.5 * lat)
+    whole = table.assign(source="io trace")
+    assert batch_flash_ms(whole, np.array([6.0]), MIB, 4)[0] == pytest.approx(2 * lat)
+    untimed = flash_table([(shared_lanes_trace(tmp_path, timed=False), 4)])
+    assert (untimed["source"] == "io trace").all()
+
+
+def test_flash_at_a_volume_its_lanes_never_read_is_widened_by_what_that_was_seen_to_do():
+    """A profile whose runs read 10 MiB a token at one lane and 4 MiB at four: at one lane
+    and 10 MiB the flash wait is as measured (no widening); at 8 MiB, 1.25x away, it carries
+    the whole recorded effect of reading another volume (``flash_volume``), at 9 MiB a part
+    of it; at two lanes, which no run used, nothing (the lane count is a lever of its own);
+    where the lane count's runs read two volumes (``flash_by_read``) nothing either."""
+    from types import SimpleNamespace
+
+    from bmoe.analyze.predict.effects import effect_of
+    from bmoe.analyze.predict.timing import flash_volume_sd
+
+    at = [{"io_threads": 1, "read_mib": 10.0}, {"io_threads": 4, "read_mib": 4.0}]
+    prof = SimpleNamespace(flash_by_read=[], model_error={"configurations_at": at})
+    full = effect_of("flash_volume").sd_rel
+    assert full > 0.1
+    assert flash_volume_sd(prof, 10.0, 1) == 0.0  # type: ignore[arg-type]
+    assert flash_volume_sd(prof, 8.0, 1) == pytest.approx(full)  # type: ignore[arg-type]
+    assert 0 < flash_volume_sd(prof, 9.0, 1) < full  # type: ignore[arg-type]
+    assert flash_volume_sd(prof, 4.0, 2) == 0.0  # type: ignore[arg-type]
+    prof.flash_by_read = [{"lanes": 1, "read_mib": 10.0, "excess_ms": 0.0},
+                          {"lanes": 1, "read_mib": 5.0, "excess_ms": 1.0}]  # fmt: skip
+    assert flash_volume_sd(prof, 8.0, 1) == 0.0  # type: ignore[arg-type]
+
+
+def test_a_traced_run_with_untraced_twins_is_not_scored_as_the_model_error(tmp_path):
+    """An io-traced run and its untraced twin of one configuration, and a run of another:
+    the model error scores the twin, not the traced run (which its trace slowed)."""
+    from bmoe.analyze.profile.holdout import TRACED_TWIN
+
+    traced, trace = io_traced_run(tmp_path)
+    twin = write(tmp_path / "u.csv", serial_rows(overhead=0.25, latency=1.0))
+    other = write(tmp_path / "o.csv", serial_rows(overhead=0.25, latency=1.0), cache_mb=7)
+    prof = profile_of(traced, twin, other, trace=trace)
+    held = {Path(r["run"]).name: r for r in prof.model_error["held_out"]}
+    assert held["t.csv"].get("why") == TRACED_TWIN
+    assert "error_pct" in held["u.csv"]

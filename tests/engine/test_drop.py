@@ -150,3 +150,23 @@ def test_one_tokens_drops_in_python_match_the_array_form() -> None:
         assert fast_top == slow_top == [flat[int(np.argmax(w))]]
         seen.add(int(fast.sum()))
     assert len(seen) > 2  # cases with none, one and several dropped were tried
+
+
+def test_drops_decided_in_the_c_filter_match_python(tiny_model, monkeypatch) -> None:
+    """With the eval filter compiled, a drop whose kept experts must be read is decided and
+    applied in C; the same run with every routing decided in Python computes the same tokens
+    and logits and counts the same drops, hits, misses and reads."""
+    from bmoe.engine.embedded import evalfilter
+
+    if evalfilter.load() is None:
+        pytest.skip("the eval filter did not compile")
+    kw = {"moe_stream": True, "cache_mb": 3, "drop_cold_frac": 1.0}
+    in_c = _run(tiny_model, **kw)
+    monkeypatch.setattr(evalfilter, "load", lambda: None)
+    in_python = _run(tiny_model, **kw)
+    assert in_c.summary["experts_dropped"] > 0 and in_c.cache_stats is not None
+    assert in_c.cache_stats["misses"] > 0  # routings that read, past the warm-up
+    assert _identical(in_c, in_python)
+    assert in_c.cache_stats == in_python.cache_stats
+    for key in ("experts_dropped", "experts_routed"):
+        assert in_c.summary[key] == in_python.summary[key]

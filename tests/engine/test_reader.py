@@ -75,6 +75,48 @@ def test_slices_land_in_place_and_are_counted(model_file, kind, direct) -> None:
             libc.unmap(base, n)
 
 
+@pytest.mark.skipif(creader.load() is None, reason="the C read lanes did not compile")
+def test_one_call_load_reads_the_misses_then_releases_the_victims(model_file) -> None:
+    path, data = model_file
+    reader = creader.CExpertReader(creader.load(), path, 3, o_direct=False)
+    size = N_EXPERT * SLICE
+    base = libc.reserve(size + 2 * libc.PAGE)
+    addr = base + OFFSET % libc.PAGE
+    reader.set_slices([SliceTable(3, 0, 0, OFFSET, SLICE, addr)])
+
+    def resident(e: int) -> int:  # resident pages wholly inside expert e's slice
+        start, end = libc.align_up(addr + e * SLICE), libc.align_down(addr + (e + 1) * SLICE)
+        return libc.resident_pages(start, end - start)[0]
+
+    try:
+        assert reader.load(3, [0, 2], []) == 0  # nothing released: no release time
+        assert resident(0) > 0 and resident(2) > 0
+        assert reader.load(3, [5], [(3, 0), (3, 2)]) > 0  # reads 5, gives 0's and 2's back
+        assert resident(0) == resident(2) == 0 < resident(5)
+        got = np.ctypeslib.as_array(
+            (np.ctypeslib.ctypes.c_uint8 * SLICE).from_address(addr + 5 * SLICE)
+        )
+        assert np.array_equal(got, data[OFFSET + 5 * SLICE : OFFSET + 6 * SLICE])
+        assert reader.drain().read_bytes == 3 * SLICE
+    finally:
+        reader.close()
+        libc.unmap(base, size + 2 * libc.PAGE)
+
+
+@pytest.mark.skipif(creader.load() is None, reason="the C read lanes did not compile")
+def test_one_call_load_says_which_read_failed(model_file) -> None:
+    path, _data = model_file
+    reader = creader.CExpertReader(creader.load(), path, 2, o_direct=False)
+    base = libc.reserve(4 * SLICE)
+    try:
+        reader.set_slices([SliceTable(0, 0, 0, OFFSET + 3 * N_EXPERT * SLICE, SLICE, base)])
+        with pytest.raises(OSError, match=r"expert read of .*m\.bin failed"):
+            reader.load(0, [0], [])
+    finally:
+        reader.close()
+        libc.unmap(base, 4 * SLICE)
+
+
 @pytest.mark.parametrize("kind", [name for name, _make in _readers()])
 def test_a_read_past_the_end_of_the_file_fails(model_file, kind) -> None:
     path, _data = model_file

@@ -7,7 +7,9 @@ DeviceProfile` then turns those misses into time, token by token:
 
 * flash wait: for every layer that misses ``m`` experts of ``s`` slices each, the lanes read
   ``m * s`` requests: ``batch_overhead + latency(request size, lanes) * ceil(m * s / lanes)``
-  (serial engines), plus the wait a token the profile's runs measured beyond that at the
+  (serial engines; without the ceiling where an io trace's batches showed each request
+  adding its share: :data:`~bmoe.analyze.predict.lanes.BATCH_SOURCE`), plus the wait a
+  token the profile's runs measured beyond that at the
   configuration's lanes and MiB read a token, where they read several volumes
   (``flash_by_read``, spread over the tokens in proportion to their wait); under
   ``--overlap`` the stall per missed expert;
@@ -69,6 +71,7 @@ from bmoe.analyze.predict.interval import (
     t_quantile,
 )
 from bmoe.analyze.predict.lanes import (
+    BATCH_SOURCE,
     OVERLAP_SOURCE,
     batch_flash_ms,
     per_lane_ms,
@@ -88,6 +91,7 @@ from bmoe.analyze.predict.timing import (
 )
 
 __all__ = [
+    "BATCH_SOURCE",
     "COVERAGE_ALPHA",
     "GRID_AXES",
     "IN_SAMPLE",

@@ -91,6 +91,17 @@ _RECORDED = (
         "replayed with the drop (-10 %)",
     ),
     _effect(
+        "flash_volume",
+        (20.8, 12.0, 24.9, 27.8, 34.3, 20.9, 11.6, 12.3, -0.3, -6.4, -2.3, 16.1, 24.7, -2.3,
+         21.8, 19.0, 32.4, 26.7, 33.6, 49.2, 67.9),
+        "generated models on the laptop (bench_predict_models.py, deepseek2, gemma4 and a "
+        "qwen3moe with a type per layer, recorded on a quiet machine): the flash wait a token "
+        "(measured over priced, not tok/s) of cells reading another volume than the one "
+        "profile configuration at their lane count, priced as if a request took what it took "
+        "there (-6 to +68 %: the wait per MiB grows as the reads fall, by a cause its runs do "
+        "not show)",
+    ),
+    _effect(
         "memory",
         (43.0, 27.1, 18.3, 13.5, 23.4, 13.6),
         f"{_PHONE_HELD_OUT}: the 4,000 MiB run above, which asked for more memory than any "

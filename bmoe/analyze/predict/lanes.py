@@ -14,16 +14,27 @@ def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
     return pd.to_numeric(frame[column], errors="coerce").to_numpy(np.float64)
 
 
+#: The flash table's source of rows fitted over an io trace's read batches (one request
+#: after another with the lanes sharing the device: a batch lasts ``batch_overhead +
+#: latency * requests / lanes``, no whole waves; see :func:`batch_flash_ms`).
+BATCH_SOURCE = "io trace batches"
+
+
 def _lane_curve(
     flash: pd.DataFrame, req_bytes: float, column: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per measured lane count: the latency of a `req_bytes` request (the `column` latency,
-    ``latency_ms`` where it has none) and the median batch overhead."""
+    ``latency_ms`` where it has none), the median batch overhead and whether its batches are
+    priced per request (every row of :data:`BATCH_SOURCE`, 1.0) or per whole wave (0.0)."""
     lanes = _numbers(flash, "lanes")
     sizes_all = _numbers(flash, "req_bytes")
     lat_all = _numbers(flash, column)
     lat_all = np.where(np.isnan(lat_all), _numbers(flash, "latency_ms"), lat_all)
     over_all = _numbers(flash, "batch_overhead_ms")
+    if "source" in flash:
+        linear_all = (flash["source"].astype(str) == BATCH_SOURCE).to_numpy()
+    else:
+        linear_all = np.zeros(len(flash), dtype=bool)
     per_lanes = []
     for n_lanes in np.unique(lanes):
         at = np.flatnonzero(lanes == n_lanes)
@@ -37,13 +48,13 @@ def _lane_curve(
             value = float(np.interp(req_bytes, sizes, lat))
         over = over_all[at][~np.isnan(over_all[at])]
         overhead = float(np.median(over)) if len(over) else float("nan")
-        per_lanes.append((int(n_lanes), value, overhead))
+        per_lanes.append((int(n_lanes), value, overhead, float(linear_all[at].all())))
     arrays = np.array(per_lanes, dtype=np.float64).T
-    return arrays[0], arrays[1], arrays[2]
+    return arrays[0], arrays[1], arrays[2], arrays[3]
 
 
 def _at_lanes(curve, lanes: int) -> tuple[float, float]:
-    lanes_known, lat_known, over_known = curve
+    lanes_known, lat_known, over_known = curve[:3]
     per_lane = lat_known / lanes_known  # time per request when the lanes are kept busy
     if lanes <= lanes_known[0]:
         return float(lat_known[0]), float(over_known[0])
@@ -53,6 +64,14 @@ def _at_lanes(curve, lanes: int) -> tuple[float, float]:
         float(np.interp(lanes, lanes_known, per_lane) * lanes),
         float(np.interp(lanes, lanes_known, over_known)),
     )
+
+
+def _per_request(curve, lanes: int) -> bool:
+    """Whether batches at `lanes` lanes are priced per request: as the nearest measured lane
+    count at or above it is (the largest one's beyond them)."""
+    lanes_known, linear = curve[0], curve[3]
+    at = min(int(np.searchsorted(lanes_known, lanes)), len(lanes_known) - 1)
+    return bool(linear[at])
 
 
 def request_latency_ms(
@@ -71,13 +90,17 @@ def batch_flash_ms(
     column: str = "latency_ms",
 ) -> np.ndarray:
     """Flash wait of read batches of `requests` requests each with `lanes` lanes: the best
-    of every lane count up to `lanes` (never slower with more lanes)."""
+    of every lane count up to `lanes` (never slower with more lanes). A batch takes whole
+    waves of requests, except at lane counts whose rows were fitted over an io trace's
+    batches (:data:`BATCH_SOURCE`): there the trace showed a batch growing by each request,
+    the lanes sharing the device, so a part-filled wave costs its part."""
     requests = np.asarray(requests, dtype=np.float64)
     curve = _lane_curve(flash, req_bytes, column)
     best = np.full(requests.shape, np.inf)
     for n in range(1, max(1, int(lanes)) + 1):
         lat, overhead = _at_lanes(curve, n)
-        best = np.minimum(best, overhead + lat * np.ceil(requests / n))
+        waves = requests / n if _per_request(curve, n) else np.ceil(requests / n)
+        best = np.minimum(best, overhead + lat * waves)
     return np.where(requests > 0, best, 0.0)
 
 
@@ -132,6 +155,7 @@ def unpriced(profile: DeviceProfile, overlap: bool) -> str | None:
 
 
 __all__ = [
+    "BATCH_SOURCE",
     "OVERLAP_SOURCE",
     "batch_flash_ms",
     "per_lane_ms",

@@ -10,14 +10,15 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze.metrics import steady_state
-from bmoe.analyze.predict.interval import half_width, interval_z, model_error
+from bmoe.analyze.predict.effects import effect_of
+from bmoe.analyze.predict.interval import half_width, interval_z, model_error, read_distance
 from bmoe.analyze.predict.lanes import (
     batch_flash_ms,
     per_lane_ms,
     request_bytes,
     stall_per_miss,
 )
-from bmoe.analyze.predict.levers import check_levers
+from bmoe.analyze.predict.levers import BUDGET_SLACK, check_levers
 from bmoe.analyze.predict.reads import CellReads
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import DeviceProfile
@@ -191,6 +192,26 @@ def excess_at(points: Sequence[Mapping[str, Any]], read_mib: float, lanes: int) 
     return float(np.interp(read_mib, xs, ys))
 
 
+def flash_volume_sd(profile: DeviceProfile, read_mib: float, lanes: int) -> float:
+    """How uncertain a serial configuration's flash wait is (relative sd, log scale) for
+    reading another volume a token than the profile measured at its lanes, where the
+    profile's runs read one volume there (no ``flash_by_read`` to follow): what that has
+    been seen to do (:mod:`bmoe.analyze.predict.effects`, ``flash_volume``), growing from 0
+    at the measured volume to the whole of it at one
+    :data:`~bmoe.analyze.predict.levers.BUDGET_SLACK` apart (runs that close count as one
+    volume). 0 where the lanes read several volumes, or none the profile measured (the lane
+    count is then a lever of its own)."""
+    if sum(1 for p in profile.flash_by_read if int(p["lanes"]) == int(lanes)) >= 2:
+        return 0.0
+    points = [(int(p["io_threads"]), float(p["read_mib"]))
+              for p in (profile.model_error or {}).get("configurations_at") or []
+              if int(p["io_threads"]) == int(lanes)]  # fmt: skip
+    if not points or not np.isfinite(read_mib):
+        return 0.0
+    distance = read_distance(read_mib, lanes, points)
+    return effect_of("flash_volume").sd_rel * min(1.0, distance / math.log(BUDGET_SLACK))
+
+
 def flash_factor(excess_ms: float, priced_ms: float) -> float:
     """What a configuration's priced flash wait (`priced_ms` a token) is multiplied by to
     add `excess_ms` a token (:func:`excess_at`): its tokens keep their shape, a token that
@@ -248,6 +269,9 @@ def predict_cell(
     parts = {k: float(mid[f"{k}_ms"].sum()) / n for k in ("compute", "flash", "mgmt")}
     token_ms = wall / n
     spread = math.hypot(_spread(profile, parts, bool(overlap), token_ms), check.factor_sd)
+    if not overlap and token_ms > 0:
+        spread = math.hypot(spread, flash_volume_sd(profile, read_mib, lanes) * parts["flash"]
+                            / token_ms)  # fmt: skip
     rel, _q = half_width(
         profile.coverage, spread, model_error(profile, read_mib, lanes), check.effect_sd
     )
@@ -298,6 +322,7 @@ __all__ = [
     "compute_at",
     "excess_at",
     "flash_factor",
+    "flash_volume_sd",
     "memory_faults",
     "predict_cell",
     "token_times",

@@ -11,7 +11,10 @@ slices itself (it is lane 0, as the native engine's eval thread is; ``--io-threa
 N - 1 threads), so a layer that misses one expert reads it without waking anyone, and blocks
 only once nothing is left to read. It keeps the Python reader's
 semantics: demand reads ahead of speculative ones, O_DIRECT reads of the aligned window around
-a slice, the byte counts, and per-read records when the io trace is on.
+a slice, the byte counts, and per-read records when the io trace is on. A buffered read first
+makes the slice's pages present in one call (``MADV_POPULATE_WRITE``, Linux 5.14 and later)
+rather than taking a page fault for each page as the copy reaches it: the same pages, about a
+tenth less CPU a read.
 
 ``BMOE_C_READER=0`` (or no C compiler) keeps the Python lanes; so does a run that injects a
 fault after each read (the tests' corruption check), which needs a Python callback per read.
@@ -45,10 +48,14 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #define TICKETS 65536
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 typedef struct {
     int64_t offset;      /* file offset of expert 0's slice */
@@ -71,7 +78,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t work, done;
     pthread_t *threads;
-    int lanes, stop, direct, trace;
+    int lanes, stop, direct, trace, populate;
     int32_t *fds, *dfds;
     int64_t *sizes;
     block_t *blocks;
@@ -132,6 +139,14 @@ static int64_t read_slice(reader_t *r, const block_t *b, int expert) {
             got += n;
         }
         return end - start;
+    }
+    if (r->populate) {  /* the slice's pages made present in one call, not a fault a page */
+        int64_t page = sysconf(_SC_PAGESIZE);
+        int64_t lo = (int64_t) (intptr_t) dst / page * page;
+        int64_t hi = ((int64_t) (intptr_t) dst + len + page - 1) / page * page;
+        if (madvise((void *) (intptr_t) lo, (size_t) (hi - lo), MADV_POPULATE_WRITE) != 0 &&
+            (errno == EINVAL || errno == ENOSYS))
+            r->populate = 0;  /* a kernel before 5.14: the pread faults them in */
     }
     int64_t got = 0;
     while (got < len) {
@@ -212,6 +227,7 @@ reader_t *bmoe_reader_new(int lanes, int n_shards, const int32_t *fds, const int
     memcpy(r->dfds, dfds, sizeof(int32_t) * n_shards);
     memcpy(r->sizes, sizes, sizeof(int64_t) * n_shards);
     r->direct = direct;
+    r->populate = 1;
     r->origin_ns = origin_ns;
     r->lanes = lanes;
     r->threads = calloc(lanes, sizeof(pthread_t));
@@ -255,13 +271,65 @@ int64_t bmoe_reader_submit(reader_t *r, int layer, const int32_t *experts, int n
             if (push(q, j)) { r->error[slot] = ENOMEM; r->remaining[slot]--; }
         }
     /* wake a worker for every job beyond the one the caller reads when it waits (a demand
-       submission is waited for at once; a speculative one is the workers' alone) */
+       submission is waited for at once; a speculative one is the workers' alone), once the
+       lock is let go: a lane woken under it would only block on it again */
     int wake = r->remaining[slot] - (spec ? 0 : 1);
-    if (!r->remaining[slot]) pthread_cond_broadcast(&r->done);
+    int none = !r->remaining[slot];
+    pthread_mutex_unlock(&r->mu);
+    if (none) pthread_cond_broadcast(&r->done);
     else if (wake >= r->lanes - 1) pthread_cond_broadcast(&r->work);
     else for (int i = 0; i < wake; i++) pthread_cond_signal(&r->work);
-    pthread_mutex_unlock(&r->mu);
     return ticket;
+}
+
+/* give back the whole pages inside every projection's slice of `n` (layer, expert) pairs
+   (layers numbered as registered); the bytes released, or -errno */
+int64_t bmoe_reader_release(reader_t *r, int n, const int32_t *layers, const int32_t *experts) {
+    int64_t page = sysconf(_SC_PAGESIZE), released = 0;
+    for (int i = 0; i < n; i++) {
+        int layer = layers[i];
+        if (layer < 0 || layer >= r->n_layers) continue;
+        for (int k = 0; k < r->count[layer]; k++) {
+            const block_t *b = &r->blocks[r->first[layer] + k];
+            int64_t addr = b->data + (int64_t) experts[i] * b->slice_bytes;
+            int64_t start = (addr + page - 1) / page * page;
+            int64_t end = (addr + b->slice_bytes) / page * page;
+            if (end <= start) continue;
+            if (madvise((void *) (intptr_t) start, (size_t) (end - start), MADV_DONTNEED) != 0)
+                return -errno;
+            released += end - start;
+        }
+    }
+    return released;
+}
+
+int bmoe_reader_wait(reader_t *r, int64_t ticket);
+
+/* a routing step's reads in one call: the demand reads of `n` experts of `layer` queued and
+   waited for (the caller reading as lane 0), then the pages of `nv` victims given back, as the
+   native engine evicts (after the reads: no page release, and no TLB flush it sends to the
+   lanes' cores, while they read); with `release_first`, before the reads (a wide step, whose
+   reads would otherwise sit in memory beside its victims). 0, else the errno of the first
+   failed read; out[0]: the bytes released, or -errno of a failed release; out[1]: the ns the
+   release took (cache management, apart from the reads) */
+int bmoe_reader_load(reader_t *r, int layer, const int32_t *experts, int n, int nv,
+                     const int32_t *vlayers, const int32_t *vexperts, int release_first,
+                     int64_t *out) {
+    int64_t t0 = now_ns();
+    out[0] = out[1] = 0;
+    if (release_first && nv > 0) {
+        out[0] = bmoe_reader_release(r, nv, vlayers, vexperts);
+        out[1] = now_ns() - t0;
+    }
+    if (out[0] < 0) return 0;
+    int64_t ticket = n > 0 ? bmoe_reader_submit(r, layer, experts, n, 0) : -1;
+    int err = ticket < 0 ? 0 : bmoe_reader_wait(r, ticket);
+    if (!release_first && nv > 0) {
+        t0 = now_ns();
+        out[0] = bmoe_reader_release(r, nv, vlayers, vexperts);
+        out[1] = now_ns() - t0;
+    }
+    return err;
 }
 
 /* 0 once the ticket's reads are done without error, else the errno of the first failure;
@@ -375,6 +443,11 @@ def load() -> ctypes.CDLL | None:
     lib.bmoe_reader_n_records.restype = i64
     lib.bmoe_reader_n_records.argtypes = [p]
     lib.bmoe_reader_free.argtypes = [p]
+    lib.bmoe_reader_release.restype = i64
+    lib.bmoe_reader_release.argtypes = [p, ctypes.c_int, ip32, ip32]
+    lib.bmoe_reader_load.restype = ctypes.c_int
+    lib.bmoe_reader_load.argtypes = [p, ctypes.c_int, ip32, ctypes.c_int, ctypes.c_int, ip32,
+                                     ip32, ctypes.c_int, ip64]  # fmt: skip
     del i32
     return lib
 
@@ -478,6 +551,42 @@ class CExpertReader:
             self._r, self._layer_slot[layer], ids, len(experts), int(spec)
         )
         return CTicket(self.lib, self._r, ticket, self.paths[0])
+
+    def load(
+        self,
+        layer: int,
+        experts: list[int],
+        victims: list[tuple[int, int]],
+        release_first: bool = False,
+    ) -> int:
+        """A routing step's demand reads of `experts` of `layer` in one call, waited for, then
+        the pages of `victims` ((layer, expert) pairs, none of them being read) given back
+        (with `release_first`, before the reads): what :meth:`submit_experts`, the wait and
+        the arena's release of each victim do, without coming back to Python in between.
+        Returns the ns the release took."""
+        n, nv = len(experts), len(victims)
+        slot = self._layer_slot
+        ids = (ctypes.c_int32 * max(1, n))(*experts)
+        vlayers = (ctypes.c_int32 * max(1, nv))(*[slot.get(v[0], -1) for v in victims])
+        vexperts = (ctypes.c_int32 * max(1, nv))(*[v[1] for v in victims])
+        out = (ctypes.c_int64 * 2)()
+        err = self.lib.bmoe_reader_load(
+            self._r,
+            slot[layer],
+            ids,
+            n,
+            nv,
+            vlayers,
+            vexperts,
+            int(release_first),
+            out,
+        )
+        if out[0] < 0:
+            code = -out[0]
+            raise OSError(code, f"madvise(MADV_DONTNEED) failed: {os.strerror(code)}")
+        if err:
+            raise OSError(err, f"expert read of {self.paths[0]} failed: {os.strerror(err)}")
+        return int(out[1])
 
     def drain(self) -> ReadBatch:
         """The bytes read since the last drain, and the records when tracing."""

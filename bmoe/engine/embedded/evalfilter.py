@@ -11,9 +11,12 @@ It also takes the most common routing off Python: when told (``fast``), a comput
 ``ffn_moe_topk-<il>`` node of one token whose every routed expert is resident and readable
 (a flag per expert that the streamer keeps) is written to a log and the graph goes on; the
 hook hands the log to the cache after the decode, in order, so the cache's state and counts are
-those of routing in Python. Only a routing that must read goes to Python during the graph: on a
-budget that holds the experts a token needs, the graph runs from end to end without stopping
-in the interpreter, as the native engine's C++ callback does.
+those of routing in Python. With dropping on, the drop is decided and applied in C as well,
+and a routing whose kept experts must be read is logged too: the filter then calls Python
+once, without a node, to hand the log to the cache and read. Otherwise only a routing that
+must read goes to Python during the graph: on a budget that holds the experts a token needs,
+the graph runs from end to end without stopping in the interpreter, as the native engine's
+C++ callback does.
 
 Without a C compiler (or with ``BMOE_EVAL_FILTER=0``) :func:`load` returns None and the hook
 answers every question in Python, as before; the results are the same.
@@ -35,6 +38,8 @@ PREFIX_BYTES = 48
 MAX_K = 32
 #: A log entry: the layer, the number of ids, the dropped slots (a bit each), the ids staged.
 ENTRY = 3 + MAX_K
+#: The bit of an entry's layer that says the routing must read (the last entry of the log).
+READS_FLAG = 1 << 30
 
 _SOURCE = r"""
 #include <stdbool.h>
@@ -73,6 +78,7 @@ struct bmoe_filter {
 };
 
 static const char TOPK[] = "ffn_moe_topk-";
+#define READS READS_FLAG  /* a log entry's layer bit: the routing reads (Python drains now) */
 
 /* The layer number after `prefix` in `name` ("ffn_moe_topk-12"), or -1. */
 static long layer_after(const struct bmoe_filter * f, const char * name, const char * prefix,
@@ -139,23 +145,26 @@ static bool at_topk(struct bmoe_filter * f, void * t, long layer) {
 }
 
 /* The pending routing's weights node: the drop decision, slot by slot (a miss under the limit,
-   not the top slot); applied here when every slot it keeps is resident (weights zeroed, the
-   rest rescaled to the routing's mass, a dropped slot pointed at the top expert), as the native
-   engine applies it. False: it reads, so Python decides. */
-static bool at_weights(struct bmoe_filter * f, void * t, long layer) {
+   not the top slot), applied here (weights zeroed, the rest rescaled to the routing's mass, a
+   dropped slot pointed at the top expert), as the native engine applies it, and logged. When a
+   slot it keeps must be read, the entry is marked READS and Python is called (with no node) to
+   hand the log to the cache and read, before the expert matmuls run. 1: handled, 0: not one
+   token's weights of the routing waiting (Python decides), -1: stop the graph. */
+static int at_weights(struct bmoe_filter * f, void * t, long layer) {
     void * topk = f->pending;
     int k = 0;
     int32_t * ids = topk ? token_ids(f, topk, &k) : NULL;
     const int64_t * ne = (const int64_t *) ((const char *) t + f->ne_offset);
     const size_t * nb = (const size_t *) ((const char *) t + f->nb_offset);
     char * data = *(char * const *) ((const char *) t + f->data_offset);
-    if (ids == NULL || layer != f->pending_layer || data == NULL || *(const int *) t != 0) {
-        return false;  /* not one token's f32 weights of the routing waiting */
+    if (ids == NULL || layer != f->pending_layer || data == NULL || *(const int *) t != 0 ||
+        f->log_len >= f->log_cap) {
+        return 0;  /* not one token's f32 weights of the routing waiting */
     }
     bool fits_3d = ne[0] == 1 && ne[1] == k && ne[2] == 1;
     bool fits_2d = ne[0] == k && ne[1] == 1 && ne[2] == 1;
     if (!fits_3d && !fits_2d) {
-        return false;
+        return 0;
     }
     size_t slot_nb = fits_3d ? nb[1] : nb[0];
     float * w[MAX_K];
@@ -165,12 +174,13 @@ static bool at_weights(struct bmoe_filter * f, void * t, long layer) {
         if (*w[i] > *w[best]) best = i;
     }
     uint32_t mask = 0;
+    bool reads = false;
     for (int i = 0; i < k; i++) {
         bool miss = !readable(f, layer, ids[i]);
         if (i != best && miss && *w[i] < f->drop_frac / (float) k) {
             mask |= 1u << i;
         } else if (miss) {
-            return false;  /* a kept expert must be read */
+            reads = true;  /* a kept expert must be read */
         }
     }
     float total = 0.0f, kept = 0.0f;
@@ -191,12 +201,15 @@ static bool at_weights(struct bmoe_filter * f, void * t, long layer) {
             if (!(mask >> i & 1u)) *w[i] *= g;
         }
     }
-    log_entry(f, layer, k, mask, staged);
+    log_entry(f, layer | (reads ? READS : 0), k, mask, staged);
     for (int i = 0; i < k; i++) {
         ids[i] = staged[i];
     }
     f->pending = NULL;
-    return true;
+    if (reads) {
+        return f->python(NULL, false, NULL) ? 1 : -1;
+    }
+    return 1;
 }
 
 /* A computed node the filter asked for: 1 handled here, 0 for Python, -1 stop the graph. */
@@ -216,8 +229,9 @@ static int computed(struct bmoe_filter * f, void * t, const char * name) {
     if (layer == f->routed_layer) {
         return 1;  /* routed at its topk node: every expert resident, nothing to drop */
     }
-    if (at_weights(f, t, layer)) {
-        return 1;
+    int applied = at_weights(f, t, layer);
+    if (applied != 0) {
+        return applied;
     }
     if (f->pending != NULL) {  /* Python decides: it sees the routing node first */
         void * topk = f->pending;
@@ -254,7 +268,7 @@ bool bmoe_eval_filter(void * t, bool ask, void * user) {
 }
 """
 for _name, _value in (("N_PREFIXES", MAX_PREFIXES), ("PREFIX_BYTES", PREFIX_BYTES),
-                      ("MAX_K", MAX_K), ("ENTRY", ENTRY)):  # fmt: skip
+                      ("MAX_K", MAX_K), ("ENTRY", ENTRY), ("READS_FLAG", READS_FLAG)):  # fmt: skip
     _SOURCE = _SOURCE.replace(_name, str(_value))
 
 

@@ -263,9 +263,22 @@ class EvalHook:
         assert f is not None and self.streamer is not None
         n, f.log_len = f.log_len, 0
         rows = self._log_rows[:n].tolist()  # layer, k, dropped slots (bits), ids
-        self.streamer.route_resident(
+        streamer = self.streamer
+        last = rows[-1] if rows and rows[-1][0] & evalfilter.READS_FLAG else None
+        if last is not None:  # a routing that reads, its drop applied: the log's last entry
+            rows.pop()
+        streamer.route_resident(
             [(r[0], r[3 : 3 + r[1]], (r[2] & 0xFFFFFFFF).bit_count()) for r in rows]
         )
+        if last is not None:
+            k = last[1]
+            streamer.route_ids(
+                last[0] & ~evalfilter.READS_FLAG,
+                last[3 : 3 + k],
+                k,
+                self._positions,
+                dropped_slots=(last[2] & 0xFFFFFFFF).bit_count(),
+            )
         self._routed += n
 
     def end(self) -> None:
@@ -303,6 +316,8 @@ class EvalHook:
         try:
             if self._fast and self._filter is not None and self._filter.log_len:
                 self._drain()  # the routings logged so far come first
+            if not t:  # the filter's call to drain a routing that reads (done above)
+                return True
             if ask:
                 if self._remember:
                     known = self._decisions.get(t)

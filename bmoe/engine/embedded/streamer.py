@@ -76,6 +76,8 @@ class ExpertStreamer:
         self.layout = layout
         self.arena = arena
         self.reader = reader
+        #: the reader's one-call routing step (the C lanes), else None
+        self._load = getattr(reader, "load", None)
         self.cache = cache
         self.prefetch = max(0, int(prefetch))
         self.load_all = load_all
@@ -163,8 +165,11 @@ class ExpertStreamer:
         k: int,
         positions: np.ndarray,
         weights: np.ndarray | None = None,
+        dropped_slots: int = 0,
     ) -> np.ndarray | None:
-        """:meth:`route` over the ids as a flat list, token after token (`k` per token)."""
+        """:meth:`route` over the ids as a flat list, token after token (`k` per token);
+        `dropped_slots`: how many of them the caller dropped already (each staged as its
+        token's top expert), for the counts."""
         t0 = time.perf_counter_ns()
         io_ns = 0
         eb = self._expert_bytes[layer]
@@ -183,10 +188,11 @@ class ExpertStreamer:
         c.widest_layer_bytes = max(c.widest_layer_bytes, len(distinct) * eb)
         if self._generating:
             c.routed += len(flat)
-            c.dropped += int(dropped.sum()) if dropped is not None else 0
+            c.dropped += int(dropped.sum()) if dropped is not None else dropped_slots
         flat_all, flat = flat, routed
         if self.load_all:
             misses, hits, pf_hits = list(range(self.layout.n_expert)), [], []
+            victims: list[int] = []
         else:
             assert self.cache is not None
             base = layer << EXPERT_BITS
@@ -199,20 +205,41 @@ class ExpertStreamer:
             hits = [k & EXPERT_MASK for k in hit_keys] if self._inflight else []
             misses = [k & EXPERT_MASK for k in miss_keys]
             pf_hits = [k & EXPERT_MASK for k in pf_keys]
-            for victim in victims:
-                io_ns += self._release((victim >> EXPERT_BITS, victim & EXPERT_MASK))
         inflight = self._inflight
         waits = (
             [inflight.pop((layer, e)) for e in hits if (layer, e) in inflight] if inflight else []
         )
-        if misses or waits:
-            ticket = self.reader.submit_experts(layer, misses) if misses else None
+        gone = [(v >> EXPERT_BITS, v & EXPERT_MASK) for v in victims]
+        if (
+            misses
+            and not waits
+            and self._load is not None
+            and not (inflight and any(key in inflight for key in gone))
+        ):
+            # one call: the reads queued and waited for, then the victims' pages given back
+            # (no read of a victim is in flight), as the native engine reads, then evicts; a
+            # step of more than one token (the prompt) gives them back first, so that its
+            # reads of up to every expert of the layer do not sit in memory beside them
+            held = [key for key in gone if key in self._materialized]
+            readable = self.readable
+            for key in held:
+                self._materialized.discard(key)
+                readable[key[0] * self.n_expert + key[1]] = 0
             tw = time.perf_counter_ns()
-            for w in waits:
-                w.wait()
-            if ticket is not None:
-                ticket.wait()
-            io_ns += time.perf_counter_ns() - tw
+            release_ns = self._load(layer, misses, held, len(flat) > k)
+            io_ns += time.perf_counter_ns() - tw - release_ns  # the release is management
+        else:
+            for key in gone:
+                io_ns += self._release(key)
+            if misses or waits:
+                ticket = self.reader.submit_experts(layer, misses) if misses else None
+                tw = time.perf_counter_ns()
+                for w in waits:
+                    w.wait()
+                if ticket is not None:
+                    ticket.wait()
+                io_ns += time.perf_counter_ns() - tw
+        if misses or waits:
             readable, row = self.readable, layer * self.n_expert
             for e in misses:
                 key = (layer, e)
