@@ -15,8 +15,8 @@ tells that a cell's figures were bent by that state instead of by its flags:
   effects plus the position, tested by permuting the positions).
 
 :func:`contamination_flags` takes one row per run/cell attempt (the sweep's
-``results.parquet`` has the same column names); :func:`cells_from_paths` gives that table
-for metrics files, a directory or a sweep folder.
+``results.parquet`` has the same column names); :func:`bmoe.sweep.results.runs_table` gives
+that table for metrics files, a directory or a sweep folder.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -356,22 +355,9 @@ def contamination_flags(
     return result
 
 
-# ----------------------------------------------------------------------------- the cells table
-
-
-def cells_from_paths(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """The cells table for files, directories, or a sweep folder
-    (:func:`bmoe.analyze.runs_table.runs_table`): a sweep's results, one row per attempt
-    under these column names, or one row per metrics file found."""
-    from bmoe.analyze.runs_table import runs_table
-
-    return runs_table(paths)
-
-
 __all__ = [
     "CONFIG_COLUMNS",
     "TELLS",
-    "cells_from_paths",
     "compute_vs_topk",
     "contamination_flags",
     "entry_state_outliers",

@@ -5,8 +5,9 @@ stays that of one block plus the caches' per-key state.
 
 Every policy streams with the whole-trace figures; so does the exact LRU curve (``mrc``): its
 stack distances are counted per distinct distance, never held per lookup. ``belady`` needs
-each key's next use: its lookups go to temporary files on disk (~10 bytes a lookup), the next
-uses are found walking them back chunk by chunk, and a second pass replays them.
+each key's next use: its lookups go to the spill store the caller gives (on disk, ~10 bytes a
+lookup, with :class:`bmoe.formats.spill.SpillFolder`; in memory without one), the next uses
+are found walking them back chunk by chunk, and a second pass replays them.
 
 A batch must not straddle two blocks: the rows of the last batch group of a block (a decode
 step, or a turn's whole prefill) wait for the next block. The rows must come in the order
@@ -20,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -306,35 +307,77 @@ class _Distances:
         return frame
 
 
-class _Spill:
-    """The chunks of the policies that read the future (``belady``), written to disk as they
-    come (per lookup its key; per batch its lookups, expert size and phase) and given back
-    once the next uses are known: found walking the chunks from the last to the first.
-    Memory stays one chunk and a table per key; the disk takes ~10 bytes a lookup."""
+class SpillStore(Protocol):
+    """Where the lookups of the policies that read the future wait: numeric columns by name,
+    appended to, read back by slice, reserved and written in place
+    (:class:`bmoe.formats.spill.SpillFolder` keeps them on disk, :class:`MemorySpill` in
+    memory). ``where`` names it in an error."""
 
-    FILES: ClassVar[dict[str, type]] = {"look": np.int32, "count": np.int32, "size": np.int64,
-                                        "decode": np.bool_, "next": np.int32}  # fmt: skip
+    @property
+    def where(self) -> str: ...
+
+    def append(self, name: str, values: np.ndarray) -> None: ...
+
+    def read(self, name: str, dtype: np.dtype, start: int, n: int) -> np.ndarray: ...
+
+    def reserve(self, name: str, dtype: np.dtype, n: int) -> None: ...
+
+    def write(self, name: str, start: int, values: np.ndarray) -> None: ...
+
+
+class MemorySpill:
+    """A :class:`SpillStore` in memory (what a replay uses when it is given no other)."""
+
+    where = "memory"
 
     def __init__(self) -> None:
-        import tempfile
+        self._parts: dict[str, list[np.ndarray]] = {}
+        self._whole: dict[str, np.ndarray] = {}
 
-        self.dir = tempfile.TemporaryDirectory(prefix="bmoe-belady-")
+    def append(self, name: str, values: np.ndarray) -> None:
+        self._whole.pop(name, None)
+        self._parts.setdefault(name, []).append(np.array(values, copy=True))
+
+    def _column(self, name: str, dtype: np.dtype) -> np.ndarray:
+        if name not in self._whole:
+            parts = self._parts.pop(name, [])
+            self._whole[name] = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+        return self._whole[name]
+
+    def read(self, name: str, dtype: np.dtype, start: int, n: int) -> np.ndarray:
+        return self._column(name, dtype)[start : start + n].astype(dtype, copy=True)
+
+    def reserve(self, name: str, dtype: np.dtype, n: int) -> None:
+        self._parts.pop(name, None)
+        self._whole[name] = np.zeros(n, dtype=dtype)
+
+    def write(self, name: str, start: int, values: np.ndarray) -> None:
+        self._whole[name][start : start + len(values)] = values
+
+
+class _Spill:
+    """The chunks of the policies that read the future (``belady``), put in `store` as they
+    come (per lookup its key; per batch its lookups, expert size and phase) and given back
+    once the next uses are known: found walking the chunks from the last to the first.
+    Memory stays one chunk and a table per key when the store is on disk (~10 bytes a
+    lookup there)."""
+
+    COLUMNS: ClassVar[dict[str, type]] = {"look": np.int32, "count": np.int32, "size": np.int64,
+                                          "decode": np.bool_, "next": np.int32}  # fmt: skip
+
+    def __init__(self, store: SpillStore) -> None:
+        self.store = store
         self.spans: list[tuple[int, int, int, int]] = []  # lookup and batch offset, counts
         self.lookups = self.batches = 0
 
-    def path(self, name: str) -> str:
-        return f"{self.dir.name}/{name}"
-
     def add(self, c: Chunk) -> None:
-        parts = {"look": c.look, "count": np.diff(c.bounds).astype(np.int32), "size": c.size,
-                 "decode": c.decode}  # fmt: skip
+        parts = {"look": c.look, "count": np.diff(c.bounds), "size": c.size, "decode": c.decode}
         try:
             for name, values in parts.items():
-                with open(self.path(name), "ab") as fh:
-                    fh.write(np.ascontiguousarray(values, dtype=self.FILES[name]).tobytes())
+                self.store.append(name, np.asarray(values, dtype=self.COLUMNS[name]))
         except OSError as exc:
             raise BmoeError(
-                f"belady's lookups cannot be written to {self.dir.name} ({exc.strerror}); "
+                f"belady's lookups cannot be written to {self.store.where} ({exc.strerror}); "
                 "point TMPDIR at a larger disk or leave belady out"
             ) from None
         self.spans.append((self.lookups, self.batches, len(c.look), len(c)))
@@ -342,8 +385,7 @@ class _Spill:
         self.batches += len(c)
 
     def _read(self, name: str, start: int, n: int) -> np.ndarray:
-        dtype = np.dtype(self.FILES[name])
-        return np.fromfile(self.path(name), dtype=dtype, count=n, offset=start * dtype.itemsize)
+        return self.store.read(name, np.dtype(self.COLUMNS[name]), start, n)
 
     def _bounds(self, b0: int, n_b: int) -> np.ndarray:
         bounds = np.zeros(n_b + 1, dtype=np.int64)
@@ -355,14 +397,11 @@ class _Spill:
         from bmoe.cache.kernels import Chunk, batches
 
         nextb = np.full(n_keys, self.batches, dtype=np.int32)
-        with open(self.path("next"), "wb") as fh:
-            fh.truncate(self.lookups * 4)
-        with open(self.path("next"), "r+b") as fh:
-            for at, b0, n, n_b in reversed(self.spans):
-                look = self._read("look", at, n)
-                nu = batches.next_uses_continue(self._bounds(b0, n_b), look, nextb, b0)
-                fh.seek(at * 4)
-                fh.write(nu.tobytes())
+        self.store.reserve("next", np.dtype(self.COLUMNS["next"]), self.lookups)
+        for at, b0, n, n_b in reversed(self.spans):
+            look = self._read("look", at, n)
+            nu = batches.next_uses_continue(self._bounds(b0, n_b), look, nextb, b0)
+            self.store.write("next", at, np.asarray(nu, dtype=self.COLUMNS["next"]))
         none = np.zeros(max((n_b for *_, n_b in self.spans), default=0), dtype=np.int64)
         for at, b0, n, n_b in self.spans:
             look = self._read("look", at, n)
@@ -426,6 +465,7 @@ def stream_replay(
     seed: int = 0,
     jobs: int | None = None,
     frames: bool = True,
+    spill: SpillStore | None = None,
 ) -> dict[str, pd.DataFrame | dict]:
     """The replay views of a trace whose preamble is `trace` (its rows are not read) and
     whose rows are `blocks` (DataFrames or numpy columns), in file order (e.g.
@@ -435,8 +475,10 @@ def stream_replay(
     ``mrc_budgets`` and ``mrc`` (:func:`~bmoe.analyze.replay.mrc_at` at the budgets and
     :func:`~bmoe.analyze.replay.lru_mrc`); with `validate_mib`, ``validation``
     (:func:`~bmoe.analyze.replay.validate`'s table). `jobs` replays run at once on each block.
-    The policies that read the future (``belady``) spill their lookups to a temporary
-    directory and replay them after the pass.
+    The policies that read the future (``belady``) keep their lookups in `spill` (a
+    :class:`SpillStore`; in memory when None: pass a
+    :class:`bmoe.formats.spill.SpillFolder` to keep them on disk) and replay them after the
+    pass.
 
     The per-layer policies (``layer``, ``layerlfu``) split the budget by the preamble's
     ``n_layer`` (else the highest layer with an expert size, plus one). Expert ids at or
@@ -467,9 +509,10 @@ def stream_replay(
     if validate_mib is not None:  # one more replay, at the run's budget, off the curve
         cells.append((validate_mib, DEFAULT_POLICY))
     cut = _Blocks(trace, part_of, n_declared)
-    spill = _Spill() if any(POLICIES[p].needs_future for _, p in cells) else None
+    needs_future = any(POLICIES[p].needs_future for _, p in cells)
+    deferred = _Spill(MemorySpill() if spill is None else spill) if needs_future else None
     replays = Replays(cells, cut.n_keys, n_parts, n_layer, part_keys=cut.n_e, seed=seed,
-                      jobs=jobs, deferred=spill)  # fmt: skip
+                      jobs=jobs, deferred=deferred)  # fmt: skip
     distances = _Distances(cut.n_keys, key_size) if mrc else None
     tally = Tally(len(cells))
     try:
@@ -488,8 +531,6 @@ def stream_replay(
         if tally.lookups:
             replays.finish(tally)
     finally:
-        if spill is not None:
-            spill.dir.cleanup()
         replays.close()
     if not tally.lookups:
         raise BmoeError(f"{name}: no routing rows to replay")

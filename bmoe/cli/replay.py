@@ -313,6 +313,7 @@ def _stream_views(
     summary and parameters; the curve and validation as columns without `frames`."""
     from bmoe.analyze.replay_stream import stream_replay
     from bmoe.formats.route import iter_route_columns, read_route_head
+    from bmoe.formats.spill import SpillFolder
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -326,12 +327,13 @@ def _stream_views(
     with (
         warnings.catch_warnings(record=True) as also,
         err_console.status(literal("replaying block by block")),
+        SpillFolder("bmoe-belady-") as spill,  # made only when belady is replayed
     ):
         warnings.simplefilter("always")
         try:
             views = stream_replay(
                 preamble, blocks, budget_list, names, mrc=mrc, validate_mib=validate,
-                metrics_summary=summary, seed=seed, jobs=jobs, frames=frames,
+                metrics_summary=summary, seed=seed, jobs=jobs, frames=frames, spill=spill,
             )  # fmt: skip
         except BmoeError as exc:
             if turn is not None and "no routing rows" in str(exc):

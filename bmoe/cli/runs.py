@@ -8,7 +8,7 @@ import pandas as pd
 import typer
 
 from bmoe.analyze.compare import REFUSE, compare_many
-from bmoe.analyze.contamination import cells_from_paths, contamination_flags
+from bmoe.analyze.contamination import contamination_flags
 from bmoe.analyze.metrics import STABLE_FIELDS, summarize_runs, summary_tables
 from bmoe.analyze.stall import memory_picture, stall_attribution
 from bmoe.cli import analyze_app, console, err_console
@@ -226,8 +226,10 @@ def contamination_command(
 
     Example: bmoe analyze contamination bench-data/2026-11-29-tiny-cache-lanes --format json
     """
+    from bmoe.sweep.results import runs_table
+
     check_format(fmt)
-    cells = cells_from_paths(paths)
+    cells = runs_table(paths)
     flags = contamination_flags(cells)
     not_checked = flags.attrs.get("not_checked", [])
     if fmt == "json":

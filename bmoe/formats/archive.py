@@ -17,6 +17,9 @@ Layout of ``<output>/<date>-<name>/``::
 
 A loose run of the native engine is a metrics CSV and the files named ``<stem>.<anything>``
 beside it (:func:`files_beside`); a run folder of a sweep is the same with the stem ``run``.
+The runs of an archive, as the one-row-per-run table takes them (a sweep's attempts with each
+completed run read, a folder's loose metrics files), are read by
+:mod:`bmoe.formats.archive_runs`.
 
 This module imports no pandas until a table is read or written.
 """

@@ -1,7 +1,7 @@
 """Writing a sweep folder: atomic run folders and the ``manifest.jsonl`` appends.
 
 The folder's layout, its names and its readers are :mod:`bmoe.formats.archive`'s; the
-results table is built by :mod:`bmoe.analyze.runs_table`. A run's files are written into a
+results table is read by :mod:`bmoe.sweep.results`. A run's files are written into a
 hidden staging folder and the folder is renamed into place when complete, so a completed run
 is always whole; the manifest line follows the rename. Resume trusts the folder: a run counts
 as done when its ``record.json`` says ok and every file it lists has the recorded size and
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bmoe.analyze.runs_table import load_results, results_frame
 from bmoe.errors import BmoeError
 from bmoe.formats.archive import (
     CELLS,
@@ -49,6 +48,7 @@ from bmoe.formats.archive import (
     write_atomic,
     write_results,
 )
+from bmoe.sweep.results import load_results, results_frame
 from bmoe.sweep.shelltext import shell_join
 
 

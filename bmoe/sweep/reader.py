@@ -31,7 +31,6 @@ from typing import Any
 
 import pandas as pd
 
-from bmoe.analyze.runs_table import files_frame, load_results
 from bmoe.errors import BmoeError
 from bmoe.formats.archive import (
     BOOKKEEPING,
@@ -45,6 +44,7 @@ from bmoe.formats.archive import (
     read_manifest,
     run_stem,
 )
+from bmoe.sweep.results import files_frame, load_results
 
 #: Kinds of file a run can carry, as :attr:`ArchivedRun.files` keys.
 FILE_KINDS = ("metrics", "route", "compute", "compute_layers", "io", "pressure", "output", "state")

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bmoe.analyze.runs_table import results_frame
 from bmoe.formats.archive import RESULTS, write_results
 from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.attempt import (
@@ -32,6 +31,7 @@ from bmoe.sweep.config import SweepConfig
 from bmoe.sweep.flags import check_flags
 from bmoe.sweep.local import LocalExecutor
 from bmoe.sweep.plan import Plan, Unit
+from bmoe.sweep.results import results_frame
 from bmoe.sweep.system import MachineFacts
 from bmoe.sweep.targets import Target, TargetSpec, open_target
 

@@ -33,12 +33,12 @@ import numpy as np
 import pandas as pd
 
 from bmoe.analyze import tune as decide_mod
-from bmoe.analyze.runs_table import results_frame
 from bmoe.errors import BmoeError
 from bmoe.formats.archive import OUTPUT_FILES, RUN_ERR, RUN_OUT, TUNE_STATE, write_atomic
 from bmoe.sweep.archive import ArchiveWriter
 from bmoe.sweep.attempt import NullSink, ProgressSink
 from bmoe.sweep.plan import Cell, Plan, Run, Unit, cell_id, expand
+from bmoe.sweep.results import results_frame
 from bmoe.sweep.runner import Executor, executor_for, run_sweep
 from bmoe.sweep.tune_config import LOSSY_FLAGS, TuneConfig
 

@@ -9,12 +9,9 @@ import pandas as pd
 import pytest
 from runs_factory import rows, write_run
 
-from bmoe.analyze.contamination import (
-    cells_from_paths,
-    contamination_flags,
-    position_beyond_config,
-)
+from bmoe.analyze.contamination import contamination_flags, position_beyond_config
 from bmoe.errors import BmoeError
+from bmoe.sweep.results import runs_table
 
 PRESSURE = {"peak_rss_kb": 5_000_000, "mem_avail_before_kb": 6_000 * 1024,
             "cpu_temp_before_mC": 40_000, "cpu_temp_max_mC": 60_000}  # fmt: skip
@@ -35,7 +32,7 @@ def sweep(tmp_path: Path, specs: list[dict]) -> pd.DataFrame:
         )  # fmt: skip
         if state is not None:
             path.with_suffix(".state").write_text(state)
-    return cells_from_paths([tmp_path])
+    return runs_table([tmp_path])
 
 
 def flags_of(cells: pd.DataFrame, tell: str) -> pd.DataFrame:
@@ -161,7 +158,7 @@ def test_sweep_folder_results_parquet(tmp_path: Path) -> None:
     )  # fmt: skip
     table.to_parquet(tmp_path / "results.parquet")
     write_run(tmp_path / "cells" / "a.csv")  # ignored: the parquet is the sweep's record
-    cells = cells_from_paths([tmp_path])
+    cells = runs_table([tmp_path])
     assert list(cells["cell"]) == ["a", "b", "c"]
     flags = contamination_flags(cells)
     assert list(flags["tell"]) == ["majflt"] and flags.iloc[0]["cells"] == ["c"]
@@ -169,4 +166,4 @@ def test_sweep_folder_results_parquet(tmp_path: Path) -> None:
 
 def test_no_files_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(BmoeError, match="no metrics files"):
-        cells_from_paths([tmp_path])
+        runs_table([tmp_path])

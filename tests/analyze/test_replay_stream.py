@@ -144,6 +144,7 @@ def test_belady_alone_leaves_no_spill_behind(tmp_path, monkeypatch) -> None:
     import tempfile
 
     from bmoe.analyze import replay_stream
+    from bmoe.formats.spill import SpillFolder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     spilled = []
@@ -151,12 +152,13 @@ def test_belady_alone_leaves_no_spill_behind(tmp_path, monkeypatch) -> None:
 
     def recorded(spill, chunk) -> None:
         add(spill, chunk)
-        spilled.append(sum(f.stat().st_size for f in Path(spill.dir.name).iterdir()))
+        spilled.append(sum(f.stat().st_size for f in Path(spill.store.where).iterdir()))
 
     monkeypatch.setattr(replay_stream._Spill, "add", recorded)
     cells = [(0, 1, s, s % 2, [s % 5, 3 * s % 7]) for s in range(30)]
     trace = make_trace(cells, sizes={0: MIB, 1: 2 * MIB}, n_layer=2)
-    streamed = stream_replay(trace, blocks_of(trace.rows, 5), [2, 8], ["belady"])
+    with SpillFolder() as spill:
+        streamed = stream_replay(trace, blocks_of(trace.rows, 5), [2, 8], ["belady"], spill=spill)
     whole = rp.replay_curve(trace, [2, 8], ["belady"], jobs=1)
     pd.testing.assert_frame_equal(streamed["curve"], whole)
     assert whole["hit_pct_cum"].iloc[-1] > whole["hit_pct_cum"].iloc[0]

@@ -73,15 +73,15 @@ def test_one_finder_of_metrics_files(tmp_path):
     found = layout.find_metrics_files([tmp_path])
     assert set(found) == {csv, named, deep / "three.csv", Path(parquet)}
     # the profile reads the same runs as the contamination tells do
-    from bmoe.analyze.contamination import cells_from_paths
     from bmoe.analyze.profile import profile_runs
     from bmoe.formats.runfiles import read_recorded_runs
+    from bmoe.sweep.results import runs_table
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert (
             len(profile_runs(read_recorded_runs([tmp_path])))
-            == len(cells_from_paths([tmp_path]))
+            == len(runs_table([tmp_path]))
             == len(found)
         )
 
@@ -124,12 +124,12 @@ def test_predictions_write_and_read_back_validated(tmp_path):
 def test_a_sweeps_results_are_read_with_their_axes_by_the_contamination_tells(tmp_path):
     """The tells read a sweep folder through the archive's reader: the axes and parameters
     its results were written with come back (a bare Parquet read loses them)."""
-    from bmoe.analyze.contamination import cells_from_paths
+    from bmoe.sweep.results import runs_table
 
     frame = pd.DataFrame({"run": ["a/r1", "b/r1"], "cell": ["a", "b"], "status": "ok",
                           "cache_mb": [1, 2], "tok_s_mean": [3.0, 4.0]})  # fmt: skip
     frame.attrs["params"] = ["cache_mb"]
     layout.write_results(tmp_path, frame, ["cache_mb"], "s")
-    cells = cells_from_paths([tmp_path])
+    cells = runs_table([tmp_path])
     assert cells.attrs["axes"] == ["cache_mb"] and cells.attrs["params"] == ["cache_mb"]
     assert list(cells["cell"]) == ["a", "b"]
