@@ -37,8 +37,12 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bmoe.analyze.predict import coverage_check  # noqa: E402
-from bmoe.analyze.profile import against_files, build_profile, profile_runs  # noqa: E402
+from bmoe.analyze.device import (  # noqa: E402
+    against_files,
+    build_profile,
+    coverage_check,
+    profile_runs,
+)
 from bmoe.engine.synth import synth_model  # noqa: E402
 from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
 

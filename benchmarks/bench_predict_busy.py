@@ -46,8 +46,13 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bmoe.analyze.predict import WIDEST_INTERVAL_PCT, coverage_check  # noqa: E402
-from bmoe.analyze.profile import against_files, build_profile, profile_runs  # noqa: E402
+from bmoe.analyze.device import (  # noqa: E402
+    WIDEST_INTERVAL_PCT,
+    against_files,
+    build_profile,
+    coverage_check,
+    profile_runs,
+)
 from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."

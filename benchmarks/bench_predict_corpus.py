@@ -47,19 +47,17 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bmoe.analyze import replay  # noqa: E402
-from bmoe.analyze.predict import (  # noqa: E402
+from bmoe.analyze.device import (  # noqa: E402
     WIDEST_INTERVAL_PCT,
-    cell_reads,
-    coverage_check,
-    interval_kind,
-    token_times,
-)
-from bmoe.analyze.profile import (  # noqa: E402
     ProfileRun,
     against_files,
     build_profile,
+    cell_reads,
+    coverage_check,
+    interval_kind,
     profile_runs,
     run_config,
+    token_times,
 )
 from bmoe.errors import BmoeError  # noqa: E402
 from bmoe.formats.runfiles import read_recorded_runs  # noqa: E402
@@ -403,7 +401,7 @@ def lever_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per lever: how many runs were predicted, their median |error|, the share within the
     interval's bounds and its median width, how many were declared unpriced, how many were
     refused (and why), and the spread of the unpriced predictions' errors (log scale: what
-    :mod:`bmoe.analyze.predict.effects` records)."""
+    :mod:`bmoe.analyze.device.levers` records)."""
     out = []
     for (lever, group), part in table.groupby(["lever", "group"], sort=False):
         done = part[part["predicted"].notna()]

@@ -43,8 +43,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bmoe.analyze import replay  # noqa: E402
-from bmoe.analyze.predict import coverage_check, predict  # noqa: E402
-from bmoe.analyze.profile import against_files, build_profile, profile_runs  # noqa: E402
+from bmoe.analyze.device import against_files, build_profile, coverage_check, predict, profile_runs  # noqa: E402
 from bmoe.analyze.verdict import CONTENDED_RATIO  # noqa: E402
 from bmoe.formats.metrics import read_metrics  # noqa: E402
 from bmoe.formats.route import read_route_trace  # noqa: E402

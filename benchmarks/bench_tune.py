@@ -248,7 +248,7 @@ def confirm(tmp: Path, figures: dict, args: argparse.Namespace) -> list[dict]:
     ``--pairs`` rounds (every second round in the other order): the mean of the rounds'
     log ratios removes the machine's drift, and its t interval says whether the pick is
     within 5 % of the best."""
-    from bmoe.analyze.tune import t_at
+    from bmoe.analyze.device.tune import t_at
     from bmoe.sweep.archive import load_results
 
     best = figures["truth_best"]
@@ -344,7 +344,7 @@ def two_way(runs: pd.DataFrame) -> tuple[pd.Series, pd.Series, float, int]:
 
 
 def report(grids, tunes, floor: float, loads) -> dict:
-    from bmoe.analyze.tune import t_at
+    from bmoe.analyze.device.tune import t_at
     from bmoe.sweep.archive import load_results
 
     runs = pd.concat([load_results(g).assign(grid=i) for i, g in enumerate(grids)])

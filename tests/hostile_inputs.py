@@ -455,7 +455,7 @@ def good_profile(corpus: Path) -> dict:
     """The device profile of the corpus's serial run (as ``bmoe profile`` writes it)."""
     import warnings
 
-    from bmoe.analyze.profile import build_profile, profile_runs
+    from bmoe.analyze.device import build_profile, profile_runs
     from bmoe.formats.runfiles import read_recorded_runs
 
     with warnings.catch_warnings():

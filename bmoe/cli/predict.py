@@ -195,8 +195,7 @@ def profile_command(
                 highlight=False,
             )  # fmt: skip
         return
-    from bmoe.analyze.predict import check_settled
-    from bmoe.analyze.profile import build_profile, profile_runs
+    from bmoe.analyze.device import build_profile, check_settled, profile_runs
     from bmoe.formats.profile import write_profile
     from bmoe.formats.runfiles import read_recorded_runs
 
@@ -217,7 +216,7 @@ def profile_command(
     for w in caught:
         err_console.print(warning_line(w.message), highlight=False)
     if flash is not None:
-        from bmoe.analyze.profile import with_probe
+        from bmoe.analyze.device import with_probe
 
         profile = with_probe(profile, flash, f"{probe} ({probe_file})")
     _show_profile(profile, fmt)
@@ -255,7 +254,7 @@ def _show_profile(profile, fmt: str) -> None:
     (implausible fits, notes, absent and unsettled terms, grouped), then the terms, the flash
     table, the runs and the held-out predictions per configuration. JSON and CSV carry
     every figure, and the caveats go to stderr."""
-    from bmoe.analyze.profile.plausible import implausible_fits
+    from bmoe.analyze.device.checks import implausible_fits
     from bmoe.render.predict import (
         profile_caveats,
         profile_headline,
@@ -404,7 +403,7 @@ def predict_command(
     Example: bmoe predict -p phone.json --against phone/*.csv
     """
     check_format(fmt)
-    from bmoe.analyze import predict as prediction
+    from bmoe.analyze import device as prediction
     from bmoe.formats.profile import read_profile
 
     trace_path, measured = _split_paths(list(paths or []))
@@ -426,8 +425,8 @@ def predict_command(
     trace = _read_route(trace_path) if trace_path is not None else None
     if trace is None and not against_flag:
         raise BmoeError("give the route trace of a recorded run to predict --grid from")
-    from bmoe.analyze.predict import interval_kind
-    from bmoe.analyze.profile.plausible import implausible_fits
+    from bmoe.analyze.device import interval_kind
+    from bmoe.analyze.device.checks import implausible_fits
     from bmoe.render.predict import (
         against_headline,
         against_summary,
@@ -484,7 +483,7 @@ def predict_command(
 def _interval_notes(profile, table) -> list[tuple[str, str]]:
     """What the intervals are made of, and the cells whose time the profile does not price,
     as (label, line)."""
-    from bmoe.analyze.predict import interval_kind
+    from bmoe.analyze.device import interval_kind
     from bmoe.render.predict import unpriced_notes
 
     kind, claimed = interval_kind(profile)
@@ -501,7 +500,7 @@ def _interval_notes(profile, table) -> list[tuple[str, str]]:
 
 def _against(trace, profile, measured: list[Path], policy: str, drop: float | None) -> dict:
     """A sweep folder (one, with a manifest) or loose metrics files, next to the prediction."""
-    from bmoe.analyze import predict as prediction
+    from bmoe.analyze import device as prediction
     from bmoe.formats.archive import MANIFEST
 
     sweeps = [p for p in measured if p.is_dir() and (p / MANIFEST).is_file()]
@@ -516,7 +515,7 @@ def _against(trace, profile, measured: list[Path], policy: str, drop: float | No
 
         return prediction.against(trace, profile, load_results(sweeps[0]), policy=policy,
                                   drop=drop, sweep_dir=sweeps[0])  # fmt: skip
-    from bmoe.analyze.profile import against_files, profile_runs
+    from bmoe.analyze.device import against_files, profile_runs
     from bmoe.formats.runfiles import read_recorded_runs
 
     with warnings.catch_warnings(record=True) as caught:

@@ -4,7 +4,7 @@ A profile holds what a prediction needs to turn a replay's reads into time: flas
 latency by request size and lane count, compute time per token, cache-management cost per
 expert admitted, the prefill rate, and the model it was measured on (expert sizes: a profile
 prices reads of that model's experts only). This module reads, validates and writes the file;
-building one from runs is :mod:`bmoe.analyze.profile`.
+building one from runs is :mod:`bmoe.analyze.device`.
 
 Layout (``version`` 2)::
 
@@ -103,7 +103,7 @@ class DeviceProfile:
     model_error: dict[str, Any] = field(default_factory=dict)
     flash_by_read: list[dict[str, float]] = field(default_factory=list)
     #: the levers' baseline values and a term per other value its runs measured
-    #: (see :mod:`bmoe.analyze.profile.levers`)
+    #: (see :mod:`bmoe.analyze.device.levers`)
     levers: dict[str, Any] = field(default_factory=dict)
     version: int = PROFILE_VERSION  # of the file it was read from
 

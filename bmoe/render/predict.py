@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from bmoe.analyze.predict.interval import DOUBLE, MIN_INSIDE, error_at_distance
+from bmoe.analyze.device.interval import DOUBLE, MIN_INSIDE, error_at_distance
 
 #: Digits per column of the narrow views.
 VIEW_DIGITS = {

@@ -18,7 +18,7 @@ def sweep_predictions(config: SweepConfig, plan: Plan) -> pd.DataFrame | None:
     every routed expert is priced as a miss (an upper bound)."""
     if not config.settings.profile:
         return None
-    from bmoe.analyze.predict import sweep_duration
+    from bmoe.analyze.device import sweep_duration
     from bmoe.formats.profile import read_profile
     from bmoe.formats.route import read_route_trace
 

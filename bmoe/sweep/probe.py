@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze.profile.flash import flash_row
+from bmoe.analyze.device.flash import flash_row
 from bmoe.errors import BmoeError
 from bmoe.sweep.targets import Target, TargetSpec, open_target
 from bmoe.units import KIB, MIB

@@ -4,10 +4,10 @@ Round by round, over the folder of a sweep archive:
 
 1. calibrate: a traced run of the unmodified reference cell (route and io traces, and the
    fidelity reference on the embedded engine when fidelity is constrained or a lossy lever is
-   an axis) gives the routing and the device profile (:func:`bmoe.analyze.profile.
+   an axis) gives the routing and the device profile (:func:`bmoe.analyze.device.
    build_profile`); or ``[tune] trace`` and ``profile`` are taken as given;
-2. predict every candidate cell (:func:`bmoe.analyze.predict.predict`), correct the
-   predictions by the measured cells, and decide (:func:`bmoe.analyze.tune.decide`) which
+2. predict every candidate cell (:func:`bmoe.analyze.device.predict`), correct the
+   predictions by the measured cells, and decide (:func:`bmoe.analyze.device.tune.decide`) which
    runs can still change the answer;
 3. run them through the sweep's own runner (:func:`bmoe.sweep.runner.run_sweep`: any target,
    several targets, the Ray farm, the archive, resume after a kill);
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bmoe.analyze import tune as decide_mod
+from bmoe.analyze.device import tune as decide_mod
 from bmoe.errors import BmoeError
 from bmoe.formats.archive import OUTPUT_FILES, RUN_ERR, RUN_OUT, TUNE_STATE, write_atomic
 from bmoe.sweep.archive import ArchiveWriter
@@ -374,7 +374,7 @@ class Tuner:
             self.profile = read_profile(self.in_archive(calib["profile"]))
             write_profile(self.profile, current)
         else:
-            from bmoe.analyze.profile import build_profile, profile_runs
+            from bmoe.analyze.device import build_profile, profile_runs
             from bmoe.formats.runfiles import read_recorded_runs
 
             self.profile = build_profile(profile_runs(read_recorded_runs([calib_folder])))
@@ -384,7 +384,7 @@ class Tuner:
     def refit(self, candidates: pd.DataFrame, measured: pd.DataFrame) -> str:
         """Refit the profile from every completed run; keep it when it predicts the measured
         cells better than the current one. Returns what was done (for ``tune.json``)."""
-        from bmoe.analyze.profile import build_profile, profile_runs
+        from bmoe.analyze.device import build_profile, profile_runs
         from bmoe.formats.profile import write_profile
         from bmoe.formats.runfiles import read_recorded_runs
 
@@ -422,7 +422,7 @@ class Tuner:
     def predict(self, cells: Sequence[Cell], profile: Any = None) -> pd.DataFrame:
         """Each candidate's predicted score and interval from the profile (NaN where the
         profile cannot price it: not streamed, no cache_mb, an objective it does not model)."""
-        from bmoe.analyze.predict import predict
+        from bmoe.analyze.device import predict
 
         profile = profile if profile is not None else self.profile
         rows = []

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bmoe.analyze.tune import OBJECTIVES, Constraint
+from bmoe.analyze.device.tune import OBJECTIVES, Constraint
 from bmoe.errors import BmoeError
 from bmoe.sweep.checking import Checker, describe
 from bmoe.sweep.config import SweepConfig, config_text, parse_config, resolved_document

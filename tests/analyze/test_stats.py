@@ -39,8 +39,8 @@ def test_importing_the_statistics_does_not_load_scipy() -> None:
     """Only a call does: the modules that compute verdicts and intervals import it freely."""
     code = (
         "import sys\n"
-        "import bmoe.analyze.stats, bmoe.analyze.verdict, bmoe.analyze.tune\n"
-        "import bmoe.analyze.predict.interval\n"
+        "import bmoe.analyze.stats, bmoe.analyze.verdict, bmoe.analyze.device.tune\n"
+        "import bmoe.analyze.device.interval\n"
         "before = 'scipy.stats' in sys.modules\n"
         "bmoe.analyze.stats.t_quantile(0.975, 3)\n"
         "print(before, 'scipy.stats' in sys.modules)\n"

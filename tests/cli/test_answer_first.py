@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bmoe.analyze.profile.plausible import implausible_flash
-from bmoe.analyze.profile.spread import provenance
+from bmoe.analyze.device.checks import implausible_flash
+from bmoe.analyze.device.fits import provenance
 from bmoe.render.predict import caveat_lines, run_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,7 +160,7 @@ def test_a_stable_cell_has_no_label_and_a_comparison_with_one_does_not_fail() ->
     """A cell the verdict finds stable has no reason (NaN): it was labelled "nan", and next
     to a cell of the profile's own runs the label's join failed (predict --against of a
     tune's folder stopped with an internal error)."""
-    from bmoe.analyze.predict.compare import _measurement_labels
+    from bmoe.analyze.device.compare import _measurement_labels
 
     ok = pd.DataFrame({"cell": ["a", "a", "a", "b"], "tok_s_mean": [100.0, 101.0, 99.0, 50.0],
                        "status": "ok", "repeat": [1, 2, 3, 1], "order": [0, 1, 2, 3]})  # fmt: skip

@@ -160,7 +160,7 @@ def test_another_cache_policy_streams_identically_and_the_replay_reproduces_it(
     names the policy (an LRU run names none, as the native engine's), and the replay of the
     run's routing through that policy gives its hits exactly. Future-reading policies and
     unknown names are refused."""
-    from bmoe.analyze.predict import cell_reads
+    from bmoe.analyze.device import cell_reads
     from bmoe.analyze.replay import prepare_batches
 
     route, csv = tmp_path / "r.route.csv", tmp_path / "r.csv"

@@ -73,7 +73,7 @@ def test_one_finder_of_metrics_files(tmp_path):
     found = layout.find_metrics_files([tmp_path])
     assert set(found) == {csv, named, deep / "three.csv", Path(parquet)}
     # the profile reads the same runs as the contamination tells do
-    from bmoe.analyze.profile import profile_runs
+    from bmoe.analyze.device import profile_runs
     from bmoe.formats.runfiles import read_recorded_runs
     from bmoe.sweep.results import runs_table
 

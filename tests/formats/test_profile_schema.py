@@ -40,7 +40,7 @@ def _schema_paths(value, path: str = ""):
 
 
 def _profiles(corpus: Path) -> list[dict]:
-    from bmoe.analyze.profile import build_profile, profile_runs
+    from bmoe.analyze.device import build_profile, profile_runs
     from bmoe.formats.runfiles import read_recorded_runs
 
     m = corpus / "metrics"

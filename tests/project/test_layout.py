@@ -1,5 +1,6 @@
 """The tests mirror the package: each test module sits in the folder of the package it tests
-(``tests/analyze/`` for ``bmoe/analyze``, ...) or in ``tests/project/`` for the checks of the
+(``tests/analyze/`` for ``bmoe/analyze``, ``tests/analyze/device/`` for
+``bmoe/analyze/device``, ...) or in ``tests/project/`` for the checks of the
 whole repository; the shared helpers stay at the top of ``tests/``."""
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ def test_test_modules_sit_in_the_folder_of_their_package() -> None:
     folders = {p.parent for p in TESTS.rglob("test_*.py")} - {TESTS}
     assert len(folders) >= 7  # the tests were found
     for folder in folders:
-        assert folder.parent == TESTS, f"{folder}: one level of folders, named after a package"
-        assert folder.name == "project" or (PACKAGE / folder.name / "__init__.py").is_file(), (
-            f"tests/{folder.name}/ is named after no package of bmoe"
+        rel = folder.relative_to(TESTS)
+        assert rel == Path("project") or (PACKAGE / rel / "__init__.py").is_file(), (
+            f"tests/{rel}/ mirrors no package of bmoe (tests/x/y/ holds the tests of bmoe/x/y)"
         )
         # each folder is a package, so that test modules of one name in two folders do not clash
-        assert (folder / "__init__.py").is_file(), f"tests/{folder.name}/ has no __init__.py"
+        assert (folder / "__init__.py").is_file(), f"tests/{rel}/ has no __init__.py"
 
 
 def test_no_test_module_is_left_at_the_top() -> None:

@@ -239,7 +239,7 @@ def tracked_copy(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The stand-ins that are made, once: MADE."""
-    from bmoe.analyze.profile import build_profile, profile_runs
+    from bmoe.analyze.device import build_profile, profile_runs
     from bmoe.formats.profile import write_profile
     from bmoe.formats.runfiles import read_recorded_runs
 

@@ -18,7 +18,7 @@ from bmoe.formats import archive as layout
 from bmoe.formats.profile import write_profile
 from bmoe.sweep.config import load_config
 from bmoe.sweep.lifecycle import hold_folder, run_sweep_folder
-from tests.analyze.test_predict import round_profile
+from tests.analyze.device.test_predict import round_profile
 
 
 def _sweep(folder: Path, grid: str = "[0, 8]") -> Path:

@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bmoe.analyze.predict import sweep_duration
+from bmoe.analyze.device import sweep_duration
 from bmoe.analyze.sweep import predicted_vs_measured
 from bmoe.cli import main
 from bmoe.errors import BmoeError
 from bmoe.formats.profile import write_profile
 from bmoe.sweep.config import parse_config, resolved_document
-from tests.analyze.test_predict import DECODE, PREFILL, make_trace, round_profile
+from tests.analyze.device.test_predict import DECODE, PREFILL, make_trace, round_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ROOT / "bench-data" / "2026-11-29-small-traces"

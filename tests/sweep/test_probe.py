@@ -42,8 +42,8 @@ def test_probe_of_a_missing_file_is_one_line(tmp_path: Path) -> None:
 def test_probe_replaces_the_flash_latencies_and_keeps_the_engine_overhead() -> None:
     import pandas as pd
 
-    from bmoe.analyze.profile import with_probe
-    from tests.analyze.test_predict import round_profile
+    from bmoe.analyze.device import with_probe
+    from tests.analyze.device.test_predict import round_profile
 
     flash = [
         {"lanes": 1, "req_bytes": 1 << 20, "latency_ms": 2.0, "batch_overhead_ms": 0.5, "reads": 1},
@@ -83,7 +83,7 @@ def test_probe_rows_are_the_profile_flash_rows() -> None:
     repeats of 2 lanes x 4 reads of 4 KiB taking 4, 16 and 8 ms are 1, 4 and 2 ms a request."""
     import numpy as np
 
-    from bmoe.analyze.profile.flash import flash_row
+    from bmoe.analyze.device.flash import flash_row
     from bmoe.sweep.probe import probe_flash
 
     table = probe_flash(
