@@ -35,16 +35,16 @@ declared unpriced.
 
 A lever is priced when the profile measured it: its runs used that value (the prefetch
 depth, the policy, dropping, the overlap mode, the compute threads; the profile's term for
-a value other than its baseline, :mod:`bmoe.analyze.device.levers`), the flash table holds
+a value other than its baseline, above), the flash table holds
 or brackets the lane count, the cache budget lies within the runs' budgets or below them
 (the bytes it reads are the replay's, exact, and its distance from the measured reads widens
 its interval; above them, what a larger cache does to memory and compute is not measured),
 and it asks no more memory than a profile run did, or no more than a quarter more of what
 the largest of them left available, or memory its runs bracket. Otherwise the lever is
 unpriced: named in the prediction's row, its interval widened by the spread of what that
-lever has been seen to do (:mod:`bmoe.analyze.device.levers`), and the prediction kept out
+lever has been seen to do (below), and the prediction kept out
 of any headline that claims a coverage. Top-k and the dense weights' placement are refused
-before (:mod:`bmoe.analyze.device.checks`, ``not_comparable``): nothing prices them.
+before (:func:`bmoe.analyze.device.runs.not_comparable`): nothing prices them.
 """
 
 from __future__ import annotations
