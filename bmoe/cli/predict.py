@@ -236,7 +236,7 @@ def _model_sizes(path: Path | None):
     from bmoe.engine.embedded.layout import read_layout
 
     layout = read_layout(path)
-    sizes = {layer: layout.expert_bytes(layer) for layer in layout.moe_layers}
+    sizes = layout.expert_sizes()
     if not sizes:
         raise BmoeError(f"{path}: no expert tensors (not a mixture-of-experts model)")
     meta = {"n_layer": layout.n_layer, "n_expert": layout.n_expert}

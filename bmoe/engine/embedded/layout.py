@@ -86,6 +86,10 @@ class ModelLayout:
         """Bytes one expert of `layer` occupies (all its projections)."""
         return sum(t.slice_bytes for t in self.by_layer.get(layer, ()))
 
+    def expert_sizes(self) -> dict[int, int]:
+        """Bytes one expert occupies, per MoE layer (a dense layer has none)."""
+        return {layer: self.expert_bytes(layer) for layer in self.moe_layers}
+
     @property
     def total_expert_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
