@@ -9,6 +9,7 @@ import pytest
 
 from bmoe.errors import BmoeError
 from bmoe.formats.archive import find_metrics_files
+from bmoe.formats.errors import FormatWarning
 from bmoe.formats.runlog import streaming_line
 from tests.runs_factory import rows, write_run
 
@@ -73,5 +74,8 @@ def test_a_run_read_with_what_was_recorded_beside_it(tmp_path: Path, monkeypatch
     assert run.pressure["mem_available_mb"] == 800 and run.pressure["swap_used_mb"] == 5
     assert run.streaming_line == {"io_threads": 4, "cache": 64.0}
     assert [r.metrics.path for r in read_recorded_runs([tmp_path])] == [str(csv)]
-    with pytest.raises(BmoeError, match="no metrics CSV"):
+    with (
+        pytest.warns(FormatWarning, match="not metrics files, skipped"),
+        pytest.raises(BmoeError, match="no metrics CSV"),
+    ):
         read_recorded_runs([tmp_path / "a.log"])
