@@ -452,24 +452,17 @@ def recommend(
             f"of cells measured fewer than {min_repeats} times"
         )
 
-    def compare(a: str, b: str) -> tuple[float, float, float]:
-        return ratio_at(
-            confidence,
-            t.at[a, "mean"], _sd(t, a), t.at[a, "n"],
-            t.at[b, "mean"], _sd(t, b), t.at[b, "n"],
-        )  # fmt: skip
-
     def tied(c: str) -> bool:
         if t.at[c, "n"] < 2 or t.at[top, "n"] < 2:
             return False
-        low = compare(top, c)[1]
+        low = _cells_ratio(t, confidence, top, c)[1]
         return not (math.isfinite(low) and low > 1.0)
 
     ties = [c for c in good if c != top and tied(c)]
     cost = lambda c: (costs.get(c, (math.inf,)), -mean(c))  # noqa: E731
     chosen = min([top, *ties], key=cost)
     if chosen != top:
-        r = compare(top, chosen)
+        r = _cells_ratio(t, confidence, top, chosen)
         reasons.append(
             f"{name(top)} measured {r[0]:.2f}x {name(chosen)}, but {r[1]:.2f} to {r[2]:.2f} "
             f"includes 1: not distinguishable, so the cheaper is recommended ({CHEAPER_RULE})"
@@ -478,7 +471,7 @@ def recommend(
     if not others:
         return Recommendation(chosen, reasons=reasons)
     runner_up = top if chosen != top else max(others, key=lambda c: (mean(c), t.at[c, "n"]))
-    ratio = compare(chosen, runner_up)
+    ratio = _cells_ratio(t, confidence, chosen, runner_up)
     distinguishable = bool(math.isfinite(ratio[1]) and ratio[1] > 1.0)
     return Recommendation(chosen, runner_up, ratio, distinguishable, reasons)
 
@@ -577,15 +570,7 @@ def decide(
             if t.at[c, "n"] < min_repeats:
                 pending.append(c)
                 continue
-            r = ratio_at(
-                confidence,
-                t.at[incumbent, "mean"],
-                _sd(t, incumbent),
-                n_inc,
-                t.at[c, "mean"],
-                _sd(t, c),
-                t.at[c, "n"],
-            )
+            r = _cells_ratio(t, confidence, incumbent, c)
             if closest is None or r[0] < closest[1][0]:
                 closest = (c, r)
             if not (math.isfinite(r[1]) and r[1] > 1.0):
@@ -637,15 +622,7 @@ def decide(
     ratio = None
     distinguishable = None
     if runner_up is not None:
-        ratio = ratio_at(
-            confidence,
-            t.at[incumbent, "mean"],
-            _sd(t, incumbent),
-            n_inc,
-            t.at[runner_up, "mean"],
-            _sd(t, runner_up),
-            t.at[runner_up, "n"],
-        )
+        ratio = _cells_ratio(t, confidence, incumbent, runner_up)
         distinguishable = bool(math.isfinite(ratio[1]) and ratio[1] > 1.0)
     if settled:
         sentence = f"{name(incumbent)} is settled as the best"
@@ -692,6 +669,15 @@ def _num(value: Any) -> float:
     except (TypeError, ValueError):
         return float("nan")
     return v if not math.isnan(v) else float("-inf")
+
+
+def _cells_ratio(t: pd.DataFrame, level: float, a: str, b: str) -> tuple[float, float, float]:
+    """:func:`ratio_at` of cell `a`'s mean score over cell `b`'s, from the estimates table."""
+    return ratio_at(
+        level,
+        t.at[a, "mean"], _sd(t, a), t.at[a, "n"],
+        t.at[b, "mean"], _sd(t, b), t.at[b, "n"],
+    )  # fmt: skip
 
 
 def _sd(t: pd.DataFrame, cell: str) -> float:
