@@ -22,10 +22,13 @@ single runs within their bounds and the coverages that share is consistent with,
 and the cells interleaved, so drift shows as disagreement between repeats, not as a tilt).
 The profile prices the machine uncontended (its contended runs' times divided by their
 slowdown); on a shared machine every figure is also given against each cell's runs scaled
-by the same estimate, which judges everything but that estimate.
+by the same estimate, which judges everything but that estimate. ``--bookend N`` runs each
+profile configuration N more times after the last pass: those late runs against its twins,
+and each pass's flash wait against the priced one, tell the machine's drift over the
+recording from an effect of the read volume.
 
 Usage: python benchmarks/bench_predict_models.py [--models dev] [--tokens 48] [--threads 2]
-       [--repeats 2] [--profile-repeats 1] [--out DIR [--again]]
+       [--repeats 2] [--profile-repeats 1] [--bookend 0] [--out DIR [--again]]
 """
 
 from __future__ import annotations
@@ -146,6 +149,9 @@ def record(model_name: str, out: Path, args) -> None:
             else:
                 _c, mb, lanes = item
                 _run(model, folder, f"cell_{mb:g}_{lanes}_r{rep}", mb, lanes, False, args)
+    for r in range(1, args.bookend + 1):  # the profile's configurations again, after the cells
+        for i, (mb, lanes) in enumerate(plan["profile"]):
+            _run(model, folder, f"profile{i}_late{r}", mb, lanes, False, args)
 
 
 def _measured(path: Path) -> dict:
@@ -254,9 +260,46 @@ def analyze(model_name: str, out: Path, args) -> pd.DataFrame:
         )  # fmt: skip
     loads = [float(p.read_text()) for p in folder.glob("*.load")]
     table = pd.DataFrame(rows)
+    table.attrs["drift"] = _drift(folder, plan, predicted, args)
     table.attrs["load"] = (min(loads), max(loads)) if loads else (np.nan, np.nan)
     table.attrs["profile"] = profile
     return table
+
+
+def _drift(folder: Path, plan: dict, predicted: pd.DataFrame, args) -> pd.DataFrame:
+    """How the machine moved while the cells ran: per profile configuration its twins (run
+    among the first pass) against its late runs (``--bookend``, after the last pass), and per
+    pass of the cells their flash wait measured over predicted (the geometric mean over the
+    cells). A late run that waits longer than its twin at the same configuration is drift, not
+    a read volume the profile did not measure."""
+    rows = []
+    for i, (mb, lanes) in enumerate(plan["profile"]):
+        early = [_measured(f) for f in sorted(folder.glob(f"profile{i}_u*.csv"))]
+        late = [_measured(f) for f in sorted(folder.glob(f"profile{i}_late*.csv"))]
+        if not early or not late:
+            continue
+        e, lt = pd.DataFrame(early).mean(), pd.DataFrame(late).mean()
+        rows.append(
+            {
+                "what": f"profile {mb:g} MiB {lanes}L, late / twins",
+                "flash": lt["flash_ms"] / e["flash_ms"],
+                "compute": lt["compute_ms"] / e["compute_ms"],
+                "tok_s": lt["tok_s"] / e["tok_s"],
+            }
+        )
+    cells = [tuple(c) for c in plan["cells"]]
+    flash_p = dict(zip(cells, predicted["flash_ms"], strict=True))
+    for rep in range(1, args.repeats + 1):
+        ratios = []
+        for (mb, lanes), priced in flash_p.items():
+            f = folder / f"cell_{mb:g}_{lanes}_r{rep}.csv"
+            if f.exists() and priced > 0:
+                ratios.append(_measured(f)["flash_ms"] / priced)
+        if ratios:
+            flash = float(np.exp(np.mean(np.log(ratios))))
+            what = f"cells, pass {rep}: flash measured / priced"
+            rows.append({"what": what, "flash": flash, "compute": np.nan, "tok_s": np.nan})
+    return pd.DataFrame(rows, columns=["what", "flash", "compute", "tok_s"])
 
 
 def summarise(table: pd.DataFrame, label: str) -> None:
@@ -308,6 +351,9 @@ def main() -> None:
     parser.add_argument("--wait-load", type=float, default=None,
                         help="before each run, wait (up to 15 min) for a 1-minute load "
                              "average under this")  # fmt: skip
+    parser.add_argument("--bookend", type=int, default=0,
+                        help="untraced runs of each profile configuration after the cells "
+                             "(the machine's drift over the recording)")  # fmt: skip
     parser.add_argument("--again", action="store_true", help="analyse --out, run nothing")
     args = parser.parse_args()
     if args.models in ("dev", "held-out", "held-out-2"):
@@ -332,6 +378,9 @@ def main() -> None:
             with pd.option_context("display.width", 250, "display.max_columns", 30):
                 print(show.to_string(index=False))
             summarise(table, name)
+            if len(table.attrs["drift"]):
+                print("  drift (ratios):")
+                print(table.attrs["drift"].round(3).to_string(index=False))
         for role in ("dev", "held-out", "held-out-2"):
             part = [t for t in tables if t["role"].iloc[0] == role]
             if part:
