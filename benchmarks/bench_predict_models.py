@@ -260,13 +260,13 @@ def analyze(model_name: str, out: Path, args) -> pd.DataFrame:
         )  # fmt: skip
     loads = [float(p.read_text()) for p in folder.glob("*.load")]
     table = pd.DataFrame(rows)
-    table.attrs["drift"] = _drift(folder, plan, predicted, args)
+    table.attrs["drift"] = _drift(folder, plan, predicted, args)  # records, which concat compares
     table.attrs["load"] = (min(loads), max(loads)) if loads else (np.nan, np.nan)
     table.attrs["profile"] = profile
     return table
 
 
-def _drift(folder: Path, plan: dict, predicted: pd.DataFrame, args) -> pd.DataFrame:
+def _drift(folder: Path, plan: dict, predicted: pd.DataFrame, args) -> list[dict]:
     """How the machine moved while the cells ran: per profile configuration its twins (run
     among the first pass) against its late runs (``--bookend``, after the last pass), and per
     pass of the cells their flash wait measured over predicted (the geometric mean over the
@@ -299,7 +299,7 @@ def _drift(folder: Path, plan: dict, predicted: pd.DataFrame, args) -> pd.DataFr
             flash = float(np.exp(np.mean(np.log(ratios))))
             what = f"cells, pass {rep}: flash measured / priced"
             rows.append({"what": what, "flash": flash, "compute": np.nan, "tok_s": np.nan})
-    return pd.DataFrame(rows, columns=["what", "flash", "compute", "tok_s"])
+    return rows
 
 
 def summarise(table: pd.DataFrame, label: str) -> None:
@@ -378,9 +378,9 @@ def main() -> None:
             with pd.option_context("display.width", 250, "display.max_columns", 30):
                 print(show.to_string(index=False))
             summarise(table, name)
-            if len(table.attrs["drift"]):
+            if table.attrs["drift"]:
                 print("  drift (ratios):")
-                print(table.attrs["drift"].round(3).to_string(index=False))
+                print(pd.DataFrame(table.attrs["drift"]).round(3).to_string(index=False))
         for role in ("dev", "held-out", "held-out-2"):
             part = [t for t in tables if t["role"].iloc[0] == role]
             if part:
