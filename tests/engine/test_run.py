@@ -327,20 +327,29 @@ def test_files_have_the_native_columns_and_keys(tiny_model, tmp_path, corpus) ->
     assert last["seq"].tolist() == list(range(len(last)))
 
 
+#: Prompts on which the tiny model reaches its end of sequence before 64 tokens: which one
+#: does depends on the CPU's kernels (the first at token 37 on one machine, as the native
+#: engine does on the same file; the second at token 23 on another).
+EARLY_END_PROMPTS = ("=cmd|' /C calc'!A0 explain", "Why is the sky blue?", "Once upon a time")
+
+
 def test_a_run_the_model_ends_early_is_a_finished_run(tiny_model, tmp_path) -> None:
-    """The tiny model reaches its end of sequence at token 37 of 64 on this prompt (as the
-    native engine does on the same file): the summary is there and says the rows' count, so
-    the run is finished and the sweep archive takes it."""
+    """A run whose model reaches its end of sequence before `n_predict` tokens: the summary is
+    there and says the rows' count, so the run is finished and the sweep archive takes it."""
     from bmoe.sweep.archive import csv_complete
 
-    path = tmp_path / "run.csv"
-    cfg = EngineConfig(
-        model=str(tiny_model), prompt="=cmd|' /C calc'!A0 explain", n_predict=64, threads=1,
-        csv=str(path),
-    )  # fmt: skip
-    run_engine(cfg)
-    run = read_metrics(path)
-    assert run.tokens < run.steps == 64, "the model no longer ends early on this prompt"
+    for i, prompt in enumerate(EARLY_END_PROMPTS):
+        path = tmp_path / f"run{i}.csv"
+        cfg = EngineConfig(
+            model=str(tiny_model), prompt=prompt, n_predict=64, threads=1, csv=str(path)
+        )
+        run_engine(cfg)
+        run = read_metrics(path)
+        assert run.steps == 64
+        if run.tokens < run.steps:
+            break
+    else:
+        pytest.fail(f"the tiny model no longer ends early on any of {EARLY_END_PROMPTS}")
     assert run.summary["tokens"] == run.tokens and not run.partial
     assert csv_complete(path) == (True, "ok")
 
