@@ -11,12 +11,14 @@ It also takes the most common routing off Python: when told (``fast``), a comput
 ``ffn_moe_topk-<il>`` node of one token whose every routed expert is resident and readable
 (a flag per expert that the streamer keeps) is written to a log and the graph goes on; the
 hook hands the log to the cache after the decode, in order, so the cache's state and counts are
-those of routing in Python. With dropping on, the drop is decided and applied in C as well,
-and a routing whose kept experts must be read is logged too: the filter then calls Python
-once, without a node, to hand the log to the cache and read. Otherwise only a routing that
-must read goes to Python during the graph: on a budget that holds the experts a token needs,
-the graph runs from end to end without stopping in the interpreter, as the native engine's
-C++ callback does.
+those of routing in Python. As it logs, the filter also keeps what that hand-over needs (the
+keys staged, in order, and the counts: lookups, slots, drops, demand bytes), so the hand-over
+is one call for the whole log rather than a step per layer in Python. With dropping on, the
+drop is decided and applied in C as well, and a routing whose kept experts must be read is
+logged too: the filter then calls Python once, without a node, to hand the log to the cache
+and read. Otherwise only a routing that must read goes to Python during the graph: on a
+budget that holds the experts a token needs, the graph runs from end to end without stopping
+in the interpreter, as the native engine's C++ callback does.
 
 Without a C compiler (or with ``BMOE_EVAL_FILTER=0``) :func:`load` returns None and the hook
 answers every question in Python, as before; the results are the same.
