@@ -13,7 +13,7 @@ prefetched key that is still resident is a *prefetch hit*.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,12 +60,22 @@ def _distinct(keys: list[int]) -> tuple[list[int], list[int] | None]:
     return first, last
 
 
+def _holds_all(policy: Policy, key_space_bytes: Mapping[int, int]) -> bool:
+    """Whether `policy` fits every key of the key space at once (each layer's in its slice,
+    for a per-layer policy), so that it can never have to evict."""
+    if policy.per_layer:
+        return all(b <= policy.capacity(layer) for layer, b in key_space_bytes.items())
+    return sum(key_space_bytes.values()) <= policy.budget
+
+
 class ExpertCache:
     """A byte-budgeted cache over (layer, expert) keys with a named eviction policy.
 
     ``policy`` is one of :data:`POLICIES`; ``belady`` reads the future, so every staged key
     needs its next batch of use (``next_use``); ``layer`` and ``layerlfu`` split the budget
-    into ``n_layer`` equal slices. ``seed`` drives ``random``.
+    into ``n_layer`` equal slices. ``seed`` drives ``random``. ``key_space_bytes`` (layer ->
+    the bytes of every key of that layer it may ever be given) lets the cache know when it can
+    never evict (:attr:`never_evicts`).
     """
 
     def __init__(
@@ -75,6 +85,7 @@ class ExpertCache:
         *,
         n_layer: int | None = None,
         seed: int = 0,
+        key_space_bytes: Mapping[int, int] | None = None,
     ):
         if policy not in POLICIES:
             raise BmoeError(f"unknown cache policy {policy!r} (choose from {', '.join(POLICIES)})")
@@ -83,6 +94,9 @@ class ExpertCache:
             raise BmoeError(f"cache budget must be >= 0 bytes, not {budget_bytes}")
         self.policy_name = policy
         self._policy: Policy = POLICIES[policy](budget_bytes, n_layer=n_layer, seed=seed)
+        self.never_evicts = key_space_bytes is not None and _holds_all(
+            self._policy, key_space_bytes
+        )
         self._pending: set[int] = set()  # prefetched, not yet looked up
         self._touched: set[int] = set()  # keys touched since the last stage began
         self._stats = dict.fromkeys(
@@ -201,33 +215,73 @@ class ExpertCache:
         return hits, misses, pf_hits, victims
 
     def stage_resident(
-        self, batches: Sequence[tuple[int, list[int], list[int] | None]], sizes: Sequence[int]
+        self,
+        touches: list[int],
+        ends: list[int],
+        lookups: int,
+        expert_bytes: Mapping[int, int],
     ) -> None:
         """:meth:`stage_keys` for batches the caller knows are all resident (the live engine's
-        routings that needed no read), in one call: (layer, lookups, recency) each, with each
-        batch's expert bytes in `sizes`. The same recency and counts; a miss or an eviction
-        would mean the caller was wrong, and raises."""
+        routings that needed no read), in one call: `touches` holds their keys batch after
+        batch in the order touched (repeats allowed), `ends` where each batch ends in it, and
+        `lookups` how many distinct keys they have (a batch's distinct keys are each one
+        lookup), with each layer's `expert_bytes`. The same counts and recency as staging
+        them one by one.
+
+        Where it can, it refreshes recency without going batch by batch. A cache that
+        :attr:`never_evicts` never reads its policy's order (a victim is only chosen over the
+        budget, and every key fits in it) and a hit changes nothing else, so there it only
+        counts, and takes the caller's word that every key is resident (the live engine's
+        flags of what is readable, which the eval filter checked). A policy with a bulk
+        :meth:`~bmoe.cache.policies.base.Policy.refresh` (LRU, FIFO) takes the whole run of
+        hits at once. Otherwise, or with prefetched keys pending, each batch is looked up, and
+        their distinct keys must be the caller's count. A key found not resident, or the
+        budget overrun afterwards, means the caller was wrong, and raises."""
+        if not ends:
+            return
         policy = self._policy
-        pending, st = self._pending, self._stats
+        pf_hits = 0
+        if self._pending or not (self.never_evicts or policy.bulk_refresh):
+            pf_hits = self._stage_resident_each(touches, ends, lookups, expert_bytes)
+        elif not self.never_evicts:
+            try:
+                policy.refresh(touches)
+            except KeyError:
+                raise BmoeError("experts staged as resident were not cached") from None
+        last_batch = touches[ends[-2] if len(ends) > 1 else 0 : ends[-1]]
+        last = last_batch[0] >> EXPERT_BITS
+        if policy.held_in(last) > policy.capacity(last):  # hits hold no more bytes
+            raise BmoeError(f"the cache holds more than its budget after layer {last}")
+        self._touched = set(last_batch)
+        st = self._stats
+        st["lookups"] += lookups
+        st["hits"] += lookups
+        st["prefetch_hits"] += pf_hits
+
+    def _stage_resident_each(
+        self, touches: list[int], ends: list[int], lookups: int, expert_bytes: Mapping[int, int]
+    ) -> int:
+        """:meth:`stage_resident`'s lookups batch by batch (the general path); returns the
+        prefetch hits."""
+        policy, pending = self._policy, self._pending
         lookup, per_layer = policy.lookup, policy.per_layer
-        lookups_n = pf_hits = 0
-        for (layer, lookups, recency), size in zip(batches, sizes, strict=True):
-            hits, misses = lookup(lookups, recency, size, None)
+        pf_hits = looked_up = start = 0
+        for end in ends:
+            batch = touches[start:end]
+            start = end
+            layer = batch[0] >> EXPERT_BITS
+            distinct, recency = _distinct(batch)
+            hits, misses = lookup(distinct, recency, expert_bytes[layer], None)
             if misses or (per_layer and policy.held_in(layer) > policy.capacity(layer)):
                 raise BmoeError(f"layer {layer}: experts staged as resident were not cached")
+            looked_up += len(distinct)
             if pending:
                 found = [k for k in hits if k in pending]
                 pending.difference_update(found)
                 pf_hits += len(found)
-            lookups_n += len(lookups)
-        if batches:  # hits hold no more bytes: one look at the budget is enough
-            last = batches[-1]
-            if policy.held_in(last[0]) > policy.capacity(last[0]):
-                raise BmoeError(f"the cache holds more than its budget after layer {last[0]}")
-            self._touched = set(last[1])
-        st["lookups"] += lookups_n
-        st["hits"] += lookups_n
-        st["prefetch_hits"] += pf_hits
+        if looked_up != lookups:
+            raise BmoeError(f"{looked_up} distinct experts staged as resident, not {lookups}")
+        return pf_hits
 
     def prefetch(
         self,

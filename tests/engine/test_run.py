@@ -741,6 +741,25 @@ def test_sampling_is_reproducible_with_a_seed(tiny_model, baseline) -> None:
             assert token in np.argsort(-logits)[:20]
 
 
+@pytest.mark.parametrize("cache_mb", [100, 3])
+def test_the_engines_cache_knows_whether_it_holds_every_expert(tiny_model, cache_mb) -> None:
+    """The engine tells its cache the model's experts, so a budget that holds them all is a
+    cache that never evicts (whose resident routings only count), and a smaller one is not."""
+    import time
+
+    from bmoe.engine.embedded.engine import EmbeddedEngine
+
+    holds = cache_mb * MIB >= read_layout(tiny_model).total_expert_bytes
+    cfg = EngineConfig(model=str(tiny_model), prompt=PROMPT, threads=1, moe_stream=True,
+                       cache_mb=cache_mb, force_cache=True)  # fmt: skip
+    eng = EmbeddedEngine(cfg, origin_ns=time.monotonic_ns())
+    try:
+        assert eng.cache is not None and eng.cache.never_evicts is holds
+    finally:
+        eng.close()
+    assert holds is (cache_mb == 100)
+
+
 def test_the_c_filter_answers_as_the_python_callback_does(tiny_model, tmp_path, monkeypatch):
     """The C front of the eval callback only changes who answers ggml's questions: tokens,
     logits, routing and weights come out the same with and without it."""

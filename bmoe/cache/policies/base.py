@@ -40,6 +40,8 @@ class Policy:
     needs_future = False
     #: the budget is split into equal per-layer slices (eviction stays inside a layer)
     per_layer = False
+    #: :meth:`refresh` takes a run of hits in one call (else the cache looks each batch up)
+    bulk_refresh = False
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         self.budget = budget
@@ -68,6 +70,14 @@ class Policy:
     def evict(self, layer: int, protected: Set[int]) -> list[int]:
         """Evict until the bytes held fit (the budget, or `layer`'s slice for per-layer
         policies), never a key in `protected`; return the victims in eviction order."""
+        raise NotImplementedError
+
+    def refresh(self, touches: list[int]) -> None:
+        """What :meth:`lookup` does to hits, for a run of batches whose every key is resident,
+        in one call: `touches` are their keys batch after batch in the order touched (a repeat
+        is a touch again). Raises KeyError for a key not resident. Only where
+        :attr:`bulk_refresh` says so: the order of a run of hits must not depend on where its
+        batches begin."""
         raise NotImplementedError
 
     # -- the room a speculative admission may take ---------------------------------------

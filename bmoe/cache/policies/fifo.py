@@ -17,6 +17,7 @@ from bmoe.cache.policies.base import Policy
 class FIFO(Policy):
     name = "fifo"
     summary = "the oldest expert to enter the cache (first in, first out; a hit moves nothing)."
+    bulk_refresh = True
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)
@@ -40,6 +41,11 @@ class FIFO(Policy):
                 res[k] = self.queue[k] = size
         self.held += size * len(misses)
         return hits, misses
+
+    def refresh(self, touches: list[int]) -> None:
+        """A hit moves nothing: only check that every key is resident."""
+        if not self.resident.keys() >= set(touches):
+            raise KeyError(next(k for k in touches if k not in self.resident))
 
     def admit(self, keys: Sequence[int], size: int, next_use: Sequence[int] | None = None) -> None:
         for k in keys:

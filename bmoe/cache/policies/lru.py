@@ -7,7 +7,7 @@ protected keys only surface once everything else is gone.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence, Set
 
 from bmoe.cache.policies.base import Policy
@@ -16,6 +16,7 @@ from bmoe.cache.policies.base import Policy
 class LRU(Policy):
     name = "lru"
     summary = "the least recently used expert."
+    bulk_refresh = True
 
     def __init__(self, budget: int, *, n_layer: int | None = None, seed: int = 0):
         super().__init__(budget)
@@ -43,6 +44,12 @@ class LRU(Policy):
                 res.move_to_end(k)
         self.held += size * len(misses)
         return hits, misses
+
+    def refresh(self, touches: list[int]) -> None:
+        """Each touch moves its key to the most recent end, so the keys end up in last-touch
+        order: what a batch's lookups and then its recency order leave, batch after batch.
+        (The loop runs in C: a deque that keeps nothing consumes the map.)"""
+        deque(map(self.resident.move_to_end, touches), maxlen=0)
 
     def admit(self, keys: Sequence[int], size: int, next_use: Sequence[int] | None = None) -> None:
         res = self.resident

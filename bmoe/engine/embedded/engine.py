@@ -223,7 +223,12 @@ class EmbeddedEngine:
             after_read=fault,
         )
         if not cfg.load_all:
-            self.cache = ExpertCache(self.budget_bytes, cfg.cache_policy, n_layer=lay.n_layer)
+            self.cache = ExpertCache(
+                self.budget_bytes,
+                cfg.cache_policy,
+                n_layer=lay.n_layer,
+                key_space_bytes={il: eb * lay.n_expert for il, eb in lay.expert_sizes().items()},
+            )
             cycle = self.cycle_bytes
             if 0 < self.budget_bytes < cycle:
                 self.warnings.append(

@@ -11,12 +11,14 @@ It also takes the most common routing off Python: when told (``fast``), a comput
 ``ffn_moe_topk-<il>`` node of one token whose every routed expert is resident and readable
 (a flag per expert that the streamer keeps) is written to a log and the graph goes on; the
 hook hands the log to the cache after the decode, in order, so the cache's state and counts are
-those of routing in Python. With dropping on, the drop is decided and applied in C as well,
-and a routing whose kept experts must be read is logged too: the filter then calls Python
-once, without a node, to hand the log to the cache and read. Otherwise only a routing that
-must read goes to Python during the graph: on a budget that holds the experts a token needs,
-the graph runs from end to end without stopping in the interpreter, as the native engine's
-C++ callback does.
+those of routing in Python. As it logs, the filter also keeps what that hand-over needs (the
+keys staged, in order, and the counts: lookups, slots, drops, demand bytes), so the hand-over
+is one call for the whole log rather than a step per layer in Python. With dropping on, the
+drop is decided and applied in C as well, and a routing whose kept experts must be read is
+logged too: the filter then calls Python once, without a node, to hand the log to the cache
+and read. Otherwise only a routing that must read goes to Python during the graph: on a
+budget that holds the experts a token needs, the graph runs from end to end without stopping
+in the interpreter, as the native engine's C++ callback does.
 
 Without a C compiler (or with ``BMOE_EVAL_FILTER=0``) :func:`load` returns None and the hook
 answers every question in Python, as before; the results are the same.
@@ -40,6 +42,10 @@ MAX_K = 32
 ENTRY = 3 + MAX_K
 #: The bit of an entry's layer that says the routing must read (the last entry of the log).
 READS_FLAG = 1 << 30
+#: The logged resident routings' totals the filter keeps: keys staged, lookups (distinct keys),
+#: slots, dropped slots, demand bytes (their distinct experts') and the widest routing's.
+TOTALS = ("touches", "lookups", "slots", "dropped", "demand_bytes", "widest_bytes")
+N_TOTALS = len(TOTALS)
 
 _SOURCE = r"""
 #include <stdbool.h>
@@ -75,6 +81,11 @@ struct bmoe_filter {
     void * pending;                  /* the topk node of the routing waiting for its weights */
     int pending_layer;
     int routed_layer;                /* the layer routed at its topk node: no weights work */
+    /* the resident routings logged (not the one that reads), as the cache takes them */
+    const int64_t * expert_bytes;    /* n_layer: the bytes of one expert of each layer */
+    int32_t * touches;               /* log_cap x MAX_K: their keys (layer << 16 | id), staged */
+    int32_t * ends;                  /* log_cap: where each one's keys end in touches */
+    int64_t totals[N_TOTALS];        /* touches, lookups, slots, dropped, demand, widest */
 };
 
 static const char TOPK[] = "ffn_moe_topk-";
@@ -109,6 +120,32 @@ static bool readable(const struct bmoe_filter * f, long layer, int32_t e) {
     return e >= 0 && e < f->n_expert && f->resident[(size_t) layer * (size_t) f->n_expert + e];
 }
 
+/* A routing that needed no read, added to the totals the cache takes at the drain: its keys
+   in slot order (a dropped slot repeats its token's top expert), its distinct keys (one
+   lookup each), its slots, dropped slots and the bytes its distinct experts occupy. */
+static void add_resident(struct bmoe_filter * f, long layer, int k, uint32_t mask,
+                         const int32_t * ids) {
+    int64_t * total = f->totals;
+    int32_t * keys = f->touches + total[0];
+    int distinct = 0;
+    for (int i = 0; i < k; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++) {
+            seen = seen || ids[j] == ids[i];
+        }
+        distinct += !seen;
+        keys[i] = (int32_t) (layer << 16 | ids[i]);
+    }
+    total[0] += k;
+    f->ends[f->log_len] = (int32_t) total[0];
+    int64_t demand = (int64_t) distinct * f->expert_bytes[layer];
+    total[1] += distinct;
+    total[2] += k;
+    total[3] += __builtin_popcount(mask);
+    total[4] += demand;
+    if (demand > total[5]) total[5] = demand;
+}
+
 static void log_entry(struct bmoe_filter * f, long layer, int k, uint32_t mask,
                       const int32_t * ids) {
     int32_t * entry = f->log + (size_t) f->log_len * ENTRY;
@@ -116,6 +153,9 @@ static void log_entry(struct bmoe_filter * f, long layer, int k, uint32_t mask,
     entry[1] = k;
     entry[2] = (int32_t) mask;
     memcpy(entry + 3, ids, (size_t) k * sizeof(int32_t));
+    if (!(layer & READS)) {
+        add_resident(f, layer, k, mask, ids);
+    }
     f->log_len++;
 }
 
@@ -268,7 +308,8 @@ bool bmoe_eval_filter(void * t, bool ask, void * user) {
 }
 """
 for _name, _value in (("N_PREFIXES", MAX_PREFIXES), ("PREFIX_BYTES", PREFIX_BYTES),
-                      ("MAX_K", MAX_K), ("ENTRY", ENTRY), ("READS_FLAG", READS_FLAG)):  # fmt: skip
+                      ("MAX_K", MAX_K), ("ENTRY", ENTRY), ("READS_FLAG", READS_FLAG),
+                      ("N_TOTALS", N_TOTALS)):  # fmt: skip
     _SOURCE = _SOURCE.replace(_name, str(_value))
 
 
@@ -298,6 +339,10 @@ class FilterState(ctypes.Structure):
         ("pending", ctypes.c_void_p),
         ("pending_layer", ctypes.c_int),
         ("routed_layer", ctypes.c_int),
+        ("expert_bytes", ctypes.c_void_p),
+        ("touches", ctypes.c_void_p),
+        ("ends", ctypes.c_void_p),
+        ("totals", ctypes.c_int64 * N_TOTALS),
     ]
 
     def set_prefixes(self, prefixes: list[bytes]) -> None:

@@ -36,11 +36,12 @@ import numpy as np
 
 from bmoe.engine.embedded import evalfilter, ggml
 from bmoe.engine.embedded.routing_forecast import RoutePredictor
-from bmoe.engine.embedded.streamer import ExpertStreamer, Routing
+from bmoe.engine.embedded.streamer import ExpertStreamer, ResidentRoutings, Routing
 
 _TOPK = b"ffn_moe_topk-"
 _WEIGHTS = b"ffn_moe_weights"
 _LOGITS = b"ffn_moe_logits-"
+_NO_TOTALS = (ctypes.c_int64 * evalfilter.N_TOTALS)()
 
 
 class GraphChanged(RuntimeError):
@@ -127,7 +128,8 @@ class EvalHook:
         self._prefixes: list[bytes] | None = None
         self._fast = False  # this decode's all-resident routings are logged by the C filter
         self._log: Any = None  # their log (int32 entries: layer, k, dropped slots, ids)
-        self._log_rows: np.ndarray = np.zeros((0, evalfilter.ENTRY), dtype=np.int32)
+        self._touches: Any = None  # the logged resident routings' keys, and where each ends
+        self._ends: Any = None
         lib = None if profile else evalfilter.load()
         if lib is not None:
             state = evalfilter.FilterState()
@@ -224,6 +226,7 @@ class EvalHook:
             f.pending = None
             f.routed_layer = -1
             f.log_len = 0
+            f.totals = _NO_TOTALS
             f.fast = int(self._fast)
         if self.trace:
             self._last_ns = time.perf_counter_ns()
@@ -249,12 +252,17 @@ class EvalHook:
         assert f is not None
         capacity = max(self.n_moe_layers, 1) * 2
         self._log = (ctypes.c_int32 * (capacity * evalfilter.ENTRY))()
-        self._log_rows = np.frombuffer(self._log, dtype=np.int32).reshape(capacity, -1)
         f.resident = ctypes.addressof(streamer.readable)
         f.n_expert = streamer.n_expert
         f.n_layer = len(streamer.readable) // max(streamer.n_expert, 1)
         f.log = ctypes.addressof(self._log)
         f.log_cap = capacity
+        self._touches = (ctypes.c_int32 * (capacity * evalfilter.MAX_K))()
+        self._ends = (ctypes.c_int32 * capacity)()
+        f.touches = ctypes.addressof(self._touches)
+        f.ends = ctypes.addressof(self._ends)
+        f.expert_bytes = streamer.expert_bytes_by_layer.ctypes.data
+        f.totals = _NO_TOTALS
 
     def _drain(self) -> None:
         """Hand the routings the C filter logged to the cache, in graph order (before any
@@ -262,14 +270,22 @@ class EvalHook:
         f = self._filter
         assert f is not None and self.streamer is not None
         n, f.log_len = f.log_len, 0
-        rows = self._log_rows[:n].tolist()  # layer, k, dropped slots (bits), ids
         streamer = self.streamer
-        last = rows[-1] if rows and rows[-1][0] & evalfilter.READS_FLAG else None
-        if last is not None:  # a routing that reads, its drop applied: the log's last entry
-            rows.pop()
-        streamer.route_resident(
-            [(r[0], r[3 : 3 + r[1]], (r[2] & 0xFFFFFFFF).bit_count()) for r in rows]
-        )
+        entry = evalfilter.ENTRY
+        last = None
+        if n and self._log[(n - 1) * entry] & evalfilter.READS_FLAG:
+            # a routing that reads, its drop applied: the log's last entry
+            last = self._log[(n - 1) * entry : n * entry]
+        resident = n - (last is not None)
+        if resident:
+            touches, lookups, slots, dropped, demand, widest = f.totals
+            f.totals = _NO_TOTALS
+            streamer.route_resident(
+                ResidentRoutings(
+                    self._touches[:touches], self._ends[:resident], lookups, slots, dropped,
+                    demand, widest,
+                )
+            )  # fmt: skip
         if last is not None:
             k = last[1]
             streamer.route_ids(

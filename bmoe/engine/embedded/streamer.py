@@ -44,6 +44,21 @@ class Routing:
     dropped: np.ndarray | None = None  # (n, k) bool, when dropping ran on this routing
 
 
+@dataclass(slots=True)
+class ResidentRoutings:
+    """One-token routings that needed no read, in graph order, as the eval filter logged them:
+    every key staged (``layer << 16 | id``, a dropped slot repeating its token's top expert),
+    where each routing's keys end, and their totals."""
+
+    touches: list[int]
+    ends: list[int]
+    lookups: int  # distinct keys, a lookup each
+    slots: int  # routed slots
+    dropped: int  # of which dropped
+    demand_bytes: int  # the bytes of each routing's distinct experts, summed
+    widest_bytes: int  # and the largest of them
+
+
 @dataclass
 class DecodeCounters:
     """What the streamer did during one llama_decode."""
@@ -90,6 +105,10 @@ class ExpertStreamer:
             for i, il in enumerate(self.moe_layers)
         }
         self._expert_bytes = {il: layout.expert_bytes(il) for il in self.moe_layers}
+        #: the same by layer number (0 for a dense layer), for the eval filter
+        self.expert_bytes_by_layer = np.zeros(max(layout.n_layer, 1), dtype=np.int64)
+        for il, eb in self._expert_bytes.items():
+            self.expert_bytes_by_layer[il] = eb
         self._inflight: dict[tuple[int, int], Completion] = {}
         self._materialized: set[tuple[int, int]] = set()
         self._ever_held: set[tuple[int, int]] = set()
@@ -280,43 +299,23 @@ class ExpertStreamer:
             and cache.bytes_held <= cache.budget_bytes
         )
 
-    def route_resident(self, entries: list[tuple[int, list[int], int]]) -> None:
+    def route_resident(self, routed: ResidentRoutings) -> None:
         """:meth:`route_ids` for one-token routings that needed no read (the eval filter
-        logged them and the matmuls have run), in graph order: (layer, ids as staged, slots
-        dropped) each, a dropped slot staged as its token's top expert. The same cache lookups,
-        recency and counts, and nothing to read or release."""
+        logged them and the matmuls have run): the same cache lookups, recency and counts in
+        one call to the cache, and nothing to read or release."""
         t0 = time.perf_counter_ns()
         c = self.counters
-        batches: list[tuple[int, list[int], list[int] | None]] = []
-        sizes: list[int] = []
-        expert_bytes, generating = self._expert_bytes, self._generating
-        demand_bytes, widest, routed, dropped_n = c.demand_bytes, c.widest_layer_bytes, 0, 0
-        for layer, flat, dropped in entries:
-            eb = expert_bytes[layer]
-            base = layer << EXPERT_BITS
-            recency = None
-            if dropped:  # a dropped slot repeats its token's top expert
-                distinct = list(dict.fromkeys(flat))
-                if len(distinct) != len(flat):
-                    recency = [base | e for e in reversed(dict.fromkeys(reversed(flat)))]
-            else:  # a router's top-k ids are distinct
-                distinct = flat
-            demand = len(distinct) * eb
-            demand_bytes += demand
-            if demand > widest:
-                widest = demand
-            routed += len(flat)
-            dropped_n += dropped
-            batches.append((layer, [base | e for e in distinct], recency))
-            sizes.append(eb)
-        c.demand_bytes, c.widest_layer_bytes = demand_bytes, widest
-        if generating:
-            c.routed += routed
-            c.dropped += dropped_n
-        assert self.cache is not None
-        before = self.cache.stats["prefetch_hits"]
-        self.cache.stage_resident(batches, sizes)
-        self.spec_useful += self.cache.stats["prefetch_hits"] - before
+        cache = self.cache
+        assert cache is not None
+        before = cache.stats["prefetch_hits"] if self.prefetch else 0
+        cache.stage_resident(routed.touches, routed.ends, routed.lookups, self._expert_bytes)
+        if self.prefetch:
+            self.spec_useful += cache.stats["prefetch_hits"] - before
+        c.demand_bytes += routed.demand_bytes
+        c.widest_layer_bytes = max(c.widest_layer_bytes, routed.widest_bytes)
+        if self._generating:
+            c.routed += routed.slots
+            c.dropped += routed.dropped
         c.mgmt_ns += time.perf_counter_ns() - t0
 
     def _drops(
