@@ -420,7 +420,7 @@ class StepSequence:
             for a, b in self.layer_blocks():
                 order[a:b] = np.argsort(self.expert[a:b], kind="stable")
                 order[a:b] += a
-            self._by_key = (order, key[order])
+            self._by_key = (order, take_rows(key, order))
         return self._by_key
 
 
@@ -555,9 +555,9 @@ def _sorted_rows(
     if take is not None:
         if len(take) < 2**31:
             take = take.astype(np.int32, copy=False)
-        step_code = step_code[take]
+        step_code = take_rows(step_code, take)
         if keep is None:
-            layer_idx = layer_idx[take]
+            layer_idx = take_rows(layer_idx, take)
         rows = _take(rows, take, consume, known)
         del take
     else:
@@ -639,6 +639,13 @@ def _gathered(values: np.ndarray, order: np.ndarray) -> np.ndarray:
             if lo == 0:
                 return np.zeros(len(order), dtype=values.dtype)
             return np.full(len(order), lo, dtype=values.dtype)
+    return take_rows(values, order)
+
+
+def take_rows(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values[order]``, by the compiled gather where it takes the types (int32 `order`)."""
+    if route_order.gather.takes(values, order):
+        return route_order.gather(values, order)
     return values[order]
 
 

@@ -4,10 +4,12 @@ argsort give, and the selection built on them equals the numpy path's."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
 
+from bmoe import compiled
 from bmoe.analyze import route_cells, route_order
 
 
@@ -21,6 +23,23 @@ def test_small_unique_is_numpys_unique_with_inverse(dtype) -> None:
         np.testing.assert_array_equal(uniq, expect_uniq)
         assert uniq.dtype == values.dtype
         np.testing.assert_array_equal(inverse, expect_inverse)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.float32, np.int64])
+def test_the_gather_is_numpys_fancy_indexing(dtype) -> None:
+    """Compiled for int8/16/32 and float32 values at int32 positions (bit for bit, NaN and
+    -0.0 included); any other type goes to numpy's indexing, with the same result."""
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal(5000) * 100).astype(dtype)
+    if values.dtype.kind == "f":
+        values[:3] = [np.nan, -0.0, np.inf]
+    for order in (rng.permutation(5000), rng.integers(0, 5000, size=7000), np.zeros(0, int)):
+        at = order.astype(np.int32)
+        got = route_cells.take_rows(values, at)
+        assert got.dtype == values.dtype
+        assert got.tobytes() == values[order].tobytes()
+        if not os.environ.get(compiled.JIT_ONLY):
+            assert route_order.gather.takes(values, at) == (dtype != np.int64)
 
 
 def rows(order: str, seed: int, n_steps: int = 300, n_layers: int = 7, k: int = 3):
