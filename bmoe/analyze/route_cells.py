@@ -644,8 +644,10 @@ def _gathered(values: np.ndarray, order: np.ndarray) -> np.ndarray:
 
 def take_rows(values: np.ndarray, order: np.ndarray) -> np.ndarray:
     """``values[order]``, by the compiled gather where it takes the types (int32 `order`)."""
-    if route_order.gather.takes(values, order):
-        return route_order.gather(values, order)
+    out = np.empty(len(order), dtype=values.dtype)
+    if route_order.gather.takes(values, order, out):
+        route_order.gather(values, order, out)
+        return out
     return values[order]
 
 

@@ -93,14 +93,13 @@ def layer_major(layer_idx, step_code, slot, keep):
     return STEP_MAJOR, take
 
 
-@njit(ahead=lambda: [arrays(f"{v} i4") for v in ("i1", "i2", "i4", "f4")], **_OPTS)
-def gather(values, take):
-    """``values[take]`` for int32 positions: numpy's fancy indexing first widens them to
-    intp (a copy of the positions per column), then gathers at about half this loop's speed."""
-    out = np.empty(len(take), dtype=values.dtype)
+@njit(ahead=lambda: [arrays(f"{v} i4 {v}") for v in ("i1", "i2", "i4", "f4")], **_OPTS)
+def gather(values, take, out):
+    """``out[:] = values[take]`` for int32 positions: numpy's fancy indexing first widens
+    them to intp (a copy of the positions per column), then gathers at about half this loop's
+    speed. (`out` is numpy's: its large arrays get huge pages, numba's own do not.)"""
     for i in range(len(take)):
         out[i] = values[take[i]]
-    return out
 
 
 @njit(ahead=lambda: [(*arrays(f"{e} i4"), 1, 1) for e in ("i2", "i4")], **_OPTS)
