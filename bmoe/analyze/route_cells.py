@@ -580,10 +580,11 @@ def _layer_major(
     n = len(layer_idx)
     if not 1 < n < 2**31 or size >= 2**62:
         return None
-    if not route_order.layer_major.takes(layer_idx, step_code, slot, every):
+    take = np.empty(n, dtype=np.int32)
+    if not route_order.layer_major.takes(layer_idx, step_code, slot, every, take):
         return None
-    state, take = route_order.layer_major(layer_idx, step_code, slot, every)
-    return int(state), take
+    state, written = route_order.layer_major(layer_idx, step_code, slot, every, take)
+    return int(state), take[:written]
 
 
 def _ascending(values: np.ndarray) -> bool:
@@ -658,9 +659,10 @@ def _small_unique(values: np.ndarray, wide: bool = False) -> tuple[np.ndarray, n
     if hi - lo > 1_000_000:
         uniq, inverse = np.unique(values, return_inverse=True)
         return uniq, inverse
-    if route_order.small_unique.takes(values):  # the same, in two passes
-        uniq, inverse = route_order.small_unique(values)
-        return uniq, inverse.astype(np.int16) if len(uniq) < 32768 and not wide else inverse
+    narrow = hi - lo < 32767 and not wide  # fewer than 32768 distinct values
+    inverse = np.empty(len(values), dtype=np.int16 if narrow else np.int32)
+    if route_order.small_unique.takes(values, inverse):  # the same, in two passes
+        return route_order.small_unique(values, inverse), inverse
     shifted = values.astype(np.int32)
     shifted -= np.int32(lo)
     present = np.bincount(shifted) > 0

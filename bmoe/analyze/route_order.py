@@ -18,10 +18,12 @@ _OPTS = {"cache": True, "nogil": True, "boundscheck": False}
 LAYER_MAJOR, STEP_MAJOR, UNSORTED = 0, 1, 2
 
 
-@njit(ahead=lambda: [arrays("i2"), arrays("i4")], **_OPTS)
-def small_unique(values):
-    """The distinct values of `values` (ascending) and each one's index among them (int32),
-    for integers spanning at most a few million (the caller checks the span)."""
+@njit(ahead=lambda: [arrays(f"{v} {i}") for v in ("i2", "i4") for i in ("i2", "i4")], **_OPTS)
+def small_unique(values, inverse):
+    """The distinct values of `values` (ascending), each one's index among them written to
+    `inverse` (numpy's array, as wide as the count of distinct values needs: large arrays
+    numba allocates get no huge pages), for integers spanning at most a few million (the
+    caller checks the span)."""
     n = len(values)
     lo = np.int64(values[0]) if n else np.int64(0)
     hi = lo
@@ -43,23 +45,22 @@ def small_unique(values):
     for j in range(len(seen)):
         if seen[j]:
             uniq[seen[j] - 1] = lo + j
-    inverse = np.empty(n, dtype=np.int32)
     for i in range(n):
         inverse[i] = seen[np.int64(values[i]) - lo] - 1
-    return uniq, inverse
+    return uniq
 
 
 @njit(
-    ahead=lambda: [arrays(f"{li} {sc} i1 b1") for li in ("i2", "i4") for sc in ("i4", "i8")],
+    ahead=lambda: [arrays(f"{li} {sc} i1 b1 i4") for li in ("i2", "i4") for sc in ("i4", "i8")],
     **_OPTS,
 )
-def layer_major(layer_idx, step_code, slot, keep):
+def layer_major(layer_idx, step_code, slot, keep, take):
     """Whether rows are in layer-major order (layer, step code, slot ascending), or in
     step-major order (step code, layer, slot ascending), over every row; and for step-major
-    rows, the kept ones (`keep`; empty: all) sorted by layer, stably: what
-    ``np.argsort(layer_idx, kind="stable")`` restricted to `keep` gives."""
+    rows, the kept ones (`keep`; empty: all) sorted by layer, stably, into the first of
+    `take` (one per row, numpy's): what ``np.argsort(layer_idx, kind="stable")`` restricted
+    to `keep` gives. Returns (the order found, how many of `take` it wrote)."""
     n = len(layer_idx)
-    take = np.zeros(0, dtype=np.int32)
     layer_sorted = True
     step_sorted = True
     n_layers = 0
@@ -74,9 +75,9 @@ def layer_major(layer_idx, step_code, slot, keep):
         if step_sorted and (b1 < a1 or (b1 == a1 and (b0 < a0 or (b0 == a0 and b2 < a2)))):
             step_sorted = False
         if not layer_sorted and not step_sorted:
-            return UNSORTED, take
+            return UNSORTED, 0
     if layer_sorted:
-        return LAYER_MAJOR, take
+        return LAYER_MAJOR, 0
     every = len(keep) == 0
     count = np.zeros(n_layers + 1, dtype=np.int64)
     for r in range(n):
@@ -84,13 +85,13 @@ def layer_major(layer_idx, step_code, slot, keep):
             count[layer_idx[r] + 1] += 1
     for j in range(n_layers):
         count[j + 1] += count[j]
-    take = np.empty(count[n_layers], dtype=np.int32)
+    written = count[n_layers]
     for r in range(n):
         if every or keep[r]:
             j = layer_idx[r]
             take[count[j]] = r
             count[j] += 1
-    return STEP_MAJOR, take
+    return STEP_MAJOR, written
 
 
 @njit(ahead=lambda: [arrays(f"{v} i4 {v}") for v in ("i1", "i2", "i4", "f4")], **_OPTS)

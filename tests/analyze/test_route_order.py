@@ -18,7 +18,8 @@ def test_small_unique_is_numpys_unique_with_inverse(dtype) -> None:
     rng = np.random.default_rng(int(np.dtype(dtype).itemsize))
     for n, span in ((1, 1), (50, 3), (10_000, 48), (20_000, 40_000)):
         values = (rng.integers(0, span, size=n) - span // 3).astype(dtype)
-        uniq, inverse = route_order.small_unique(values)
+        inverse = np.empty(n, dtype=np.int32)
+        uniq = route_order.small_unique(values, inverse)
         expect_uniq, expect_inverse = np.unique(values, return_inverse=True)
         np.testing.assert_array_equal(uniq, expect_uniq)
         assert uniq.dtype == values.dtype
@@ -64,7 +65,9 @@ def test_layer_major_finds_the_order_and_sorts_step_major_rows_by_layer(order, k
     layer_idx, step_code, slot = rows(order, 1)
     rng = np.random.default_rng(2)
     keep = rng.random(len(layer_idx)) < kept if kept else np.zeros(0, dtype=bool)
-    state, take = route_order.layer_major(layer_idx, step_code, slot, keep)
+    take = np.full(len(layer_idx), -1, dtype=np.int32)
+    state, written = route_order.layer_major(layer_idx, step_code, slot, keep, take)
+    take = take[:written]
     expect = {"step": route_order.STEP_MAJOR, "layer": route_order.LAYER_MAJOR,
               "shuffled": route_order.UNSORTED}[order]  # fmt: skip
     assert state == expect
