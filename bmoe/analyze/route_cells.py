@@ -415,6 +415,12 @@ class StepSequence:
             key = self.key()
             n = len(key)
             order: np.ndarray = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+            ordered = np.empty_like(key)
+            n_keys = self.n_layers * self.n_expert
+            if n and route_order.key_order.takes(key, n_keys, order, ordered):  # by counting
+                route_order.key_order(key, n_keys, order, ordered)
+                self._by_key = (order, ordered)
+                return self._by_key
             # rows are layer-major: sorting by expert inside each layer's rows sorts by key,
             # with one small sort (and its scratch) per layer
             for a, b in self.layer_blocks():

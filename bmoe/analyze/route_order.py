@@ -103,6 +103,24 @@ def gather(values, take, out):
         out[i] = values[take[i]]
 
 
+@njit(ahead=lambda: [(arrays(k)[0], 1, *arrays(f"i4 {k}")) for k in ("i2", "i4")], **_OPTS)
+def key_order(key, n_keys, order, sorted_key):
+    """The rows sorted by `key` (integers in ``0..n_keys-1``), stably, by counting: their
+    positions into `order`, their keys into `sorted_key` (both numpy's). What
+    ``np.argsort(key, kind="stable")`` and the keys it puts in order give, in two passes."""
+    count = np.zeros(n_keys + 1, dtype=np.int64)
+    for r in range(len(key)):
+        count[np.int64(key[r]) + 1] += 1
+    for j in range(n_keys):
+        count[j + 1] += count[j]
+    for r in range(len(key)):
+        k = np.int64(key[r])
+        at = count[k]
+        order[at] = r
+        sorted_key[at] = key[r]
+        count[k] = at + 1
+
+
 @njit(ahead=lambda: [(*arrays(f"{e} i4"), 1, 1) for e in ("i2", "i4")], **_OPTS)
 def cell_sets(expert, gcell, n_cells, words):
     """Each cell's experts as a bitmask: (words, cells) uint64, expert e at bit e % 64 of

@@ -43,6 +43,19 @@ def test_the_gather_is_numpys_fancy_indexing(dtype) -> None:
             assert route_order.gather.takes(values, at, values[:0]) == (dtype != np.int64)
 
 
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+def test_key_order_is_the_stable_argsort(dtype) -> None:
+    rng = np.random.default_rng(4)
+    for n, n_keys in ((0, 1), (1, 1), (5000, 7), (20_000, 6144)):
+        key = rng.integers(0, n_keys, size=n).astype(dtype)
+        order = np.full(n, -1, dtype=np.int32)
+        ordered = np.empty_like(key)
+        route_order.key_order(key, n_keys, order, ordered)
+        expect = np.argsort(key, kind="stable")
+        np.testing.assert_array_equal(order, expect)
+        np.testing.assert_array_equal(ordered, key[expect])
+
+
 def rows(order: str, seed: int, n_steps: int = 300, n_layers: int = 7, k: int = 3):
     """(layer index, step code, slot) of a trace written step-major (as engines write),
     layer-major, or shuffled."""
