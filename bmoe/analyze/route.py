@@ -366,6 +366,8 @@ def _overlap(seq: StepSequence, lags: Sequence[int]) -> View:
     for g in lags:
         if g < 1:
             raise BmoeError(f"overlap lag {g}: lags count cells back, from 1")
+        if _overlap_compiled(seq, masks, g, per_cell, nonempty, cols, pooled):
+            continue
         inter = np.zeros(n_cells, dtype=np.int64)  # cell c against cell c-g (same layer where
         if g < n_cells:  # its index in the layer is >= g: layers are contiguous)
             inter[g:] = _shared(masks, g)
@@ -382,6 +384,37 @@ def _overlap(seq: StepSequence, lags: Sequence[int]) -> View:
         cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
         pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else 0.0
     return with_all_row(layer_view(seq, **cols), pooled)
+
+
+def _overlap_compiled(
+    seq: StepSequence,
+    masks: np.ndarray,
+    g: int,
+    per_cell: np.ndarray,
+    nonempty: np.ndarray,
+    cols: dict[str, Any],
+    pooled: dict[str, Any],
+) -> bool:
+    """Lag `g`'s figures into `cols` and `pooled` by one compiled pass over the cells
+    (:func:`route_order.overlap_lag`: the same shares, sums and counts as the numpy path
+    makes); False where it does not take the arrays."""
+    n_cells = len(seq.cell_start)
+    pct = np.empty(n_cells)
+    total = np.zeros(seq.n_layers)
+    counted = np.zeros(seq.n_layers, dtype=np.int64)
+    args = (masks, g, seq.cell_index, per_cell, nonempty, seq.cell_layer_idx, pct, total, counted)
+    if not route_order.overlap_lag.takes(*args):
+        return False
+    route_order.overlap_lag(*args)
+    n = counted.astype(np.float64)
+    cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
+    if counted.any():
+        kept = seq.cell_index >= g
+        kept &= nonempty
+        pooled[f"lag_{g}"] = float(pct[kept].mean())
+    else:
+        pooled[f"lag_{g}"] = 0.0
+    return True
 
 
 # ----------------------------------------------------------------------------- workset

@@ -133,6 +133,35 @@ def cell_sets(expert, gcell, n_cells, words):
     return masks
 
 
+@njit(inline="always", **_OPTS)
+def _bits(x):
+    """The set bits of a uint64 (the classic bit-parallel count)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@njit(ahead=lambda: [(arrays("u8[:,:]")[0], 1, *arrays("i4 f8 b1 i4 f8 f8 i8"))], **_OPTS)
+def overlap_lag(masks, lag, cell_index, per_cell, nonempty, cell_layer, pct, total, counted):
+    """One lag of the overlap view, per cell c: the share (%) of its experts (`masks`, as
+    :func:`cell_sets` makes them) that cell c - `lag` routed too, into `pct` (0 where the cell
+    is not counted: its index in the layer below `lag`, or no expert); per layer the sum of
+    the shares, in cell order (as ``np.bincount(cell_layer, weights=pct)`` adds them), into
+    `total`, and the cells counted into `counted` (`total` and `counted` start at zero)."""
+    words, n_cells = masks.shape
+    for c in range(n_cells):
+        if cell_index[c] < lag or not nonempty[c]:
+            pct[c] = 0.0
+        else:
+            shared = np.int64(0)
+            for w in range(words):
+                shared += _bits(masks[w, c] & masks[w, c - lag])
+            pct[c] = np.float64(shared) * 100.0 / per_cell[c]
+            counted[cell_layer[c]] += 1
+        total[cell_layer[c]] += pct[c]
+
+
 @njit(
     ahead=lambda: [(*arrays(f"{k} i4 i4 i4 i8 i4 f8"), 1, *arrays("i8 i8[:,:] i8 i8"))
                    for k in ("i2", "i4")],

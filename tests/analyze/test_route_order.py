@@ -131,6 +131,53 @@ def test_cell_sets_are_the_numpy_paths(corpus, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(
+    "name", ["route-trace/gemma.route.csv", "native-tiny/run.route.csv", "synthetic"]
+)
+def test_overlap_lags_are_the_numpy_paths(corpus, monkeypatch, name) -> None:
+    """Every lag's shares, per layer and pooled, to the last bit; cells without experts
+    (all slots dropped) and layers shorter than a lag included."""
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    if name == "synthetic":
+        rng = np.random.default_rng(8)
+        n_cells = 400
+        sets = rng.integers(0, 2**63, size=(2, n_cells), dtype=np.int64).astype(np.uint64)
+        sets[:, rng.random(n_cells) < 0.1] = 0  # empty cells
+        layer = np.sort(rng.integers(0, 5, size=n_cells))
+        phases = {"synthetic": None}
+    else:
+        phases = {p: read_route_columns(corpus / name) for p in ("decode", "prefill", "all")}
+    for phase, trace in phases.items():
+        if trace is None:
+            seq = route_cells.sequence_of(
+                route.select(read_route_columns(corpus / "native-tiny/run.route.csv"), "all")
+            )[0]
+            starts = np.flatnonzero(np.r_[True, layer[1:] != layer[:-1]])
+            first = np.repeat(starts, np.diff(np.r_[starts, n_cells]))
+            seq = dataclasses.replace(
+                seq, cell_start=np.arange(n_cells), layers=np.unique(layer),
+                cell_layer_idx=layer.astype(np.int32),
+                cell_index=(np.arange(n_cells) - first).astype(np.int32),
+                cells_per_layer=np.bincount(layer),
+            )  # fmt: skip
+            monkeypatch.setattr(route, "_cell_sets", lambda _seq: sets)
+        else:
+            seq = route_cells.sequence_of(route.select(trace, phase))[0]
+        lags = (1, 2, 3, 8, 64)
+        fast = route._overlap(seq, lags)
+        with monkeypatch.context() as m:
+            m.setattr(route_order.overlap_lag, "takes", lambda *args: False)
+            slow = route._overlap(seq, lags)
+        assert list(fast) == list(slow)
+        for column, values in fast.items():
+            if values.dtype == object:  # the layers, and ALL
+                assert values.tolist() == slow[column].tolist()
+            else:
+                assert values.tobytes() == slow[column].tobytes(), (phase, column)
+
+
+@pytest.mark.parametrize(
     "choice",
     [{"phase": "decode"}, {"phase": "prefill"}, {"phase": "all", "layers": [1, 3]},
      {"phase": "decode", "steps": [40, 41, 45], "max_steps": 2}, {"phase": "decode", "turn": 9}],
