@@ -456,13 +456,19 @@ def _sequence(ordered: Ordered | None, rows: Columns) -> StepSequence:
     layer = rows["layer"]
     if layers is None or layer_idx is None:  # the selection's layers, not the whole frame's
         layers, layer_idx = _small_unique(layer, wide=True)
-    new = np.empty(n, dtype=bool)
-    new[0] = True
-    new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
-    cell_start = np.flatnonzero(new)
-    gcell = np.cumsum(new, dtype=np.int32)
-    gcell -= 1
-    del new
+    gcell = np.empty(n, dtype=np.int32)
+    starts = np.empty(n, dtype=np.intp)
+    if route_order.cells.takes(layer_idx, step_code, gcell, starts):  # one pass
+        cell_start = starts[: route_order.cells(layer_idx, step_code, gcell, starts)].copy()
+    else:
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
+        cell_start = np.flatnonzero(new)
+        np.cumsum(new, dtype=np.int32, out=gcell)
+        gcell -= 1
+        del new
+    del starts
     cell_layer_idx = layer_idx[cell_start]
     cells_per_layer = np.bincount(cell_layer_idx, minlength=len(layers))
     layer_first_cell = np.concatenate([[0], np.cumsum(cells_per_layer)[:-1]])

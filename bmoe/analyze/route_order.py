@@ -94,6 +94,25 @@ def layer_major(layer_idx, step_code, slot, keep, take):
     return STEP_MAJOR, written
 
 
+@njit(
+    ahead=lambda: [arrays(f"{li} {sc} i4 i8") for li in ("i2", "i4") for sc in ("i4", "i8")],
+    **_OPTS,
+)
+def cells(layer_idx, step_code, gcell, cell_start):
+    """The cells of rows in step-sequence order (a cell: consecutive rows of one layer and
+    step code): each row's cell into `gcell`, each cell's first row into the first of
+    `cell_start` (one per row; numpy's arrays); returns the count of cells. At least one row."""
+    c = 0
+    cell_start[0] = 0
+    gcell[0] = 0
+    for r in range(1, len(layer_idx)):
+        if layer_idx[r] != layer_idx[r - 1] or step_code[r] != step_code[r - 1]:
+            c += 1
+            cell_start[c] = r
+        gcell[r] = c
+    return c + 1
+
+
 @njit(ahead=lambda: [arrays(f"{v} i4 {v}") for v in ("i1", "i2", "i4", "f4")], **_OPTS)
 def gather(values, take, out):
     """``out[:] = values[take]`` for int32 positions: numpy's fancy indexing first widens

@@ -212,6 +212,23 @@ def test_select_sequence_is_the_selections_own_sequence(corpus, choice) -> None:
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill", "all"])
+def test_the_cells_are_the_numpy_paths(corpus, monkeypatch, phase) -> None:
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    for name in ("route-trace/gemma.route.csv", "native-tiny/run.route.csv"):
+        selected = route.select(read_route_columns(corpus / name), phase)
+        fast, _ = route_cells.sequence_of(selected)
+        with monkeypatch.context() as m:
+            m.setattr(route_order.cells, "takes", lambda *args: False)
+            slow, _ = route_cells.sequence_of(selected)
+        for field in ("gcell", "cell_start", "cell_layer_idx", "cell_index", "cell_step_code"):
+            a, b = getattr(fast, field), getattr(slow, field)
+            assert a.dtype == b.dtype, field
+            np.testing.assert_array_equal(a, b, err_msg=field)
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill", "all"])
 def test_the_selections_columns_are_the_kept_rows_sorted(corpus, phase) -> None:
     """Every selected column (those made rather than gathered among them: the chosen phase,
     a column of one value) is the kept rows' in (layer, turn, step, phase, slot) order."""
