@@ -451,7 +451,8 @@ def _first_cells(seq: StepSequence) -> tuple[np.ndarray, np.ndarray]:
     """Per distinct (layer, expert): its layer index and the first cell that routed it."""
     order, key = seq.by_key()
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
-    return key[start].astype(np.int64) // max(seq.n_expert, 1), seq.cell[order[start]]
+    first = seq.cell_index[seq.gcell[order[start]]]  # (not seq.cell: every row's)
+    return key[start].astype(np.int64) // max(seq.n_expert, 1), first
 
 
 def _workset(
@@ -526,11 +527,15 @@ def _cache(seq: StepSequence) -> View:
         return _no_rows(["layer", *cols, "routings"])
     res = seq.rows["residency"]
     counts = np.zeros((seq.n_layers, 3), dtype=np.int64)
-    routings = np.zeros(seq.n_layers, dtype=np.int64)
-    for a, b in seq.layer_blocks():  # one layer's rows at a time
-        i = int(seq.layer_idx[a])
-        counts[i] = np.bincount(np.clip(res[a:b], 0, 2), minlength=3)[:3]
-        routings[i] = b - a
+    if route_order.residency_counts.takes(seq.layer_idx, res, counts):  # one pass
+        route_order.residency_counts(seq.layer_idx, res, counts)
+        routings = counts.sum(axis=1)
+    else:
+        routings = np.zeros(seq.n_layers, dtype=np.int64)
+        for a, b in seq.layer_blocks():  # one layer's rows at a time
+            i = int(seq.layer_idx[a])
+            counts[i] = np.bincount(np.clip(res[a:b], 0, 2), minlength=3)[:3]
+            routings[i] = b - a
     with np.errstate(invalid="ignore", divide="ignore"):
         share = 100.0 * counts / routings[:, None]
     frame = layer_view(seq, **{c: share[:, i] for i, c in enumerate(cols)})

@@ -113,6 +113,15 @@ def cells(layer_idx, step_code, gcell, cell_start):
     return c + 1
 
 
+@njit(ahead=lambda: [arrays("i4 i1 i8[:,:]")], **_OPTS)
+def residency_counts(layer_idx, residency, counts):
+    """Per layer index, its rows' residencies counted into ``counts[layer, 0..2]`` (a value
+    below 0 counted as 0, above 2 as 2; `counts` starts at zero)."""
+    for r in range(len(layer_idx)):
+        v = residency[r]
+        counts[layer_idx[r], 0 if v < 0 else (2 if v > 2 else v)] += 1
+
+
 @njit(ahead=lambda: [arrays(f"{v} i4 {v}") for v in ("i1", "i2", "i4", "f4")], **_OPTS)
 def gather(values, take, out):
     """``out[:] = values[take]`` for int32 positions: numpy's fancy indexing first widens

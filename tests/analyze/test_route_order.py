@@ -211,6 +211,26 @@ def test_select_sequence_is_the_selections_own_sequence(corpus, choice) -> None:
             assert route.as_frame(given[name]).equals(route.as_frame(alone[name])), name
 
 
+def test_residency_counts_are_the_numpy_paths(corpus, monkeypatch) -> None:
+    """The cache view whichever pass counts: residencies outside 0..2 included."""
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    trace = read_route_columns(corpus / "route-trace/gemma.route.csv")
+    seq, _ = route_cells.sequence_of(route.select(trace, "all"))
+    res = seq.rows["residency"].copy()
+    res[::7], res[3::11] = -1, 5
+    seq.rows["residency"] = res
+    fast = route._cache(seq)
+    with monkeypatch.context() as m:
+        m.setattr(route_order.residency_counts, "takes", lambda *args: False)
+        slow = route._cache(seq)
+    assert list(fast) == list(slow)
+    for name, values in fast.items():
+        assert values.tolist() == slow[name].tolist(), name
+        assert values.dtype == slow[name].dtype, name
+
+
 @pytest.mark.parametrize("phase", ["decode", "prefill", "all"])
 def test_the_cells_are_the_numpy_paths(corpus, monkeypatch, phase) -> None:
     from bmoe.analyze import route
