@@ -353,11 +353,13 @@ class StepSequence:
         """Per row: the index of its cell in its layer's sequence (made when asked for)."""
         return self.cell_index[self.gcell]
 
+    def key_type(self) -> type[np.signedinteger]:
+        """The integer type of :meth:`key`."""
+        return np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
+
     def key(self) -> np.ndarray:
         """(layer, expert) as one small integer per row."""
-        kind: type[np.signedinteger] = (
-            np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
-        )
+        kind = self.key_type()
         return (
             self.layer_idx.astype(kind) * kind(self.n_expert) + self.expert.astype(kind)
         ).astype(kind, copy=False)
@@ -412,15 +414,16 @@ class StepSequence:
     def by_key(self) -> tuple[np.ndarray, np.ndarray]:
         """Row order sorted by (layer, expert), stable (so cell order within); and the keys."""
         if self._by_key is None:
-            key = self.key()
-            n = len(key)
+            n = self.n_rows
             order: np.ndarray = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
-            ordered = np.empty_like(key)
             n_keys = self.n_layers * self.n_expert
-            if n and route_order.key_order.takes(key, n_keys, order, ordered):  # by counting
-                route_order.key_order(key, n_keys, order, ordered)
+            ordered = np.empty(n, dtype=self.key_type())
+            args = (self.layer_idx, self.expert, self.n_expert, n_keys, order, ordered)
+            if n and route_order.key_order.takes(*args):  # by counting, the keys made there
+                route_order.key_order(*args)
                 self._by_key = (order, ordered)
                 return self._by_key
+            key = self.key()
             # rows are layer-major: sorting by expert inside each layer's rows sorts by key,
             # with one small sort (and its scratch) per layer
             for a, b in self.layer_blocks():

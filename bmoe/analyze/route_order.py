@@ -131,21 +131,26 @@ def gather(values, take, out):
         out[i] = values[take[i]]
 
 
-@njit(ahead=lambda: [(arrays(k)[0], 1, *arrays(f"i4 {k}")) for k in ("i2", "i4")], **_OPTS)
-def key_order(key, n_keys, order, sorted_key):
-    """The rows sorted by `key` (integers in ``0..n_keys-1``), stably, by counting: their
-    positions into `order`, their keys into `sorted_key` (both numpy's). What
-    ``np.argsort(key, kind="stable")`` and the keys it puts in order give, in two passes."""
+@njit(
+    ahead=lambda: [(*arrays(f"i4 {e}"), 1, 1, *arrays(f"i4 {k}")) for e in ("i2", "i4")
+                   for k in ("i2", "i4")],
+    **_OPTS,
+)  # fmt: skip
+def key_order(layer_idx, expert, n_expert, n_keys, order, sorted_key):
+    """The rows sorted by key ``layer_idx * n_expert + expert`` (in ``0..n_keys-1``), stably,
+    by counting: their positions into `order`, their keys into `sorted_key` (numpy's arrays;
+    the keys' type). What ``np.argsort(key, kind="stable")`` and the keys it puts in order
+    give, in two passes, without the keys of the rows in their own order."""
     count = np.zeros(n_keys + 1, dtype=np.int64)
-    for r in range(len(key)):
-        count[np.int64(key[r]) + 1] += 1
+    for r in range(len(layer_idx)):
+        count[np.int64(layer_idx[r]) * n_expert + np.int64(expert[r]) + 1] += 1
     for j in range(n_keys):
         count[j + 1] += count[j]
-    for r in range(len(key)):
-        k = np.int64(key[r])
+    for r in range(len(layer_idx)):
+        k = np.int64(layer_idx[r]) * n_expert + np.int64(expert[r])
         at = count[k]
         order[at] = r
-        sorted_key[at] = key[r]
+        sorted_key[at] = k
         count[k] = at + 1
 
 

@@ -43,14 +43,17 @@ def test_the_gather_is_numpys_fancy_indexing(dtype) -> None:
             assert route_order.gather.takes(values, at, values[:0]) == (dtype != np.int64)
 
 
-@pytest.mark.parametrize("dtype", [np.int16, np.int32])
-def test_key_order_is_the_stable_argsort(dtype) -> None:
+@pytest.mark.parametrize("expert_type", [np.int16, np.int32])
+@pytest.mark.parametrize("key_type", [np.int16, np.int32])
+def test_key_order_is_the_stable_argsort(expert_type, key_type) -> None:
     rng = np.random.default_rng(4)
-    for n, n_keys in ((0, 1), (1, 1), (5000, 7), (20_000, 6144)):
-        key = rng.integers(0, n_keys, size=n).astype(dtype)
+    for n, n_layers, n_expert in ((0, 1, 1), (1, 1, 1), (5000, 1, 7), (20_000, 48, 128)):
+        layer_idx = np.sort(rng.integers(0, n_layers, size=n)).astype(np.int32)
+        expert = rng.integers(0, n_expert, size=n).astype(expert_type)
+        key = layer_idx.astype(np.int64) * n_expert + expert
         order = np.full(n, -1, dtype=np.int32)
-        ordered = np.empty_like(key)
-        route_order.key_order(key, n_keys, order, ordered)
+        ordered = np.empty(n, dtype=key_type)
+        route_order.key_order(layer_idx, expert, n_expert, n_layers * n_expert, order, ordered)
         expect = np.argsort(key, kind="stable")
         np.testing.assert_array_equal(order, expect)
         np.testing.assert_array_equal(ordered, key[expect])
@@ -209,6 +212,22 @@ def test_select_sequence_is_the_selections_own_sequence(corpus, choice) -> None:
             assert given[name].equals(alone[name])
         else:
             assert route.as_frame(given[name]).equals(route.as_frame(alone[name])), name
+
+
+def test_the_by_key_order_is_the_numpy_paths(corpus, monkeypatch) -> None:
+    from bmoe.analyze import route
+    from bmoe.formats.route import read_route_columns
+
+    trace = read_route_columns(corpus / "route-trace/gemma.route.csv")
+    for phase in ("decode", "prefill", "all"):
+        selected = route.select(trace, phase)
+        fast = route_cells.sequence_of(selected)[0].by_key()
+        with monkeypatch.context() as m:
+            m.setattr(route_order.key_order, "takes", lambda *args: False)
+            slow = route_cells.sequence_of(selected)[0].by_key()
+        for a, b in zip(fast, slow, strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
 
 
 def test_residency_counts_are_the_numpy_paths(corpus, monkeypatch) -> None:
