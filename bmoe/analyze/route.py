@@ -595,15 +595,14 @@ def _entropy(seq: StepSequence) -> View:
     _, total, acc, top = seq.cell_weights()
     ok = total > 0
     safe = np.where(ok, total, 1.0)
-    n = np.zeros(seq.n_layers)
-    sums = np.zeros(seq.n_layers), np.zeros(seq.n_layers)
     log2_total = np.log2(safe)
-    args = (seq.cell_layer_idx, total, acc, top, log2_total, n, *sums)
+    counted, sums = np.zeros(seq.n_layers), (np.zeros(seq.n_layers), np.zeros(seq.n_layers))
+    args = (seq.cell_layer_idx, total, acc, top, log2_total, counted, *sums)
     if route_weights.entropy_sums.takes(*args):  # one pass over the cells
         route_weights.entropy_sums(*args)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return layer_view(seq, entropy_bits=sums[0] / n, top1_pct=sums[1] / n)
-    bits = np.log2(safe) - acc / safe
+            return layer_view(seq, entropy_bits=sums[0] / counted, top1_pct=sums[1] / counted)
+    bits = log2_total - acc / safe
     share = 100.0 * top / safe
     n = np.bincount(seq.cell_layer_idx, weights=ok, minlength=seq.n_layers)
     with np.errstate(invalid="ignore", divide="ignore"):
