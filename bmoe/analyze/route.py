@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bmoe.analyze import route_order
+from bmoe.analyze import route_order, route_weights
 from bmoe.analyze.route_cells import (
     ALL,
     PHASES,
@@ -366,6 +366,8 @@ def _overlap(seq: StepSequence, lags: Sequence[int]) -> View:
     for g in lags:
         if g < 1:
             raise BmoeError(f"overlap lag {g}: lags count cells back, from 1")
+        if _overlap_compiled(seq, masks, g, per_cell, nonempty, cols, pooled):
+            continue
         inter = np.zeros(n_cells, dtype=np.int64)  # cell c against cell c-g (same layer where
         if g < n_cells:  # its index in the layer is >= g: layers are contiguous)
             inter[g:] = _shared(masks, g)
@@ -382,6 +384,37 @@ def _overlap(seq: StepSequence, lags: Sequence[int]) -> View:
         cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
         pooled[f"lag_{g}"] = float(pct[counted].mean()) if counted.any() else 0.0
     return with_all_row(layer_view(seq, **cols), pooled)
+
+
+def _overlap_compiled(
+    seq: StepSequence,
+    masks: np.ndarray,
+    g: int,
+    per_cell: np.ndarray,
+    nonempty: np.ndarray,
+    cols: dict[str, Any],
+    pooled: dict[str, Any],
+) -> bool:
+    """Lag `g`'s figures into `cols` and `pooled` by one compiled pass over the cells
+    (:func:`route_order.overlap_lag`: the same shares, sums and counts as the numpy path
+    makes); False where it does not take the arrays."""
+    n_cells = len(seq.cell_start)
+    pct = np.empty(n_cells)
+    total = np.zeros(seq.n_layers)
+    counted = np.zeros(seq.n_layers, dtype=np.int64)
+    args = (masks, g, seq.cell_index, per_cell, nonempty, seq.cell_layer_idx, pct, total, counted)
+    if not route_order.overlap_lag.takes(*args):
+        return False
+    route_order.overlap_lag(*args)
+    n = counted.astype(np.float64)
+    cols[f"lag_{g}"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
+    if counted.any():
+        kept = seq.cell_index >= g
+        kept &= nonempty
+        pooled[f"lag_{g}"] = float(pct[kept].mean())
+    else:
+        pooled[f"lag_{g}"] = 0.0
+    return True
 
 
 # ----------------------------------------------------------------------------- workset
@@ -418,7 +451,8 @@ def _first_cells(seq: StepSequence) -> tuple[np.ndarray, np.ndarray]:
     """Per distinct (layer, expert): its layer index and the first cell that routed it."""
     order, key = seq.by_key()
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
-    return key[start].astype(np.int64) // max(seq.n_expert, 1), seq.cell[order[start]]
+    first = seq.cell_index[seq.gcell[order[start]]]  # (not seq.cell: every row's)
+    return key[start].astype(np.int64) // max(seq.n_expert, 1), first
 
 
 def _workset(
@@ -493,11 +527,15 @@ def _cache(seq: StepSequence) -> View:
         return _no_rows(["layer", *cols, "routings"])
     res = seq.rows["residency"]
     counts = np.zeros((seq.n_layers, 3), dtype=np.int64)
-    routings = np.zeros(seq.n_layers, dtype=np.int64)
-    for a, b in seq.layer_blocks():  # one layer's rows at a time
-        i = int(seq.layer_idx[a])
-        counts[i] = np.bincount(np.clip(res[a:b], 0, 2), minlength=3)[:3]
-        routings[i] = b - a
+    if route_order.residency_counts.takes(seq.layer_idx, res, counts):  # one pass
+        route_order.residency_counts(seq.layer_idx, res, counts)
+        routings = counts.sum(axis=1)
+    else:
+        routings = np.zeros(seq.n_layers, dtype=np.int64)
+        for a, b in seq.layer_blocks():  # one layer's rows at a time
+            i = int(seq.layer_idx[a])
+            counts[i] = np.bincount(np.clip(res[a:b], 0, 2), minlength=3)[:3]
+            routings[i] = b - a
     with np.errstate(invalid="ignore", divide="ignore"):
         share = 100.0 * counts / routings[:, None]
     frame = layer_view(seq, **{c: share[:, i] for i, c in enumerate(cols)})
@@ -557,7 +595,14 @@ def _entropy(seq: StepSequence) -> View:
     _, total, acc, top = seq.cell_weights()
     ok = total > 0
     safe = np.where(ok, total, 1.0)
-    bits = np.log2(safe) - acc / safe
+    log2_total = np.log2(safe)
+    counted, sums = np.zeros(seq.n_layers), (np.zeros(seq.n_layers), np.zeros(seq.n_layers))
+    args = (seq.cell_layer_idx, total, acc, top, log2_total, counted, *sums)
+    if route_weights.entropy_sums.takes(*args):  # one pass over the cells
+        route_weights.entropy_sums(*args)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return layer_view(seq, entropy_bits=sums[0] / counted, top1_pct=sums[1] / counted)
+    bits = log2_total - acc / safe
     share = 100.0 * top / safe
     n = np.bincount(seq.cell_layer_idx, weights=ok, minlength=seq.n_layers)
     with np.errstate(invalid="ignore", divide="ignore"):

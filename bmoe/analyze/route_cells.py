@@ -353,11 +353,13 @@ class StepSequence:
         """Per row: the index of its cell in its layer's sequence (made when asked for)."""
         return self.cell_index[self.gcell]
 
+    def key_type(self) -> type[np.signedinteger]:
+        """The integer type of :meth:`key`."""
+        return np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
+
     def key(self) -> np.ndarray:
         """(layer, expert) as one small integer per row."""
-        kind: type[np.signedinteger] = (
-            np.int16 if self.n_layers * self.n_expert < 32768 else np.int32
-        )
+        kind = self.key_type()
         return (
             self.layer_idx.astype(kind) * kind(self.n_expert) + self.expert.astype(kind)
         ).astype(kind, copy=False)
@@ -412,15 +414,22 @@ class StepSequence:
     def by_key(self) -> tuple[np.ndarray, np.ndarray]:
         """Row order sorted by (layer, expert), stable (so cell order within); and the keys."""
         if self._by_key is None:
-            key = self.key()
-            n = len(key)
+            n = self.n_rows
             order: np.ndarray = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+            n_keys = self.n_layers * self.n_expert
+            ordered = np.empty(n, dtype=self.key_type())
+            args = (self.layer_idx, self.expert, self.n_expert, n_keys, order, ordered)
+            if n and route_order.key_order.takes(*args):  # by counting, the keys made there
+                route_order.key_order(*args)
+                self._by_key = (order, ordered)
+                return self._by_key
+            key = self.key()
             # rows are layer-major: sorting by expert inside each layer's rows sorts by key,
             # with one small sort (and its scratch) per layer
             for a, b in self.layer_blocks():
                 order[a:b] = np.argsort(self.expert[a:b], kind="stable")
                 order[a:b] += a
-            self._by_key = (order, key[order])
+            self._by_key = (order, take_rows(key, order))
         return self._by_key
 
 
@@ -450,13 +459,19 @@ def _sequence(ordered: Ordered | None, rows: Columns) -> StepSequence:
     layer = rows["layer"]
     if layers is None or layer_idx is None:  # the selection's layers, not the whole frame's
         layers, layer_idx = _small_unique(layer, wide=True)
-    new = np.empty(n, dtype=bool)
-    new[0] = True
-    new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
-    cell_start = np.flatnonzero(new)
-    gcell = np.cumsum(new, dtype=np.int32)
-    gcell -= 1
-    del new
+    gcell = np.empty(n, dtype=np.int32)
+    starts = np.empty(n, dtype=np.intp)
+    if route_order.cells.takes(layer_idx, step_code, gcell, starts):  # one pass
+        cell_start = starts[: route_order.cells(layer_idx, step_code, gcell, starts)].copy()
+    else:
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        new[1:] = (layer_idx[1:] != layer_idx[:-1]) | (step_code[1:] != step_code[:-1])
+        cell_start = np.flatnonzero(new)
+        np.cumsum(new, dtype=np.int32, out=gcell)
+        gcell -= 1
+        del new
+    del starts
     cell_layer_idx = layer_idx[cell_start]
     cells_per_layer = np.bincount(cell_layer_idx, minlength=len(layers))
     layer_first_cell = np.concatenate([[0], np.cumsum(cells_per_layer)[:-1]])
@@ -555,9 +570,9 @@ def _sorted_rows(
     if take is not None:
         if len(take) < 2**31:
             take = take.astype(np.int32, copy=False)
-        step_code = step_code[take]
+        step_code = take_rows(step_code, take)
         if keep is None:
-            layer_idx = layer_idx[take]
+            layer_idx = take_rows(layer_idx, take)
         rows = _take(rows, take, consume, known)
         del take
     else:
@@ -580,10 +595,11 @@ def _layer_major(
     n = len(layer_idx)
     if not 1 < n < 2**31 or size >= 2**62:
         return None
-    if not route_order.layer_major.takes(layer_idx, step_code, slot, every):
+    take = np.empty(n, dtype=np.int32)
+    if not route_order.layer_major.takes(layer_idx, step_code, slot, every, take):
         return None
-    state, take = route_order.layer_major(layer_idx, step_code, slot, every)
-    return int(state), take
+    state, written = route_order.layer_major(layer_idx, step_code, slot, every, take)
+    return int(state), take[:written]
 
 
 def _ascending(values: np.ndarray) -> bool:
@@ -639,6 +655,15 @@ def _gathered(values: np.ndarray, order: np.ndarray) -> np.ndarray:
             if lo == 0:
                 return np.zeros(len(order), dtype=values.dtype)
             return np.full(len(order), lo, dtype=values.dtype)
+    return take_rows(values, order)
+
+
+def take_rows(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values[order]``, by the compiled gather where it takes the types (int32 `order`)."""
+    out = np.empty(len(order), dtype=values.dtype)
+    if route_order.gather.takes(values, order, out):
+        route_order.gather(values, order, out)
+        return out
     return values[order]
 
 
@@ -649,9 +674,10 @@ def _small_unique(values: np.ndarray, wide: bool = False) -> tuple[np.ndarray, n
     if hi - lo > 1_000_000:
         uniq, inverse = np.unique(values, return_inverse=True)
         return uniq, inverse
-    if route_order.small_unique.takes(values):  # the same, in two passes
-        uniq, inverse = route_order.small_unique(values)
-        return uniq, inverse.astype(np.int16) if len(uniq) < 32768 and not wide else inverse
+    narrow = hi - lo < 32767 and not wide  # fewer than 32768 distinct values
+    inverse = np.empty(len(values), dtype=np.int16 if narrow else np.int32)
+    if route_order.small_unique.takes(values, inverse):  # the same, in two passes
+        return route_order.small_unique(values, inverse), inverse
     shifted = values.astype(np.int32)
     shifted -= np.int32(lo)
     present = np.bincount(shifted) > 0

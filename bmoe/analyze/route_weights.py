@@ -65,6 +65,27 @@ def cell_weights(weight, logs, starts, complete, total, acc, top):
     for c in range(n_cells):
         lo = starts[c]
         hi = starts[c + 1] if c + 1 < n_cells else n
+        if hi - lo <= 8:  # a short cell (top-k routing): every figure in one pass
+            w = np.float64(weight[lo])
+            known = w == w
+            best = w if known else -np.inf
+            first_total = _term(w, logs[lo], False)
+            first_acc = _term(w, logs[lo], True)
+            rest_total = -0.0  # numpy's sum of fewer than 8 values: in order, from -0.0
+            rest_acc = -0.0
+            for i in range(lo + 1, hi):
+                w = np.float64(weight[i])
+                if w != w:
+                    known = False
+                elif w > best:
+                    best = w
+                rest_total += _term(w, logs[i], False)
+                rest_acc += _term(w, logs[i], True)
+            complete[c] = known
+            top[c] = best
+            total[c] = first_total + rest_total
+            acc[c] = first_acc + rest_acc
+            continue
         known = True
         best = -np.inf
         for i in range(lo, hi):
@@ -77,3 +98,23 @@ def cell_weights(weight, logs, starts, complete, total, acc, top):
         top[c] = best
         total[c] = _segment(weight, logs, lo, hi, False)
         acc[c] = _segment(weight, logs, lo, hi, True)
+
+
+@njit(ahead=lambda: [arrays("i4 f8 f8 f8 f8 f8 f8 f8")], **_OPTS)
+def entropy_sums(cell_layer, total, acc, top, log2_total, counted, bits, share):
+    """Per layer (`cell_layer`: each cell's), over its cells whose weight sum is positive:
+    their count, the sum of their entropies ``log2(total) - acc / total`` (`log2_total`:
+    numpy's logarithm of each cell's sum, 0 where it is not positive) and of their top-1
+    shares ``100 * top / total``, into the three outputs (zero to start). Each sum adds every
+    cell's value in cell order, 0.0 for a cell left out, as ``np.bincount(cell_layer,
+    weights=np.where(ok, x, 0))`` adds them."""
+    for c in range(len(cell_layer)):
+        layer = cell_layer[c]
+        if total[c] > 0:
+            counted[layer] += 1.0
+            bits[layer] += log2_total[c] - acc[c] / total[c]
+            share[layer] += 100.0 * top[c] / total[c]
+        else:
+            counted[layer] += 0.0
+            bits[layer] += 0.0
+            share[layer] += 0.0

@@ -9,7 +9,9 @@ another width, a float it cannot round exactly) stops it with the row it reached
 caller reads the file with pyarrow instead, which names the problem or takes the value. So a
 file parsed here gives the columns pyarrow would give, bit for bit (floats are correctly
 rounded: decimal to float64 exactly rounded, then to float32 unless the float64 lies on a
-float32 rounding boundary, where it stops).
+float32 rounding boundary, where it stops). The rows up to the last newline are parsed
+without checking each byte against the end of the data (the newline ends every scan), which
+takes about a tenth off the loop's time on a route trace.
 """
 
 from __future__ import annotations
@@ -43,7 +45,154 @@ def parse_rows(buf, pos, end, kind, slot, lo, hi, out1, out2, out4, outf, row0, 
     """Parse rows from ``buf[pos:end]`` (`pos` at a row's start) into the columns: column
     ``c`` of kind ``kind[c]`` goes to row ``slot[c]`` of the output array of its kind, from
     index `row0` on; integers must lie in ``lo[c]..hi[c]``. At most `max_rows` rows.
-    Returns (rows parsed, the position after them, 0 or the reason it stopped there)."""
+    Returns (rows parsed, the position after them, 0 or the reason it stopped there).
+
+    The rows up to the last newline are parsed by a loop that needs no check for the end;
+    a last row without its newline by one that checks."""
+    lines = end
+    while lines > pos and buf[lines - 1] != 10:
+        lines -= 1
+    r, pos, status = _rows_to_newline(
+        buf, pos, lines, kind, slot, lo, hi, out1, out2, out4, outf, row0, max_rows, pow10
+    )
+    if status != DONE or r == max_rows or pos >= end:
+        return r, pos, status
+    more, pos, status = _rows_checked(
+        buf, pos, end, kind, slot, lo, hi, out1, out2, out4, outf, row0 + r, max_rows - r, pow10
+    )
+    return r + more, pos, status
+
+
+@njit(**_OPTS)
+def _rows_to_newline(
+    buf, pos, end, kind, slot, lo, hi, out1, out2, out4, outf, row0, max_rows, pow10
+):
+    """:func:`parse_rows` of ``buf[pos:end]``, whose last byte is a newline: every scan of a
+    field stops at a byte that is no digit by that one at the latest, so none checks for the
+    end; integers and floats read digit runs whole (unsigned compares; leading zeros skipped
+    instead of each digit asking whether one came before). The same columns, stops and
+    reasons as :func:`_rows_checked`."""
+    n_col = len(kind)
+    r = 0
+    while pos < end and r < max_rows:
+        row_start = pos
+        at = row0 + r
+        for c in range(n_col):
+            k = kind[c]
+            if k == SKIP:
+                while buf[pos] != 44 and buf[pos] != 10:
+                    pos += 1
+            elif k != FLOAT32:
+                neg = buf[pos] == 45
+                if neg:
+                    pos += 1
+                start = pos
+                v = np.int64(0)
+                d = np.uint64(buf[pos]) - np.uint64(48)
+                while d <= 9:
+                    v = v * 10 + np.int64(d)
+                    pos += 1
+                    d = np.uint64(buf[pos]) - np.uint64(48)
+                if pos == start or pos - start > 10:
+                    return r, row_start, 1
+                if neg:
+                    v = -v
+                if v < lo[c] or v > hi[c]:
+                    return r, row_start, 2
+                if k == INT8:
+                    out1[slot[c], at] = v
+                elif k == INT16:
+                    out2[slot[c], at] = v
+                else:
+                    out4[slot[c], at] = v
+            elif buf[pos] == 110 and buf[pos + 1] == 97 and buf[pos + 2] == 110:  # nan
+                outf[slot[c], at] = np.float32(np.nan)
+                pos += 3
+            else:
+                neg = buf[pos] == 45
+                if neg:
+                    pos += 1
+                start = pos
+                while buf[pos] == 48:  # leading zeros: not significant
+                    pos += 1
+                sig = pos
+                m = np.int64(0)
+                d = np.uint64(buf[pos]) - np.uint64(48)
+                while d <= 9:
+                    m = m * 10 + np.int64(d)
+                    pos += 1
+                    d = np.uint64(buf[pos]) - np.uint64(48)
+                whole = pos - start
+                digits = pos - sig
+                scale = 0
+                if buf[pos] == 46:
+                    pos += 1
+                    frac = pos
+                    if digits == 0:
+                        while buf[pos] == 48:  # zeros before the first significant digit
+                            pos += 1
+                    sig = pos
+                    d = np.uint64(buf[pos]) - np.uint64(48)
+                    while d <= 9:
+                        m = m * 10 + np.int64(d)
+                        pos += 1
+                        d = np.uint64(buf[pos]) - np.uint64(48)
+                    scale = pos - frac
+                    digits += pos - sig
+                if whole + scale == 0 or digits > 15:
+                    return r, row_start, 3
+                e = -scale
+                if buf[pos] == 101 or buf[pos] == 69:
+                    pos += 1
+                    eneg = False
+                    if buf[pos] == 45 or buf[pos] == 43:
+                        eneg = buf[pos] == 45
+                        pos += 1
+                    es = pos
+                    ev = 0
+                    while pos - es < 4:
+                        d = np.uint64(buf[pos]) - np.uint64(48)
+                        if d > 9:
+                            break
+                        ev = ev * 10 + np.int64(d)
+                        pos += 1
+                    if pos == es or pos - es > 3:
+                        return r, row_start, 3
+                    e += -ev if eneg else ev
+                if m >= (np.int64(1) << 53):
+                    return r, row_start, 4
+                if m == 0:
+                    x = 0.0
+                elif e < 0:
+                    if e < -22:
+                        return r, row_start, 4
+                    x = m / pow10[-e]  # both exact: one correctly rounded division
+                else:
+                    if e > 22:
+                        return r, row_start, 4
+                    x = m * pow10[e]
+                    if x >= 9007199254740992.0:  # 2**53: the product may have been rounded
+                        return r, row_start, 4
+                bits = np.float64(x).view(np.int64)
+                if (bits & 0x1FFFFFFF) == 0x10000000:  # on a float32 boundary: not exact
+                    return r, row_start, 4
+                outf[slot[c], at] = np.float32(-x if neg else x)
+            if c == n_col - 1:
+                if buf[pos] != 10:
+                    return r, row_start, 5
+                pos += 1
+            else:
+                if buf[pos] != 44:
+                    return r, row_start, 5
+                pos += 1
+        r += 1
+    return r, pos, DONE
+
+
+@njit(**_OPTS)
+def _rows_checked(buf, pos, end, kind, slot, lo, hi, out1, out2, out4, outf, row0, max_rows, pow10):
+    """:func:`parse_rows` of any ``buf[pos:end]``: every scan checks for the end (the last
+    row may lack its newline)."""
     n_col = len(kind)
     r = 0
     while pos < end and r < max_rows:

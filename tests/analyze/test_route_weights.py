@@ -81,3 +81,33 @@ def test_a_sequences_weights_take_the_compiled_pass_and_give_numpys(monkeypatch)
     slow = route_cells.order_rows(dict(cols)).cell_weights()
     for f, s in zip(fast, slow, strict=True):
         np.testing.assert_array_equal(f, s)
+
+
+def test_the_entropy_sums_are_numpys(monkeypatch) -> None:
+    """The entropy view's per-layer means, bit for bit, whichever pass sums them: cells of
+    unknown weights, zero and negative sums, and a layer with no cell counted included."""
+    from bmoe.analyze import route, route_cells
+
+    rng = np.random.default_rng(9)
+    n_steps, n_layers, k = 3, 400, 6  # a few cells a layer: one value's last bit shows
+    n = n_steps * n_layers * k
+    weight = rng.dirichlet(np.ones(k), size=n_steps * n_layers).reshape(-1)
+    weight[rng.random(n) < 0.02] = np.nan
+    weight[rng.random(n) < 0.02] = 0.0
+    weight[rng.random(n) < 0.01] *= -5
+    layer = np.tile(np.repeat(np.arange(n_layers), k), n_steps)
+    weight[layer == 3] = 0.0  # no cell of this layer has a positive sum
+    cols = {
+        "step": np.repeat(np.arange(n_steps), n_layers * k).astype(np.int32),
+        "layer": layer.astype(np.int16),
+        "slot": np.tile(np.arange(k), n_steps * n_layers).astype(np.int8),
+        "expert": rng.integers(0, 16, size=n).astype(np.int16),
+        "weight": weight.astype(np.float32),
+    }
+    fast = route._entropy(route_cells.order_rows(dict(cols)))
+    monkeypatch.setattr(route_weights.entropy_sums, "takes", lambda *args: False)
+    slow = route._entropy(route_cells.order_rows(dict(cols)))
+    assert list(fast) == list(slow)
+    for name, values in fast.items():
+        assert values.tobytes() == slow[name].tobytes(), name
+    assert np.isnan(fast["entropy_bits"][3])

@@ -96,7 +96,47 @@ def test_a_lazy_command_imports_its_module_only() -> None:
     code, modules = run_probe("analyze", "route", "--help")
     assert code == 0
     assert "bmoe.cli.route" in modules
-    assert "bmoe.cli.replay" not in modules and "bmoe.cli.runs" not in modules
+    others = [m for m in cli.COMMAND_MODULES if m != "bmoe.cli.route"]
+    assert [m for m in others if m in modules] == []
+
+
+_ALONE_AND_ALL = """
+import contextlib, io, json, sys
+from bmoe import cli
+outputs = []
+for every in (False, True):  # its module alone (a fresh interpreter), then every module
+    if every:
+        cli.register()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(sys.argv[1:])
+    outputs.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(outputs))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["analyze", "route", "--help"],
+        ["analyze", "route", "--bogus"],
+        ["analyze", "route", "native-tiny/run.route.csv", "--view", "hot,reuse"],
+        ["export", "trace", "--help"],
+    ],
+)
+def test_a_lazy_command_alone_runs_as_with_every_module(corpus: Path, argv: list[str]) -> None:
+    """A command line naming a lazy command registers its module alone; the command's help,
+    errors and output are those it has with every command module registered."""
+    argv = [str(corpus / a) if a.endswith(".csv") else a for a in argv]
+    out = subprocess.run(
+        [sys.executable, "-c", _ALONE_AND_ALL, *argv],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "100",
+             "BMOE_KERNEL_BUILD": "wait"},
+    )  # fmt: skip
+    alone, every = json.loads(out.stdout.strip().splitlines()[-1])
+    assert alone == every
+    assert alone[1] or alone[2]  # it said something
 
 
 def test_modules_for_a_command_line() -> None:
@@ -105,8 +145,9 @@ def test_modules_for_a_command_line() -> None:
     assert cli.modules_for(None) == list(cli.COMMAND_MODULES)
     assert cli.modules_for([]) == eager
     assert cli.modules_for(["info", "x.csv"]) == eager
-    route = cli.modules_for(["analyze", "route", "-f", "json", "t.csv"])
-    assert set(route) == {*eager, "bmoe.cli.route"}
+    # a command of a lazy module: that module alone
+    assert cli.modules_for(["analyze", "route", "-f", "json", "t.csv"]) == ["bmoe.cli.route"]
+    assert cli.modules_for(["export", "trace", "--help"]) == ["bmoe.cli.op_traces"]
     # the group alone, or a command the index does not know: every lazy module of the group
     everything = {*eager, *(m for p, m in cli.LAZY_COMMANDS.items() if p.startswith("analyze "))}
     assert set(cli.modules_for(["analyze", "--help"])) == everything

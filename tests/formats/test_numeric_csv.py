@@ -128,6 +128,48 @@ def test_near_float32_rounding_boundaries_stop_or_agree() -> None:
 def test_what_the_loop_does_not_take_stops_it(rows: str) -> None:
     data = (",".join(HEADER) + "\n0,1,4,0,0,2,0.25,0\n" + rows).encode()
     assert by_loop(data, HEADER) is None
+    # the rows up to the last newline and a last row without one are parsed by two loops
+    if not rows.endswith("\n\n"):  # (without its last newline, an empty line is none)
+        assert by_loop(data[:-1], HEADER) is None
+    assert by_loop(data + b"0,1,6,0,0,2,0.25,0\n", HEADER) is None
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        "0,1,5,0,0,3,0.5,1\n",
+        "-3,-128,2147483647,32767,127,-32768,-000.00012500,2\n",
+        "0,1,5,0,0,3,0000012.5e-2,1\n",
+        "0,1,5,0,0,3,0.1234567890123456,1\n",  # 16 significant digits: stops
+        "0,1,5,0,0,3,0.000000000000001234567890123456,1\n",
+        "0,1,5,0,0,3,0.0000000000012345,1\n0,1,5,0,0,3,0000000000000012345.5,1\n",
+        "0,1,5,0,0,3,123456789012345,1\n",
+        "0,1,5,0,0,3,1e22,1\n0,1,5,0,0,3,1e23,1\n",
+        "0,1,5,0,0,3,nan,1\n0,1,5,0,0,3,na,1\n",
+        "0,1,5,0,0,3,.,1\n",
+        "0,1,5,0,0,3,-,1\n",
+        "0,1,5,0,0,3,1e,1\n",
+        "0,1,5,0,0,3,1e1234,1\n",
+        "0,1,00000000005,0,0,3,0.5,1\n",  # 11 digits
+        "0,1,0000000005,0,0,3,0.5,1\n",  # 10 digits
+        "0,1,5,0,0,3,0.5,1,\n",
+        "0,1,5,,0,3,0.5,1\n",
+    ],
+)
+def test_both_loops_give_the_same_rows_stop_and_reason(rows: str) -> None:
+    """The loop for rows that end with a newline (no end checks) and the one that checks
+    every byte against the end: the same columns, rows, stop and reason on the same rows."""
+    data = np.frombuffer(("0,1,4,0,0,2,0.25,0\n" + rows).encode(), dtype=np.uint8)
+    layout = numeric_csv.Layout(HEADER, NUMPY_TYPES, None)
+    got = []
+    for loop in (numeric_csv.parse_rows, numeric_csv._rows_checked):
+        outputs = layout.outputs(8)
+        for out in outputs:
+            out[:] = 0
+        found = loop(data, 0, len(data), layout.kind, layout.slot, layout.lo, layout.hi,
+                     *outputs, 0, 8, numeric_csv._POW10)  # fmt: skip
+        got.append((tuple(int(x) for x in found), [o.tobytes() for o in outputs]))
+    assert got[0] == got[1]
 
 
 def write(path: Path, body: str) -> None:
