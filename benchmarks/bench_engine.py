@@ -443,6 +443,11 @@ def pair(model: Path, tmp: Path, args: argparse.Namespace) -> None:
         ("evicts, --drop-cold-experts 1.0", evicts, ["--drop-cold-experts", "1.0"], 0, False),
         ("evicts, a session of 3 turns", evicts, [], 3, False),
     )
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    if wanted:
+        conditions = tuple(c for c in conditions if any(w in c[0] for w in wanted))
+        if not conditions:
+            raise SystemExit(f"--only {args.only!r} names none of the pair conditions")
     print(
         f"pair ({args.tokens} tokens a run or turn, {args.threads} threads, --no-odirect, "
         f"{args.repeats} rounds, the order alternating each round, each run a fresh process; "
@@ -560,6 +565,12 @@ def main() -> None:
         "the binary ../shared/native/build.sh reports)",
     )
     ap.add_argument("--spinners", type=int, default=2, help="background load of the pair section")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="pair section: only the conditions whose names contain one of these "
+        "comma-separated words (e.g. 'prefetch,holds')",
+    )
     ap.add_argument(
         "--loads",
         choices=["both", "quiet", "processes"],
