@@ -63,6 +63,30 @@ def parse_rows(buf, pos, end, kind, slot, lo, hi, out1, out2, out4, outf, row0, 
     return r + more, pos, status
 
 
+@njit(inline="always", **_OPTS)
+def _decimal(m, e, pow10):
+    """``m * 10**e`` as a float64 and whether it is exact enough: correctly rounded (`m`
+    below 2**53 and ``|e|`` at most 22, so that one division or product of exact values
+    rounds once) and off a float32 rounding boundary (where the narrowing would round
+    twice). False: the caller stops, and pyarrow reads the value instead."""
+    if m >= (np.int64(1) << 53):
+        return 0.0, False
+    if m == 0:
+        return 0.0, True
+    if e < 0:
+        if e < -22:
+            return 0.0, False
+        x = m / pow10[-e]  # both exact: one correctly rounded division
+    else:
+        if e > 22:
+            return 0.0, False
+        x = m * pow10[e]
+        if x >= 9007199254740992.0:  # 2**53: the product may have been rounded
+            return 0.0, False
+    bits = np.float64(x).view(np.int64)
+    return x, (bits & 0x1FFFFFFF) != 0x10000000  # on a float32 boundary: not exact
+
+
 @njit(**_OPTS)
 def _rows_to_newline(
     buf, pos, end, kind, slot, lo, hi, out1, out2, out4, outf, row0, max_rows, pow10
@@ -159,22 +183,8 @@ def _rows_to_newline(
                     if pos == es or pos - es > 3:
                         return r, row_start, 3
                     e += -ev if eneg else ev
-                if m >= (np.int64(1) << 53):
-                    return r, row_start, 4
-                if m == 0:
-                    x = 0.0
-                elif e < 0:
-                    if e < -22:
-                        return r, row_start, 4
-                    x = m / pow10[-e]  # both exact: one correctly rounded division
-                else:
-                    if e > 22:
-                        return r, row_start, 4
-                    x = m * pow10[e]
-                    if x >= 9007199254740992.0:  # 2**53: the product may have been rounded
-                        return r, row_start, 4
-                bits = np.float64(x).view(np.int64)
-                if (bits & 0x1FFFFFFF) == 0x10000000:  # on a float32 boundary: not exact
+                x, exact = _decimal(m, e, pow10)
+                if not exact:
                     return r, row_start, 4
                 outf[slot[c], at] = np.float32(-x if neg else x)
             if c == n_col - 1:
@@ -280,22 +290,8 @@ def _rows_checked(buf, pos, end, kind, slot, lo, hi, out1, out2, out4, outf, row
                     if pos == es or pos - es > 3:
                         return r, row_start, 3
                     e += -ev if eneg else ev
-                if m >= (np.int64(1) << 53):
-                    return r, row_start, 4
-                if m == 0:
-                    x = 0.0
-                elif e < 0:
-                    if e < -22:
-                        return r, row_start, 4
-                    x = m / pow10[-e]  # both exact: one correctly rounded division
-                else:
-                    if e > 22:
-                        return r, row_start, 4
-                    x = m * pow10[e]
-                    if x >= 9007199254740992.0:  # 2**53: the product may have been rounded
-                        return r, row_start, 4
-                bits = np.float64(x).view(np.int64)
-                if (bits & 0x1FFFFFFF) == 0x10000000:  # on a float32 boundary: not exact
+                x, exact = _decimal(m, e, pow10)
+                if not exact:
                     return r, row_start, 4
                 f = np.float32(-x if neg else x)
                 outf[slot[c], row0 + r] = f

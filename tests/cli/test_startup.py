@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -37,15 +38,20 @@ print(json.dumps(sorted(startup.command_paths(typer.main.get_command(cli.app))))
 """
 
 
-def run_probe(*argv: str) -> tuple[int, set[str]]:
-    """Run ``bmoe ARGV`` in a fresh interpreter: (exit code, modules it imported)."""
+def _fresh_json(script: str, *argv: str) -> Any:
+    """Run `script` with ARGV in a fresh interpreter: the JSON of its last line of output."""
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE, *argv],
+        [sys.executable, "-c", script, *argv],
         capture_output=True, text=True, check=True, cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "100",
              "BMOE_KERNEL_BUILD": "wait"},
     )  # fmt: skip
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_probe(*argv: str) -> tuple[int, set[str]]:
+    """Run ``bmoe ARGV`` in a fresh interpreter: (exit code, modules it imported)."""
+    result = _fresh_json(_PROBE, *argv)
     return result["code"], set(result["modules"])
 
 
@@ -128,13 +134,7 @@ def test_a_lazy_command_alone_runs_as_with_every_module(corpus: Path, argv: list
     """A command line naming a lazy command registers its module alone; the command's help,
     errors and output are those it has with every command module registered."""
     argv = [str(corpus / a) if a.endswith(".csv") else a for a in argv]
-    out = subprocess.run(
-        [sys.executable, "-c", _ALONE_AND_ALL, *argv],
-        capture_output=True, text=True, check=True, cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "100",
-             "BMOE_KERNEL_BUILD": "wait"},
-    )  # fmt: skip
-    alone, every = json.loads(out.stdout.strip().splitlines()[-1])
+    alone, every = _fresh_json(_ALONE_AND_ALL, *argv)
     assert alone == every
     assert alone[1] or alone[2]  # it said something
 
@@ -160,12 +160,7 @@ def test_lazy_index_names_exactly_the_lazy_modules_commands() -> None:
     missing when not named otherwise), and every indexed path is a real command."""
 
     def paths(which: str) -> set[str]:
-        out = subprocess.run(
-            [sys.executable, "-c", _PATHS, which],
-            capture_output=True, text=True, check=True, cwd=ROOT,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "BMOE_KERNEL_BUILD": "wait"},
-        )  # fmt: skip
-        return set(json.loads(out.stdout))
+        return set(_fresh_json(_PATHS, which))
 
     every, eager = paths("all"), paths("eager")
     assert set(cli.LAZY_COMMANDS) <= every
