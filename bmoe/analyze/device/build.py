@@ -399,7 +399,41 @@ def build_profile(
             ev, model, allow_traced=allow_traced, flash=profile.flash
         )
         profile.levers = {"baseline": base, "terms": []}
+    if (gap := two_configuration_gap(profile)) is not None:
+        profile.caveats.append(gap)
     return profile_from_dict(json.loads(json.dumps(profile.to_dict())))  # validated
+
+
+#: Compute a token that differs by more than this factor between a profile's read volumes
+#: is more than a one-configuration profile can carry from one to the other.
+COMPUTE_GAP = 1.25
+
+
+def two_configuration_gap(profile: DeviceProfile) -> str | None:
+    """Why the model error of a profile of two configurations overstates what lies between
+    them, where it does: each held out is predicted from the other alone, a profile of one
+    read volume, which cannot have the compute per read volume the pair measures; when that
+    compute differs by more than :data:`COMPUTE_GAP` between them, the held-out errors are
+    mostly that gap, and every interval carries them. None otherwise."""
+    error = profile.model_error or {}
+    if int(error.get("configurations") or 0) != 2 or error.get("sd_rel") is None:
+        return None
+    by_read: Any = (profile.compute or {}).get("by_read") or []
+    points = [(float(p["read_mib"]), float(p["token_ms"])) for p in by_read]
+    if len(points) != 2 or min(ms for _, ms in points) <= 0:
+        return None
+    (mib_a, ms_a), (mib_b, ms_b) = sorted(points)
+    if max(ms_a, ms_b) / min(ms_a, ms_b) <= COMPUTE_GAP or min(mib_a, mib_b) <= 0:
+        return None
+    between = math.sqrt(mib_a * mib_b)
+    return (
+        f"model error: {100 * float(error['sd_rel']):.0f} % from 2 configurations, each "
+        f"predicted from the other alone, without the compute per read volume the two measure "
+        f"together ({ms_a:.3g} ms a token at {mib_a:.3g} MiB read, {ms_b:.3g} ms at "
+        f"{mib_b:.3g}): it is the error of crossing that gap unpriced, and every interval "
+        f"carries it; a third configuration reading about {between:.3g} MiB a token would "
+        "measure the error between them"
+    )
 
 
 def _with_lever_terms(

@@ -491,3 +491,49 @@ def test_against_the_profiles_own_sweep_and_another_days_runs_clean(tmp_path, ca
             )
         else:
             assert why is None and views["summary"]["compared"] > 0
+
+
+def _two_volumes(tmp_path: Path, compute_small: float, compute_large: float):
+    """Two serial configurations: one reading 3 MiB a token (4 and 2 on alternate tokens), one
+    four times that (its io four times as long), their compute `compute_small` and
+    `compute_large` ms a token."""
+    small = serial_rows(compute=compute_small)
+    large = [
+        {**row, "read_bytes": 4 * row["read_bytes"], "io_ms": 4 * row["io_ms"],
+         "wall_ms": row["wall_ms"] + 3 * row["io_ms"] + compute_large - compute_small,
+         "compute_ms": compute_large, "cpu_ms": 2 * compute_large}
+        for row in serial_rows(compute=compute_small)
+    ]  # fmt: skip
+    a = write(tmp_path / "a.csv", small, cache_mb=8)
+    b = write(tmp_path / "b.csv", large, cache_mb=2)
+    return profile_of(a, b)
+
+
+def test_two_configurations_whose_compute_moves_with_the_reads_say_their_error_is_the_gap(
+    tmp_path,
+):
+    """Compute 10 ms a token at 3 MiB read and 40 at 12: the profile prices compute by read
+    volume, but each configuration held out is predicted from the other alone, which cannot;
+    the profile says its model error is that gap's, and where a third configuration would
+    measure the error between them (sqrt(3 x 12) = 6 MiB a token). Compute that hardly moves
+    (10 and 11 ms) leaves nothing to say."""
+    prof = _two_volumes(tmp_path, 10.0, 40.0)
+    points = prof.compute["by_read"]
+    assert [round(p["read_mib"]) for p in points] == [3, 12]
+    assert prof.model_error["configurations"] == 2 and prof.model_error["sd_rel"] > 0.2
+    said = [c for c in prof.caveats if c.startswith("model error:")]
+    assert len(said) == 1
+    assert "10 ms a token at 3 MiB read, 40 ms at 12" in said[0]
+    assert "about 6 MiB a token" in said[0]
+    assert f"{100 * prof.model_error['sd_rel']:.0f} % from 2 configurations" in said[0]
+    (tmp_path / "flat").mkdir()
+    flat = _two_volumes(tmp_path / "flat", 10.0, 11.0)
+    assert not [c for c in flat.caveats if c.startswith("model error:")]
+
+
+def test_bmoe_profile_puts_the_two_configuration_gap_among_what_to_weigh(tmp_path, capsys):
+    prof = _two_volumes(tmp_path, 10.0, 40.0)
+    assert prof.caveats
+    assert main(["profile", str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "caveat: model error:" in out and "a third configuration reading about 6 MiB" in out
