@@ -39,6 +39,7 @@ from bmoe.analyze.route_cells import (
     PHASES,
     Columns,
     Facts,
+    IntsWithGaps,
     StepSequence,
     Trace,
     View,
@@ -73,6 +74,7 @@ __all__ = [
     "PHASES",
     "VIEWS",
     "Columns",
+    "IntsWithGaps",
     "Trace",
     "View",
     "as_frame",
@@ -306,7 +308,7 @@ def _reuse(seq: StepSequence) -> View:
     figures["max"] = longest
     figures["never_2nd"] = never
     for col in ("p50", "p90", "max"):  # no reuse at all: unknown, not zero
-        figures[col] = np.ma.masked_array(figures[col], mask=n_reuse == 0)
+        figures[col] = IntsWithGaps(figures[col], n_reuse == 0)
     return layer_view(seq, **figures)
 
 
@@ -968,9 +970,9 @@ def _without_all(view: View) -> View:
     return out
 
 
-def _concat(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    if any(isinstance(a, np.ma.MaskedArray) for a in arrays):
-        return np.ma.concatenate(arrays)
+def _concat(arrays: Sequence[Any]) -> Any:
+    if any(isinstance(a, IntsWithGaps) for a in arrays):
+        return IntsWithGaps.concatenate(arrays)
     return np.concatenate(arrays)
 
 

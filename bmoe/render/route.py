@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bmoe.analyze.route_cells import IntsWithGaps
 from bmoe.analyze.views import ROUTE
 from bmoe.render.messages import literal, note_line, printable
 from bmoe.render.tables import (
@@ -60,10 +61,10 @@ TITLES = ROUTE.titles()
 LETTER_STYLES = {"H": "green", "M": "red", "P": "blue"}
 
 
-def _column(view: AnyView, name: str) -> np.ndarray:
+def _column(view: AnyView, name: str) -> Any:
     """One column of a view (a DataFrame's or a numpy view's) as an array."""
     values = view[name]
-    return values if isinstance(values, np.ndarray) else values.to_numpy()
+    return values if isinstance(values, np.ndarray | IntsWithGaps) else values.to_numpy()
 
 
 def _first(view: AnyView) -> dict[str, Any]:
@@ -71,7 +72,7 @@ def _first(view: AnyView) -> dict[str, Any]:
     out = {}
     for name in view:
         value = _column(view, str(name))[0]
-        out[str(name)] = None if np.ma.is_masked(value) else _item(value)
+        out[str(name)] = None if value is None else _item(value)
     return out
 
 
@@ -218,7 +219,7 @@ def view_cells(view: AnyView) -> CellColumns:
         return table_cells(view, DIGITS)
     columns = []
     for name, values in view.items():
-        # numeric as pandas reads the dtype: integers (masked or not) and floats, not bools
+        # numeric as pandas reads the dtype: integers (with gaps or not) and floats, not bools
         numeric = values.dtype.kind in "iuf"
         columns.append((name, numeric, values.tolist()))
     return value_cells(columns, DIGITS)

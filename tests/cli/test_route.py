@@ -185,3 +185,49 @@ def test_table_output_does_not_import_pandas(corpus: Path, capsys) -> None:
     code, out, _ = run(capsys, *args[2:])
     assert fresh == ["0", "False", str(len(out))]
     assert code == 0
+
+
+def write_gaps_trace(path: Path) -> Path:
+    """A route trace whose layer 0 routes experts 1, 2 then 3, 4 then 5, 6 (none comes back)
+    and layer 1 routes 1, 2 every step (decode steps 1-3)."""
+    from bmoe.formats.route import RouteTrace, write_route_trace
+
+    rows = [
+        (0, 1, step, layer, slot, expert, 0.5, 0, 1048576, 0)
+        for step in (1, 2, 3)
+        for layer in (0, 1)
+        for slot, expert in enumerate((2 * step - 1, 2 * step) if layer == 0 else (1, 2))
+    ]
+    columns = ["turn", "phase", "step", "layer", "slot", "expert", "weight", "residency",
+               "expert_bytes", "dropped"]  # fmt: skip
+    frame = pd.DataFrame(rows, columns=columns)
+    sizes = pd.DataFrame({"layer": [0, 1], "expert_bytes": 1048576, "dense_bytes": 2097152})
+    meta = {"model": "m", "arch": "a", "n_layer": 2, "n_expert": 8, "n_expert_used": 2}
+    write_route_trace(RouteTrace(None, 1, meta, sizes, frame), path)
+    return path
+
+
+def test_a_layer_without_reuse_shows_its_distances_as_unknown_in_every_format(
+    tmp_path: Path, capsys
+) -> None:
+    """Layer 0's experts never come back, layer 1's come back every step (see
+    :func:`write_gaps_trace`): layer 0's p50/p90/max are unknown, not 0 or -1 (a dash in the
+    table, null in JSON, an empty field in CSV, pandas' missing integer in the library)
+    while layer 1's are 1; the same with --stream, which joins layers read in passes."""
+    path = write_gaps_trace(tmp_path / "gaps.route.csv")
+
+    frame_view = route.reuse(read_route_trace(path))
+    assert str(frame_view["p50"].dtype) == "Int64"
+    assert frame_view["p50"].isna().tolist() == [True, False]
+    assert frame_view["n_reuse"].tolist() == [0, 4]
+    for stream in ((), ("--stream",)):
+        code, out, _ = run(capsys, path, "--view", "reuse", "-f", "json", *stream)
+        assert code == 0
+        data = json.loads(out)["reuse"]
+        assert [(r["p50"], r["p90"], r["max"]) for r in data] == [(None, None, None), (1, 1, 1)]
+        assert data[0]["never_2nd"] == 6
+        code, out, _ = run(capsys, path, "--view", "reuse", "-f", "csv", *stream)
+        assert "\n0,0,,,,6\n" in out and "\n1,4,1,1,1,0\n" in out
+        code, out, _ = run(capsys, path, "--view", "reuse", *stream)
+        first = next(line for line in out.splitlines() if line.strip(" │|").startswith("0 "))
+        assert first.count("—") == 3, first

@@ -181,3 +181,16 @@ def test_help_text_names_match_the_library() -> None:
     assert {"info", "analyze route", "export trace"} <= command_paths(
         typer.main.get_command(cli.app)
     )
+
+
+def test_the_route_command_loads_no_masked_arrays_nor_pandas(tmp_path: Path) -> None:
+    """``bmoe analyze route`` on a trace with a layer whose reuse distances are unknown (its
+    gaps held without numpy's masked arrays) imports neither numpy.ma (~12 ms) nor pandas,
+    and still prints the gap."""
+    from tests.cli.test_route import write_gaps_trace
+
+    path = write_gaps_trace(tmp_path / "gaps.route.csv")
+    code, modules = run_probe("analyze", "route", str(path))
+    assert code in (0, None)
+    assert "numpy" in modules  # the probe saw the command run
+    assert not {"numpy.ma", "pandas"} & modules
