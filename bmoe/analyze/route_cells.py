@@ -195,10 +195,11 @@ def _select(
         del within, code
     if consume and keep.any():  # the trace keeps its columns, with no rows
         if isinstance(trace, RouteTrace):
-            trace.rows = trace.rows.iloc[:0]
+            trace.rows = trace.rows.iloc[:0].copy()  # not a view holding every row
             del frame
         else:
-            trace.columns = {c: a[:0] for c, a in cols.items()}
+            # arrays of their own: an empty view would keep its base (every row) alive
+            trace.columns = {c: np.empty(0, dtype=a.dtype) for c, a in cols.items()}
     # the selected rows' phase is the one chosen: no need to gather it
     known = {"phase": PHASES[phase]} if phase in PHASES and "phase" in cols else None
     ordered = _sorted_rows(cols, keep, consume=consume, known=known)

@@ -341,6 +341,32 @@ def test_select_consume_moves_the_rows_out() -> None:
     assert len(whole.rows) == len(rows)
 
 
+def test_a_consumed_trace_holds_none_of_its_rows_memory() -> None:
+    """After ``select(consume=True)`` the trace's empty columns are arrays of their own: an
+    empty view would keep its base, every row of the trace, alive beside the selection."""
+    import gc
+    import weakref
+
+    from bmoe.formats.route import RouteColumns
+
+    rows = cells({s: {0: [1, 2], 1: [3, 4]} for s in range(50)}) + cells({99: {0: [5, 6]}}, 0)
+    frame_trace = make_trace(rows)
+    block = weakref.ref(frame_trace.rows._mgr.blocks[0].values.base)
+    selected = route.select(frame_trace, "decode", consume=True)
+    gc.collect()
+    assert len(selected.rows) and block() is None
+    columns = RouteColumns.of(make_trace(rows))
+    base = np.stack([columns.columns[c].astype(np.int32) for c in ("step", "layer")])
+    columns.columns.update(step=base[0], layer=base[1])  # rows of one array, as parsed
+    held = weakref.ref(base)
+    del base
+    chosen = route.select(columns, "decode", consume=True)
+    gc.collect()
+    decode_rows = len(route.select(make_trace(rows), "decode").rows)
+    assert isinstance(chosen, RouteColumns) and len(chosen.columns["step"]) == decode_rows
+    assert held() is None and all(len(a) == 0 for a in columns.columns.values())
+
+
 def _random_trace(seed: int = 3) -> RouteTrace:
     """5 layers x 12 experts, top-3: 6 prefill steps (the last layer routes only the final
     prompt token) and 50 decode steps, in engine order; some weights unknown."""
