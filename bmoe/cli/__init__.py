@@ -25,6 +25,7 @@ no command line imports every module (for tools that list all commands).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import inspect
 import os
@@ -239,7 +240,15 @@ def run() -> None:
     a million rows), and in a process that loaded pyarrow, its C++ thread pools, destroyed
     there, abort the process now and then (``terminate called without an active
     exception``, exit 134, after the command's work is done). A command that leaves threads
-    of its own running exits normally: the normal exit waits for them."""
+    of its own running exits normally: the normal exit waits for them.
+
+    The command's modules load with the cyclic garbage collector off (they make tens of
+    thousands of objects and no garbage, so its collections there only walk them: ~5 ms of
+    a short command), then those objects are frozen out of its sight and it runs again."""
+    gc.disable()
+    register(sys.argv[1:])  # what main() registers: imported here, found there
+    gc.freeze()
+    gc.enable()
     code = main()
     import threading
 

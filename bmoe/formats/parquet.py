@@ -14,7 +14,6 @@ from kind to class).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -28,9 +27,12 @@ from bmoe.formats.inputs import check_room, is_regular_file, regular_file
 from bmoe.formats.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import json
+
     import pandas as pd
     import pyarrow as pa
 else:  # imported when a Parquet file is read or written (telling one costs nothing)
+    json = lazy_module("json")
     pa = lazy_module("pyarrow")
 
 MAGIC = b"PAR1"

@@ -7,9 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from bmoe.analyze.route_cells import IntsWithGaps
@@ -19,6 +17,7 @@ from bmoe.render.tables import (
     MISSING,
     CellColumns,
     cell_text,
+    print_line,
     print_table,
     render,
     shown,
@@ -190,17 +189,17 @@ def print_views(
     """Each view under its title, then its notes. Views may be DataFrames or numpy columns
     (the matrix: a DataFrame)."""
     for name, frame in views.items():
-        console.print()
+        print_line(console)
         if name == "matrix":
             print_matrix(console, frame, cells)
         else:
-            console.print(literal(f"=== {TITLES.get(name, name)} ===", "bold"), highlight=False)
+            print_line(console, f"=== {TITLES.get(name, name)} ===", "bold")
             if name == "sanity" and _n_rows(frame) == 1:
                 print_table(console, table_cells(_figures(frame), DIGITS))
             else:
                 print_table(console, view_cells(frame))
         for text in notes.get(name, ()):
-            console.print(literal(text, "dim"), highlight=False)
+            print_line(console, text, "dim")
 
 
 def markdown_views(
@@ -261,6 +260,9 @@ def _bands(names: list[str], widths: list[int], room: int) -> list[list[str]]:
 
 def print_matrix(console: Console, frame: pd.DataFrame, cells: str = "experts") -> None:
     """The step x layer matrix in bands of layers that fit the console width."""
+    from rich import box  # here: the other views print without rich's tables
+    from rich.table import Table
+
     layer_cols = [c for c in frame.columns if str(c).startswith("L")]
     index_cols = [c for c in frame.columns if c not in layer_cols]
     if not len(frame):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import io
-import json
 import math
 import re
 import sys
@@ -18,13 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rich.console import Console
-from rich.table import Table
 
 from bmoe.render.messages import literal, printable
 from bmoe.render.outputs import FORMATS
 
 if TYPE_CHECKING:
     import pandas as pd
+    from rich.table import Table
 
     Result: TypeAlias = pd.DataFrame | Mapping[str, Any]
 
@@ -167,6 +166,8 @@ def render_csv(views: Mapping[str, Result]) -> str:
 
 
 def render_json(views: Mapping[str, Result]) -> str:
+    import json  # here: a table printed to the terminal needs none of it
+
     return json.dumps(to_jsonable(views), indent=2, allow_nan=False) + "\n"
 
 
@@ -437,6 +438,8 @@ def rich_table(
 ) -> Table:
     """A rich Table of display text (see :func:`table_cells`); with `widths` (a
     :class:`TablePart`'s), each column that wide and its cells wrapped by :func:`wrap_text`."""
+    from rich.table import Table  # here: most tables are printed without it (plain_table)
+
     table = Table(
         title=None if title is None else literal(title), title_justify="left", header_style="bold"
     )
@@ -520,6 +523,27 @@ def _plain_text(text: str) -> bool:
     return text.isascii() and text.isprintable() and text == text.strip(" ")
 
 
+def write_plain(console: Console, text: str) -> None:
+    """`text`, already the characters rich would print for it (plain, laid out), written
+    straight to the console's file where it emits no styles and records nothing: rich's own
+    pass over them (lines, segments, the control-character hook) costs ~0.1 ms a KiB."""
+    if console.color_system is None and not console.record:
+        console.file.write(text)
+    else:
+        console.out(text, end="", highlight=False)
+
+
+def print_line(console: Console, text: Any = "", style: str = "") -> None:
+    """`text`, literal, on a line of its own: written straight (:func:`write_plain`) where
+    the console emits no styles and it is plain text that fits the width, else by rich
+    (which wraps a longer line)."""
+    line = str(text)
+    if console.color_system is None and len(line) <= console.width and _plain_text(line):
+        write_plain(console, line + "\n")
+    else:
+        console.print(literal(text, style), highlight=False)
+
+
 def print_table(console: Console, columns: CellColumns, title: Any = None) -> None:
     """Print a table of display text laid out by :func:`layout` for the console's width,
     each part's title on a line of its own: written directly where the console emits no
@@ -527,7 +551,7 @@ def print_table(console: Console, columns: CellColumns, title: Any = None) -> No
     if console.color_system is None:
         text = plain_table(columns, console.width, title)
         if text is not None:
-            console.out(text, end="", highlight=False)
+            write_plain(console, text)
             return
     if not columns:
         if title is not None:

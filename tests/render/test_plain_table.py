@@ -165,6 +165,27 @@ def test_print_table_uses_rich_for_styled_consoles() -> None:
     assert unstyled == plain.file.getvalue()
 
 
+def test_print_line_writes_what_rich_prints() -> None:
+    """A line written straight (plain text that fits) reads as rich prints it; one that does
+    not fit, is not plain or goes to a recording console is printed by rich itself."""
+    from bmoe.render.messages import guarded, literal
+    from bmoe.render.tables import print_line
+
+    lines = ["", "=== sanity ===", "x" * 40, "y" * 41, "a b " * 12 + "end", " lead", "trail ",
+             "tab\there", "wide 表", "esc \x1b[31m", f"{MISSING} missing"]  # fmt: skip
+    for width in (40, 80):
+        direct = guarded(Console(file=io.StringIO(), width=width, color_system=None))
+        by_rich = guarded(Console(file=io.StringIO(), width=width, color_system=None))
+        for line in lines:
+            print_line(direct, line, "dim")
+            by_rich.print(literal(line, "dim"), highlight=False)
+        assert direct.file.getvalue() == by_rich.file.getvalue()
+        assert "y" * 40 + "\n" in direct.file.getvalue()  # the 41 characters wrapped, by rich
+    recording = Console(file=io.StringIO(), width=80, color_system=None, record=True)
+    print_line(recording, "kept")
+    assert recording.export_text() == "kept\n"
+
+
 def test_json_values_from_times_are_plain_text_and_seconds() -> None:
     import json
 
