@@ -6,9 +6,9 @@ line uses, and end to end (``bmoe analyze route TRACE`` against ``python
 tests/oracles/route.py TRACE`` in fresh processes, runs interleaved round by round: CPU time
 including start-up and printing, and peak RSS; bmoe's output once to a pipe and once to a
 file, the script's to a pipe). `--baseline DIR` adds another checkout's command to each
-round, to a pipe and to a file (the time before a change). Per round the ratios (the
-script's CPU over bmoe's, the baseline's over bmoe's, pipe and file); min / median / max of
-`--repeat` rounds and the load average.
+round, to a pipe and to a file (the time before a change); the commands' order turns each
+round. Per round the ratios (the script's CPU over bmoe's, the baseline's over bmoe's, pipe
+and file); min / median / max of `--repeat` rounds and the load average.
 
     python benchmarks/bench_route.py [--steps 5072] [--keep PATH] [--repeat 5] [--baseline DIR]
 
@@ -258,8 +258,11 @@ def main() -> None:
         lines["baseline bmoe > file"] = ("file", args.baseline)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in [*lines, "script"]}
     loads = []
+    order = list(lines)
     for r in range(args.repeat):  # interleaved: a busy moment costs each side alike
-        for name, (sink, root) in lines.items():
+        # the order turns each round: no command always runs first after the script
+        for name in order[r % len(order) :] + order[: r % len(order)]:
+            sink, root = lines[name]
             runs[name].append(child(ours, sink, root))
         runs["script"].append(child(script, "pipe"))
         loads.append(os.getloadavg()[0])
