@@ -12,10 +12,15 @@ so its tokens were mostly never interrupted. A stopped process is off the CPU on
 and to the engine it looks the same as a busy machine: wall time passes that is neither its
 CPU time nor a wait it measured.
 
-The model is a synthetic one with a few milliseconds of compute a token on one thread (the
-``tiny`` preset's third of a millisecond is shorter than the duty cycle's period, so the time
-the engine is stopped would land in few tokens), and a cache that holds every expert, so
-that the run waits for a core, not for flash."""
+The model is a synthetic one with several milliseconds of compute a token on one thread, and
+a cache that holds every expert, so that the run waits for a core, not for flash. The duty
+cycle follows the machine: a first run, left alone, measures the token's wall time, and the
+engine then runs for a third of it at a time (stopped four times as long), so that every
+token is stopped a few times. A fixed cycle of 8 ms off and 2 ms on, on a model a quarter
+this size, passed where its token took 2-3 ms and failed on a machine where it took 1.2 ms
+(0-44 % off-CPU for the median token at 27-38 % of a core, calibrated cycle or not: a third
+of the tokens ran whole between two stops, their wall time their CPU time). On this model,
+a quarter of its token at a time, the median token was 69 % off-CPU."""
 
 from __future__ import annotations
 
@@ -40,22 +45,24 @@ from bmoe.formats.runfiles import read_recorded_runs
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 PROMPT = "Explain how a mixture-of-experts model decides which experts handle each token."
-#: The duty cycle: milliseconds the engine is stopped, then running, on average; each period
-#: is drawn from 0.5 to 1.5 times these, so that the stops cannot lock to the token period
-#: (one run with a fixed 10 ms cycle and tokens of about 8 ms showed 0 % off-CPU at 29 % of
-#: a core: the stopped time had gone into the waits the engine measures).
-OFF_MS, ON_MS = 8.0, 2.0
+#: The duty cycle: the engine runs for this share of a token's wall time (measured unstopped),
+#: then is stopped for OFF_PER_ON times as long; each period is drawn from 0.5 to 1.5 times
+#: its mean, so that the stops cannot lock to the token period (one run with a fixed 10 ms
+#: cycle and tokens of about 8 ms showed 0 % off-CPU at 29 % of a core: the stopped time had
+#: gone into the waits the engine measures).
+ON_SHARE, OFF_PER_ON = 1 / 3, 4.0
 
 
-def _duty_cycle(proc: subprocess.Popen, done: threading.Event) -> None:
-    """Stop and continue `proc` on the duty cycle until `done` (or it exits); left running."""
+def _duty_cycle(proc: subprocess.Popen, done: threading.Event, on_ms: float) -> None:
+    """Stop and continue `proc` (running `on_ms`, stopped OFF_PER_ON times that, on average)
+    until `done` (or it exits); left running."""
     jitter = random.Random(0)
     try:
         while not done.is_set() and proc.poll() is None:
             os.kill(proc.pid, signal.SIGSTOP)
-            time.sleep(OFF_MS * jitter.uniform(0.5, 1.5) / 1000.0)
+            time.sleep(OFF_PER_ON * on_ms * jitter.uniform(0.5, 1.5) / 1000.0)
             os.kill(proc.pid, signal.SIGCONT)
-            time.sleep(ON_MS * jitter.uniform(0.5, 1.5) / 1000.0)
+            time.sleep(on_ms * jitter.uniform(0.5, 1.5) / 1000.0)
     except ProcessLookupError:
         return
     finally:
@@ -69,24 +76,30 @@ def test_a_run_on_a_busy_machine_is_starved_unsettled_and_refused_under_strict(
     model = synth_model(
         tmp_path / "mid.gguf",
         "tiny",
-        n_embd=512,
-        n_ff_exp=1024,
+        n_embd=1024,
+        n_ff_exp=2048,
         experts=4,
-        n_head=8,
+        n_head=16,
         head_dim=64,
-        n_head_kv=4,
-        n_ff_shexp=512,
+        n_head_kv=8,
+        n_ff_shexp=1024,
         type="f16",
-    )  # fmt: skip  (55 MiB; ~2-3 ms of compute a token on one thread)
+    )  # fmt: skip  (218 MiB; 4-12 ms of compute a token on one thread)
+
+    def engine(csv: Path, tokens: int) -> list[str]:
+        return [sys.executable, "-c", "import sys; from bmoe.cli import main; sys.exit(main())",
+                "run", "-m", str(model), "-p", PROMPT, "-n", str(tokens), "-t", "1",
+                "--moe-stream", "--cache-mb", "256", "--io-threads", "1",
+                "--csv", str(csv)]  # fmt: skip
+
+    alone = tmp_path / "alone.csv"
+    subprocess.run(engine(alone, 16), check=True, capture_output=True)
+    token_ms = float(read_recorded_runs([alone])[0].metrics.rows["wall_ms"].median())
     csv = tmp_path / "busy.csv"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from bmoe.cli import main; sys.exit(main())",
-         "run", "-m", str(model), "-p", PROMPT, "-n", "32", "-t", "1", "--moe-stream",
-         "--cache-mb", "64", "--io-threads", "1", "--csv", str(csv)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    proc = subprocess.Popen(engine(csv, 32), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     done = threading.Event()
-    cycle = threading.Thread(target=_duty_cycle, args=(proc, done), daemon=True)
+    on_ms = max(0.2, ON_SHARE * token_ms)
+    cycle = threading.Thread(target=_duty_cycle, args=(proc, done, on_ms), daemon=True)
     cycle.start()
     try:
         _out, stderr = proc.communicate(timeout=300)
@@ -102,7 +115,7 @@ def test_a_run_on_a_busy_machine_is_starved_unsettled_and_refused_under_strict(
     prof = build_profile(runs)
     state = prof.runs[0]
     # most of a token's wall time was neither the engine's CPU time nor a measured wait
-    seen = {k: state[k] for k in ("tok_s", "cpu_share", "off_cpu_pct")}
+    seen = {k: state[k] for k in ("tok_s", "cpu_share", "off_cpu_pct")} | {"alone ms": token_ms}
     rows = runs[0].metrics.rows
     seen |= {f"mean {c}": float(rows[c].mean()) for c in ("wall_ms", "io_ms", "mgmt_ms", "cpu_ms")}
     assert state["starved"] and state["off_cpu_pct"] > 50, seen
