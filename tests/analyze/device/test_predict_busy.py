@@ -20,7 +20,7 @@ token is stopped a few times. A fixed cycle of 8 ms off and 2 ms on, on a model 
 this size, passed where its token took 2-3 ms and failed on a machine where it took 1.2 ms
 (0-44 % off-CPU for the median token at 27-38 % of a core, calibrated cycle or not: a third
 of the tokens ran whole between two stops, their wall time their CPU time). On this model,
-a quarter of its token at a time, the median token was 69 % off-CPU."""
+a third of its token at a time, the median token was 69 % off-CPU."""
 
 from __future__ import annotations
 
