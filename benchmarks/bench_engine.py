@@ -55,6 +55,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -431,6 +433,46 @@ def _find_native(args: argparse.Namespace) -> tuple[Path | None, str]:
     return find_native()
 
 
+_REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+_MAX_PAGE_ORDER = 10  # the buddy allocator's largest order on x86-64 and arm64 (4 KiB pages)
+
+
+def _free_page_reporting() -> str | None:
+    """Why first touches of memory may cost a host fault here, or None.
+
+    A virtual machine whose balloon device reports free memory to its host (the virtio
+    ``REPORTING`` feature, bit 5) has the host discard every free block of
+    ``page_reporting_order`` or larger; the next process to be handed such a page pays a fault
+    in the host at its first write (about 10 us a 4 KiB page on the machine these records were
+    taken on, against about 0.2 for memory already backed). Which run of a pair gets those pages
+    depends on what the previous one freed and when, so the ratios carry it."""
+    try:
+        order = int(_REPORTING_ORDER.read_text())
+    except (OSError, ValueError):
+        return None
+    if order > _MAX_PAGE_ORDER:
+        return None
+    for dev in Path("/sys/bus/virtio/drivers/virtio_balloon").glob("virtio*"):
+        features = (dev / "features").read_text().strip() if (dev / "features").exists() else ""
+        if len(features) > 5 and features[5] == "1":
+            return (
+                f"free page reporting is on ({dev.name}, blocks of order {order} and up): "
+                "memory the host took back costs a host fault at its next first touch; as root, "
+                f"`echo 11 > {_REPORTING_ORDER}` turns it off until reboot"
+            )
+    return None
+
+
+def _first_touch_us(mib: int = 256) -> float:
+    """Microseconds a 4 KiB page at the first write into `mib` MiB of fresh anonymous memory."""
+    t0 = time.perf_counter()
+    block = np.empty(mib * MIB, dtype=np.uint8)
+    block[::4096] = 1
+    elapsed = time.perf_counter() - t0
+    del block
+    return elapsed * 1e6 / (mib * MIB // 4096)
+
+
 def pair(model: Path, tmp: Path, args: argparse.Namespace) -> None:
     layout = read_layout(model)
     total = layout.total_expert_bytes / MIB
@@ -454,6 +496,10 @@ def pair(model: Path, tmp: Path, args: argparse.Namespace) -> None:
         f"experts {total:.0f} MiB; {os.cpu_count()} CPUs; a plain run waits as the engine's "
         "streamed runs do, a short spin, unless it says otherwise):"
     )
+    reporting = _free_page_reporting()
+    if reporting is not None:
+        print(f"  note: {reporting}")
+    print(f"  first write into fresh memory: {_first_touch_us():.2f} us a 4 KiB page")
     if native is None:
         print(f"  {NATIVE}: skipped ({how}); pairing with plain llama-cpp-python only")
     else:
